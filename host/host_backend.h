@@ -1,0 +1,18 @@
+// The host backend: ranks are threads of one process, buffers are host memory, calls block until done. It
+// runs the same plans and the same quantization math as the cuda backend, so the two agree bit for bit: it is
+// the executable specification of every collective.
+#pragma once
+
+#include <memory>
+
+#include "host/host_world.h"
+#include "host/topology.h"
+#include "src/backend.h"
+
+namespace zp {
+
+// Joins the world of `id` and exchanges node keys; on success *topo holds the layout seen by `rank`.
+zpResult_t hostBackendCreate(const zpUniqueId& id, int nranks, int rank, uint64_t nodeKey, int hpzRequest,
+                             const char* call, Topology* topo, std::unique_ptr<Backend>* backend);
+
+}  // namespace zp

@@ -1,0 +1,251 @@
+/*
+ * zpccl: ZeRO++ collectives (quantized weight all-gather, hierarchical all-gather, quantized gradient
+ * reduce-scatter) behind an NCCL-style C ABI.
+ *
+ * Conventions, as NCCL's:
+ * - Every call returns a zpResult_t. On failure, zpGetLastError(comm) holds a message naming the call and the
+ *   argument at fault. An argument error leaves the communicator usable.
+ * - Collectives are enqueued on the caller's CUDA stream and return once enqueued (cuda backend). On the host
+ *   backend the stream argument must be NULL and the call returns when the collective is done.
+ * - Collectives are called by every rank of a communicator, in the same order.
+ * - Element counts are in elements of the data type, never bytes.
+ *
+ * SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef ZPCCL_H_
+#define ZPCCL_H_
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#define ZPCCL_MAJOR 0
+#define ZPCCL_MINOR 1
+#define ZPCCL_PATCH 0
+#define ZPCCL_VERSION_CODE (ZPCCL_MAJOR * 10000 + ZPCCL_MINOR * 100 + ZPCCL_PATCH)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Result codes: numerically equal to ncclResult_t. */
+typedef enum {
+  zpSuccess = 0,
+  zpUnhandledCudaError = 1,
+  zpSystemError = 2,
+  zpInternalError = 3,
+  zpInvalidArgument = 4,
+  zpInvalidUsage = 5,
+  zpRemoteError = 6,
+  zpInProgress = 7,
+  zpNumResults = 8
+} zpResult_t;
+
+/* Data types: numerically equal to ncclDataType_t. Quantized collectives take zpFloat16, zpBfloat16 and
+ * zpFloat32; zpHierAllGather moves bytes and takes every type. */
+typedef enum {
+  zpInt8 = 0,
+  zpChar = 0,
+  zpUint8 = 1,
+  zpInt32 = 2,
+  zpInt = 2,
+  zpUint32 = 3,
+  zpInt64 = 4,
+  zpUint64 = 5,
+  zpFloat16 = 6,
+  zpHalf = 6,
+  zpFloat32 = 7,
+  zpFloat = 7,
+  zpFloat64 = 8,
+  zpDouble = 8,
+  zpBfloat16 = 9,
+  zpFloat8e4m3 = 10,
+  zpFloat8e5m2 = 11,
+  zpNumTypes = 12
+} zpDataType_t;
+
+/* Reduction operations: numerically equal to ncclRedOp_t. zpQuantReduceScatterA2A takes zpSum and zpAvg. */
+typedef enum { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
+
+/* Where a communicator runs its collectives. */
+typedef enum {
+  zpBackendDefault = 0, /* cuda when a CUDA device is visible, else host (overridden by ZP_BACKEND) */
+  zpBackendCuda = 1,    /* NCCL and the device kernels; buffers are device memory */
+  zpBackendHost = 2     /* ranks are threads of one process; buffers are host memory; stream must be NULL */
+} zpBackend_t;
+
+#define ZP_UNIQUE_ID_BYTES 128
+/* Shared by all ranks (out of band) before zpCommInitRank. On the cuda backend it carries an ncclUniqueId; on
+ * the host backend it is the key under which thread-ranks meet. */
+typedef struct {
+  char internal[ZP_UNIQUE_ID_BYTES];
+} zpUniqueId;
+
+/* Opaque communicator handle. */
+typedef struct zpComm* zpComm_t;
+
+/* NCCL's communicator (ncclComm_t is a struct ncclComm*), for zpCommInitFromNccl without including nccl.h. */
+struct ncclComm;
+
+/* Value of an integer config field left to its default. */
+#define ZP_CONFIG_UNDEF_INT (-2147483647 - 1)
+#define ZP_CONFIG_MAGIC 0x7a70636fu /* "zpco" */
+
+/* Communicator configuration. Always start from ZP_CONFIG_INITIALIZER and set only the fields you need; a
+ * field left at ZP_CONFIG_UNDEF_INT takes its default. size, magic and version let the library check that the
+ * struct was initialized and which version of it the caller was built against. */
+typedef struct {
+  size_t size;          /* sizeof(zpConfig_t), set by the initializer */
+  unsigned int magic;   /* ZP_CONFIG_MAGIC, set by the initializer */
+  unsigned int version; /* ZPCCL_VERSION_CODE, set by the initializer */
+  int backend;          /* zpBackend_t; default zpBackendDefault */
+  int ranksPerNode;     /* emulate nodes of this many consecutive ranks (node = rank / ranksPerNode) instead of
+                           grouping by host; must divide the rank count. Default: group by host hash */
+  int nodeId;           /* this rank's node label (>= 0), overriding the host hash: lets one process emulate
+                           any layout, interleaved or uneven. Default: the host hash (hostname or NCCL_HOSTID) */
+  int hpzSize;          /* ranks in an hpZ group, a divisor of the ranks per node. Default: all ranks of the node */
+  int weightBits;       /* bits of zpQuantAllGather's codes, 4 or 8. Default 8 */
+  int gradBits;         /* bits of zpQuantReduceScatterA2A's codes, 4 or 8. Default 4 */
+  int blockSize;        /* elements per quantization block, a power of two in [32, 8192]. Default 256 */
+  int blocking;         /* 1: calls block until done (the only mode supported today). Default 1 */
+} zpConfig_t;
+
+#define ZP_CONFIG_INITIALIZER                                                                                    \
+  {                                                                                                              \
+    sizeof(zpConfig_t), ZP_CONFIG_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT,          \
+        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, \
+        ZP_CONFIG_UNDEF_INT                                                                                      \
+  }
+
+/* Per-call override of the communicator's quantization settings. A field left at 0 keeps the
+ * communicator's value. */
+typedef struct {
+  int bits;      /* 4 or 8 */
+  int blockSize; /* power of two in [32, 8192] */
+} zpQuantOptions_t;
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Versions and errors                                                                                        */
+
+/* Writes ZPCCL_VERSION_CODE of the library (not of the header) to *version. */
+zpResult_t zpGetVersion(int* version);
+
+/* A static, human-readable name of a result code. */
+const char* zpGetErrorString(zpResult_t result);
+
+/* The message of the last failed call made on comm, or "" if the last call on comm succeeded. With
+ * comm == NULL: the last failed call of this thread that had no valid communicator (an init, a bad handle).
+ * The returned pointer stays valid in the calling thread until its next zpGetLastError call. */
+const char* zpGetLastError(zpComm_t comm);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Communicators                                                                                              */
+
+/* Creates a unique id, to be shared with every rank before zpCommInitRank. Needs no communicator. */
+zpResult_t zpGetUniqueId(zpUniqueId* uniqueId);
+
+/* Creates a communicator of nranks ranks, this caller being rank (0 <= rank < nranks), with the default
+ * config. Collective over all ranks: each calls it with the same id and nranks. On the cuda backend the
+ * communicator uses the CUDA device current at the call. */
+zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank);
+
+/* As zpCommInitRank, with a config (NULL: defaults). The node layout is found here: host hashes (hostname,
+ * or NCCL_HOSTID when set, as NCCL does) are exchanged, or taken from config->ranksPerNode / nodeId.
+ * Uneven nodes are allowed; hierarchical paths then fall back to flat ones, and the log says so. */
+zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank, zpConfig_t* config);
+
+/* Wraps a caller's NCCL communicator (e.g. PyTorch's) in a cuda-backend zpccl communicator. Collective over
+ * all ranks of ncclComm. The caller keeps ownership: zpCommDestroy leaves ncclComm alive; the caller must
+ * keep it alive until then. Sub-communicators are split from it. config may be NULL. */
+zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclComm, zpConfig_t* config);
+
+/* Frees a communicator after the work enqueued on it has completed. The handle is invalid afterwards;
+ * passing it again returns zpInvalidArgument. */
+zpResult_t zpCommDestroy(zpComm_t comm);
+
+/* Frees a communicator at once, aborting any work in flight (e.g. after a peer failed). */
+zpResult_t zpCommAbort(zpComm_t comm);
+
+/* Writes the first asynchronous error seen by comm (a failed peer, an aborted communicator) to *asyncError,
+ * zpSuccess when none, zpInProgress while an operation is still being set up. */
+zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
+
+/* Reserves the communicator's scratch memory for collectives of up to maxBytes logical (unquantized) bytes
+ * of output, so that later calls allocate nothing and can be captured in a CUDA graph. */
+zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes);
+
+/* Queries. */
+zpResult_t zpCommCount(const zpComm_t comm, int* count);        /* ranks in comm */
+zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);      /* this rank */
+zpResult_t zpCommCuDevice(const zpComm_t comm, int* device);    /* CUDA device; -1 on the host backend */
+zpResult_t zpCommBackend(const zpComm_t comm, zpBackend_t* backend);
+zpResult_t zpCommNodeCount(const zpComm_t comm, int* nodes);    /* distinct nodes */
+zpResult_t zpCommNodeRank(const zpComm_t comm, int* node);      /* index of this rank's node, 0..nodes-1, in
+                                                                   order of each node's lowest rank */
+zpResult_t zpCommLocalRank(const zpComm_t comm, int* localRank); /* rank inside the node */
+zpResult_t zpCommLocalSize(const zpComm_t comm, int* localSize); /* ranks of this rank's node */
+zpResult_t zpCommHpzRank(const zpComm_t comm, int* hpzRank);     /* rank inside the hpZ group */
+zpResult_t zpCommHpzSize(const zpComm_t comm, int* hpzSize);     /* ranks of the hpZ group */
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Block quantization format                                                                                  */
+/*
+ * Blocks of blockSize contiguous elements (the last one may be partial). Per block, in fp32:
+ *   scale = absmax / qmax (qmax = 127 for int8, 7 for int4);  q = clamp(rint(x / scale), -qmax, qmax);
+ *   x' = q * scale, rounded to the output type to nearest even.
+ * The block maximum is never clipped. An all-zero block has scale 0 and dequantizes to zeros. A block holding
+ * NaN or +-Inf dequantizes to all NaN. int4 packs two codes a byte, element 2i in the low nibble, two's
+ * complement.
+ * A payload is one contiguous region, 16-byte aligned: the fp32 scales of all blocks, padded to 16 bytes,
+ * then the packed codes, padded to 16 bytes. Its size is zpQuantPayloadSize's.
+ */
+
+/* Bytes of the payload of count elements. bits 4 or 8, blockSize a power of two in [32, 8192]. */
+zpResult_t zpQuantPayloadSize(size_t count, int bits, int blockSize, size_t* bytes);
+
+/* Quantizes count elements of input (fp16, bf16 or fp32) into payload (16-byte aligned, at least
+ * zpQuantPayloadSize bytes). Uses comm's backend (device pointers and stream on cuda; host pointers and a
+ * NULL stream on host). count 0 is a no-op. */
+zpResult_t zpQuantize(const void* input, void* payload, size_t count, zpDataType_t datatype, int bits,
+                      int blockSize, zpComm_t comm, cudaStream_t stream);
+
+/* Dequantizes a payload made by zpQuantize with the same count, bits and blockSize into output. */
+zpResult_t zpDequantize(const void* payload, void* output, size_t count, zpDataType_t datatype, int bits,
+                        int blockSize, zpComm_t comm, cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Collectives                                                                                                */
+
+/* qwZ: all-gather of block-quantized shards (the forward weight gather). As ncclAllGather: recvbuff holds
+ * nranks*sendcount elements in rank order; in place when sendbuff == recvbuff + rank*sendcount. Each shard
+ * travels quantized with the communicator's weightBits and blockSize and is dequantized on arrival: every
+ * rank's recvbuff is bit-identical, its own shard included (dequantized values, not the original). */
+zpResult_t zpQuantAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
+                            zpComm_t comm, cudaStream_t stream);
+zpResult_t zpQuantAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
+                              const zpQuantOptions_t* options, zpComm_t comm, cudaStream_t stream);
+
+/* hpZ: all-gather inside this rank's hpZ group only (the backward weight gather). sendbuff is the rank's
+ * secondary shard of sendcount elements; recvbuff receives hpzSize*sendcount elements in hpZ-rank order.
+ * Exact for every type. Memory cost: each rank keeps full/hpzSize elements between forward and backward. */
+zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
+                           zpComm_t comm, cudaStream_t stream);
+
+/* Where this rank's secondary shard lies in a full tensor of fullCount elements (as gathered by
+ * zpQuantAllGather): elements [*offset, *offset + *count). fullCount must be a multiple of hpzSize. */
+zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count, zpComm_t comm);
+
+/* qgZ: quantized reduce-scatter by all-to-all (the gradient reduce-scatter). As ncclReduceScatter: sendbuff
+ * holds nranks*recvcount elements, rank r receives the reduction of the r-th block; in place when
+ * recvbuff == sendbuff + rank*recvcount. op is zpSum or zpAvg (divides by the rank count). Codes use the
+ * communicator's gradBits and blockSize. Deterministic. */
+zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
+                                   zpRedOp_t op, zpComm_t comm, cudaStream_t stream);
+zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     zpDataType_t datatype, zpRedOp_t op, const zpQuantOptions_t* options,
+                                     zpComm_t comm, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZPCCL_H_ */

@@ -1,0 +1,239 @@
+#include "src/argcheck.h"
+
+#include <cstdint>
+
+#include "host/dtype.h"
+#include "host/quant_format.h"
+#include "src/check.h"
+
+namespace zp {
+
+namespace {
+
+bool mulOverflows(size_t a, size_t b, size_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+// [a, a+aBytes) and [b, b+bBytes) share a byte.
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return aBytes != 0 && bBytes != 0 && x < y + bBytes && y < x + aBytes;
+}
+
+zpResult_t checkBuffer(zpComm* comm, const void* ptr, const char* call, const char* arg) {
+  const char* why = nullptr;
+  if (!comm->backend->bufferUsable(ptr, &why)) return ZP_ERR(zpInvalidArgument, "%s : %s %s", call, arg, why);
+  return zpSuccess;
+}
+
+}  // namespace
+
+zpResult_t checkComm(const zpComm* comm, const char* call) {
+  if (comm == nullptr) return ZP_ERR(zpInvalidArgument, "%s : comm is NULL", call);
+  if (!isLiveComm(comm)) {
+    return ZP_ERR(zpInvalidArgument, "%s : comm %p is not a live communicator (destroyed or garbage)", call,
+                  static_cast<const void*>(comm));
+  }
+  return zpSuccess;
+}
+
+zpResult_t checkNotNull(const void* ptr, const char* call, const char* arg) {
+  if (ptr == nullptr) return ZP_ERR(zpInvalidArgument, "%s : %s is NULL", call, arg);
+  return zpSuccess;
+}
+
+zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char* call) {
+  ZPCHECK(checkNotNull(comm, call, "comm"));
+  if (nranks <= 0) return ZP_ERR(zpInvalidArgument, "%s : nranks %d must be positive", call, nranks);
+  if (rank < 0 || rank >= nranks) {
+    return ZP_ERR(zpInvalidArgument, "%s : rank %d is out of range [0, %d)", call, rank, nranks);
+  }
+  return zpSuccess;
+}
+
+zpResult_t checkBits(int bits, const char* call, const char* arg) {
+  if (!isValidBits(bits)) return ZP_ERR(zpInvalidArgument, "%s : %s %d must be 4 or 8", call, arg, bits);
+  return zpSuccess;
+}
+
+zpResult_t checkBlockSize(int blockSize, const char* call, const char* arg) {
+  if (!isValidBlockSize(blockSize)) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %d must be a power of two in [%d, %d]", call, arg, blockSize,
+                  kMinBlockSize, kMaxBlockSize);
+  }
+  return zpSuccess;
+}
+
+zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call, Settings* s) {
+  *s = Settings();
+  if (config == nullptr) return zpSuccess;
+  if (config->magic != ZP_CONFIG_MAGIC) {
+    return ZP_ERR(zpInvalidArgument, "%s : config has a bad magic 0x%x: initialize it with ZP_CONFIG_INITIALIZER",
+                  call, config->magic);
+  }
+  if (config->size != sizeof(zpConfig_t)) {
+    return ZP_ERR(zpInvalidArgument, "%s : config size %zu differs from this library's %zu: rebuild against its zpccl.h",
+                  call, config->size, sizeof(zpConfig_t));
+  }
+  auto set = [](int value) { return value != ZP_CONFIG_UNDEF_INT; };
+  if (set(config->backend)) {
+    if (config->backend < zpBackendDefault || config->backend > zpBackendHost) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->backend %d is not a zpBackend_t", call, config->backend);
+    }
+    s->backend = static_cast<zpBackend_t>(config->backend);
+  }
+  if (set(config->ranksPerNode)) {
+    if (config->ranksPerNode <= 0 || nranks % config->ranksPerNode != 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->ranksPerNode %d must be positive and divide nranks %d", call,
+                    config->ranksPerNode, nranks);
+    }
+    s->ranksPerNode = config->ranksPerNode;
+  }
+  if (set(config->nodeId)) {
+    if (config->nodeId < 0) return ZP_ERR(zpInvalidArgument, "%s : config->nodeId %d is negative", call, config->nodeId);
+    if (s->ranksPerNode > 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->nodeId and config->ranksPerNode are exclusive", call);
+    }
+    s->nodeId = config->nodeId;
+  }
+  if (set(config->hpzSize)) {
+    if (config->hpzSize <= 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->hpzSize %d must be positive", call, config->hpzSize);
+    }
+    if (s->ranksPerNode > 0 && s->ranksPerNode % config->hpzSize != 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->hpzSize %d does not divide ranksPerNode %d", call,
+                    config->hpzSize, s->ranksPerNode);
+    }
+    s->hpzSize = config->hpzSize;
+  }
+  if (set(config->weightBits)) {
+    ZPCHECK(checkBits(config->weightBits, call, "config->weightBits"));
+    s->weightBits = config->weightBits;
+  }
+  if (set(config->gradBits)) {
+    ZPCHECK(checkBits(config->gradBits, call, "config->gradBits"));
+    s->gradBits = config->gradBits;
+  }
+  if (set(config->blockSize)) {
+    ZPCHECK(checkBlockSize(config->blockSize, call, "config->blockSize"));
+    s->blockSize = config->blockSize;
+  }
+  if (set(config->blocking)) {
+    if (config->blocking != 0 && config->blocking != 1) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->blocking %d must be 0 or 1", call, config->blocking);
+    }
+    if (config->blocking == 0) {
+      return ZP_ERR(zpInvalidUsage, "%s : config->blocking 0 (nonblocking communicators) is not implemented yet",
+                    call);
+    }
+    s->blocking = config->blocking;
+  }
+  return zpSuccess;
+}
+
+zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs* a) {
+  const char* call = a->opName;
+  const Topology& topo = comm->topo;
+  const bool quantized = a->kind != CollKind::kHierAllGather;
+
+  // Type and op.
+  if (!isValidType(a->type)) {
+    return ZP_ERR(zpInvalidArgument, "%s : invalid type %d", call, static_cast<int>(a->type));
+  }
+  if (quantized && !isQuantType(a->type)) {
+    return ZP_ERR(zpInvalidArgument, "%s : type %s is not supported (float16, bfloat16 and float32 are)", call,
+                  typeName(a->type));
+  }
+  if (a->kind == CollKind::kQuantReduceScatter && a->op != zpSum && a->op != zpAvg) {
+    if (a->op < 0 || a->op >= zpNumOps) {
+      return ZP_ERR(zpInvalidArgument, "%s : invalid op %d", call, static_cast<int>(a->op));
+    }
+    return ZP_ERR(zpInvalidArgument, "%s : op %s is not supported (sum and avg are)", call, opName(a->op));
+  }
+
+  // Quantization settings: per-call override, else the communicator's.
+  if (quantized) {
+    if (options != nullptr && options->bits != 0) {
+      ZPCHECK(checkBits(options->bits, call, "options->bits"));
+      a->bits = options->bits;
+    }
+    if (options != nullptr && options->blockSize != 0) {
+      ZPCHECK(checkBlockSize(options->blockSize, call, "options->blockSize"));
+      a->blockSize = options->blockSize;
+    }
+    ZPCHECK(checkBits(a->bits, call, "bits"));
+    ZPCHECK(checkBlockSize(a->blockSize, call, "blockSize"));
+  }
+
+  // Stream.
+  if (comm->settings.backend == zpBackendHost && a->stream != nullptr) {
+    return ZP_ERR(zpInvalidArgument, "%s : stream must be NULL on the host backend", call);
+  }
+
+  // Layout.
+  if (a->kind == CollKind::kHierAllGather && !topo.hpzUsable) {
+    return ZP_ERR(zpInvalidUsage, "%s : hpZ needs nodes of equal size; this layout is uneven (%s)", call,
+                  topo.describe().c_str());
+  }
+
+  // Sizes: the local side, the gathered/scattered side, and every quantized payload must fit in size_t.
+  const size_t elemBytes = typeSize(a->type);
+  size_t groupRanks = 1;
+  switch (a->kind) {
+    case CollKind::kQuantAllGather:
+    case CollKind::kQuantReduceScatter: groupRanks = topo.nranks; break;
+    case CollKind::kHierAllGather: groupRanks = topo.hpzSize; break;
+    default: break;
+  }
+  size_t localBytes = 0, totalElems = 0, totalBytes = 0, payloadTotal = 0;
+  if (mulOverflows(a->count, elemBytes, &localBytes) || mulOverflows(a->count, groupRanks, &totalElems) ||
+      mulOverflows(totalElems, elemBytes, &totalBytes) || a->count > SIZE_MAX / 16 ||
+      (quantized && mulOverflows(quantPayloadBytes(a->count, a->bits, a->blockSize), groupRanks, &payloadTotal))) {
+    return ZP_ERR(zpInvalidArgument, "%s : count %zu x %zu ranks x %zu bytes overflows size_t", call, a->count,
+                  groupRanks, elemBytes);
+  }
+  if (a->count == 0) return zpSuccess;  // a successful no-op, whatever the pointers
+
+  // Buffers.
+  const bool sendIsPayload = a->kind == CollKind::kDequantize;
+  const bool recvIsPayload = a->kind == CollKind::kQuantize;
+  ZPCHECK(checkBuffer(comm, a->sendbuff, call, sendIsPayload ? "payload" : (a->kind == CollKind::kQuantize ? "input" : "sendbuff")));
+  ZPCHECK(checkBuffer(comm, a->recvbuff, call, recvIsPayload ? "payload" : (a->kind == CollKind::kDequantize ? "output" : "recvbuff")));
+  auto misaligned = [](const void* p, size_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; };
+  if (sendIsPayload ? misaligned(a->sendbuff, kPayloadAlign) : misaligned(a->sendbuff, elemBytes)) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call,
+                  sendIsPayload ? "payload" : "sendbuff", a->sendbuff, sendIsPayload ? kPayloadAlign : elemBytes);
+  }
+  if (recvIsPayload ? misaligned(a->recvbuff, kPayloadAlign) : misaligned(a->recvbuff, elemBytes)) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call,
+                  recvIsPayload ? "payload" : "recvbuff", a->recvbuff, recvIsPayload ? kPayloadAlign : elemBytes);
+  }
+
+  // Overlap: only NCCL's in-place layouts.
+  const char* sendChar = static_cast<const char*>(a->sendbuff);
+  const char* recvChar = static_cast<const char*>(a->recvbuff);
+  size_t sendBytes = localBytes, recvBytes = localBytes;
+  const char* inPlaceSend = nullptr;  // where sendbuff must be for the call to be in place
+  switch (a->kind) {
+    case CollKind::kQuantize: recvBytes = quantPayloadBytes(a->count, a->bits, a->blockSize); break;
+    case CollKind::kDequantize: sendBytes = quantPayloadBytes(a->count, a->bits, a->blockSize); break;
+    case CollKind::kQuantAllGather:
+      recvBytes = totalBytes;
+      inPlaceSend = recvChar + static_cast<size_t>(topo.rank) * localBytes;
+      break;
+    case CollKind::kHierAllGather:
+      recvBytes = totalBytes;
+      inPlaceSend = recvChar + static_cast<size_t>(topo.hpzRank) * localBytes;
+      break;
+    case CollKind::kQuantReduceScatter:
+      sendBytes = totalBytes;
+      inPlaceSend = recvChar - static_cast<size_t>(topo.rank) * localBytes;
+      break;
+  }
+  if (overlaps(a->sendbuff, sendBytes, a->recvbuff, recvBytes) && sendChar != inPlaceSend) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : sendbuff %p and recvbuff %p overlap without being in NCCL's in-place layout", call,
+                  a->sendbuff, a->recvbuff);
+  }
+  return zpSuccess;
+}
+
+}  // namespace zp

@@ -1,0 +1,24 @@
+// Every argument check of the ABI, in one place. Each failure returns zpInvalidArgument (a bad value) or
+// zpInvalidUsage (a valid value the call cannot serve here), with a message "<call> : <argument> ...".
+#pragma once
+
+#include "include/zpccl.h"
+#include "src/backend.h"
+#include "src/comm.h"
+
+namespace zp {
+
+// comm must be a live communicator (not NULL, not destroyed, not garbage).
+zpResult_t checkComm(const zpComm* comm, const char* call);
+zpResult_t checkNotNull(const void* ptr, const char* call, const char* arg);
+zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char* call);
+// Validates config (NULL means defaults) and resolves every default. nranks is for ranksPerNode.
+zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call, Settings* settings);
+zpResult_t checkBits(int bits, const char* call, const char* arg);
+zpResult_t checkBlockSize(int blockSize, const char* call, const char* arg);
+// Resolves bits and block size from comm and an optional per-call override, then checks a whole request:
+// type, op, counts (no size_t overflow of any derived size), buffers (usable by the backend, aligned, not
+// overlapping except in NCCL's in-place layout), stream, and that the layout can serve the collective.
+zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs* args);
+
+}  // namespace zp

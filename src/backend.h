@@ -1,0 +1,43 @@
+// What a backend executes. The ABI entry points (init.cc, collectives.cc) check arguments and fill a CollArgs;
+// a backend only runs valid requests.
+#pragma once
+
+#include <cstddef>
+
+#include "include/zpccl.h"
+
+namespace zp {
+
+enum class CollKind { kQuantize, kDequantize, kQuantAllGather, kHierAllGather, kQuantReduceScatter };
+
+// One request, NCCL's "info" struct. count is sendcount (all-gathers), recvcount (reduce-scatter) or the
+// element count (quantize/dequantize). bits and blockSize are resolved (per-call override or config).
+struct CollArgs {
+  const char* opName;
+  CollKind kind;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  zpDataType_t type;
+  zpRedOp_t op;
+  int bits;
+  int blockSize;
+  cudaStream_t stream;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Runs one request (already checked). Collectives not yet implemented return zpInvalidUsage.
+  virtual zpResult_t run(const CollArgs& args) = 0;
+  // Sizes scratch memory for collectives of up to maxBytes logical output bytes.
+  virtual zpResult_t reserve(size_t maxBytes) = 0;
+  virtual zpResult_t asyncError(zpResult_t* error) = 0;
+  // Releases everything; abort stops work in flight instead of waiting for it.
+  virtual zpResult_t finalize(bool abort) = 0;
+  // Whether ptr may be passed as a buffer of `bytes` bytes (device memory of this comm's GPU on cuda, anything
+  // non-NULL on host); on false, why is set to a short reason.
+  virtual bool bufferUsable(const void* ptr, const char** why) = 0;
+};
+
+}  // namespace zp

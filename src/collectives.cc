@@ -1,0 +1,113 @@
+// The collective entry points: each fills a CollArgs and hands it to one path that checks and runs it.
+#include "host/quant_format.h"
+#include "src/api_guard.h"
+#include "src/argcheck.h"
+#include "src/check.h"
+#include "src/comm.h"
+
+namespace zp {
+namespace {
+
+int defaultBits(const zpComm* comm, CollKind kind) {
+  return kind == CollKind::kQuantReduceScatter ? comm->settings.gradBits : comm->settings.weightBits;
+}
+
+// The one enqueue path: resolve defaults, check everything, run.
+zpResult_t enqueue(zpComm* comm, const zpQuantOptions_t* options, CollArgs args) {
+  ZPCHECK(checkComm(comm, args.opName));
+  // Collectives take the communicator's settings; zpQuantize/zpDequantize name theirs explicitly.
+  const bool standalone = args.kind == CollKind::kQuantize || args.kind == CollKind::kDequantize;
+  if (!standalone) {
+    args.bits = defaultBits(comm, args.kind);
+    args.blockSize = comm->settings.blockSize;
+  }
+  ZPCHECK(checkCollArgs(comm, options, &args));
+  if (args.count == 0) return zpSuccess;
+  return comm->backend->run(args);
+}
+
+zpResult_t call(const char* opName, CollKind kind, const void* sendbuff, void* recvbuff, size_t count,
+                zpDataType_t type, zpRedOp_t op, int bits, int blockSize, const zpQuantOptions_t* options,
+                zpComm_t comm, cudaStream_t stream) {
+  CollArgs args{opName, kind, sendbuff, recvbuff, count, type, op, bits, blockSize, stream};
+  return guardedCall(opName, &comm, [&] { return enqueue(comm, options, args); });
+}
+
+}  // namespace
+}  // namespace zp
+
+using zp::CollKind;
+
+ZP_EXPORT zpResult_t zpQuantPayloadSize(size_t count, int bits, int blockSize, size_t* bytes) {
+  return zp::guardedCall("zpQuantPayloadSize", nullptr, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkNotNull(bytes, "zpQuantPayloadSize", "bytes"));
+    ZPCHECK(zp::checkBits(bits, "zpQuantPayloadSize", "bits"));
+    ZPCHECK(zp::checkBlockSize(blockSize, "zpQuantPayloadSize", "blockSize"));
+    if (count > SIZE_MAX / 16) {
+      return ZP_ERR(zpInvalidArgument, "zpQuantPayloadSize : count %zu overflows the payload size", count);
+    }
+    *bytes = zp::quantPayloadBytes(count, bits, blockSize);
+    return zpSuccess;
+  });
+}
+
+ZP_EXPORT zpResult_t zpQuantize(const void* input, void* payload, size_t count, zpDataType_t datatype, int bits,
+                                int blockSize, zpComm_t comm, cudaStream_t stream) {
+  return zp::call("zpQuantize", CollKind::kQuantize, input, payload, count, datatype, zpSum, bits, blockSize, nullptr,
+                  comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpDequantize(const void* payload, void* output, size_t count, zpDataType_t datatype, int bits,
+                                  int blockSize, zpComm_t comm, cudaStream_t stream) {
+  return zp::call("zpDequantize", CollKind::kDequantize, payload, output, count, datatype, zpSum, bits, blockSize,
+                  nullptr, comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpQuantAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                        zpDataType_t datatype, const zpQuantOptions_t* options, zpComm_t comm,
+                                        cudaStream_t stream) {
+  return zp::call("zpQuantAllGather", CollKind::kQuantAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0,
+                  0, options, comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpQuantAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
+                                      zpComm_t comm, cudaStream_t stream) {
+  return zpQuantAllGatherEx(sendbuff, recvbuff, sendcount, datatype, nullptr, comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
+                                     zpComm_t comm, cudaStream_t stream) {
+  return zp::call("zpHierAllGather", CollKind::kHierAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
+                  nullptr, comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count, zpComm_t comm) {
+  return zp::guardedCall("zpHierSecondaryShard", &comm, [&]() -> zpResult_t {
+    const char* call = "zpHierSecondaryShard";
+    ZPCHECK(zp::checkComm(comm, call));
+    ZPCHECK(zp::checkNotNull(offset, call, "offset"));
+    ZPCHECK(zp::checkNotNull(count, call, "count"));
+    const zp::Topology& t = comm->topo;
+    if (!t.hpzUsable) return ZP_ERR(zpInvalidUsage, "%s : hpZ needs nodes of equal size", call);
+    if (fullCount % t.hpzSize != 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : fullCount %zu is not a multiple of hpzSize %d", call, fullCount,
+                    t.hpzSize);
+    }
+    *count = fullCount / t.hpzSize;
+    *offset = *count * t.hpzRank;
+    return zpSuccess;
+  });
+}
+
+ZP_EXPORT zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                               zpDataType_t datatype, zpRedOp_t op, const zpQuantOptions_t* options,
+                                               zpComm_t comm, cudaStream_t stream) {
+  return zp::call("zpQuantReduceScatterA2A", CollKind::kQuantReduceScatter, sendbuff, recvbuff, recvcount, datatype,
+                  op, 0, 0, options, comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                             zpDataType_t datatype, zpRedOp_t op, zpComm_t comm,
+                                             cudaStream_t stream) {
+  return zpQuantReduceScatterA2AEx(sendbuff, recvbuff, recvcount, datatype, op, nullptr, comm, stream);
+}

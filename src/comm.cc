@@ -1,0 +1,52 @@
+#include "src/comm.h"
+
+#include <unordered_set>
+
+namespace zp {
+
+namespace {
+std::mutex gRegistryMutex;
+std::unordered_set<const zpComm*>& registry() {
+  static auto* live = new std::unordered_set<const zpComm*>();  // never destroyed: safe in atexit paths
+  return *live;
+}
+bool liveLocked(const zpComm* comm) {
+  return comm != nullptr && registry().count(comm) != 0 && comm->magic == kCommMagic;
+}
+}  // namespace
+
+void registerComm(zpComm* comm) {
+  std::lock_guard<std::mutex> lock(gRegistryMutex);
+  registry().insert(comm);
+}
+
+bool unregisterComm(zpComm* comm) {
+  std::lock_guard<std::mutex> lock(gRegistryMutex);
+  if (!liveLocked(comm)) return false;
+  registry().erase(comm);
+  comm->magic = kCommDeadMagic;
+  return true;
+}
+
+bool isLiveComm(const zpComm* comm) {
+  std::lock_guard<std::mutex> lock(gRegistryMutex);
+  return liveLocked(comm);
+}
+
+bool storeLastError(zpComm* comm, const std::string& message) {
+  std::lock_guard<std::mutex> lock(gRegistryMutex);
+  if (!liveLocked(comm)) return false;
+  std::lock_guard<std::mutex> errorLock(comm->errorMutex);
+  comm->lastError = message;
+  return true;
+}
+
+bool copyLastError(zpComm* comm, std::string* message) {
+  std::lock_guard<std::mutex> lock(gRegistryMutex);
+  if (!liveLocked(comm)) return false;
+  std::lock_guard<std::mutex> errorLock(comm->errorMutex);
+  *message = comm->lastError;
+  return true;
+}
+
+}  // namespace zp

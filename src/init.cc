@@ -1,0 +1,208 @@
+// Communicator lifecycle and queries.
+#include <nccl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "host/host_backend.h"
+#include "src/api_guard.h"
+#include "src/argcheck.h"
+#include "src/check.h"
+#include "src/comm.h"
+#include "src/cuda_backend.h"
+#include "src/params.h"
+
+namespace zp {
+
+namespace {
+
+bool cudaDeviceVisible() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+zpResult_t resolveBackend(zpBackend_t requested, const char* call, zpBackend_t* backend) {
+  if (requested != zpBackendDefault) {
+    *backend = requested;
+    return zpSuccess;
+  }
+  const std::string& env = paramBackend();
+  if (env == "host") {
+    *backend = zpBackendHost;
+  } else if (env == "cuda") {
+    *backend = zpBackendCuda;
+  } else if (env.empty()) {
+    *backend = cudaDeviceVisible() ? zpBackendCuda : zpBackendHost;
+  } else {
+    return ZP_ERR(zpInvalidArgument, "%s : ZP_BACKEND='%s' must be cuda or host", call, env.c_str());
+  }
+  return zpSuccess;
+}
+
+// The key that puts ranks on one node: an explicit node id, an emulated block of ranks, or the host hash.
+// Tags keep the three kinds of key apart.
+uint64_t nodeKeyOf(const Settings& s, int rank) {
+  if (s.nodeId >= 0) return 0x4e4f444500000000ull | static_cast<uint32_t>(s.nodeId);
+  if (s.ranksPerNode > 0) return 0x424c4f4b00000000ull | static_cast<uint32_t>(rank / s.ranksPerNode);
+  return hostHash();
+}
+
+zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUniqueId& id, int rank,
+                    const zpConfig_t* config, const char* call) {
+  auto comm = std::make_unique<zpComm>();
+  ZPCHECK(resolveConfig(config, nranks, call, &comm->settings));
+  ZPCHECK(resolveBackend(callerComm ? zpBackendCuda : comm->settings.backend, call, &comm->settings.backend));
+  const Settings& s = comm->settings;
+  const uint64_t key = nodeKeyOf(s, rank);
+  if (s.backend == zpBackendHost) {
+    ZPCHECK(hostBackendCreate(id, nranks, rank, key, s.hpzSize, call, &comm->topo, &comm->backend));
+  } else {
+    ZPCHECK(cudaBackendCreate(callerComm, id, nranks, rank, key, s.hpzSize, call, &comm->topo, &comm->cudaDev,
+                              &comm->backend));
+  }
+  const Topology& t = comm->topo;
+  ZP_INFO(kSubsysInit, "%s : %s backend, %s", call, s.backend == zpBackendHost ? "host" : "cuda",
+          t.describe().c_str());
+  if (!t.even && rank == 0) {
+    ZP_WARN("%s : nodes of uneven sizes (%s): hierarchical paths fall back to flat ones and hpZ is unavailable", call,
+            t.describe().c_str());
+  }
+  registerComm(comm.get());
+  *out = comm.release();
+  return zpSuccess;
+}
+
+zpResult_t commFree(zpComm_t comm, bool abort, const char* call) {
+  ZPCHECK(checkComm(comm, call));
+  if (!unregisterComm(comm)) {
+    return ZP_ERR(zpInvalidArgument, "%s : comm %p was destroyed by another thread", call, static_cast<void*>(comm));
+  }
+  zpResult_t res = comm->backend->finalize(abort);
+  delete comm;
+  if (res != zpSuccess) return ZP_ERR(res, "%s : releasing the communicator's resources failed", call);
+  return zpSuccess;
+}
+
+// Reads a field only after the handle is known to be live.
+template <typename T, typename Get>
+zpResult_t query(const zpComm* comm, T* out, const char* call, Get get) {
+  ZPCHECK(checkComm(comm, call));
+  ZPCHECK(checkNotNull(out, call, "output pointer"));
+  *out = get(comm);
+  return zpSuccess;
+}
+
+}  // namespace
+}  // namespace zp
+
+using zp::guardedCall;
+
+ZP_EXPORT zpResult_t zpGetUniqueId(zpUniqueId* uniqueId) {
+  return guardedCall("zpGetUniqueId", nullptr, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkNotNull(uniqueId, "zpGetUniqueId", "uniqueId"));
+    memset(uniqueId, 0, sizeof(*uniqueId));
+    // With a GPU the id must be NCCL's (the cuda backend bootstraps from it). Without one, any unique bytes do:
+    // the host backend only uses the id as a meeting key.
+    if (zp::paramBackend() != "host" && zp::cudaDeviceVisible()) {
+      ncclUniqueId id;
+      ncclResult_t r = ncclGetUniqueId(&id);
+      if (r == ncclSuccess) {
+        memcpy(uniqueId, &id, sizeof(id));
+        return zpSuccess;
+      }
+      ZP_INFO(zp::kSubsysInit, "ncclGetUniqueId failed (%s); using a host-backend id", ncclGetErrorString(r));
+    }
+    std::random_device entropy;
+    const char tag[] = "zpccl-host";
+    memcpy(uniqueId->internal, tag, sizeof(tag));
+    for (size_t i = sizeof(tag); i + 4 <= sizeof(uniqueId->internal); i += 4) {
+      const uint32_t word = entropy();
+      memcpy(uniqueId->internal + i, &word, 4);
+    }
+    return zpSuccess;
+  });
+}
+
+ZP_EXPORT zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank,
+                                          zpConfig_t* config) {
+  return guardedCall("zpCommInitRankConfig", comm, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRankConfig"));
+    *comm = nullptr;
+    return zp::commInit(comm, nullptr, nranks, commId, rank, config, "zpCommInitRankConfig");
+  });
+}
+
+ZP_EXPORT zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank) {
+  return guardedCall("zpCommInitRank", comm, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRank"));
+    *comm = nullptr;
+    return zp::commInit(comm, nullptr, nranks, commId, rank, nullptr, "zpCommInitRank");
+  });
+}
+
+ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclComm, zpConfig_t* config) {
+  return guardedCall("zpCommInitFromNccl", comm, [&]() -> zpResult_t {
+    const char* call = "zpCommInitFromNccl";
+    ZPCHECK(zp::checkNotNull(comm, call, "comm"));
+    *comm = nullptr;
+    ZPCHECK(zp::checkNotNull(ncclComm, call, "ncclComm"));
+    if (config != nullptr && config->magic == ZP_CONFIG_MAGIC && config->backend != ZP_CONFIG_UNDEF_INT &&
+        config->backend == zpBackendHost) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->backend host cannot wrap an NCCL communicator", call);
+    }
+    int nranks = 0, rank = 0;
+    NCCLCHECK(ncclCommCount(ncclComm, &nranks));
+    NCCLCHECK(ncclCommUserRank(ncclComm, &rank));
+    zpUniqueId unused;
+    memset(&unused, 0, sizeof(unused));
+    return zp::commInit(comm, ncclComm, nranks, unused, rank, config, call);
+  });
+}
+
+ZP_EXPORT zpResult_t zpCommDestroy(zpComm_t comm) {
+  // The outcome is recorded for the thread: the communicator is gone afterwards.
+  return guardedCall("zpCommDestroy", nullptr, [&] { return zp::commFree(comm, false, "zpCommDestroy"); });
+}
+
+ZP_EXPORT zpResult_t zpCommAbort(zpComm_t comm) {
+  return guardedCall("zpCommAbort", nullptr, [&] { return zp::commFree(comm, true, "zpCommAbort"); });
+}
+
+ZP_EXPORT zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
+  return guardedCall("zpCommGetAsyncError", &comm, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkComm(comm, "zpCommGetAsyncError"));
+    ZPCHECK(zp::checkNotNull(asyncError, "zpCommGetAsyncError", "asyncError"));
+    return comm->backend->asyncError(asyncError);
+  });
+}
+
+ZP_EXPORT zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes) {
+  return guardedCall("zpCommReserve", &comm, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkComm(comm, "zpCommReserve"));
+    return comm->backend->reserve(maxBytes);
+  });
+}
+
+#define ZP_QUERY(fn, type, arg, field)                                                                  \
+  ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                             \
+    zpComm* c = comm;                                                                                   \
+    return guardedCall(#fn, &c, [&] {                                                                   \
+      return zp::query<type>(comm, arg, #fn, [](const zpComm* live) { return static_cast<type>(live->field); }); \
+    });                                                                                                 \
+  }
+ZP_QUERY(zpCommCount, int, count, topo.nranks)
+ZP_QUERY(zpCommUserRank, int, rank, topo.rank)
+ZP_QUERY(zpCommCuDevice, int, device, cudaDev)
+ZP_QUERY(zpCommBackend, zpBackend_t, backend, settings.backend)
+ZP_QUERY(zpCommNodeCount, int, nodes, topo.nodes)
+ZP_QUERY(zpCommNodeRank, int, node, topo.node)
+ZP_QUERY(zpCommLocalRank, int, localRank, topo.localRank)
+ZP_QUERY(zpCommLocalSize, int, localSize, topo.localSize)
+ZP_QUERY(zpCommHpzRank, int, hpzRank, topo.hpzRank)
+ZP_QUERY(zpCommHpzSize, int, hpzSize, topo.hpzSize)
+#undef ZP_QUERY

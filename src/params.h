@@ -1,0 +1,29 @@
+// Every environment tunable of zpccl, declared once with its default and a line of help. Each is read on first
+// use and cached; a value that is set is logged (INFO ENV). `zpParamHelp()` lists them all.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace zp {
+
+#define ZP_PARAMS(X)                                                                                        \
+  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000,                                                           \
+    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")             \
+  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000,                                                           \
+    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")           \
+  X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                               \
+    "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")      \
+  X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, "cuda backend: most pipeline chunks per collective call")
+
+#define ZP_DECLARE_PARAM(name, env, def, help) int64_t param##name();
+ZP_PARAMS(ZP_DECLARE_PARAM)
+#undef ZP_DECLARE_PARAM
+
+// ZP_BACKEND: "cuda" or "host" overrides zpBackendDefault's choice; empty when unset.
+const std::string& paramBackend();
+
+// All tunables with their help and current values, one per line.
+std::string paramHelp();
+
+}  // namespace zp

@@ -1,0 +1,266 @@
+// Communicator lifecycle on the host backend, the last-error contract, and bad input to the lifecycle calls.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "include/zpccl.h"
+#include "tests/host_ranks.h"
+
+namespace {
+
+using zptest::runHostRanks;
+
+bool mentions(const char* message, const char* what) { return message && strstr(message, what) != nullptr; }
+
+class HostLifecycle : public ::testing::TestWithParam<int> {};
+
+TEST_P(HostLifecycle, QueriesMatchOneNode) {
+  const int nranks = GetParam();
+  std::atomic<int> checked{0};
+  runHostRanks(nranks, nullptr, [&](int rank, zpComm_t comm) {
+    int value = -1;
+    EXPECT_EQ(zpCommCount(comm, &value), zpSuccess);
+    EXPECT_EQ(value, nranks);
+    EXPECT_EQ(zpCommUserRank(comm, &value), zpSuccess);
+    EXPECT_EQ(value, rank);
+    EXPECT_EQ(zpCommCuDevice(comm, &value), zpSuccess);
+    EXPECT_EQ(value, -1);
+    zpBackend_t backend = zpBackendDefault;
+    EXPECT_EQ(zpCommBackend(comm, &backend), zpSuccess);
+    EXPECT_EQ(backend, zpBackendHost);
+    EXPECT_EQ(zpCommNodeCount(comm, &value), zpSuccess);
+    EXPECT_EQ(value, 1);  // all threads share one hostname
+    EXPECT_EQ(zpCommLocalRank(comm, &value), zpSuccess);
+    EXPECT_EQ(value, rank);
+    EXPECT_EQ(zpCommLocalSize(comm, &value), zpSuccess);
+    EXPECT_EQ(value, nranks);
+    EXPECT_EQ(zpCommHpzSize(comm, &value), zpSuccess);
+    EXPECT_EQ(value, nranks);
+    checked++;
+  });
+  EXPECT_EQ(checked.load(), nranks);
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, HostLifecycle, ::testing::Values(1, 2, 3, 4, 7, 8, 16));
+
+struct Layout {
+  int nranks;
+  int ranksPerNode;
+  int hpzSize;
+};
+
+class HostEmulatedLayout : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(HostEmulatedLayout, GroupsMatchTopology) {
+  const Layout L = GetParam();
+  runHostRanks(
+      L.nranks,
+      [&](int, zpConfig_t* c) {
+        c->ranksPerNode = L.ranksPerNode;
+        if (L.hpzSize) c->hpzSize = L.hpzSize;
+      },
+      [&](int rank, zpComm_t comm) {
+        int nodes = 0, node = -1, localRank = -1, localSize = 0, hpzRank = -1, hpzSize = 0;
+        ASSERT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
+        ASSERT_EQ(zpCommNodeRank(comm, &node), zpSuccess);
+        ASSERT_EQ(zpCommLocalRank(comm, &localRank), zpSuccess);
+        ASSERT_EQ(zpCommLocalSize(comm, &localSize), zpSuccess);
+        ASSERT_EQ(zpCommHpzRank(comm, &hpzRank), zpSuccess);
+        ASSERT_EQ(zpCommHpzSize(comm, &hpzSize), zpSuccess);
+        const int hpz = L.hpzSize ? L.hpzSize : L.ranksPerNode;
+        EXPECT_EQ(nodes, L.nranks / L.ranksPerNode);
+        EXPECT_EQ(node, rank / L.ranksPerNode);
+        EXPECT_EQ(localRank, rank % L.ranksPerNode);
+        EXPECT_EQ(localSize, L.ranksPerNode);
+        EXPECT_EQ(hpzSize, hpz);
+        EXPECT_EQ(hpzRank, localRank % hpz);
+      });
+}
+INSTANTIATE_TEST_SUITE_P(Layouts, HostEmulatedLayout,
+                         ::testing::Values(Layout{1, 1, 0}, Layout{8, 8, 0}, Layout{2, 1, 0}, Layout{16, 4, 0},
+                                           Layout{16, 8, 2}, Layout{16, 8, 4}, Layout{8, 2, 1}));
+
+TEST(HostLifecycleLayouts, InterleavedAndUnevenNodesByNodeId) {
+  // Ranks 0,2,4 on node "A" and 1,3 on node "B": not node-major, and uneven.
+  runHostRanks(
+      5, [](int rank, zpConfig_t* c) { c->nodeId = rank % 2 == 0 ? 17 : 3; },
+      [](int rank, zpComm_t comm) {
+        int nodes = 0, node = -1, localRank = -1, localSize = 0;
+        ASSERT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
+        ASSERT_EQ(zpCommNodeRank(comm, &node), zpSuccess);
+        ASSERT_EQ(zpCommLocalRank(comm, &localRank), zpSuccess);
+        ASSERT_EQ(zpCommLocalSize(comm, &localSize), zpSuccess);
+        EXPECT_EQ(nodes, 2);
+        EXPECT_EQ(node, rank % 2);  // nodes are numbered by their lowest rank
+        EXPECT_EQ(localRank, rank / 2);
+        EXPECT_EQ(localSize, rank % 2 == 0 ? 3 : 2);
+      });
+}
+
+TEST(HostLifecycleLayouts, TwoCommunicatorsAtOnce) {
+  // Two independent worlds on the same threads' process: ids keep them apart.
+  std::thread a([] { runHostRanks(4, nullptr, [](int, zpComm_t) {}); });
+  std::thread b([] { runHostRanks(3, nullptr, [](int, zpComm_t) {}); });
+  a.join();
+  b.join();
+}
+
+// ---- bad input -----------------------------------------------------------------------------------------------
+
+zpConfig_t hostConfig() {
+  zpConfig_t c = ZP_CONFIG_INITIALIZER;
+  c.backend = zpBackendHost;
+  return c;
+}
+
+zpUniqueId newId() {
+  zpUniqueId id;
+  EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  return id;
+}
+
+TEST(LifecycleBadInput, NullCommPointer) {
+  zpConfig_t c = hostConfig();
+  EXPECT_EQ(zpCommInitRankConfig(nullptr, 1, newId(), 0, &c), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "zpCommInitRankConfig : comm is NULL"));
+  EXPECT_EQ(zpCommInitRank(nullptr, 1, newId(), 0), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "zpCommInitRank : comm is NULL"));
+  EXPECT_EQ(zpGetUniqueId(nullptr), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "zpGetUniqueId : uniqueId is NULL"));
+}
+
+TEST(LifecycleBadInput, RankCounts) {
+  zpConfig_t c = hostConfig();
+  zpComm_t comm = reinterpret_cast<zpComm_t>(0x1);  // poisoned: must be reset to NULL on failure
+  for (int nranks : {0, -1, -2147483647}) {
+    EXPECT_EQ(zpCommInitRankConfig(&comm, nranks, newId(), 0, &c), zpInvalidArgument);
+    EXPECT_TRUE(mentions(zpGetLastError(nullptr), "nranks")) << zpGetLastError(nullptr);
+  }
+  for (int rank : {-1, 4, 100}) {
+    EXPECT_EQ(zpCommInitRankConfig(&comm, 4, newId(), rank, &c), zpInvalidArgument);
+    EXPECT_TRUE(mentions(zpGetLastError(nullptr), "rank")) << zpGetLastError(nullptr);
+  }
+}
+
+TEST(LifecycleBadInput, ConfigFields) {
+  zpComm_t comm = nullptr;
+  struct Case {
+    const char* name;
+    void (*edit)(zpConfig_t*);
+    zpResult_t code;
+    const char* mention;
+  };
+  const Case cases[] = {
+      {"magic", [](zpConfig_t* c) { c->magic = 0x1234; }, zpInvalidArgument, "magic"},
+      {"size", [](zpConfig_t* c) { c->size = 8; }, zpInvalidArgument, "size"},
+      {"backend", [](zpConfig_t* c) { c->backend = 9; }, zpInvalidArgument, "config->backend"},
+      {"weightBits", [](zpConfig_t* c) { c->weightBits = 6; }, zpInvalidArgument, "config->weightBits"},
+      {"gradBits", [](zpConfig_t* c) { c->gradBits = 16; }, zpInvalidArgument, "config->gradBits"},
+      {"blockSize npot", [](zpConfig_t* c) { c->blockSize = 100; }, zpInvalidArgument, "config->blockSize"},
+      {"blockSize small", [](zpConfig_t* c) { c->blockSize = 16; }, zpInvalidArgument, "config->blockSize"},
+      {"blockSize big", [](zpConfig_t* c) { c->blockSize = 16384; }, zpInvalidArgument, "config->blockSize"},
+      {"ranksPerNode", [](zpConfig_t* c) { c->ranksPerNode = 3; }, zpInvalidArgument, "ranksPerNode"},
+      {"hpz", [](zpConfig_t* c) { c->ranksPerNode = 4; c->hpzSize = 3; }, zpInvalidArgument, "hpzSize"},
+      {"hpz zero", [](zpConfig_t* c) { c->hpzSize = 0; }, zpInvalidArgument, "hpzSize"},
+      {"nodeId", [](zpConfig_t* c) { c->nodeId = -5; }, zpInvalidArgument, "nodeId"},
+      {"blocking", [](zpConfig_t* c) { c->blocking = 0; }, zpInvalidUsage, "blocking"},
+  };
+  for (const Case& k : cases) {
+    zpConfig_t c = hostConfig();
+    k.edit(&c);
+    EXPECT_EQ(zpCommInitRankConfig(&comm, 4, newId(), 0, &c), k.code) << k.name;
+    const char* msg = zpGetLastError(nullptr);
+    EXPECT_TRUE(mentions(msg, "zpCommInitRankConfig")) << k.name << ": " << msg;
+    EXPECT_TRUE(mentions(msg, k.mention)) << k.name << ": " << msg;
+    EXPECT_EQ(comm, nullptr) << k.name;
+  }
+}
+
+TEST(LifecycleBadInput, HpzNotDividingANodeFoundAtInit) {
+  // Nodes come from nodeId here, so the check runs on the exchanged layout, on every rank alike.
+  std::vector<zpResult_t> results(4, zpSuccess);
+  zpUniqueId id = newId();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      zpConfig_t c = hostConfig();
+      c.nodeId = r < 3 ? 0 : 1;  // nodes of 3 and 1
+      c.hpzSize = 2;
+      zpComm_t comm = nullptr;
+      results[r] = zpCommInitRankConfig(&comm, 4, id, r, &c);
+      if (results[r] == zpSuccess) zpCommDestroy(comm);
+      else EXPECT_TRUE(mentions(zpGetLastError(nullptr), "hpzSize 2 does not divide")) << zpGetLastError(nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (zpResult_t res : results) EXPECT_EQ(res, zpInvalidArgument);
+}
+
+TEST(LifecycleBadInput, UseAfterDestroyAndDoubleDestroy) {
+  zpConfig_t c = hostConfig();
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpSuccess);
+  ASSERT_EQ(zpCommDestroy(comm), zpSuccess);
+  int count = -1;
+  EXPECT_EQ(zpCommCount(comm, &count), zpInvalidArgument);
+  EXPECT_EQ(count, -1);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "zpCommCount : comm")) << zpGetLastError(nullptr);
+  EXPECT_TRUE(mentions(zpGetLastError(comm), "not a live communicator"));
+  EXPECT_EQ(zpCommDestroy(comm), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "zpCommDestroy")) << zpGetLastError(nullptr);
+  EXPECT_EQ(zpCommAbort(comm), zpInvalidArgument);
+  zpResult_t async = zpSuccess;
+  EXPECT_EQ(zpCommGetAsyncError(comm, &async), zpInvalidArgument);
+}
+
+TEST(LifecycleBadInput, GarbageAndNullHandles) {
+  alignas(64) unsigned char garbage[512];
+  memset(garbage, 0xab, sizeof(garbage));
+  auto bogus = reinterpret_cast<zpComm_t>(garbage);
+  int value = 0;
+  EXPECT_EQ(zpCommCount(bogus, &value), zpInvalidArgument);
+  EXPECT_EQ(zpCommDestroy(bogus), zpInvalidArgument);
+  EXPECT_EQ(zpCommCount(nullptr, &value), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "zpCommCount : comm is NULL"));
+  EXPECT_EQ(zpCommDestroy(nullptr), zpInvalidArgument);
+  EXPECT_EQ(zpCommReserve(nullptr, 1024), zpInvalidArgument);
+}
+
+TEST(LastError, PerCommunicatorAndNeverStale) {
+  zpConfig_t c = hostConfig();
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpSuccess);
+  EXPECT_STREQ(zpGetLastError(comm), "");
+  EXPECT_EQ(zpCommCount(comm, nullptr), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(comm), "zpCommCount : output pointer is NULL")) << zpGetLastError(comm);
+  // The communicator stays usable, and a good call clears its last error.
+  int count = 0;
+  EXPECT_EQ(zpCommCount(comm, &count), zpSuccess);
+  EXPECT_EQ(count, 1);
+  EXPECT_STREQ(zpGetLastError(comm), "");
+  zpResult_t async = zpInternalError;
+  EXPECT_EQ(zpCommGetAsyncError(comm, &async), zpSuccess);
+  EXPECT_EQ(async, zpSuccess);
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+}
+
+TEST(LastError, ErrorStringsAndVersion) {
+  EXPECT_STREQ(zpGetErrorString(zpSuccess), "no error");
+  for (int r = 1; r < zpNumResults; ++r) EXPECT_GT(strlen(zpGetErrorString(static_cast<zpResult_t>(r))), 5u);
+  EXPECT_STREQ(zpGetErrorString(static_cast<zpResult_t>(99)), "unknown result code");
+  int version = 0;
+  EXPECT_EQ(zpGetVersion(&version), zpSuccess);
+  EXPECT_EQ(version, ZPCCL_VERSION_CODE);
+}
+
+TEST(HostAbort, AbortWakesNoOneAndFreesTheHandle) {
+  zpConfig_t c = hostConfig();
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpSuccess);
+  EXPECT_EQ(zpCommAbort(comm), zpSuccess);
+  int count = 0;
+  EXPECT_EQ(zpCommCount(comm, &count), zpInvalidArgument);
+}
+
+}  // namespace

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# README's test job: set up, build, run every suite (host-only suites everywhere; GPU suites skip without a
+# GPU), then print one line "N passed, N failed" counting every test that ran (skips are not passes).
+set -uo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${ZP_BUILD_DIR:-$top/build}
+source "$top/tools/setup.sh" || { echo "0 passed, 1 failed"; exit 1; }
+set +e
+export NCCL_NVLS_ENABLE=0
+results=$build/test-results
+rm -rf "$results" && mkdir -p "$results"
+
+for suite in zpccl_host_tests zpccl_gpu_tests; do
+  echo "## $suite"
+  "$build/tests/$suite" --gtest_output="json:$results/$suite.json" --gtest_brief=1
+done
+echo "## c_abi_test"
+if "$build/tests/c_abi_test"; then echo '{"passed": 1, "failed": 0}' >"$results/c_abi.count"
+else echo '{"passed": 0, "failed": 1}' >"$results/c_abi.count"; fi
+if [ -d "$top/tools/python/tests" ]; then
+  echo "## python"
+  ZPCCL_LIBRARY=$build/libzpccl.so PYTHONPATH=$top/tools/python "$top/.venv/bin/python" \
+    "$top/tools/python/tests/run.py" --count "$results/python.count"
+fi
+
+exec "$top/.venv/bin/python" "$top/tools/count_results.py" "$results"
