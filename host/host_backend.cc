@@ -1,17 +1,51 @@
 #include "host/host_backend.h"
 
+#include <cstring>
 #include <vector>
 
+#include "host/dtype.h"
+#include "host/qgz_plan.h"
+#include "host/quant_format.h"
 #include "host/quant_ref.h"
+#include "host/reduce_math.h"
 #include "src/check.h"
 
 namespace zp {
 
 namespace {
 
+// fp32 sum, in the order given, of element range [0, count) of several payloads.
+void sumPayloads(const std::vector<const unsigned char*>& payloads, size_t count, int bits, int blockSize,
+                 float* sum) {
+  for (size_t i = 0; i < count; ++i) {
+    float acc = 0.0f;
+    for (size_t s = 0; s < payloads.size(); ++s) {
+      const float v = bits == 8 ? payloadElement<8>(payloads[s], count, blockSize, i)
+                                : payloadElement<4>(payloads[s], count, blockSize, i);
+      acc = s == 0 ? v : addRn(acc, v);
+    }
+    sum[i] = acc;
+  }
+}
+
+template <class Type>
+void finishTyped(const float* sum, size_t count, float divisor, void* out) {
+  auto* dst = static_cast<typename Type::Bits*>(out);
+  for (size_t i = 0; i < count; ++i) dst[i] = finishReduction<Type>(sum[i], divisor);
+}
+
+void finish(const float* sum, size_t count, zpDataType_t type, float divisor, void* out) {
+  switch (type) {
+    case zpFloat16: finishTyped<Fp16Type>(sum, count, divisor, out); break;
+    case zpBfloat16: finishTyped<Bf16Type>(sum, count, divisor, out); break;
+    default: finishTyped<Fp32Type>(sum, count, divisor, out); break;
+  }
+}
+
 class HostBackend final : public Backend {
  public:
-  HostBackend(std::shared_ptr<HostWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  HostBackend(std::shared_ptr<HostWorld> world, const Topology& topo)
+      : world_(std::move(world)), rank_(topo.rank), topo_(topo), qgz_(makeQgzPlan(topo)) {}
 
   zpResult_t run(const CollArgs& a) override {
     if (world_->aborted()) return ZP_ERR(zpRemoteError, "%s : the communicator was aborted", a.opName);
@@ -22,9 +56,11 @@ class HostBackend final : public Backend {
       case CollKind::kDequantize:
         dequantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, a.recvbuff);
         return zpSuccess;
-      default:
-        return ZP_ERR(zpInvalidUsage, "%s : not implemented yet on the host backend", a.opName);
+      case CollKind::kQuantAllGather: return quantAllGather(a);
+      case CollKind::kHierAllGather: return hierAllGather(a);
+      case CollKind::kQuantReduceScatter: return quantReduceScatter(a);
     }
+    return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
 
   zpResult_t reserve(size_t) override { return zpSuccess; }
@@ -48,8 +84,89 @@ class HostBackend final : public Backend {
   }
 
  private:
+  // qwZ: quantize the own shard, let every rank read every payload, dequantize all of them in rank order.
+  zpResult_t quantAllGather(const CollArgs& a) {
+    const size_t pb = quantPayloadBytes(a.count, a.bits, a.blockSize);
+    const size_t shardBytes = a.count * typeSize(a.type);
+    std::vector<unsigned char>& mine = scratch(0, pb);
+    quantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, mine.data());
+    ZPCHECK(world_->exchange(rank_, mine.data(), a.opName));
+    for (int r = 0; r < topo_.nranks; ++r) {
+      dequantizeRef(world_->slot(r), a.type, a.count, a.bits, a.blockSize,
+                    static_cast<char*>(a.recvbuff) + r * shardBytes);
+    }
+    return world_->barrier(a.opName);  // peers may still read our payload until here
+  }
+
+  // hpZ: copy every hpZ peer's shard, as it is, into its place.
+  zpResult_t hierAllGather(const CollArgs& a) {
+    const size_t shardBytes = a.count * typeSize(a.type);
+    ZPCHECK(world_->exchange(rank_, a.sendbuff, a.opName));
+    for (int i = 0; i < topo_.hpzSize; ++i) {
+      char* dst = static_cast<char*>(a.recvbuff) + i * shardBytes;
+      const void* src = world_->slot(topo_.hpzRanks[i]);
+      if (dst != src) memcpy(dst, src, shardBytes);
+    }
+    return world_->barrier(a.opName);
+  }
+
+  // qgZ, following qgz_plan.h step by step.
+  zpResult_t quantReduceScatter(const CollArgs& a) {
+    const size_t n = a.count;
+    const size_t pb = quantPayloadBytes(n, a.bits, a.blockSize);
+    const size_t sliceBytes = n * typeSize(a.type);
+    const float divisor = a.op == zpAvg ? static_cast<float>(topo_.nranks) : 1.0f;
+    // Step 1: every destination slice quantized into its send slot.
+    std::vector<unsigned char>& send = scratch(0, pb * qgz_.nranks);
+    for (int s = 0; s < qgz_.nranks; ++s) {
+      quantizeRef(static_cast<const char*>(a.sendbuff) + qgz_.sliceOfSlot[s] * sliceBytes, a.type, n, a.bits,
+                  a.blockSize, send.data() + s * pb);
+    }
+    ZPCHECK(world_->exchange(rank_, send.data(), a.opName));
+    std::vector<float> sum(n);
+    std::vector<const unsigned char*> sources;
+    if (!qgz_.twoHop) {
+      // One hop: slot `rank` of every rank, summed in rank order.
+      for (int r = 0; r < topo_.nranks; ++r) sources.push_back(peerSlot(r, rank_, pb));
+      sumPayloads(sources, n, a.bits, a.blockSize, sum.data());
+      finish(sum.data(), n, a.type, divisor, a.recvbuff);
+      return world_->barrier(a.opName);
+    }
+    // Step 2 (hop 1): from each local peer l, in local order, the N slots meant for this local rank; sum them
+    // per destination node b and requantize each partial sum into slot b.
+    const int N = qgz_.nodes, L = qgz_.localSize;
+    std::vector<unsigned char>& partial = scratch(1, pb * N);
+    for (int b = 0; b < N; ++b) {
+      sources.clear();
+      for (int l = 0; l < L; ++l) sources.push_back(peerSlot(topo_.nodeRanks[topo_.node][l], topo_.localRank * N + b, pb));
+      sumPayloads(sources, n, a.bits, a.blockSize, sum.data());
+      quantizeRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, partial.data() + b * pb);
+    }
+    ZPCHECK(world_->barrier(a.opName));  // hop 1 done: every rank has read its slots
+    ZPCHECK(world_->exchange(rank_, partial.data(), a.opName));
+    // Step 3 (hop 2): from the rank of this local rank on each node a, in node order, its partial for our node.
+    sources.clear();
+    for (int node = 0; node < N; ++node) sources.push_back(peerSlot(topo_.interRanks[node], topo_.node, pb));
+    sumPayloads(sources, n, a.bits, a.blockSize, sum.data());
+    finish(sum.data(), n, a.type, divisor, a.recvbuff);
+    return world_->barrier(a.opName);
+  }
+
+  const unsigned char* peerSlot(int peer, int slot, size_t slotBytes) const {
+    return static_cast<const unsigned char*>(world_->slot(peer)) + slot * slotBytes;
+  }
+
+  // Scratch buffers owned by the communicator, grown on demand (the host backend may allocate in a call).
+  std::vector<unsigned char>& scratch(int which, size_t bytes) {
+    if (scratch_[which].size() < bytes) scratch_[which].resize(bytes);
+    return scratch_[which];
+  }
+
   std::shared_ptr<HostWorld> world_;
   const int rank_;
+  const Topology topo_;
+  const QgzPlan qgz_;
+  std::vector<unsigned char> scratch_[2];
 };
 
 }  // namespace
@@ -64,7 +181,7 @@ zpResult_t hostBackendCreate(const zpUniqueId& id, int nranks, int rank, uint64_
   for (int r = 0; r < nranks; ++r) keys[r] = *static_cast<const uint64_t*>(world->slot(r));
   ZPCHECK(world->barrier(call));
   ZPCHECK(buildTopology(keys, rank, hpzRequest, call, topo));
-  *backend = std::make_unique<HostBackend>(std::move(world), rank);
+  *backend = std::make_unique<HostBackend>(std::move(world), *topo);
   return zpSuccess;
 }
 
