@@ -1,3 +1,4 @@
+// The cuda backend's lifecycle (NCCL communicators, streams, events, scratch) and its dispatch.
 #include "src/cuda_backend.h"
 
 #include <cstring>
@@ -5,8 +6,45 @@
 
 #include "device/quantize.h"
 #include "src/check.h"
+#include "src/cuda_exec.h"
 
 namespace zp {
+
+std::vector<ncclComm_t> NcclComms::owned() const {
+  std::vector<ncclComm_t> out;
+  for (ncclComm_t c : {intra, inter, hpz}) {
+    bool seen = c == nullptr || c == world;
+    for (ncclComm_t o : out) seen = seen || o == c;
+    if (!seen) out.push_back(c);
+  }
+  if (ownsWorld && world != nullptr) out.push_back(world);
+  return out;
+}
+
+zpResult_t cudaExecInit(CudaExec* e) {
+  CUDACHECK(cudaStreamCreateWithFlags(&e->setupStream, cudaStreamNonBlocking));
+  CUDACHECK(cudaStreamCreateWithFlags(&e->sideStream, cudaStreamNonBlocking));
+  for (cudaEvent_t& ev : e->chunkReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CUDACHECK(cudaEventCreateWithFlags(&e->sideDone, cudaEventDisableTiming));
+  return zpSuccess;
+}
+
+zpResult_t cudaExecFree(CudaExec* e) {
+  for (ScratchBuffer& s : e->scratch) {
+    if (s.ptr != nullptr) (void)cudaFree(s.ptr);
+    s = ScratchBuffer();
+  }
+  for (cudaEvent_t& ev : e->chunkReady) {
+    if (ev != nullptr) (void)cudaEventDestroy(ev);
+    ev = nullptr;
+  }
+  if (e->sideDone != nullptr) (void)cudaEventDestroy(e->sideDone);
+  if (e->sideStream != nullptr) (void)cudaStreamDestroy(e->sideStream);
+  if (e->setupStream != nullptr) (void)cudaStreamDestroy(e->setupStream);
+  e->sideDone = nullptr;
+  e->sideStream = e->setupStream = nullptr;
+  return zpSuccess;
+}
 
 namespace {
 
@@ -26,52 +64,38 @@ class DeviceGuard {
   int saved_ = -1;
 };
 
-// The NCCL communicators of one zpccl communicator. intra, inter and hpz may alias world (or each other) when
-// the group is the same; only owned, distinct ones are destroyed.
-struct NcclComms {
-  ncclComm_t world = nullptr;
-  bool ownsWorld = true;
-  ncclComm_t intra = nullptr;  // ranks of this node
-  ncclComm_t inter = nullptr;  // ranks of this local rank, one per node
-  ncclComm_t hpz = nullptr;    // this rank's hpZ group
-
-  std::vector<ncclComm_t> owned() const {
-    std::vector<ncclComm_t> out;
-    for (ncclComm_t c : {intra, inter, hpz}) {
-      bool seen = c == nullptr || c == world;
-      for (ncclComm_t o : out) seen = seen || o == c;
-      if (!seen) out.push_back(c);
-    }
-    if (ownsWorld && world != nullptr) out.push_back(world);
-    return out;
-  }
-};
-
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(NcclComms comms, int device, cudaStream_t stream) : comms_(comms), device_(device), stream_(stream) {}
   ~CudaBackend() override { (void)finalize(true); }
 
+  CudaExec& exec() { return exec_; }
+
   zpResult_t run(const CollArgs& a) override {
-    DeviceGuard guard(device_);
+    DeviceGuard guard(exec_.device);
     switch (a.kind) {
       case CollKind::kQuantize:
         return launchQuantize(a.sendbuff, a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream);
       case CollKind::kDequantize:
         return launchDequantize(a.sendbuff, a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream);
-      default:
-        return ZP_ERR(zpInvalidUsage, "%s : not implemented yet on the cuda backend", a.opName);
+      case CollKind::kQuantAllGather: return cudaQuantAllGather(exec_, a);
+      case CollKind::kHierAllGather: return cudaHierAllGather(exec_, a);
+      case CollKind::kQuantReduceScatter: return cudaQuantReduceScatter(exec_, a);
     }
+    return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
 
-  zpResult_t reserve(size_t) override { return zpSuccess; }
+  zpResult_t reserve(size_t maxBytes) override {
+    DeviceGuard guard(exec_.device);
+    return cudaReserve(exec_, maxBytes, nullptr);
+  }
 
   zpResult_t asyncError(zpResult_t* error) override {
     *error = zpSuccess;
-    for (ncclComm_t c : {comms_.world, comms_.intra, comms_.inter, comms_.hpz}) {
-      if (c == nullptr) continue;
+    const NcclComms& c = exec_.comms;
+    for (ncclComm_t comm : {c.world, c.intra, c.inter, c.hpz}) {
+      if (comm == nullptr) continue;
       ncclResult_t state = ncclSuccess;
-      NCCLCHECK(ncclCommGetAsyncError(c, &state));
+      NCCLCHECK(ncclCommGetAsyncError(comm, &state));
       if (state != ncclSuccess) {
         *error = static_cast<zpResult_t>(state);
         return zpSuccess;
@@ -83,23 +107,21 @@ class CudaBackend final : public Backend {
   zpResult_t finalize(bool abort) override {
     if (finalized_) return zpSuccess;
     finalized_ = true;
-    DeviceGuard guard(device_);
+    DeviceGuard guard(exec_.device);
     zpResult_t res = zpSuccess;
-    if (!abort && stream_ != nullptr && cudaStreamSynchronize(stream_) != cudaSuccess) {
+    // Destroy waits for the work enqueued on the communicator; abort does not.
+    if (!abort && exec_.sideStream != nullptr && cudaStreamSynchronize(exec_.sideStream) != cudaSuccess) {
       (void)cudaGetLastError();
       res = zpUnhandledCudaError;
     }
-    for (ncclComm_t c : comms_.owned()) {
+    for (ncclComm_t c : exec_.comms.owned()) {
       ncclResult_t r = abort ? ncclCommAbort(c) : ncclCommDestroy(c);
       if (r != ncclSuccess && res == zpSuccess) res = static_cast<zpResult_t>(r);
     }
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-    stream_ = nullptr;
+    if (!abort) (void)cudaDeviceSynchronize();  // the caller's streams may still read scratch
+    cudaExecFree(&exec_);
     return res;
   }
-
-  // Init adds the sub-communicators here as it splits them, so that a failure part-way frees what exists.
-  NcclComms& comms() { return comms_; }
 
   bool bufferUsable(const void* ptr, const char** why) override {
     if (ptr == nullptr) {
@@ -116,7 +138,7 @@ class CudaBackend final : public Backend {
       *why = "is host memory (the cuda backend needs device memory)";
       return false;
     }
-    if (attr.type == cudaMemoryTypeDevice && attr.device != device_) {
+    if (attr.type == cudaMemoryTypeDevice && attr.device != exec_.device) {
       *why = "is memory of another CUDA device than the communicator's";
       return false;
     }
@@ -124,9 +146,7 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  NcclComms comms_;
-  const int device_;
-  cudaStream_t stream_;  // internal work: setup exchanges
+  CudaExec exec_;
   bool finalized_ = false;
 };
 
@@ -139,7 +159,7 @@ zpResult_t exchangeNodeKeys(ncclComm_t world, int nranks, int rank, uint64_t key
   keys->assign(nranks, 0);
   CUDACHECKGOTO(cudaMemcpyAsync(dev + rank, &key, sizeof(key), cudaMemcpyHostToDevice, stream), res, done);
   if (ncclAllGather(dev + rank, dev, 1, ncclUint64, world, stream) != ncclSuccess) {
-    res = ZP_ERR(zpSystemError, "node-key all-gather failed");
+    res = ZP_ERR(zpSystemError, "node-key all-gather failed: %s", ncclGetLastError(world));
     goto done;
   }
   CUDACHECKGOTO(cudaMemcpyAsync(keys->data(), dev, sizeof(uint64_t) * nranks, cudaMemcpyDeviceToHost, stream), res,
@@ -150,7 +170,7 @@ done:
   return res;
 }
 
-// Splits world by color (ranks ordered by key).
+// Splits world by color; ranks of the new communicator are ordered by key.
 zpResult_t splitComm(ncclComm_t world, int color, int key, ncclComm_t* out, const char* what) {
   ncclResult_t r = ncclCommSplit(world, color, key, out, nullptr);
   if (r != ncclSuccess) {
@@ -165,57 +185,54 @@ zpResult_t splitComm(ncclComm_t world, int color, int key, ncclComm_t* out, cons
 zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nranks, int rank, uint64_t nodeKey,
                              int hpzRequest, const char* call, Topology* topo, int* cudaDev,
                              std::unique_ptr<Backend>* backend) {
-  int device = -1;
   int deviceCount = 0;
   if (cudaGetDeviceCount(&deviceCount) != cudaSuccess || deviceCount == 0) {
     (void)cudaGetLastError();
     return ZP_ERR(zpInvalidUsage, "%s : the cuda backend needs a CUDA device and none is visible", call);
   }
-  NcclComms comms;
+  // From here on the backend owns what is created, and frees it if a later step fails.
+  auto created = std::make_unique<CudaBackend>();
+  CudaExec& e = created->exec();
+  NcclComms& c = e.comms;
   if (callerComm != nullptr) {
-    NCCLCHECK(ncclCommCuDevice(callerComm, &device));
-    CUDACHECK(cudaSetDevice(device));
-    comms.world = callerComm;
-    comms.ownsWorld = false;
+    NCCLCHECK(ncclCommCuDevice(callerComm, &e.device));
+    CUDACHECK(cudaSetDevice(e.device));
+    c.world = callerComm;
+    c.ownsWorld = false;
   } else {
-    CUDACHECK(cudaGetDevice(&device));
+    CUDACHECK(cudaGetDevice(&e.device));
     static_assert(sizeof(ncclUniqueId) == sizeof(zpUniqueId), "a zpUniqueId carries an ncclUniqueId");
     ncclUniqueId ncclId;
     memcpy(&ncclId, &id, sizeof(ncclId));
-    ncclResult_t r = ncclCommInitRank(&comms.world, nranks, ncclId, rank);
+    ncclResult_t r = ncclCommInitRank(&c.world, nranks, ncclId, rank);
     if (r != ncclSuccess) {
+      c.world = nullptr;
       return ZP_ERR(static_cast<zpResult_t>(r), "%s : ncclCommInitRank failed: %s (%s)", call,
                     ncclGetErrorString(r), ncclGetLastError(nullptr));
     }
   }
-  cudaStream_t stream = nullptr;
-  CUDACHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  // From here on the backend owns what was created, and frees it if a later step fails.
-  auto created = std::make_unique<CudaBackend>(comms, device, stream);
+  ZPCHECK(cudaExecInit(&e));
   std::vector<uint64_t> keys;
-  ZPCHECK(exchangeNodeKeys(comms.world, nranks, rank, nodeKey, stream, &keys));
-  Topology t;
-  ZPCHECK(buildTopology(keys, rank, hpzRequest, call, &t));
+  ZPCHECK(exchangeNodeKeys(c.world, nranks, rank, nodeKey, e.setupStream, &keys));
+  ZPCHECK(buildTopology(keys, rank, hpzRequest, call, &e.topo));
+  const Topology& t = e.topo;
 
   // Splits are collective over the world: every rank takes the same branches, since all see the same keys.
-  NcclComms& c = created->comms();
+  // Intra-node ranks are ordered by local rank, inter-node ranks by node index.
   if (t.nodes == 1) {
     c.intra = c.world;
   } else {
-    ZPCHECK(splitComm(c.world, t.node, rank, &c.intra, "intra-node"));
-    if (t.localSize == 1 && t.even) {
-      c.inter = c.world;
-    } else {
-      ZPCHECK(splitComm(c.world, t.localRank, rank, &c.inter, "inter-node"));
-    }
+    ZPCHECK(splitComm(c.world, t.node, t.localRank, &c.intra, "intra-node"));
+    ZPCHECK(splitComm(c.world, t.localRank, t.node, &c.inter, "inter-node"));
   }
   if (t.hpzSize == t.localSize) {
     c.hpz = c.intra;
   } else {
-    ZPCHECK(splitComm(c.world, t.hpzGroup, rank, &c.hpz, "hpZ"));
+    ZPCHECK(splitComm(c.world, t.hpzGroup, t.hpzRank, &c.hpz, "hpZ"));
   }
+  e.qgz = makeQgzPlan(t);
   *topo = t;
-  *cudaDev = device;
+  *cudaDev = e.device;
   *backend = std::move(created);
   return zpSuccess;
 }

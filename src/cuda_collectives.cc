@@ -1,0 +1,237 @@
+// The cuda backend's collectives: NCCL moves the payloads, device/ kernels quantize and reduce. Each is a chunk
+// pipeline of two stages: stage 1 on the caller's stream, stage 2 on the communicator's side stream, joined back
+// to the caller's stream by events, so chunk c's second stage overlaps chunk c+1's first. No host
+// synchronization and no allocation once scratch is sized: every call can be captured in a CUDA graph.
+#include <algorithm>
+
+#include "device/quantize.h"
+#include "device/reduce.h"
+#include "host/chunk_plan.h"
+#include "host/dtype.h"
+#include "host/quant_format.h"
+#include "src/check.h"
+#include "src/cuda_exec.h"
+#include "src/params.h"
+
+namespace zp {
+
+namespace {
+
+ChunkPlan chunkPlanFor(size_t count, int blockSize, size_t logicalBytes) {
+  const int maxChunks = static_cast<int>(std::min<int64_t>(paramPipelineMaxChunks(), kMaxPipelineChunks));
+  return makeChunkPlan(count, blockSize, logicalBytes, paramPipelineChunkBytes(), maxChunks);
+}
+
+// Bytes of `slots` payloads per chunk, chunk after chunk.
+size_t chunkedPayloadBytes(const ChunkPlan& plan, int slots, int bits, int blockSize) {
+  size_t total = 0;
+  for (int c = 0; c < plan.chunks; ++c) total += slots * quantPayloadBytes(plan.elems(c), bits, blockSize);
+  return total;
+}
+
+zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stream, const char* call) {
+  ScratchBuffer& s = e.scratch[which];
+  if (s.bytes >= bytes) return zpSuccess;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (stream != nullptr) CUDACHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone) {
+    return ZP_ERR(zpInvalidUsage,
+                  "%s : needs %zu bytes of scratch memory, the communicator holds %zu, and the stream is being "
+                  "captured: call zpCommReserve (or this collective once) before capture",
+                  call, bytes, s.bytes);
+  }
+  // Work already enqueued may still use the old buffer.
+  if (stream != nullptr) CUDACHECK(cudaStreamSynchronize(stream));
+  CUDACHECK(cudaStreamSynchronize(e.sideStream));
+  if (s.ptr != nullptr) CUDACHECK(cudaFree(s.ptr));
+  s.ptr = nullptr;
+  s.bytes = 0;
+  const size_t rounded = alignUp(bytes, size_t{1} << 20);
+  CUDACHECK(cudaMalloc(&s.ptr, rounded));
+  s.bytes = rounded;
+  ZP_INFO(kSubsysAlloc, "%s : scratch %d grown to %zu bytes", call, which, rounded);
+  return zpSuccess;
+}
+
+// Orders this call after the previous call's second stage (which may still read scratch), unless the stream is
+// being captured: inside a graph the order of replays is the caller's.
+zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDACHECK(cudaStreamIsCapturing(stream, &status));
+  if (status == cudaStreamCaptureStatusNone) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
+  return zpSuccess;
+}
+
+// Hands chunk c from stage 1 (caller's stream) to stage 2 (side stream).
+zpResult_t handOver(CudaExec& e, int c, cudaStream_t stream) {
+  CUDACHECK(cudaEventRecord(e.chunkReady[c], stream));
+  CUDACHECK(cudaStreamWaitEvent(e.sideStream, e.chunkReady[c], 0));
+  return zpSuccess;
+}
+
+// Joins stage 2 back into the caller's stream.
+zpResult_t endPipeline(CudaExec& e, cudaStream_t stream) {
+  CUDACHECK(cudaEventRecord(e.sideDone, e.sideStream));
+  CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
+  return zpSuccess;
+}
+
+zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what) {
+  if (r == ncclSuccess || r == ncclInProgress) return zpSuccess;
+  return ZP_ERR(static_cast<zpResult_t>(r), "%s : %s failed: %s (%s)", call, what, ncclGetErrorString(r),
+                ncclGetLastError(nullptr));
+}
+
+// Quantizes count elements of sendbuff's slices into the send slots of one chunk: slot s holds slice
+// sliceOfSlot[s] (elements [offset, offset+count) of it). Runs of slots whose slices are evenly spaced go in
+// one launch (every slot for one hop; one launch per local peer for node-major two-hop layouts).
+zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot, size_t sliceElems, size_t offset,
+                         size_t count, char* slots, size_t slotBytes) {
+  const size_t esz = typeSize(a.type);
+  const auto* send = static_cast<const char*>(a.sendbuff);
+  const int n = static_cast<int>(sliceOfSlot.size());
+  for (int s = 0; s < n;) {
+    int run = 1;
+    const long stride = s + 1 < n ? sliceOfSlot[s + 1] - sliceOfSlot[s] : 1;
+    while (s + run < n && stride > 0 && sliceOfSlot[s + run] - sliceOfSlot[s + run - 1] == stride) run++;
+    ZPCHECK(launchQuantize(send + (sliceOfSlot[s] * sliceElems + offset) * esz, slots + s * slotBytes, count, a.type,
+                           a.bits, a.blockSize, a.stream, run, stride * sliceElems, slotBytes));
+    s += run;
+  }
+  return zpSuccess;
+}
+
+}  // namespace
+
+zpResult_t cudaReserve(CudaExec& e, size_t maxBytes, const CollArgs* forCall) {
+  // Without a call, size for the worst settings a call may ask for: 8 bits, the smallest block, 2-byte types.
+  const int bits = forCall ? forCall->bits : 8;
+  const int blockSize = forCall ? forCall->blockSize : kMinBlockSize;
+  const size_t esz = forCall ? typeSize(forCall->type) : 2;
+  const int n = e.topo.nranks;
+  const size_t count = maxBytes / (esz * n);  // elements per rank (qwZ shard, qgZ slice)
+  const ChunkPlan plan = chunkPlanFor(count, blockSize, maxBytes);
+  const size_t bytes = chunkedPayloadBytes(plan, n, bits, blockSize);
+  cudaStream_t stream = forCall ? forCall->stream : e.setupStream;
+  ZPCHECK(ensureScratch(e, 0, bytes, stream, forCall ? forCall->opName : "zpCommReserve"));
+  ZPCHECK(ensureScratch(e, 1, bytes, stream, forCall ? forCall->opName : "zpCommReserve"));
+  return zpSuccess;
+}
+
+// qwZ. Stage 1: quantize the own shard into its slot of every chunk's region, then all-gather the regions chunk
+// by chunk. Stage 2: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
+zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
+  const int n = e.topo.nranks, rank = e.topo.rank;
+  const size_t esz = typeSize(a.type);
+  const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
+  ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
+  ZPCHECK(beginPipeline(e, a.stream));
+  char* region = static_cast<char*>(e.scratch[0].ptr);
+  const auto* send = static_cast<const char*>(a.sendbuff);
+  auto* recv = static_cast<char*>(a.recvbuff);
+
+  // Step 1: every chunk of the shard quantized before anything is written to recvbuff (in place is safe).
+  size_t off = 0;
+  for (int c = 0; c < plan.chunks; ++c) {
+    const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + off + rank * pb, plan.elems(c), a.type, a.bits,
+                           a.blockSize, a.stream));
+    off += n * pb;
+  }
+  // Step 2: gather chunk c on the caller's stream while the side stream dequantizes chunk c-1.
+  off = 0;
+  for (int c = 0; c < plan.chunks; ++c) {
+    const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, e.comms.world, a.stream),
+                      a.opName, "ncclAllGather"));
+    ZPCHECK(handOver(e, c, a.stream));
+    ZPCHECK(launchDequantize(region + off, recv + plan.offset(c) * esz, plan.elems(c), a.type, a.bits, a.blockSize,
+                             e.sideStream, n, pb, a.count));
+    off += n * pb;
+  }
+  return endPipeline(e, a.stream);
+}
+
+// hpZ moves the secondary shards as they are: one all-gather over the hpZ group's communicator.
+zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
+  const size_t bytes = a.count * typeSize(a.type);
+  return ncclCheck(ncclAllGather(a.sendbuff, a.recvbuff, bytes, ncclUint8, e.comms.hpz, a.stream), a.opName,
+                   "ncclAllGather over the hpZ group");
+}
+
+// qgZ, as host/qgz_plan.h describes it, chunk by chunk (each chunk covers the same element range of every slice).
+// One hop:  stage 1 all-to-all of the slots;      stage 2 sum the n received payloads into recvbuff.
+// Two hops: stage 1 intra-node all-to-all, then the fused dequantize + sum + requantize of the N partials;
+//           stage 2 inter-node all-to-all of the partials, then their sum into recvbuff.
+// Scratch 0 holds each chunk's send slots (later its requantized partials); scratch 1 its received payloads
+// (later the partials received in hop 2).
+zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
+  const QgzPlan& q = e.qgz;
+  const int n = q.nranks, N = q.nodes, L = q.localSize;
+  const size_t esz = typeSize(a.type);
+  const float divisor = a.op == zpAvg ? static_cast<float>(n) : 1.0f;
+  const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
+  const size_t bytes = chunkedPayloadBytes(plan, n, a.bits, a.blockSize);
+  ZPCHECK(ensureScratch(e, 0, bytes, a.stream, a.opName));
+  ZPCHECK(ensureScratch(e, 1, bytes, a.stream, a.opName));
+  ZPCHECK(beginPipeline(e, a.stream));
+  auto* sendRegion = static_cast<char*>(e.scratch[0].ptr);
+  auto* recvRegion = static_cast<char*>(e.scratch[1].ptr);
+  auto* recv = static_cast<char*>(a.recvbuff);
+
+  // Step 1: every slice quantized into its send slot, chunk by chunk, before recvbuff is written.
+  size_t off = 0;
+  for (int c = 0; c < plan.chunks; ++c) {
+    const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb));
+    off += n * pb;
+  }
+  off = 0;
+  for (int c = 0; c < plan.chunks; ++c) {
+    const size_t cc = plan.elems(c);
+    const size_t pb = quantPayloadBytes(cc, a.bits, a.blockSize);
+    char* slots = sendRegion + off;
+    char* received = recvRegion + off;
+    // Step 2 (stage 1): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
+    ncclComm_t firstHop = q.twoHop ? e.comms.intra : e.comms.world;
+    const size_t peerBytes = N * pb;
+    ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
+    for (int peer = 0; peer < L; ++peer) {
+      ZPCHECK(ncclCheck(ncclSend(slots + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, a.stream),
+                        a.opName, "ncclSend"));
+      ZPCHECK(ncclCheck(ncclRecv(received + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, a.stream),
+                        a.opName, "ncclRecv"));
+    }
+    ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
+    if (!q.twoHop) {
+      ZPCHECK(handOver(e, c, a.stream));
+      // Step 3 (stage 2): slot j of the received region came from rank j; summed in rank order.
+      const ReduceSources sources{received, pb, 0, n, 1};
+      ZPCHECK(launchReduceFinish(sources, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
+                                 e.sideStream));
+    } else {
+      // Step 3 (stage 1): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
+      // into the front of this chunk's send region (its slots have left).
+      const ReduceSources partials{received, peerBytes, pb, L, N};
+      ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, a.stream));
+      ZPCHECK(handOver(e, c, a.stream));
+      // Step 4 (stage 2): the inter-node all-to-all among ranks of this local rank: partial b to node b.
+      ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
+      for (int node = 0; node < N; ++node) {
+        ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, e.sideStream), a.opName,
+                          "ncclSend"));
+        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, e.sideStream),
+                          a.opName, "ncclRecv"));
+      }
+      ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
+      // Step 5 (stage 2): node a's partial, summed in node order, into recvbuff.
+      const ReduceSources finals{received, pb, 0, N, 1};
+      ZPCHECK(launchReduceFinish(finals, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
+                                 e.sideStream));
+    }
+    off += n * pb;
+  }
+  return endPipeline(e, a.stream);
+}
+
+}  // namespace zp

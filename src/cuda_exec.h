@@ -1,0 +1,59 @@
+// What the cuda backend's collectives work with: the NCCL communicators, the side stream and events of the
+// chunk pipelines, and the communicator's scratch memory. Lifecycle in cuda_backend.cc; the collectives in
+// cuda_collectives.cc.
+#pragma once
+
+#include <nccl.h>
+
+#include <vector>
+
+#include "host/qgz_plan.h"
+#include "host/topology.h"
+#include "src/backend.h"
+
+namespace zp {
+
+// The NCCL communicators of one zpccl communicator. intra, inter and hpz may alias world (or each other) when
+// the group is the same; only owned, distinct ones are destroyed.
+struct NcclComms {
+  ncclComm_t world = nullptr;
+  bool ownsWorld = true;
+  ncclComm_t intra = nullptr;  // ranks of this node
+  ncclComm_t inter = nullptr;  // ranks of this local rank, one per node (multi-node layouts)
+  ncclComm_t hpz = nullptr;    // this rank's hpZ group
+
+  // The distinct communicators this object must destroy.
+  std::vector<ncclComm_t> owned() const;
+};
+
+// Device memory owned by the communicator. It only grows, and never inside graph capture.
+struct ScratchBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+constexpr int kMaxPipelineChunks = 16;
+
+struct CudaExec {
+  NcclComms comms;
+  int device = -1;
+  Topology topo;
+  QgzPlan qgz;
+  cudaStream_t setupStream = nullptr;  // init-time exchanges
+  cudaStream_t sideStream = nullptr;   // the second stage of the chunk pipelines
+  cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // stage 1 of chunk c done (recorded on the caller's stream)
+  cudaEvent_t sideDone = nullptr;                   // stage 2 done: the caller's stream waits on it
+  ScratchBuffer scratch[2];
+};
+
+zpResult_t cudaExecInit(CudaExec* exec);
+zpResult_t cudaExecFree(CudaExec* exec);
+
+// Grows scratch so that collectives of up to maxBytes logical output bytes need no allocation.
+zpResult_t cudaReserve(CudaExec& exec, size_t maxBytes, const CollArgs* forCall);
+
+zpResult_t cudaQuantAllGather(CudaExec& exec, const CollArgs& a);
+zpResult_t cudaHierAllGather(CudaExec& exec, const CollArgs& a);
+zpResult_t cudaQuantReduceScatter(CudaExec& exec, const CollArgs& a);
+
+}  // namespace zp
