@@ -101,6 +101,28 @@ zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot,
   return zpSuccess;
 }
 
+// NCCL connects point-to-point peers on first use, which cannot happen inside graph capture: one tiny exchange
+// with every peer of each communicator that qgZ's all-to-alls use, outside capture, connects them all.
+zpResult_t connectPeers(CudaExec& e, const char* call) {
+  if (e.peersConnected) return zpSuccess;
+  ZPCHECK(ensureScratch(e, 0, 16 * (e.topo.nranks + 1), e.setupStream, call));
+  char* buf = static_cast<char*>(e.scratch[0].ptr);
+  for (ncclComm_t comm : {e.comms.world, e.comms.intra, e.comms.inter}) {
+    if (comm == nullptr) continue;
+    int peers = 0;
+    ZPCHECK(ncclCheck(ncclCommCount(comm, &peers), call, "ncclCommCount"));
+    ZPCHECK(ncclCheck(ncclGroupStart(), call, "ncclGroupStart"));
+    for (int p = 0; p < peers; ++p) {
+      ZPCHECK(ncclCheck(ncclSend(buf, 1, ncclUint8, p, comm, e.setupStream), call, "ncclSend"));
+      ZPCHECK(ncclCheck(ncclRecv(buf + 16 * (p + 1), 1, ncclUint8, p, comm, e.setupStream), call, "ncclRecv"));
+    }
+    ZPCHECK(ncclCheck(ncclGroupEnd(), call, "ncclGroupEnd"));
+  }
+  CUDACHECK(cudaStreamSynchronize(e.setupStream));
+  e.peersConnected = true;
+  return zpSuccess;
+}
+
 }  // namespace
 
 zpResult_t cudaReserve(CudaExec& e, size_t maxBytes, const CollArgs* forCall) {
@@ -115,7 +137,7 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes, const CollArgs* forCall) {
   cudaStream_t stream = forCall ? forCall->stream : e.setupStream;
   ZPCHECK(ensureScratch(e, 0, bytes, stream, forCall ? forCall->opName : "zpCommReserve"));
   ZPCHECK(ensureScratch(e, 1, bytes, stream, forCall ? forCall->opName : "zpCommReserve"));
-  return zpSuccess;
+  return connectPeers(e, forCall ? forCall->opName : "zpCommReserve");
 }
 
 // qwZ. Stage 1: quantize the own shard into its slot of every chunk's region, then all-gather the regions chunk
@@ -174,6 +196,15 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   const size_t bytes = chunkedPayloadBytes(plan, n, a.bits, a.blockSize);
   ZPCHECK(ensureScratch(e, 0, bytes, a.stream, a.opName));
   ZPCHECK(ensureScratch(e, 1, bytes, a.stream, a.opName));
+  if (!e.peersConnected) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CUDACHECK(cudaStreamIsCapturing(a.stream, &status));
+    if (status != cudaStreamCaptureStatusNone) {
+      return ZP_ERR(zpInvalidUsage, "%s : first call inside graph capture: call zpCommReserve before capturing",
+                    a.opName);
+    }
+    ZPCHECK(connectPeers(e, a.opName));
+  }
   ZPCHECK(beginPipeline(e, a.stream));
   auto* sendRegion = static_cast<char*>(e.scratch[0].ptr);
   auto* recvRegion = static_cast<char*>(e.scratch[1].ptr);

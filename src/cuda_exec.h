@@ -44,6 +44,7 @@ struct CudaExec {
   cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // stage 1 of chunk c done (recorded on the caller's stream)
   cudaEvent_t sideDone = nullptr;                   // stage 2 done: the caller's stream waits on it
   ScratchBuffer scratch[2];
+  bool peersConnected = false;  // every point-to-point peer connected (needed before graph capture)
 };
 
 zpResult_t cudaExecInit(CudaExec* exec);

@@ -1,0 +1,447 @@
+// GPU suites of the three collectives and of the cuda-backend lifecycle: every result is compared bit for bit
+// with the host backend run on the same inputs (the executable specification). Skips without GPUs.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "host/dtype.h"
+#include "include/zpccl.h"
+#include "tests/collective_check.h"
+#include "tests/gpu_util.h"
+#include "tests/host_ranks.h"
+
+extern char** environ;
+
+namespace {
+
+using zpcheck::Buffer;
+
+enum class Op { kQwz, kHpz, kQgz };
+
+struct Case {
+  Op op;
+  zpDataType_t type;
+  int bits;  // 0: the communicator's default
+  size_t count;
+  bool inPlace;
+  zpRedOp_t redOp = zpSum;
+};
+
+std::string describe(const Case& c) {
+  const char* names[] = {"qwZ", "hpZ", "qgZ"};
+  return std::string(names[static_cast<int>(c.op)]) + " " + zp::typeName(c.type) + " bits " + std::to_string(c.bits) +
+         " count " + std::to_string(c.count) + (c.inPlace ? " in place" : " out of place") +
+         (c.op == Op::kQgz ? (c.redOp == zpAvg ? " avg" : " sum") : "");
+}
+
+// Elements of send and receive buffers per rank. For hpZ the group is every rank of the one-node layouts here
+// (or the rank alone when each is its own node).
+void sizes(const Case& c, int nranks, int group, size_t* sendElems, size_t* recvElems) {
+  switch (c.op) {
+    case Op::kQwz: *sendElems = c.count, *recvElems = c.count * nranks; break;
+    case Op::kHpz: *sendElems = c.count, *recvElems = c.count * group; break;
+    case Op::kQgz: *sendElems = c.count * nranks, *recvElems = c.count; break;
+  }
+}
+
+zpResult_t runCase(const Case& c, zpComm_t comm, const void* send, void* recv, cudaStream_t stream) {
+  zpQuantOptions_t options = {c.bits, 0};
+  switch (c.op) {
+    case Op::kQwz: return zpQuantAllGatherEx(send, recv, c.count, c.type, &options, comm, stream);
+    case Op::kHpz: return zpHierAllGather(send, recv, c.count, c.type, comm, stream);
+    case Op::kQgz: return zpQuantReduceScatterA2AEx(send, recv, c.count, c.type, c.redOp, &options, comm, stream);
+  }
+  return zpInternalError;
+}
+
+// Where the send side lies inside the receive buffer for NCCL's in-place layouts (element offset), or -1.
+long inPlaceOffset(const Case& c, int rank, int groupRank) {
+  if (!c.inPlace) return -1;
+  switch (c.op) {
+    case Op::kQwz: return static_cast<long>(c.count) * rank;
+    case Op::kHpz: return static_cast<long>(c.count) * groupRank;
+    case Op::kQgz: return static_cast<long>(c.count) * rank;  // recvbuff inside sendbuff
+  }
+  return -1;
+}
+
+void fillInput(const Case& c, int rank, size_t elems, void* dst) {
+  if (c.op == Op::kHpz) {
+    zpcheck::fillBytes(dst, elems * zp::typeSize(c.type), 7, rank);
+  } else {
+    zpcheck::fillRandom(c.type, dst, elems, 7, rank);
+  }
+}
+
+// The host backend's output of every rank, for ranks laid out by `configure`.
+std::vector<Buffer> hostExpected(const Case& c, int nranks, const zptest::ConfigureFn& configure) {
+  std::vector<Buffer> out(nranks);
+  zptest::runHostRanks(nranks, configure, [&](int rank, zpComm_t comm) {
+    int group = 0;
+    ASSERT_EQ(zpCommHpzSize(comm, &group), zpSuccess);
+    size_t sendElems, recvElems;
+    sizes(c, nranks, group, &sendElems, &recvElems);
+    const size_t esz = zp::typeSize(c.type);
+    Buffer send(sendElems * esz);
+    fillInput(c, rank, sendElems, send.data());
+    out[rank].resize(recvElems * esz);
+    ASSERT_EQ(runCase(c, comm, send.data(), out[rank].data(), nullptr), zpSuccess) << zpGetLastError(comm);
+  });
+  return out;
+}
+
+// Runs `c` on the cuda communicator of this rank; returns the receive buffer (poisoned before the run).
+void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int replays = 0) {
+  int nranks = 0, group = 0, groupRank = 0;
+  ASSERT_EQ(zpCommCount(comm, &nranks), zpSuccess);
+  ASSERT_EQ(zpCommHpzSize(comm, &group), zpSuccess);
+  ASSERT_EQ(zpCommHpzRank(comm, &groupRank), zpSuccess);
+  size_t sendElems, recvElems;
+  sizes(c, nranks, group, &sendElems, &recvElems);
+  const size_t esz = zp::typeSize(c.type);
+  Buffer hostSend(sendElems * esz);
+  fillInput(c, rank, sendElems, hostSend.data());
+  const size_t big = std::max(sendElems, recvElems) * esz;
+  char* devBig = nullptr;
+  char* devOther = nullptr;
+  CUDA_ASSERT(cudaMalloc(&devBig, big));
+  CUDA_ASSERT(cudaMemset(devBig, 0xff, big));
+  void* send;
+  void* recv;
+  const long off = inPlaceOffset(c, rank, groupRank);
+  if (off >= 0) {
+    if (c.op == Op::kQgz) {
+      send = devBig;
+      recv = devBig + off * esz;
+    } else {
+      recv = devBig;
+      send = devBig + off * esz;
+    }
+  } else {
+    CUDA_ASSERT(cudaMalloc(&devOther, c.op == Op::kQgz ? recvElems * esz : sendElems * esz));
+    if (c.op == Op::kQgz) {
+      send = devBig;
+      recv = devOther;
+      CUDA_ASSERT(cudaMemset(devOther, 0xff, recvElems * esz));
+    } else {
+      send = devOther;
+      recv = devBig;
+    }
+  }
+  CUDA_ASSERT(cudaMemcpy(send, hostSend.data(), sendElems * esz, cudaMemcpyHostToDevice));
+  cudaStream_t stream;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (replays == 0) {
+    ASSERT_EQ(runCase(c, comm, send, recv, stream), zpSuccess) << zpGetLastError(comm);
+  } else {
+    // Capture once (scratch reserved beforehand), replay on the same inputs: every replay must give the bits.
+    ASSERT_EQ(zpCommReserve(comm, recvElems * esz * 2 + sendElems * esz), zpSuccess) << zpGetLastError(comm);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    zpResult_t res = runCase(c, comm, send, recv, stream);
+    CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(res, zpSuccess) << zpGetLastError(comm);
+    CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < replays; ++i) {
+      if (off < 0) CUDA_ASSERT(cudaMemsetAsync(recv, 0xff, recvElems * esz, stream));
+      CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    }
+    CUDA_ASSERT(cudaGraphExecDestroy(exec));
+    CUDA_ASSERT(cudaGraphDestroy(graph));
+  }
+  CUDA_ASSERT(cudaStreamSynchronize(stream));
+  result->resize(recvElems * esz);
+  CUDA_ASSERT(cudaMemcpy(result->data(), recv, recvElems * esz, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+  CUDA_ASSERT(cudaFree(devBig));
+  if (devOther) CUDA_ASSERT(cudaFree(devOther));
+}
+
+// One communicator over the first nranks GPUs, a thread each; body runs on every rank.
+void runGpuRanks(int nranks, const zptest::ConfigureFn& configure, const zptest::RankFn& body) {
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < nranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+      zpConfig_t config = ZP_CONFIG_INITIALIZER;
+      config.backend = zpBackendCuda;
+      if (configure) configure(rank, &config);
+      zpComm_t comm = nullptr;
+      ASSERT_EQ(zpCommInitRankConfig(&comm, nranks, id, rank, &config), zpSuccess) << zpGetLastError(nullptr);
+      body(rank, comm);
+      EXPECT_EQ(zpCommDestroy(comm), zpSuccess) << zpGetLastError(nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+void checkAgainstHost(const std::vector<Case>& cases, int nranks, const zptest::ConfigureFn& configure,
+                      int replays = 0) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    std::vector<Buffer> expected = hostExpected(c, nranks, configure);
+    std::vector<Buffer> actual(nranks);
+    runGpuRanks(nranks, configure, [&](int rank, zpComm_t comm) { deviceRun(c, rank, comm, &actual[rank], replays); });
+    for (int r = 0; r < nranks; ++r) {
+      ASSERT_EQ(actual[r].size(), expected[r].size());
+      EXPECT_TRUE(zpcheck::sameBits(actual[r].data(), expected[r].data(), actual[r].size(), 1)) << "rank " << r;
+    }
+  }
+}
+
+std::vector<Case> sweep(Op op, std::initializer_list<size_t> counts) {
+  std::vector<Case> cases;
+  for (zpDataType_t type : zpcheck::kQuantTypes)
+    for (int bits : {8, 4})
+      for (size_t count : counts)
+        for (bool inPlace : {false, true}) {
+          cases.push_back({op, type, bits, count, inPlace});
+          if (op == Op::kQgz) cases.push_back({op, type, bits, count, inPlace, zpAvg});
+        }
+  return cases;
+}
+
+// ---- lifecycle ---------------------------------------------------------------------------------------------
+
+TEST(GpuLifecycle, InitQueriesDestroyOnOneAndTwoGpus) {
+  ZP_REQUIRE_GPUS(1);
+  for (int nranks = 1; nranks <= std::min(2, zptest::gpuCount()); ++nranks) {
+    std::atomic<int> ok{0};
+    runGpuRanks(nranks, nullptr, [&](int rank, zpComm_t comm) {
+      int value = -1;
+      EXPECT_EQ(zpCommCount(comm, &value), zpSuccess);
+      EXPECT_EQ(value, nranks);
+      EXPECT_EQ(zpCommCuDevice(comm, &value), zpSuccess);
+      EXPECT_EQ(value, rank);
+      EXPECT_EQ(zpCommNodeCount(comm, &value), zpSuccess);
+      EXPECT_EQ(value, 1);
+      EXPECT_EQ(zpCommLocalSize(comm, &value), zpSuccess);
+      EXPECT_EQ(value, nranks);
+      zpResult_t async = zpInternalError;
+      EXPECT_EQ(zpCommGetAsyncError(comm, &async), zpSuccess);
+      EXPECT_EQ(async, zpSuccess);
+      ok++;
+    });
+    EXPECT_EQ(ok.load(), nranks);
+  }
+}
+
+TEST(GpuLifecycle, EmulatedTwoNodesSplitGroups) {
+  ZP_REQUIRE_GPUS(2);
+  runGpuRanks(2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; }, [](int rank, zpComm_t comm) {
+    int nodes = 0, node = -1, local = -1, hpz = 0;
+    EXPECT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
+    EXPECT_EQ(zpCommNodeRank(comm, &node), zpSuccess);
+    EXPECT_EQ(zpCommLocalRank(comm, &local), zpSuccess);
+    EXPECT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
+    EXPECT_EQ(nodes, 2);
+    EXPECT_EQ(node, rank);
+    EXPECT_EQ(local, 0);
+    EXPECT_EQ(hpz, 1);
+  });
+}
+
+TEST(GpuLifecycle, BadBuffersKeepTheCommunicatorUsable) {
+  ZP_REQUIRE_GPUS(1);
+  runGpuRanks(1, nullptr, [](int, zpComm_t comm) {
+    std::vector<uint16_t> hostBuf(1024);
+    void* dev = nullptr;
+    ASSERT_EQ(cudaMalloc(&dev, 4096), cudaSuccess);
+    EXPECT_EQ(zpQuantAllGather(hostBuf.data(), dev, 256, zpBfloat16, comm, nullptr), zpInvalidArgument);
+    EXPECT_NE(strstr(zpGetLastError(comm), "sendbuff is host memory"), nullptr) << zpGetLastError(comm);
+    EXPECT_EQ(zpQuantAllGather(dev, static_cast<char*>(dev) + 1, 256, zpBfloat16, comm, nullptr), zpInvalidArgument);
+    EXPECT_EQ(zpQuantAllGather(dev, static_cast<char*>(dev) + 2048, 256, zpBfloat16, comm, nullptr), zpSuccess)
+        << zpGetLastError(comm);
+    EXPECT_STREQ(zpGetLastError(comm), "");
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(dev);
+  });
+}
+
+// ---- collectives against the host backend ---------------------------------------------------------------------
+
+TEST(GpuQwz, MatchesHostBackendBitForBit) {
+  ZP_REQUIRE_GPUS(2);
+  checkAgainstHost(sweep(Op::kQwz, {1, 4097, 300001}), 2, nullptr);
+}
+
+TEST(GpuQgz, MatchesHostBackendBitForBit) {
+  ZP_REQUIRE_GPUS(2);
+  checkAgainstHost(sweep(Op::kQgz, {1, 257, 100003}), 2, nullptr);
+}
+
+TEST(GpuQgz, EmulatedTwoNodesMatchHost) {
+  ZP_REQUIRE_GPUS(2);
+  checkAgainstHost(sweep(Op::kQgz, {255, 70001}), 2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; });
+}
+
+TEST(GpuHpz, ExactOnOneNodeAndAsTwoNodes) {
+  ZP_REQUIRE_GPUS(2);
+  std::vector<Case> cases;
+  for (zpDataType_t type : {zpInt8, zpBfloat16, zpFloat32, zpFloat64})
+    for (bool inPlace : {false, true}) cases.push_back({Op::kHpz, type, 0, 100003, inPlace});
+  checkAgainstHost(cases, 2, nullptr);
+  checkAgainstHost(cases, 2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; });  // hpZ group of one: a copy
+}
+
+TEST(GpuPipeline, ChunkedLargeCallsMatchHost) {
+  ZP_REQUIRE_GPUS(2);
+  // Large enough for several pipeline chunks (64 MiB logical each by default).
+  checkAgainstHost({{Op::kQwz, zpBfloat16, 8, size_t{40} << 20, false}, {Op::kQgz, zpBfloat16, 4, size_t{40} << 20, true}},
+                   2, nullptr);
+}
+
+TEST(GpuGraphs, CapturedCollectivesReplayToTheSameBits) {
+  ZP_REQUIRE_GPUS(2);
+  checkAgainstHost({{Op::kQwz, zpFloat16, 8, 50001, false},
+                    {Op::kQgz, zpBfloat16, 4, 50001, false, zpAvg},
+                    {Op::kHpz, zpFloat32, 0, 50001, true}},
+                   2, nullptr, /*replays=*/5);
+}
+
+TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
+  ZP_REQUIRE_GPUS(2);
+  const Case c{Op::kQwz, zpBfloat16, 8, 1 << 20, false};
+  std::vector<Buffer> expected = hostExpected(c, 2, nullptr);
+  std::vector<Buffer> a(2), b(2);
+  zpUniqueId idA, idB;
+  ASSERT_EQ(zpGetUniqueId(&idA), zpSuccess);
+  ASSERT_EQ(zpGetUniqueId(&idB), zpSuccess);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+      zpComm_t commA = nullptr, commB = nullptr;
+      ASSERT_EQ(zpCommInitRank(&commA, 2, idA, rank), zpSuccess);
+      ASSERT_EQ(zpCommInitRank(&commB, 2, idB, rank), zpSuccess);
+      std::thread other([&] {
+        ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+        deviceRun(c, rank, commB, &b[rank]);
+      });
+      deviceRun(c, rank, commA, &a[rank]);
+      other.join();
+      EXPECT_EQ(zpCommDestroy(commA), zpSuccess);
+      EXPECT_EQ(zpCommDestroy(commB), zpSuccess);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(zpcheck::sameBits(a[r].data(), expected[r].data(), a[r].size(), 1));
+    EXPECT_TRUE(zpcheck::sameBits(b[r].data(), expected[r].data(), b[r].size(), 1));
+  }
+}
+
+// ---- a caller's NCCL communicator -----------------------------------------------------------------------------
+
+}  // namespace
+
+#include <nccl.h>
+
+namespace {
+
+TEST(GpuFromNccl, WrapsTheCallersCommunicatorAndLeavesItAlive) {
+  ZP_REQUIRE_GPUS(2);
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const Case c{Op::kQgz, zpFloat32, 8, 4099, false};
+  std::vector<Buffer> expected = hostExpected(c, 2, nullptr);
+  std::vector<Buffer> actual(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+      ncclComm_t nccl = nullptr;
+      ASSERT_EQ(ncclCommInitRank(&nccl, 2, id, rank), ncclSuccess);
+      zpComm_t comm = nullptr;
+      ASSERT_EQ(zpCommInitFromNccl(&comm, nccl, nullptr), zpSuccess) << zpGetLastError(nullptr);
+      deviceRun(c, rank, comm, &actual[rank]);
+      EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+      // The caller's communicator still works after ours is gone.
+      float* buf = nullptr;
+      ASSERT_EQ(cudaMalloc(&buf, 2 * sizeof(float)), cudaSuccess);
+      EXPECT_EQ(ncclAllReduce(buf, buf, 2, ncclFloat32, ncclSum, nccl, nullptr), ncclSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cudaFree(buf);
+      EXPECT_EQ(ncclCommDestroy(nccl), ncclSuccess);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(zpcheck::sameBits(actual[r].data(), expected[r].data(), actual[r].size(), 1));
+}
+
+// ---- two processes with distinct NCCL_HOSTID: two nodes ------------------------------------------------------
+
+const char* kChildEnv = "ZP_TEST_CHILD_RANK";
+const char* kIdFileEnv = "ZP_TEST_ID_FILE";
+
+// Runs in each child process (skipped in a normal run): one rank on its own GPU and host id.
+TEST(GpuTwoProcesses, Child) {
+  const char* rankText = getenv(kChildEnv);
+  if (rankText == nullptr) GTEST_SKIP() << "runs only inside GpuTwoProcesses.SeenAsTwoNodes";
+  const int rank = atoi(rankText);
+  zpUniqueId id;
+  std::ifstream in(getenv(kIdFileEnv), std::ios::binary);
+  ASSERT_TRUE(in.read(id.internal, sizeof(id.internal)));
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // CUDA_VISIBLE_DEVICES picks this process's GPU
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitRank(&comm, 2, id, rank), zpSuccess) << zpGetLastError(nullptr);
+  int nodes = 0, node = -1;
+  EXPECT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
+  EXPECT_EQ(zpCommNodeRank(comm, &node), zpSuccess);
+  EXPECT_EQ(nodes, 2);
+  EXPECT_EQ(node, rank);
+  for (const Case& c : {Case{Op::kQwz, zpBfloat16, 8, 100003, false}, Case{Op::kQgz, zpFloat16, 4, 100003, true},
+                        Case{Op::kHpz, zpFloat32, 0, 1001, false}}) {
+    SCOPED_TRACE(describe(c));
+    std::vector<Buffer> expected = hostExpected(c, 2, [](int, zpConfig_t* cfg) { cfg->ranksPerNode = 1; });
+    Buffer actual;
+    deviceRun(c, rank, comm, &actual);
+    EXPECT_TRUE(zpcheck::sameBits(actual.data(), expected[rank].data(), actual.size(), 1));
+  }
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+}
+
+TEST(GpuTwoProcesses, SeenAsTwoNodes) {
+  ZP_REQUIRE_GPUS(2);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  const std::string idFile = "/tmp/zpccl-test-id-" + std::to_string(getpid());
+  std::ofstream(idFile, std::ios::binary).write(id.internal, sizeof(id.internal));
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.push_back(*e);
+    env.push_back(std::string(kChildEnv) + "=" + std::to_string(rank));
+    env.push_back(std::string(kIdFileEnv) + "=" + idFile);
+    env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(rank));
+    env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(rank));
+    std::vector<char*> envp;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string self = "/proc/self/exe", filter = "--gtest_filter=GpuTwoProcesses.Child";
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    pid_t pid;
+    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exited with status " << status;
+  }
+  unlink(idFile.c_str());
+}
+
+}  // namespace
