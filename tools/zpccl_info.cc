@@ -7,7 +7,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,9 +15,8 @@
 
 namespace {
 
-std::mutex gPrintMutex;
-
-int report(int rank, zpComm_t comm) {
+// One line per rank, printed in rank order once every thread is done.
+int report(int rank, zpComm_t comm, std::string* line) {
   int nranks = 0, dev = -1, nodes = 0, node = 0, localRank = 0, localSize = 0, hpzRank = 0, hpzSize = 0;
   zpBackend_t backend;
   if (zpCommCount(comm, &nranks) || zpCommCuDevice(comm, &dev) || zpCommBackend(comm, &backend) ||
@@ -27,9 +25,10 @@ int report(int rank, zpComm_t comm) {
     fprintf(stderr, "rank %d: query failed: %s\n", rank, zpGetLastError(comm));
     return 1;
   }
-  std::lock_guard<std::mutex> lock(gPrintMutex);
-  printf("  rank %2d/%d  %-4s dev %2d  node %d/%d  local %d/%d  hpZ %d/%d\n", rank, nranks,
-         backend == zpBackendHost ? "host" : "cuda", dev, node, nodes, localRank, localSize, hpzRank, hpzSize);
+  char text[160];
+  snprintf(text, sizeof(text), "  rank %2d/%d  %-4s dev %2d  node %d/%d  local %d/%d  hpZ %d/%d", rank, nranks,
+           backend == zpBackendHost ? "host" : "cuda", dev, node, nodes, localRank, localSize, hpzRank, hpzSize);
+  *line = text;
   return 0;
 }
 
@@ -68,6 +67,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<int> failed(ranks, 0);
+  std::vector<std::string> lines(ranks);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -85,13 +85,16 @@ int main(int argc, char** argv) {
         failed[r] = 1;
         return;
       }
-      failed[r] = report(r, comm);
+      failed[r] = report(r, comm, &lines[r]);
       if (zpCommDestroy(comm) != zpSuccess) failed[r] = 1;
     });
   }
   for (auto& t : threads) t.join();
   int bad = 0;
-  for (int f : failed) bad += f;
+  for (int r = 0; r < ranks; ++r) {
+    if (!lines[r].empty()) printf("%s\n", lines[r].c_str());
+    bad += failed[r];
+  }
   printf("# %s\n", bad ? "FAILED" : "communicators up and down on every rank");
   return bad ? 1 : 0;
 }
