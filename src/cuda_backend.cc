@@ -24,8 +24,11 @@ std::vector<ncclComm_t> NcclComms::owned() const {
 zpResult_t cudaExecInit(CudaExec* e) {
   CUDACHECK(cudaStreamCreateWithFlags(&e->setupStream, cudaStreamNonBlocking));
   CUDACHECK(cudaStreamCreateWithFlags(&e->sideStream, cudaStreamNonBlocking));
+  CUDACHECK(cudaStreamCreateWithFlags(&e->quantStream, cudaStreamNonBlocking));
   for (cudaEvent_t& ev : e->chunkReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  for (cudaEvent_t& ev : e->quantReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&e->sideDone, cudaEventDisableTiming));
+  CUDACHECK(cudaEventCreateWithFlags(&e->callStart, cudaEventDisableTiming));
   return zpSuccess;
 }
 
@@ -34,15 +37,20 @@ zpResult_t cudaExecFree(CudaExec* e) {
     if (s.ptr != nullptr) (void)cudaFree(s.ptr);
     s = ScratchBuffer();
   }
-  for (cudaEvent_t& ev : e->chunkReady) {
-    if (ev != nullptr) (void)cudaEventDestroy(ev);
-    ev = nullptr;
+  for (cudaEvent_t* events : {e->chunkReady, e->quantReady}) {
+    for (int c = 0; c < kMaxPipelineChunks; ++c) {
+      if (events[c] != nullptr) (void)cudaEventDestroy(events[c]);
+      events[c] = nullptr;
+    }
   }
-  if (e->sideDone != nullptr) (void)cudaEventDestroy(e->sideDone);
-  if (e->sideStream != nullptr) (void)cudaStreamDestroy(e->sideStream);
-  if (e->setupStream != nullptr) (void)cudaStreamDestroy(e->setupStream);
-  e->sideDone = nullptr;
-  e->sideStream = e->setupStream = nullptr;
+  for (cudaEvent_t* ev : {&e->sideDone, &e->callStart}) {
+    if (*ev != nullptr) (void)cudaEventDestroy(*ev);
+    *ev = nullptr;
+  }
+  for (cudaStream_t* st : {&e->sideStream, &e->quantStream, &e->setupStream}) {
+    if (*st != nullptr) (void)cudaStreamDestroy(*st);
+    *st = nullptr;
+  }
   return zpSuccess;
 }
 

@@ -1,6 +1,6 @@
 // The cuda backend's collectives: NCCL moves the payloads, device/ kernels quantize and reduce. Each is a chunk
-// pipeline of two stages: stage 1 on the caller's stream, stage 2 on the communicator's side stream, joined back
-// to the caller's stream by events, so chunk c's second stage overlaps chunk c+1's first. No host
+// pipeline of three stages on three streams (cuda_exec.h): quantize, move (the caller's stream, where NCCL
+// runs), finish; events order each chunk through them and join everything back to the caller's stream. No host
 // synchronization and no allocation once scratch is sized: every call can be captured in a CUDA graph.
 #include <algorithm>
 
@@ -53,23 +53,35 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   return zpSuccess;
 }
 
-// Orders this call after the previous call's second stage (which may still read scratch), unless the stream is
-// being captured: inside a graph the order of replays is the caller's.
+// Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
+// being captured (inside a graph the order of replays is the caller's), then starts the quantize stage.
 zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   if (status == cudaStreamCaptureStatusNone) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
+  CUDACHECK(cudaEventRecord(e.callStart, stream));
+  CUDACHECK(cudaStreamWaitEvent(e.quantStream, e.callStart, 0));
   return zpSuccess;
 }
 
-// Hands chunk c from stage 1 (caller's stream) to stage 2 (side stream).
+// Chunk c is quantized (on the quantize stream): the caller's stream may move it.
+zpResult_t quantized(CudaExec& e, int c) {
+  CUDACHECK(cudaEventRecord(e.quantReady[c], e.quantStream));
+  return zpSuccess;
+}
+zpResult_t waitQuantized(CudaExec& e, int c, cudaStream_t stream) {
+  CUDACHECK(cudaStreamWaitEvent(stream, e.quantReady[c], 0));
+  return zpSuccess;
+}
+
+// Hands chunk c from the move stage (caller's stream) to the finish stage (side stream).
 zpResult_t handOver(CudaExec& e, int c, cudaStream_t stream) {
   CUDACHECK(cudaEventRecord(e.chunkReady[c], stream));
   CUDACHECK(cudaStreamWaitEvent(e.sideStream, e.chunkReady[c], 0));
   return zpSuccess;
 }
 
-// Joins stage 2 back into the caller's stream.
+// Joins the finish stage back into the caller's stream.
 zpResult_t endPipeline(CudaExec& e, cudaStream_t stream) {
   CUDACHECK(cudaEventRecord(e.sideDone, e.sideStream));
   CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
@@ -86,7 +98,7 @@ zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what) {
 // sliceOfSlot[s] (elements [offset, offset+count) of it). Runs of slots whose slices are evenly spaced go in
 // one launch (every slot for one hop; one launch per local peer for node-major two-hop layouts).
 zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot, size_t sliceElems, size_t offset,
-                         size_t count, char* slots, size_t slotBytes) {
+                         size_t count, char* slots, size_t slotBytes, cudaStream_t stream) {
   const size_t esz = typeSize(a.type);
   const auto* send = static_cast<const char*>(a.sendbuff);
   const int n = static_cast<int>(sliceOfSlot.size());
@@ -95,7 +107,7 @@ zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot,
     const long stride = s + 1 < n ? sliceOfSlot[s + 1] - sliceOfSlot[s] : 1;
     while (s + run < n && stride > 0 && sliceOfSlot[s + run] - sliceOfSlot[s + run - 1] == stride) run++;
     ZPCHECK(launchQuantize(send + (sliceOfSlot[s] * sliceElems + offset) * esz, slots + s * slotBytes, count, a.type,
-                           a.bits, a.blockSize, a.stream, run, stride * sliceElems, slotBytes));
+                           a.bits, a.blockSize, stream, run, stride * sliceElems, slotBytes));
     s += run;
   }
   return zpSuccess;
@@ -140,8 +152,8 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes, const CollArgs* forCall) {
   return connectPeers(e, forCall ? forCall->opName : "zpCommReserve");
 }
 
-// qwZ. Stage 1: quantize the own shard into its slot of every chunk's region, then all-gather the regions chunk
-// by chunk. Stage 2: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
+// qwZ. Quantize: the own shard into its slot of every chunk's region. Move: all-gather the regions chunk by
+// chunk. Finish: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
 zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
   const int n = e.topo.nranks, rank = e.topo.rank;
   const size_t esz = typeSize(a.type);
@@ -152,18 +164,21 @@ zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
   const auto* send = static_cast<const char*>(a.sendbuff);
   auto* recv = static_cast<char*>(a.recvbuff);
 
-  // Step 1: every chunk of the shard quantized before anything is written to recvbuff (in place is safe).
+  // Step 1 (quantize stage): chunk c of the shard into this rank's slot of chunk c's region. In place is safe:
+  // the finish stage of chunk c' writes only chunk c' of each shard, and chunk c' is quantized before.
   size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
     ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + off + rank * pb, plan.elems(c), a.type, a.bits,
-                           a.blockSize, a.stream));
+                           a.blockSize, e.quantStream));
+    ZPCHECK(quantized(e, c));
     off += n * pb;
   }
-  // Step 2: gather chunk c on the caller's stream while the side stream dequantizes chunk c-1.
+  // Step 2 (move stage): gather chunk c while chunk c+1 is quantized and chunk c-1 dequantized.
   off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    ZPCHECK(waitQuantized(e, c, a.stream));
     ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, e.comms.world, a.stream),
                       a.opName, "ncclAllGather"));
     ZPCHECK(handOver(e, c, a.stream));
@@ -182,9 +197,9 @@ zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
 }
 
 // qgZ, as host/qgz_plan.h describes it, chunk by chunk (each chunk covers the same element range of every slice).
-// One hop:  stage 1 all-to-all of the slots;      stage 2 sum the n received payloads into recvbuff.
-// Two hops: stage 1 intra-node all-to-all, then the fused dequantize + sum + requantize of the N partials;
-//           stage 2 inter-node all-to-all of the partials, then their sum into recvbuff.
+// One hop:  move = all-to-all of the slots; finish = sum the n received payloads into recvbuff.
+// Two hops: move = intra-node all-to-all, then the fused dequantize + sum + requantize of the N partials;
+//           finish = inter-node all-to-all of the partials, then their sum into recvbuff.
 // Scratch 0 holds each chunk's send slots (later its requantized partials); scratch 1 its received payloads
 // (later the partials received in hop 2).
 zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
@@ -210,11 +225,14 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   auto* recvRegion = static_cast<char*>(e.scratch[1].ptr);
   auto* recv = static_cast<char*>(a.recvbuff);
 
-  // Step 1: every slice quantized into its send slot, chunk by chunk, before recvbuff is written.
+  // Step 1 (quantize stage): chunk c of every slice into its send slot. In place is safe: the finish stage of
+  // chunk c' writes only chunk c' of recvbuff, and chunk c' of every slice is quantized before.
   size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
-    ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb));
+    ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb,
+                          e.quantStream));
+    ZPCHECK(quantized(e, c));
     off += n * pb;
   }
   off = 0;
@@ -223,7 +241,8 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     const size_t pb = quantPayloadBytes(cc, a.bits, a.blockSize);
     char* slots = sendRegion + off;
     char* received = recvRegion + off;
-    // Step 2 (stage 1): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
+    ZPCHECK(waitQuantized(e, c, a.stream));
+    // Step 2 (move): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
     ncclComm_t firstHop = q.twoHop ? e.comms.intra : e.comms.world;
     const size_t peerBytes = N * pb;
     ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
@@ -236,17 +255,17 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
     if (!q.twoHop) {
       ZPCHECK(handOver(e, c, a.stream));
-      // Step 3 (stage 2): slot j of the received region came from rank j; summed in rank order.
+      // Step 3 (finish): slot j of the received region came from rank j; summed in rank order.
       const ReduceSources sources{received, pb, 0, n, 1};
       ZPCHECK(launchReduceFinish(sources, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
                                  e.sideStream));
     } else {
-      // Step 3 (stage 1): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
+      // Step 3 (move): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
       // into the front of this chunk's send region (its slots have left).
       const ReduceSources partials{received, peerBytes, pb, L, N};
       ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, a.stream));
       ZPCHECK(handOver(e, c, a.stream));
-      // Step 4 (stage 2): the inter-node all-to-all among ranks of this local rank: partial b to node b.
+      // Step 4 (finish): the inter-node all-to-all among ranks of this local rank: partial b to node b.
       ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
       for (int node = 0; node < N; ++node) {
         ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, e.sideStream), a.opName,
@@ -255,7 +274,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
                           a.opName, "ncclRecv"));
       }
       ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
-      // Step 5 (stage 2): node a's partial, summed in node order, into recvbuff.
+      // Step 5 (finish): node a's partial, summed in node order, into recvbuff.
       const ReduceSources finals{received, pb, 0, N, 1};
       ZPCHECK(launchReduceFinish(finals, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
                                  e.sideStream));

@@ -40,9 +40,15 @@ struct CudaExec {
   Topology topo;
   QgzPlan qgz;
   cudaStream_t setupStream = nullptr;  // init-time exchanges
-  cudaStream_t sideStream = nullptr;   // the second stage of the chunk pipelines
-  cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // stage 1 of chunk c done (recorded on the caller's stream)
-  cudaEvent_t sideDone = nullptr;                   // stage 2 done: the caller's stream waits on it
+  // The chunk pipelines run three stages on three streams: quantize (quantStream), move (the caller's stream),
+  // finish (sideStream: dequantize, reduce, or the second hop), so that chunk c+1 is quantized and chunk c-1
+  // finished while chunk c travels.
+  cudaStream_t quantStream = nullptr;
+  cudaStream_t sideStream = nullptr;
+  cudaEvent_t callStart = nullptr;                  // the call's start on the caller's stream: quantStream waits
+  cudaEvent_t quantReady[kMaxPipelineChunks] = {};  // chunk c quantized
+  cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // chunk c moved (recorded on the caller's stream)
+  cudaEvent_t sideDone = nullptr;                   // the finish stage done: the caller's stream waits on it
   ScratchBuffer scratch[2];
   bool peersConnected = false;  // every point-to-point peer connected (needed before graph capture)
 };
