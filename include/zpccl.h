@@ -8,7 +8,8 @@
  * - Collectives are enqueued on the caller's CUDA stream and return once enqueued (cuda backend). On the host
  *   backend the stream argument must be NULL and the call returns when the collective is done.
  * - Collectives are called by every rank of a communicator, in the same order.
- * - Element counts are in elements of the data type, never bytes.
+ * - Element counts are in elements of the data type, never bytes. Buffers must be aligned to their element size
+ *   (payloads to 16 bytes); a count of 0 is a successful no-op.
  *
  * SPDX-License-Identifier: Apache-2.0
  */

@@ -168,12 +168,6 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
     return ZP_ERR(zpInvalidArgument, "%s : stream must be NULL on the host backend", call);
   }
 
-  // Layout.
-  if (a->kind == CollKind::kHierAllGather && !topo.hpzUsable) {
-    return ZP_ERR(zpInvalidUsage, "%s : hpZ needs nodes of equal size; this layout is uneven (%s)", call,
-                  topo.describe().c_str());
-  }
-
   // Sizes: the local side, the gathered/scattered side, and every quantized payload must fit in size_t.
   const size_t elemBytes = typeSize(a->type);
   size_t groupRanks = 1;
@@ -190,7 +184,13 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
     return ZP_ERR(zpInvalidArgument, "%s : count %zu x %zu ranks x %zu bytes overflows size_t", call, a->count,
                   groupRanks, elemBytes);
   }
-  if (a->count == 0) return zpSuccess;  // a successful no-op, whatever the pointers
+  if (a->count == 0) return zpSuccess;  // a successful no-op, whatever the pointers and the layout
+
+  // Layout.
+  if (a->kind == CollKind::kHierAllGather && !topo.hpzUsable) {
+    return ZP_ERR(zpInvalidUsage, "%s : hpZ needs nodes of equal size; this layout is uneven (%s)", call,
+                  topo.describe().c_str());
+  }
 
   // Buffers.
   const bool sendIsPayload = a->kind == CollKind::kDequantize;
