@@ -1,0 +1,243 @@
+// Cost model of one training step's communication: ZeRO-3 (bf16 ring all-gather forward and backward, bf16 ring
+// reduce-scatter of gradients) against ZeRO++ (qwZ forward gather, hpZ backward gather, qgZ gradient
+// reduce-scatter, each on or off), on a layout of nodes x GPUs, with alpha-beta links and a memory-bandwidth term
+// for the quantization kernels. Also the calibration of its parameters from the perf binaries' JSON (-J).
+// Pure host C++17: the tool tools/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
+// host/cost_model.cc, section "the formulas".
+//
+// Units: bytes, microseconds, GB/s (1e9 bytes per second). M = model parameters x element bytes (bf16: 2).
+//
+// What "cross-node volume" means here: the bytes that leave one node per collective (all of its GPUs' NICs
+// together). A ring over n ranks moves (n-1)/n of the tensor out of every node, ~M at large n, whatever the
+// number of GPUs per node L; averaged over the node's GPUs that is M/L per GPU. The paper's "M per collective"
+// and its 3M -> 0.75M are the same ratio in either unit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace zp {
+
+// ---- parameters --------------------------------------------------------------------------------------------
+
+// One kind of collective on one class of link: a bus bandwidth (nccl-tests' busbw: the collective's bytes
+// times (n-1)/n over the time) and a latency per step (a ring step, or a peer of an all-to-all).
+struct LinkCost {
+  double bwGBs = 0;
+  double latencyUs = 0;
+};
+
+// A class of link (intra-node: per GPU; inter-node: per node, all NICs together), per kind of collective, since
+// NCCL reaches different speeds on each (two H200: all-to-all at 1.9 GB/s where all-gather reaches 3.1 on net).
+struct LinkParams {
+  LinkCost allGather;
+  LinkCost reduceScatter;
+  LinkCost allToAll;
+  static LinkParams uniform(double bwGBs, double latencyUs);
+};
+
+// Quantize / dequantize / reduce kernels: memory-bound, bytes read + written over an effective bandwidth, plus a
+// fixed cost per kernel launch.
+struct KernelParams {
+  double memBwGBs = 3500;
+  double launchUs = 5;
+};
+
+struct ClusterSpec {
+  std::vector<int> gpusPerNode;                      // one entry per node; unequal entries make an uneven layout
+  LinkParams intra = LinkParams::uniform(270, 2);    // NVLink, per GPU (nccl-tests bf16 all-gather, two H200)
+  LinkParams inter = LinkParams::uniform(12.5, 10);  // 100 Gb/s per node
+  KernelParams kernel;
+
+  static ClusterSpec even(int nodes, int gpusPerNode);
+  int nranks() const;
+  int nodes() const { return static_cast<int>(gpusPerNode.size()); }
+  bool isEven() const;
+};
+
+struct ZeroppOptions {
+  bool qwz = true;           // forward weight all-gather quantized
+  bool hpz = true;           // backward weight all-gather inside the hpZ group from the secondary shard
+  bool qgz = true;           // gradient reduce-scatter by qgZ's all-to-alls
+  bool qwzBackward = false;  // with hpZ off: quantize the backward gather too (DeepSpeed's qwZ without hpZ)
+  int weightBits = 8;
+  int gradBits = 4;
+  int blockSize = 256;
+  int hpzSize = 0;  // ranks per hpZ group; 0: the whole node
+};
+
+struct StepConfig {
+  double params = 0;        // model parameters
+  int elemBytes = 2;        // bf16 weights and gradients
+  double bucketParams = 0;  // parameters per collective call (ZeRO's buckets); 0: one call for the whole model
+  double computeMs = 0;     // forward + backward compute of one step on one GPU
+  // Share of min(compute, comm) hidden by overlap: 0 gives step = compute + comm (nothing hidden, the
+  // default), 1 gives step = max(compute, comm) (perfect prefetch).
+  double overlap = 0;
+};
+
+// ---- results -----------------------------------------------------------------------------------------------
+
+// What one collective (or a sum of them) costs.
+struct Traffic {
+  double intraBytes = 0;       // sent per GPU over intra-node links, averaged over GPUs
+  double interBytes = 0;       // sent per GPU across nodes, averaged over GPUs (= node egress / L when even)
+  double nodeEgressBytes = 0;  // leaving the busiest node (all its GPUs together)
+  double kernelBytes = 0;      // read + written by the quantization kernels of one GPU
+  double launches = 0;         // kernel launches of one GPU
+  double linkUs = 0;           // bandwidth terms
+  double latencyUs = 0;        // latency terms
+  double kernelUs = 0;         // kernel terms
+  double timeUs() const { return linkUs + latencyUs + kernelUs; }
+  Traffic& operator+=(const Traffic& o);
+  Traffic scaled(double k) const;
+};
+
+struct CollectiveCost {
+  std::string scheme;  // what runs, e.g. "qgZ int4, two hops"
+  std::string note;    // a fallback and why; empty when the technique ran as asked
+  int calls = 1;
+  Traffic traffic;  // for all calls of the step
+};
+
+struct StepCost {
+  CollectiveCost forward, backward, gradient;
+  Traffic comm;  // the three together
+  double computeUs = 0;
+  double stepUs = 0;
+  double crossNodeM = 0;  // exact cross-node volume per node per step, in units of M
+};
+
+// Cross-node volume per step in units of M with the paper's accounting: large-n limit, no block scales.
+struct PaperVolume {
+  double forward = 0, backward = 0, gradient = 0;
+  double total() const { return forward + backward + gradient; }
+};
+
+struct Comparison {
+  StepCost zero3, zeropp;
+  double speedup = 0;  // ZeRO-3 step / ZeRO++ step
+  PaperVolume paperZero3, paperZeropp;
+  double modelBytes = 0;           // M
+  double hpzSecondaryBytes = 0;    // per GPU memory of hpZ's secondary shard (0 without hpZ)
+  std::vector<std::string> notes;  // fallbacks of the layout, in words
+};
+
+// ---- the model ---------------------------------------------------------------------------------------------
+
+// Single collectives. bytes/count are those of one call; every function returns the cost of one call.
+// Ring all-gather over every rank; totalBytes = the gathered tensor.
+Traffic ringAllGatherCost(const ClusterSpec& c, double totalBytes);
+// Ring reduce-scatter over every rank; totalBytes = each rank's input (the whole tensor).
+Traffic ringReduceScatterCost(const ClusterSpec& c, double totalBytes);
+// All-to-all over every rank, bytesPerPeer to each peer (nccl-tests' size = n * bytesPerPeer).
+Traffic allToAllCost(const ClusterSpec& c, double bytesPerPeer);
+// qwZ: count elements per rank (the shard), gathered as block-quantized payloads.
+Traffic qwzAllGatherCost(const ClusterSpec& c, double count, int elemBytes, int bits, int blockSize);
+// hpZ: the full tensor (fullCount elements) gathered inside each hpZ group of hpzSize ranks (0: the node). On an
+// uneven layout hpZ is unavailable: the cost is the flat ring all-gather's and *note says so.
+Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, int hpzSize, std::string* note);
+// qgZ: recvcount elements per rank; two hops when the layout is hierarchical (host/qgz_plan.h), else one, and
+// *note says why.
+Traffic qgzReduceScatterCost(const ClusterSpec& c, double recvcount, int elemBytes, int bits, int blockSize,
+                             std::string* note);
+
+// One step of each scheme, side by side. An error (bad layout or settings) comes back in *error, with a
+// default Comparison.
+Comparison compareStep(const ClusterSpec& c, const StepConfig& s, const ZeroppOptions& z, std::string* error);
+StepCost stepCost(const ClusterSpec& c, const StepConfig& s, const ZeroppOptions& z, bool zeropp,
+                  std::vector<std::string>* notes);
+PaperVolume paperCrossNodeVolume(const ZeroppOptions& z, bool zeropp);
+// Step time from compute and communication (see StepConfig::overlap).
+double stepTimeUs(double computeUs, double commUs, double overlap);
+// Checks a layout and settings; empty when usable.
+std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOptions& z);
+
+// ---- calibration from the perf binaries' JSON --------------------------------------------------------------
+
+// One row of a perf JSON file (perf/json_out.h), with whatever fields it had. Missing numbers are -1 (times)
+// or 0 (counts).
+struct PerfRow {
+  std::string op, regime, type, backend;
+  double size = 0;  // logical bytes, nccl-tests' meaning for the op
+  int ranks = 0, nodes = 0, bits = 0, block = 0;
+  double timeUs = -1;      // out of place
+  double ncclTimeUs = -1;  // the NCCL baseline measured in the same run
+  long long wrong = -1;
+};
+
+enum class RowKind {
+  kUnknown,
+  kNcclAllGather,
+  kNcclReduceScatter,
+  kNcclAllToAll,
+  kQwz,
+  kHpz,
+  kQgz,
+  kQuantize,
+  kDequantize
+};
+RowKind classifyOp(const std::string& op);
+const char* rowKindName(RowKind k);
+
+// Reads rows from JSON text: an array of rows, several arrays one after the other, one row per line, or an
+// object holding an array. Tolerant of unknown and missing fields and of nulls. False (with *error) only when
+// the text is not JSON.
+bool parsePerfJson(const std::string& text, std::vector<PerfRow>* rows, std::string* error);
+
+// A least-squares fit of time = latency * steps + bytes / bw.
+struct FitPoint {
+  double steps = 0;
+  double bytes = 0;
+  double timeUs = 0;
+  double scaleUs = 0;  // the time the error is relative to (0: timeUs); a residual's fit uses the row's time
+};
+struct LinkFit {
+  bool ok = false;
+  LinkCost cost;
+  int points = 0;
+  double rmsErrPct = 0;  // relative error of the fit over its points
+};
+// Weighted by 1/time^2, i.e. it minimises the relative error, so small sizes pin the latency and large ones the
+// bandwidth. Latency is kept >= 0; one distinct size gives latency 0.
+LinkFit fitLatencyBandwidth(const std::vector<FitPoint>& points);
+
+struct RegimeFit {
+  LinkFit allGather, reduceScatter, allToAll;  // as fitted (ok false when that kind had no rows)
+  LinkParams link;                             // with missing kinds borrowed from the others
+  bool ok = false;
+};
+
+struct RowCheck {
+  size_t row = 0;    // index in the rows
+  std::string what;  // op, or "op (nccl baseline)"
+  std::string regime;
+  double size = 0;
+  int ranks = 0, nodes = 0;
+  double measuredUs = 0, predictedUs = 0, errPct = 0;
+  bool flagged = false;  // size >= kCheckMinBytes and |error| > kCheckMaxErrPct
+};
+constexpr double kCheckMinBytes = 16.0 * 1024 * 1024;
+constexpr double kCheckMaxErrPct = 15.0;
+
+struct Calibration {
+  std::map<std::string, RegimeFit> regimes;
+  KernelParams kernel;
+  bool kernelFitted = false;
+  std::vector<RowCheck> checks;
+  std::vector<std::string> notes;
+  int flagged = 0;
+};
+
+// Fits each regime's links from its NCCL rows (nccl_* ops, and the NCCL baselines of zpccl rows), then the
+// kernel parameters from the zpccl rows (quantize/dequantize rows and the residual of qwZ/qgZ rows after their
+// predicted communication), then predicts every row.
+Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults);
+// The model's time for a row's op (baseline: the NCCL collective measured next to it), with every link of the
+// row's layout set to `link`. Negative when the row cannot be predicted (unknown op, no rank count).
+double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel);
+
+}  // namespace zp

@@ -1,0 +1,454 @@
+// The cost model (host/cost_model.h): bytes and times of each collective against numbers worked out by hand
+// here from the formulas' definitions, the paper's 3M -> 0.75M cross-node claim (exact in the paper's
+// accounting, approximate with block scales), single-node, one-GPU-per-node and uneven layouts (fallbacks said
+// in notes), and calibration recovering known links and kernels from synthetic perf rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "host/cost_model.h"
+
+namespace zp {
+namespace {
+
+bool anyMentions(const std::vector<std::string>& notes, const std::string& word) {
+  for (const std::string& n : notes)
+    if (n.find(word) != std::string::npos) return true;
+  return false;
+}
+
+// 2 nodes x 4 GPUs; intra 100 GB/s and 1 us/step per GPU, inter 10 GB/s and 10 us/step per node; kernels at
+// 1000 GB/s and 5 us per launch.
+ClusterSpec twoByFour() {
+  ClusterSpec c = ClusterSpec::even(2, 4);
+  c.intra = LinkParams::uniform(100, 1);
+  c.inter = LinkParams::uniform(10, 10);
+  c.kernel.memBwGBs = 1000;
+  c.kernel.launchUs = 5;
+  return c;
+}
+
+// ---- volumes ---------------------------------------------------------------------------------------------------
+
+TEST(CostModelVolume, RingAllGatherHandComputed) {
+  const ClusterSpec c = twoByFour();
+  // 16384 bytes gathered by 8 ranks: each sends 7/8 of it = 14336; it leaves each node once per ring; 2 of the
+  // 8 hops cross nodes: 3584 per GPU across, 10752 inside.
+  const Traffic t = ringAllGatherCost(c, 16384);
+  EXPECT_DOUBLE_EQ(t.nodeEgressBytes, 14336);
+  EXPECT_DOUBLE_EQ(t.interBytes, 3584);
+  EXPECT_DOUBLE_EQ(t.intraBytes, 10752);
+  EXPECT_DOUBLE_EQ(t.kernelBytes, 0);
+  const Traffic rs = ringReduceScatterCost(c, 16384);
+  EXPECT_DOUBLE_EQ(rs.nodeEgressBytes, 14336);
+  EXPECT_DOUBLE_EQ(rs.interBytes, 3584);
+}
+
+TEST(CostModelVolume, QwzPayloadHandComputed) {
+  const ClusterSpec c = twoByFour();
+  // 1024 elements per rank, int8, blocks of 256: 4 scales = 16 bytes, 1024 code bytes: payload 1040.
+  const Traffic t = qwzAllGatherCost(c, 1024, 2, 8, 256);
+  EXPECT_DOUBLE_EQ(t.nodeEgressBytes, 7.0 / 8 * 8 * 1040);  // 7280
+  EXPECT_DOUBLE_EQ(t.interBytes, 7280.0 * 2 / 8);
+  EXPECT_DOUBLE_EQ(t.intraBytes, 7280.0 * 6 / 8);
+  // Quantize 2048 -> 1040, dequantize 8 * 1040 -> 8 * 2048.
+  EXPECT_DOUBLE_EQ(t.kernelBytes, 2048 + 1040 + 8320 + 16384);
+  EXPECT_DOUBLE_EQ(t.launches, 2);
+  // int4, 1000 elements: 4 blocks -> 16 bytes of scales, 500 code bytes padded to 512: payload 528.
+  const Traffic t4 = qwzAllGatherCost(c, 1000, 2, 4, 256);
+  EXPECT_DOUBLE_EQ(t4.nodeEgressBytes, 7.0 / 8 * 8 * 528);
+}
+
+TEST(CostModelVolume, HpzStaysInsideTheNode) {
+  const ClusterSpec c = twoByFour();
+  std::string note;
+  // 8192 elements of 2 bytes, groups of 4: 3/4 of 16384 over NVLink, nothing across nodes.
+  Traffic t = hpzAllGatherCost(c, 8192, 2, 0, &note);
+  EXPECT_DOUBLE_EQ(t.intraBytes, 12288);
+  EXPECT_DOUBLE_EQ(t.interBytes, 0);
+  EXPECT_DOUBLE_EQ(t.nodeEgressBytes, 0);
+  EXPECT_TRUE(note.empty()) << note;
+  t = hpzAllGatherCost(c, 8192, 2, 2, &note);  // groups of 2: half of it
+  EXPECT_DOUBLE_EQ(t.intraBytes, 8192);
+}
+
+TEST(CostModelVolume, QgzTwoHopsHandComputed) {
+  const ClusterSpec c = twoByFour();
+  std::string note;
+  // recvcount 1024, int4, blocks of 256: payload 16 + 512 = 528 per destination slice.
+  const Traffic t = qgzReduceScatterCost(c, 1024, 2, 4, 256, &note);
+  EXPECT_TRUE(note.empty()) << note;
+  EXPECT_DOUBLE_EQ(t.intraBytes, 3.0 * 2 * 528);  // hop 1: N=2 slices to each of 3 local peers
+  EXPECT_DOUBLE_EQ(t.interBytes, 528);            // hop 2: one partial to the other node
+  EXPECT_DOUBLE_EQ(t.nodeEgressBytes, 4 * 528);   // 4 GPUs of the node do it at once
+  // quantize 16384 -> 8*528; reduce-requantize reads 4*2*528, writes 2*528; final reads 2*528, writes 2048.
+  EXPECT_DOUBLE_EQ(t.kernelBytes, 16384 + 8 * 528 + 5 * 2 * 528 + 2 * 528 + 2048);
+  EXPECT_DOUBLE_EQ(t.launches, 3);
+}
+
+TEST(CostModelVolume, PaperClaimThreeMToPointSevenFiveM) {
+  ZeroppOptions z;  // qwZ int8, hpZ, qgZ int4
+  const PaperVolume base = paperCrossNodeVolume(z, false);
+  const PaperVolume zpp = paperCrossNodeVolume(z, true);
+  EXPECT_DOUBLE_EQ(base.total(), 3.0);
+  EXPECT_DOUBLE_EQ(zpp.forward, 0.5);
+  EXPECT_DOUBLE_EQ(zpp.backward, 0.0);
+  EXPECT_DOUBLE_EQ(zpp.gradient, 0.25);
+  EXPECT_DOUBLE_EQ(zpp.total(), 0.75);
+  // One technique at a time.
+  ZeroppOptions only = z;
+  only.hpz = only.qgz = false;
+  EXPECT_DOUBLE_EQ(paperCrossNodeVolume(only, true).total(), 2.5);
+  only = z;
+  only.qwz = only.qgz = false;
+  EXPECT_DOUBLE_EQ(paperCrossNodeVolume(only, true).total(), 2.0);
+  only = z;
+  only.qwz = only.hpz = false;
+  EXPECT_DOUBLE_EQ(paperCrossNodeVolume(only, true).total(), 2.25);
+  only.weightBits = 4;
+  only.qwz = true;
+  EXPECT_DOUBLE_EQ(paperCrossNodeVolume(only, true).forward, 0.25);
+
+  // Exact accounting at 128 nodes x 8: 16384 elements per rank (no padding): ring volumes carry (n-1)/n, int8
+  // payloads 1 + 4/256 bytes per element (0.5078125 of bf16), int4 0.5 + 4/256 (0.2578125), qgZ's inter hop
+  // (N-1)/N.
+  ClusterSpec c = ClusterSpec::even(128, 8);
+  StepConfig s;
+  s.params = 1024.0 * 16384;
+  std::string error;
+  const Comparison r = compareStep(c, s, z, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_NEAR(r.zero3.crossNodeM, 3.0 * 1023 / 1024, 1e-12);
+  EXPECT_NEAR(r.zeropp.crossNodeM, 0.5078125 * 1023 / 1024 + 0.2578125 * 127 / 128, 1e-12);
+  EXPECT_NEAR(r.zeropp.crossNodeM, 0.75, 0.02);  // approximately the paper's number
+  EXPECT_DOUBLE_EQ(r.zeropp.backward.traffic.nodeEgressBytes, 0);
+  EXPECT_DOUBLE_EQ(r.paperZero3.total(), 3.0);
+  EXPECT_DOUBLE_EQ(r.paperZeropp.total(), 0.75);
+  // The scale overhead shrinks with the block: at 8192 the exact volume is within 1% of the claim's.
+  z.blockSize = 8192;
+  const Comparison big = compareStep(c, s, z, &error);
+  EXPECT_NEAR(big.zeropp.crossNodeM / (0.5 * 1023 / 1024 + 0.25 * 127 / 128), 1.0, 0.01);
+}
+
+// ---- times -----------------------------------------------------------------------------------------------------
+
+TEST(CostModelTime, RingHandComputed) {
+  const ClusterSpec c = twoByFour();
+  // 1e9 bytes: 0.875e9 leave each node at 10 GB/s = 87500 us; 0.65625e9 per GPU on NVLink at 100 GB/s = 6562.5
+  // us, hidden under it; 7 steps of 10 us.
+  const Traffic t = ringAllGatherCost(c, 1e9);
+  EXPECT_DOUBLE_EQ(t.linkUs, 87500);
+  EXPECT_DOUBLE_EQ(t.latencyUs, 70);
+  EXPECT_DOUBLE_EQ(t.timeUs(), 87570);
+  // One node of 8: 0.875e9 on NVLink, 7 steps of 1 us.
+  ClusterSpec one = twoByFour();
+  one.gpusPerNode = {8};
+  EXPECT_DOUBLE_EQ(ringAllGatherCost(one, 1e9).timeUs(), 8750 + 7);
+}
+
+TEST(CostModelTime, QwzHandComputed) {
+  const ClusterSpec c = twoByFour();
+  // 2^20 elements per rank, int8: payload 16384 + 1048576 = 1064960; gathered 8 * that = 8519680, 7/8 of it
+  // leaves each node (7454720 B at 10 GB/s = 745.472 us); 7 steps of 10 us; kernels read + write
+  // 2097152 + 1064960 + 8519680 + 16777216 = 28459008 B at 1000 GB/s = 28.459008 us, plus 2 launches of 5 us.
+  const Traffic t = qwzAllGatherCost(c, 1 << 20, 2, 8, 256);
+  EXPECT_NEAR(t.linkUs, 745.472, 1e-9);
+  EXPECT_NEAR(t.latencyUs, 70, 1e-12);
+  EXPECT_NEAR(t.kernelUs, 28.459008 + 10, 1e-9);
+  EXPECT_NEAR(t.timeUs(), 853.931008, 1e-9);
+}
+
+TEST(CostModelTime, QgzHandComputed) {
+  const ClusterSpec c = twoByFour();
+  // recvcount 2^20, int4: payload 16384 + 524288 = 540672.
+  // hop 1: 3 peers x 2 slices = 3244032 B at 100 GB/s = 32.44032 us, 3 steps of 1 us.
+  // hop 2: 4 GPUs x 1 partial leave the node: 2162688 B at 10 GB/s = 216.2688 us, 1 step of 10 us.
+  // kernels: 16777216 + 8*540672 + 10*540672 + 2*540672 + 2097152 = 29687808 B = 29.687808 us, 3 launches.
+  std::string note;
+  const Traffic t = qgzReduceScatterCost(c, 1 << 20, 2, 4, 256, &note);
+  EXPECT_NEAR(t.linkUs, 32.44032 + 216.2688, 1e-9);
+  EXPECT_NEAR(t.latencyUs, 3 + 10, 1e-12);
+  EXPECT_NEAR(t.kernelUs, 29.687808 + 15, 1e-9);
+}
+
+TEST(CostModelTime, StepAndOverlap) {
+  EXPECT_DOUBLE_EQ(stepTimeUs(100, 50, 0), 150);  // compute + comm
+  EXPECT_DOUBLE_EQ(stepTimeUs(100, 50, 1), 100);  // max(compute, comm)
+  EXPECT_DOUBLE_EQ(stepTimeUs(100, 250, 1), 250);
+  EXPECT_DOUBLE_EQ(stepTimeUs(100, 50, 0.5), 125);
+
+  // A whole step: ZeRO-3 is three ring collectives of the model; buckets multiply calls (and latencies).
+  const ClusterSpec c = twoByFour();
+  StepConfig s;
+  s.params = 8.0 * (1 << 20);
+  s.computeMs = 1;
+  ZeroppOptions z;
+  std::string error;
+  const Comparison r = compareStep(c, s, z, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  const double ring = ringAllGatherCost(c, s.params * 2).timeUs();
+  const double rs = ringReduceScatterCost(c, s.params * 2).timeUs();
+  EXPECT_NEAR(r.zero3.comm.timeUs(), 2 * ring + rs, 1e-9);
+  EXPECT_NEAR(r.zero3.stepUs, 1000 + 2 * ring + rs, 1e-9);
+  EXPECT_NEAR(r.zeropp.forward.traffic.timeUs(), qwzAllGatherCost(c, 1 << 20, 2, 8, 256).timeUs(), 1e-9);
+  EXPECT_GT(r.speedup, 1.0);
+  s.bucketParams = s.params / 4;
+  const Comparison b = compareStep(c, s, z, &error);
+  EXPECT_EQ(b.zero3.forward.calls, 4);
+  EXPECT_NEAR(b.zero3.forward.traffic.latencyUs, 4 * 70, 1e-9);
+  EXPECT_NEAR(b.zero3.forward.traffic.nodeEgressBytes, r.zero3.forward.traffic.nodeEgressBytes, 1e-6);
+}
+
+// ---- layouts ---------------------------------------------------------------------------------------------------
+
+TEST(CostModelLayout, SingleNodeHasNoInterNodeBytes) {
+  ClusterSpec c = twoByFour();
+  c.gpusPerNode = {8};
+  StepConfig s;
+  s.params = 1e9;
+  std::string error;
+  const Comparison r = compareStep(c, s, ZeroppOptions(), &error);
+  ASSERT_TRUE(error.empty()) << error;
+  for (const StepCost* sc : {&r.zero3, &r.zeropp}) {
+    EXPECT_EQ(sc->comm.interBytes, 0);
+    EXPECT_EQ(sc->comm.nodeEgressBytes, 0);
+    EXPECT_EQ(sc->crossNodeM, 0);
+  }
+  EXPECT_TRUE(anyMentions(r.notes, "one node")) << "qgZ runs one hop on one node";
+  EXPECT_NE(r.zeropp.gradient.scheme.find("one hop"), std::string::npos);
+  // One hop on one node: 7 payloads per GPU over NVLink.
+  std::string note;
+  const Traffic q = qgzReduceScatterCost(c, 1024, 2, 4, 256, &note);
+  EXPECT_DOUBLE_EQ(q.intraBytes, 7 * 528);
+  EXPECT_DOUBLE_EQ(q.interBytes, 0);
+}
+
+TEST(CostModelLayout, UnevenNodesFallBackToFlat) {
+  ClusterSpec c = twoByFour();
+  c.gpusPerNode = {8, 8, 4};
+  StepConfig s;
+  s.params = 1e9;
+  std::string error;
+  const Comparison r = compareStep(c, s, ZeroppOptions(), &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_TRUE(anyMentions(r.notes, "hpZ unavailable")) << "hpZ needs nodes of equal size";
+  EXPECT_TRUE(anyMentions(r.notes, "flat all-to-all")) << "qgZ runs one flat hop";
+  EXPECT_NE(r.zeropp.gradient.scheme.find("one hop"), std::string::npos);
+  // The backward gather is ZeRO-3's flat ring: same bytes and time.
+  EXPECT_DOUBLE_EQ(r.zeropp.backward.traffic.nodeEgressBytes, r.zero3.backward.traffic.nodeEgressBytes);
+  EXPECT_DOUBLE_EQ(r.zeropp.backward.traffic.timeUs(), r.zero3.backward.traffic.timeUs());
+  EXPECT_GT(r.zeropp.backward.traffic.interBytes, 0);
+  EXPECT_EQ(r.hpzSecondaryBytes, 0);
+
+  // Flat all-to-all on nodes {2, 1}, 100 bytes per peer: a GPU of node 0 sends 100 inside and 100 out, the
+  // GPU of node 1 sends 200 out; each node's egress is 200.
+  ClusterSpec u = twoByFour();
+  u.gpusPerNode = {2, 1};
+  const Traffic a = allToAllCost(u, 100);
+  EXPECT_DOUBLE_EQ(a.intraBytes, 200.0 / 3);
+  EXPECT_DOUBLE_EQ(a.interBytes, 400.0 / 3);
+  EXPECT_DOUBLE_EQ(a.nodeEgressBytes, 200);
+  EXPECT_DOUBLE_EQ(a.latencyUs, 2 * 10);
+}
+
+TEST(CostModelLayout, OneGpuPerNode) {
+  ClusterSpec c = twoByFour();
+  c.gpusPerNode = {1, 1, 1, 1};
+  StepConfig s;
+  s.params = 1e9;
+  std::string error;
+  const Comparison r = compareStep(c, s, ZeroppOptions(), &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_TRUE(anyMentions(r.notes, "one GPU per node"));
+  EXPECT_TRUE(anyMentions(r.notes, "group of 1"));
+  EXPECT_EQ(r.zeropp.backward.traffic.timeUs(), 0);
+  // qgZ one hop across nodes: 3 payloads per GPU leave the node.
+  std::string note;
+  const Traffic q = qgzReduceScatterCost(c, 1024, 2, 4, 256, &note);
+  EXPECT_DOUBLE_EQ(q.interBytes, 3 * 528);
+  EXPECT_DOUBLE_EQ(q.intraBytes, 0);
+}
+
+TEST(CostModelLayout, ValidateRejectsBadSettings) {
+  const ClusterSpec c = ClusterSpec::even(2, 8);
+  StepConfig s;
+  s.params = 1e9;
+  ZeroppOptions z;
+  EXPECT_EQ(validate(c, s, z), "");
+  z.hpzSize = 3;
+  EXPECT_NE(validate(c, s, z).find("does not divide"), std::string::npos);
+  z = ZeroppOptions();
+  z.gradBits = 5;
+  EXPECT_NE(validate(c, s, z), "");
+  z = ZeroppOptions();
+  z.blockSize = 100;
+  EXPECT_NE(validate(c, s, z), "");
+  s.params = 0;
+  EXPECT_NE(validate(c, s, ZeroppOptions()), "");
+  std::string error;
+  compareStep(ClusterSpec(), s, ZeroppOptions(), &error);
+  EXPECT_FALSE(error.empty());
+}
+
+// ---- calibration -----------------------------------------------------------------------------------------------
+
+PerfRow ncclRow(const char* op, const char* regime, double size, int ranks, int nodes, double timeUs) {
+  PerfRow r;
+  r.op = op;
+  r.regime = regime;
+  r.type = "bfloat16";
+  r.size = size;
+  r.ranks = ranks;
+  r.nodes = nodes;
+  r.timeUs = timeUs;
+  return r;
+}
+
+TEST(CostModelCalibration, RecoversBandwidthAndLatency) {
+  // net: 2 ranks on 2 nodes, all-gather at 3.1 GB/s and 25 us; reduce-scatter on 4 ranks at 2.8 GB/s, 7.5 us a
+  // step; all-to-all at 1.9 GB/s, 40 us.
+  std::vector<PerfRow> rows;
+  for (double size = 1024; size <= 1024.0 * 1024 * 1024; size *= 4) {
+    rows.push_back(ncclRow("nccl_all_gather", "net", size, 2, 2, 25 + size / 2 / 3.1e3));
+    rows.push_back(ncclRow("nccl_reduce_scatter", "net", size, 4, 4, 3 * 7.5 + size * 3 / 4 / 2.8e3));
+    rows.push_back(ncclRow("nccl_all_to_all", "net", size, 2, 2, 40 + size / 2 / 1.9e3));
+  }
+  const Calibration cal = calibrate(rows, KernelParams());
+  ASSERT_EQ(cal.regimes.count("net"), 1u);
+  const RegimeFit& f = cal.regimes.at("net");
+  ASSERT_TRUE(f.allGather.ok && f.reduceScatter.ok && f.allToAll.ok);
+  EXPECT_NEAR(f.allGather.cost.bwGBs, 3.1, 3.1e-9);
+  EXPECT_NEAR(f.allGather.cost.latencyUs, 25, 1e-6);
+  EXPECT_NEAR(f.reduceScatter.cost.bwGBs, 2.8, 2.8e-9);
+  EXPECT_NEAR(f.reduceScatter.cost.latencyUs, 7.5, 1e-6);
+  EXPECT_NEAR(f.allToAll.cost.bwGBs, 1.9, 1.9e-9);
+  EXPECT_NEAR(f.allToAll.cost.latencyUs, 40, 1e-6);
+  // Every row predicted back within rounding, nothing flagged.
+  EXPECT_EQ(cal.checks.size(), rows.size());
+  for (const RowCheck& c : cal.checks) EXPECT_NEAR(c.errPct, 0, 1e-6) << c.what << " " << c.size;
+  EXPECT_EQ(cal.flagged, 0);
+
+  // The fit alone: one size pins the bandwidth, the latency is 0.
+  const LinkFit one = fitLatencyBandwidth({{1, 1e6, 1000}});
+  ASSERT_TRUE(one.ok);
+  EXPECT_NEAR(one.cost.bwGBs, 1.0, 1e-12);
+  EXPECT_EQ(one.cost.latencyUs, 0);
+  EXPECT_FALSE(fitLatencyBandwidth({}).ok);
+}
+
+TEST(CostModelCalibration, RecoversKernelParameters) {
+  // nvlink rows at 250 GB/s and 3 us a step, then qwZ and qgZ rows made by the model itself with kernels at
+  // 2000 GB/s and 8 us a launch, and their NCCL baselines: the fit finds the kernels back.
+  const LinkParams link = LinkParams::uniform(250, 3);
+  KernelParams truth;
+  truth.memBwGBs = 2000;
+  truth.launchUs = 8;
+  std::vector<PerfRow> rows;
+  for (double size = 1 << 16; size <= (1 << 30); size *= 4) {
+    rows.push_back(ncclRow("nccl_all_gather", "nvlink", size, 2, 1, 0));
+    rows.back().timeUs = predictRowUs(rows.back(), false, link, truth);
+    PerfRow q = ncclRow("qwz_all_gather", "nvlink", size, 2, 1, 0);
+    q.bits = 8;
+    q.block = 256;
+    q.timeUs = predictRowUs(q, false, link, truth);
+    q.ncclTimeUs = predictRowUs(q, true, link, truth);
+    rows.push_back(q);
+    PerfRow g = ncclRow("qgz_reduce_scatter", "nvlink", size, 2, 1, 0);
+    g.bits = 4;
+    g.timeUs = predictRowUs(g, false, link, truth);
+    g.ncclTimeUs = predictRowUs(g, true, link, truth);
+    rows.push_back(g);
+  }
+  const Calibration cal = calibrate(rows, KernelParams());
+  ASSERT_TRUE(cal.kernelFitted);
+  EXPECT_NEAR(cal.kernel.memBwGBs, 2000, 1e-6);
+  EXPECT_NEAR(cal.kernel.launchUs, 8, 1e-6);
+  const RegimeFit& f = cal.regimes.at("nvlink");
+  EXPECT_NEAR(f.link.allGather.bwGBs, 250, 1e-6);
+  EXPECT_NEAR(f.link.reduceScatter.bwGBs, 250, 1e-6);  // from the qgZ rows' NCCL baselines
+  EXPECT_EQ(cal.flagged, 0);
+}
+
+TEST(CostModelCalibration, FlagsLargeRowsThatMiss) {
+  const LinkParams shm = LinkParams::uniform(24.8, 10);
+  std::vector<PerfRow> rows;
+  for (double size = 1 << 20; size <= (1 << 30); size *= 4) {
+    rows.push_back(ncclRow("nccl_all_gather", "shm", size, 2, 1, 10 + size / 2 / 24.8e3));
+    rows.push_back(ncclRow("qwz_all_gather", "shm", size, 2, 1, 0));
+    rows.back().timeUs = predictRowUs(rows.back(), false, shm, KernelParams());
+  }
+  // A qwZ row 1.5x slower than the model, at 64 MiB: flagged. A 1 KiB one off by 2x: below 16 MiB, not flagged.
+  const size_t slowRow = rows.size();
+  rows.push_back(ncclRow("qwz_all_gather", "shm", 64 << 20, 2, 1, 0));
+  rows.back().timeUs = 1.5 * predictRowUs(rows.back(), false, shm, KernelParams());
+  rows.push_back(ncclRow("qwz_all_gather", "shm", 1024, 2, 1, 0));
+  rows.back().timeUs = 2 * predictRowUs(rows.back(), false, shm, KernelParams());
+  const Calibration cal = calibrate(rows, KernelParams());
+  EXPECT_EQ(cal.flagged, 1);
+  for (const RowCheck& c : cal.checks) {
+    EXPECT_EQ(c.flagged, c.row == slowRow) << c.what << " " << c.size << " " << c.errPct << "%";
+    if (c.row == slowRow) {
+      EXPECT_LT(c.errPct, -kCheckMaxErrPct);
+    }
+    if (c.size < kCheckMinBytes) {
+      EXPECT_FALSE(c.flagged);
+    }
+  }
+}
+
+TEST(CostModelCalibration, ParsesPerfJsonTolerantly) {
+  // The shape perf/json_out.cc writes, with nulls, unknown fields and a missing baseline; then a second array
+  // and a bare row, as when files are concatenated.
+  const std::string text = R"([
+  {"op": "qwz_all_gather", "regime": "nvlink", "backend": "cuda", "size": 16777216, "count": 8388608,
+   "type": "bfloat16", "redop": null, "bits": 8, "block": 256, "ranks": 2, "nodes": 1,
+   "oop": {"time_us": 80.5, "algbw": 208.4, "busbw": 104.2, "wrong": 0}, "ip": null, "baseline": "nccl",
+   "nccl": {"time_us": 120.25, "busbw": 69.8}, "speedup": 1.49,
+   "wire_bytes_per_rank": {"zpccl": {"intra": 1, "inter": 0}, "nccl_ring": {"intra": 2, "inter": 0}}},
+  {"op": "quantize", "size": 1024, "bits": null, "oop": {"time_us": null}, "nccl": null, "extra": [1, {"a": true}]}
+]
+[{"op": "nccl_all_to_all", "regime": "net", "size": 1e6, "ranks": 2, "nodes": 2, "oop": {"time_us": 400}}]
+{"op": "hpz_all_gather", "size": 2048, "ranks": 8, "oop": {"time_us": 3, "wrong": 0}}
+)";
+  std::vector<PerfRow> rows;
+  std::string error;
+  ASSERT_TRUE(parsePerfJson(text, &rows, &error)) << error;
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].op, "qwz_all_gather");
+  EXPECT_EQ(rows[0].regime, "nvlink");
+  EXPECT_EQ(rows[0].type, "bfloat16");
+  EXPECT_DOUBLE_EQ(rows[0].size, 16777216);
+  EXPECT_EQ(rows[0].ranks, 2);
+  EXPECT_EQ(rows[0].nodes, 1);
+  EXPECT_EQ(rows[0].bits, 8);
+  EXPECT_EQ(rows[0].block, 256);
+  EXPECT_DOUBLE_EQ(rows[0].timeUs, 80.5);
+  EXPECT_DOUBLE_EQ(rows[0].ncclTimeUs, 120.25);
+  EXPECT_EQ(rows[0].wrong, 0);
+  EXPECT_EQ(rows[1].bits, 0);
+  EXPECT_LT(rows[1].timeUs, 0);
+  EXPECT_LT(rows[1].ncclTimeUs, 0);
+  EXPECT_EQ(rows[1].ranks, 0);
+  EXPECT_DOUBLE_EQ(rows[2].size, 1e6);
+  EXPECT_EQ(rows[3].nodes, 0);
+
+  EXPECT_EQ(classifyOp("qwz_all_gather"), RowKind::kQwz);
+  EXPECT_EQ(classifyOp("hpz_all_gather"), RowKind::kHpz);
+  EXPECT_EQ(classifyOp("qgz_reduce_scatter"), RowKind::kQgz);
+  EXPECT_EQ(classifyOp("quant_reduce_scatter_a2a"), RowKind::kQgz);
+  EXPECT_EQ(classifyOp("nccl_all_gather"), RowKind::kNcclAllGather);
+  EXPECT_EQ(classifyOp("nccl_reduce_scatter"), RowKind::kNcclReduceScatter);
+  EXPECT_EQ(classifyOp("nccl_all_to_all"), RowKind::kNcclAllToAll);
+  EXPECT_EQ(classifyOp("quantize"), RowKind::kQuantize);
+  EXPECT_EQ(classifyOp("dequantize"), RowKind::kDequantize);
+  EXPECT_EQ(classifyOp("memcpy"), RowKind::kUnknown);
+
+  rows.clear();
+  EXPECT_FALSE(parsePerfJson("[{\"op\": \"x\", ", &rows, &error));
+  EXPECT_NE(error.find("JSON"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zp
