@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Runs the zpccl Python test suite (unittest) and writes {"passed": N, "failed": N, "skipped": N}.
+
+    ZPCCL_LIBRARY=build/libzpccl.so PYTHONPATH=tools/python python tools/python/tests/run.py --count out.count
+
+Counts are per test method: one whose subtests fail counts once as failed; a skipped test is not passed; an
+import error or a failing setUpClass counts as a failure. Exit status 0 when nothing failed.
+
+Unless already set, the library's WARN log is silenced (``ZP_DEBUG=NONE``: many tests provoke errors on purpose;
+``--verbose`` keeps it), and host-backend waits are bounded to 30 s (``ZP_HOST_TIMEOUT_MS``,
+``ZP_INIT_TIMEOUT_MS``) so that a bug fails the suite instead of hanging it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+import unittest
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+class CountingResult(unittest.TextTestResult):
+    """Records each test method's outcome, subtests folded into their test."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.passed_ids: set[str] = set()
+        self.failed_ids: set[str] = set()
+        self.skipped_ids: set[str] = set()
+
+    def addSuccess(self, test: unittest.TestCase) -> None:
+        super().addSuccess(test)
+        self.passed_ids.add(test.id())
+
+    def addFailure(self, test, err) -> None:  # type: ignore[no-untyped-def]
+        super().addFailure(test, err)
+        self.failed_ids.add(test.id())
+
+    def addError(self, test, err) -> None:  # type: ignore[no-untyped-def]
+        super().addError(test, err)
+        self.failed_ids.add(test.id())
+
+    def addSubTest(self, test, subtest, err) -> None:  # type: ignore[no-untyped-def]
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            self.failed_ids.add(test.id())
+
+    def addSkip(self, test, reason) -> None:  # type: ignore[no-untyped-def]
+        super().addSkip(test, reason)
+        self.skipped_ids.add(test.id())
+
+    def addUnexpectedSuccess(self, test) -> None:  # type: ignore[no-untyped-def]
+        super().addUnexpectedSuccess(test)
+        self.failed_ids.add(test.id())
+
+    def counts(self) -> dict[str, int]:
+        failed = self.failed_ids
+        return {"passed": len(self.passed_ids - failed), "failed": len(failed),
+                "skipped": len(self.skipped_ids - failed)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", help="write the JSON counts here")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per test, library warnings on")
+    parser.add_argument("-k", dest="patterns", action="append", help="only tests whose name contains this")
+    args = parser.parse_args()
+
+    if not args.verbose:
+        os.environ.setdefault("ZP_DEBUG", "NONE")
+    os.environ.setdefault("ZP_HOST_TIMEOUT_MS", "30000")
+    os.environ.setdefault("ZP_INIT_TIMEOUT_MS", "30000")
+    top = str(HERE.parent)  # tools/python: holds the zpccl package and this tests package
+    if top not in sys.path:
+        sys.path.insert(0, top)
+
+    loader = unittest.TestLoader()
+    if args.patterns:
+        loader.testNamePatterns = [f"*{p}*" for p in args.patterns]
+    suite = loader.discover(start_dir=str(HERE), pattern="test_*.py", top_level_dir=top)
+    runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2 if args.verbose else 1,
+                                     resultclass=CountingResult)
+    start = time.monotonic()
+    result = runner.run(suite)
+    counts = result.counts()  # type: ignore[attr-defined]
+    if args.count:
+        path = pathlib.Path(args.count)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(counts) + "\n")
+    print(f"python: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+          f"in {time.monotonic() - start:.1f} s")
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

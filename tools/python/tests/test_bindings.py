@@ -1,0 +1,163 @@
+"""The ctypes layer against include/zpccl.h: struct layouts, enum values, one prototype per function, loading."""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import unittest
+
+import zpccl
+from zpccl import _lib
+from zpccl.enums import CONFIG_MAGIC, CONFIG_UNDEF_INT, UNIQUE_ID_BYTES, VERSION_CODE
+
+HEADER = pathlib.Path(__file__).resolve().parents[3] / "include" / "zpccl.h"
+
+
+def header_text() -> str:
+    if not HEADER.exists():
+        raise unittest.SkipTest(f"{HEADER} not found (package used outside its source tree)")
+    return HEADER.read_text()
+
+
+class StructLayout(unittest.TestCase):
+    def test_config_is_48_bytes_in_c_order(self) -> None:
+        self.assertEqual(ctypes.sizeof(zpccl.Config), 48)
+        names = [name for name, _ in zpccl.Config._fields_]
+        self.assertEqual(names, ["size", "magic", "version", "backend", "ranksPerNode", "nodeId", "hpzSize",
+                                 "weightBits", "gradBits", "blockSize", "blocking"])
+        offsets = [getattr(zpccl.Config, name).offset for name in names]
+        self.assertEqual(offsets, [0, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44])
+
+    def test_config_fields_match_the_header(self) -> None:
+        body = re.search(r"typedef struct \{(.*?)\} zpConfig_t;", header_text(), re.S).group(1)
+        c_fields = re.findall(r"^\s*(size_t|unsigned int|int)\s+(\w+);", body, re.M)
+        ctypes_of = {"size_t": ctypes.c_size_t, "unsigned int": ctypes.c_uint, "int": ctypes.c_int}
+        self.assertEqual([(n, ctypes_of[t]) for t, n in c_fields], list(zpccl.Config._fields_))
+
+    def test_initializer_matches_zp_config_initializer(self) -> None:
+        c = zpccl.Config.initializer()
+        self.assertEqual((c.size, c.magic, c.version), (48, CONFIG_MAGIC, VERSION_CODE))
+        for name in zpccl.Config.INT_FIELDS:
+            self.assertEqual(getattr(c, name), CONFIG_UNDEF_INT, name)
+        self.assertEqual(CONFIG_UNDEF_INT, -(2**31))
+        self.assertEqual(CONFIG_MAGIC.to_bytes(4, "big"), b"zpco")
+        text = header_text()
+        self.assertIn("#define ZP_CONFIG_MAGIC 0x7a70636fu", text)
+        self.assertIn("#define ZP_CONFIG_UNDEF_INT (-2147483647 - 1)", text)
+        init = re.search(r"#define ZP_CONFIG_INITIALIZER(.*?)\n\n", text, re.S).group(1)
+        self.assertEqual(init.count("ZP_CONFIG_UNDEF_INT"), len(zpccl.Config.INT_FIELDS))
+
+    def test_unique_id_and_options(self) -> None:
+        self.assertEqual(ctypes.sizeof(zpccl.UniqueId), UNIQUE_ID_BYTES)
+        self.assertEqual(ctypes.sizeof(zpccl.QuantOptions), 8)
+        raw = bytes(range(128))
+        self.assertEqual(zpccl.UniqueId.from_bytes(raw, "t").to_bytes(), raw)  # NUL bytes survive
+
+    def test_versions_agree(self) -> None:
+        text = header_text()
+        major, minor, patch = (int(re.search(rf"#define ZPCCL_{k} (\d+)", text).group(1))
+                               for k in ("MAJOR", "MINOR", "PATCH"))
+        self.assertEqual(VERSION_CODE, major * 10000 + minor * 100 + patch)
+        self.assertEqual(zpccl.version(), VERSION_CODE)
+
+
+class Enums(unittest.TestCase):
+    def c_enum(self, typedef: str) -> dict[str, int]:
+        body = re.search(r"typedef enum \{([^}]*)\}\s*" + typedef + ";", header_text(), re.S).group(1)
+        return {name: int(value) for name, value in re.findall(r"(zp\w+)\s*=\s*(\d+)", body)}
+
+    def check(self, typedef: str, enum: type, counter: str) -> None:
+        c = self.c_enum(typedef)
+        c.pop(counter)
+        py = {"zp" + "".join(w.capitalize() for w in name.split("_")): int(v) for name, v in enum.__members__.items()}
+        # Python spells FLOAT8E4M3 / BFLOAT16 / FLOAT16 from the C names without case: compare case-insensitively.
+        self.assertEqual({k.lower(): v for k, v in c.items()}, {k.lower(): v for k, v in py.items()})
+
+    def test_result(self) -> None:
+        self.check("zpResult_t", zpccl.Result, "zpNumResults")
+        self.assertEqual(zpccl.Result.INVALID_ARGUMENT.c_name, "zpInvalidArgument")
+
+    def test_data_type(self) -> None:
+        self.check("zpDataType_t", zpccl.DataType, "zpNumTypes")
+        self.assertEqual((zpccl.DataType.BFLOAT16, zpccl.DataType.FLOAT16, zpccl.DataType.FLOAT32), (9, 6, 7))
+
+    def test_red_op(self) -> None:
+        self.check("zpRedOp_t", zpccl.RedOp, "zpNumOps")
+
+    def test_backend(self) -> None:
+        body = re.search(r"typedef enum \{([^}]*)\}\s*zpBackend_t;", header_text(), re.S).group(1)
+        c = {n.lower(): int(v) for n, v in re.findall(r"(zp\w+)\s*=\s*(\d+)", body)}
+        self.assertEqual(c, {"zpbackend" + m.name.lower(): int(m) for m in zpccl.Backend})
+
+    def test_dtype_mapping(self) -> None:
+        import numpy as np
+
+        r = zpccl.resolve_dtype
+        self.assertEqual(r(np.float16, "t"), 6)
+        self.assertEqual(r(np.float32, "t"), 7)
+        self.assertEqual(r("bfloat16", "t"), 9)
+        self.assertEqual(r("bf16", "t"), 9)
+        self.assertEqual(r(np.int8, "t"), 0)
+        self.assertEqual(r(np.dtype("uint64"), "t"), 5)
+        self.assertEqual(r(zpccl.DataType.FLOAT8E5M2, "t"), 11)
+        with self.assertRaisesRegex(ValueError, "t: dtype int16 has no zpDataType_t"):
+            r(np.int16, "t")
+
+
+class Prototypes(unittest.TestCase):
+    def test_every_header_function_is_declared(self) -> None:
+        declared = set(re.findall(r"^(?:zpResult_t|const char\*)\s+(zp\w+)\(", header_text(), re.M))
+        self.assertEqual(len(declared), 30)
+        self.assertEqual(declared, set(_lib.PROTOTYPES))
+
+    def test_argument_counts_match_the_header(self) -> None:
+        for name, args in re.findall(r"^(?:zpResult_t|const char\*)\s+(zp\w+)\((.*?)\);", header_text(),
+                                     re.M | re.S):
+            self.assertEqual(len(args.split(",")), len(_lib.PROTOTYPES[name][1]), name)
+
+    def test_pointers_and_counts_are_64_bit(self) -> None:
+        for name, (restype, argtypes) in _lib.PROTOTYPES.items():
+            self.assertIn(restype, (ctypes.c_int, ctypes.c_char_p), name)
+            for t in argtypes:
+                self.assertNotIn(t, (ctypes.c_long, ctypes.c_uint), name)  # sizes are size_t, handles void*
+        L = _lib.lib()
+        for name in _lib.PROTOTYPES:
+            fn = getattr(L, name)
+            self.assertEqual(fn.argtypes, _lib.PROTOTYPES[name][1], name)
+
+    def test_error_strings(self) -> None:
+        self.assertEqual(_lib.error_string(0), "no error")
+        self.assertEqual(_lib.error_string(99), "unknown result code")
+
+
+class Loading(unittest.TestCase):
+    def run_python(self, code: str, **env: str) -> subprocess.CompletedProcess:
+        full_env = dict(os.environ, **env)
+        full_env["PYTHONPATH"] = str(pathlib.Path(zpccl.__file__).resolve().parents[1])
+        return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                              timeout=60)
+
+    def test_missing_library_is_a_clear_error(self) -> None:
+        out = self.run_python("import zpccl\ntry:\n zpccl.version()\nexcept zpccl.LibraryNotFoundError as e:\n"
+                              " print('ERR', e)", ZPCCL_LIBRARY="/nonexistent/libzpccl.so")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("ERR zpccl: cannot load libzpccl.so", out.stdout)
+        self.assertIn("/nonexistent/libzpccl.so (no such file)", out.stdout)
+        self.assertIn("ZPCCL_LIBRARY", out.stdout)
+
+    def test_library_folder_in_env(self) -> None:
+        folder = os.path.dirname(zpccl.library_path())
+        out = self.run_python("import zpccl; print(zpccl.library_path(), zpccl.version())", ZPCCL_LIBRARY=folder)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(out.stdout.startswith(os.path.join(folder, "libzpccl.so")), out.stdout)
+
+    def test_import_does_not_load_torch(self) -> None:
+        out = self.run_python("import sys, zpccl; zpccl.version(); print('torch' in sys.modules)")
+        self.assertEqual(out.stdout.strip(), "False", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,230 @@
+"""The three collectives on the host backend with NumPy arrays, 2, 4 and 8 thread-ranks, several node layouts."""
+from __future__ import annotations
+
+import unittest
+from typing import Any
+
+import numpy as np
+
+import zpccl
+from zpccl import run_host_ranks
+
+from . import _reference as ref
+from .test_quant import DTYPES, same_bits, zp_dtype
+
+RANKS = (2, 4, 8)
+#: (nranks, config): one node; emulated nodes of consecutive ranks (two-hop qgZ); interleaved nodes by node_id.
+LAYOUTS: list[tuple[int, dict[str, Any]]] = [
+    (2, {}), (4, {}), (8, {}),
+    (2, {"ranks_per_node": 1}), (4, {"ranks_per_node": 2}), (8, {"ranks_per_node": 4}), (8, {"ranks_per_node": 2}),
+    (8, {"ranks_per_node": 4, "hpz_size": 2}), (8, {"ranks_per_node": 8, "hpz_size": 4}),
+]
+
+
+def node_of_rank(nranks: int, config: dict[str, Any], node_ids: list[int] | None = None) -> list[int]:
+    if node_ids is not None:
+        return node_ids
+    rpn = config.get("ranks_per_node", nranks)
+    return [r // rpn for r in range(nranks)]
+
+
+class QuantAllGather(unittest.TestCase):
+    def test_identical_everywhere_and_equal_to_the_model(self) -> None:
+        rng = np.random.default_rng(7)
+        for nranks in RANKS:
+            for dtype in DTYPES:
+                for bits, block, count in ((8, 256, 1000), (4, 32, 77), (8, 64, 1)):
+                    shards = [ref.random_data(rng, count, dtype) for _ in range(nranks)]
+                    cfg = {"weight_bits": bits, "block_size": block}
+                    outs = run_host_ranks(nranks, lambda r, c: c.quant_all_gather(shards[r], dtype=zp_dtype(dtype)),
+                                          **cfg)
+                    with self.subTest(nranks=nranks, dtype=dtype, bits=bits, block=block, count=count):
+                        expected = np.concatenate([ref.round_trip(s, dtype, bits, block) for s in shards])
+                        for out in outs:
+                            self.assertEqual(out.shape, (nranks * count,))
+                            self.assertEqual(out.dtype, shards[0].dtype)
+                            self.assertTrue(same_bits(out, outs[0]), "ranks differ")
+                        self.assertTrue(same_bits(outs[0], expected), "differs from the model")
+                        # Per block, within scale/2 of the input plus the output rounding.
+                        eps = {ref.F16: 2.0**-11, ref.F32: 2.0**-24, ref.BF16: 2.0**-8}[dtype]
+                        for r, s in enumerate(shards):
+                            x = ref.to_f32(s, dtype).astype(np.float64)
+                            got = ref.to_f32(outs[0][r * count:(r + 1) * count], dtype)
+                            bound = ref.block_scales_per_element(ref.to_f32(s, dtype), bits, block) / 2 * (1 + 1e-6)
+                            self.assertTrue(np.all(np.abs(got - x) <= bound + np.abs(x) * eps))
+
+    def test_per_call_override_in_place_and_given_recv(self) -> None:
+        rng = np.random.default_rng(8)
+        n = 300
+        shards = [ref.random_data(rng, n, ref.F32) for _ in range(4)]
+
+        def body(rank: int, comm: zpccl.Comm) -> tuple[np.ndarray, np.ndarray]:
+            recv = np.empty(4 * n, np.float32)
+            recv[rank * n:(rank + 1) * n] = shards[rank]
+            out = comm.quant_all_gather(recv[rank * n:(rank + 1) * n], recv, bits=4, block_size=64)  # in place
+            assert out is recv
+            return recv, comm.quant_all_gather(shards[rank], bits=4, block_size=64)
+
+        for in_place, out_of_place in run_host_ranks(4, body):
+            expected = np.concatenate([ref.round_trip(s, ref.F32, 4, 64) for s in shards])
+            self.assertTrue(same_bits(in_place, expected))
+            self.assertTrue(same_bits(out_of_place, expected))
+
+    def test_shapes_are_free_sizes_are_not(self) -> None:
+        shards = [np.full((3, 5), r, np.float16) for r in range(2)]
+        outs = run_host_ranks(2, lambda r, c: c.quant_all_gather(shards[r], np.empty((2, 3, 5), np.float16)))
+        self.assertEqual(outs[0].shape, (2, 3, 5))
+        self.assertTrue(np.array_equal(outs[0][1], np.ones((3, 5), np.float16)))
+
+
+class HierAllGather(unittest.TestCase):
+    def test_exact_in_hpz_group_order(self) -> None:
+        for nranks, config in LAYOUTS:
+            n = 37
+
+            def body(rank: int, comm: zpccl.Comm) -> dict[str, Any]:
+                send = (np.arange(n) + 1000 * rank).astype(np.int64)
+                out = comm.hier_all_gather(send)
+                return {"out": out, "node": comm.node_rank, "hpz_rank": comm.hpz_rank, "hpz_size": comm.hpz_size}
+
+            got = run_host_ranks(nranks, body, **config)
+            with self.subTest(nranks=nranks, config=config):
+                for rank, g in enumerate(got):
+                    h = g["hpz_size"]
+                    self.assertEqual(h, config.get("hpz_size", config.get("ranks_per_node", nranks)))
+                    blocks = g["out"].reshape(h, n)
+                    sources = [int(b[0]) // 1000 for b in blocks]
+                    for i, (src, b) in enumerate(zip(sources, blocks)):
+                        self.assertTrue(np.array_equal(b, np.arange(n) + 1000 * src))  # exact, whole shards
+                        self.assertEqual(got[src]["node"], g["node"])  # intra-node only
+                        self.assertEqual(got[src]["hpz_rank"], i)  # in hpZ-rank order
+                        self.assertTrue(np.array_equal(got[src]["out"], g["out"]))  # the group agrees
+                    self.assertEqual(sources[g["hpz_rank"]], rank)
+
+    def test_every_type_and_in_place(self) -> None:
+        for dtype in (np.int8, np.int16, np.uint16, np.float64, np.complex64, np.bool_):
+            def body(rank: int, comm: zpccl.Comm) -> tuple[np.ndarray, np.ndarray]:
+                send = (np.arange(10) * (rank + 1)).astype(dtype)
+                recv = np.zeros(40, dtype)
+                recv[rank * 10:(rank + 1) * 10] = send
+                comm.hier_all_gather(recv[rank * 10:(rank + 1) * 10], recv)
+                return comm.hier_all_gather(send), recv
+
+            with self.subTest(dtype=dtype):
+                expected = np.concatenate([(np.arange(10) * (r + 1)).astype(dtype) for r in range(4)])
+                for out, in_place in run_host_ranks(4, body):
+                    self.assertEqual(out.dtype, np.dtype(dtype))
+                    self.assertTrue(np.array_equal(out, expected))
+                    self.assertTrue(np.array_equal(in_place, expected))
+
+    def test_secondary_shard_rebuilds_the_forward_gather(self) -> None:
+        rng = np.random.default_rng(9)
+        for nranks, config in LAYOUTS:
+            n = 256
+            shards = [ref.random_data(rng, n, ref.BF16) for _ in range(nranks)]
+
+            def body(rank: int, comm: zpccl.Comm) -> tuple:
+                full = comm.quant_all_gather(shards[rank], dtype="bfloat16")
+                offset, count = comm.hier_secondary_shard(full.size)
+                secondary = full[offset:offset + count].copy()  # kept between forward and backward
+                rebuilt = comm.hier_all_gather(secondary, dtype="bfloat16")
+                return full, rebuilt, (offset, count), comm.hpz_rank, comm.hpz_size
+
+            with self.subTest(nranks=nranks, config=config):
+                for full, rebuilt, (offset, count), hpz_rank, hpz_size in run_host_ranks(nranks, body, **config):
+                    self.assertEqual(count, nranks * n // hpz_size)
+                    self.assertEqual(offset, count * hpz_rank)
+                    self.assertTrue(np.array_equal(rebuilt, full))  # hpZ is exact
+
+    def test_secondary_shard_needs_a_multiple(self) -> None:
+        def body(rank: int, comm: zpccl.Comm) -> None:
+            self.assertEqual(comm.hier_secondary_shard(0), (0, 0))
+            with self.assertRaisesRegex(zpccl.ZpcclError, "zpHierSecondaryShard : fullCount 10 is not a multiple of "
+                                                          "hpzSize 4"):
+                comm.hier_secondary_shard(10)
+
+        run_host_ranks(4, body)
+
+
+class QuantReduceScatter(unittest.TestCase):
+    def run_case(self, nranks: int, config: dict[str, Any], dtype: str, op: str, bits: int, block: int, n: int,
+                 seed: int, node_ids: list[int] | None = None) -> None:
+        rng = np.random.default_rng(seed)
+        sends = [ref.random_data(rng, n * nranks, dtype) for _ in range(nranks)]
+        cfg = dict(config, grad_bits=bits, block_size=block)
+        configure = (lambda r: {"node_id": node_ids[r]}) if node_ids else None
+
+        def body(rank: int, comm: zpccl.Comm) -> tuple[np.ndarray, np.ndarray, bool]:
+            first = comm.quant_reduce_scatter(sends[rank], op=op, dtype=zp_dtype(dtype))
+            again = comm.quant_reduce_scatter(sends[rank], op=op, dtype=zp_dtype(dtype))
+            two_hop = comm.node_count > 1 and comm.local_size > 1
+            return first, again, two_hop
+
+        got = run_host_ranks(nranks, body, configure=configure, **cfg)
+        layout = node_of_rank(nranks, config, node_ids)
+        expected = ref.quant_reduce_scatter(sends, dtype, op, bits, block, layout)
+        two_hop = got[0][2]
+        bounds = ref.reduce_scatter_bound(sends, dtype, bits, block, two_hop)
+        eps = {ref.F16: 2.0**-11, ref.F32: 2.0**-24, ref.BF16: 2.0**-8}[dtype]
+        for rank, (first, again, _) in enumerate(got):
+            self.assertEqual(first.size, n)
+            self.assertTrue(same_bits(first, again), "not deterministic")
+            self.assertTrue(same_bits(first, expected[rank]), f"rank {rank} differs from the model")
+            exact = sum(ref.to_f32(s[rank * n:(rank + 1) * n], dtype).astype(np.float64) for s in sends)
+            bound = bounds[rank]
+            if op == "avg":
+                exact, bound = exact / nranks, bound / nranks
+            err = np.abs(ref.to_f32(first, dtype) - exact)
+            limit = bound + (np.abs(exact) + bound) * eps
+            self.assertTrue(np.all(err <= limit), f"rank {rank}: max excess {np.max(err - limit)}")
+            # The loose, scale-only bound of the brief: nranks * (largest block scale) per element.
+            max_scale = max(ref.block_scales_per_element(ref.to_f32(s, dtype), bits, block).max() for s in sends)
+            loose = nranks * max_scale / (nranks if op == "avg" else 1)
+            self.assertLess(float(np.max(err)), loose + float(np.max(np.abs(exact))) * eps)
+
+    def test_one_hop(self) -> None:
+        seed = 0
+        for nranks in RANKS:
+            for dtype in DTYPES:
+                for op, bits, block, n in (("sum", 4, 256, 300), ("avg", 8, 32, 100), ("avg", 4, 64, 1)):
+                    seed += 1
+                    with self.subTest(nranks=nranks, dtype=dtype, op=op, bits=bits, block=block, n=n):
+                        self.run_case(nranks, {}, dtype, op, bits, block, n, seed)
+
+    def test_two_hops(self) -> None:
+        seed = 100
+        for nranks, config in ((4, {"ranks_per_node": 2}), (8, {"ranks_per_node": 4}), (8, {"ranks_per_node": 2})):
+            for dtype in DTYPES:
+                for op, bits in (("sum", 4), ("avg", 8)):
+                    seed += 1
+                    with self.subTest(nranks=nranks, config=config, dtype=dtype, op=op, bits=bits):
+                        self.run_case(nranks, config, dtype, op, bits, 64, 200, seed)
+
+    def test_interleaved_and_uneven_nodes(self) -> None:
+        # Ranks 0,2,4,6 on one node and 1,3,5,7 on the other: two hops with non-consecutive node members.
+        self.run_case(8, {}, ref.F32, "sum", 4, 32, 96, 200, node_ids=[r % 2 for r in range(8)])
+        # Nodes of 3 and 2 ranks: uneven, so one hop.
+        self.run_case(5, {}, ref.F16, "avg", 8, 32, 50, 201, node_ids=[0, 0, 0, 1, 1])
+
+    def test_in_place_and_given_recv(self) -> None:
+        rng = np.random.default_rng(11)
+        n = 64
+        sends = [ref.random_data(rng, 2 * n, ref.F32) for _ in range(2)]
+
+        def body(rank: int, comm: zpccl.Comm) -> tuple[np.ndarray, np.ndarray]:
+            buf = sends[rank].copy()
+            comm.quant_reduce_scatter(buf, buf[rank * n:(rank + 1) * n], op=zpccl.RedOp.AVG)  # in place
+            out = np.empty(n, np.float32)
+            self.assertIs(comm.quant_reduce_scatter(sends[rank], out, "avg", bits=8, block_size=32), out)
+            return buf[rank * n:(rank + 1) * n], out
+
+        got = run_host_ranks(2, body)
+        exp4 = ref.quant_reduce_scatter(sends, ref.F32, "avg", 4, 256, [0, 0])
+        exp8 = ref.quant_reduce_scatter(sends, ref.F32, "avg", 8, 32, [0, 0])
+        for rank, (in_place, out) in enumerate(got):
+            self.assertTrue(same_bits(in_place, exp4[rank]))  # default grad_bits 4, block 256
+            self.assertTrue(same_bits(out, exp8[rank]))
+
+
+if __name__ == "__main__":
+    unittest.main()

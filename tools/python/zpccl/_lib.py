@@ -1,0 +1,267 @@
+"""ctypes bindings of every function of ``include/zpccl.h``, and the structs it passes.
+
+The library is found, on first use, at:
+
+1. ``$ZPCCL_LIBRARY`` (a file, or a folder holding ``libzpccl.so`` or a versioned ``libzpccl.so.*``); when set,
+   nothing else is tried;
+2. the build folder of the source tree this package sits in (``<repo>/build/libzpccl.so``);
+3. the system's library path (``ctypes.util.find_library("zpccl")``, then ``libzpccl.so.0``).
+
+Handles and pointers are ``c_void_p`` (64-bit values survive), counts ``c_size_t``, enums ``c_int``. Every
+function gets ``argtypes`` and ``restype`` (see ``PROTOTYPES``), so a wrong Python argument fails in ctypes
+instead of being truncated to 32 bits. ctypes releases the GIL around each call, so thread-ranks of the host
+backend can wait for each other inside a collective.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import pathlib
+import threading
+from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint, c_void_p
+from typing import Any
+
+from .enums import CONFIG_MAGIC, CONFIG_UNDEF_INT, UNIQUE_ID_BYTES, VERSION_CODE, Backend, Result
+from .errors import LibraryNotFoundError, ZpcclError, ZpcclTypeError, ZpcclValueError
+
+
+class UniqueId(ctypes.Structure):
+    """``zpUniqueId``: 128 opaque bytes shared by every rank before init (passed by value)."""
+
+    _fields_ = [("internal", c_char * UNIQUE_ID_BYTES)]
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview | "UniqueId", call: str) -> "UniqueId":
+        """The id holding ``data`` (exactly 128 bytes, as ``get_unique_id`` returns)."""
+        if isinstance(data, UniqueId):
+            return data
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ZpcclTypeError(f"{call}: unique_id must be 128 bytes, got {type(data).__name__}", call)
+        raw = bytes(data)
+        if len(raw) != UNIQUE_ID_BYTES:
+            raise ZpcclValueError(f"{call}: unique_id has {len(raw)} bytes, expected {UNIQUE_ID_BYTES}", call)
+        uid = cls()
+        ctypes.memmove(ctypes.addressof(uid), raw, UNIQUE_ID_BYTES)
+        return uid
+
+    def to_bytes(self) -> bytes:
+        """The 128 bytes (``internal`` as a ``c_char`` array would stop at the first NUL)."""
+        return ctypes.string_at(ctypes.addressof(self), UNIQUE_ID_BYTES)
+
+
+class Config(ctypes.Structure):
+    """``zpConfig_t``: ``size_t`` + 2 ``unsigned`` + 8 ``int`` = 48 bytes on x86-64 and aarch64.
+
+    Build it with :meth:`initializer` (``ZP_CONFIG_INITIALIZER``) and set only the fields you need; a field left
+    at ``CONFIG_UNDEF_INT`` takes the library's default. Field names are the C names.
+    """
+
+    _fields_ = [
+        ("size", c_size_t),
+        ("magic", c_uint),
+        ("version", c_uint),
+        ("backend", c_int),
+        ("ranksPerNode", c_int),
+        ("nodeId", c_int),
+        ("hpzSize", c_int),
+        ("weightBits", c_int),
+        ("gradBits", c_int),
+        ("blockSize", c_int),
+        ("blocking", c_int),
+    ]
+
+    #: The integer fields after the size/magic/version header, in order.
+    INT_FIELDS = ("backend", "ranksPerNode", "nodeId", "hpzSize", "weightBits", "gradBits", "blockSize", "blocking")
+
+    @classmethod
+    def initializer(cls) -> "Config":
+        """The equivalent of ``zpConfig_t c = ZP_CONFIG_INITIALIZER;``."""
+        return cls(ctypes.sizeof(cls), CONFIG_MAGIC, VERSION_CODE, *([CONFIG_UNDEF_INT] * len(cls.INT_FIELDS)))
+
+    def as_dict(self) -> dict[str, int]:
+        """Every field, by C name (for logs and tests)."""
+        return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+class QuantOptions(ctypes.Structure):
+    """``zpQuantOptions_t``: a per-call override; a field left at 0 keeps the communicator's value."""
+
+    _fields_ = [("bits", c_int), ("blockSize", c_int)]
+
+
+_INT_P = POINTER(c_int)
+_SIZE_P = POINTER(c_size_t)
+_COMM_P = POINTER(c_void_p)
+_CONFIG_P = POINTER(Config)
+_OPTIONS_P = POINTER(QuantOptions)
+_QUERIES = ("zpCommCount", "zpCommUserRank", "zpCommCuDevice", "zpCommBackend", "zpCommNodeCount",
+            "zpCommNodeRank", "zpCommLocalRank", "zpCommLocalSize", "zpCommHpzRank", "zpCommHpzSize")
+
+#: (restype, argtypes) of every function of zpccl.h. Enums (zpResult_t, zpDataType_t, zpRedOp_t, zpBackend_t)
+#: are int-sized; zpComm_t, cudaStream_t, struct ncclComm* and buffers are pointers.
+PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
+    # Versions and errors.
+    "zpGetVersion": (c_int, [_INT_P]),
+    "zpGetErrorString": (c_char_p, [c_int]),
+    "zpGetLastError": (c_char_p, [c_void_p]),
+    # Communicators.
+    "zpGetUniqueId": (c_int, [POINTER(UniqueId)]),
+    "zpCommInitRank": (c_int, [_COMM_P, c_int, UniqueId, c_int]),
+    "zpCommInitRankConfig": (c_int, [_COMM_P, c_int, UniqueId, c_int, _CONFIG_P]),
+    "zpCommInitFromNccl": (c_int, [_COMM_P, c_void_p, _CONFIG_P]),
+    "zpCommDestroy": (c_int, [c_void_p]),
+    "zpCommAbort": (c_int, [c_void_p]),
+    "zpCommGetAsyncError": (c_int, [c_void_p, _INT_P]),
+    "zpCommReserve": (c_int, [c_void_p, c_size_t]),
+    **{name: (c_int, [c_void_p, _INT_P]) for name in _QUERIES},
+    # Block quantization format.
+    "zpQuantPayloadSize": (c_int, [c_size_t, c_int, c_int, _SIZE_P]),
+    "zpQuantize": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_void_p, c_void_p]),
+    "zpDequantize": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, c_void_p, c_void_p]),
+    # Collectives.
+    "zpQuantAllGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_void_p]),
+    "zpQuantAllGatherEx": (c_int, [c_void_p, c_void_p, c_size_t, c_int, _OPTIONS_P, c_void_p, c_void_p]),
+    "zpHierAllGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_void_p]),
+    "zpHierSecondaryShard": (c_int, [c_size_t, _SIZE_P, _SIZE_P, c_void_p]),
+    "zpQuantReduceScatterA2A": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p]),
+    "zpQuantReduceScatterA2AEx": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _OPTIONS_P, c_void_p,
+                                          c_void_p]),
+}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_path: str | None = None
+
+
+def _candidates() -> list[str]:
+    """Where to look for the library, in order (see the module docstring)."""
+    env = os.environ.get("ZPCCL_LIBRARY")
+    if env:
+        p = pathlib.Path(env)
+        if not p.is_dir():
+            return [env]
+        versioned = sorted(str(f) for f in p.glob("libzpccl.so.*") if f.name != "libzpccl.so.0")
+        return [str(p / "libzpccl.so"), str(p / "libzpccl.so.0")] + versioned
+    out = []
+    package = pathlib.Path(__file__).resolve().parent
+    if package.parent.name == "python" and package.parent.parent.name == "tools":  # <repo>/tools/python/zpccl
+        out.append(str(package.parents[2] / "build" / "libzpccl.so"))
+    found = ctypes.util.find_library("zpccl")
+    if found:
+        out.append(found)
+    out.append("libzpccl.so.0")
+    return out
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        fn = getattr(lib, name)  # AttributeError here means the library predates the header
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library with every prototype declared (loaded once, on first use)."""
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            tried = []
+            for path in _candidates():
+                if os.sep in path and not os.path.exists(path):
+                    tried.append(f"{path} (no such file)")
+                    continue
+                try:
+                    loaded = ctypes.CDLL(path)
+                except OSError as e:
+                    tried.append(f"{path} ({e})")
+                    continue
+                try:
+                    _bind(loaded)
+                except AttributeError as e:
+                    tried.append(f"{path} (not a compatible zpccl: {e})")
+                    continue
+                _path = path
+                _lib = loaded
+                break
+            else:
+                raise LibraryNotFoundError(
+                    "zpccl: cannot load libzpccl.so; tried:\n  " + "\n  ".join(tried) +
+                    "\nSet ZPCCL_LIBRARY to the library file (e.g. <repo>/build/libzpccl.so), build it with "
+                    "`ninja -C build`, or install it where the dynamic linker finds it.")
+    return _lib
+
+
+def library_path() -> str:
+    """The path the library was loaded from (loading it if needed)."""
+    lib()
+    assert _path is not None
+    return _path
+
+
+def error_string(code: int) -> str:
+    """``zpGetErrorString(code)``."""
+    return lib().zpGetErrorString(int(code)).decode()
+
+
+def last_error(comm: int | None) -> str:
+    """``zpGetLastError``: the communicator's message when ``comm`` is live, else this thread's.
+
+    A failed call on a live communicator stores its message there; a call with no valid communicator (an init,
+    a destroy, a destroyed handle) stores it for the calling thread, which ``zpGetLastError(NULL)`` returns.
+    """
+    L = lib()
+    if comm:
+        msg = L.zpGetLastError(comm).decode(errors="replace")
+        if not msg.startswith("zpGetLastError :"):  # that prefix: comm is not live any more
+            return msg
+    return L.zpGetLastError(None).decode(errors="replace")
+
+
+def check(result: int, call: str, comm: int | None = None) -> None:
+    """Raises :class:`ZpcclError` with the library's message when ``result`` is not ``zpSuccess``."""
+    if result == Result.SUCCESS:
+        return
+    message = last_error(comm) or f"{call} : {error_string(result)}"
+    raise ZpcclError(result, message, call)
+
+
+def make_config(call: str, **fields: Any) -> Config:
+    """A :class:`Config` from ``ZP_CONFIG_INITIALIZER`` with the given fields set (``None`` leaves a default).
+
+    Keys are the Python names: ``backend`` (a :class:`Backend`, its name or value), ``ranks_per_node``,
+    ``node_id``, ``hpz_size``, ``weight_bits``, ``grad_bits``, ``block_size``, ``blocking``. Values are checked
+    by the library at init; here only their Python type.
+    """
+    names = {"backend": "backend", "ranks_per_node": "ranksPerNode", "node_id": "nodeId", "hpz_size": "hpzSize",
+             "weight_bits": "weightBits", "grad_bits": "gradBits", "block_size": "blockSize",
+             "blocking": "blocking"}
+    config = Config.initializer()
+    for key, value in fields.items():
+        if key not in names:
+            raise ZpcclTypeError(f"{call}: unknown config field {key!r} (known: {', '.join(names)})", call)
+        if value is None:
+            continue
+        if key == "backend":
+            value = parse_backend(value, call)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise ZpcclTypeError(f"{call}: {key} must be an int, got {type(value).__name__}", call)
+        if not -2**31 <= int(value) < 2**31:
+            raise ZpcclValueError(f"{call}: {key} {value} does not fit in a C int", call)
+        setattr(config, names[key], int(value))
+    return config
+
+
+def parse_backend(value: Backend | str | int, call: str) -> int:
+    """A backend given as :class:`Backend`, ``"cuda"``/``"host"``/``"default"`` or its number."""
+    if isinstance(value, str):
+        try:
+            return int(Backend[value.upper()])
+        except KeyError:
+            raise ZpcclValueError(f"{call}: backend {value!r} is not one of default, cuda, host", call) from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ZpcclTypeError(f"{call}: backend must be a zpccl.Backend, str or int, got {type(value).__name__}",
+                             call)
+    return int(value)  # an out-of-range number is the library's to refuse, with its message

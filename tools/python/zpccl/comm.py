@@ -1,0 +1,483 @@
+"""The communicator: zpccl's collectives on NumPy arrays (host backend) and torch tensors (cuda backend).
+
+Each method checks its arrays in Python first (type, device, contiguity, element counts: errors name the
+method, e.g. ``quant_all_gather: recv has 10 elements, expected 12``), then calls the C function, whose own
+checks raise :class:`~zpccl.errors.ZpcclError` with the library's message (e.g. ``zpQuantAllGather :
+options->bits 6 must be 4 or 8``). Outputs left as ``None`` are allocated (1-D, the input's type and memory).
+
+Collectives are collective: every rank calls them in the same order with matching sizes. A check that fails
+on one rank only leaves its peers waiting (the host backend gives up after ``ZP_HOST_TIMEOUT_MS``).
+
+On the cuda backend, calls are enqueued on ``stream`` (default: torch's current stream of the tensor's device)
+and return at once, as NCCL's do; outputs allocated here come from torch's caching allocator on the current
+stream, so pass a ``stream=`` other than the current one only with outputs you allocated for it.
+"""
+from __future__ import annotations
+
+import operator
+import sys
+import warnings
+from ctypes import byref, c_int, c_size_t, c_void_p
+from typing import Any
+
+from . import _arrays, _lib, _torch
+from ._arrays import Buffer
+from .enums import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, UNIQUE_ID_BYTES, Backend, DataType, RedOp, Result
+from .errors import ZpcclError, ZpcclTypeError, ZpcclValueError
+
+
+def version() -> int:
+    """``zpGetVersion``: ``ZPCCL_VERSION_CODE`` of the loaded library (major * 10000 + minor * 100 + patch)."""
+    value = c_int()
+    _lib.check(_lib.lib().zpGetVersion(byref(value)), "zpGetVersion")
+    return value.value
+
+
+def get_unique_id() -> bytes:
+    """``zpGetUniqueId``: 128 bytes that every rank passes to :class:`Comm` (share them out of band).
+
+    With a visible GPU (and ``ZP_BACKEND`` not ``host``) this is an NCCL unique id: call it on one rank only.
+    """
+    uid = _lib.UniqueId()
+    _lib.check(_lib.lib().zpGetUniqueId(byref(uid)), "zpGetUniqueId")
+    return uid.to_bytes()
+
+
+def payload_size(count: int, bits: int, block_size: int) -> int:
+    """``zpQuantPayloadSize``: bytes of the payload of ``count`` elements (fp32 scales of every block padded to
+    16 bytes, then the packed codes padded to 16 bytes)."""
+    out = c_size_t()
+    _lib.check(_lib.lib().zpQuantPayloadSize(_index(count, "payload_size", "count"), _index(bits, "payload_size",
+               "bits"), _index(block_size, "payload_size", "block_size"), byref(out)), "zpQuantPayloadSize")
+    return out.value
+
+
+def loaded_nccl_libraries() -> list[str]:
+    """The distinct NCCL library files mapped into this process (see :meth:`Comm.from_nccl_comm`)."""
+    return _torch.loaded_nccl_libraries()
+
+
+def _index(value: Any, call: str, name: str) -> int:
+    """``value`` as a Python int (NumPy integers too; bools and floats refused)."""
+    if isinstance(value, bool):
+        raise ZpcclTypeError(f"{call}: {name} must be an int, got bool", call)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ZpcclTypeError(f"{call}: {name} must be an int, got {type(value).__name__}", call) from None
+
+
+def _check_quant_params(bits: Any, block_size: Any, call: str) -> tuple[int, int]:
+    """Checks bits (4 or 8) and block_size (a power of two in [32, 8192]) as the library would."""
+    bits, block_size = _index(bits, call, "bits"), _index(block_size, call, "block_size")
+    if bits not in (4, 8):
+        raise ZpcclValueError(f"{call}: bits {bits} must be 4 or 8", call)
+    if not (MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE and block_size & (block_size - 1) == 0):
+        raise ZpcclValueError(f"{call}: block_size {block_size} must be a power of two in [{MIN_BLOCK_SIZE}, "
+                              f"{MAX_BLOCK_SIZE}]", call)
+    return bits, block_size
+
+
+def _parse_op(op: Any, call: str) -> int:
+    """A reduction given as ``"sum"``/``"avg"``/... or a :class:`RedOp` (support is the library's to check)."""
+    if isinstance(op, str):
+        try:
+            return int(RedOp[op.upper()])
+        except KeyError:
+            names = ", ".join(o.name.lower() for o in RedOp)
+            raise ZpcclValueError(f"{call}: op {op!r} is not one of {names}", call) from None
+    return _index(op, call, "op")
+
+
+class Comm:
+    """A zpccl communicator (``zpComm_t``) of ``nranks`` ranks, this caller being ``rank``.
+
+    Collective: every rank creates it with the same ``unique_id`` (from :func:`get_unique_id` on one rank)
+    and ``nranks``. Keyword arguments fill ``zpConfig_t`` (``None`` keeps the library's default):
+
+    * ``backend``: ``"cuda"``, ``"host"`` or ``"default"`` (cuda when a GPU is visible, else host, or
+      ``$ZP_BACKEND``). On the host backend, ranks are threads of this process and buffers NumPy arrays (or CPU
+      tensors); see :func:`zpccl.run_host_ranks`. On cuda, the communicator uses the CUDA device current in the
+      calling thread (``torch.cuda.set_device``), and buffers are CUDA tensors of that device.
+    * ``ranks_per_node``: emulate nodes of that many consecutive ranks; ``node_id``: this rank's node label.
+    * ``hpz_size``: ranks of an hpZ group (a divisor of the ranks per node; default the whole node).
+    * ``weight_bits`` (default 8), ``grad_bits`` (default 4): code bits of qwZ and qgZ, 4 or 8.
+    * ``block_size``: elements per quantization block, a power of two in [32, 8192] (default 256).
+
+    Use it as a context manager, or call :meth:`close`. Any call on a closed communicator raises
+    :class:`ZpcclError`.
+    """
+
+    def __init__(self, nranks: int, rank: int, unique_id: bytes | bytearray | memoryview, *,
+                 backend: Backend | str | int | None = None, ranks_per_node: int | None = None,
+                 node_id: int | None = None, hpz_size: int | None = None, weight_bits: int | None = None,
+                 grad_bits: int | None = None, block_size: int | None = None, blocking: int | None = None) -> None:
+        call = "Comm"
+        self._handle: int | None = None
+        config = _lib.make_config(call, backend=backend, ranks_per_node=ranks_per_node, node_id=node_id,
+                                  hpz_size=hpz_size, weight_bits=weight_bits, grad_bits=grad_bits,
+                                  block_size=block_size, blocking=blocking)
+        uid = _lib.UniqueId.from_bytes(unique_id, call)
+        handle = c_void_p()
+        res = _lib.lib().zpCommInitRankConfig(byref(handle), _index(nranks, call, "nranks"),
+                                              uid, _index(rank, call, "rank"), byref(config))
+        _lib.check(res, "zpCommInitRankConfig")
+        self._adopt(handle.value)
+
+    @classmethod
+    def _wrap(cls, handle: int) -> "Comm":
+        comm = cls.__new__(cls)
+        comm._handle = None
+        comm._adopt(handle)
+        return comm
+
+    def _adopt(self, handle: int | None) -> None:
+        """Takes ownership of a live handle and caches what never changes."""
+        if not handle:
+            raise ZpcclError(Result.INTERNAL_ERROR, "zpccl: init succeeded without a communicator", "Comm")
+        self._handle = handle
+        self._nranks = self._query("zpCommCount", "nranks")
+        self._rank = self._query("zpCommUserRank", "rank")
+        self._backend = Backend(self._query("zpCommBackend", "backend"))
+        self._device = self._query("zpCommCuDevice", "cuda_device")
+        self._hpz_size = self._query("zpCommHpzSize", "hpz_size")
+
+    @classmethod
+    def from_torch_group(cls, group: Any = None, *, device: Any = None, **config: Any) -> "Comm":
+        """A cuda-backend communicator over the ranks of a ``torch.distributed`` process group.
+
+        Collective over ``group`` (default: the world). Rank 0 of the group creates a unique id and broadcasts
+        it through the group as a uint8 tensor; every rank then inits on ``device`` (default: torch's current
+        CUDA device). The group's own NCCL communicator is not wrapped, because it may belong to another NCCL
+        library than zpccl's (see ``zpccl/_torch.py``); use :meth:`from_nccl_comm` for that. ``config`` takes
+        the keyword arguments of :class:`Comm` (``ranks_per_node``, ``hpz_size``, ``weight_bits``, ...).
+        """
+        import torch
+
+        call = "from_torch_group"
+        if config.get("backend") not in (None, Backend.CUDA, "cuda", int(Backend.CUDA)):
+            raise ZpcclValueError(f"{call}: a torch process group spans processes; only the cuda backend does",
+                                  call)
+        config["backend"] = Backend.CUDA
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+        if dev.type != "cuda":
+            raise ZpcclValueError(f"{call}: device {dev} is not a CUDA device", call)
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        rank, nranks, _ = _torch.group_info(group)
+        uid = get_unique_id() if rank == 0 else bytes(UNIQUE_ID_BYTES)
+        uid = _torch.broadcast_bytes(uid, UNIQUE_ID_BYTES, group, torch.device("cuda", index))
+        with torch.cuda.device(index):
+            return cls(nranks, rank, uid, **config)
+
+    @classmethod
+    def from_nccl_comm(cls, nccl_comm: int, *, allow_several_nccl: bool = False, **config: Any) -> "Comm":
+        """``zpCommInitFromNccl``: wraps an existing ``ncclComm_t`` (an integer address) in a cuda-backend
+        communicator. Collective over its ranks; the caller keeps ownership and must keep it alive until
+        :meth:`close`. Sub-communicators are split from it.
+
+        The pointer must come from the same NCCL library that libzpccl.so uses. Unless ``allow_several_nccl``,
+        this refuses to run when the process maps several NCCL library files (see :func:`loaded_nccl_libraries`).
+        From torch (private API, recent versions, after the group's communicator exists):
+        ``group._get_backend(torch.device("cuda"))._comm_ptr()``.
+        """
+        call = "from_nccl_comm"
+        ptr = _index(nccl_comm, call, "nccl_comm")
+        L = _lib.lib()
+        libs = _torch.loaded_nccl_libraries()
+        if len(libs) > 1 and not allow_several_nccl:
+            raise ZpcclError(Result.INVALID_USAGE, f"{call}: this process maps {len(libs)} NCCL libraries "
+                             f"({', '.join(libs)}); an ncclComm_t of one must not be passed to another. Import "
+                             "torch before zpccl so that both share one, or use Comm.from_torch_group", call)
+        cfg = _lib.make_config(call, **config)
+        handle = c_void_p()
+        _lib.check(L.zpCommInitFromNccl(byref(handle), ptr, byref(cfg)), "zpCommInitFromNccl")
+        return cls._wrap(handle.value)
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------
+
+    @property
+    def handle(self) -> int:
+        """The ``zpComm_t`` as an integer (for other C code)."""
+        return self._live("handle")
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` or :meth:`abort` was called."""
+        return self._handle is None
+
+    def close(self) -> None:
+        """``zpCommDestroy``, after the work enqueued on it completed. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _lib.check(_lib.lib().zpCommDestroy(handle), "zpCommDestroy")
+
+    def abort(self) -> None:
+        """``zpCommAbort``: frees the communicator at once, aborting work in flight; peers waiting in a host
+        collective wake up with ``REMOTE_ERROR``. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _lib.check(_lib.lib().zpCommAbort(handle), "zpCommAbort")
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and self._handle is not None:
+            self.abort()  # peers may be waiting for a rank that will never come
+        else:
+            self.close()
+
+    def __del__(self) -> None:
+        # Not destroyed here: a collective library should not free NCCL resources from the garbage collector.
+        if getattr(self, "_handle", None) is not None and not sys.is_finalizing():
+            warnings.warn(f"unclosed {self!r}: call close() or use it as a context manager", ResourceWarning,
+                          stacklevel=2)
+
+    def __repr__(self) -> str:
+        if self._handle is None:
+            return "<zpccl.Comm closed>"
+        where = "host" if self._backend == Backend.HOST else f"cuda:{self._device}"
+        return f"<zpccl.Comm rank {self._rank} of {self._nranks} on {where}>"
+
+    def _live(self, call: str) -> int:
+        if self._handle is None:
+            raise ZpcclError(Result.INVALID_ARGUMENT, f"{call}: the communicator is closed", call)
+        return self._handle
+
+    def _check(self, result: int, call: str) -> None:
+        _lib.check(result, call, self._handle)
+
+    # ---- queries -------------------------------------------------------------------------------------------
+
+    def _query(self, fn: str, call: str) -> int:
+        handle = self._live(call)
+        out = c_int()
+        self._check(getattr(_lib.lib(), fn)(handle, byref(out)), fn)
+        return out.value
+
+    nranks = property(lambda self: self._query("zpCommCount", "nranks"), doc="Ranks in the communicator.")
+    rank = property(lambda self: self._query("zpCommUserRank", "rank"), doc="This rank.")
+    cuda_device = property(lambda self: self._query("zpCommCuDevice", "cuda_device"),
+                           doc="The CUDA device; -1 on the host backend.")
+    backend = property(lambda self: Backend(self._query("zpCommBackend", "backend")), doc="The backend.")
+    node_count = property(lambda self: self._query("zpCommNodeCount", "node_count"), doc="Distinct nodes.")
+    node_rank = property(lambda self: self._query("zpCommNodeRank", "node_rank"),
+                         doc="Index of this rank's node, nodes numbered in order of their lowest rank.")
+    local_rank = property(lambda self: self._query("zpCommLocalRank", "local_rank"), doc="Rank inside the node.")
+    local_size = property(lambda self: self._query("zpCommLocalSize", "local_size"), doc="Ranks of this node.")
+    hpz_rank = property(lambda self: self._query("zpCommHpzRank", "hpz_rank"), doc="Rank inside the hpZ group.")
+    hpz_size = property(lambda self: self._query("zpCommHpzSize", "hpz_size"), doc="Ranks of the hpZ group.")
+
+    def reserve(self, max_bytes: int) -> None:
+        """``zpCommReserve``: sizes scratch memory for collectives of up to ``max_bytes`` logical output bytes,
+        so that later calls allocate nothing (and can be captured in a CUDA graph)."""
+        handle = self._live("reserve")
+        self._check(_lib.lib().zpCommReserve(handle, _index(max_bytes, "reserve", "max_bytes")), "zpCommReserve")
+
+    def async_error(self) -> Result:
+        """``zpCommGetAsyncError``: the first asynchronous error (a failed peer, an abort), ``SUCCESS`` if none."""
+        handle = self._live("async_error")
+        out = c_int()
+        self._check(_lib.lib().zpCommGetAsyncError(handle, byref(out)), "zpCommGetAsyncError")
+        return Result(out.value)
+
+    # ---- argument plumbing ---------------------------------------------------------------------------------
+
+    def _place(self, buf: Buffer, call: str, name: str) -> None:
+        """The buffer lives where this communicator's backend works."""
+        if self._backend == Backend.HOST:
+            if buf.device >= 0:
+                raise ZpcclValueError(f"{call}: {name} is a CUDA tensor ({buf.where()}) but the communicator uses "
+                                      "the host backend, which takes host memory (NumPy arrays, CPU tensors)", call)
+        elif buf.device < 0:
+            what = "a NumPy array" if buf.kind == "numpy" else "a CPU tensor"
+            raise ZpcclValueError(f"{call}: {name} is {what} (host memory) but the communicator uses the cuda "
+                                  f"backend, which takes CUDA tensors of cuda:{self._device}", call)
+        elif buf.device != self._device:
+            raise ZpcclValueError(f"{call}: {name} is on {buf.where()}, the communicator on cuda:{self._device}",
+                                  call)
+
+    def _input(self, obj: Any, call: str, name: str, dtype: Any, quantized: bool) -> Buffer:
+        buf = _arrays.as_buffer(obj, call, name, dtype=dtype)
+        if quantized:
+            _arrays.require_quant_type(buf, call, name)
+        self._place(buf, call, name)
+        return buf
+
+    def _output(self, obj: Any, like: Buffer, count: int, call: str, name: str, dtype: Any) -> Buffer:
+        """The caller's output checked against ``like`` (type, memory, exactly ``count`` elements), or a new one."""
+        if obj is None:
+            return _arrays.as_buffer(_arrays.empty_like(like, count), call, name, dtype=dtype)
+        buf = _arrays.as_buffer(obj, call, name, dtype=dtype, writable=True)
+        _arrays.check_same_type(like, buf, call, "send", name)
+        _arrays.check_count(buf, count, call, name)
+        return buf
+
+    def _stream(self, buf: Buffer, stream: Any, call: str) -> int | None:
+        """The cudaStream_t for a call: None on the host backend; the given stream, else torch's current one."""
+        if self._backend == Backend.HOST:
+            if stream not in (None, 0):
+                raise ZpcclValueError(f"{call}: stream must be None on the host backend", call)
+            return None
+        if stream is None:
+            torch = _arrays.torch_module()
+            return int(torch.cuda.current_stream(buf.device).cuda_stream) if torch and buf.kind == "torch" else None
+        if isinstance(stream, int) and not isinstance(stream, bool):
+            return stream
+        for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+            if hasattr(stream, attr):
+                return int(getattr(stream, attr))
+        raise ZpcclTypeError(f"{call}: stream must be a torch.cuda.Stream or an int cudaStream_t, got "
+                             f"{type(stream).__name__}", call)
+
+    @staticmethod
+    def _options(bits: Any, block_size: Any, call: str) -> _lib.QuantOptions | None:
+        """A per-call override, or None to use the communicator's settings."""
+        if bits is None and block_size is None:
+            return None
+        opts = _lib.QuantOptions(0, 0)
+        if bits is not None:
+            opts.bits = _index(bits, call, "bits")
+            if opts.bits == 0:  # 0 means "the communicator's" in C: say None for that
+                raise ZpcclValueError(f"{call}: bits 0 must be 4 or 8 (None keeps the communicator's)", call)
+        if block_size is not None:
+            opts.blockSize = _index(block_size, call, "block_size")
+            if opts.blockSize == 0:
+                raise ZpcclValueError(f"{call}: block_size 0 must be a power of two in [{MIN_BLOCK_SIZE}, "
+                                      f"{MAX_BLOCK_SIZE}] (None keeps the communicator's)", call)
+        return opts
+
+    # ---- block quantization format -------------------------------------------------------------------------
+
+    payload_size = staticmethod(payload_size)
+
+    def quantize(self, x: Any, bits: int, block_size: int, payload: Any = None, *, dtype: Any = None,
+                 stream: Any = None) -> Any:
+        """``zpQuantize``: quantizes ``x`` (float16, bfloat16 or float32) into a payload and returns it.
+
+        The payload is a 16-byte aligned uint8 array/tensor of ``payload_size(x.size, bits, block_size)`` bytes
+        (a given one may be larger) in ``x``'s memory: fp32 scales, then the packed codes.
+        """
+        call = "quantize"
+        handle = self._live(call)
+        bits, block_size = _check_quant_params(bits, block_size, call)
+        xb = self._input(x, call, "x", dtype, quantized=True)
+        need = payload_size(xb.count, bits, block_size)
+        if payload is None:
+            payload = _arrays.empty_payload(xb, need)
+        pb = _arrays.as_buffer(payload, call, "payload", writable=True)
+        self._place(pb, call, "payload")
+        if pb.nbytes < need:
+            raise ZpcclValueError(f"{call}: payload has {pb.nbytes} bytes, expected at least {need}", call)
+        st = self._stream(xb, stream, call)
+        self._check(_lib.lib().zpQuantize(xb.ptr, pb.ptr, xb.count, int(xb.dtype), bits, block_size, handle, st),
+                    "zpQuantize")
+        return payload
+
+    def dequantize(self, payload: Any, count: int, dtype: Any, bits: int, block_size: int, out: Any = None, *,
+                   stream: Any = None) -> Any:
+        """``zpDequantize``: the ``count`` elements of type ``dtype`` held in ``payload`` (made by
+        :meth:`quantize` with the same count, bits and block size), into ``out`` or a new 1-D array.
+
+        A new NumPy output of bfloat16 is an ``ml_dtypes.bfloat16`` array if ml_dtypes is installed, else a
+        ``uint16`` array holding the bits.
+        """
+        call = "dequantize"
+        handle = self._live(call)
+        bits, block_size = _check_quant_params(bits, block_size, call)
+        count = _index(count, call, "count")
+        code = _arrays.resolve_dtype(dtype, call)
+        pb = _arrays.as_buffer(payload, call, "payload")
+        self._place(pb, call, "payload")
+        need = payload_size(count, bits, block_size)
+        if pb.nbytes < need:
+            raise ZpcclValueError(f"{call}: payload has {pb.nbytes} bytes, expected at least {need} for {count} "
+                                  f"elements", call)
+        if out is None:
+            out = _arrays.empty_typed(pb, count, code)
+        ob = _arrays.as_buffer(out, call, "out", dtype=code, writable=True)
+        _arrays.require_quant_type(ob, call, "out")
+        self._place(ob, call, "out")
+        _arrays.check_count(ob, count, call, "out")
+        st = self._stream(pb, stream, call)
+        self._check(_lib.lib().zpDequantize(pb.ptr, ob.ptr, count, int(code), bits, block_size, handle, st),
+                    "zpDequantize")
+        return out
+
+    # ---- collectives ---------------------------------------------------------------------------------------
+
+    def quant_all_gather(self, send: Any, recv: Any = None, bits: int | None = None, block_size: int | None = None,
+                         *, dtype: Any = None, stream: Any = None) -> Any:
+        """qwZ (``zpQuantAllGather``): gathers every rank's ``send`` (float16/bfloat16/float32), each shard
+        travelling block-quantized, into ``recv`` of ``nranks * send.size`` elements in rank order.
+
+        Every rank's ``recv`` is bit-identical, its own shard included (dequantized, not the original). In place
+        when ``send`` is ``recv[rank * n:(rank + 1) * n]``. ``bits``/``block_size`` override the communicator's
+        ``weight_bits``/``block_size`` for this call (``zpQuantAllGatherEx``).
+        """
+        call = "quant_all_gather"
+        handle = self._live(call)
+        sb = self._input(send, call, "send", dtype, quantized=True)
+        rb = self._output(recv, sb, sb.count * self._nranks, call, "recv", dtype)
+        opts = self._options(bits, block_size, call)
+        st = self._stream(sb, stream, call)
+        L = _lib.lib()
+        if opts is None:
+            res = L.zpQuantAllGather(sb.ptr, rb.ptr, sb.count, int(sb.dtype), handle, st)
+        else:
+            res = L.zpQuantAllGatherEx(sb.ptr, rb.ptr, sb.count, int(sb.dtype), byref(opts), handle, st)
+        self._check(res, "zpQuantAllGather")
+        return rb.obj
+
+    def hier_all_gather(self, send: Any, recv: Any = None, *, dtype: Any = None, stream: Any = None) -> Any:
+        """hpZ (``zpHierAllGather``): gathers the secondary shards of this rank's hpZ group, exactly, into
+        ``recv`` of ``hpz_size * send.size`` elements in hpZ-rank order (traffic stays inside the node).
+
+        Any element type: one without a ``zpDataType_t`` (int16, bool, complex, ...) travels as bytes.
+        """
+        call = "hier_all_gather"
+        handle = self._live(call)
+        sb = self._input(send, call, "send", dtype, quantized=False)
+        rb = self._output(recv, sb, sb.count * self._hpz_size, call, "recv", dtype)
+        code, count = (sb.dtype, sb.count) if sb.dtype is not None else (DataType.UINT8, sb.nbytes)
+        st = self._stream(sb, stream, call)
+        self._check(_lib.lib().zpHierAllGather(sb.ptr, rb.ptr, count, int(code), handle, st), "zpHierAllGather")
+        return rb.obj
+
+    def hier_secondary_shard(self, full_count: int) -> tuple[int, int]:
+        """``zpHierSecondaryShard``: ``(offset, count)`` of this rank's secondary shard in a full tensor of
+        ``full_count`` elements (a multiple of ``hpz_size``): keep ``full[offset:offset + count]`` after the
+        forward gather, and :meth:`hier_all_gather` rebuilds ``full`` from it."""
+        call = "hier_secondary_shard"
+        handle = self._live(call)
+        offset, count = c_size_t(), c_size_t()
+        self._check(_lib.lib().zpHierSecondaryShard(_index(full_count, call, "full_count"), byref(offset),
+                                                    byref(count), handle), "zpHierSecondaryShard")
+        return offset.value, count.value
+
+    def quant_reduce_scatter(self, send: Any, recv: Any = None, op: str | RedOp | int = "sum",
+                             bits: int | None = None, block_size: int | None = None, *, dtype: Any = None,
+                             stream: Any = None) -> Any:
+        """qgZ (``zpQuantReduceScatterA2A``): ``send`` holds ``nranks`` slices of ``send.size / nranks``
+        elements; rank r receives the reduction (``"sum"`` or ``"avg"``, which divides by ``nranks``) of every
+        rank's slice r, with two quantization round trips at most. Deterministic. In place when ``recv`` is
+        ``send[rank * n:(rank + 1) * n]``. ``bits``/``block_size`` override ``grad_bits``/``block_size``.
+        """
+        call = "quant_reduce_scatter"
+        handle = self._live(call)
+        sb = self._input(send, call, "send", dtype, quantized=True)
+        if sb.count % self._nranks != 0:
+            raise ZpcclValueError(f"{call}: send has {sb.count} elements, not a multiple of nranks {self._nranks}",
+                                  call)
+        rb = self._output(recv, sb, sb.count // self._nranks, call, "recv", dtype)
+        opcode = _parse_op(op, call)
+        opts = self._options(bits, block_size, call)
+        st = self._stream(sb, stream, call)
+        L = _lib.lib()
+        if opts is None:
+            res = L.zpQuantReduceScatterA2A(sb.ptr, rb.ptr, rb.count, int(sb.dtype), opcode, handle, st)
+        else:
+            res = L.zpQuantReduceScatterA2AEx(sb.ptr, rb.ptr, rb.count, int(sb.dtype), opcode, byref(opts), handle,
+                                              st)
+        self._check(res, "zpQuantReduceScatterA2A")
+        return rb.obj

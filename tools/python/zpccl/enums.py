@@ -1,0 +1,98 @@
+"""The enums and constants of ``include/zpccl.h``, with the same numeric values.
+
+``Result``, ``DataType`` and ``RedOp`` are numerically equal to NCCL's ``ncclResult_t``, ``ncclDataType_t`` and
+``ncclRedOp_t``, as in the C header. ``DataType`` keeps the header's aliases (``CHAR``, ``INT``, ``HALF``,
+``FLOAT``, ``DOUBLE``) as enum aliases.
+"""
+from __future__ import annotations
+
+import enum
+
+#: ``ZPCCL_MAJOR``, ``ZPCCL_MINOR``, ``ZPCCL_PATCH`` of the header these bindings were written against.
+MAJOR, MINOR, PATCH = 0, 1, 0
+#: ``ZPCCL_VERSION_CODE``: what ``Config.version`` carries.
+VERSION_CODE = MAJOR * 10000 + MINOR * 100 + PATCH
+#: ``ZP_UNIQUE_ID_BYTES``.
+UNIQUE_ID_BYTES = 128
+#: ``ZP_CONFIG_UNDEF_INT``: an integer config field left at this value takes its default.
+CONFIG_UNDEF_INT = -2147483647 - 1
+#: ``ZP_CONFIG_MAGIC`` ("zpco").
+CONFIG_MAGIC = 0x7A70636F
+#: Bounds of the quantization block size (``kMinBlockSize``, ``kMaxBlockSize``) and payload alignment.
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, PAYLOAD_ALIGN = 32, 8192, 16
+#: ``zpNumResults``, ``zpNumTypes``, ``zpNumOps``: one past the last value of each enum.
+NUM_RESULTS, NUM_TYPES, NUM_OPS = 8, 12, 5
+
+
+class Result(enum.IntEnum):
+    """``zpResult_t``."""
+
+    SUCCESS = 0
+    UNHANDLED_CUDA_ERROR = 1
+    SYSTEM_ERROR = 2
+    INTERNAL_ERROR = 3
+    INVALID_ARGUMENT = 4
+    INVALID_USAGE = 5
+    REMOTE_ERROR = 6
+    IN_PROGRESS = 7
+
+    @property
+    def c_name(self) -> str:
+        """The C enumerator, e.g. ``zpInvalidArgument``."""
+        return "zp" + "".join(word.capitalize() for word in self.name.split("_"))
+
+
+class DataType(enum.IntEnum):
+    """``zpDataType_t``."""
+
+    INT8 = 0
+    CHAR = 0
+    UINT8 = 1
+    INT32 = 2
+    INT = 2
+    UINT32 = 3
+    INT64 = 4
+    UINT64 = 5
+    FLOAT16 = 6
+    HALF = 6
+    FLOAT32 = 7
+    FLOAT = 7
+    FLOAT64 = 8
+    DOUBLE = 8
+    BFLOAT16 = 9
+    FLOAT8E4M3 = 10
+    FLOAT8E5M2 = 11
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return _ITEMSIZE[self]
+
+
+_ITEMSIZE = {
+    DataType.INT8: 1, DataType.UINT8: 1, DataType.FLOAT8E4M3: 1, DataType.FLOAT8E5M2: 1,
+    DataType.FLOAT16: 2, DataType.BFLOAT16: 2,
+    DataType.INT32: 4, DataType.UINT32: 4, DataType.FLOAT32: 4,
+    DataType.INT64: 8, DataType.UINT64: 8, DataType.FLOAT64: 8,
+}
+
+#: The types the quantized calls take natively (qwZ, qgZ, quantize, dequantize).
+QUANT_TYPES = frozenset({DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32})
+
+
+class RedOp(enum.IntEnum):
+    """``zpRedOp_t``. ``quant_reduce_scatter`` takes ``SUM`` and ``AVG``."""
+
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    AVG = 4
+
+
+class Backend(enum.IntEnum):
+    """``zpBackend_t``."""
+
+    DEFAULT = 0  # cuda when a CUDA device is visible, else host (overridden by ZP_BACKEND)
+    CUDA = 1  # NCCL and the device kernels; buffers are device memory
+    HOST = 2  # ranks are threads of one process; buffers are host memory; no stream
