@@ -1,0 +1,62 @@
+// Block quantization kernels: launchers for the format of include/zpccl.h, bit-identical to the host reference
+// (host/quant_ref.h); the per-element arithmetic of both sides is host/quant_math.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "include/zpccl.h"
+
+namespace zp {
+
+/**
+ * @brief Quantizes `batch` independent segments of `count` elements each into block-quantized payloads, in one
+ *        kernel launch enqueued on `stream`. Segment i reads `input + i * inputStrideElems` elements and writes
+ *        the payload at `payload + i * payloadStrideBytes` bytes; segments never share a block.
+ *
+ * @param input              device pointer to the first segment's elements; any alignment of the element type
+ *                           (e.g. an fp16 tensor offset by 1, 3 or 7 elements). 16-byte aligned segments are read
+ *                           with 16-byte vectors, others with the widest access their address allows.
+ * @param payload            device pointer, 16-byte aligned (zpInvalidArgument otherwise); each segment's payload
+ *                           receives quantPayloadBytes(count, bits, blockSize) bytes, padding written as zeros.
+ * @param count              elements per segment; 0 launches nothing.
+ * @param type               zpFloat16, zpBfloat16 or zpFloat32.
+ * @param bits               4 or 8.
+ * @param blockSize          elements per quantization block, a power of two in [32, 8192].
+ * @param stream             stream to enqueue on.
+ * @param batch              number of segments (>= 0; 0 launches nothing).
+ * @param inputStrideElems   elements between segment starts; 0 means `count` (segments back to back).
+ * @param payloadStrideBytes bytes between segment payloads, a multiple of 16 and at least the payload size;
+ *                           0 means the payload size.
+ * @return zpSuccess, zpInvalidArgument for a bad argument, zpUnhandledCudaError if the launch failed.
+ */
+zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpDataType_t type, int bits, int blockSize,
+                          cudaStream_t stream, int batch = 1, size_t inputStrideElems = 0,
+                          size_t payloadStrideBytes = 0);
+
+/**
+ * @brief Dequantizes `batch` payloads made by launchQuantize (same count, type, bits and blockSize) into
+ *        `batch` segments of `count` elements, in one kernel launch enqueued on `stream`. Segment i reads
+ *        `payload + i * payloadStrideBytes` bytes and writes `output + i * outputStrideElems` elements.
+ *
+ * @param payload            device pointer, 16-byte aligned (zpInvalidArgument otherwise).
+ * @param output             device pointer; any alignment of the element type (16-byte aligned segments are
+ *                           written with 16-byte vectors, others with the widest access their address allows).
+ *                           Only the `count` elements of each segment are written.
+ * @param count              elements per segment; 0 launches nothing.
+ * @param type               zpFloat16, zpBfloat16 or zpFloat32.
+ * @param bits               4 or 8.
+ * @param blockSize          elements per quantization block, a power of two in [32, 8192].
+ * @param stream             stream to enqueue on.
+ * @param batch              number of segments (>= 0; 0 launches nothing).
+ * @param payloadStrideBytes bytes between segment payloads, a multiple of 16; 0 means the payload size.
+ * @param outputStrideElems  elements between segment starts, at least `count` (segments must not overlap);
+ *                           0 means `count`.
+ * @return zpSuccess, zpInvalidArgument for a bad argument, zpUnhandledCudaError if the launch failed.
+ */
+zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpDataType_t type, int bits, int blockSize,
+                            cudaStream_t stream, int batch = 1, size_t payloadStrideBytes = 0,
+                            size_t outputStrideElems = 0);
+
+}  // namespace zp

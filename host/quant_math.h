@@ -1,0 +1,269 @@
+// Per-element and per-block arithmetic of the block quantization format (include/zpccl.h), compiled for host
+// and device. The host reference (host/quant_ref.cc) and the kernels (device/quantize.cu) both call these
+// functions, so that they agree bit for bit by construction.
+//
+// Rules that keep both sides identical:
+// - Every fp32 operation is one IEEE operation rounded to nearest even: explicit __fdiv_rn/__fmul_rn/__fadd_rn
+//   on device; plain operators on the host, which must evaluate float in float (SSE, FLT_EVAL_METHOD 0, checked
+//   in quant_ref.cc) in the default rounding mode. No expression here has the a * b + c shape, so no compiler
+//   can contract one into an fma.
+// - No flush to zero: denormal inputs, scales and outputs are kept (nvcc's default -ftz=false).
+// - Conversions are exact (fp16/bf16 -> fp32) or round to nearest even (fp32 -> fp16/bf16), bit-level on the
+//   host, the hardware conversions on device. They agree on every non-NaN value; NaN payloads may differ, so
+//   every NaN this format produces is made explicitly from constant bits (kQuietNaN), never by arithmetic.
+// - Rounding to an integer uses the 1.5 * 2^23 trick: v + 1.5 * 2^23 rounds v to the nearest even integer and
+//   leaves it, in two's complement, in the low mantissa bits. One fp32 add, no float-to-int conversion.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "host/quant_format.h"
+#include "include/zpccl.h"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace zp {
+
+// ---- fp32 bits and pinned fp32 arithmetic -------------------------------------------------------------------
+
+ZP_HD uint32_t floatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+ZP_HD float bitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+ZP_HD float divRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+ZP_HD float mulRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+ZP_HD float addRn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// min/max of two non-NaN values (the operands here never are NaN).
+ZP_HD float clampFloat(float v, float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  return fminf(fmaxf(v, lo), hi);
+#else
+  v = v < lo ? lo : v;
+  return v > hi ? hi : v;
+#endif
+}
+
+constexpr uint32_t kF32AbsMask = 0x7fffffffu;
+constexpr uint32_t kF32Inf = 0x7f800000u;
+constexpr uint32_t kF32QuietNaN = 0x7fc00000u;
+constexpr uint32_t kF32MinNormal = 0x00800000u;
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
+
+ZP_HD bool isFiniteBits(uint32_t bits) { return (bits & kF32AbsMask) < kF32Inf; }
+
+// ---- the element types: bits <-> fp32 ----------------------------------------------------------------------
+
+// fp16 -> fp32, exact. A NaN stays NaN (made quiet, sign and top payload kept on the host).
+ZP_HD float halfBitsToFloat(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return bitsFloat(sign | kF32Inf | (mant << 13) | (mant ? 0x00400000u : 0u));
+  if (exp != 0) return bitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return bitsFloat(sign);
+  // Subnormal half (mant * 2^-24): normalize; the fp32 result is a normal number.
+  uint32_t e = 113;
+  while ((mant & 0x400u) == 0) {
+    mant <<= 1;
+    --e;
+  }
+  return bitsFloat(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+#endif
+}
+
+// fp32 -> fp16, round to nearest even; overflow gives +-Inf (IEEE), subnormal results are kept.
+ZP_HD uint16_t floatToHalfBitsRn(float f) {
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(f));
+#else
+  const uint32_t x = floatBits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & kF32AbsMask;
+  if (ax > kF32Inf) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // quiet NaN
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);                     // >= 65520 rounds to Inf
+  if (ax >= 0x38800000u) {  // normal half (>= 2^-14): round at mantissa bit 13, then rebias the exponent
+    const uint32_t rounded = ax + 0xfffu + ((ax >> 13) & 1u);
+    return static_cast<uint16_t>(sign | ((rounded - (112u << 23)) >> 13));
+  }
+  if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);  // <= 2^-25 (a tie at 2^-25) rounds to +-0
+  // Subnormal half: the result is round(value / 2^-24); value = (1.mant) * 2^(e-150) with e in [102, 112].
+  const uint32_t e = ax >> 23;
+  const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - e;  // 14..24
+  const uint32_t rem = mant & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  uint32_t m = mant >> shift;
+  if (rem > half || (rem == half && (m & 1u))) ++m;  // m == 0x400 becomes the smallest normal, as it should
+  return static_cast<uint16_t>(sign | m);
+#endif
+}
+
+// bf16 -> fp32, exact.
+ZP_HD float bf16BitsToFloat(uint16_t b) { return bitsFloat(static_cast<uint32_t>(b) << 16); }
+
+// fp32 -> bf16, round to nearest even; overflow gives +-Inf, subnormal results are kept.
+ZP_HD uint16_t floatToBf16BitsRn(float f) {
+#if defined(__CUDA_ARCH__)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+  const uint32_t x = floatBits(f);
+  if ((x & kF32AbsMask) > kF32Inf) return static_cast<uint16_t>((x >> 16) | 0x0040u);  // quiet NaN
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+#endif
+}
+
+// Traits of the quantizable types: raw bits, conversions and the constants of the saturation and NaN rules.
+struct Fp32Type {
+  using Bits = uint32_t;
+  static constexpr zpDataType_t kType = zpFloat32;
+  static constexpr Bits kSign = 0x80000000u, kInf = 0x7f800000u, kMaxFinite = 0x7f7fffffu, kQuietNaN = 0x7fc00000u;
+  static ZP_HD float toFloat(Bits b) { return bitsFloat(b); }
+  static ZP_HD Bits fromFloat(float f) { return floatBits(f); }
+};
+
+struct Fp16Type {
+  using Bits = uint16_t;
+  static constexpr zpDataType_t kType = zpFloat16;
+  static constexpr Bits kSign = 0x8000u, kInf = 0x7c00u, kMaxFinite = 0x7bffu, kQuietNaN = 0x7e00u;
+  static ZP_HD float toFloat(Bits b) { return halfBitsToFloat(b); }
+  static ZP_HD Bits fromFloat(float f) { return floatToHalfBitsRn(f); }
+};
+
+struct Bf16Type {
+  using Bits = uint16_t;
+  static constexpr zpDataType_t kType = zpBfloat16;
+  static constexpr Bits kSign = 0x8000u, kInf = 0x7f80u, kMaxFinite = 0x7f7fu, kQuietNaN = 0x7fc0u;
+  static ZP_HD float toFloat(Bits b) { return bf16BitsToFloat(b); }
+  static ZP_HD Bits fromFloat(float f) { return floatToBf16BitsRn(f); }
+};
+
+// ---- per block: absmax and scale ---------------------------------------------------------------------------
+
+// |x| as fp32 bits. Non-negative floats order as their bits do, and every NaN or Inf is >= kF32Inf, so the
+// unsigned max of these is the block's absmax, or says that the block holds a NaN or an Inf.
+ZP_HD uint32_t absBits(float x) { return floatBits(x) & kF32AbsMask; }
+
+// Scale of a block from the unsigned max of absBits over its elements: absmax / qmax (IEEE), or a quiet NaN
+// for a block holding NaN or Inf. 0 for an all-zero block; 0 too when absmax > 0 is so small (< qmax * 2^-150)
+// that the division underflows. Never negative, never Inf.
+ZP_HD float blockScale(uint32_t absMaxBits, int bits) {
+  if (absMaxBits >= kF32Inf) return bitsFloat(kF32QuietNaN);
+  return divRn(bitsFloat(absMaxBits), static_cast<float>(quantMax(bits)));
+}
+
+// ---- per element: quantize and dequantize ------------------------------------------------------------------
+
+// clamp(rint(x / scale), -qmax, qmax), returned as a word whose low 8 bits hold the code in two's complement
+// (higher bits are not zero: mask them). A block whose scale is 0 (all zero, or underflowed) or NaN (NaN/Inf
+// inside) gets code 0 for every element: no 0/0, no NaN code. Clamping before rounding equals clamping after
+// it because the bounds are integers.
+ZP_HD uint32_t quantizeCode(float x, float scale, float qmax) {
+  if (!(scale > 0.0f)) return 0;
+  const float v = clampFloat(divRn(x, scale), -qmax, qmax);
+  return floatBits(addRn(v, kRoundMagic));
+}
+
+// Bound on |t - rint(t)| under which quantizeCodeFast's code is exact (see there).
+constexpr float kFastPathFrac = 0.5f - 0x1p-14f;
+
+#if defined(__CUDA_ARCH__)
+// Device fast path of quantizeCode: multiplies by rcp = __frcp_rn(scale) instead of dividing, and skips the
+// clamp. For every finite x of a block whose scale is normal (scale >= FLT_MIN, the caller checks) it returns
+// the code of quantizeCode, provided the largest |frac| it accumulates over the caller's elements stays below
+// kFastPathFrac; otherwise the caller must redo those elements with quantizeCode. Why:
+//   x and scale are from one block, so |z| = |x / scale| <= qmax / (1 - 2^-24) when scale is normal;
+//   t = fl(x * fl(1 / scale)) = z (1 + d1)(1 + d2), |d1|, |d2| <= 2^-24, so |t - z| <= 128 * 2^-23 = 2^-16;
+//   |fl(z) - z| <= ulp(z) / 2 <= 2^-18, so |t - fl(z)| < 2^-15 (an underflowing t is off by 2^-150 at most).
+//   |t| and |fl(z)| stay below qmax + 0.5, so neither rounds outside [-qmax, qmax]: the clamp is a no-op.
+//   rint only changes value at half-integers; if t lies farther than 2^-14 from every half-integer
+//   (|t - rint(t)| < 0.5 - 2^-14), none lies between t and fl(z), and both round to the same integer.
+// About 2 * 2^-14 of uniformly spread values fall in the guard band: a few in ten thousand.
+__device__ __forceinline__ uint32_t quantizeCodeFast(float x, float rcp, float& fracMax) {
+  const float t = __fmul_rn(x, rcp);
+  const float y = __fadd_rn(t, kRoundMagic);
+  fracMax = fmaxf(fracMax, fabsf(__fsub_rn(t, __fsub_rn(y, kRoundMagic))));  // |t - rint(t)|, exact
+  return __float_as_uint(y);
+}
+#endif
+
+// Exact fp32 value of the Bits-wide two's complement code in the low bits of `code` (higher bits ignored):
+// 2^23 + (code ^ sign bit), minus 2^23 + 2^(Bits-1), both exact. No int-to-float conversion.
+template <int Bits>
+ZP_HD float decodeCode(uint32_t code) {
+  constexpr uint32_t kMask = (1u << Bits) - 1u;
+  constexpr uint32_t kBias = 1u << (Bits - 1);
+  return addRn(bitsFloat(0x4b000000u | ((code & kMask) ^ kBias)), -(8388608.0f + static_cast<float>(kBias)));
+}
+
+// q * scale in the output type. A non-finite scale (a block that held NaN or Inf) gives the type's quiet NaN
+// for every element, whatever its code. A product that rounds to +-Inf in the output type (only possible with
+// scale near the type's max) saturates to the largest finite value of that sign. q * +0 is +0 for q >= 0.
+template <class Type>
+ZP_HD typename Type::Bits dequantizeValue(float q, float scale) {
+  using Bits = typename Type::Bits;
+  if (!isFiniteBits(floatBits(scale))) return Type::kQuietNaN;
+  Bits b = Type::fromFloat(mulRn(q, scale));
+  if (static_cast<Bits>(b & ~Type::kSign) == Type::kInf) b = static_cast<Bits>((b & Type::kSign) | Type::kMaxFinite);
+  return b;
+}
+
+// True when no code of the block can overflow the output type (|code| <= 2^(Bits-1) even in a corrupt payload),
+// so that dequantizeValue reduces to the product and the conversion. Monotone rounding makes one check enough.
+template <class Type, int Bits>
+ZP_HD bool dequantIsPlain(float scale) {
+  if (!isFiniteBits(floatBits(scale))) return false;
+  const typename Type::Bits b = Type::fromFloat(mulRn(static_cast<float>(1 << (Bits - 1)), scale));
+  return static_cast<typename Type::Bits>(b & ~Type::kSign) != Type::kInf;
+}
+
+// ---- int4 / int8 packing -------------------------------------------------------------------------------------
+
+// Two int4 codes a byte: element 2i in the low nibble, element 2i+1 in the high one.
+ZP_HD uint32_t packInt4Pair(uint32_t even, uint32_t odd) { return (even & 0xfu) | ((odd & 0xfu) << 4); }
+ZP_HD uint32_t unpackInt4(uint32_t byte, int index) { return (byte >> (4 * (index & 1))) & 0xfu; }
+
+}  // namespace zp
