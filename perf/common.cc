@@ -1,0 +1,1079 @@
+// The perf harness proper: processes and rank threads, communicators, the size sweep, timing, checking, the
+// table and the JSON rows. Op files only fill a PerfOp (perf/common.h).
+#include "perf/common.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "host/dtype.h"
+#include "perf/json_out.h"
+#include "perf/options.h"
+#include "perf/proc_group.h"
+
+namespace zp {
+namespace perf {
+
+namespace {
+
+ProcGroup* gGroup = nullptr;
+
+[[noreturn]] void die() {
+  if (gGroup != nullptr) gGroup->abort(1);
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+
+// Harness-side checks: a failed call ends the whole run (peers would wait forever in the collective).
+#define H_CUDA(call)                                                 \
+  do {                                                               \
+    cudaError_t hErr_ = (call);                                      \
+    if (hErr_ != cudaSuccess) {                                      \
+      ::zp::perf::reportCudaError(hErr_, #call, __FILE__, __LINE__); \
+      die();                                                         \
+    }                                                                \
+  } while (0)
+#define H_NCCL(comm, call)                                                   \
+  do {                                                                       \
+    ncclResult_t hRes_ = (call);                                             \
+    if (hRes_ != ncclSuccess) {                                              \
+      ::zp::perf::reportNcclError(hRes_, (comm), #call, __FILE__, __LINE__); \
+      die();                                                                 \
+    }                                                                        \
+  } while (0)
+#define H_ZP(comm, call)                                                   \
+  do {                                                                     \
+    zpResult_t hRes_ = (call);                                             \
+    if (hRes_ != zpSuccess) {                                              \
+      ::zp::perf::reportZpError(hRes_, (comm), #call, __FILE__, __LINE__); \
+      die();                                                               \
+    }                                                                      \
+  } while (0)
+
+[[noreturn]] void fatal(const std::string& message) {
+  std::fprintf(stderr, "zpccl perf: %s\n", message.c_str());
+  die();
+}
+
+// Host memory aligned like device allocations (payloads need 16 bytes; pages help memcpy).
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { std::free(ptr_); }
+  void reserve(size_t bytes) {
+    if (bytes <= capacity_ && ptr_ != nullptr) return;
+    std::free(ptr_);
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+    ptr_ = std::aligned_alloc(4096, rounded);
+    if (ptr_ == nullptr) fatal("out of host memory (" + formatBytes(rounded) + ")");
+    capacity_ = rounded;
+  }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+class ThreadBarrier {
+ public:
+  explicit ThreadBarrier(int count) : count_(count) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const unsigned long long generation = generation_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation != generation_; });
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int count_;
+  int arrived_ = 0;
+  unsigned long long generation_ = 0;
+};
+
+// Per op: the flags resolved against the op's defaults.
+struct OpPlan {
+  zpDataType_t type = zpBfloat16;
+  zpRedOp_t redOp = zpSum;
+  int bits = 0;
+  int block = 0;
+  bool inPlace = false;
+  bool baseline = false;
+  bool wire = false;
+  bool check = false;
+};
+
+// One rank's results for one size: times (seconds per call) and wrong elements.
+struct SlotResult {
+  double seconds[3];  // out-of-place, in-place, baseline; NaN when not run
+  uint64_t wrong[2];
+  uint64_t checked;  // nonzero when wrong[] was measured
+};
+
+struct OpStats {
+  double busbwSum = 0;
+  int busbwCount = 0;
+  double logSpeedupSum = 0;
+  int speedupCount = 0;
+  uint64_t wrong = 0;
+  bool checked = false;
+};
+
+constexpr size_t kLineBytes = 320;
+
+// State shared by the rank threads of this process.
+struct Runtime {
+  const std::vector<const PerfOp*>* ops = nullptr;
+  std::vector<OpPlan> plans;
+  Options opt;
+  ProcGroup* group = nullptr;
+  bool host = false;
+  int nranks = 0;
+  int rankBase = 0;
+  int localRanks = 0;
+  int maxLocalRanks = 0;  // over processes: the size of per-process exchanges
+  int nodes = 1;
+  std::vector<int> nodeOf;            // per global rank
+  std::vector<std::string> nodeName;  // per node, for the rank lines
+  std::vector<int> devices;           // per local rank
+  bool needNccl = false;
+  bool needZp = false;
+  ncclUniqueId ncclId;
+  zpUniqueId zpId;
+  // Meeting key of the host-backend reference communicators; one per process, reused size after size (a
+  // host world releases its id once complete).
+  zpUniqueId hostRefId;
+  std::vector<size_t> sizes;
+  std::unique_ptr<ThreadBarrier> barrier;
+  std::vector<SlotResult> slots;
+  std::vector<int> slotInt;
+  std::vector<std::string> slotLine;
+  std::vector<HostBuffer*> expected;  // per local rank: where the host-backend hook writes
+  std::vector<ResultRow> rows;
+  std::vector<OpStats> stats;
+  bool anyWrong = false;
+  std::string program;
+};
+
+struct RankState {
+  int t = 0;
+  int rank = 0;
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  ncclComm_t nccl = nullptr;
+  zpComm_t comm = nullptr;
+  void* send = nullptr;
+  void* recv = nullptr;
+  void* scratch = nullptr;
+  HostBuffer hostSend, hostRecv, hostExpected;
+  HostBuffer hostBufs[3];  // buffers of the host backend (send, recv, scratch)
+};
+
+// All ranks of all processes meet: thread barrier, one thread per process crosses processes, barrier again.
+void fullBarrier(Runtime& rt, int t) {
+  rt.barrier->wait();
+  if (t == 0 && rt.group->size() > 1) {
+    std::string error;
+    if (!rt.group->barrier(&error)) fatal("process barrier: " + error);
+  }
+  rt.barrier->wait();
+}
+
+// Process-level all-gather of per-local-rank records, done by thread 0 (others wait at the barriers).
+template <class T>
+std::vector<T> gatherLocal(Runtime& rt, const std::vector<T>& local) {
+  std::vector<T> padded(static_cast<size_t>(rt.maxLocalRanks));
+  std::copy(local.begin(), local.end(), padded.begin());
+  std::vector<T> all(padded.size() * size_t(rt.group->size()));
+  std::string error;
+  if (!rt.group->allGather(padded.data(), padded.size() * sizeof(T), all.data(), &error))
+    fatal("exchange between processes: " + error);
+  return all;
+}
+
+// ---- buffers on either backend -----------------------------------------------------------------------------
+
+void* allocBuffer(Runtime& rt, RankState& st, int which, size_t bytes) {
+  bytes = std::max<size_t>(bytes, 256);
+  if (rt.host) {
+    st.hostBufs[which].reserve(bytes);
+    return st.hostBufs[which].get();
+  }
+  void* p = nullptr;
+  H_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void freeBuffer(Runtime& rt, void* p) {
+  if (!rt.host && p != nullptr) H_CUDA(cudaFree(p));
+}
+
+void upload(Runtime& rt, RankState& st, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (rt.host) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  // On our stream (non-blocking), so that it is ordered with the poison memset and the runs.
+  H_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st.stream));
+  H_CUDA(cudaStreamSynchronize(st.stream));
+}
+
+void download(Runtime& rt, RankState& st, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (rt.host) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  H_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st.stream));
+  H_CUDA(cudaStreamSynchronize(st.stream));
+}
+
+// Fills outputs with 0xff (NaN for floating types) so that an op that writes nothing cannot pass the check
+// with an earlier size's results.
+void poison(Runtime& rt, RankState& st, void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  if (rt.host) {
+    std::memset(dst, 0xff, bytes);
+    return;
+  }
+  H_CUDA(cudaMemsetAsync(dst, 0xff, bytes, st.stream));
+  H_CUDA(cudaStreamSynchronize(st.stream));
+}
+
+// ---- sizes and runs ----------------------------------------------------------------------------------------
+
+SizeArgs makeSizeArgs(const Runtime& rt, const PerfOp& op, const OpPlan& plan, size_t bytes, int rank) {
+  SizeArgs s;
+  s.op = &op;
+  s.bytes = bytes;
+  s.type = plan.type;
+  s.redOp = plan.redOp;
+  s.bits = plan.bits;
+  s.blockSize = plan.block;
+  s.rank = rank;
+  s.nranks = rt.nranks;
+  s.nodes = rt.nodes;
+  s.nodeOf = rt.nodeOf.data();
+  return s;
+}
+
+RunArgs makeRunArgs(const Runtime& rt, const RankState& st, const SizeArgs& s, const OpCounts& c, const void* send,
+                    void* recv, bool inPlace) {
+  RunArgs a;
+  a.size = &s;
+  a.counts = &c;
+  a.send = send;
+  a.recv = recv;
+  a.scratch = st.scratch;
+  a.inPlace = inPlace;
+  a.backend = rt.host ? zpBackendHost : zpBackendCuda;
+  a.comm = st.comm;
+  a.nccl = st.nccl;
+  a.stream = st.stream;
+  return a;
+}
+
+size_t inPlaceBytes(const OpCounts& c) { return std::max(c.ipSendOffset + c.sendBytes, c.ipRecvOffset + c.recvBytes); }
+
+// Seconds per call: `warmup` untimed calls, every rank at a barrier, then `iters` calls between two events.
+double timeRun(Runtime& rt, RankState& st, RunFn fn, const RunArgs& a) {
+  for (int i = 0; i < rt.opt.warmup; ++i)
+    if (!fn(a)) die();
+  if (!rt.host) H_CUDA(cudaStreamSynchronize(st.stream));
+  fullBarrier(rt, st.t);
+  if (rt.host) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < rt.opt.iters; ++i)
+      if (!fn(a)) die();
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double>(t1 - t0).count() / rt.opt.iters;
+  }
+  H_CUDA(cudaEventRecord(st.start, st.stream));
+  for (int i = 0; i < rt.opt.iters; ++i)
+    if (!fn(a)) die();
+  H_CUDA(cudaEventRecord(st.stop, st.stream));
+  H_CUDA(cudaEventSynchronize(st.stop));
+  float ms = 0;
+  H_CUDA(cudaEventElapsedTime(&ms, st.start, st.stop));
+  return double(ms) * 1e-3 / rt.opt.iters;
+}
+
+// The expected outputs of a zpccl collective: the same op run on a host-backend communicator of nranks
+// thread-ranks, with the measured communicator's node layout, over the same deterministic inputs. Every
+// process computes all ranks (inputs are cheap to regenerate) and keeps its own ranks' outputs.
+void expectedOnHostBackend(Runtime& rt, const PerfOp& op, const OpPlan& plan, size_t bytes) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < rt.nranks; ++r) {
+    threads.emplace_back([&rt, &op, &plan, bytes, r] {
+      setReportRank(r);
+      const SizeArgs s = makeSizeArgs(rt, op, plan, bytes, r);
+      OpCounts c;
+      op.counts(s, &c);
+      HostBuffer send, recv, scratch;
+      send.reserve(c.sendBytes);
+      recv.reserve(c.recvBytes);
+      scratch.reserve(c.scratchBytes);
+      op.init(s, c, send.get());
+      zpConfig_t config = ZP_CONFIG_INITIALIZER;
+      config.backend = zpBackendHost;
+      config.nodeId = rt.nodeOf[size_t(r)];
+      if (plan.bits > 0) {
+        config.weightBits = plan.bits;
+        config.gradBits = plan.bits;
+        config.blockSize = plan.block;
+      }
+      zpComm_t comm = nullptr;
+      H_ZP(nullptr, zpCommInitRankConfig(&comm, rt.nranks, rt.hostRefId, r, &config));
+      RunArgs a;
+      a.size = &s;
+      a.counts = &c;
+      a.send = send.get();
+      a.recv = recv.get();
+      a.scratch = scratch.get();
+      a.backend = zpBackendHost;
+      a.comm = comm;
+      if (!op.run(a)) die();
+      if (r >= rt.rankBase && r < rt.rankBase + rt.localRanks)
+        std::memcpy(rt.expected[size_t(r - rt.rankBase)]->get(), recv.get(), c.recvBytes);
+      H_ZP(comm, zpCommDestroy(comm));
+    });
+  }
+  for (auto& th : threads) th.join();
+}
+
+// ---- the table ---------------------------------------------------------------------------------------------
+
+std::string fmt(const char* format, double v) {
+  if (!std::isfinite(v)) return "N/A";
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), format, v);
+  return buf;
+}
+
+std::string fmtTime(double us) { return fmt(us < 1e6 ? "%.2f" : "%.0f", us); }
+
+std::string cols(const std::vector<std::pair<int, std::string>>& cells) {
+  std::string line;
+  char buf[128];
+  for (const auto& cell : cells) {
+    std::snprintf(buf, sizeof(buf), " %*s", cell.first, cell.second.c_str());
+    line += buf;
+  }
+  return line;
+}
+
+// Widths: key columns, a measured variant, the baseline, the wire bytes.
+const int kKey[] = {12, 12, 9, 6, 5};
+const int kMeasure[] = {11, 9, 9, 7};
+const int kBase[] = {11, 9, 8};
+const int kWire[] = {11, 11, 11, 11, 8};
+
+int groupWidth(const int* w, int n) {
+  int total = 0;
+  for (int i = 0; i < n; ++i) total += w[i] + 1;
+  return total;
+}
+
+void printTableHeader(const Runtime& rt, const PerfOp& op, const OpPlan& plan) {
+  std::printf("#\n# %s: type %s%s%s", op.name, typeName(plan.type), op.reduces ? ", op " : "",
+              op.reduces ? opName(plan.redOp) : "");
+  if (plan.bits > 0) std::printf(", bits %d, block %d", plan.bits, plan.block);
+  std::printf(", runs %s, baseline %s, check %s\n", op.runLabel, plan.baseline ? op.baselineName : "none",
+              plan.check ? "host reference" : (rt.opt.check ? "none available" : "off (-c 0)"));
+  // Group titles, right-aligned over their columns.
+  std::string titles = "#" + std::string(size_t(groupWidth(kKey, 5)) - 1, ' ');
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%*s", groupWidth(kMeasure, 4), "out-of-place");
+  titles += buf;
+  if (plan.inPlace) {
+    std::snprintf(buf, sizeof(buf), "%*s", groupWidth(kMeasure, 4), "in-place");
+    titles += buf;
+  }
+  if (plan.baseline) {
+    std::snprintf(buf, sizeof(buf), "%*s", groupWidth(kBase, 3), (std::string(op.baselineName) + " oop").c_str());
+    titles += buf;
+  }
+  if (plan.wire) {
+    std::snprintf(buf, sizeof(buf), "%*s", groupWidth(kWire, 5), "MB sent per rank: zpccl / nccl ring");
+    titles += buf;
+  }
+  std::printf("%s\n", titles.c_str());
+  auto names = [&](bool units) {
+    std::string line = "#";
+    std::vector<std::pair<int, std::string>> c;
+    const char* key[] = {"size", "count", "type", "redop", "bits"};
+    const char* keyUnits[] = {"(B)", "(elements)", "", "", ""};
+    for (int i = 0; i < 5; ++i) c.push_back({kKey[i], units ? keyUnits[i] : key[i]});
+    const char* m[] = {"time", "algbw", "busbw", "#wrong"};
+    const char* mUnits[] = {"(us)", "(GB/s)", "(GB/s)", ""};
+    for (int v = 0; v < (plan.inPlace ? 2 : 1); ++v)
+      for (int i = 0; i < 4; ++i) c.push_back({kMeasure[i], units ? mUnits[i] : m[i]});
+    if (plan.baseline) {
+      const char* b[] = {"time", "busbw", "speedup"};
+      const char* bUnits[] = {"(us)", "(GB/s)", "(x)"};
+      for (int i = 0; i < 3; ++i) c.push_back({kBase[i], units ? bUnits[i] : b[i]});
+    }
+    if (plan.wire) {
+      const char* w[] = {"zp-intra", "zp-inter", "ring-intra", "ring-inter", "ring/zp"};
+      const char* wUnits[] = {"(MB)", "(MB)", "(MB)", "(MB)", "(x)"};
+      for (int i = 0; i < 5; ++i) c.push_back({kWire[i], units ? wUnits[i] : w[i]});
+    }
+    line += cols(c).substr(1);
+    line.erase(line.find_last_not_of(' ') + 1);
+    std::printf("%s\n", line.c_str());
+  };
+  names(false);
+  names(true);
+}
+
+std::string fmtWrong(const Measure& m) { return m.checked ? std::to_string(m.wrong) : "N/A"; }
+
+void printRow(const ResultRow& row, const OpPlan& plan) {
+  std::vector<std::pair<int, std::string>> c = {
+      {kKey[0], std::to_string(row.size)},
+      {kKey[1], std::to_string(row.count)},
+      {kKey[2], row.type},
+      {kKey[3], row.redop.empty() ? "none" : row.redop},
+      {kKey[4], row.bits > 0 ? std::to_string(row.bits) : "-"},
+  };
+  for (const Measure* m : {&row.oop, &row.ip}) {
+    if (m == &row.ip && !plan.inPlace) continue;
+    if (m->present) {
+      c.push_back({kMeasure[0], fmtTime(m->timeUs)});
+      c.push_back({kMeasure[1], fmt("%.2f", m->algbw)});
+      c.push_back({kMeasure[2], fmt("%.2f", m->busbw)});
+      c.push_back({kMeasure[3], fmtWrong(*m)});
+    } else {
+      for (int i = 0; i < 4; ++i) c.push_back({kMeasure[i], i == 0 ? "N/A" : ""});
+    }
+  }
+  if (plan.baseline) {
+    c.push_back({kBase[0], fmtTime(row.baseline.timeUs)});
+    c.push_back({kBase[1], fmt("%.2f", row.baseline.busbw)});
+    c.push_back({kBase[2], fmt("%.3f", row.speedup)});
+  }
+  if (plan.wire) {
+    c.push_back({kWire[0], fmt("%.3f", row.zpWire.intra / 1e6)});
+    c.push_back({kWire[1], fmt("%.3f", row.zpWire.inter / 1e6)});
+    c.push_back({kWire[2], fmt("%.3f", row.ringWire.intra / 1e6)});
+    c.push_back({kWire[3], fmt("%.3f", row.ringWire.inter / 1e6)});
+    const double ratio =
+        row.zpWire.inter > 0 ? row.ringWire.inter / row.zpWire.inter : std::numeric_limits<double>::quiet_NaN();
+    c.push_back({kWire[4], fmt("%.2f", ratio)});
+  }
+  std::printf(" %s\n", cols(c).substr(1).c_str());
+}
+
+double nanMax(double a, double b) {
+  if (std::isnan(a)) return b;
+  if (std::isnan(b)) return a;
+  return std::max(a, b);
+}
+
+SlotResult reduceSlots(const SlotResult* slots, size_t n) {
+  SlotResult r;
+  for (double& s : r.seconds) s = std::numeric_limits<double>::quiet_NaN();
+  r.wrong[0] = r.wrong[1] = 0;
+  r.checked = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for (int k = 0; k < 3; ++k) r.seconds[k] = nanMax(r.seconds[k], slots[i].seconds[k]);
+    r.wrong[0] += slots[i].wrong[0];
+    r.wrong[1] += slots[i].wrong[1];
+    r.checked |= slots[i].checked;
+  }
+  return r;
+}
+
+// Thread 0: combine the ranks' results of one size, print the row, write the JSON.
+void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& c) {
+  const PerfOp& op = *(*rt.ops)[opIndex];
+  const OpPlan& plan = rt.plans[opIndex];
+  std::vector<SlotResult> local(rt.slots.begin(), rt.slots.begin() + rt.localRanks);
+  // Pad with "absent" records so that every process sends the same number of bytes.
+  SlotResult absent;
+  for (double& x : absent.seconds) x = std::numeric_limits<double>::quiet_NaN();
+  absent.wrong[0] = absent.wrong[1] = 0;
+  absent.checked = 0;
+  local.resize(size_t(rt.maxLocalRanks), absent);
+  const std::vector<SlotResult> all = gatherLocal(rt, local);
+  const SlotResult r = reduceSlots(all.data(), all.size());
+
+  ResultRow row;
+  row.op = op.name;
+  row.regime = rt.opt.regime;
+  row.backend = rt.host ? "host" : "cuda";
+  row.size = c.bytes;
+  row.count = c.count;
+  row.type = typeName(plan.type);
+  row.redop = op.reduces ? opName(plan.redOp) : "";
+  row.bits = plan.bits;
+  row.block = plan.block;
+  row.ranks = rt.nranks;
+  row.nodes = rt.nodes;
+  Measure* measures[2] = {&row.oop, &row.ip};
+  for (int v = 0; v < 2; ++v) {
+    if (std::isnan(r.seconds[v])) continue;
+    Measure& m = *measures[v];
+    m.present = true;
+    m.timeUs = r.seconds[v] * 1e6;
+    op.bw(s, c, r.seconds[v], &m.algbw, &m.busbw);
+    m.checked = r.checked != 0;
+    m.wrong = r.wrong[v];
+  }
+  if (plan.baseline && !std::isnan(r.seconds[2])) {
+    row.baselineName = op.baselineName;
+    row.baseline.present = true;
+    row.baseline.timeUs = r.seconds[2] * 1e6;
+    (op.baselineBw ? op.baselineBw : op.bw)(s, c, r.seconds[2], &row.baseline.algbw, &row.baseline.busbw);
+    row.speedup = r.seconds[2] / r.seconds[0];
+  }
+  if (plan.wire) {
+    row.hasWire = true;
+    row.zpWire = op.wire(s, c);
+    if (op.ringWire) row.ringWire = op.ringWire(s, c);
+  }
+
+  OpStats& st = rt.stats[opIndex];
+  for (const Measure* m : measures)
+    if (m->present && c.bytes > 0) {
+      st.busbwSum += m->busbw;
+      ++st.busbwCount;
+    }
+  if (row.baseline.present && c.bytes > 0 && row.speedup > 0 && std::isfinite(row.speedup)) {
+    st.logSpeedupSum += std::log(row.speedup);
+    ++st.speedupCount;
+  }
+  st.wrong += r.wrong[0] + r.wrong[1];
+  st.checked = st.checked || r.checked != 0;
+  if (r.wrong[0] + r.wrong[1] > 0) rt.anyWrong = true;
+
+  if (rt.group->rank() != 0) return;
+  printRow(row, plan);
+  rt.rows.push_back(row);
+  if (!rt.opt.json.empty()) {
+    std::string error;
+    if (!writeJsonFile(rt.opt.json, rt.rows, &error)) fatal(error);
+  }
+}
+
+void printOpFooter(const Runtime& rt, size_t opIndex) {
+  if (rt.group->rank() != 0) return;
+  const OpStats& st = rt.stats[opIndex];
+  const PerfOp& op = *(*rt.ops)[opIndex];
+  if (st.checked)
+    std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(st.wrong),
+                st.wrong ? "FAILED" : "OK");
+  else
+    std::printf("# Out of bounds values : 0 OK (not checked)\n");
+  std::printf("# Avg bus bandwidth    : %g\n", st.busbwCount ? st.busbwSum / st.busbwCount : 0.0);
+  if (st.speedupCount)
+    std::printf("# Avg speedup vs %-6s: %.3f (geometric mean over sizes, out of place)\n", op.baselineName,
+                std::exp(st.logSpeedupSum / st.speedupCount));
+}
+
+// ---- one op over the sweep, in one rank thread -------------------------------------------------------------
+
+void runOp(Runtime& rt, RankState& st, size_t opIndex) {
+  const PerfOp& op = *(*rt.ops)[opIndex];
+  const OpPlan& plan = rt.plans[opIndex];
+
+  // Buffers for the largest point of the sweep.
+  size_t sendMax = 0, recvMax = 0, scratchMax = 0, outMax = 0;
+  for (size_t bytes : rt.sizes) {
+    OpCounts c;
+    op.counts(makeSizeArgs(rt, op, plan, bytes, st.rank), &c);
+    sendMax = std::max(sendMax, c.sendBytes);
+    recvMax = std::max(recvMax, c.recvBytes);
+    if (plan.inPlace) recvMax = std::max(recvMax, inPlaceBytes(c));
+    outMax = std::max(outMax, c.recvBytes);
+    scratchMax = std::max(scratchMax, c.scratchBytes);
+  }
+  st.send = allocBuffer(rt, st, 0, sendMax);
+  st.recv = allocBuffer(rt, st, 1, recvMax);
+  st.scratch = allocBuffer(rt, st, 2, scratchMax);
+  st.hostSend.reserve(sendMax);
+  if (plan.check) {
+    st.hostRecv.reserve(outMax);
+    st.hostExpected.reserve(outMax);
+  }
+
+  if (st.t == 0 && rt.group->rank() == 0) printTableHeader(rt, op, plan);
+  fullBarrier(rt, st.t);
+
+  for (size_t bytes : rt.sizes) {
+    const SizeArgs s = makeSizeArgs(rt, op, plan, bytes, st.rank);
+    OpCounts c;
+    op.counts(s, &c);
+    op.init(s, c, st.hostSend.get());
+    if (plan.check) {
+      if (op.expectedFromHostBackend) {
+        rt.barrier->wait();
+        if (st.t == 0) expectedOnHostBackend(rt, op, plan, bytes);
+        rt.barrier->wait();
+      } else {
+        op.expected(s, c, st.hostSend.get(), st.hostExpected.get());
+      }
+    }
+    const CompareFn compare = op.compare ? op.compare : compareBitwise;
+    SlotResult result;
+    for (double& x : result.seconds) x = std::numeric_limits<double>::quiet_NaN();
+    result.wrong[0] = result.wrong[1] = 0;
+    result.checked = plan.check ? 1 : 0;
+
+    // Out of place. Its output after the timed calls is the output of one call: the input is untouched.
+    upload(rt, st, st.send, st.hostSend.get(), c.sendBytes);
+    poison(rt, st, st.recv, c.recvBytes);
+    const RunArgs oop = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
+    result.seconds[0] = timeRun(rt, st, op.run, oop);
+    if (plan.check) {
+      download(rt, st, st.hostRecv.get(), st.recv, c.recvBytes);
+      result.wrong[0] = compare(s, c, st.hostRecv.get(), st.hostExpected.get());
+    }
+
+    // In place: the timed calls keep rewriting their own input, so the check uses one fresh call.
+    if (plan.inPlace) {
+      char* base = static_cast<char*>(st.recv);
+      const RunArgs ip = makeRunArgs(rt, st, s, c, base + c.ipSendOffset, base + c.ipRecvOffset, true);
+      poison(rt, st, base, inPlaceBytes(c));
+      upload(rt, st, base + c.ipSendOffset, st.hostSend.get(), c.sendBytes);
+      result.seconds[1] = timeRun(rt, st, op.run, ip);
+      if (plan.check) {
+        poison(rt, st, base, inPlaceBytes(c));
+        upload(rt, st, base + c.ipSendOffset, st.hostSend.get(), c.sendBytes);
+        fullBarrier(rt, st.t);
+        if (!op.run(ip)) die();
+        if (!rt.host) H_CUDA(cudaStreamSynchronize(st.stream));
+        download(rt, st, st.hostRecv.get(), base + c.ipRecvOffset, c.recvBytes);
+        result.wrong[1] = compare(s, c, st.hostRecv.get(), st.hostExpected.get());
+      }
+    }
+
+    // Baseline, out of place on the same input (untouched: the in-place variant ran in the receive buffer).
+    if (plan.baseline) {
+      const RunArgs b = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
+      result.seconds[2] = timeRun(rt, st, op.baseline, b);
+    }
+
+    rt.slots[size_t(st.t)] = result;
+    rt.barrier->wait();
+    if (st.t == 0) reportSize(rt, opIndex, s, c);
+    rt.barrier->wait();
+  }
+
+  if (st.t == 0) printOpFooter(rt, opIndex);
+  rt.barrier->wait();
+  freeBuffer(rt, st.send);
+  freeBuffer(rt, st.recv);
+  freeBuffer(rt, st.scratch);
+  st.send = st.recv = st.scratch = nullptr;
+}
+
+// ---- rank threads ------------------------------------------------------------------------------------------
+
+void printRankLines(Runtime& rt, RankState& st) {
+  char line[kLineBytes];
+  const int node = rt.nodeOf[size_t(st.rank)];
+  char host[64] = "?";
+  gethostname(host, sizeof(host) - 1);
+  if (rt.host) {
+    std::snprintf(line, sizeof(line), "#  rank %3d  proc %2d  pid %7d  host %.40s  node %d  (host backend thread)",
+                  st.rank, rt.group->rank(), int(getpid()), host, node);
+  } else {
+    cudaDeviceProp prop;
+    H_CUDA(cudaGetDeviceProperties(&prop, st.device));
+    char bus[32] = "?";
+    H_CUDA(cudaDeviceGetPCIBusId(bus, sizeof(bus), st.device));
+    std::snprintf(line, sizeof(line),
+                  "#  rank %3d  proc %2d  pid %7d  host %.40s  node %d (%.40s)  device %2d [%.16s] %.64s", st.rank,
+                  rt.group->rank(), int(getpid()), host, node, rt.nodeName[size_t(node)].c_str(), st.device, bus,
+                  prop.name);
+  }
+  rt.slotLine[size_t(st.t)] = line;
+  rt.barrier->wait();
+  if (st.t == 0) {
+    struct Line {
+      char text[kLineBytes];
+    };
+    std::vector<Line> local(static_cast<size_t>(rt.localRanks));
+    for (int i = 0; i < rt.localRanks; ++i) {
+      std::memset(local[size_t(i)].text, 0, kLineBytes);
+      std::strncpy(local[size_t(i)].text, rt.slotLine[size_t(i)].c_str(), kLineBytes - 1);
+    }
+    const std::vector<Line> all = gatherLocal(rt, local);
+    if (rt.group->rank() == 0)
+      for (const Line& l : all)
+        if (l.text[0] != '\0') std::printf("%s\n", l.text);
+  }
+  rt.barrier->wait();
+}
+
+// The node layout of the measured zpccl communicator, which may differ from the launch's guess (NCCL_HOSTID,
+// config): the host-backend reference must see the same one.
+void adoptZpLayout(Runtime& rt, RankState& st) {
+  int node = 0, nodes = 0;
+  H_ZP(st.comm, zpCommNodeRank(st.comm, &node));
+  H_ZP(st.comm, zpCommNodeCount(st.comm, &nodes));
+  rt.slotInt[size_t(st.t)] = node;
+  rt.barrier->wait();
+  if (st.t == 0) {
+    std::vector<int> local(rt.slotInt.begin(), rt.slotInt.begin() + rt.localRanks);
+    local.resize(size_t(rt.maxLocalRanks), -1);
+    const std::vector<int> all = gatherLocal(rt, local);
+    std::vector<int> nodeOf;
+    for (int v : all)
+      if (v >= 0) nodeOf.push_back(v);
+    if (int(nodeOf.size()) != rt.nranks) fatal("layout exchange returned a wrong rank count");
+    if (nodeOf != rt.nodeOf) {
+      std::vector<std::string> names(static_cast<size_t>(nodes));
+      for (int r = 0; r < rt.nranks; ++r) names[size_t(nodeOf[size_t(r)])] = rt.nodeName[size_t(rt.nodeOf[size_t(r)])];
+      rt.nodeName = names;
+      rt.nodeOf = nodeOf;
+    }
+    rt.nodes = nodes;
+  }
+  rt.barrier->wait();
+}
+
+void rankMain(Runtime& rt, int t) {
+  RankState st;
+  st.t = t;
+  st.rank = rt.rankBase + t;
+  setReportRank(st.rank);
+  rt.expected[size_t(t)] = &st.hostExpected;
+  if (!rt.host) {
+    st.device = rt.devices[size_t(t)];
+    H_CUDA(cudaSetDevice(st.device));
+    H_CUDA(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
+    H_CUDA(cudaEventCreate(&st.start));
+    H_CUDA(cudaEventCreate(&st.stop));
+  }
+  if (rt.needNccl) H_NCCL(nullptr, ncclCommInitRank(&st.nccl, rt.nranks, rt.ncclId, st.rank));
+  if (rt.needZp) {
+    zpConfig_t config = ZP_CONFIG_INITIALIZER;
+    config.backend = rt.host ? zpBackendHost : zpBackendCuda;
+    if (rt.host || rt.opt.nodes > 0) config.ranksPerNode = rt.nranks / rt.nodes;
+    for (const OpPlan& plan : rt.plans)
+      if (plan.bits > 0) {
+        // The comm's defaults follow the flags; op files may still pass per-call options (the Ex calls).
+        config.weightBits = plan.bits;
+        config.gradBits = plan.bits;
+        config.blockSize = plan.block;
+      }
+    H_ZP(nullptr, zpCommInitRankConfig(&st.comm, rt.nranks, rt.zpId, st.rank, &config));
+    adoptZpLayout(rt, st);
+    if (!rt.host) H_ZP(st.comm, zpCommReserve(st.comm, rt.opt.maxBytes));
+  }
+  printRankLines(rt, st);
+
+  for (size_t i = 0; i < rt.ops->size(); ++i) runOp(rt, st, i);
+
+  if (st.comm != nullptr) H_ZP(st.comm, zpCommDestroy(st.comm));
+  if (st.nccl != nullptr) H_NCCL(st.nccl, ncclCommDestroy(st.nccl));
+  if (!rt.host) {
+    H_CUDA(cudaEventDestroy(st.start));
+    H_CUDA(cudaEventDestroy(st.stop));
+    H_CUDA(cudaStreamDestroy(st.stream));
+  }
+  rt.expected[size_t(t)] = nullptr;
+}
+
+// ---- process setup -----------------------------------------------------------------------------------------
+
+struct ProcInfo {
+  char hostname[128];
+  char nodeKey[128];  // NCCL_HOSTID when set, else the host name: what makes a node for NCCL and zpccl
+  int deviceCount;    // -1: CUDA unusable in that process (everyone then stops)
+  int threads;        // requested ranks; 0: derive from the devices of the host
+};
+
+struct Ids {
+  ncclUniqueId nccl;
+  zpUniqueId zp;
+  int ok;
+};
+
+// Resolves the flags against one op; false (with a message) when they do not fit it.
+bool planOp(const Options& opt, bool host, const PerfOp& op, OpPlan* plan, std::string* error) {
+  plan->type = static_cast<zpDataType_t>(opt.type >= 0 ? opt.type : op.defaultType);
+  if (!isSupportedType(plan->type)) {
+    *error = std::string(op.name) + ": data type " + typeName(plan->type) + " is not supported by the harness";
+    return false;
+  }
+  if (op.quantTypesOnly && !isQuantType(plan->type)) {
+    *error = std::string(op.name) + " takes half, bfloat16 or float, not " + typeName(plan->type);
+    return false;
+  }
+  plan->redOp = static_cast<zpRedOp_t>(op.reduces && opt.redOp >= 0 ? opt.redOp : zpSum);
+  plan->bits = op.defaultBits > 0 ? (opt.bits > 0 ? opt.bits : op.defaultBits) : 0;
+  plan->block = op.defaultBits > 0 ? opt.blockSize : 0;
+  plan->inPlace = op.hasInPlace && opt.inPlace != 0;
+  if (host && (op.uses & kUsesNccl)) {
+    *error = std::string(op.name) + " runs NCCL and needs the cuda backend (drop -H 1)";
+    return false;
+  }
+  plan->baseline = op.baseline != nullptr && !(host && (op.baselineUses & kUsesNccl));
+  plan->wire = host && op.wire != nullptr;
+  plan->check = opt.check != 0 && (op.expected != nullptr || op.expectedFromHostBackend);
+  return true;
+}
+
+void printEnvironment() {
+  static const char* vars[] = {"NCCL_HOSTID", "NCCL_P2P_DISABLE",     "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE",
+                               "NCCL_NET",    "NCCL_SOCKET_IFNAME",   "NCCL_IB_DISABLE",  "NCCL_ALGO",
+                               "NCCL_PROTO",  "CUDA_VISIBLE_DEVICES", "ZP_BACKEND"};
+  std::string line;
+  for (const char* v : vars) {
+    const char* value = std::getenv(v);
+    if (value != nullptr) line += std::string("  ") + v + "=" + value;
+  }
+  if (!line.empty()) std::printf("#  env (process 0):%s\n", line.c_str());
+}
+
+}  // namespace
+
+int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const char* slash = std::strrchr(argv[0], '/');
+  const std::string program = slash ? slash + 1 : argv[0];
+
+  std::unique_ptr<ProcGroup> group;
+  std::string error;
+  if (launchedByMpi()) {
+    group = makeMpiProcGroup(&argc, &argv, &error);
+    if (!group) {
+      std::fprintf(stderr, "%s: %s\n", program.c_str(), error.c_str());
+      return 1;
+    }
+    gGroup = group.get();
+  }
+
+  Runtime rt;
+  rt.ops = &ops;
+  rt.program = program;
+  switch (parseOptions(argc, argv, &rt.opt, &error)) {
+    case ParseResult::kHelp:
+      printUsage(stdout, program.c_str());
+      return 0;
+    case ParseResult::kError:
+      std::fprintf(stderr, "%s: %s\n", program.c_str(), error.c_str());
+      printUsage(stderr, program.c_str());
+      return 2;
+    case ParseResult::kOk:
+      break;
+  }
+  const Options& opt = rt.opt;
+  if (group && opt.nprocs > 1) {
+    std::fprintf(stderr, "%s: -P/-I/-D are for runs without mpirun; under mpirun the ranks come from MPI\n",
+                 program.c_str());
+    return 2;
+  }
+  rt.host = opt.host != 0;
+  for (const PerfOp* op : ops) {
+    OpPlan plan;
+    if (!planOp(opt, rt.host, *op, &plan, &error)) {
+      std::fprintf(stderr, "%s: %s\n", program.c_str(), error.c_str());
+      return 2;
+    }
+    rt.plans.push_back(plan);
+    if (!rt.host && ((op->uses | (plan.baseline ? op->baselineUses : 0u)) & kUsesNccl)) rt.needNccl = true;
+    if ((op->uses | (plan.baseline ? op->baselineUses : 0u)) & kUsesZp) rt.needZp = true;
+  }
+  rt.sizes = sizeSweep(opt);
+  rt.stats.resize(ops.size());
+
+  if (!group) {
+    if (opt.nprocs > 1) {
+      group = makeFileProcGroup(opt.rendezvousDir, opt.nprocs, opt.procIndex, rendezvousTimeoutSeconds(), &error);
+      if (!group) {
+        std::fprintf(stderr, "%s: rendezvous: %s\n", program.c_str(), error.c_str());
+        return 1;
+      }
+    } else {
+      group = makeSingleProcGroup();
+    }
+  }
+  gGroup = group.get();
+  rt.group = group.get();
+  const int nprocs = group->size(), me = group->rank();
+
+  // Who runs where: host names, node keys, devices and requested ranks of every process.
+  ProcInfo mine;
+  std::memset(&mine, 0, sizeof(mine));
+  gethostname(mine.hostname, sizeof(mine.hostname) - 1);
+  const char* hostId = std::getenv("NCCL_HOSTID");
+  std::snprintf(mine.nodeKey, sizeof(mine.nodeKey), "%s", hostId && *hostId ? hostId : mine.hostname);
+  mine.deviceCount = 0;
+  if (!rt.host) {
+    cudaError_t err = cudaGetDeviceCount(&mine.deviceCount);
+    if (err != cudaSuccess || mine.deviceCount == 0) {
+      std::fprintf(stderr, "%s: process %d: no usable CUDA device (%s); -H 1 runs the host backend\n", program.c_str(),
+                   me, err != cudaSuccess ? cudaGetErrorString(err) : "none visible");
+      mine.deviceCount = -1;
+    }
+  }
+  mine.threads = opt.threads;
+  if (mine.threads == 0)
+    for (const PerfOp* op : ops)
+      if (op->defaultThreads > 0) {
+        mine.threads = op->defaultThreads;
+        break;
+      }
+  std::vector<ProcInfo> info(static_cast<size_t>(nprocs));
+  if (!group->allGather(&mine, sizeof(mine), info.data(), &error)) {
+    std::fprintf(stderr, "%s: exchange between processes: %s\n", program.c_str(), error.c_str());
+    return 1;
+  }
+  for (const ProcInfo& p : info)
+    if (p.deviceCount < 0) return 1;  // every process stops, the one without a device has said why
+
+  std::vector<int> threads(static_cast<size_t>(nprocs)), localBase(static_cast<size_t>(nprocs));
+  for (int p = 0; p < nprocs; ++p) {
+    int sameHost = 0;
+    for (int q = 0; q < nprocs; ++q)
+      if (std::strcmp(info[size_t(q)].hostname, info[size_t(p)].hostname) == 0) ++sameHost;
+    int n = info[size_t(p)].threads;
+    if (n == 0) n = rt.host ? 8 : std::max(1, info[size_t(p)].deviceCount / sameHost);
+    threads[size_t(p)] = n;
+  }
+  for (int p = 0; p < nprocs; ++p)
+    for (int q = 0; q < p; ++q)
+      if (std::strcmp(info[size_t(q)].hostname, info[size_t(p)].hostname) == 0)
+        localBase[size_t(p)] += threads[size_t(q)];
+  rt.localRanks = threads[size_t(me)];
+  rt.maxLocalRanks = *std::max_element(threads.begin(), threads.end());
+  for (int p = 0; p < nprocs; ++p) {
+    if (p == me) rt.rankBase = rt.nranks;
+    rt.nranks += threads[size_t(p)];
+  }
+  if (!rt.host) {
+    for (int p = 0; p < nprocs; ++p) {
+      const int onHost = localBase[size_t(p)] + threads[size_t(p)];
+      if (onHost > info[size_t(p)].deviceCount) {
+        if (me == 0)
+          std::fprintf(stderr, "%s: %d ranks on host %s but only %d GPUs visible there (one GPU per rank; see -t)\n",
+                       program.c_str(), onHost, info[size_t(p)].hostname, info[size_t(p)].deviceCount);
+        return 2;
+      }
+    }
+    for (int t = 0; t < rt.localRanks; ++t) rt.devices.push_back(localBase[size_t(me)] + t);
+  }
+
+  // Node layout: emulated (-N, or the host backend's default), else one node per distinct node key.
+  int nodes = opt.nodes;
+  if (nodes == 0 && rt.host) nodes = (rt.nranks % 2 == 0 && rt.nranks >= 4) ? 2 : 1;
+  if (nodes > 0) {
+    if (rt.nranks % nodes != 0) {
+      if (me == 0) std::fprintf(stderr, "%s: -N %d does not divide %d ranks\n", program.c_str(), nodes, rt.nranks);
+      return 2;
+    }
+    rt.nodes = nodes;
+    for (int r = 0; r < rt.nranks; ++r) rt.nodeOf.push_back(r / (rt.nranks / nodes));
+    for (int n = 0; n < nodes; ++n) rt.nodeName.push_back("emulated " + std::to_string(n));
+  } else {
+    for (int p = 0; p < nprocs; ++p) {
+      int node = -1;
+      for (size_t n = 0; n < rt.nodeName.size(); ++n)
+        if (rt.nodeName[n] == info[size_t(p)].nodeKey) node = int(n);
+      if (node < 0) {
+        node = int(rt.nodeName.size());
+        rt.nodeName.push_back(info[size_t(p)].nodeKey);
+      }
+      for (int t = 0; t < threads[size_t(p)]; ++t) rt.nodeOf.push_back(node);
+    }
+    rt.nodes = int(rt.nodeName.size());
+  }
+
+  // Unique ids from process 0.
+  Ids ids;
+  std::memset(&ids, 0, sizeof(ids));
+  if (me == 0) {
+    ids.ok = 1;
+    if (rt.needNccl) {
+      ncclResult_t res = ncclGetUniqueId(&ids.nccl);
+      if (res != ncclSuccess) {
+        std::fprintf(stderr, "%s: ncclGetUniqueId failed: %s\n", program.c_str(), ncclGetErrorString(res));
+        ids.ok = 0;
+      }
+    }
+    if (rt.needZp && ids.ok) {
+      zpResult_t res = zpGetUniqueId(&ids.zp);
+      if (res != zpSuccess) {
+        std::fprintf(stderr, "%s: zpGetUniqueId failed: %s: %s\n", program.c_str(), zpGetErrorString(res),
+                     zpGetLastError(nullptr));
+        ids.ok = 0;
+      }
+    }
+  }
+  if (!group->broadcast(&ids, sizeof(ids), 0, &error)) {
+    std::fprintf(stderr, "%s: exchange between processes: %s\n", program.c_str(), error.c_str());
+    return 1;
+  }
+  if (!ids.ok) return 1;
+  rt.ncclId = ids.nccl;
+  rt.zpId = ids.zp;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (rt.plans[i].check && ops[i]->expectedFromHostBackend) {
+      zpResult_t res = zpGetUniqueId(&rt.hostRefId);
+      if (res != zpSuccess) {
+        std::fprintf(stderr, "%s: zpGetUniqueId failed: %s: %s\n", program.c_str(), zpGetErrorString(res),
+                     zpGetLastError(nullptr));
+        return 1;
+      }
+      break;
+    }
+
+  if (me == 0) {
+    std::printf("# zpccl perf: %s\n", program.c_str());
+    std::printf("#  backend %s  regime %s  ranks %d  nodes %d  processes %d (%s)\n", rt.host ? "host" : "cuda",
+                opt.regime.empty() ? "-" : opt.regime.c_str(), rt.nranks, rt.nodes, nprocs, group->kind());
+    std::printf("#  sizes %s .. %s (%zu)  iters %d  warmup %d  check %d  in-place %d\n",
+                formatBytes(opt.minBytes).c_str(), formatBytes(opt.maxBytes).c_str(), rt.sizes.size(), opt.iters,
+                opt.warmup, opt.check, opt.inPlace);
+    printEnvironment();
+  } else {
+    std::printf("# zpccl perf: %s: process %d of %d (%s rendezvous); process 0 prints the results\n", program.c_str(),
+                me, nprocs, group->kind());
+  }
+
+  // Host-side data and references use the cores left to each rank thread.
+  setHostThreads(std::max(1, int(std::thread::hardware_concurrency()) / rt.localRanks));
+  rt.barrier = std::make_unique<ThreadBarrier>(rt.localRanks);
+  rt.slots.resize(size_t(rt.localRanks));
+  rt.slotInt.resize(size_t(rt.localRanks));
+  rt.slotLine.resize(size_t(rt.localRanks));
+  rt.expected.resize(size_t(rt.localRanks));
+  std::vector<std::thread> workers;
+  for (int t = 0; t < rt.localRanks; ++t) workers.emplace_back(rankMain, std::ref(rt), t);
+  for (auto& w : workers) w.join();
+
+  if (me == 0) std::printf("# %s\n", rt.anyWrong ? "FAILED: wrong elements (see #wrong)" : "done");
+  gGroup = nullptr;
+  return rt.anyWrong ? 1 : 0;
+}
+
+}  // namespace perf
+}  // namespace zp

@@ -1,0 +1,225 @@
+#include "perf/json_out.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace zp {
+namespace perf {
+
+void JsonWriter::separate() {
+  if (afterKey_) {
+    afterKey_ = false;
+    return;
+  }
+  if (!first_.empty()) {
+    if (!first_.back()) out_ += ", ";
+    first_.back() = false;
+  }
+}
+
+JsonWriter& JsonWriter::beginObject() {
+  separate();
+  out_ += '{';
+  first_.push_back(true);
+  return *this;
+}
+
+JsonWriter& JsonWriter::endObject() {
+  out_ += '}';
+  first_.pop_back();
+  return *this;
+}
+
+JsonWriter& JsonWriter::beginArray() {
+  separate();
+  out_ += '[';
+  first_.push_back(true);
+  return *this;
+}
+
+JsonWriter& JsonWriter::endArray() {
+  out_ += ']';
+  first_.pop_back();
+  return *this;
+}
+
+JsonWriter& JsonWriter::key(const char* name) {
+  string(name);
+  out_ += ": ";
+  afterKey_ = true;
+  return *this;
+}
+
+JsonWriter& JsonWriter::string(const std::string& value) {
+  separate();
+  out_ += '"';
+  for (unsigned char c : value) {
+    switch (c) {
+      case '"':
+        out_ += "\\\"";
+        break;
+      case '\\':
+        out_ += "\\\\";
+        break;
+      case '\n':
+        out_ += "\\n";
+        break;
+      case '\r':
+        out_ += "\\r";
+        break;
+      case '\t':
+        out_ += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out_ += buf;
+        } else {
+          out_ += char(c);
+        }
+    }
+  }
+  out_ += '"';
+  return *this;
+}
+
+JsonWriter& JsonWriter::number(double value) {
+  if (!std::isfinite(value)) return null();
+  separate();
+  char buf[40];
+  // 7 significant digits keep microseconds and GB/s exact enough; %g never prints a JSON-invalid form for
+  // finite values.
+  std::snprintf(buf, sizeof(buf), "%.7g", value);
+  out_ += buf;
+  return *this;
+}
+
+JsonWriter& JsonWriter::integer(long long value) {
+  separate();
+  out_ += std::to_string(value);
+  return *this;
+}
+
+JsonWriter& JsonWriter::null() {
+  separate();
+  out_ += "null";
+  return *this;
+}
+
+namespace {
+
+void writeMeasure(JsonWriter& w, const char* name, const Measure& m, bool withAlgbwAndWrong) {
+  w.key(name);
+  if (!m.present) {
+    w.null();
+    return;
+  }
+  w.beginObject();
+  w.key("time_us").number(m.timeUs);
+  if (withAlgbwAndWrong) w.key("algbw").number(m.algbw);
+  w.key("busbw").number(m.busbw);
+  if (withAlgbwAndWrong) {
+    w.key("wrong");
+    if (m.checked)
+      w.integer(static_cast<long long>(m.wrong));
+    else
+      w.null();
+  }
+  w.endObject();
+}
+
+void writeWire(JsonWriter& w, const char* name, const WireBytes& b) {
+  w.key(name).beginObject();
+  w.key("intra").number(b.intra);
+  w.key("inter").number(b.inter);
+  w.endObject();
+}
+
+}  // namespace
+
+std::string rowToJson(const ResultRow& row) {
+  JsonWriter w;
+  w.beginObject();
+  w.key("op").string(row.op);
+  w.key("regime").string(row.regime);
+  w.key("backend").string(row.backend);
+  w.key("size").integer(static_cast<long long>(row.size));
+  w.key("count").integer(static_cast<long long>(row.count));
+  w.key("type").string(row.type);
+  w.key("redop");
+  if (row.redop.empty())
+    w.null();
+  else
+    w.string(row.redop);
+  w.key("bits");
+  if (row.bits > 0)
+    w.integer(row.bits);
+  else
+    w.null();
+  w.key("block");
+  if (row.block > 0)
+    w.integer(row.block);
+  else
+    w.null();
+  w.key("ranks").integer(row.ranks);
+  w.key("nodes").integer(row.nodes);
+  writeMeasure(w, "oop", row.oop, true);
+  writeMeasure(w, "ip", row.ip, true);
+  w.key("baseline");
+  if (row.baselineName.empty())
+    w.null();
+  else
+    w.string(row.baselineName);
+  // The baseline's numbers live under its own name ("nccl" for collectives, "memcpy" for quantize), so that a
+  // reader looking for NCCL never mistakes a memcpy for it. "nccl" is always present, null when not run.
+  if (row.baselineName != "nccl") writeMeasure(w, "nccl", Measure(), false);
+  if (!row.baselineName.empty()) writeMeasure(w, row.baselineName.c_str(), row.baseline, false);
+  w.key("speedup");
+  if (!row.baselineName.empty() && row.baseline.present && row.oop.present)
+    w.number(row.speedup);
+  else
+    w.null();
+  if (row.hasWire) {
+    w.key("wire_bytes_per_rank").beginObject();
+    writeWire(w, "zpccl", row.zpWire);
+    writeWire(w, "nccl_ring", row.ringWire);
+    w.endObject();
+  }
+  w.endObject();
+  return w.str();
+}
+
+std::string rowsToJson(const std::vector<ResultRow>& rows) {
+  std::string out = "[\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    out += "  ";
+    out += rowToJson(rows[i]);
+    out += i + 1 < rows.size() ? ",\n" : "\n";
+  }
+  out += "]\n";
+  return out;
+}
+
+bool writeJsonFile(const std::string& path, const std::vector<ResultRow>& rows, std::string* error) {
+  const std::string tmp = path + ".tmp";
+  const std::string text = rowsToJson(rows);
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    *error = "cannot write " + tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    *error = "cannot write " + path + ": " + std::strerror(errno);
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace perf
+}  // namespace zp

@@ -1,0 +1,149 @@
+// zpQuantize and zpDequantize throughput on one GPU (per rank with -t > 1), in GB/s of bytes read plus bytes
+// written, next to a cudaMemcpyAsync of the logical tensor (counted as read + write) measured in the same
+// run. Payloads and outputs are checked bit for bit against the host reference (host/quant_ref.h).
+// Size = logical tensor bytes (count * type size). -B bits (default 8), -G block size.
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "host/dtype.h"
+#include "host/quant_format.h"
+#include "perf/common.h"
+
+namespace zp {
+namespace perf {
+namespace {
+
+size_t tensorCount(const SizeArgs& s) { return s.bytes / typeSize(s.type); }
+
+void countsQuantize(const SizeArgs& s, OpCounts* c) {
+  const size_t count = tensorCount(s);
+  *c = OpCounts();
+  c->bytes = count * typeSize(s.type);
+  c->count = c->paramCount = count;
+  c->sendBytes = c->bytes;
+  c->recvBytes = quantPayloadBytes(count, s.bits, s.blockSize);
+  c->scratchBytes = c->bytes;  // the memcpy baseline's target
+}
+
+void countsDequantize(const SizeArgs& s, OpCounts* c) {
+  countsQuantize(s, c);
+  std::swap(c->sendBytes, c->recvBytes);
+}
+
+void expectedQuantize(const SizeArgs& s, const OpCounts&, const void* tensor, void* payload) {
+  quantizeRefParallel(tensor, s.type, tensorCount(s), s.bits, s.blockSize, payload);
+}
+
+// Dequantize's input is the reference payload of the standard tensor.
+void initDequantize(const SizeArgs& s, const OpCounts& c, void* payload) {
+  std::vector<char> tensor(c.bytes);
+  fillData(s.type, Fill::kSpread, s.rank, 0, tensorCount(s), tensor.data());
+  quantizeRefParallel(tensor.data(), s.type, tensorCount(s), s.bits, s.blockSize, payload);
+}
+
+void expectedDequantize(const SizeArgs& s, const OpCounts&, const void* payload, void* output) {
+  dequantizeRefParallel(payload, s.type, tensorCount(s), s.bits, s.blockSize, output);
+}
+
+// Wrong scales (one per block) plus wrong codes (one per element). Padding is not compared: the format fixes
+// only where scales and codes live; the high nibble after an odd int4 count is padding too.
+uint64_t comparePayload(const SizeArgs& s, const OpCounts&, const void* got, const void* expected) {
+  const size_t count = tensorCount(s);
+  if (count == 0) return 0;
+  const unsigned char* a = static_cast<const unsigned char*>(got);
+  const unsigned char* b = static_cast<const unsigned char*>(expected);
+  uint64_t wrong = 0;
+  const size_t blocks = quantBlockCount(count, s.blockSize);
+  for (size_t i = 0; i < blocks; ++i) wrong += std::memcmp(a + 4 * i, b + 4 * i, 4) != 0;
+  const size_t codes = quantScaleBytes(count, s.blockSize);
+  a += codes;
+  b += codes;
+  if (s.bits == 8) {
+    for (size_t i = 0; i < count; ++i) wrong += a[i] != b[i];
+  } else {
+    for (size_t i = 0; i < count; ++i) {
+      const int shift = (i & 1) ? 4 : 0;
+      wrong += ((a[i / 2] >> shift) & 0xf) != ((b[i / 2] >> shift) & 0xf);
+    }
+  }
+  return wrong;
+}
+
+bool runQuantize(const RunArgs& a) {
+  const SizeArgs& s = *a.size;
+  PERF_ZP(a.comm, zpQuantize(a.send, a.recv, a.counts->paramCount, s.type, s.bits, s.blockSize, a.comm, a.stream));
+  return true;
+}
+
+bool runDequantize(const RunArgs& a) {
+  const SizeArgs& s = *a.size;
+  PERF_ZP(a.comm, zpDequantize(a.send, a.recv, a.counts->paramCount, s.type, s.bits, s.blockSize, a.comm, a.stream));
+  return true;
+}
+
+bool copyTensor(const RunArgs& a, const void* tensor) {
+  if (a.backend == zpBackendHost) {
+    std::memcpy(a.scratch, tensor, a.counts->bytes);
+    return true;
+  }
+  PERF_CUDA(cudaMemcpyAsync(a.scratch, tensor, a.counts->bytes, cudaMemcpyDeviceToDevice, a.stream));
+  return true;
+}
+// The tensor is quantize's input and dequantize's output.
+bool memcpyQuantize(const RunArgs& a) { return copyTensor(a, a.send); }
+bool memcpyDequantize(const RunArgs& a) { return copyTensor(a, a.recv); }
+
+void bwMemcpy(const SizeArgs&, const OpCounts& c, double seconds, double* algbw, double* busbw) {
+  *algbw = seconds > 0 ? 2.0 * double(c.bytes) / 1e9 / seconds : 0.0;
+  *busbw = *algbw;
+}
+
+PerfOp baseOp() {
+  PerfOp op;
+  op.runLabel = "zpccl";
+  op.uses = kUsesZp;
+  op.defaultType = zpBfloat16;
+  op.quantTypesOnly = true;
+  op.defaultBits = 8;
+  op.hasInPlace = false;
+  op.defaultThreads = 1;
+  op.fill = Fill::kSpread;
+  op.bw = bwLocal;
+  op.baselineName = "memcpy";
+  op.baselineBw = bwMemcpy;
+  return op;
+}
+
+PerfOp quantizeOp() {
+  PerfOp op = baseOp();
+  op.name = "quantize";
+  op.counts = countsQuantize;
+  op.init = initStandard;
+  op.expected = expectedQuantize;
+  op.compare = comparePayload;
+  op.run = runQuantize;
+  op.baseline = memcpyQuantize;
+  return op;
+}
+
+PerfOp dequantizeOp() {
+  PerfOp op = baseOp();
+  op.name = "dequantize";
+  op.counts = countsDequantize;
+  op.init = initDequantize;
+  op.expected = expectedDequantize;
+  op.run = runDequantize;
+  op.baseline = memcpyDequantize;
+  return op;
+}
+
+}  // namespace
+}  // namespace perf
+}  // namespace zp
+
+int main(int argc, char** argv) {
+  static const zp::perf::PerfOp quantize = zp::perf::quantizeOp();
+  static const zp::perf::PerfOp dequantize = zp::perf::dequantizeOp();
+  return zp::perf::perfMain({&quantize, &dequantize}, argc, argv);
+}

@@ -1,0 +1,349 @@
+#!/usr/bin/env bash
+# On the GPU machine (2x H200; meson, ninja, nvcc and NCCL installed, maybe Open MPI): build into build-gpu, run
+# the GPU and host test suites, then every perf binary in three link regimes:
+#   nvlink  default
+#   shm     NCCL_P2P_DISABLE=1
+#   net     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, as two processes with distinct NCCL_HOSTID (two "nodes"),
+#           meeting through the perf harness's file rendezvous (-P 2 -I i -D dir; no mpirun needed)
+# quantize_perf uses one GPU and no link: it runs once per bit width, regime "local".
+# JSON and logs go to build-gpu/results (one JSON per binary and regime, a log per step). When $OUT is set (the
+# GPU machine's folder of files that come back), it receives three files, refreshed after every step so that a run
+# cut short still leaves them: gpu-check.tar.gz (all logs and JSON), results.json (every JSON row of the run in
+# one array) and summary.txt. A compact summary table is printed LAST; the exit
+# status is 1 if any step failed (build, a test suite, a perf run, a wrong element), 3 if steps were only
+# skipped for lack of time, else 0. Every step runs even after a failure.
+#
+# Knobs (environment):
+#   ZP_GPU_CHECK_QUICK=1      1M..64M, 5 iterations, regimes nvlink and net (a quick look, ~2 minutes)
+#   ZP_GPU_CHECK_REGIMES      regimes to run, in order, default "nvlink net shm"
+#   ZP_GPU_CHECK_BINS         perf binaries (names), default every build-gpu/perf/*_perf
+#   ZP_GPU_CHECK_MIN/MAX/STEP sweep -b/-e/-f, default 1M / 1G / 4
+#   ZP_GPU_CHECK_ITERS/WARMUP -n/-w, default 20 / 5
+#   ZP_GPU_CHECK_NET_ITERS/NET_WARMUP/NET_MAX   for the net regime, default 5 / 2 / MAX
+#   ZP_GPU_CHECK_BITS         bit widths of the quantized binaries, default "8 4"
+#   ZP_GPU_CHECK_EXTRA        extra flags for every perf binary
+#   ZP_GPU_CHECK_BUDGET       no step starts after this many seconds, default 450
+#   ZP_GPU_CHECK_DEADLINE     no step runs past this many seconds (its time limit shrinks), default 540, so
+#                             that the summary prints within a 10-minute call
+#   ZP_GPU_CHECK_STEP_TIMEOUT seconds per perf step, default 150; ZP_GPU_CHECK_TEST_TIMEOUT per suite, 180
+#   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1; ZP_GPU_CHECK_BUILD_DIR (default build-gpu)
+set -uo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$top"
+build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
+case $build in /*) results=$build/results ;; *) results=$top/$build/results ;; esac
+rm -rf "$results" && mkdir -p "$results"
+export NCCL_NVLS_ENABLE=0
+
+quick=${ZP_GPU_CHECK_QUICK:-0}
+if [ "$quick" = 1 ]; then
+  def_regimes="nvlink net" def_max=64M def_iters=5 def_warmup=2
+else
+  def_regimes="nvlink net shm" def_max=1G def_iters=20 def_warmup=5
+fi
+regimes=${ZP_GPU_CHECK_REGIMES:-$def_regimes}
+min=${ZP_GPU_CHECK_MIN:-1M}
+max=${ZP_GPU_CHECK_MAX:-$def_max}
+step=${ZP_GPU_CHECK_STEP:-4}
+iters=${ZP_GPU_CHECK_ITERS:-$def_iters}
+warmup=${ZP_GPU_CHECK_WARMUP:-$def_warmup}
+net_iters=${ZP_GPU_CHECK_NET_ITERS:-5}
+net_warmup=${ZP_GPU_CHECK_NET_WARMUP:-2}
+net_max=${ZP_GPU_CHECK_NET_MAX:-$max}
+bits_list=${ZP_GPU_CHECK_BITS:-8 4}
+extra=${ZP_GPU_CHECK_EXTRA:-}
+budget=${ZP_GPU_CHECK_BUDGET:-450}
+deadline=${ZP_GPU_CHECK_DEADLINE:-540}
+step_timeout=${ZP_GPU_CHECK_STEP_TIMEOUT:-150}
+test_timeout=${ZP_GPU_CHECK_TEST_TIMEOUT:-180}
+
+manifest=$results/gpu-check.tsv
+: >"$manifest"
+SECONDS=0
+
+note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
+
+# Few files in $OUT: the machine that runs this may bring back only a handful.
+publish() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  tar czf "$OUT/gpu-check.tar.gz.tmp" -C "$results" . 2>/dev/null && mv "$OUT/gpu-check.tar.gz.tmp" "$OUT/gpu-check.tar.gz"
+  python3 - "$results" "$OUT/results.json" <<'PY' 2>/dev/null || true
+import glob, json, os, sys
+rows = []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    try:
+        data = json.load(open(path))
+    except ValueError:
+        continue
+    rows.extend(data if isinstance(data, list) else [])
+with open(sys.argv[2], "w") as f:
+    f.write("[\n" + ",\n".join("  " + json.dumps(r) for r in rows) + "\n]\n")
+PY
+}
+
+# record NAME REGIME KIND STATUS SECONDS LOG [JSON]
+record() {
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "${7:-}" >>"$manifest"
+  publish
+}
+
+# No new step after the budget, and none shorter than 15 s before the deadline.
+over_budget() { [ "$SECONDS" -ge "$budget" ] || [ $((deadline - SECONDS)) -lt 15 ]; }
+# A step's time limit, cut so that it ends by the deadline.
+capped() { local left=$((deadline - SECONDS)); [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
+
+# run_step NAME REGIME KIND LOG JSON TIMEOUT CMD...: runs CMD with a time limit, logs, records the exit status.
+run_step() {
+  local name=$1 regime=$2 kind=$3 log=$4 json=$5 limit=$6
+  shift 6
+  if over_budget; then
+    note "$regime $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
+    record "$name" "$regime" "$kind" skipped 0 "$log" "$json"
+    return
+  fi
+  local start=$SECONDS rc
+  limit=$(capped "$limit")
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  note "$regime $name: exit $rc ($((SECONDS - start))s) -> $log"
+  record "$name" "$regime" "$kind" "$rc" "$((SECONDS - start))" "$log" "$json"
+}
+
+# ---- build -------------------------------------------------------------------------------------------------
+for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
+  command -v nvcc >/dev/null || { [ -x "$d/nvcc" ] && export PATH=$d:$PATH; }
+done
+meson_cmd=(meson)
+if ! command -v meson >/dev/null; then
+  if [ -x "$top/.venv/bin/meson" ]; then
+    meson_cmd=("$top/.venv/bin/meson")
+  else
+    whl=$(ls "$top"/meson-*.whl 2>/dev/null | head -1)
+    [ -n "$whl" ] && meson_cmd=(env "PYTHONPATH=$whl" python3 -m mesonbuild.mesonmain)
+  fi
+fi
+# The architecture option was renamed once (cuda_archs is reserved by Meson); take whichever this tree has.
+arch_opt=gpu_archs
+grep -q "option('cuda_archs'" meson.options 2>/dev/null && arch_opt=cuda_archs
+
+if [ "${ZP_GPU_CHECK_SKIP_BUILD:-0}" != 1 ]; then
+  build_log=$results/build.log
+  start=$SECONDS
+  (
+    if [ ! -f "$build/build.ninja" ]; then
+      "${meson_cmd[@]}" setup "$build" -D$arch_opt=90 --buildtype=release -Dperf=true -Dtests=true || exit 1
+    fi
+    ninja -C "$build" -k 0  # keep going: one broken target must not hide the others
+  ) >"$build_log" 2>&1
+  rc=$?
+  note "build: exit $rc ($((SECONDS - start))s) -> $build_log"
+  record build - build "$rc" "$((SECONDS - start))" "$build_log"
+  grep -q "MPI for cpp found: YES" "$build_log" && note "built with MPI (the perf binaries also run under mpirun)"
+fi
+
+# ---- test suites -------------------------------------------------------------------------------------------
+if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
+  for suite in zpccl_gpu_tests zpccl_host_tests; do
+    if [ -x "$build/tests/$suite" ]; then
+      run_step "$suite" - test "$results/$suite.log" "" "$test_timeout" "$build/tests/$suite"
+    else
+      note "$suite: not built"
+      record "$suite" - test missing 0 -
+    fi
+  done
+fi
+
+# ---- perf --------------------------------------------------------------------------------------------------
+if [ -n "${ZP_GPU_CHECK_BINS:-}" ]; then
+  bins=$ZP_GPU_CHECK_BINS
+else
+  bins=$(cd "$build/perf" 2>/dev/null && ls -1 *_perf 2>/dev/null | sort | tr '\n' ' ')
+fi
+[ -z "$bins" ] && { note "no perf binaries under $build/perf"; record perf - perf missing 0 -; }
+
+# Two processes, one GPU each, distinct NCCL_HOSTID: NCCL and zpccl see two nodes.
+perf_two_nodes() {  # NAME LOG JSON CMD...
+  local name=$1 log=$2 json=$3
+  shift 3
+  if over_budget; then
+    note "net $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
+    record "$name" net perf skipped 0 "$log" "$json"
+    return
+  fi
+  local rdv start=$SECONDS rc0 rc1 pid0 limit
+  limit=$(capped "$step_timeout")
+  rdv=$(mktemp -d "${TMPDIR:-/tmp}/zp-rdv.XXXXXX")
+  ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=zp-node-0 timeout -k 5 "$limit" env "${regime_env[@]}" \
+    "$@" -P 2 -I 0 -D "$rdv" -t 1 -R net -J "$json" >"$log" 2>&1 &
+  pid0=$!
+  ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=zp-node-1 timeout -k 5 "$limit" env "${regime_env[@]}" \
+    "$@" -P 2 -I 1 -D "$rdv" -t 1 -R net >"$log.proc1" 2>&1
+  rc1=$?
+  wait "$pid0"
+  rc0=$?
+  rm -rf "$rdv"
+  local rc=$rc0
+  [ "$rc" = 0 ] && rc=$rc1
+  note "net $name: exit $rc0/$rc1 ($((SECONDS - start))s) -> $log (+ .proc1)"
+  record "$name" net perf "$rc" "$((SECONDS - start))" "$log" "$json"
+}
+
+# Quantized binaries run once per bit width; the NCCL-only baselines once.
+bit_widths() { case $1 in nccl_*) echo "-" ;; *) echo "$bits_list" ;; esac; }
+# Binaries on one GPU with no link run once, as regime "local".
+is_local() { [ "$1" = quantize_perf ]; }
+
+run_perf() {  # REGIME BIN
+  local regime=$1 bin=$2 path=$build/perf/$2 bits flags tag file sweep
+  if [ ! -x "$path" ]; then
+    note "$bin: not built"
+    record "$bin" "$regime" perf missing 0 -
+    return
+  fi
+  if [ "$regime" = net ]; then
+    sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup")
+  else
+    sweep=(-b "$min" -e "$max" -f "$step" -n "$iters" -w "$warmup")
+  fi
+  for bits in $(bit_widths "$bin"); do
+    flags=() tag=$bin file=${regime}_${bin%_perf}
+    if [ "$bits" != - ]; then
+      flags=(-B "$bits") tag="$bin int$bits" file=${file}_int$bits
+    fi
+    if [ "$regime" = net ]; then
+      perf_two_nodes "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
+    else
+      run_step "$tag" "$regime" perf "$results/$file.log" "$results/$file.json" "$step_timeout" \
+        env "${regime_env[@]}" "$path" "${sweep[@]}" "${flags[@]}" -R "$regime" -J "$results/$file.json" $extra
+    fi
+  done
+}
+
+regime_env=(NCCL_NVLS_ENABLE=0)
+for bin in $bins; do is_local "$bin" && run_perf local "$bin"; done
+for regime in $regimes; do
+  case $regime in
+    nvlink) regime_env=(NCCL_NVLS_ENABLE=0) ;;
+    shm) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1) ;;
+    net) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) ;;
+    *) note "unknown regime $regime (nvlink, shm, net)"; record "regime $regime" "$regime" perf unknown 0 -; continue ;;
+  esac
+  for bin in $bins; do is_local "$bin" || run_perf "$regime" "$bin"; done
+done
+
+# ---- summary (last) ----------------------------------------------------------------------------------------
+summary=$results/summary.txt
+python3 - "$manifest" "$SECONDS" >"$summary" <<'PY'
+import json, sys
+
+manifest, elapsed = sys.argv[1], sys.argv[2]
+targets = [(16 << 20, "16M"), (256 << 20, "256M"), (1 << 30, "1G")]
+
+def load(path):
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+        return rows if isinstance(rows, list) else []
+    except (OSError, ValueError):
+        return []
+
+def at(rows, size, get):
+    # Sizes are rounded down to whole elements per rank: take the row within 1% of the target.
+    best = [r for r in rows if r.get("size") and abs(r["size"] - size) <= size * 0.01]
+    if not best:
+        return "-"
+    v = get(best[0])
+    if v is None:
+        return "-"
+    return "{:.0f}".format(v) if v >= 100 else "{:.3g}".format(v)
+
+def gtest_counts(log):
+    passed = failed = None
+    try:
+        for line in open(log, errors="replace"):
+            if line.startswith("[  PASSED  ]"):
+                passed = line.split()[3]
+            if line.startswith("[  FAILED  ]") and "tests, listed below" in line:
+                failed = line.split()[3]
+    except OSError:
+        pass
+    return passed, failed
+
+def last_words(log, status):
+    """The last error-looking lines of a step's log(s), for the reader who cannot open them."""
+    lines = []
+    if status in ("124", "137"):
+        try:
+            running = [l.strip() for l in open(log, errors="replace") if l.startswith("[ RUN")]
+        except OSError:
+            running = []
+        return "timed out" + (" in " + running[-1][12:].strip() if running else "")
+    for path in (log, log + ".proc1"):
+        try:
+            text = [l.strip() for l in open(path, errors="replace") if l.strip()]
+        except OSError:
+            continue
+        errors = [l for l in text if not l.startswith("#") and ("fail" in l.lower() or "error" in l.lower()
+                                                                 or "perf:" in l or "timed out" in l)]
+        lines.extend((errors or text)[-2:])
+    return " | ".join(dict.fromkeys(lines))[:300] or "no log"
+
+why = []
+fmt = "{:<30} {:<7} {:<8} {:>22} {:>22} {:>7}"
+print("==== zpccl gpu-check summary ({} s) ====".format(elapsed))
+print(fmt.format("step", "regime", "status", "busbw GB/s 16M/256M/1G", "speedup 16M/256M/1G", "wrong"))
+failed, skipped = [], []
+for line in open(manifest):
+    parts = line.rstrip("\n").split("\t")
+    if len(parts) < 6:
+        continue
+    name, regime, kind, status, secs, log = parts[:6]
+    jsons = [p for p in parts[6:] if p]
+    ok = status == "0"
+    label = {"0": "ok", "124": "timeout", "137": "killed", "skipped": "skipped", "missing": "missing"}.get(
+        status, "exit " + status)
+    if kind in ("build", "test"):
+        extra = ""
+        if kind == "test" and status not in ("missing", "skipped"):
+            p, f = gtest_counts(log)
+            extra = "passed {} failed {}".format(p or "?", f or 0)
+        print(fmt.format(name, regime, label, extra, "", ""))
+    else:
+        rows = [r for j in jsons for r in load(j)]
+        ops = sorted({r.get("op") for r in rows}) or [None]
+        for op in ops:
+            mine = [r for r in rows if r.get("op") == op]
+            bw = "/".join(at(mine, s, lambda r: (r.get("oop") or {}).get("busbw")) for s, _ in targets)
+            sp = "/".join(at(mine, s, lambda r: r.get("speedup")) for s, _ in targets)
+            wrong = sum(((r.get(v) or {}).get("wrong") or 0) for r in mine for v in ("oop", "ip"))
+            if mine and wrong:
+                ok = False
+            bits = mine[0].get("bits") if mine else None
+            title = "{}{}".format(op, " int%d" % bits if bits else "") if mine else name
+            print(fmt.format(title[:30], regime, label, bw if mine else "no rows", sp if mine else "", wrong))
+    if status == "skipped":
+        skipped.append(name + " " + regime)
+    elif not ok:
+        failed.append(name + " (" + regime + ")")
+        why.append((name, regime, last_words(log, status)))
+for name, regime, words in why:
+    print("  {} ({}): {}".format(name, regime, words))
+if failed:
+    print("RESULT: FAILED: " + ", ".join(failed))
+    sys.exit(1)
+if skipped:
+    print("RESULT: INCOMPLETE: skipped " + ", ".join(skipped))
+    sys.exit(3)
+print("RESULT: OK")
+PY
+rc=$?
+if [ ! -s "$summary" ]; then
+  { echo "(python3 failed; raw steps: name, regime, kind, status, seconds, log, json)"; cat "$manifest"; } >"$summary"
+  rc=1
+fi
+[ -n "${OUT:-}" ] && cp "$summary" "$OUT/summary.txt"
+publish
+echo
+cat "$summary"
+exit $rc
