@@ -7,6 +7,7 @@
 #include "device/quantize.h"
 #include "src/check.h"
 #include "src/cuda_exec.h"
+#include "src/params.h"
 
 namespace zp {
 
@@ -212,7 +213,9 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     static_assert(sizeof(ncclUniqueId) == sizeof(zpUniqueId), "a zpUniqueId carries an ncclUniqueId");
     ncclUniqueId ncclId;
     memcpy(&ncclId, &id, sizeof(ncclId));
-    ncclResult_t r = ncclCommInitRank(&c.world, nranks, ncclId, rank);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (paramNetChannelsPerPeer() > 0) config.nChannelsPerNetPeer = static_cast<int>(paramNetChannelsPerPeer());
+    ncclResult_t r = ncclCommInitRankConfig(&c.world, nranks, ncclId, rank, &config);
     if (r != ncclSuccess) {
       c.world = nullptr;
       return ZP_ERR(static_cast<zpResult_t>(r), "%s : ncclCommInitRank failed: %s (%s)", call,

@@ -53,38 +53,55 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   return zpSuccess;
 }
 
+// The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
+// caller's stream, which saves the events' latency on small messages.
+struct Stages {
+  cudaStream_t quant, move, finish;
+  bool pipelined() const { return quant != move; }
+};
+
 // Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
 // being captured (inside a graph the order of replays is the caller's), then starts the quantize stage.
-zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream) {
+zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, Stages* stages) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   if (status == cudaStreamCaptureStatusNone) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
+  if (chunks <= 1) {
+    *stages = Stages{stream, stream, stream};
+    return zpSuccess;
+  }
+  *stages = Stages{e.quantStream, stream, e.sideStream};
   CUDACHECK(cudaEventRecord(e.callStart, stream));
   CUDACHECK(cudaStreamWaitEvent(e.quantStream, e.callStart, 0));
   return zpSuccess;
 }
 
-// Chunk c is quantized (on the quantize stream): the caller's stream may move it.
-zpResult_t quantized(CudaExec& e, int c) {
-  CUDACHECK(cudaEventRecord(e.quantReady[c], e.quantStream));
+// Chunk c is quantized (recorded right after its quantization, before later chunks are enqueued)...
+zpResult_t quantized(CudaExec& e, const Stages& s, int c) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaEventRecord(e.quantReady[c], s.quant));
   return zpSuccess;
 }
-zpResult_t waitQuantized(CudaExec& e, int c, cudaStream_t stream) {
-  CUDACHECK(cudaStreamWaitEvent(stream, e.quantReady[c], 0));
+// ...so the move stage may send it.
+zpResult_t waitQuantized(CudaExec& e, const Stages& s, int c) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaStreamWaitEvent(s.move, e.quantReady[c], 0));
   return zpSuccess;
 }
 
-// Hands chunk c from the move stage (caller's stream) to the finish stage (side stream).
-zpResult_t handOver(CudaExec& e, int c, cudaStream_t stream) {
-  CUDACHECK(cudaEventRecord(e.chunkReady[c], stream));
-  CUDACHECK(cudaStreamWaitEvent(e.sideStream, e.chunkReady[c], 0));
+// Chunk c has moved: the finish stage may use it.
+zpResult_t handOver(CudaExec& e, const Stages& s, int c) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaEventRecord(e.chunkReady[c], s.move));
+  CUDACHECK(cudaStreamWaitEvent(s.finish, e.chunkReady[c], 0));
   return zpSuccess;
 }
 
 // Joins the finish stage back into the caller's stream.
-zpResult_t endPipeline(CudaExec& e, cudaStream_t stream) {
-  CUDACHECK(cudaEventRecord(e.sideDone, e.sideStream));
-  CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
+zpResult_t endPipeline(CudaExec& e, const Stages& s) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaEventRecord(e.sideDone, s.finish));
+  CUDACHECK(cudaStreamWaitEvent(s.move, e.sideDone, 0));
   return zpSuccess;
 }
 
@@ -159,7 +176,8 @@ zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
   const size_t esz = typeSize(a.type);
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
-  ZPCHECK(beginPipeline(e, a.stream));
+  Stages st;
+  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, &st));
   char* region = static_cast<char*>(e.scratch[0].ptr);
   const auto* send = static_cast<const char*>(a.sendbuff);
   auto* recv = static_cast<char*>(a.recvbuff);
@@ -170,23 +188,23 @@ zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
     ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + off + rank * pb, plan.elems(c), a.type, a.bits,
-                           a.blockSize, e.quantStream));
-    ZPCHECK(quantized(e, c));
+                           a.blockSize, st.quant));
+    ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
   // Step 2 (move stage): gather chunk c while chunk c+1 is quantized and chunk c-1 dequantized.
   off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
-    ZPCHECK(waitQuantized(e, c, a.stream));
-    ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, e.comms.world, a.stream),
+    ZPCHECK(waitQuantized(e, st, c));
+    ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, e.comms.world, st.move),
                       a.opName, "ncclAllGather"));
-    ZPCHECK(handOver(e, c, a.stream));
+    ZPCHECK(handOver(e, st, c));
     ZPCHECK(launchDequantize(region + off, recv + plan.offset(c) * esz, plan.elems(c), a.type, a.bits, a.blockSize,
-                             e.sideStream, n, pb, a.count));
+                             st.finish, n, pb, a.count));
     off += n * pb;
   }
-  return endPipeline(e, a.stream);
+  return endPipeline(e, st);
 }
 
 // hpZ moves the secondary shards as they are: one all-gather over the hpZ group's communicator.
@@ -220,7 +238,8 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     }
     ZPCHECK(connectPeers(e, a.opName));
   }
-  ZPCHECK(beginPipeline(e, a.stream));
+  Stages st;
+  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, &st));
   auto* sendRegion = static_cast<char*>(e.scratch[0].ptr);
   auto* recvRegion = static_cast<char*>(e.scratch[1].ptr);
   auto* recv = static_cast<char*>(a.recvbuff);
@@ -231,8 +250,8 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
     ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb,
-                          e.quantStream));
-    ZPCHECK(quantized(e, c));
+                          st.quant));
+    ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
   off = 0;
@@ -241,47 +260,47 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     const size_t pb = quantPayloadBytes(cc, a.bits, a.blockSize);
     char* slots = sendRegion + off;
     char* received = recvRegion + off;
-    ZPCHECK(waitQuantized(e, c, a.stream));
+    ZPCHECK(waitQuantized(e, st, c));
     // Step 2 (move): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
     ncclComm_t firstHop = q.twoHop ? e.comms.intra : e.comms.world;
     const size_t peerBytes = N * pb;
     ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
     for (int peer = 0; peer < L; ++peer) {
-      ZPCHECK(ncclCheck(ncclSend(slots + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, a.stream),
+      ZPCHECK(ncclCheck(ncclSend(slots + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move),
                         a.opName, "ncclSend"));
-      ZPCHECK(ncclCheck(ncclRecv(received + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, a.stream),
+      ZPCHECK(ncclCheck(ncclRecv(received + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move),
                         a.opName, "ncclRecv"));
     }
     ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
     if (!q.twoHop) {
-      ZPCHECK(handOver(e, c, a.stream));
+      ZPCHECK(handOver(e, st, c));
       // Step 3 (finish): slot j of the received region came from rank j; summed in rank order.
       const ReduceSources sources{received, pb, 0, n, 1};
       ZPCHECK(launchReduceFinish(sources, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
-                                 e.sideStream));
+                                 st.finish));
     } else {
       // Step 3 (move): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
       // into the front of this chunk's send region (its slots have left).
       const ReduceSources partials{received, peerBytes, pb, L, N};
-      ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, a.stream));
-      ZPCHECK(handOver(e, c, a.stream));
+      ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, st.move));
+      ZPCHECK(handOver(e, st, c));
       // Step 4 (finish): the inter-node all-to-all among ranks of this local rank: partial b to node b.
       ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
       for (int node = 0; node < N; ++node) {
-        ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, e.sideStream), a.opName,
+        ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish), a.opName,
                           "ncclSend"));
-        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, e.sideStream),
+        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish),
                           a.opName, "ncclRecv"));
       }
       ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
       // Step 5 (finish): node a's partial, summed in node order, into recvbuff.
       const ReduceSources finals{received, pb, 0, N, 1};
       ZPCHECK(launchReduceFinish(finals, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
-                                 e.sideStream));
+                                 st.finish));
     }
     off += n * pb;
   }
-  return endPipeline(e, a.stream);
+  return endPipeline(e, st);
 }
 
 }  // namespace zp
