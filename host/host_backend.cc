@@ -45,7 +45,9 @@ void finish(const float* sum, size_t count, zpDataType_t type, float divisor, vo
 class HostBackend final : public Backend {
  public:
   HostBackend(std::shared_ptr<HostWorld> world, const Topology& topo)
-      : world_(std::move(world)), rank_(topo.rank), topo_(topo), qgz_(makeQgzPlan(topo)) {}
+      : world_(std::move(world)), rank_(topo.rank), topo_(topo), qgz_(makeQgzPlan(topo)) {
+    for (int r = 0; r < topo.nranks; ++r) allRanks_.push_back(r);
+  }
 
   zpResult_t run(const CollArgs& a) override {
     if (world_->aborted()) return ZP_ERR(zpRemoteError, "%s : the communicator was aborted", a.opName);
@@ -85,21 +87,25 @@ class HostBackend final : public Backend {
 
  private:
   // qwZ: quantize the own shard, let every rank read every payload, dequantize all of them in rank order.
-  zpResult_t quantAllGather(const CollArgs& a) {
+  zpResult_t quantAllGather(const CollArgs& a) { return quantizedGather(a, allRanks_); }
+
+  // The quantized gather over `group` (global ranks, in output order): qwZ, and hpZ's quantized mode.
+  zpResult_t quantizedGather(const CollArgs& a, const std::vector<int>& group) {
     const size_t pb = quantPayloadBytes(a.count, a.bits, a.blockSize);
     const size_t shardBytes = a.count * typeSize(a.type);
     std::vector<unsigned char>& mine = scratch(0, pb);
     quantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, mine.data());
     ZPCHECK(world_->exchange(rank_, mine.data(), a.opName));
-    for (int r = 0; r < topo_.nranks; ++r) {
-      dequantizeRef(world_->slot(r), a.type, a.count, a.bits, a.blockSize,
-                    static_cast<char*>(a.recvbuff) + r * shardBytes);
+    for (size_t i = 0; i < group.size(); ++i) {
+      dequantizeRef(world_->slot(group[i]), a.type, a.count, a.bits, a.blockSize,
+                    static_cast<char*>(a.recvbuff) + i * shardBytes);
     }
     return world_->barrier(a.opName);  // peers may still read our payload until here
   }
 
-  // hpZ: copy every hpZ peer's shard, as it is, into its place.
+  // hpZ: copy every hpZ peer's shard, as it is, into its place (or gather them quantized when asked).
   zpResult_t hierAllGather(const CollArgs& a) {
+    if (a.bits != 0) return quantizedGather(a, topo_.hpzRanks);
     const size_t shardBytes = a.count * typeSize(a.type);
     ZPCHECK(world_->exchange(rank_, a.sendbuff, a.opName));
     for (int i = 0; i < topo_.hpzSize; ++i) {
@@ -166,6 +172,7 @@ class HostBackend final : public Backend {
   const int rank_;
   const Topology topo_;
   const QgzPlan qgz_;
+  std::vector<int> allRanks_;
   std::vector<unsigned char> scratch_[2];
 };
 

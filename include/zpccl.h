@@ -230,6 +230,11 @@ zpResult_t zpQuantAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendc
  * Exact for every type. Memory cost: each rank keeps full/hpzSize elements between forward and backward. */
 zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
                            zpComm_t comm, cudaStream_t stream);
+/* As zpHierAllGather. With options->bits 8 or 4 (fp16, bf16, fp32 only) the shards travel block-quantized as
+ * in zpQuantAllGather (DeepSpeed's behaviour: every rank's recvbuff holds the dequantized shards, its own
+ * included, bit-identical across the group); options NULL or bits 0 keep the exact default. */
+zpResult_t zpHierAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
+                             const zpQuantOptions_t* options, zpComm_t comm, cudaStream_t stream);
 
 /* Where this rank's secondary shard lies in a full tensor of fullCount elements (as gathered by
  * zpQuantAllGather): elements [*offset, *offset + *count). fullCount must be a multiple of hpzSize. */

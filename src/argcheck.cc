@@ -132,7 +132,9 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
 zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs* a) {
   const char* call = a->opName;
   const Topology& topo = comm->topo;
-  const bool quantized = a->kind != CollKind::kHierAllGather;
+  // hpZ moves its shards exactly unless the call asks for bits (its optional quantized mode).
+  const bool quantized =
+      a->kind != CollKind::kHierAllGather || (options != nullptr && options->bits != 0);
 
   // Type and op.
   if (!isValidType(a->type)) {

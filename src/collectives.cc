@@ -18,7 +18,7 @@ zpResult_t enqueue(zpComm* comm, const zpQuantOptions_t* options, CollArgs args)
   // Collectives take the communicator's settings; zpQuantize/zpDequantize name theirs explicitly.
   const bool standalone = args.kind == CollKind::kQuantize || args.kind == CollKind::kDequantize;
   if (!standalone) {
-    args.bits = defaultBits(comm, args.kind);
+    args.bits = args.kind == CollKind::kHierAllGather ? 0 : defaultBits(comm, args.kind);  // 0: exact
     args.blockSize = comm->settings.blockSize;
   }
   ZPCHECK(checkCollArgs(comm, options, &args));
@@ -75,10 +75,16 @@ ZP_EXPORT zpResult_t zpQuantAllGather(const void* sendbuff, void* recvbuff, size
   return zpQuantAllGatherEx(sendbuff, recvbuff, sendcount, datatype, nullptr, comm, stream);
 }
 
+ZP_EXPORT zpResult_t zpHierAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                       zpDataType_t datatype, const zpQuantOptions_t* options, zpComm_t comm,
+                                       cudaStream_t stream) {
+  return zp::call("zpHierAllGather", CollKind::kHierAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
+                  options, comm, stream);
+}
+
 ZP_EXPORT zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
                                      zpComm_t comm, cudaStream_t stream) {
-  return zp::call("zpHierAllGather", CollKind::kHierAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
-                  nullptr, comm, stream);
+  return zpHierAllGatherEx(sendbuff, recvbuff, sendcount, datatype, nullptr, comm, stream);
 }
 
 ZP_EXPORT zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count, zpComm_t comm) {

@@ -169,10 +169,12 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes, const CollArgs* forCall) {
   return connectPeers(e, forCall ? forCall->opName : "zpCommReserve");
 }
 
-// qwZ. Quantize: the own shard into its slot of every chunk's region. Move: all-gather the regions chunk by
-// chunk. Finish: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
-zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
-  const int n = e.topo.nranks, rank = e.topo.rank;
+namespace {
+
+// The quantized gather over `comm` (n ranks, this one `rank`): qwZ over the world, hpZ's quantized mode over the
+// hpZ group. Quantize: the own shard into its slot of every chunk's region. Move: all-gather the regions chunk
+// by chunk. Finish: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
+zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
   const size_t esz = typeSize(a.type);
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
@@ -197,8 +199,8 @@ zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
     ZPCHECK(waitQuantized(e, st, c));
-    ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, e.comms.world, st.move),
-                      a.opName, "ncclAllGather"));
+    ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, comm, st.move), a.opName,
+                      "ncclAllGather"));
     ZPCHECK(handOver(e, st, c));
     ZPCHECK(launchDequantize(region + off, recv + plan.offset(c) * esz, plan.elems(c), a.type, a.bits, a.blockSize,
                              st.finish, n, pb, a.count));
@@ -207,8 +209,16 @@ zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
   return endPipeline(e, st);
 }
 
-// hpZ moves the secondary shards as they are: one all-gather over the hpZ group's communicator.
+}  // namespace
+
+zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
+  return quantizedGather(e, a, e.comms.world, e.topo.nranks, e.topo.rank);
+}
+
+// hpZ moves the secondary shards as they are: one all-gather over the hpZ group's communicator (or, when the
+// call asks for bits, the quantized gather over that group).
 zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
+  if (a.bits != 0) return quantizedGather(e, a, e.comms.hpz, e.topo.hpzSize, e.topo.hpzRank);
   const size_t bytes = a.count * typeSize(a.type);
   return ncclCheck(ncclAllGather(a.sendbuff, a.recvbuff, bytes, ncclUint8, e.comms.hpz, a.stream), a.opName,
                    "ncclAllGather over the hpZ group");

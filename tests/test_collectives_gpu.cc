@@ -56,7 +56,7 @@ zpResult_t runCase(const Case& c, zpComm_t comm, const void* send, void* recv, c
   zpQuantOptions_t options = {c.bits, 0};
   switch (c.op) {
     case Op::kQwz: return zpQuantAllGatherEx(send, recv, c.count, c.type, &options, comm, stream);
-    case Op::kHpz: return zpHierAllGather(send, recv, c.count, c.type, comm, stream);
+    case Op::kHpz: return zpHierAllGatherEx(send, recv, c.count, c.type, c.bits ? &options : nullptr, comm, stream);
     case Op::kQgz: return zpQuantReduceScatterA2AEx(send, recv, c.count, c.type, c.redOp, &options, comm, stream);
   }
   return zpInternalError;
@@ -74,7 +74,7 @@ long inPlaceOffset(const Case& c, int rank, int groupRank) {
 }
 
 void fillInput(const Case& c, int rank, size_t elems, void* dst) {
-  if (c.op == Op::kHpz) {
+  if (c.op == Op::kHpz && c.bits == 0) {
     zpcheck::fillBytes(dst, elems * zp::typeSize(c.type), 7, rank);
   } else {
     zpcheck::fillRandom(c.type, dst, elems, 7, rank);
@@ -291,6 +291,8 @@ TEST(GpuHpz, ExactOnOneNodeAndAsTwoNodes) {
   std::vector<Case> cases;
   for (zpDataType_t type : {zpInt8, zpBfloat16, zpFloat32, zpFloat64})
     for (bool inPlace : {false, true}) cases.push_back({Op::kHpz, type, 0, 100003, inPlace});
+  cases.push_back({Op::kHpz, zpBfloat16, 8, 100003, false});  // the optional quantized mode
+  cases.push_back({Op::kHpz, zpFloat16, 4, 4097, true});
   checkAgainstHost(cases, 2, nullptr);
   checkAgainstHost(cases, 2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; });  // hpZ group of one: a copy
 }

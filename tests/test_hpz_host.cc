@@ -13,6 +13,8 @@
 
 #include "host/dtype.h"
 #include "include/zpccl.h"
+#include "host/quant_format.h"
+#include "host/quant_ref.h"
 #include "tests/collective_check.h"
 #include "tests/host_ranks.h"
 
@@ -163,6 +165,43 @@ TEST_P(HpzLayout, SecondaryShardsRebuildTheForwardGatherBitForBit) {
         finished++;
       });
   EXPECT_EQ(finished.load(), L.nranks);
+}
+
+// The optional quantized mode (zpHierAllGatherEx with bits): every rank of a group receives each member's shard
+// as dequantize(quantize(shard)), its own included, so the group's outputs are bit-identical.
+TEST_P(HpzLayout, QuantizedModeGathersDequantizedShards) {
+  const Layout L = GetParam();
+  for (zpDataType_t type : zpcheck::kQuantTypes) {
+    for (int bits : {8, 4}) {
+      SCOPED_TRACE(std::string(zp::typeName(type)) + " bits " + std::to_string(bits));
+      const size_t count = 777, esz = zpcheck::bytesOf(type);
+      runHostRanks(
+          L.nranks, [&](int rank, zpConfig_t* c) { configure(L, c, rank); },
+          [&](int rank, zpComm_t comm) {
+            const Group g = hpzGroupOf(L, rank);
+            const int hpz = static_cast<int>(g.ranks.size());
+            Buffer send(count * esz), recv(count * esz * hpz), expected(count * esz * hpz);
+            zpcheck::fillRandom(type, send.data(), count, 91, rank);
+            Buffer shard(count * esz), payload(zp::quantPayloadBytes(count, bits, 128));
+            for (int i = 0; i < hpz; ++i) {
+              zpcheck::fillRandom(type, shard.data(), count, 91, g.ranks[i]);
+              zp::quantizeRef(shard.data(), type, count, bits, 128, payload.data());
+              zp::dequantizeRef(payload.data(), type, count, bits, 128, expected.data() + i * count * esz);
+            }
+            const zpQuantOptions_t options = {bits, 128};
+            ASSERT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, type, &options, comm, nullptr), zpSuccess)
+                << zpGetLastError(comm);
+            EXPECT_TRUE(sameBits(recv.data(), expected.data(), count * hpz, type));
+            // Exact mode is still the default, and integer types cannot be quantized.
+            const zpQuantOptions_t exact = {0, 0};
+            ASSERT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, type, &exact, comm, nullptr), zpSuccess);
+            EXPECT_TRUE(sameBits(recv.data() + g.hpzRank * count * esz, send.data(), count, type));
+            EXPECT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, zpInt32, &options, comm, nullptr),
+                      zpInvalidArgument);
+            EXPECT_TRUE(mentions(zpGetLastError(comm), "type int32 is not supported")) << zpGetLastError(comm);
+          });
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Hpz, HpzLayout, ::testing::ValuesIn(kLayouts), layoutName);
