@@ -123,6 +123,7 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "zpQuantAllGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_void_p]),
     "zpQuantAllGatherEx": (c_int, [c_void_p, c_void_p, c_size_t, c_int, _OPTIONS_P, c_void_p, c_void_p]),
     "zpHierAllGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_void_p]),
+    "zpHierAllGatherEx": (c_int, [c_void_p, c_void_p, c_size_t, c_int, _OPTIONS_P, c_void_p, c_void_p]),
     "zpHierSecondaryShard": (c_int, [c_size_t, _SIZE_P, _SIZE_P, c_void_p]),
     "zpQuantReduceScatterA2A": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p]),
     "zpQuantReduceScatterA2AEx": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _OPTIONS_P, c_void_p,

@@ -429,19 +429,28 @@ class Comm:
         self._check(res, "zpQuantAllGather")
         return rb.obj
 
-    def hier_all_gather(self, send: Any, recv: Any = None, *, dtype: Any = None, stream: Any = None) -> Any:
+    def hier_all_gather(self, send: Any, recv: Any = None, bits: int | None = None, block_size: int | None = None,
+                        *, dtype: Any = None, stream: Any = None) -> Any:
         """hpZ (``zpHierAllGather``): gathers the secondary shards of this rank's hpZ group, exactly, into
         ``recv`` of ``hpz_size * send.size`` elements in hpZ-rank order (traffic stays inside the node).
 
         Any element type: one without a ``zpDataType_t`` (int16, bool, complex, ...) travels as bytes.
+        With ``bits`` (8 or 4; float16/bfloat16/float32 only) the shards travel block-quantized as in
+        :meth:`quant_all_gather` (``zpHierAllGatherEx``, DeepSpeed's behaviour); the default is exact.
         """
         call = "hier_all_gather"
         handle = self._live(call)
-        sb = self._input(send, call, "send", dtype, quantized=False)
+        sb = self._input(send, call, "send", dtype, quantized=bits is not None)
         rb = self._output(recv, sb, sb.count * self._hpz_size, call, "recv", dtype)
         code, count = (sb.dtype, sb.count) if sb.dtype is not None else (DataType.UINT8, sb.nbytes)
         st = self._stream(sb, stream, call)
-        self._check(_lib.lib().zpHierAllGather(sb.ptr, rb.ptr, count, int(code), handle, st), "zpHierAllGather")
+        opts = self._options(bits, block_size, call)
+        L = _lib.lib()
+        if opts is None:
+            res = L.zpHierAllGather(sb.ptr, rb.ptr, count, int(code), handle, st)
+        else:
+            res = L.zpHierAllGatherEx(sb.ptr, rb.ptr, count, int(code), byref(opts), handle, st)
+        self._check(res, "zpHierAllGather")
         return rb.obj
 
     def hier_secondary_shard(self, full_count: int) -> tuple[int, int]:
