@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "host/chunk_plan.h"
 #include "host/qgz_plan.h"
 #include "host/quant_format.h"
 #include "host/topology.h"
@@ -48,6 +49,7 @@ Traffic& Traffic::operator+=(const Traffic& o) {
   linkUs += o.linkUs;
   latencyUs += o.latencyUs;
   kernelUs += o.kernelUs;
+  hiddenUs += o.hiddenUs;
   return *this;
 }
 
@@ -61,6 +63,7 @@ Traffic Traffic::scaled(double k) const {
   t.linkUs *= k;
   t.latencyUs *= k;
   t.kernelUs *= k;
+  t.hiddenUs *= k;
   return t;
 }
 
@@ -89,42 +92,62 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 }
 
 // ===========================================================================================================
-// The formulas. Every time and byte count of the model comes from this section.
+// The formulas. Every time and byte count of the model comes from this section; calibrate() fits its parameters
+// (steps in host/cost_model.h).
 //
 //   n ranks on N nodes, node a holding L_a GPUs (L when even); S the logical bytes of a collective; e the bytes
 //   per element; pb(k) = quantPayloadBytes(k, bits, G): fp32 scales of ceil(k/G) blocks padded to 16 bytes, then
-//   the packed codes padded to 16 bytes (host/quant_format.h).
-//   B_intra: bus bandwidth of a GPU's intra-node links; B_inter: bus bandwidth of a node's NICs together.
-//   alpha: latency per step. t(bytes, B) = bytes / B.
+//   the packed codes padded to 16 bytes (host/quant_format.h). t(x, B) = x / B.
 //
+//   Links (NCCL). B_intra: bus bandwidth of a GPU's intra-node links; B_inter: bus bandwidth of a node's NICs
+//   together; alpha: cost per step; each per kind of collective (all-gather, reduce-scatter, all-to-all). A step
+//   of x bytes costs alpha + x / B, i.e. it runs at B * x / (x + alpha * B): alpha models NCCL's bandwidth ramp
+//   (half speed at x = alpha * B), fitted from 16 MiB up, and is not the small-message latency. Below 16 MiB
+//   the model extrapolates (it over-predicts NCCL there, whose launch and protocol floors it does not describe).
 //   Ring all-gather / reduce-scatter (NCCL), S = gathered tensor / each rank's input:
 //     every rank sends (n-1)/n * S (n-1 steps of S/n). One node: all of it on NVLink.
 //     Several nodes: every ring (channel) leaves each node once, so (n-1)/n * S leaves every node
 //     (node egress), N of the ring's n hops cross nodes: inter per GPU = (n-1)/n * S * N/n, the rest is intra.
 //     time = (n-1) * alpha_link + max(t(egress, B_inter), t(intra per GPU, B_intra)), where alpha_link is
-//     the inter-node latency when the ring crosses nodes (each step waits for its slowest hop).
+//     the inter-node one when the ring crosses nodes (each step waits for its slowest hop).
 //   All-to-all, p bytes to each peer: a GPU of node a sends p*(L_a-1) intra and p*(n-L_a) inter; node a's
 //     egress is L_a*p*(n-L_a). time = (n-1) * alpha + max over nodes of the two transfer times.
-//   Kernels (quantize, dequantize, reduce): memory-bound, launches * launchUs + bytes read and written / memBw.
 //
-//   qwZ (count k per rank):   quantize k*e -> pb(k); ring all-gather of n*pb(k) bytes; dequantize n*pb(k) ->
-//                             n*k*e. Kernel bytes k*e + pb + n*pb + n*k*e, 2 launches.
-//   hpZ (full tensor F*e):    ring all-gather of F*e inside each group of h ranks of one node: (h-1)/h * F*e
-//                             intra per GPU, (h-1) intra steps, nothing across nodes, no kernel. Uneven layout:
-//                             unavailable, the flat ring all-gather instead. h = 1: nothing moves (the
-//                             secondary shard is the whole tensor).
-//   qgZ (recvcount k):        a rank's input is n*k elements, quantized into n payloads pb(k).
-//     two hops (N nodes of L > 1 GPUs, qgz_plan.h): hop 1 all-to-all inside the node, N*pb to each of the L-1
-//       local peers: intra (L-1)*N*pb; fused dequantize + sum + requantize of the N partials (reads L*N*pb,
-//       writes N*pb); hop 2 all-to-all among the N ranks of one local rank (L such groups at once): inter
-//       (N-1)*pb per GPU, node egress L*(N-1)*pb; final dequantize + sum (reads N*pb, writes k*e).
-//       Kernel bytes n*k*e + n*pb + (L+1)*N*pb + N*pb + k*e, 3 launches. The hops are summed: the library's
-//       overlap of hop 1 (chunk i+1) with hop 2 (chunk i) is not credited.
-//     one hop (one node, one GPU per node, or uneven nodes): all-to-all of pb to each of the n-1 peers; final
-//       dequantize + sum (reads n*pb, writes k*e). Kernel bytes n*k*e + n*pb + n*pb + k*e, 2 launches.
+//   Kernels, each kind at its own speed: time = launches * launchUs + work / rate.
+//     quantize (k*e -> pb(k)), dequantize (pb(k) -> k*e): work = bytes read + written, rate in GB/s (two H200,
+//       bf16: quantize ~2300, dequantize ~3500; int4 and int8 within 10% of these).
+//     copy (NCCL's all-gather over one rank, out of place): work = 2 * bytes (read + written), GB/s.
+//     reduce (device/reduce.cu: dequantize + fp32 sum of s sources of k elements, then finish or requantize): one
+//       CTA per quantization block, each thread loading one 16- or 32-bit word of codes per source per 4
+//       elements: its time follows the elements it decodes, not the bytes, so work = s * k element-sources
+//       (whatever the bits), rate in G element-sources/s, fitted from the qgZ rows; launchUs = dequantize's.
+//
+//   Chunk pipelines (qwZ, qgZ; src/cuda_collectives.cc). The shard (qwZ) or every slice (qgZ) is cut into
+//     C = min(max(1, logical bytes / 64 MiB), 8) chunks of whole blocks (host/chunk_plan.h); three stages run
+//     chunk after chunk on three streams: quantize (Q), move (M: NCCL on the caller's stream), finish (F). Q, M,
+//     F are each stage's time summed over the chunks (every chunk's kernels and NCCL calls with their own
+//     launch and per-step costs) and sum = Q + M + F. An ideal pipeline of C equal chunks takes
+//     ideal = sum / C + (C-1)/C * max(Q, M, F); the stages share the GPU's memory bandwidth and SMs (NVLink
+//     traffic is memory traffic too), so the implementation hides only a share w of that:
+//       time = sum - hidden,  hidden = w * (sum - ideal)   (C = 1: one stream, time = sum)
+//     with w fitted per op from its rows (two H200: qwZ ~0.4, qgZ ~0.25). Where the link dominates (max = M or
+//     the second hop), sum - ideal is small against the time and w barely matters.
+//   qwZ (count k per rank), per chunk of k_c elements:
+//     Q: quantize k_c*e -> pb(k_c) (1 launch);  M: ring all-gather of n*pb(k_c) bytes;
+//     F: dequantize n*pb(k_c) -> n*k_c*e (1 launch).
+//   qgZ (recvcount k; a rank's input is n*k elements, n slices), per chunk of k_c elements of every slice:
+//     Q: quantize n*k_c*e -> n*pb(k_c) (1 launch; L launches for two hops, one per local peer's slots).
+//     one hop (one node, one GPU per node, or uneven nodes): M: all-to-all, pb(k_c) to each of the n-1 peers;
+//       F: reduce of n sources into k_c*e.
+//     two hops (N nodes of L > 1 GPUs, qgz_plan.h): M: all-to-all inside the node, N*pb(k_c) to each of the L-1
+//       local peers (intra (L-1)*N*pb), then reduce + requantize of N partials of L sources (L*N*k_c
+//       element-sources, writes N*pb); F: all-to-all among the N ranks of one local rank (L such groups at
+//       once): inter (N-1)*pb per GPU, node egress L*(N-1)*pb; then reduce of N sources into k_c*e.
+//   hpZ (full tensor of T*e bytes), groups of h ranks of one node: ring all-gather of T*e inside the group:
+//     (h-1)/h * T*e intra per GPU, (h-1) intra steps, nothing across nodes, no kernel. h = 1 (one GPU per node,
+//     or hpzSize 1): the secondary shard is the whole tensor and NCCL's one-rank all-gather copies it: a copy of
+//     T*e bytes (nothing when called in place). Uneven layout: unavailable, the flat ring all-gather instead.
 //   ZeRO-3: ring all-gather forward and backward (S = the parameters x e), ring reduce-scatter of gradients.
-//   The chunk pipelines inside qwZ and qgZ (kernels of chunk c under the transfer of chunk c+1) are not credited
-//   either: kernel times add to transfer times, and calibration absorbs the difference.
 //
 //   Step: comm = forward + backward + gradient; step = compute + comm - overlap * min(compute, comm)
 //   (overlap 0: compute + comm; 1: max(compute, comm)).
@@ -132,10 +155,11 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 
 double transferUs(double bytes, double bwGBs) { return bytes > 0 ? bytes / (bwGBs * 1e3) : 0.0; }  // GB/s = 1e3 B/us
 
-void addKernels(const KernelParams& k, double launches, double bytes, Traffic* t) {
+// `launches` launches of one kind of kernel doing `work` (see KernelCost), reading + writing `bytes`.
+void addKernel(const KernelCost& k, double launches, double work, double bytes, Traffic* t) {
   t->launches += launches;
   t->kernelBytes += bytes;
-  t->kernelUs += launches * k.launchUs + transferUs(bytes, k.memBwGBs);
+  t->kernelUs += launches * k.launchUs + transferUs(work, k.rate);  // G units/s = 1e3 units/us
 }
 
 double payloadBytes(double count, int bits, int blockSize) {
@@ -184,6 +208,68 @@ Traffic interAllToAll(const ClusterSpec& c, int N, int L, double p) {
   return t;
 }
 
+// The three stages of a chunk pipeline, each summed over the chunks.
+struct Stages {
+  Traffic quantize, move, finish;
+  int chunks = 0;
+  double sumUs() const { return quantize.timeUs() + move.timeUs() + finish.timeUs(); }
+  // sum - ideal: what an ideal pipeline of `chunks` equal chunks would hide.
+  double idealHiddenUs() const {
+    if (chunks <= 1) return 0;
+    const double q = quantize.timeUs(), m = move.timeUs(), f = finish.timeUs();
+    const double sum = q + m + f;
+    return sum - (sum / chunks + (chunks - 1.0) / chunks * std::max({q, m, f}));
+  }
+  Traffic total(double overlap) const {
+    Traffic t = quantize;
+    t += move;
+    t += finish;
+    t.hiddenUs += overlap * idealHiddenUs();
+    return t;
+  }
+};
+
+ChunkPlan chunkPlanOf(const PipelineParams& p, double count, int blockSize, double logicalBytes) {
+  return makeChunkPlan(static_cast<size_t>(std::ceil(count)), blockSize, static_cast<size_t>(logicalBytes),
+                       static_cast<int64_t>(p.chunkBytes), p.maxChunks);
+}
+
+Stages qwzStages(const ClusterSpec& c, double count, int e, int bits, int blockSize) {
+  Stages s;
+  const int n = c.nranks();
+  const ChunkPlan plan = chunkPlanOf(c.pipeline, count, blockSize, count * n * e);
+  s.chunks = plan.chunks;
+  for (int i = 0; i < plan.chunks; ++i) {
+    const double k = static_cast<double>(plan.elems(i)), pb = payloadBytes(k, bits, blockSize);
+    addKernel(c.kernel.quantize, 1, k * e + pb, k * e + pb, &s.quantize);
+    s.move += ringAllGatherCost(c, n * pb);
+    addKernel(c.kernel.dequantize, 1, n * pb + n * k * e, n * pb + n * k * e, &s.finish);
+  }
+  return s;
+}
+
+Stages qgzStages(const ClusterSpec& c, double recvcount, int e, int bits, int blockSize, bool twoHop) {
+  Stages s;
+  const int n = c.nranks(), N = c.nodes();
+  const int L = twoHop ? c.gpusPerNode.front() : n;
+  const ChunkPlan plan = chunkPlanOf(c.pipeline, recvcount, blockSize, recvcount * n * e);
+  s.chunks = plan.chunks;
+  for (int i = 0; i < plan.chunks; ++i) {
+    const double k = static_cast<double>(plan.elems(i)), pb = payloadBytes(k, bits, blockSize);
+    addKernel(c.kernel.quantize, twoHop ? L : 1, n * k * e + n * pb, n * k * e + n * pb, &s.quantize);
+    if (!twoHop) {
+      s.move += allToAllCost(c, pb);
+      addKernel(c.kernel.reduce, 1, n * k, n * pb + k * e, &s.finish);
+    } else {
+      s.move += intraAllToAll(c, L, N * pb);
+      addKernel(c.kernel.reduce, 1, static_cast<double>(L) * N * k, (L + 1.0) * N * pb, &s.move);
+      s.finish += interAllToAll(c, N, L, pb);
+      addKernel(c.kernel.reduce, 1, N * k, N * pb + k * e, &s.finish);
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 Traffic ringAllGatherCost(const ClusterSpec& c, double totalBytes) {
@@ -213,11 +299,7 @@ Traffic allToAllCost(const ClusterSpec& c, double p) {
 }
 
 Traffic qwzAllGatherCost(const ClusterSpec& c, double count, int elemBytes, int bits, int blockSize) {
-  const int n = c.nranks();
-  const double pb = payloadBytes(count, bits, blockSize);
-  Traffic t = ringAllGatherCost(c, n * pb);
-  addKernels(c.kernel, 2, count * elemBytes + pb + n * pb + n * count * elemBytes, &t);
-  return t;
+  return qwzStages(c, count, elemBytes, bits, blockSize).total(c.pipeline.qwzOverlap);
 }
 
 Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, int hpzSize, std::string* note) {
@@ -230,7 +312,11 @@ Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, 
   Traffic t;
   const int h = f.hpzSize;
   if (h <= 1) {
-    if (note) *note = "hpZ group of 1 rank: its secondary shard is the whole tensor, nothing moves";
+    if (note)
+      *note =
+          "hpZ group of 1 rank: its secondary shard is the whole tensor, nothing crosses a link; NCCL's one-rank "
+          "all-gather copies it (out of place)";
+    if (S > 0) addKernel(c.kernel.copy, 1, 2 * S, 2 * S, &t);
     return t;
   }
   t.intraBytes = (h - 1.0) / h * S;
@@ -241,27 +327,17 @@ Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, 
 
 Traffic qgzReduceScatterCost(const ClusterSpec& c, double k, int elemBytes, int bits, int blockSize,
                              std::string* note) {
-  const int n = c.nranks(), N = c.nodes();
-  const double pb = payloadBytes(k, bits, blockSize);
-  const double input = n * k * elemBytes;
-  if (!layoutFacts(c, 0).hierarchical) {
-    if (note) {
-      if (N <= 1)
-        *note = "one node: qgZ runs one hop (intra-node all-to-all)";
-      else if (!c.isEven())
-        *note = "uneven nodes: qgZ falls back to one flat all-to-all";
-      else
-        *note = "one GPU per node: qgZ runs one hop (inter-node all-to-all)";
-    }
-    Traffic t = allToAllCost(c, pb);
-    addKernels(c.kernel, 2, input + n * pb + n * pb + k * elemBytes, &t);
-    return t;
+  const int N = c.nodes();
+  const bool twoHop = layoutFacts(c, 0).hierarchical;
+  if (!twoHop && note) {
+    if (N <= 1)
+      *note = "one node: qgZ runs one hop (intra-node all-to-all)";
+    else if (!c.isEven())
+      *note = "uneven nodes: qgZ falls back to one flat all-to-all";
+    else
+      *note = "one GPU per node: qgZ runs one hop (inter-node all-to-all)";
   }
-  const int L = c.gpusPerNode.front();
-  Traffic t = intraAllToAll(c, L, N * pb);
-  t += interAllToAll(c, N, L, pb);
-  addKernels(c.kernel, 3, input + n * pb + (L + 1.0) * N * pb + N * pb + k * elemBytes, &t);
-  return t;
+  return qgzStages(c, k, elemBytes, bits, blockSize, twoHop).total(c.pipeline.qgzOverlap);
 }
 
 double stepTimeUs(double computeUs, double commUs, double overlap) {
@@ -296,7 +372,11 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
   for (const LinkParams* p : {&c.intra, &c.inter})
     for (const LinkCost* l : {&p->allGather, &p->reduceScatter, &p->allToAll})
       if (!(l->bwGBs > 0) || !(l->latencyUs >= 0)) return "link bandwidths must be > 0 and latencies >= 0";
-  if (!(c.kernel.memBwGBs > 0) || !(c.kernel.launchUs >= 0)) return "kernel bandwidth must be > 0";
+  for (const KernelCost* k : {&c.kernel.quantize, &c.kernel.dequantize, &c.kernel.reduce, &c.kernel.copy})
+    if (!(k->rate > 0) || !(k->launchUs >= 0)) return "kernel rates must be > 0 and launch costs >= 0";
+  if (!(c.pipeline.chunkBytes > 0) || c.pipeline.maxChunks < 1) return "pipeline chunks must be > 0 bytes, >= 1";
+  for (double w : {c.pipeline.qwzOverlap, c.pipeline.qgzOverlap})
+    if (!(w >= 0 && w <= 1)) return "pipeline overlaps must be in [0, 1]";
   return "";
 }
 
@@ -645,6 +725,7 @@ RowKind classifyOp(const std::string& opIn) {
   auto has = [&](const char* w) { return op.find(w) != std::string::npos; };
   const bool gather = has("all_gather") || has("allgather");
   const bool scatter = has("reduce_scatter") || has("reducescatter");
+  if (has("qwz") && has("hpz")) return RowKind::kQwzHpz;
   if (has("qwz") || (gather && has("quant"))) return RowKind::kQwz;
   if (has("hpz") || (gather && has("hier"))) return RowKind::kHpz;
   if (has("qgz") || (scatter && has("quant"))) return RowKind::kQgz;
@@ -670,6 +751,8 @@ const char* rowKindName(RowKind k) {
       return "qwZ";
     case RowKind::kHpz:
       return "hpZ";
+    case RowKind::kQwzHpz:
+      return "qwZ + hpZ";
     case RowKind::kQgz:
       return "qgZ";
     case RowKind::kQuantize:
@@ -728,6 +811,27 @@ LinkFit fitLatencyBandwidth(const std::vector<FitPoint>& points) {
 
 namespace {
 
+// The items of size >= kFitMinBytes when they hold two distinct sizes or more, else all of them.
+template <typename T, typename SizeOf>
+std::vector<T> largeOnes(const std::vector<T>& all, SizeOf sizeOf) {
+  std::vector<T> large;
+  std::vector<double> sizes;
+  for (const T& item : all)
+    if (sizeOf(item) >= kFitMinBytes) {
+      large.push_back(item);
+      if (std::find(sizes.begin(), sizes.end(), sizeOf(item)) == sizes.end()) sizes.push_back(sizeOf(item));
+    }
+  return sizes.size() >= 2 ? large : all;
+}
+
+}  // namespace
+
+LinkFit fitLargeRows(const std::vector<FitPoint>& points) {
+  return fitLatencyBandwidth(largeOnes(points, [](const FitPoint& p) { return p.size; }));
+}
+
+namespace {
+
 int elemBytesOfType(const std::string& type) {
   if (type == "float" || type == "float32" || type == "fp32" || type == "int32" || type == "uint32") return 4;
   if (type == "double" || type == "float64" || type == "int64" || type == "uint64") return 8;
@@ -736,60 +840,111 @@ int elemBytesOfType(const std::string& type) {
 }
 
 // The layout a row ran on: ranks spread over its nodes, the first nodes taking any remainder.
-bool rowCluster(const PerfRow& row, const LinkParams& link, const KernelParams& kernel, ClusterSpec* c) {
+bool rowCluster(const PerfRow& row, const LinkParams& link, const KernelParams& kernel, const PipelineParams& pipeline,
+                ClusterSpec* c) {
   if (row.ranks < 1) return false;
   const int nodes = std::min(std::max(row.nodes, 1), row.ranks);
   c->gpusPerNode.assign(nodes, row.ranks / nodes);
   for (int i = 0; i < row.ranks % nodes; ++i) c->gpusPerNode[i]++;
   c->intra = c->inter = link;
   c->kernel = kernel;
+  c->pipeline = pipeline;
   return true;
 }
 
-// The model's cost of a row's call (kernel terms from `kernel`).
-bool rowTraffic(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel, Traffic* t) {
+bool isLocal(RowKind k) { return k == RowKind::kQuantize || k == RowKind::kDequantize; }
+
+// A row's settings as the perf binaries ran it.
+struct RowShape {
+  RowKind kind = RowKind::kUnknown;
+  int n = 0, e = 2, bits = 8, block = 256;
+  double perRank = 0;  // elements per rank: qwZ's shard, qgZ's recvcount
+};
+
+bool rowShape(const PerfRow& row, RowShape* s) {
+  s->kind = classifyOp(row.op);
+  s->n = std::max(row.ranks, 1);
+  s->e = elemBytesOfType(row.type);
+  s->block = row.block > 0 ? row.block : 256;
+  s->bits = row.bits > 0 ? row.bits : (s->kind == RowKind::kQgz ? 4 : 8);
+  s->perRank = std::floor(row.size / s->e / s->n);  // the perf binaries round down to whole elements per rank
+  return row.size > 0 && isValidBits(s->bits) && isValidBlockSize(s->block);
+}
+
+// The pipeline stages of a qwZ or qgZ row.
+bool rowStages(const PerfRow& row, const LinkParams& link, const KernelParams& kernel, const PipelineParams& pipeline,
+               Stages* st) {
   ClusterSpec c;
-  if (!rowCluster(row, link, kernel, &c) || !(row.size > 0)) return false;
-  const RowKind kind = classifyOp(row.op);
-  const int n = c.nranks(), e = elemBytesOfType(row.type);
-  const int block = row.block > 0 ? row.block : 256;
-  const int bits = row.bits > 0 ? row.bits : (kind == RowKind::kQgz ? 4 : 8);
-  if (!isValidBits(bits) || !isValidBlockSize(block)) return false;
-  if (baseline) {
-    if (kind == RowKind::kQwz || kind == RowKind::kHpz || kind == RowKind::kNcclAllGather)
-      *t = ringAllGatherCost(c, row.size);
-    else if (kind == RowKind::kQgz || kind == RowKind::kNcclReduceScatter)
-      *t = ringReduceScatterCost(c, row.size);
-    else if (kind == RowKind::kNcclAllToAll)
-      *t = allToAllCost(c, row.size / n);
-    else
-      return false;
+  RowShape s;
+  if (!rowShape(row, &s) || !rowCluster(row, link, kernel, pipeline, &c)) return false;
+  if (s.kind == RowKind::kQwz) {
+    *st = qwzStages(c, s.perRank, s.e, s.bits, s.block);
     return true;
   }
-  switch (kind) {
+  if (s.kind == RowKind::kQgz) {
+    *st = qgzStages(c, s.perRank, s.e, s.bits, s.block, layoutFacts(c, 0).hierarchical);
+    return true;
+  }
+  return false;
+}
+
+// The model's cost of a row's call (or of its baseline's).
+bool rowTraffic(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel,
+                const PipelineParams& pipeline, Traffic* t) {
+  ClusterSpec c;
+  RowShape s;
+  if (!rowShape(row, &s) || !rowCluster(row, link, kernel, pipeline, &c)) return false;
+  const double S = row.size;
+  *t = Traffic();
+  if (baseline) {
+    switch (s.kind) {
+      case RowKind::kQwz:
+      case RowKind::kHpz:  // ZeRO-3's global gather of the full tensor
+      case RowKind::kNcclAllGather:
+        *t = ringAllGatherCost(c, S);
+        return true;
+      case RowKind::kQwzHpz:  // ZeRO-3's forward and backward gathers
+        *t = ringAllGatherCost(c, S);
+        *t += ringAllGatherCost(c, S);
+        return true;
+      case RowKind::kQgz:
+      case RowKind::kNcclReduceScatter:
+        *t = ringReduceScatterCost(c, S);
+        return true;
+      case RowKind::kNcclAllToAll:
+        *t = allToAllCost(c, S / s.n);
+        return true;
+      default:
+        return false;
+    }
+  }
+  switch (s.kind) {
     case RowKind::kNcclAllGather:
-      *t = ringAllGatherCost(c, row.size);
+      *t = ringAllGatherCost(c, S);
       return true;
     case RowKind::kNcclReduceScatter:
-      *t = ringReduceScatterCost(c, row.size);
+      *t = ringReduceScatterCost(c, S);
       return true;
     case RowKind::kNcclAllToAll:
-      *t = allToAllCost(c, row.size / n);
+      *t = allToAllCost(c, S / s.n);
       return true;
     case RowKind::kQwz:
-      *t = qwzAllGatherCost(c, row.size / e / n, e, bits, block);
+      *t = qwzAllGatherCost(c, s.perRank, s.e, s.bits, s.block);
       return true;
     case RowKind::kHpz:
-      *t = hpzAllGatherCost(c, row.size / e, e, 0, nullptr);
+      *t = hpzAllGatherCost(c, s.perRank * s.n, s.e, 0, nullptr);
+      return true;
+    case RowKind::kQwzHpz:
+      *t = qwzAllGatherCost(c, s.perRank, s.e, s.bits, s.block);
+      *t += hpzAllGatherCost(c, s.perRank * s.n, s.e, 0, nullptr);
       return true;
     case RowKind::kQgz:
-      *t = qgzReduceScatterCost(c, row.size / e / n, e, bits, block, nullptr);
+      *t = qgzReduceScatterCost(c, s.perRank, s.e, s.bits, s.block, nullptr);
       return true;
     case RowKind::kQuantize:
     case RowKind::kDequantize: {
-      const double count = row.size / e;
-      *t = Traffic();
-      addKernels(kernel, 1, row.size + payloadBytes(count, bits, block), t);
+      const double bytes = S + payloadBytes(S / s.e, s.bits, s.block);
+      addKernel(s.kind == RowKind::kQuantize ? kernel.quantize : kernel.dequantize, 1, bytes, bytes, t);
       return true;
     }
     default:
@@ -799,17 +954,73 @@ bool rowTraffic(const PerfRow& row, bool baseline, const LinkParams& link, const
 
 std::string regimeOf(const PerfRow& row) { return row.regime.empty() ? std::string("-") : row.regime; }
 
-}  // namespace
-
-double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel) {
-  Traffic t;
-  return rowTraffic(row, baseline, link, kernel, &t) ? t.timeUs() : -1;
+ParamFit paramFitOf(const LinkFit& f) {
+  ParamFit p;
+  p.ok = f.ok;
+  p.points = f.points;
+  p.rmsErrPct = f.rmsErrPct;
+  return p;
 }
 
-Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults) {
+// A pipelined row for the overlap fits: measured time, the stages' sum and what an ideal pipeline hides.
+struct PipelinePoint {
+  double size = 0, timeUs = 0, sumUs = 0, idealHiddenUs = 0;
+};
+
+// The least-squares overlap (relative errors) of time = sum - w * idealHidden, clamped to [0, 1]; false when no
+// point has anything to hide (every row one chunk). *sq: the sum of squared relative errors at that w.
+bool fitOverlap(const std::vector<PipelinePoint>& points, double* w, double* sq) {
+  double num = 0, den = 0;
+  for (const PipelinePoint& p : points) {
+    const double inv = 1.0 / (p.timeUs * p.timeUs);
+    num += (p.sumUs - p.timeUs) * p.idealHiddenUs * inv;
+    den += p.idealHiddenUs * p.idealHiddenUs * inv;
+  }
+  if (!(den > 0)) return false;
+  *w = std::min(1.0, std::max(0.0, num / den));
+  *sq = 0;
+  for (const PipelinePoint& p : points) {
+    const double err = (p.sumUs - *w * p.idealHiddenUs - p.timeUs) / p.timeUs;
+    *sq += err * err;
+  }
+  return true;
+}
+
+// The pipelined rows of one kind with their stages under these parameters (from kFitMinBytes, see largeOnes).
+std::vector<PipelinePoint> pipelinePoints(const std::vector<PerfRow>& rows, RowKind kind,
+                                          const std::map<std::string, RegimeFit>& regimes, const KernelParams& kernel,
+                                          const PipelineParams& pipeline) {
+  std::vector<PipelinePoint> points;
+  for (const PerfRow& row : rows) {
+    if (classifyOp(row.op) != kind || !(row.timeUs > 0)) continue;
+    auto it = regimes.find(regimeOf(row));
+    Stages st;
+    if (it == regimes.end() || !rowStages(row, it->second.link, kernel, pipeline, &st)) continue;
+    points.push_back({row.size, row.timeUs, st.sumUs(), st.idealHiddenUs()});
+  }
+  return largeOnes(points, [](const PipelinePoint& p) { return p.size; });
+}
+
+std::string fmt(const char* format, double a, double b = 0) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), format, a, b);
+  return buf;
+}
+
+}  // namespace
+
+double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel,
+                    const PipelineParams& pipeline) {
+  Traffic t;
+  return rowTraffic(row, baseline, link, kernel, pipeline, &t) ? t.timeUs() : -1;
+}
+
+Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults,
+                      const PipelineParams& pipelineDefaults) {
   Calibration cal;
   cal.kernel = defaults;
-  // Step 1: each regime's links from NCCL's own times: t = (n-1) * alpha + size * (n-1)/n / bw.
+  cal.pipeline = pipelineDefaults;
+  // Step 1: each regime's links from NCCL's own times: t = (n-1) * alpha + size * (n-1)/n / bw per call.
   struct Points {
     std::vector<FitPoint> ag, rs, a2a;
   };
@@ -822,28 +1033,29 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
       continue;
     }
     if (row.ranks < 2 || !(row.size > 0)) {
-      oneRank += kind != RowKind::kQuantize && kind != RowKind::kDequantize;
+      oneRank += !isLocal(kind);
       continue;
     }
     const double steps = row.ranks - 1, bytes = row.size * (row.ranks - 1.0) / row.ranks;
     Points& p = points[regimeOf(row)];
     if (row.timeUs > 0) {
-      if (kind == RowKind::kNcclAllGather) p.ag.push_back({steps, bytes, row.timeUs});
-      if (kind == RowKind::kNcclReduceScatter) p.rs.push_back({steps, bytes, row.timeUs});
-      if (kind == RowKind::kNcclAllToAll) p.a2a.push_back({steps, bytes, row.timeUs});
+      if (kind == RowKind::kNcclAllGather) p.ag.push_back({steps, bytes, row.timeUs, 0, row.size});
+      if (kind == RowKind::kNcclReduceScatter) p.rs.push_back({steps, bytes, row.timeUs, 0, row.size});
+      if (kind == RowKind::kNcclAllToAll) p.a2a.push_back({steps, bytes, row.timeUs, 0, row.size});
     }
     if (row.ncclTimeUs > 0) {
-      if (kind == RowKind::kQwz || kind == RowKind::kHpz) p.ag.push_back({steps, bytes, row.ncclTimeUs});
-      if (kind == RowKind::kQgz) p.rs.push_back({steps, bytes, row.ncclTimeUs});
+      if (kind == RowKind::kQwz || kind == RowKind::kHpz) p.ag.push_back({steps, bytes, row.ncclTimeUs, 0, row.size});
+      if (kind == RowKind::kQwzHpz) p.ag.push_back({2 * steps, 2 * bytes, row.ncclTimeUs, 0, row.size});
+      if (kind == RowKind::kQgz) p.rs.push_back({steps, bytes, row.ncclTimeUs, 0, row.size});
     }
   }
   if (unknown) cal.notes.push_back(std::to_string(unknown) + " row(s) of unknown ops skipped");
   if (oneRank) cal.notes.push_back(std::to_string(oneRank) + " collective row(s) without ranks >= 2 or a size skipped");
   for (auto& entry : points) {
     RegimeFit f;
-    f.allGather = fitLatencyBandwidth(entry.second.ag);
-    f.reduceScatter = fitLatencyBandwidth(entry.second.rs);
-    f.allToAll = fitLatencyBandwidth(entry.second.a2a);
+    f.allGather = fitLargeRows(entry.second.ag);
+    f.reduceScatter = fitLargeRows(entry.second.rs);
+    f.allToAll = fitLargeRows(entry.second.a2a);
     const LinkFit* base = f.allGather.ok ? &f.allGather : f.reduceScatter.ok ? &f.reduceScatter : &f.allToAll;
     if (!base->ok) {
       cal.notes.push_back("regime " + entry.first + ": no NCCL rows to fit, its rows are not predicted");
@@ -862,42 +1074,120 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
     cal.regimes[entry.first] = f;
   }
 
-  // Step 2: the kernels: quantize/dequantize rows directly, and what qwZ and qgZ rows took beyond their predicted
-  // communication: t - comm = launches * launchUs + kernel bytes / memBw.
-  std::vector<FitPoint> kernelPoints;
+  // Step 2: quantize and dequantize from their own rows (t = launch + bytes read and written / rate), the copy
+  // from the hpZ rows of one-rank groups (t = launch + 2 * size / rate).
+  std::vector<FitPoint> quantize, dequantize, copy;
   for (const PerfRow& row : rows) {
     const RowKind kind = classifyOp(row.op);
-    if (!(row.timeUs > 0)) continue;
-    if (kind != RowKind::kQwz && kind != RowKind::kQgz && kind != RowKind::kQuantize && kind != RowKind::kDequantize)
-      continue;
-    LinkParams link = LinkParams::uniform(1, 0);
-    auto it = cal.regimes.find(regimeOf(row));
-    const bool local = kind == RowKind::kQuantize || kind == RowKind::kDequantize;
-    if (!local) {
-      if (it == cal.regimes.end()) continue;
-      link = it->second.link;
+    RowShape s;
+    if (!(row.timeUs > 0) || !rowShape(row, &s)) continue;
+    if (isLocal(kind)) {
+      const double bytes = row.size + payloadBytes(row.size / s.e, s.bits, s.block);
+      (kind == RowKind::kQuantize ? quantize : dequantize).push_back({1, bytes, row.timeUs, 0, row.size});
+    } else if (kind == RowKind::kHpz) {
+      ClusterSpec c;
+      if (!rowCluster(row, LinkParams(), defaults, pipelineDefaults, &c)) continue;
+      const LayoutFacts f = layoutFacts(c, 0);
+      if (f.hpzUsable && f.hpzSize == 1) copy.push_back({1, 2 * row.size, row.timeUs, 0, row.size});
     }
-    PerfRow one = row;
-    if (local && one.ranks < 1) one.ranks = 1;
-    Traffic t;
-    if (!rowTraffic(one, false, link, defaults, &t)) continue;
-    kernelPoints.push_back({t.launches, t.kernelBytes, row.timeUs - t.linkUs - t.latencyUs, row.timeUs});
   }
-  const LinkFit kf = fitLatencyBandwidth(kernelPoints);
-  if (kf.ok) {
-    cal.kernel.memBwGBs = kf.cost.bwGBs;
-    cal.kernel.launchUs = kf.cost.latencyUs;
-    cal.kernelFitted = true;
-  } else {
-    cal.notes.push_back(kernelPoints.empty() ? "no zpccl rows: kernel parameters left at their defaults"
-                                             : "kernel fit failed (communication over-predicted?): defaults kept");
+  struct KernelStep {
+    const char* name;
+    const std::vector<FitPoint>* points;
+    KernelCost* cost;
+    ParamFit* fit;
+  };
+  for (const KernelStep& k : {KernelStep{"quantize", &quantize, &cal.kernel.quantize, &cal.quantizeFit},
+                              KernelStep{"dequantize", &dequantize, &cal.kernel.dequantize, &cal.dequantizeFit},
+                              KernelStep{"copy", &copy, &cal.kernel.copy, &cal.copyFit}}) {
+    const LinkFit f = fitLargeRows(*k.points);
+    *k.fit = paramFitOf(f);
+    if (f.ok) {
+      *k.cost = KernelCost{f.cost.bwGBs, f.cost.latencyUs};
+      cal.kernelFitted = true;
+    } else {
+      cal.notes.push_back(std::string("no ") + k.name + " rows" +
+                          (k.cost == &cal.kernel.copy ? " (hpZ over one-rank groups)" : "") +
+                          ": its kernel keeps the given parameters");
+    }
   }
 
-  // Step 3: every row, predicted against measured.
+  // Step 3: qwZ's pipeline overlap, given the links and kernels.
+  {
+    const std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQwz, cal.regimes, cal.kernel, cal.pipeline);
+    double w = 0, sq = 0;
+    if (fitOverlap(p, &w, &sq)) {
+      cal.pipeline.qwzOverlap = w;
+      cal.qwzOverlapFit = ParamFit{true, static_cast<int>(p.size()), 100 * std::sqrt(sq / p.size())};
+      cal.kernelFitted = true;
+    } else {
+      cal.notes.push_back("no pipelined qwZ rows (several chunks): qwZ's overlap keeps the given value");
+    }
+  }
+
+  // Step 4: the reduce kernel's rate and qgZ's overlap together: for each rate, the best overlap in closed form;
+  // the rate minimising the squared relative errors, by a scan over 1e-2 .. 1e5 G element-sources/s (48 per
+  // decade) and a golden-section search around the best point.
+  {
+    KernelParams k = cal.kernel;
+    k.reduce.launchUs = cal.kernel.dequantize.launchUs;
+    auto evaluate = [&](double logRate, double* w, int* used) {
+      k.reduce.rate = std::pow(10.0, logRate);
+      const std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQgz, cal.regimes, k, cal.pipeline);
+      double sq = 0;
+      *used = static_cast<int>(p.size());
+      *w = cal.pipeline.qgzOverlap;
+      if (!fitOverlap(p, w, &sq)) {  // nothing pipelined: the rate alone, at the given overlap
+        sq = 0;
+        for (const PipelinePoint& q : p) {
+          const double err = (q.sumUs - *w * q.idealHiddenUs - q.timeUs) / q.timeUs;
+          sq += err * err;
+        }
+      }
+      return sq;
+    };
+    double w = 0;
+    int used = 0;
+    evaluate(0, &w, &used);
+    if (used == 0) {
+      cal.notes.push_back("no qgZ rows: the reduce kernel and qgZ's overlap keep the given parameters");
+    } else {
+      double best = -2, bestErr = 1e300;
+      for (double x = -2; x <= 5 + 1e-9; x += 1.0 / 48) {
+        const double err = evaluate(x, &w, &used);
+        if (err < bestErr) bestErr = err, best = x;
+      }
+      double lo = best - 1.0 / 48, hi = best + 1.0 / 48;
+      const double g = (std::sqrt(5.0) - 1) / 2;
+      for (int i = 0; i < 60; ++i) {
+        const double a = hi - g * (hi - lo), b = lo + g * (hi - lo);
+        if (evaluate(a, &w, &used) < evaluate(b, &w, &used))
+          hi = b;
+        else
+          lo = a;
+      }
+      const double err = evaluate((lo + hi) / 2, &w, &used);
+      cal.kernel.reduce = k.reduce;
+      cal.reduceFit = cal.qgzOverlapFit = ParamFit{true, used, 100 * std::sqrt(err / used)};
+      std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQgz, cal.regimes, k, cal.pipeline);
+      double sq = 0;
+      if (fitOverlap(p, &w, &sq)) {
+        cal.pipeline.qgzOverlap = w;
+      } else {
+        cal.qgzOverlapFit = ParamFit();
+        cal.notes.push_back("no pipelined qgZ rows (several chunks): qgZ's overlap keeps the given value");
+      }
+      cal.kernelFitted = true;
+      if (k.reduce.rate < 1.0001e-2 || k.reduce.rate > 0.9999e5)
+        cal.notes.push_back(fmt("the reduce rate ran into the search's bound (%g G element-sources/s)", k.reduce.rate));
+    }
+  }
+
+  // Step 5: every row, predicted against measured.
   for (size_t i = 0; i < rows.size(); ++i) {
     const PerfRow& row = rows[i];
     const RowKind kind = classifyOp(row.op);
-    const bool local = kind == RowKind::kQuantize || kind == RowKind::kDequantize;
+    const bool local = isLocal(kind);
     LinkParams link = LinkParams::uniform(1, 0);
     auto it = cal.regimes.find(regimeOf(row));
     if (!local && it == cal.regimes.end()) continue;
@@ -911,7 +1201,7 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
       if (baseline &&
           (kind == RowKind::kNcclAllGather || kind == RowKind::kNcclReduceScatter || kind == RowKind::kNcclAllToAll))
         continue;
-      const double predicted = predictRowUs(one, baseline, link, cal.kernel);
+      const double predicted = predictRowUs(one, baseline, link, cal.kernel, cal.pipeline);
       if (!(predicted > 0)) continue;
       RowCheck c;
       c.row = i;

@@ -1,7 +1,9 @@
 // Cost model of one training step's communication: ZeRO-3 (bf16 ring all-gather forward and backward, bf16 ring
 // reduce-scatter of gradients) against ZeRO++ (qwZ forward gather, hpZ backward gather, qgZ gradient
-// reduce-scatter, each on or off), on a layout of nodes x GPUs, with alpha-beta links and a memory-bandwidth term
-// for the quantization kernels. Also the calibration of its parameters from the perf binaries' JSON (-J).
+// reduce-scatter, each on or off), on a layout of nodes x GPUs. It describes what this implementation does
+// (src/cuda_collectives.cc): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy
+// kernels each at its own speed, and the three-stage chunk pipeline of qwZ and qgZ with the share of its overlap
+// that the implementation achieves. Also the calibration of all of it from the perf binaries' JSON (-J).
 // Pure host C++17: the tool tools/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
 // host/cost_model.cc, section "the formulas".
 //
@@ -24,7 +26,12 @@ namespace zp {
 // ---- parameters --------------------------------------------------------------------------------------------
 
 // One kind of collective on one class of link: a bus bandwidth (nccl-tests' busbw: the collective's bytes
-// times (n-1)/n over the time) and a latency per step (a ring step, or a peer of an all-to-all).
+// times (n-1)/n over the time) and a cost per step (a ring step, or a peer of an all-to-all). A step of x bytes
+// takes latencyUs + x / bw: the same as a bandwidth that grows with the message, bw * x / (x + latencyUs * bw),
+// half of it at x = latencyUs * bw. Calibrated from 16 MiB up, latencyUs is that ramp, not the small-message
+// latency (two H200 over NVLink: ~23 us and 260 GB/s, half speed at 6 MB a step; the emulated net regime, two
+// processes over NCCL's sockets: ~320 us and 3.06 GB/s). A ring of n ranks pays it on each of its n-1 steps, a
+// pipelined call once per chunk; zpccl-model keeps it when a flag changes the bandwidth.
 struct LinkCost {
   double bwGBs = 0;
   double latencyUs = 0;
@@ -39,11 +46,31 @@ struct LinkParams {
   static LinkParams uniform(double bwGBs, double latencyUs);
 };
 
-// Quantize / dequantize / reduce kernels: memory-bound, bytes read + written over an effective bandwidth, plus a
-// fixed cost per kernel launch.
+// One kind of kernel: a fixed cost per launch plus its work over a rate. The work of quantize, dequantize and
+// copy is the bytes they read + write (rate in GB/s); the reduce kernels' is the elements they decode and sum,
+// sources x count (rate in G element-sources per second), whatever the bits (see "the formulas").
+struct KernelCost {
+  double rate = 1;
+  double launchUs = 0;
+};
+
+// The kernels of this implementation, each at its own speed. Defaults: the calibration of two H200 (bf16,
+// perf/results/2026-11-30-h200x2*.json), rounded.
 struct KernelParams {
-  double memBwGBs = 3500;
-  double launchUs = 5;
+  KernelCost quantize{2300, 4.7};    // device/quantize.cu, GB/s of bytes read + written
+  KernelCost dequantize{3500, 0.9};  // device/quantize.cu, GB/s of bytes read + written
+  KernelCost reduce{420, 0.9};       // device/reduce.cu, G element-sources/s
+  KernelCost copy{4100, 11};  // NCCL's all-gather over one rank, out of place: a device copy; GB/s read + written
+};
+
+// The chunk pipeline of qwZ and qgZ (src/cuda_collectives.cc, host/chunk_plan.h): chunks of chunkBytes logical
+// bytes, at most maxChunks (the library's defaults, ZP_CHUNK_BYTES and ZP_MAX_CHUNKS), and the share of an ideal
+// pipeline's overlap that the implementation achieves, per op (0: the stages' times add up; 1: an ideal pipeline).
+struct PipelineParams {
+  double chunkBytes = 64.0 * 1024 * 1024;
+  int maxChunks = 8;
+  double qwzOverlap = 0.41;
+  double qgzOverlap = 0.25;
 };
 
 struct ClusterSpec {
@@ -51,6 +78,7 @@ struct ClusterSpec {
   LinkParams intra = LinkParams::uniform(270, 2);    // NVLink, per GPU (nccl-tests bf16 all-gather, two H200)
   LinkParams inter = LinkParams::uniform(12.5, 10);  // 100 Gb/s per node
   KernelParams kernel;
+  PipelineParams pipeline;
 
   static ClusterSpec even(int nodes, int gpusPerNode);
   int nranks() const;
@@ -86,12 +114,13 @@ struct Traffic {
   double intraBytes = 0;       // sent per GPU over intra-node links, averaged over GPUs
   double interBytes = 0;       // sent per GPU across nodes, averaged over GPUs (= node egress / L when even)
   double nodeEgressBytes = 0;  // leaving the busiest node (all its GPUs together)
-  double kernelBytes = 0;      // read + written by the quantization kernels of one GPU
+  double kernelBytes = 0;      // read + written by the kernels of one GPU (quantize, dequantize, reduce, copy)
   double launches = 0;         // kernel launches of one GPU
   double linkUs = 0;           // bandwidth terms
-  double latencyUs = 0;        // latency terms
+  double latencyUs = 0;        // per-step terms of the links
   double kernelUs = 0;         // kernel terms
-  double timeUs() const { return linkUs + latencyUs + kernelUs; }
+  double hiddenUs = 0;         // what the chunk pipeline overlaps (subtracted)
+  double timeUs() const { return linkUs + latencyUs + kernelUs - hiddenUs; }
   Traffic& operator+=(const Traffic& o);
   Traffic scaled(double k) const;
 };
@@ -135,13 +164,14 @@ Traffic ringAllGatherCost(const ClusterSpec& c, double totalBytes);
 Traffic ringReduceScatterCost(const ClusterSpec& c, double totalBytes);
 // All-to-all over every rank, bytesPerPeer to each peer (nccl-tests' size = n * bytesPerPeer).
 Traffic allToAllCost(const ClusterSpec& c, double bytesPerPeer);
-// qwZ: count elements per rank (the shard), gathered as block-quantized payloads.
+// qwZ: count elements per rank (the shard), gathered as block-quantized payloads through the chunk pipeline.
 Traffic qwzAllGatherCost(const ClusterSpec& c, double count, int elemBytes, int bits, int blockSize);
-// hpZ: the full tensor (fullCount elements) gathered inside each hpZ group of hpzSize ranks (0: the node). On an
-// uneven layout hpZ is unavailable: the cost is the flat ring all-gather's and *note says so.
+// hpZ: the full tensor (fullCount elements) gathered inside each hpZ group of hpzSize ranks (0: the node). A group
+// of one rank copies the tensor (NCCL's all-gather over one rank, out of place). On an uneven layout hpZ is
+// unavailable: the cost is the flat ring all-gather's and *note says so.
 Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, int hpzSize, std::string* note);
-// qgZ: recvcount elements per rank; two hops when the layout is hierarchical (host/qgz_plan.h), else one, and
-// *note says why.
+// qgZ: recvcount elements per rank, through the chunk pipeline; two hops when the layout is hierarchical
+// (host/qgz_plan.h), else one, and *note says why.
 Traffic qgzReduceScatterCost(const ClusterSpec& c, double recvcount, int elemBytes, int bits, int blockSize,
                              std::string* note);
 
@@ -176,6 +206,7 @@ enum class RowKind {
   kNcclAllToAll,
   kQwz,
   kHpz,
+  kQwzHpz,  // perf/hpz_perf.cc's qwz_hpz_gathers: a qwZ gather, then an hpZ gather, of the full tensor
   kQgz,
   kQuantize,
   kDequantize
@@ -194,6 +225,7 @@ struct FitPoint {
   double bytes = 0;
   double timeUs = 0;
   double scaleUs = 0;  // the time the error is relative to (0: timeUs); a residual's fit uses the row's time
+  double size = 0;     // the row's logical size (fitLargeRows keeps those from kFitMinBytes); 0: unknown
 };
 struct LinkFit {
   bool ok = false;
@@ -204,6 +236,10 @@ struct LinkFit {
 // Weighted by 1/time^2, i.e. it minimises the relative error, so small sizes pin the latency and large ones the
 // bandwidth. Latency is kept >= 0; one distinct size gives latency 0.
 LinkFit fitLatencyBandwidth(const std::vector<FitPoint>& points);
+// The same fit over the points of size >= kFitMinBytes when they hold at least two distinct sizes, else over all
+// of them: from 16 MiB up one bandwidth and one per-step cost describe NCCL and the kernels within a few percent,
+// while below that launch and protocol floors would bend the fit (and the model is checked from 16 MiB up).
+LinkFit fitLargeRows(const std::vector<FitPoint>& points);
 
 struct RegimeFit {
   LinkFit allGather, reduceScatter, allToAll;  // as fitted (ok false when that kind had no rows)
@@ -222,22 +258,41 @@ struct RowCheck {
 };
 constexpr double kCheckMinBytes = 16.0 * 1024 * 1024;
 constexpr double kCheckMaxErrPct = 15.0;
+constexpr double kFitMinBytes = kCheckMinBytes;
+
+// The fit of one model parameter (or two) from rows: how many, and how well the model then describes them.
+struct ParamFit {
+  bool ok = false;
+  int points = 0;
+  double rmsErrPct = 0;
+};
 
 struct Calibration {
   std::map<std::string, RegimeFit> regimes;
-  KernelParams kernel;
-  bool kernelFitted = false;
+  KernelParams kernel;      // fitted kinds replaced, the others as given
+  PipelineParams pipeline;  // fitted overlaps replaced
+  ParamFit quantizeFit, dequantizeFit, copyFit, reduceFit, qwzOverlapFit, qgzOverlapFit;
+  bool kernelFitted = false;  // any of the kernel or overlap fits succeeded
   std::vector<RowCheck> checks;
   std::vector<std::string> notes;
   int flagged = 0;
 };
 
-// Fits each regime's links from its NCCL rows (nccl_* ops, and the NCCL baselines of zpccl rows), then the
-// kernel parameters from the zpccl rows (quantize/dequantize rows and the residual of qwZ/qgZ rows after their
-// predicted communication), then predicts every row.
-Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults);
-// The model's time for a row's op (baseline: the NCCL collective measured next to it), with every link of the
+// Fits, in this order (each from rows of kFitMinBytes and up, see fitLargeRows):
+//   1. each regime's links, per kind of collective, from its NCCL rows (nccl_* ops, and the NCCL baselines of
+//      zpccl rows: one all-gather for qwZ and hpZ, two for qwz_hpz_gathers, one reduce-scatter for qgZ);
+//   2. the quantize and dequantize kernels from the quantize/dequantize rows ("local"), the copy from the hpZ rows
+//      whose hpZ group is one rank;
+//   3. qwZ's pipeline overlap from the qwZ rows (least squares, closed form);
+//   4. the reduce kernel's rate and qgZ's pipeline overlap from the qgZ rows (a search over the rate, the overlap
+//      in closed form at each), the reduce launch cost taken from the dequantize fit;
+// then predicts every row (zpccl rows and their baselines), flagging misses.
+// Kinds without rows keep the `defaults` (a note says so).
+Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults,
+                      const PipelineParams& pipelineDefaults = PipelineParams());
+// The model's time for a row's op (baseline: the NCCL collective(s) measured next to it), with every link of the
 // row's layout set to `link`. Negative when the row cannot be predicted (unknown op, no rank count).
-double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel);
+double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel,
+                    const PipelineParams& pipeline = PipelineParams());
 
 }  // namespace zp

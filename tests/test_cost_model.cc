@@ -1,11 +1,17 @@
 // The cost model (host/cost_model.h): bytes and times of each collective against numbers worked out by hand
-// here from the formulas' definitions, the paper's 3M -> 0.75M cross-node claim (exact in the paper's
-// accounting, approximate with block scales), single-node, one-GPU-per-node and uneven layouts (fallbacks said
-// in notes), and calibration recovering known links and kernels from synthetic perf rows.
+// here from the formulas' definitions (links, kernels per kind, the chunk pipeline's overlap), the paper's
+// 3M -> 0.75M cross-node claim (exact in the paper's accounting, approximate with block scales), single-node,
+// one-GPU-per-node and uneven layouts (fallbacks said in notes), calibration recovering known links, kernels and
+// overlaps from synthetic perf rows, and the calibration on the measured rows of two H200 (perf/results/).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "host/cost_model.h"
@@ -19,14 +25,26 @@ bool anyMentions(const std::vector<std::string>& notes, const std::string& word)
   return false;
 }
 
-// 2 nodes x 4 GPUs; intra 100 GB/s and 1 us/step per GPU, inter 10 GB/s and 10 us/step per node; kernels at
-// 1000 GB/s and 5 us per launch.
+// Kernels: quantize 1000 GB/s + 5 us a launch, dequantize 2000 GB/s + 1 us, reduce 100 G element-sources/s + 2 us,
+// copy 4000 GB/s + 10 us.
+KernelParams handKernels() {
+  KernelParams k;
+  k.quantize = KernelCost{1000, 5};
+  k.dequantize = KernelCost{2000, 1};
+  k.reduce = KernelCost{100, 2};
+  k.copy = KernelCost{4000, 10};
+  return k;
+}
+
+// 2 nodes x 4 GPUs; intra 100 GB/s and 1 us/step per GPU, inter 10 GB/s and 10 us/step per node; the kernels
+// above; pipelines hide half (qwZ) and a quarter (qgZ) of what an ideal pipeline would.
 ClusterSpec twoByFour() {
   ClusterSpec c = ClusterSpec::even(2, 4);
   c.intra = LinkParams::uniform(100, 1);
   c.inter = LinkParams::uniform(10, 10);
-  c.kernel.memBwGBs = 1000;
-  c.kernel.launchUs = 5;
+  c.kernel = handKernels();
+  c.pipeline.qwzOverlap = 0.5;
+  c.pipeline.qgzOverlap = 0.25;
   return c;
 }
 
@@ -85,7 +103,8 @@ TEST(CostModelVolume, QgzTwoHopsHandComputed) {
   EXPECT_DOUBLE_EQ(t.nodeEgressBytes, 4 * 528);   // 4 GPUs of the node do it at once
   // quantize 16384 -> 8*528; reduce-requantize reads 4*2*528, writes 2*528; final reads 2*528, writes 2048.
   EXPECT_DOUBLE_EQ(t.kernelBytes, 16384 + 8 * 528 + 5 * 2 * 528 + 2 * 528 + 2048);
-  EXPECT_DOUBLE_EQ(t.launches, 3);
+  // One quantize launch per local peer's run of slots (4), the reduce-requantize and the final reduce.
+  EXPECT_DOUBLE_EQ(t.launches, 6);
 }
 
 TEST(CostModelVolume, PaperClaimThreeMToPointSevenFiveM) {
@@ -150,27 +169,77 @@ TEST(CostModelTime, RingHandComputed) {
 
 TEST(CostModelTime, QwzHandComputed) {
   const ClusterSpec c = twoByFour();
-  // 2^20 elements per rank, int8: payload 16384 + 1048576 = 1064960; gathered 8 * that = 8519680, 7/8 of it
-  // leaves each node (7454720 B at 10 GB/s = 745.472 us); 7 steps of 10 us; kernels read + write
-  // 2097152 + 1064960 + 8519680 + 16777216 = 28459008 B at 1000 GB/s = 28.459008 us, plus 2 launches of 5 us.
+  // 2^20 elements per rank, int8, 16 MiB logical: one chunk (nothing to overlap). Payload 16384 + 1048576 =
+  // 1064960; gathered 8 * that = 8519680, 7/8 of it leaves each node (7454720 B at 10 GB/s = 745.472 us); 7 steps
+  // of 10 us. Quantize reads + writes 2097152 + 1064960 = 3162112 B at 1000 GB/s = 3.162112 us + 5; dequantize
+  // 8519680 + 16777216 = 25296896 B at 2000 GB/s = 12.648448 us + 1.
   const Traffic t = qwzAllGatherCost(c, 1 << 20, 2, 8, 256);
   EXPECT_NEAR(t.linkUs, 745.472, 1e-9);
   EXPECT_NEAR(t.latencyUs, 70, 1e-12);
-  EXPECT_NEAR(t.kernelUs, 28.459008 + 10, 1e-9);
-  EXPECT_NEAR(t.timeUs(), 853.931008, 1e-9);
+  EXPECT_NEAR(t.kernelUs, 3.162112 + 5 + 12.648448 + 1, 1e-9);
+  EXPECT_DOUBLE_EQ(t.hiddenUs, 0);
+  EXPECT_NEAR(t.timeUs(), 837.28256, 1e-9);
+}
+
+TEST(CostModelTime, QwzPipelineHandComputed) {
+  // One node of 2 GPUs, links 100 GB/s with no per-step cost. 2^26 elements per rank, int8: 256 MiB logical, so
+  // 4 chunks of 2^24 elements (65536 blocks each), payload 262144 + 16777216 = 17039360 per chunk.
+  //   Q per chunk: quantize 33554432 + 17039360 = 50593792 B at 1000 GB/s = 50.593792 us + 5 -> x4 = 222.375168
+  //   M per chunk: ring all-gather of 2 payloads, each rank sends 17039360 B at 100 GB/s = 170.3936 -> x4 = 681.5744
+  //   F per chunk: dequantize 34078720 + 67108864 = 101187584 B at 2000 GB/s = 50.593792 + 1 -> x4 = 206.375168
+  // sum 1110.324736; ideal = sum/4 + 3/4 * 681.5744 = 788.761984; overlap 0.5 hides half of 321.562752.
+  ClusterSpec c = twoByFour();
+  c.gpusPerNode = {2};
+  c.intra = LinkParams::uniform(100, 0);
+  const Traffic t = qwzAllGatherCost(c, 1 << 26, 2, 8, 256);
+  EXPECT_NEAR(t.linkUs, 681.5744, 1e-9);
+  EXPECT_NEAR(t.kernelUs, 222.375168 + 206.375168, 1e-9);
+  EXPECT_DOUBLE_EQ(t.launches, 8);
+  EXPECT_NEAR(t.hiddenUs, 160.781376, 1e-9);
+  EXPECT_NEAR(t.timeUs(), 949.54336, 1e-9);
+  // Overlap 0: the stages add up; 1: the ideal pipeline.
+  c.pipeline.qwzOverlap = 0;
+  EXPECT_NEAR(qwzAllGatherCost(c, 1 << 26, 2, 8, 256).timeUs(), 1110.324736, 1e-9);
+  c.pipeline.qwzOverlap = 1;
+  EXPECT_NEAR(qwzAllGatherCost(c, 1 << 26, 2, 8, 256).timeUs(), 788.761984, 1e-9);
+  // ZP_MAX_CHUNKS=1: one chunk, nothing hidden.
+  c.pipeline.maxChunks = 1;
+  EXPECT_NEAR(qwzAllGatherCost(c, 1 << 26, 2, 8, 256).timeUs(), 1110.324736 - 3 * (5 + 1), 1e-9);
 }
 
 TEST(CostModelTime, QgzHandComputed) {
   const ClusterSpec c = twoByFour();
-  // recvcount 2^20, int4: payload 16384 + 524288 = 540672.
+  // recvcount 2^20, int4, 16 MiB logical: one chunk. Payload 16384 + 524288 = 540672.
   // hop 1: 3 peers x 2 slices = 3244032 B at 100 GB/s = 32.44032 us, 3 steps of 1 us.
   // hop 2: 4 GPUs x 1 partial leave the node: 2162688 B at 10 GB/s = 216.2688 us, 1 step of 10 us.
-  // kernels: 16777216 + 8*540672 + 10*540672 + 2*540672 + 2097152 = 29687808 B = 29.687808 us, 3 launches.
+  // quantize: 16777216 + 8*540672 = 21102592 B at 1000 GB/s = 21.102592 us + 4 launches of 5 us.
+  // reduce + requantize: 2 partials of 4 sources of 2^20 = 8388608 element-sources at 100 G/s = 83.88608 us + 2;
+  // final reduce: 2 sources of 2^20 = 2097152 element-sources = 20.97152 us + 2.
   std::string note;
   const Traffic t = qgzReduceScatterCost(c, 1 << 20, 2, 4, 256, &note);
   EXPECT_NEAR(t.linkUs, 32.44032 + 216.2688, 1e-9);
   EXPECT_NEAR(t.latencyUs, 3 + 10, 1e-12);
-  EXPECT_NEAR(t.kernelUs, 29.687808 + 15, 1e-9);
+  EXPECT_NEAR(t.kernelUs, 21.102592 + 20 + 83.88608 + 2 + 20.97152 + 2, 1e-9);
+  EXPECT_DOUBLE_EQ(t.hiddenUs, 0);
+  // int8 costs the reduce kernels the same (element-sources, not bytes); only the payload bytes change.
+  const Traffic t8 = qgzReduceScatterCost(c, 1 << 20, 2, 8, 256, &note);
+  EXPECT_NEAR(t8.kernelUs - t.kernelUs, 8.0 * 524288 / 1000 / 1e3, 1e-9);
+
+  // One node of 2 GPUs (one hop), recvcount 2^26, int4: 256 MiB logical, 4 chunks of 2^24 elements; payload
+  // 262144 + 8388608 = 8650752 per slice and chunk. Links 100 GB/s, no per-step cost.
+  //   Q per chunk: quantize 67108864 + 2*8650752 = 84410368 B = 84.410368 us + 5 -> x4 = 357.641472
+  //   M per chunk: all-to-all, 8650752 B to the peer = 86.50752 us -> x4 = 346.03008
+  //   F per chunk: reduce of 2 sources of 2^24 = 33554432 element-sources = 335.54432 us + 2 -> x4 = 1350.17728
+  // sum 2053.848832; ideal = sum/4 + 3/4 * 1350.17728 = 513.462208 + 1012.63296 = 1526.095168; overlap 0.25
+  // hides a quarter of sum - ideal = 527.753664.
+  ClusterSpec one = twoByFour();
+  one.gpusPerNode = {2};
+  one.intra = LinkParams::uniform(100, 0);
+  const Traffic p = qgzReduceScatterCost(one, 1 << 26, 2, 4, 256, &note);
+  EXPECT_NEAR(p.linkUs, 346.03008, 1e-9);
+  EXPECT_NEAR(p.kernelUs, 357.641472 + 1350.17728, 1e-9);
+  EXPECT_NEAR(p.hiddenUs, 131.938416, 1e-9);
+  EXPECT_NEAR(p.timeUs(), 1921.910416, 1e-9);
 }
 
 TEST(CostModelTime, StepAndOverlap) {
@@ -263,7 +332,11 @@ TEST(CostModelLayout, OneGpuPerNode) {
   ASSERT_TRUE(error.empty()) << error;
   EXPECT_TRUE(anyMentions(r.notes, "one GPU per node"));
   EXPECT_TRUE(anyMentions(r.notes, "group of 1"));
-  EXPECT_EQ(r.zeropp.backward.traffic.timeUs(), 0);
+  // hpZ over groups of one rank crosses no link: NCCL's one-rank all-gather copies the 2e9-byte tensor, 4e9
+  // bytes read + written at 4000 GB/s = 1000 us, plus 10 us.
+  EXPECT_EQ(r.zeropp.backward.traffic.interBytes + r.zeropp.backward.traffic.intraBytes, 0);
+  EXPECT_EQ(r.zeropp.backward.traffic.nodeEgressBytes, 0);
+  EXPECT_NEAR(r.zeropp.backward.traffic.timeUs(), 1010, 1e-9);
   // qgZ one hop across nodes: 3 payloads per GPU leave the node.
   std::string note;
   const Traffic q = qgzReduceScatterCost(c, 1024, 2, 4, 256, &note);
@@ -339,36 +412,96 @@ TEST(CostModelCalibration, RecoversBandwidthAndLatency) {
 }
 
 TEST(CostModelCalibration, RecoversKernelParameters) {
-  // nvlink rows at 250 GB/s and 3 us a step, then qwZ and qgZ rows made by the model itself with kernels at
-  // 2000 GB/s and 8 us a launch, and their NCCL baselines: the fit finds the kernels back.
-  const LinkParams link = LinkParams::uniform(250, 3);
+  // Rows made by the model itself: nvlink (one node of 2) at 250 GB/s and 3 us a step, net (2 nodes of 1) at 3 GB/s
+  // and 100 us; every kind of kernel at its own speed, the reduce launch equal to dequantize's (calibration takes
+  // it from there); the pipelines at overlaps 0.6 (qwZ) and 0.3 (qgZ). The fit finds all of it back.
+  const LinkParams nvlink = LinkParams::uniform(250, 3), net = LinkParams::uniform(3, 100);
   KernelParams truth;
-  truth.memBwGBs = 2000;
-  truth.launchUs = 8;
+  truth.quantize = KernelCost{2000, 8};
+  truth.dequantize = KernelCost{3000, 2};
+  truth.reduce = KernelCost{300, 2};
+  truth.copy = KernelCost{4000, 12};
+  PipelineParams pipe;
+  pipe.qwzOverlap = 0.6;
+  pipe.qgzOverlap = 0.3;
   std::vector<PerfRow> rows;
+  auto add = [&](const char* op, const char* regime, double size, int ranks, int nodes, int bits) {
+    const LinkParams& link = std::string(regime) == "net" ? net : nvlink;
+    PerfRow r = ncclRow(op, regime, size, ranks, nodes, 0);
+    r.bits = bits;
+    r.block = bits ? 256 : 0;
+    r.timeUs = predictRowUs(r, false, link, truth, pipe);
+    const RowKind k = classifyOp(op);
+    if (k == RowKind::kQwz || k == RowKind::kQgz || k == RowKind::kHpz || k == RowKind::kQwzHpz)
+      r.ncclTimeUs = predictRowUs(r, true, link, truth, pipe);
+    ASSERT_GT(r.timeUs, 0) << op;
+    rows.push_back(r);
+  };
   for (double size = 1 << 16; size <= (1 << 30); size *= 4) {
-    rows.push_back(ncclRow("nccl_all_gather", "nvlink", size, 2, 1, 0));
-    rows.back().timeUs = predictRowUs(rows.back(), false, link, truth);
-    PerfRow q = ncclRow("qwz_all_gather", "nvlink", size, 2, 1, 0);
-    q.bits = 8;
-    q.block = 256;
-    q.timeUs = predictRowUs(q, false, link, truth);
-    q.ncclTimeUs = predictRowUs(q, true, link, truth);
-    rows.push_back(q);
-    PerfRow g = ncclRow("qgz_reduce_scatter", "nvlink", size, 2, 1, 0);
-    g.bits = 4;
-    g.timeUs = predictRowUs(g, false, link, truth);
-    g.ncclTimeUs = predictRowUs(g, true, link, truth);
-    rows.push_back(g);
+    for (const char* regime : {"nvlink", "net"}) {
+      const int nodes = std::string(regime) == "net" ? 2 : 1;
+      add("nccl_all_gather", regime, size, 2, nodes, 0);
+      add("nccl_reduce_scatter", regime, size, 2, nodes, 0);
+      add("nccl_all_to_all", regime, size, 2, nodes, 0);
+      add("hpz_all_gather", regime, size, 2, nodes, 0);
+      for (int bits : {4, 8}) {
+        add("qwz_all_gather", regime, size, 2, nodes, bits);
+        add("qgz_reduce_scatter", regime, size, 2, nodes, bits);
+        add("qwz_hpz_gathers", regime, size, 2, nodes, bits);
+      }
+    }
+    for (int bits : {4, 8}) {
+      add("quantize", "local", size, 1, 1, bits);
+      add("dequantize", "local", size, 1, 1, bits);
+    }
   }
   const Calibration cal = calibrate(rows, KernelParams());
   ASSERT_TRUE(cal.kernelFitted);
-  EXPECT_NEAR(cal.kernel.memBwGBs, 2000, 1e-6);
-  EXPECT_NEAR(cal.kernel.launchUs, 8, 1e-6);
+  for (const std::string& note : cal.notes) ADD_FAILURE() << "unexpected note: " << note;
+  for (const ParamFit* f :
+       {&cal.quantizeFit, &cal.dequantizeFit, &cal.copyFit, &cal.reduceFit, &cal.qwzOverlapFit, &cal.qgzOverlapFit})
+    EXPECT_TRUE(f->ok);
+  EXPECT_EQ(cal.copyFit.points, 4);  // net hpZ rows (one-rank groups) from 16 MiB up
+  const KernelCost* got[] = {&cal.kernel.quantize, &cal.kernel.dequantize, &cal.kernel.copy, &cal.kernel.reduce};
+  const KernelCost* want[] = {&truth.quantize, &truth.dequantize, &truth.copy, &truth.reduce};
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_NEAR(got[k]->rate, want[k]->rate, want[k]->rate * 1e-6) << k;
+    EXPECT_NEAR(got[k]->launchUs, want[k]->launchUs, 1e-6) << k;
+  }
+  EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.6, 1e-6);
+  EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.3, 1e-6);
   const RegimeFit& f = cal.regimes.at("nvlink");
   EXPECT_NEAR(f.link.allGather.bwGBs, 250, 1e-6);
-  EXPECT_NEAR(f.link.reduceScatter.bwGBs, 250, 1e-6);  // from the qgZ rows' NCCL baselines
+  EXPECT_NEAR(f.link.allGather.latencyUs, 3, 1e-6);
+  EXPECT_NEAR(f.link.reduceScatter.bwGBs, 250, 1e-6);
+  EXPECT_NEAR(cal.regimes.at("net").link.allToAll.latencyUs, 100, 1e-6);
+  for (const RowCheck& c : cal.checks) EXPECT_NEAR(c.errPct, 0, 1e-4) << c.what << " " << c.regime << " " << c.size;
   EXPECT_EQ(cal.flagged, 0);
+}
+
+TEST(CostModelCalibration, BaselinesAndHpzRowsAsRun) {
+  // qwz_hpz_gathers: qwZ then hpZ of the full tensor, against two NCCL all-gathers; hpz_all_gather: the gather in
+  // the hpZ group (one node of 2: the same ring as NCCL's) against the global one; over 2 nodes of one GPU the
+  // group is one rank: a copy.
+  const LinkParams link = LinkParams::uniform(100, 5);
+  const KernelParams k = handKernels();
+  PerfRow both = ncclRow("qwz_hpz_gathers", "net", 1 << 26, 2, 2, 0);
+  both.bits = 8;
+  EXPECT_EQ(classifyOp(both.op), RowKind::kQwzHpz);
+  ClusterSpec c = ClusterSpec::even(2, 1);
+  c.intra = c.inter = link;
+  c.kernel = k;
+  EXPECT_NEAR(predictRowUs(both, true, link, k), 2 * ringAllGatherCost(c, 1 << 26).timeUs(), 1e-9);
+  // 2^25 elements: qwZ of the 2^24-element shards, then the copy of 2^26 bytes (2^27 read + written at 4000 GB/s).
+  EXPECT_NEAR(predictRowUs(both, false, link, k),
+              qwzAllGatherCost(c, 1 << 24, 2, 8, 256).timeUs() + 10 + (1 << 27) / 4000e3, 1e-9);
+  PerfRow hpz = ncclRow("hpz_all_gather", "net", 1 << 26, 2, 2, 0);
+  EXPECT_NEAR(predictRowUs(hpz, false, link, k), 10 + (1 << 27) / 4000e3, 1e-9);
+  EXPECT_NEAR(predictRowUs(hpz, true, link, k), ringAllGatherCost(c, 1 << 26).timeUs(), 1e-9);
+  hpz.nodes = 1;  // one node of 2: the hpZ group is the node, the same ring as the baseline
+  c.gpusPerNode = {2};
+  EXPECT_NEAR(predictRowUs(hpz, false, link, k), ringAllGatherCost(c, 1 << 26).timeUs(), 1e-9);
+  EXPECT_NEAR(predictRowUs(hpz, true, link, k), ringAllGatherCost(c, 1 << 26).timeUs(), 1e-9);
 }
 
 TEST(CostModelCalibration, FlagsLargeRowsThatMiss) {
@@ -435,6 +568,7 @@ TEST(CostModelCalibration, ParsesPerfJsonTolerantly) {
   EXPECT_EQ(rows[3].nodes, 0);
 
   EXPECT_EQ(classifyOp("qwz_all_gather"), RowKind::kQwz);
+  EXPECT_EQ(classifyOp("qwz_hpz_gathers"), RowKind::kQwzHpz);
   EXPECT_EQ(classifyOp("hpz_all_gather"), RowKind::kHpz);
   EXPECT_EQ(classifyOp("qgz_reduce_scatter"), RowKind::kQgz);
   EXPECT_EQ(classifyOp("quant_reduce_scatter_a2a"), RowKind::kQgz);
@@ -448,6 +582,96 @@ TEST(CostModelCalibration, ParsesPerfJsonTolerantly) {
   rows.clear();
   EXPECT_FALSE(parsePerfJson("[{\"op\": \"x\", ", &rows, &error));
   EXPECT_NE(error.find("JSON"), std::string::npos);
+}
+
+// ---- the measured rows (two H200) --------------------------------------------------------------------------
+
+std::string dirOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+// A file of perf/results/, found from this source file's path (the build passes it relative to the build
+// directory), from the test binary's (build/tests/), or from the working directory (the source root, the build
+// directory, or below it).
+std::string readPerfResult(const std::string& name) {
+  const std::string rel = "perf/results/" + name;
+  char exe[4096] = {};
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  const std::string exeDir = len > 0 ? dirOf(std::string(exe, static_cast<size_t>(len))) : std::string(".");
+  std::string tried;
+  for (const std::string& path : {dirOf(__FILE__) + "/../" + rel, exeDir + "/../../" + rel, rel, "../" + rel,
+                                  "../../" + rel, "../../../" + rel}) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      tried += " " + path;
+      continue;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  ADD_FAILURE() << "cannot find " << rel << "; tried" << tried;
+  return std::string();
+}
+
+TEST(CostModelCalibration, MeasuredTwoH200) {
+  // The rows of perf/results/ (2x H200, bf16; nvlink and net regimes with NCCL baselines, quantize/dequantize
+  // "local", NCCL-only baselines incl. shm), calibrated together as zpccl-model --calibrate does with both files.
+  std::vector<PerfRow> rows;
+  std::string error;
+  for (const char* name : {"2026-11-30-h200x2.json", "2026-11-30-h200x2-baselines.json"})
+    ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
+  ASSERT_EQ(rows.size(), 234u);
+  const Calibration cal = calibrate(rows, KernelParams());
+  int large = 0;
+  for (const RowCheck& c : cal.checks) large += c.size >= kCheckMinBytes;
+  EXPECT_EQ(cal.checks.size(), 330u);  // every row, and every zpccl row's NCCL baseline
+  EXPECT_EQ(large, 220);
+
+  // What the calibration finds (host/cost_model.cc, "the formulas"), loosely: a change of the model that moves
+  // these should be a deliberate one.
+  const RegimeFit& nv = cal.regimes.at("nvlink");
+  EXPECT_NEAR(nv.link.allGather.bwGBs, 260, 10);
+  EXPECT_NEAR(nv.link.allGather.latencyUs, 23, 5);
+  EXPECT_NEAR(cal.regimes.at("net").link.allGather.bwGBs, 3.06, 0.1);
+  EXPECT_NEAR(cal.regimes.at("shm").link.allGather.bwGBs, 25.0, 0.5);
+  EXPECT_NEAR(cal.kernel.quantize.rate, 2320, 100);
+  EXPECT_NEAR(cal.kernel.dequantize.rate, 3530, 150);
+  EXPECT_NEAR(cal.kernel.copy.rate, 4130, 200);
+  EXPECT_NEAR(cal.kernel.reduce.rate, 420, 40);  // G element-sources/s: ~6x slower per element than dequantize
+  EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.41, 0.05);
+  EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.25, 0.05);
+  EXPECT_TRUE(cal.notes.empty()) << cal.notes.front();
+
+  // From 16 MiB up, 3 of the 220 checks miss by more than 15%, all three in the net regime (two processes over
+  // NCCL's socket transport on one host), where the same collective at the same size measures up to 29% apart
+  // from one run to the next; no model whose bandwidth does not fall with size fits all repetitions:
+  //  - nccl_all_to_all net 64 MiB (baselines file): 12578 us, where the other file measured 16279 us for the same
+  //    call; at 2.67 GB/s it beats every other net all-to-all (1.86 - 2.10 GB/s), and to be within 15% of it and
+  //    of the 256 MiB rows the bandwidth would have to fall with size (>= 2.32 GB/s at 64 MiB, <= 2.19 at 256 MiB).
+  //  - qwz_hpz_gathers int4 net 16 MiB, NCCL baseline: two 16 MiB all-gathers in 7229 us (3615 each); the six other
+  //    measurements of that all-gather take 2802 - 3268 us (the int8 row's two: 6281 us).
+  //  - qwz_all_gather int8 net 16 MiB: 1410 us, while the same quantized gather inside qwz_hpz_gathers int8 16 MiB
+  //    takes ~1596 us (1615 minus the 19 us copy), and NCCL's own all-gather of its 8.5 MB payload would take
+  //    ~1630 us interpolating the 4 MiB and 16 MiB rows: this run was ~15% faster than the regime's norm.
+  // Fitting these would mean fitting the noise of one run: the count is asserted instead.
+  std::set<std::tuple<std::string, std::string, double, int>> flagged;
+  for (const RowCheck& c : cal.checks)
+    if (c.flagged) flagged.insert({c.what, c.regime, c.size, rows[c.row].bits});
+  const std::set<std::tuple<std::string, std::string, double, int>> expected = {
+      {"nccl_all_to_all", "net", 64.0 * 1024 * 1024, 0},
+      {"qwz_hpz_gathers (nccl baseline)", "net", 16.0 * 1024 * 1024, 4},
+      {"qwz_all_gather", "net", 16.0 * 1024 * 1024, 8}};
+  EXPECT_EQ(cal.flagged, 3);
+  EXPECT_EQ(flagged, expected);
+  EXPECT_LE(static_cast<double>(cal.flagged) / large, 0.014);
+  // Every nvlink, shm and local row from 16 MiB up is within 15%.
+  for (const RowCheck& c : cal.checks) {
+    if (c.size >= kCheckMinBytes && c.regime != "net") {
+      EXPECT_LE(std::fabs(c.errPct), kCheckMaxErrPct) << c.what << " " << c.regime << " " << c.size;
+    }
+  }
 }
 
 }  // namespace

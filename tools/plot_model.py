@@ -4,6 +4,10 @@
     zpccl-model --params 20B --sweep --csv sweep.csv
     python3 tools/plot_model.py sweep.csv -o speedup.png
 
+With --calibrate FILE... the sweep runs on the links, kernels and pipeline overlaps fitted to
+the perf JSON files (e.g. perf/results/2026-11-30-h200x2*.json); the inter-node bandwidth of each line replaces
+the fitted one, its per-step cost is kept.
+
 One line per inter-node bandwidth (the CSV's inter_gbps column), x = GPUs (log scale), y = step-time speedup;
 a second panel shows the communication time per step of both schemes.
 """

@@ -1,12 +1,14 @@
 // zpccl-model: what ZeRO++'s collectives save against ZeRO-3 on a layout, from the cost model of
 // host/cost_model.h (formulas in host/cost_model.cc). Prints per collective the bytes per GPU on each link class,
 // the cross-node volume, the time, then the step time and the speedup; --sweep runs 1..128 nodes at several
-// inter-node bandwidths and writes a CSV for tools/plot_model.py; --calibrate fits the links and kernels to a
-// perf JSON file (-J of the perf binaries) and reports predicted against measured time for every row.
+// inter-node bandwidths and writes a CSV for tools/plot_model.py; --calibrate fits the links, the kernels and the
+// pipelines' overlap to perf JSON files (-J of the perf binaries), reports predicted against measured time for
+// every row, and models the layout with what it fitted.
 //
 //   zpccl-model --nodes 16 --gpus 8 --params 20B --inter-gbps 100
 //   zpccl-model --params 20B --sweep --sweep-inter-gbps 100,800 --csv sweep.csv
-//   zpccl-model --calibrate perf.json --inter-regime net --intra-regime nvlink
+//   zpccl-model --nodes 16 --gpus 8 --params 20B --inter-gbps 100 --calibrate perf/results/2026-11-30-h200x2.json
+//       perf/results/2026-11-30-h200x2-baselines.json
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -36,8 +38,16 @@ constexpr const char* kUsage =
     "  --intra-lat-us A       intra-node latency per step, us (2)\n"
     "  --inter-gbps B         inter-node bandwidth per node, Gb/s, or with a unit (100Gb/s, 12.5GB/s)\n"
     "  --inter-lat-us A       inter-node latency per step, us (10)\n"
-    "  --mem-gbs B            effective memory bandwidth of the quantization kernels, GB/s (3500)\n"
-    "  --launch-us T          cost of one kernel launch, us (5)\n"
+    "kernels (defaults: two H200, bf16, calibrated) and the chunk pipeline of qwZ and qgZ\n"
+    "  --quantize-gbs B       quantize kernel, GB/s of bytes read + written (2300)\n"
+    "  --dequantize-gbs B     dequantize kernel, GB/s of bytes read + written (3500)\n"
+    "  --copy-gbs B           device copy (hpZ over one-rank groups), GB/s read + written (4100)\n"
+    "  --mem-gbs B            sets the three above at once\n"
+    "  --reduce-rate R        qgZ's reduce kernels, G element-sources/s: sources x elements summed (420)\n"
+    "  --launch-us T          fixed cost of every kernel launch, us (quantize 4.7, others 0.9-11)\n"
+    "  --qwz-overlap W        share of an ideal pipeline's overlap qwZ achieves, 0..1 (0.41)\n"
+    "  --qgz-overlap W        the same for qgZ (0.25)\n"
+    "  --max-chunks C         most pipeline chunks per call (8, the library's ZP_MAX_CHUNKS)\n"
     "compute and overlap\n"
     "  --compute-ms T         compute time of one step per GPU; default 6 * params * tokens / flops\n"
     "  --tokens-per-gpu T     tokens per GPU per step for the default compute time (4096)\n"
@@ -52,7 +62,8 @@ constexpr const char* kUsage =
     "  --block G              quantization block size (256)\n"
     "  --hpz-size H           ranks per hpZ group (0: the node)\n"
     "calibration\n"
-    "  --calibrate FILE       fit links and kernels to a perf JSON file and check every row\n"
+    "  --calibrate FILE...    fit links, kernels and overlaps to perf JSON files (one or more paths, or the flag\n"
+    "                         repeated) and check every row\n"
     "  --intra-regime NAME    regime whose fit becomes the intra-node link (default nvlink)\n"
     "  --inter-regime NAME    regime whose fit becomes the inter-node link (default net, else shm)\n"
     "  --no-apply             report the calibration, but model with the flags' links\n"
@@ -70,10 +81,14 @@ struct Options {
   zp::ZeroppOptions zpp;
   double intraGBs = 270, intraLatUs = 2, interGBs = 12.5, interLatUs = 10;
   bool intraBwSet = false, intraLatSet = false, interBwSet = false, interLatSet = false;
-  bool memSet = false, launchSet = false;
+  // Kernel and pipeline flags; negative: not given (the defaults, or the calibration's).
+  double quantizeGBs = -1, dequantizeGBs = -1, copyGBs = -1, reduceRate = -1, launchUs = -1;
+  double qwzOverlap = -1, qgzOverlap = -1;
+  int maxChunks = 0;
   bool computeSet = false;
   double tokensPerGpu = 4096, tflops = 400;
-  std::string calibrateFile, intraRegime, interRegime;
+  std::vector<std::string> calibrateFiles;
+  std::string intraRegime, interRegime;
   bool apply = true;
   bool sweep = false;
   std::vector<int> sweepNodes = {1, 2, 4, 8, 16, 32, 64, 128};
@@ -210,20 +225,41 @@ bool parseArgs(int argc, char** argv, Options* o) {
       (name == "--no-qwz" ? o->zpp.qwz : name == "--no-hpz" ? o->zpp.hpz : o->zpp.qgz) = false;
       continue;
     }
-    static const char* const kValued[] = {"--nodes",        "--gpus",
-                                          "--layout",       "--params",
-                                          "--elem-bytes",   "--bucket-params",
-                                          "--intra-gbs",    "--intra-lat-us",
-                                          "--inter-gbps",   "--inter-lat-us",
-                                          "--mem-gbs",      "--launch-us",
-                                          "--compute-ms",   "--tokens-per-gpu",
-                                          "--tflops",       "--overlap",
-                                          "--qwz",          "--hpz",
-                                          "--qgz",          "--wbits",
-                                          "--gbits",        "--block",
-                                          "--hpz-size",     "--calibrate",
-                                          "--intra-regime", "--inter-regime",
-                                          "--sweep-nodes",  "--sweep-inter-gbps",
+    static const char* const kValued[] = {"--nodes",
+                                          "--gpus",
+                                          "--layout",
+                                          "--params",
+                                          "--elem-bytes",
+                                          "--bucket-params",
+                                          "--intra-gbs",
+                                          "--intra-lat-us",
+                                          "--inter-gbps",
+                                          "--inter-lat-us",
+                                          "--mem-gbs",
+                                          "--quantize-gbs",
+                                          "--dequantize-gbs",
+                                          "--copy-gbs",
+                                          "--reduce-rate",
+                                          "--launch-us",
+                                          "--qwz-overlap",
+                                          "--qgz-overlap",
+                                          "--max-chunks",
+                                          "--compute-ms",
+                                          "--tokens-per-gpu",
+                                          "--tflops",
+                                          "--overlap",
+                                          "--qwz",
+                                          "--hpz",
+                                          "--qgz",
+                                          "--wbits",
+                                          "--gbits",
+                                          "--block",
+                                          "--hpz-size",
+                                          "--calibrate",
+                                          "--intra-regime",
+                                          "--inter-regime",
+                                          "--sweep-nodes",
+                                          "--sweep-inter-gbps",
                                           "--csv"};
     bool known = false;
     for (const char* k : kValued) known = known || name == k;
@@ -258,11 +294,23 @@ bool parseArgs(int argc, char** argv, Options* o) {
       ok = parseDouble(value, &o->interLatUs) && o->interLatUs >= 0;
       o->interLatSet = true;
     } else if (name == "--mem-gbs") {
-      ok = parseBandwidth(value, false, &o->cluster.kernel.memBwGBs);
-      o->memSet = true;
+      ok = parseBandwidth(value, false, &o->quantizeGBs);
+      o->dequantizeGBs = o->copyGBs = o->quantizeGBs;
+    } else if (name == "--quantize-gbs") {
+      ok = parseBandwidth(value, false, &o->quantizeGBs);
+    } else if (name == "--dequantize-gbs") {
+      ok = parseBandwidth(value, false, &o->dequantizeGBs);
+    } else if (name == "--copy-gbs") {
+      ok = parseBandwidth(value, false, &o->copyGBs);
+    } else if (name == "--reduce-rate") {
+      ok = parseDouble(value, &o->reduceRate) && o->reduceRate > 0;
     } else if (name == "--launch-us") {
-      ok = parseDouble(value, &o->cluster.kernel.launchUs) && o->cluster.kernel.launchUs >= 0;
-      o->launchSet = true;
+      ok = parseDouble(value, &o->launchUs) && o->launchUs >= 0;
+    } else if (name == "--qwz-overlap" || name == "--qgz-overlap") {
+      double* w = name == "--qwz-overlap" ? &o->qwzOverlap : &o->qgzOverlap;
+      ok = parseDouble(value, w) && *w >= 0 && *w <= 1;
+    } else if (name == "--max-chunks") {
+      ok = parseInt(value, &o->maxChunks) && o->maxChunks >= 1;
     } else if (name == "--compute-ms") {
       ok = parseDouble(value, &o->step.computeMs) && o->step.computeMs >= 0;
       o->computeSet = true;
@@ -292,7 +340,9 @@ bool parseArgs(int argc, char** argv, Options* o) {
     } else if (name == "--hpz-size") {
       ok = parseInt(value, &o->zpp.hpzSize);
     } else if (name == "--calibrate") {
-      o->calibrateFile = value;
+      // One path, or several: the arguments after it up to the next option.
+      o->calibrateFiles.push_back(value);
+      while (!inlineValue && i + 1 < argc && argv[i + 1][0] != '-') o->calibrateFiles.push_back(argv[++i]);
     } else if (name == "--intra-regime") {
       o->intraRegime = value;
     } else if (name == "--inter-regime") {
@@ -373,9 +423,9 @@ std::string describeLayout(const zp::ClusterSpec& c) {
 
 void printRow(const char* label, const char* who, const zp::CollectiveCost* cc, const zp::Traffic& t,
               double modelBytes) {
-  std::printf("    %-16s %-4s %-34s %12.3f %12.3f %9.3f M %10.1f %8.1f %9.1f %10.1f\n", label, who,
+  std::printf("    %-16s %-4s %-34s %12.3f %12.3f %9.3f M %10.1f %8.1f %9.1f %9.1f %10.1f\n", label, who,
               cc ? cc->scheme.c_str() : "", t.intraBytes / 1e9, t.interBytes / 1e9, t.nodeEgressBytes / modelBytes,
-              t.linkUs / 1e3, t.latencyUs / 1e3, t.kernelUs / 1e3, t.timeUs() / 1e3);
+              t.linkUs / 1e3, t.latencyUs / 1e3, t.kernelUs / 1e3, t.hiddenUs / 1e3, t.timeUs() / 1e3);
 }
 
 void printComparison(const Options& o, const zp::ClusterSpec& c, const zp::Comparison& r) {
@@ -385,15 +435,24 @@ void printComparison(const Options& o, const zp::ClusterSpec& c, const zp::Compa
               humanCount(s.params).c_str(), human(r.modelBytes).c_str(), s.elemBytes == 2 ? "bf16" : "fp32", calls);
   std::printf("# intra-node link: %s\n", describeLink(c.intra, false).c_str());
   std::printf("# inter-node link: %s\n", describeLink(c.inter, true).c_str());
-  std::printf("# kernels: %.0f GB/s effective memory bandwidth, %.1f us per launch\n", c.kernel.memBwGBs,
-              c.kernel.launchUs);
+  const zp::KernelParams& k = c.kernel;
+  std::printf(
+      "# kernels: quantize %.0f GB/s + %.1f us, dequantize %.0f GB/s + %.1f us (bytes read + written), reduce %.0f G "
+      "element-sources/s + %.1f us, copy %.0f GB/s + %.1f us\n",
+      k.quantize.rate, k.quantize.launchUs, k.dequantize.rate, k.dequantize.launchUs, k.reduce.rate, k.reduce.launchUs,
+      k.copy.rate, k.copy.launchUs);
+  std::printf(
+      "# pipeline: chunks of %.0f MiB logical, at most %d per call; overlap achieved (share of an ideal pipeline's): "
+      "qwZ %.2f, qgZ %.2f\n",
+      c.pipeline.chunkBytes / (1024.0 * 1024), c.pipeline.maxChunks, c.pipeline.qwzOverlap, c.pipeline.qgzOverlap);
   std::printf("# ZeRO++: qwZ %s, hpZ %s, qgZ %s; block %d\n",
               o.zpp.qwz ? ("int" + std::to_string(o.zpp.weightBits) + (o.zpp.qwzBackward ? " fwd+bwd" : " fwd")).c_str()
                         : "off",
               o.zpp.hpz ? "on" : "off", o.zpp.qgz ? ("int" + std::to_string(o.zpp.gradBits)).c_str() : "off",
               o.zpp.blockSize);
-  std::printf("#\n#   %-16s %-4s %-34s %12s %12s %11s %10s %8s %9s %10s\n", "collective", "", "scheme", "intra GB/GPU",
-              "inter GB/GPU", "x-node/node", "link ms", "lat ms", "kernel ms", "time ms");
+  std::printf("#\n#   %-16s %-4s %-34s %12s %12s %11s %10s %8s %9s %9s %10s\n", "collective", "", "scheme",
+              "intra GB/GPU", "inter GB/GPU", "x-node/node", "link ms", "lat ms", "kernel ms", "hidden ms", "time ms");
+  std::printf("#   (time = link + lat + kernel - hidden: what the chunk pipeline overlaps)\n");
   const char* labels[] = {"forward gather", "backward gather", "grad reduce-scat"};
   const zp::CollectiveCost* z3[] = {&r.zero3.forward, &r.zero3.backward, &r.zero3.gradient};
   const zp::CollectiveCost* zpp[] = {&r.zeropp.forward, &r.zeropp.backward, &r.zeropp.gradient};
@@ -441,14 +500,28 @@ bool readFile(const std::string& path, std::string* text) {
   return true;
 }
 
-// Fits, reports, and (unless --no-apply) puts the fitted links into the cluster.
+std::string describeFit(const zp::ParamFit& f) {
+  if (!f.ok) return "(not fitted)";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "(%d pts, rms %.1f%%)", f.points, f.rmsErrPct);
+  return buf;
+}
+
+// Fits, reports, and (unless --no-apply) puts the fitted links, kernels and overlaps into the cluster.
 bool runCalibration(Options* o) {
-  std::string text, error;
-  if (!readFile(o->calibrateFile, &text)) return fail("cannot read " + o->calibrateFile);
   std::vector<zp::PerfRow> rows;
-  if (!zp::parsePerfJson(text, &rows, &error)) return fail(o->calibrateFile + ": " + error);
-  const zp::Calibration cal = zp::calibrate(rows, o->cluster.kernel);
-  std::printf("# calibration from %s: %zu row(s)\n", o->calibrateFile.c_str(), rows.size());
+  std::string names;
+  for (const std::string& path : o->calibrateFiles) {
+    std::string text, error;
+    if (!readFile(path, &text)) return fail("cannot read " + path);
+    const size_t before = rows.size();
+    if (!zp::parsePerfJson(text, &rows, &error)) return fail(path + ": " + error);
+    names += (names.empty() ? "" : ", ") + path + " (" + std::to_string(rows.size() - before) + ")";
+  }
+  const zp::Calibration cal = zp::calibrate(rows, o->cluster.kernel, o->cluster.pipeline);
+  std::printf("# calibration from %s: %zu row(s)\n", names.c_str(), rows.size());
+  std::printf("#   links, fitted from %.0f MiB up (a step of x bytes: latency + x / bw)\n",
+              zp::kFitMinBytes / (1024.0 * 1024));
   const char* kinds[] = {"all-gather", "reduce-scatter", "all-to-all"};
   for (const auto& entry : cal.regimes) {
     const zp::RegimeFit& f = entry.second;
@@ -463,8 +536,15 @@ bool runCalibration(Options* o) {
     }
     std::printf("\n");
   }
-  std::printf("#   kernels: %.0f GB/s, %.2f us/launch%s\n", cal.kernel.memBwGBs, cal.kernel.launchUs,
-              cal.kernelFitted ? " (fitted)" : " (defaults)");
+  const zp::KernelParams& k = cal.kernel;
+  std::printf("#   kernels: quantize %.0f GB/s + %.2f us %s, dequantize %.0f GB/s + %.2f us %s\n", k.quantize.rate,
+              k.quantize.launchUs, describeFit(cal.quantizeFit).c_str(), k.dequantize.rate, k.dequantize.launchUs,
+              describeFit(cal.dequantizeFit).c_str());
+  std::printf("#            copy %.0f GB/s + %.2f us %s, reduce %.1f G element-sources/s + %.2f us %s\n", k.copy.rate,
+              k.copy.launchUs, describeFit(cal.copyFit).c_str(), k.reduce.rate, k.reduce.launchUs,
+              describeFit(cal.reduceFit).c_str());
+  std::printf("#   pipeline overlap: qwZ %.3f %s, qgZ %.3f %s\n", cal.pipeline.qwzOverlap,
+              describeFit(cal.qwzOverlapFit).c_str(), cal.pipeline.qgzOverlap, describeFit(cal.qgzOverlapFit).c_str());
   for (const std::string& note : cal.notes) std::printf("#   note: %s\n", note.c_str());
   std::printf("# predicted vs measured (flag '!': size >= 16 MiB and |error| > %.0f%%)\n", zp::kCheckMaxErrPct);
   std::printf("#   %-34s %-8s %14s %5s %5s %13s %13s %8s\n", "op", "regime", "size", "ranks", "nodes", "measured us",
@@ -472,7 +552,9 @@ bool runCalibration(Options* o) {
   for (const zp::RowCheck& c : cal.checks)
     std::printf("  %c %-34s %-8s %14.0f %5d %5d %13.1f %13.1f %+8.1f\n", c.flagged ? '!' : ' ', c.what.c_str(),
                 c.regime.c_str(), c.size, c.ranks, c.nodes, c.measuredUs, c.predictedUs, c.errPct);
-  std::printf("# %zu row(s) checked, %d flagged\n#\n", cal.checks.size(), cal.flagged);
+  int large = 0;
+  for (const zp::RowCheck& c : cal.checks) large += c.size >= zp::kCheckMinBytes;
+  std::printf("# %zu row(s) checked, %d from 16 MiB up, %d flagged\n#\n", cal.checks.size(), large, cal.flagged);
   if (!o->apply) return true;
 
   auto pick = [&](const std::string& wanted, std::initializer_list<const char*> defaults) -> std::string {
@@ -487,15 +569,14 @@ bool runCalibration(Options* o) {
   if (!o->interRegime.empty() && inter.empty()) return fail("no fitted regime '" + o->interRegime + "'");
   if (!intra.empty()) o->cluster.intra = cal.regimes.at(intra).link;
   if (!inter.empty()) o->cluster.inter = cal.regimes.at(inter).link;
-  if (cal.kernelFitted) {
-    if (!o->memSet) o->cluster.kernel.memBwGBs = cal.kernel.memBwGBs;
-    if (!o->launchSet) o->cluster.kernel.launchUs = cal.kernel.launchUs;
-  }
+  o->cluster.kernel = cal.kernel;  // kinds without rows kept the ones given
+  o->cluster.pipeline = cal.pipeline;
   std::printf(
       "# the model below: intra-node link %s, inter-node link %s (taken as the bandwidth of a whole node),"
-      " kernels %s; flags given explicitly still win\n#\n",
+      " kernels and overlaps %s; flags given explicitly still win\n#\n",
       intra.empty() ? "from the flags" : ("= regime " + intra).c_str(),
-      inter.empty() ? "from the flags" : ("= regime " + inter).c_str(), cal.kernelFitted ? "fitted" : "from the flags");
+      inter.empty() ? "from the flags" : ("= regime " + inter).c_str(),
+      cal.kernelFitted ? "as calibrated" : "from the flags");
   return true;
 }
 
@@ -546,8 +627,18 @@ int main(int argc, char** argv) {
   if (!parseArgs(argc, argv, &o)) return 2;
   o.cluster.intra = zp::LinkParams::uniform(o.intraGBs, o.intraLatUs);
   o.cluster.inter = zp::LinkParams::uniform(o.interGBs, o.interLatUs);
-  if (!o.calibrateFile.empty() && !runCalibration(&o)) return 1;
+  if (!o.calibrateFiles.empty() && !runCalibration(&o)) return 1;
   // Flags given explicitly win over a calibration.
+  zp::KernelParams& k = o.cluster.kernel;
+  if (o.quantizeGBs > 0) k.quantize.rate = o.quantizeGBs;
+  if (o.dequantizeGBs > 0) k.dequantize.rate = o.dequantizeGBs;
+  if (o.copyGBs > 0) k.copy.rate = o.copyGBs;
+  if (o.reduceRate > 0) k.reduce.rate = o.reduceRate;
+  if (o.launchUs >= 0)
+    for (zp::KernelCost* kc : {&k.quantize, &k.dequantize, &k.reduce, &k.copy}) kc->launchUs = o.launchUs;
+  if (o.qwzOverlap >= 0) o.cluster.pipeline.qwzOverlap = o.qwzOverlap;
+  if (o.qgzOverlap >= 0) o.cluster.pipeline.qgzOverlap = o.qgzOverlap;
+  if (o.maxChunks > 0) o.cluster.pipeline.maxChunks = o.maxChunks;
   if (o.intraBwSet) setBandwidth(&o.cluster.intra, o.intraGBs);
   if (o.intraLatSet) setLatency(&o.cluster.intra, o.intraLatUs);
   if (o.interBwSet) setBandwidth(&o.cluster.inter, o.interGBs);
