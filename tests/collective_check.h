@@ -18,10 +18,11 @@
 #include "host/dtype.h"
 #include "host/quant_math.h"
 #include "include/zpccl.h"
+#include "tests/quant_test_util.h"
 
 namespace zpcheck {
 
-inline const zpDataType_t kQuantTypes[] = {zpFloat16, zpBfloat16, zpFloat32};
+using zptest::kQuantTypes;
 
 inline size_t bytesOf(zpDataType_t type) { return zp::typeSize(type); }
 
@@ -88,40 +89,17 @@ inline float randomValue(zpDataType_t type, uint64_t seed, int rank, size_t inde
   return static_cast<float>(std::ldexp(u, e));
 }
 
+// Typed element access, over any pointer (tests/quant_test_util.h holds the conversions).
 inline uint32_t loadBits(zpDataType_t type, const void* base, size_t i) {
-  const unsigned char* p = static_cast<const unsigned char*>(base);
-  if (type == zpFloat32) {
-    uint32_t u;
-    std::memcpy(&u, p + 4 * i, 4);
-    return u;
-  }
-  uint16_t b;
-  std::memcpy(&b, p + 2 * i, 2);
-  return b;
+  return zptest::loadElemBits(type, static_cast<const unsigned char*>(base), i);
 }
-
 // Element i of a fp16/bf16/fp32 buffer, exactly, as a double.
 inline double loadValue(zpDataType_t type, const void* base, size_t i) {
-  const uint32_t b = loadBits(type, base, i);
-  switch (type) {
-    case zpFloat16:
-      return zp::halfBitsToFloat(static_cast<uint16_t>(b));
-    case zpBfloat16:
-      return zp::bf16BitsToFloat(static_cast<uint16_t>(b));
-    default:
-      return zp::bitsFloat(b);
-  }
+  return zptest::loadElem(type, static_cast<const unsigned char*>(base), i);
 }
-
 // Stores v rounded to nearest even in the type.
 inline void storeValue(zpDataType_t type, void* base, size_t i, float v) {
-  unsigned char* p = static_cast<unsigned char*>(base);
-  if (type == zpFloat32) {
-    std::memcpy(p + 4 * i, &v, 4);
-    return;
-  }
-  const uint16_t b = type == zpFloat16 ? zp::floatToHalfBitsRn(v) : zp::floatToBf16BitsRn(v);
-  std::memcpy(p + 2 * i, &b, 2);
+  zptest::storeElem(type, static_cast<unsigned char*>(base), i, v);
 }
 
 // Elements [offset, offset + count) of rank's tensor (a quantizable type) into dst[0, count).
@@ -137,30 +115,9 @@ inline void fillBytes(void* dst, size_t bytes, uint64_t seed, int rank, size_t o
 
 // ---- bounds -----------------------------------------------------------------------------------------------
 
-struct TypeLimits {
-  int precision;  // significand bits, the implicit one included
-  int minExp;     // exponent of the smallest normal
-};
-
-inline TypeLimits typeLimits(zpDataType_t type) {
-  switch (type) {
-    case zpFloat16:
-      return {11, -14};
-    case zpBfloat16:
-      return {8, -126};
-    default:
-      return {24, -126};
-  }
-}
-
-// Half an ulp of `type` at |v| (half the smallest subnormal below the normal range).
-inline double halfUlp(double v, zpDataType_t type) {
-  const TypeLimits t = typeLimits(type);
-  int e = t.minExp + 1;
-  if (v != 0.0 && std::isfinite(v)) std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
-  const int exp = (e - 1) < t.minExp ? t.minExp : (e - 1);
-  return std::ldexp(1.0, exp - t.precision);
-}
+using zptest::halfUlp;  // half an ulp of a type at |v|
+using zptest::TypeLimits;
+using zptest::typeLimits;
 
 inline bool isNaNBits(zpDataType_t type, uint32_t b) {
   switch (type) {
