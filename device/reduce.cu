@@ -70,8 +70,8 @@ __device__ __forceinline__ void sumSources(const KernelArgs& a, const unsigned c
 }
 
 template <int Bits>
-__global__ void __launch_bounds__(kThreads) reduceRequantizeKernel(KernelArgs a, unsigned char* out,
-                                                                    size_t payloadStride, size_t codeBytes) {
+__global__ void __launch_bounds__(kThreads)
+    reduceRequantizeKernel(KernelArgs a, unsigned char* out, size_t payloadStride, size_t codeBytes) {
   using BlockMax = cub::BlockReduce<uint32_t, kThreads>;
   __shared__ typename BlockMax::TempStorage tmp;
   __shared__ uint32_t blockAbsMax;
@@ -109,11 +109,15 @@ __global__ void __launch_bounds__(kThreads) reduceRequantizeKernel(KernelArgs a,
     for (int k = 0; k < n; ++k) word |= (quantizeCode(sums[i + k], scale, qmax) & ((1u << Bits) - 1u)) << (Bits * k);
     const size_t e = begin + i;
     if (Bits == 8) {
-      if (n == kElemsPerThread) *reinterpret_cast<uint32_t*>(codes + e) = word;
-      else for (int k = 0; k < n; ++k) codes[e + k] = static_cast<unsigned char>(word >> (8 * k));
+      if (n == kElemsPerThread)
+        *reinterpret_cast<uint32_t*>(codes + e) = word;
+      else
+        for (int k = 0; k < n; ++k) codes[e + k] = static_cast<unsigned char>(word >> (8 * k));
     } else {
-      if (n == kElemsPerThread) *reinterpret_cast<uint16_t*>(codes + e / 2) = static_cast<uint16_t>(word);
-      else for (int k = 0; k < n; k += 2) codes[(e + k) / 2] = static_cast<unsigned char>(word >> (4 * k));
+      if (n == kElemsPerThread)
+        *reinterpret_cast<uint16_t*>(codes + e / 2) = static_cast<uint16_t>(word);
+      else
+        for (int k = 0; k < n; k += 2) codes[(e + k) / 2] = static_cast<unsigned char>(word >> (4 * k));
     }
   }
   // Padding after the last scale and after the last code is zero, as in every payload.
@@ -125,8 +129,8 @@ __global__ void __launch_bounds__(kThreads) reduceRequantizeKernel(KernelArgs a,
 }
 
 template <int Bits, class Type>
-__global__ void __launch_bounds__(kThreads) reduceFinishKernel(KernelArgs a, typename Type::Bits* out,
-                                                                size_t outputStride, float divisor) {
+__global__ void __launch_bounds__(kThreads)
+    reduceFinishKernel(KernelArgs a, typename Type::Bits* out, size_t outputStride, float divisor) {
   const size_t seg = blockIdx.x / a.blocksPerSegment;
   const size_t block = blockIdx.x % a.blocksPerSegment;
   const size_t begin = block * a.blockSize;
@@ -151,13 +155,18 @@ zpResult_t checkSources(const ReduceSources& s, const char* what) {
 }
 
 KernelArgs kernelArgs(const ReduceSources& s, size_t count, int blockSize) {
-  return KernelArgs{static_cast<const unsigned char*>(s.base), s.sourceStride, s.segmentStride, s.sources, count,
-                    quantBlockCount(count, blockSize), quantScaleBytes(count, blockSize), blockSize};
+  return KernelArgs{static_cast<const unsigned char*>(s.base),
+                    s.sourceStride,
+                    s.segmentStride,
+                    s.sources,
+                    count,
+                    quantBlockCount(count, blockSize),
+                    quantScaleBytes(count, blockSize),
+                    blockSize};
 }
 
 template <int Bits, class Type>
-void launchFinish(const KernelArgs& a, unsigned grid, void* output, size_t stride, float divisor,
-                  cudaStream_t stream) {
+void launchFinish(const KernelArgs& a, unsigned grid, void* output, size_t stride, float divisor, cudaStream_t stream) {
   reduceFinishKernel<Bits, Type>
       <<<grid, kThreads, 0, stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
 }
@@ -175,9 +184,11 @@ zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bi
   auto* out = static_cast<unsigned char*>(payload);
   const size_t codeBytes = quantCodeBytes(count, bits);
   if (bits == 8) {
-    reduceRequantizeKernel<8><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, out, payloadStride, codeBytes);
+    reduceRequantizeKernel<8>
+        <<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, out, payloadStride, codeBytes);
   } else {
-    reduceRequantizeKernel<4><<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, out, payloadStride, codeBytes);
+    reduceRequantizeKernel<4>
+        <<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, out, payloadStride, codeBytes);
   }
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
@@ -203,7 +214,8 @@ zpResult_t launchReduceFinish(const ReduceSources& src, size_t count, int bits, 
       bits == 8 ? launchFinish<8, Fp32Type>(a, grid, output, stride, divisor, stream)
                 : launchFinish<4, Fp32Type>(a, grid, output, stride, divisor, stream);
       break;
-    default: return ZP_ERR(zpInternalError, "launchReduceFinish : type %d", static_cast<int>(type));
+    default:
+      return ZP_ERR(zpInternalError, "launchReduceFinish : type %d", static_cast<int>(type));
   }
   CUDACHECK(cudaGetLastError());
   return zpSuccess;

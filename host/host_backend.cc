@@ -15,8 +15,7 @@ namespace zp {
 namespace {
 
 // fp32 sum, in the order given, of element range [0, count) of several payloads.
-void sumPayloads(const std::vector<const unsigned char*>& payloads, size_t count, int bits, int blockSize,
-                 float* sum) {
+void sumPayloads(const std::vector<const unsigned char*>& payloads, size_t count, int bits, int blockSize, float* sum) {
   for (size_t i = 0; i < count; ++i) {
     float acc = 0.0f;
     for (size_t s = 0; s < payloads.size(); ++s) {
@@ -36,9 +35,15 @@ void finishTyped(const float* sum, size_t count, float divisor, void* out) {
 
 void finish(const float* sum, size_t count, zpDataType_t type, float divisor, void* out) {
   switch (type) {
-    case zpFloat16: finishTyped<Fp16Type>(sum, count, divisor, out); break;
-    case zpBfloat16: finishTyped<Bf16Type>(sum, count, divisor, out); break;
-    default: finishTyped<Fp32Type>(sum, count, divisor, out); break;
+    case zpFloat16:
+      finishTyped<Fp16Type>(sum, count, divisor, out);
+      break;
+    case zpBfloat16:
+      finishTyped<Bf16Type>(sum, count, divisor, out);
+      break;
+    default:
+      finishTyped<Fp32Type>(sum, count, divisor, out);
+      break;
   }
 }
 
@@ -58,9 +63,12 @@ class HostBackend final : public Backend {
       case CollKind::kDequantize:
         dequantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, a.recvbuff);
         return zpSuccess;
-      case CollKind::kQuantAllGather: return quantAllGather(a);
-      case CollKind::kHierAllGather: return hierAllGather(a);
-      case CollKind::kQuantReduceScatter: return quantReduceScatter(a);
+      case CollKind::kQuantAllGather:
+        return quantAllGather(a);
+      case CollKind::kHierAllGather:
+        return hierAllGather(a);
+      case CollKind::kQuantReduceScatter:
+        return quantReduceScatter(a);
     }
     return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
@@ -144,7 +152,8 @@ class HostBackend final : public Backend {
     std::vector<unsigned char>& partial = scratch(1, pb * N);
     for (int b = 0; b < N; ++b) {
       sources.clear();
-      for (int l = 0; l < L; ++l) sources.push_back(peerSlot(topo_.nodeRanks[topo_.node][l], topo_.localRank * N + b, pb));
+      for (int l = 0; l < L; ++l)
+        sources.push_back(peerSlot(topo_.nodeRanks[topo_.node][l], topo_.localRank * N + b, pb));
       sumPayloads(sources, n, a.bits, a.blockSize, sum.data());
       quantizeRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, partial.data() + b * pb);
     }

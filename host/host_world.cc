@@ -67,8 +67,8 @@ zpResult_t HostWorld::wait(const char* call, int64_t timeoutMs) {
     cv_.notify_all();
     return zpSuccess;
   }
-  const bool done = cv_.wait_for(lock, std::chrono::milliseconds(timeoutMs),
-                                 [&] { return generation_ != myGeneration || aborted_; });
+  const bool done =
+      cv_.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] { return generation_ != myGeneration || aborted_; });
   if (generation_ != myGeneration) return zpSuccess;
   if (aborted_) return ZP_ERR(zpRemoteError, "%s : the communicator was aborted while waiting for peers", call);
   (void)done;

@@ -112,7 +112,7 @@ typedef struct {
 
 #define ZP_CONFIG_INITIALIZER                                                                                    \
   {                                                                                                              \
-    sizeof(zpConfig_t), ZP_CONFIG_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT,          \
+    sizeof(zpConfig_t), ZP_CONFIG_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT,           \
         ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, \
         ZP_CONFIG_UNDEF_INT                                                                                      \
   }
@@ -175,13 +175,13 @@ zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
 zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes);
 
 /* Queries. */
-zpResult_t zpCommCount(const zpComm_t comm, int* count);        /* ranks in comm */
-zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);      /* this rank */
-zpResult_t zpCommCuDevice(const zpComm_t comm, int* device);    /* CUDA device; -1 on the host backend */
+zpResult_t zpCommCount(const zpComm_t comm, int* count);     /* ranks in comm */
+zpResult_t zpCommUserRank(const zpComm_t comm, int* rank);   /* this rank */
+zpResult_t zpCommCuDevice(const zpComm_t comm, int* device); /* CUDA device; -1 on the host backend */
 zpResult_t zpCommBackend(const zpComm_t comm, zpBackend_t* backend);
-zpResult_t zpCommNodeCount(const zpComm_t comm, int* nodes);    /* distinct nodes */
-zpResult_t zpCommNodeRank(const zpComm_t comm, int* node);      /* index of this rank's node, 0..nodes-1, in
-                                                                   order of each node's lowest rank */
+zpResult_t zpCommNodeCount(const zpComm_t comm, int* nodes);     /* distinct nodes */
+zpResult_t zpCommNodeRank(const zpComm_t comm, int* node);       /* index of this rank's node, 0..nodes-1, in
+                                                                    order of each node's lowest rank */
 zpResult_t zpCommLocalRank(const zpComm_t comm, int* localRank); /* rank inside the node */
 zpResult_t zpCommLocalSize(const zpComm_t comm, int* localSize); /* ranks of this rank's node */
 zpResult_t zpCommHpzRank(const zpComm_t comm, int* hpzRank);     /* rank inside the hpZ group */
@@ -206,12 +206,12 @@ zpResult_t zpQuantPayloadSize(size_t count, int bits, int blockSize, size_t* byt
 /* Quantizes count elements of input (fp16, bf16 or fp32) into payload (16-byte aligned, at least
  * zpQuantPayloadSize bytes). Uses comm's backend (device pointers and stream on cuda; host pointers and a
  * NULL stream on host). count 0 is a no-op. */
-zpResult_t zpQuantize(const void* input, void* payload, size_t count, zpDataType_t datatype, int bits,
-                      int blockSize, zpComm_t comm, cudaStream_t stream);
+zpResult_t zpQuantize(const void* input, void* payload, size_t count, zpDataType_t datatype, int bits, int blockSize,
+                      zpComm_t comm, cudaStream_t stream);
 
 /* Dequantizes a payload made by zpQuantize with the same count, bits and blockSize into output. */
-zpResult_t zpDequantize(const void* payload, void* output, size_t count, zpDataType_t datatype, int bits,
-                        int blockSize, zpComm_t comm, cudaStream_t stream);
+zpResult_t zpDequantize(const void* payload, void* output, size_t count, zpDataType_t datatype, int bits, int blockSize,
+                        zpComm_t comm, cudaStream_t stream);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Collectives                                                                                                */
@@ -228,8 +228,8 @@ zpResult_t zpQuantAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendc
 /* hpZ: all-gather inside this rank's hpZ group only (the backward weight gather). sendbuff is the rank's
  * secondary shard of sendcount elements; recvbuff receives hpzSize*sendcount elements in hpZ-rank order.
  * Exact for every type. Memory cost: each rank keeps full/hpzSize elements between forward and backward. */
-zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
-                           zpComm_t comm, cudaStream_t stream);
+zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype, zpComm_t comm,
+                           cudaStream_t stream);
 /* As zpHierAllGather. With options->bits 8 or 4 (fp16, bf16, fp32 only) the shards travel block-quantized as
  * in zpQuantAllGather (DeepSpeed's behaviour: every rank's recvbuff holds the dequantized shards, its own
  * included, bit-identical across the group); options NULL or bits 0 keep the exact default. */
@@ -246,9 +246,8 @@ zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count,
  * communicator's gradBits and blockSize. Deterministic. */
 zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
                                    zpRedOp_t op, zpComm_t comm, cudaStream_t stream);
-zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                     zpDataType_t datatype, zpRedOp_t op, const zpQuantOptions_t* options,
-                                     zpComm_t comm, cudaStream_t stream);
+zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
+                                     zpRedOp_t op, const zpQuantOptions_t* options, zpComm_t comm, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

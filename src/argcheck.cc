@@ -66,12 +66,13 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
   *s = Settings();
   if (config == nullptr) return zpSuccess;
   if (config->magic != ZP_CONFIG_MAGIC) {
-    return ZP_ERR(zpInvalidArgument, "%s : config has a bad magic 0x%x: initialize it with ZP_CONFIG_INITIALIZER",
-                  call, config->magic);
+    return ZP_ERR(zpInvalidArgument, "%s : config has a bad magic 0x%x: initialize it with ZP_CONFIG_INITIALIZER", call,
+                  config->magic);
   }
   if (config->size != sizeof(zpConfig_t)) {
-    return ZP_ERR(zpInvalidArgument, "%s : config size %zu differs from this library's %zu: rebuild against its zpccl.h",
-                  call, config->size, sizeof(zpConfig_t));
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : config size %zu differs from this library's %zu: rebuild against its zpccl.h", call,
+                  config->size, sizeof(zpConfig_t));
   }
   auto set = [](int value) { return value != ZP_CONFIG_UNDEF_INT; };
   if (set(config->backend)) {
@@ -88,7 +89,8 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
     s->ranksPerNode = config->ranksPerNode;
   }
   if (set(config->nodeId)) {
-    if (config->nodeId < 0) return ZP_ERR(zpInvalidArgument, "%s : config->nodeId %d is negative", call, config->nodeId);
+    if (config->nodeId < 0)
+      return ZP_ERR(zpInvalidArgument, "%s : config->nodeId %d is negative", call, config->nodeId);
     if (s->ranksPerNode > 0) {
       return ZP_ERR(zpInvalidArgument, "%s : config->nodeId and config->ranksPerNode are exclusive", call);
     }
@@ -99,8 +101,8 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
       return ZP_ERR(zpInvalidArgument, "%s : config->hpzSize %d must be positive", call, config->hpzSize);
     }
     if (s->ranksPerNode > 0 && s->ranksPerNode % config->hpzSize != 0) {
-      return ZP_ERR(zpInvalidArgument, "%s : config->hpzSize %d does not divide ranksPerNode %d", call,
-                    config->hpzSize, s->ranksPerNode);
+      return ZP_ERR(zpInvalidArgument, "%s : config->hpzSize %d does not divide ranksPerNode %d", call, config->hpzSize,
+                    s->ranksPerNode);
     }
     s->hpzSize = config->hpzSize;
   }
@@ -121,8 +123,7 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
       return ZP_ERR(zpInvalidArgument, "%s : config->blocking %d must be 0 or 1", call, config->blocking);
     }
     if (config->blocking == 0) {
-      return ZP_ERR(zpInvalidUsage, "%s : config->blocking 0 (nonblocking communicators) is not implemented yet",
-                    call);
+      return ZP_ERR(zpInvalidUsage, "%s : config->blocking 0 (nonblocking communicators) is not implemented yet", call);
     }
     s->blocking = config->blocking;
   }
@@ -133,8 +134,7 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
   const char* call = a->opName;
   const Topology& topo = comm->topo;
   // hpZ moves its shards exactly unless the call asks for bits (its optional quantized mode).
-  const bool quantized =
-      a->kind != CollKind::kHierAllGather || (options != nullptr && options->bits != 0);
+  const bool quantized = a->kind != CollKind::kHierAllGather || (options != nullptr && options->bits != 0);
 
   // Type and op.
   if (!isValidType(a->type)) {
@@ -175,9 +175,14 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
   size_t groupRanks = 1;
   switch (a->kind) {
     case CollKind::kQuantAllGather:
-    case CollKind::kQuantReduceScatter: groupRanks = topo.nranks; break;
-    case CollKind::kHierAllGather: groupRanks = topo.hpzSize; break;
-    default: break;
+    case CollKind::kQuantReduceScatter:
+      groupRanks = topo.nranks;
+      break;
+    case CollKind::kHierAllGather:
+      groupRanks = topo.hpzSize;
+      break;
+    default:
+      break;
   }
   size_t localBytes = 0, totalElems = 0, totalBytes = 0, payloadTotal = 0;
   if (mulOverflows(a->count, elemBytes, &localBytes) || mulOverflows(a->count, groupRanks, &totalElems) ||
@@ -197,8 +202,10 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
   // Buffers.
   const bool sendIsPayload = a->kind == CollKind::kDequantize;
   const bool recvIsPayload = a->kind == CollKind::kQuantize;
-  ZPCHECK(checkBuffer(comm, a->sendbuff, call, sendIsPayload ? "payload" : (a->kind == CollKind::kQuantize ? "input" : "sendbuff")));
-  ZPCHECK(checkBuffer(comm, a->recvbuff, call, recvIsPayload ? "payload" : (a->kind == CollKind::kDequantize ? "output" : "recvbuff")));
+  ZPCHECK(checkBuffer(comm, a->sendbuff, call,
+                      sendIsPayload ? "payload" : (a->kind == CollKind::kQuantize ? "input" : "sendbuff")));
+  ZPCHECK(checkBuffer(comm, a->recvbuff, call,
+                      recvIsPayload ? "payload" : (a->kind == CollKind::kDequantize ? "output" : "recvbuff")));
   auto misaligned = [](const void* p, size_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; };
   if (sendIsPayload ? misaligned(a->sendbuff, kPayloadAlign) : misaligned(a->sendbuff, elemBytes)) {
     return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call,
@@ -215,8 +222,12 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
   size_t sendBytes = localBytes, recvBytes = localBytes;
   const char* inPlaceSend = nullptr;  // where sendbuff must be for the call to be in place
   switch (a->kind) {
-    case CollKind::kQuantize: recvBytes = quantPayloadBytes(a->count, a->bits, a->blockSize); break;
-    case CollKind::kDequantize: sendBytes = quantPayloadBytes(a->count, a->bits, a->blockSize); break;
+    case CollKind::kQuantize:
+      recvBytes = quantPayloadBytes(a->count, a->bits, a->blockSize);
+      break;
+    case CollKind::kDequantize:
+      sendBytes = quantPayloadBytes(a->count, a->bits, a->blockSize);
+      break;
     case CollKind::kQuantAllGather:
       recvBytes = totalBytes;
       inPlaceSend = recvChar + static_cast<size_t>(topo.rank) * localBytes;
@@ -231,9 +242,8 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
       break;
   }
   if (overlaps(a->sendbuff, sendBytes, a->recvbuff, recvBytes) && sendChar != inPlaceSend) {
-    return ZP_ERR(zpInvalidArgument,
-                  "%s : sendbuff %p and recvbuff %p overlap without being in NCCL's in-place layout", call,
-                  a->sendbuff, a->recvbuff);
+    return ZP_ERR(zpInvalidArgument, "%s : sendbuff %p and recvbuff %p overlap without being in NCCL's in-place layout",
+                  call, a->sendbuff, a->recvbuff);
   }
   return zpSuccess;
 }

@@ -31,41 +31,41 @@ void clearPendingError();
     }                                                                                         \
   } while (0)
 
-#define ZPCHECKGOTO(call, res, label)                                                       \
-  do {                                                                                      \
-    (res) = (call);                                                                         \
-    if ((res) != zpSuccess) {                                                               \
+#define ZPCHECKGOTO(call, res, label)                                                      \
+  do {                                                                                     \
+    (res) = (call);                                                                        \
+    if ((res) != zpSuccess) {                                                              \
       ZP_INFO(::zp::kSubsysAll, "%s:%d -> %d", __FILE__, __LINE__, static_cast<int>(res)); \
-      goto label;                                                                           \
-    }                                                                                       \
+      goto label;                                                                          \
+    }                                                                                      \
   } while (0)
 
 // Clears the sticky launch error after reading it, so one failure does not leak into the next launch.
-#define CUDACHECK(call)                                                                                     \
+#define CUDACHECK(call)                                                                                    \
+  do {                                                                                                     \
+    cudaError_t cudaErr_ = (call);                                                                         \
+    if (cudaErr_ != cudaSuccess) {                                                                         \
+      (void)cudaGetLastError();                                                                            \
+      return ZP_ERR(zpUnhandledCudaError, "CUDA failure '%s' in %s", cudaGetErrorString(cudaErr_), #call); \
+    }                                                                                                      \
+  } while (0)
+
+#define CUDACHECKGOTO(call, res, label)                                                                     \
   do {                                                                                                      \
     cudaError_t cudaErr_ = (call);                                                                          \
     if (cudaErr_ != cudaSuccess) {                                                                          \
       (void)cudaGetLastError();                                                                             \
-      return ZP_ERR(zpUnhandledCudaError, "CUDA failure '%s' in %s", cudaGetErrorString(cudaErr_), #call); \
+      (res) = ZP_ERR(zpUnhandledCudaError, "CUDA failure '%s' in %s", cudaGetErrorString(cudaErr_), #call); \
+      goto label;                                                                                           \
     }                                                                                                       \
   } while (0)
 
-#define CUDACHECKGOTO(call, res, label)                                                                      \
-  do {                                                                                                       \
-    cudaError_t cudaErr_ = (call);                                                                           \
-    if (cudaErr_ != cudaSuccess) {                                                                           \
-      (void)cudaGetLastError();                                                                              \
-      (res) = ZP_ERR(zpUnhandledCudaError, "CUDA failure '%s' in %s", cudaGetErrorString(cudaErr_), #call); \
-      goto label;                                                                                            \
-    }                                                                                                        \
-  } while (0)
-
 // ncclResult_t and zpResult_t share their values.
-#define NCCLCHECK(call)                                                                                      \
-  do {                                                                                                       \
-    ncclResult_t ncclRes_ = (call);                                                                          \
-    if (ncclRes_ != ncclSuccess && ncclRes_ != ncclInProgress) {                                             \
+#define NCCLCHECK(call)                                                                                         \
+  do {                                                                                                          \
+    ncclResult_t ncclRes_ = (call);                                                                             \
+    if (ncclRes_ != ncclSuccess && ncclRes_ != ncclInProgress) {                                                \
       return ZP_ERR(static_cast<zpResult_t>(ncclRes_), "NCCL failure '%s' in %s", ncclGetErrorString(ncclRes_), \
-                    #call);                                                                                  \
-    }                                                                                                        \
+                    #call);                                                                                     \
+    }                                                                                                           \
   } while (0)

@@ -12,7 +12,7 @@
 
 namespace zp {
 
-constexpr uint64_t kCommMagic = 0x7a70636f6d6d2121ull;  // "zpcomm!!"
+constexpr uint64_t kCommMagic = 0x7a70636f6d6d2121ull;      // "zpcomm!!"
 constexpr uint64_t kCommDeadMagic = 0x646561642d636f6dull;  // "dead-com", written at destroy
 
 // A config with every default resolved.

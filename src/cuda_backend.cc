@@ -86,9 +86,12 @@ class CudaBackend final : public Backend {
         return launchQuantize(a.sendbuff, a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream);
       case CollKind::kDequantize:
         return launchDequantize(a.sendbuff, a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream);
-      case CollKind::kQuantAllGather: return cudaQuantAllGather(exec_, a);
-      case CollKind::kHierAllGather: return cudaHierAllGather(exec_, a);
-      case CollKind::kQuantReduceScatter: return cudaQuantReduceScatter(exec_, a);
+      case CollKind::kQuantAllGather:
+        return cudaQuantAllGather(exec_, a);
+      case CollKind::kHierAllGather:
+        return cudaHierAllGather(exec_, a);
+      case CollKind::kQuantReduceScatter:
+        return cudaQuantReduceScatter(exec_, a);
     }
     return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
@@ -218,8 +221,8 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     ncclResult_t r = ncclCommInitRankConfig(&c.world, nranks, ncclId, rank, &config);
     if (r != ncclSuccess) {
       c.world = nullptr;
-      return ZP_ERR(static_cast<zpResult_t>(r), "%s : ncclCommInitRank failed: %s (%s)", call,
-                    ncclGetErrorString(r), ncclGetLastError(nullptr));
+      return ZP_ERR(static_cast<zpResult_t>(r), "%s : ncclCommInitRank failed: %s (%s)", call, ncclGetErrorString(r),
+                    ncclGetLastError(nullptr));
     }
   }
   ZPCHECK(cudaExecInit(&e));

@@ -259,8 +259,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
-    ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb,
-                          st.quant));
+    ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb, st.quant));
     ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
@@ -276,10 +275,10 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     const size_t peerBytes = N * pb;
     ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
     for (int peer = 0; peer < L; ++peer) {
-      ZPCHECK(ncclCheck(ncclSend(slots + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move),
-                        a.opName, "ncclSend"));
-      ZPCHECK(ncclCheck(ncclRecv(received + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move),
-                        a.opName, "ncclRecv"));
+      ZPCHECK(ncclCheck(ncclSend(slots + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move), a.opName,
+                        "ncclSend"));
+      ZPCHECK(ncclCheck(ncclRecv(received + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move), a.opName,
+                        "ncclRecv"));
     }
     ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
     if (!q.twoHop) {
@@ -299,8 +298,8 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
       for (int node = 0; node < N; ++node) {
         ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish), a.opName,
                           "ncclSend"));
-        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish),
-                          a.opName, "ncclRecv"));
+        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish), a.opName,
+                          "ncclRecv"));
       }
       ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
       // Step 5 (finish): node a's partial, summed in node order, into recvbuff.

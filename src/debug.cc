@@ -30,13 +30,20 @@ unsigned parseSubsys(const char* spec) {
     if (end == std::string::npos) end = all.size();
     std::string word = all.substr(start, end - start);
     for (auto& c : word) c = static_cast<char>(toupper(c));
-    if (word == "INIT") mask |= kSubsysInit;
-    else if (word == "COLL") mask |= kSubsysColl;
-    else if (word == "QUANT") mask |= kSubsysQuant;
-    else if (word == "TOPO") mask |= kSubsysTopo;
-    else if (word == "ALLOC") mask |= kSubsysAlloc;
-    else if (word == "ENV") mask |= kSubsysEnv;
-    else if (word == "ALL") mask |= kSubsysAll;
+    if (word == "INIT")
+      mask |= kSubsysInit;
+    else if (word == "COLL")
+      mask |= kSubsysColl;
+    else if (word == "QUANT")
+      mask |= kSubsysQuant;
+    else if (word == "TOPO")
+      mask |= kSubsysTopo;
+    else if (word == "ALLOC")
+      mask |= kSubsysAlloc;
+    else if (word == "ENV")
+      mask |= kSubsysEnv;
+    else if (word == "ALL")
+      mask |= kSubsysAll;
     start = end + 1;
   }
   return invert ? ~mask : mask;
@@ -68,11 +75,16 @@ void logInit() {
   if (gLogLevel.load() != kLogUnset) return;
   int level = kLogWarn;
   if (const char* env = getenv("ZP_DEBUG")) {
-    if (strcasecmp(env, "VERSION") == 0) level = kLogVersion;
-    else if (strcasecmp(env, "WARN") == 0) level = kLogWarn;
-    else if (strcasecmp(env, "INFO") == 0) level = kLogInfo;
-    else if (strcasecmp(env, "TRACE") == 0) level = kLogTrace;
-    else if (strcasecmp(env, "NONE") == 0) level = kLogNone;
+    if (strcasecmp(env, "VERSION") == 0)
+      level = kLogVersion;
+    else if (strcasecmp(env, "WARN") == 0)
+      level = kLogWarn;
+    else if (strcasecmp(env, "INFO") == 0)
+      level = kLogInfo;
+    else if (strcasecmp(env, "TRACE") == 0)
+      level = kLogTrace;
+    else if (strcasecmp(env, "NONE") == 0)
+      level = kLogNone;
   }
   if (const char* env = getenv("ZP_DEBUG_SUBSYS")) gLogSubsys = parseSubsys(env);
   if (const char* env = getenv("ZP_DEBUG_FILE")) {
@@ -97,8 +109,7 @@ void logMessage(LogLevel level, unsigned subsys, const char* file, int line, con
   if (level == kLogWarn) {
     fprintf(gLogFile, "%s:%d:%d [zpccl] %s:%d WARN %s\n", host, getpid(), gettid(), base, line, msg);
   } else {
-    fprintf(gLogFile, "%s:%d:%d [zpccl] %s %s\n", host, getpid(), gettid(), level == kLogTrace ? "TRACE" : "INFO",
-            msg);
+    fprintf(gLogFile, "%s:%d:%d [zpccl] %s %s\n", host, getpid(), gettid(), level == kLogTrace ? "TRACE" : "INFO", msg);
   }
   fflush(gLogFile);
 }

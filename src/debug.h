@@ -39,16 +39,16 @@ inline bool logEnabled(LogLevel level, unsigned subsys) {
 }  // namespace zp
 
 #define ZP_WARN(...) ::zp::logMessage(::zp::kLogWarn, ::zp::kSubsysAll, __FILE__, __LINE__, __VA_ARGS__)
-#define ZP_INFO(subsys, ...)                                                            \
-  do {                                                                                  \
-    if (::zp::logEnabled(::zp::kLogInfo, (subsys)))                                     \
-      ::zp::logMessage(::zp::kLogInfo, (subsys), __FILE__, __LINE__, __VA_ARGS__);       \
+#define ZP_INFO(subsys, ...)                                                       \
+  do {                                                                             \
+    if (::zp::logEnabled(::zp::kLogInfo, (subsys)))                                \
+      ::zp::logMessage(::zp::kLogInfo, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 #ifdef ZP_ENABLE_TRACE
-#define ZP_TRACE(subsys, ...)                                                           \
-  do {                                                                                  \
-    if (::zp::logEnabled(::zp::kLogTrace, (subsys)))                                    \
-      ::zp::logMessage(::zp::kLogTrace, (subsys), __FILE__, __LINE__, __VA_ARGS__);      \
+#define ZP_TRACE(subsys, ...)                                                       \
+  do {                                                                              \
+    if (::zp::logEnabled(::zp::kLogTrace, (subsys)))                                \
+      ::zp::logMessage(::zp::kLogTrace, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 #else
 #define ZP_TRACE(...) \

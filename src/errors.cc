@@ -49,15 +49,24 @@ ZP_EXPORT zpResult_t zpGetVersion(int* version) {
 
 ZP_EXPORT const char* zpGetErrorString(zpResult_t result) {
   switch (result) {
-    case zpSuccess: return "no error";
-    case zpUnhandledCudaError: return "unhandled cuda error (run with ZP_DEBUG=INFO for details)";
-    case zpSystemError: return "unhandled system error (run with ZP_DEBUG=INFO for details)";
-    case zpInternalError: return "internal error - please report this issue to the zpccl developers";
-    case zpInvalidArgument: return "invalid argument (run with ZP_DEBUG=WARN for details)";
-    case zpInvalidUsage: return "invalid usage (run with ZP_DEBUG=WARN for details)";
-    case zpRemoteError: return "remote process exited or there was a network error";
-    case zpInProgress: return "zpccl operation in progress";
-    default: return "unknown result code";
+    case zpSuccess:
+      return "no error";
+    case zpUnhandledCudaError:
+      return "unhandled cuda error (run with ZP_DEBUG=INFO for details)";
+    case zpSystemError:
+      return "unhandled system error (run with ZP_DEBUG=INFO for details)";
+    case zpInternalError:
+      return "internal error - please report this issue to the zpccl developers";
+    case zpInvalidArgument:
+      return "invalid argument (run with ZP_DEBUG=WARN for details)";
+    case zpInvalidUsage:
+      return "invalid usage (run with ZP_DEBUG=WARN for details)";
+    case zpRemoteError:
+      return "remote process exited or there was a network error";
+    case zpInProgress:
+      return "zpccl operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 

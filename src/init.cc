@@ -66,8 +66,7 @@ zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUn
                               &comm->backend));
   }
   const Topology& t = comm->topo;
-  ZP_INFO(kSubsysInit, "%s : %s backend, %s", call, s.backend == zpBackendHost ? "host" : "cuda",
-          t.describe().c_str());
+  ZP_INFO(kSubsysInit, "%s : %s backend, %s", call, s.backend == zpBackendHost ? "host" : "cuda", t.describe().c_str());
   if (!t.even && rank == 0) {
     ZP_WARN("%s : nodes of uneven sizes (%s): hierarchical paths fall back to flat ones and hpZ is unavailable", call,
             t.describe().c_str());
@@ -128,8 +127,7 @@ ZP_EXPORT zpResult_t zpGetUniqueId(zpUniqueId* uniqueId) {
   });
 }
 
-ZP_EXPORT zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank,
-                                          zpConfig_t* config) {
+ZP_EXPORT zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank, zpConfig_t* config) {
   return guardedCall("zpCommInitRankConfig", comm, [&]() -> zpResult_t {
     ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRankConfig"));
     *comm = nullptr;
@@ -188,12 +186,12 @@ ZP_EXPORT zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes) {
   });
 }
 
-#define ZP_QUERY(fn, type, arg, field)                                                                  \
-  ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                             \
-    zpComm* c = comm;                                                                                   \
-    return guardedCall(#fn, &c, [&] {                                                                   \
+#define ZP_QUERY(fn, type, arg, field)                                                                           \
+  ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                                      \
+    zpComm* c = comm;                                                                                            \
+    return guardedCall(#fn, &c, [&] {                                                                            \
       return zp::query<type>(comm, arg, #fn, [](const zpComm* live) { return static_cast<type>(live->field); }); \
-    });                                                                                                 \
+    });                                                                                                          \
   }
 ZP_QUERY(zpCommCount, int, count, topo.nranks)
 ZP_QUERY(zpCommUserRank, int, rank, topo.rank)

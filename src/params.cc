@@ -22,10 +22,10 @@ int64_t readParam(const char* env, int64_t def) {
 }
 }  // namespace
 
-#define ZP_DEFINE_PARAM(name, env, def, help)           \
-  int64_t param##name() {                               \
-    static const int64_t value = readParam(env, def);   \
-    return value;                                       \
+#define ZP_DEFINE_PARAM(name, env, def, help)         \
+  int64_t param##name() {                             \
+    static const int64_t value = readParam(env, def); \
+    return value;                                     \
   }
 ZP_PARAMS(ZP_DEFINE_PARAM)
 #undef ZP_DEFINE_PARAM
@@ -42,7 +42,8 @@ const std::string& paramBackend() {
 
 std::string paramHelp() {
   std::ostringstream out;
-#define ZP_HELP_PARAM(name, env, def, help) out << env << " (default " << def << ", now " << param##name() << "): " << help << "\n";
+#define ZP_HELP_PARAM(name, env, def, help) \
+  out << env << " (default " << def << ", now " << param##name() << "): " << help << "\n";
   ZP_PARAMS(ZP_HELP_PARAM)
 #undef ZP_HELP_PARAM
   out << "ZP_BACKEND (cuda|host): overrides the default backend\n"

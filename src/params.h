@@ -7,16 +7,16 @@
 
 namespace zp {
 
-#define ZP_PARAMS(X)                                                                                        \
-  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000,                                                           \
-    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")             \
-  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000,                                                           \
-    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")           \
-  X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                               \
-    "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")      \
-  X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, "cuda backend: most pipeline chunks per collective call")          \
-  X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                     \
-    "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "   \
+#define ZP_PARAMS(X)                                                                                      \
+  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000,                                                          \
+    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")            \
+  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000,                                                          \
+    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")          \
+  X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                              \
+    "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")    \
+  X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, "cuda backend: most pipeline chunks per collective call")      \
+  X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                    \
+    "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators " \
     "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")
 
 #define ZP_DECLARE_PARAM(name, env, def, help) int64_t param##name();

@@ -5,12 +5,12 @@
 
 #include "zpccl.h"
 
-#define EXPECT(cond)                                            \
-  do {                                                          \
-    if (!(cond)) {                                              \
+#define EXPECT(cond)                                                          \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
       fprintf(stderr, "c_abi_test: %s failed at line %d\n", #cond, __LINE__); \
-      return 1;                                                 \
-    }                                                           \
+      return 1;                                                               \
+    }                                                                         \
   } while (0)
 
 int main(void) {

@@ -21,13 +21,13 @@ inline int gpuCount() {
 
 }  // namespace zptest
 
-#define ZP_REQUIRE_GPUS(n)                                                                  \
-  do {                                                                                      \
-    if (::zptest::gpuCount() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA device(s)";   \
+#define ZP_REQUIRE_GPUS(n)                                                                \
+  do {                                                                                    \
+    if (::zptest::gpuCount() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA device(s)"; \
   } while (0)
 
-#define CUDA_ASSERT(call)                                                     \
-  do {                                                                        \
-    cudaError_t e_ = (call);                                                  \
-    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_);    \
+#define CUDA_ASSERT(call)                                                  \
+  do {                                                                     \
+    cudaError_t e_ = (call);                                               \
+    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_); \
   } while (0)

@@ -46,18 +46,27 @@ std::string describe(const Case& c) {
 // (or the rank alone when each is its own node).
 void sizes(const Case& c, int nranks, int group, size_t* sendElems, size_t* recvElems) {
   switch (c.op) {
-    case Op::kQwz: *sendElems = c.count, *recvElems = c.count * nranks; break;
-    case Op::kHpz: *sendElems = c.count, *recvElems = c.count * group; break;
-    case Op::kQgz: *sendElems = c.count * nranks, *recvElems = c.count; break;
+    case Op::kQwz:
+      *sendElems = c.count, *recvElems = c.count * nranks;
+      break;
+    case Op::kHpz:
+      *sendElems = c.count, *recvElems = c.count * group;
+      break;
+    case Op::kQgz:
+      *sendElems = c.count * nranks, *recvElems = c.count;
+      break;
   }
 }
 
 zpResult_t runCase(const Case& c, zpComm_t comm, const void* send, void* recv, cudaStream_t stream) {
   zpQuantOptions_t options = {c.bits, 0};
   switch (c.op) {
-    case Op::kQwz: return zpQuantAllGatherEx(send, recv, c.count, c.type, &options, comm, stream);
-    case Op::kHpz: return zpHierAllGatherEx(send, recv, c.count, c.type, c.bits ? &options : nullptr, comm, stream);
-    case Op::kQgz: return zpQuantReduceScatterA2AEx(send, recv, c.count, c.type, c.redOp, &options, comm, stream);
+    case Op::kQwz:
+      return zpQuantAllGatherEx(send, recv, c.count, c.type, &options, comm, stream);
+    case Op::kHpz:
+      return zpHierAllGatherEx(send, recv, c.count, c.type, c.bits ? &options : nullptr, comm, stream);
+    case Op::kQgz:
+      return zpQuantReduceScatterA2AEx(send, recv, c.count, c.type, c.redOp, &options, comm, stream);
   }
   return zpInternalError;
 }
@@ -66,9 +75,12 @@ zpResult_t runCase(const Case& c, zpComm_t comm, const void* send, void* recv, c
 long inPlaceOffset(const Case& c, int rank, int groupRank) {
   if (!c.inPlace) return -1;
   switch (c.op) {
-    case Op::kQwz: return static_cast<long>(c.count) * rank;
-    case Op::kHpz: return static_cast<long>(c.count) * groupRank;
-    case Op::kQgz: return static_cast<long>(c.count) * rank;  // recvbuff inside sendbuff
+    case Op::kQwz:
+      return static_cast<long>(c.count) * rank;
+    case Op::kHpz:
+      return static_cast<long>(c.count) * groupRank;
+    case Op::kQgz:
+      return static_cast<long>(c.count) * rank;  // recvbuff inside sendbuff
   }
   return -1;
 }
@@ -239,17 +251,19 @@ TEST(GpuLifecycle, InitQueriesDestroyOnOneAndTwoGpus) {
 
 TEST(GpuLifecycle, EmulatedTwoNodesSplitGroups) {
   ZP_REQUIRE_GPUS(2);
-  runGpuRanks(2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; }, [](int rank, zpComm_t comm) {
-    int nodes = 0, node = -1, local = -1, hpz = 0;
-    EXPECT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
-    EXPECT_EQ(zpCommNodeRank(comm, &node), zpSuccess);
-    EXPECT_EQ(zpCommLocalRank(comm, &local), zpSuccess);
-    EXPECT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
-    EXPECT_EQ(nodes, 2);
-    EXPECT_EQ(node, rank);
-    EXPECT_EQ(local, 0);
-    EXPECT_EQ(hpz, 1);
-  });
+  runGpuRanks(
+      2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; },
+      [](int rank, zpComm_t comm) {
+        int nodes = 0, node = -1, local = -1, hpz = 0;
+        EXPECT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
+        EXPECT_EQ(zpCommNodeRank(comm, &node), zpSuccess);
+        EXPECT_EQ(zpCommLocalRank(comm, &local), zpSuccess);
+        EXPECT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
+        EXPECT_EQ(nodes, 2);
+        EXPECT_EQ(node, rank);
+        EXPECT_EQ(local, 0);
+        EXPECT_EQ(hpz, 1);
+      });
 }
 
 TEST(GpuLifecycle, BadBuffersKeepTheCommunicatorUsable) {
@@ -300,8 +314,9 @@ TEST(GpuHpz, ExactOnOneNodeAndAsTwoNodes) {
 TEST(GpuPipeline, ChunkedLargeCallsMatchHost) {
   ZP_REQUIRE_GPUS(2);
   // Large enough for several pipeline chunks (64 MiB logical each by default).
-  checkAgainstHost({{Op::kQwz, zpBfloat16, 8, size_t{40} << 20, false}, {Op::kQgz, zpBfloat16, 4, size_t{40} << 20, true}},
-                   2, nullptr);
+  checkAgainstHost(
+      {{Op::kQwz, zpBfloat16, 8, size_t{40} << 20, false}, {Op::kQgz, zpBfloat16, 4, size_t{40} << 20, true}}, 2,
+      nullptr);
 }
 
 TEST(GpuGraphs, CapturedCollectivesReplayToTheSameBits) {

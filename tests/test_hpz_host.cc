@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "host/dtype.h"
-#include "include/zpccl.h"
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
+#include "include/zpccl.h"
 #include "tests/collective_check.h"
 #include "tests/host_ranks.h"
 

@@ -161,7 +161,12 @@ TEST(LifecycleBadInput, ConfigFields) {
       {"blockSize small", [](zpConfig_t* c) { c->blockSize = 16; }, zpInvalidArgument, "config->blockSize"},
       {"blockSize big", [](zpConfig_t* c) { c->blockSize = 16384; }, zpInvalidArgument, "config->blockSize"},
       {"ranksPerNode", [](zpConfig_t* c) { c->ranksPerNode = 3; }, zpInvalidArgument, "ranksPerNode"},
-      {"hpz", [](zpConfig_t* c) { c->ranksPerNode = 4; c->hpzSize = 3; }, zpInvalidArgument, "hpzSize"},
+      {"hpz",
+       [](zpConfig_t* c) {
+         c->ranksPerNode = 4;
+         c->hpzSize = 3;
+       },
+       zpInvalidArgument, "hpzSize"},
       {"hpz zero", [](zpConfig_t* c) { c->hpzSize = 0; }, zpInvalidArgument, "hpzSize"},
       {"nodeId", [](zpConfig_t* c) { c->nodeId = -5; }, zpInvalidArgument, "nodeId"},
       {"blocking", [](zpConfig_t* c) { c->blocking = 0; }, zpInvalidUsage, "blocking"},
@@ -189,8 +194,10 @@ TEST(LifecycleBadInput, HpzNotDividingANodeFoundAtInit) {
       c.hpzSize = 2;
       zpComm_t comm = nullptr;
       results[r] = zpCommInitRankConfig(&comm, 4, id, r, &c);
-      if (results[r] == zpSuccess) zpCommDestroy(comm);
-      else EXPECT_TRUE(mentions(zpGetLastError(nullptr), "hpzSize 2 does not divide")) << zpGetLastError(nullptr);
+      if (results[r] == zpSuccess)
+        zpCommDestroy(comm);
+      else
+        EXPECT_TRUE(mentions(zpGetLastError(nullptr), "hpzSize 2 does not divide")) << zpGetLastError(nullptr);
     });
   }
   for (auto& t : threads) t.join();

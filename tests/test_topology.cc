@@ -141,7 +141,10 @@ TEST(Topology, HostHashFollowsNcclHostId) {
   setenv("NCCL_HOSTID", "node-a", 1);
   EXPECT_EQ(hostHash(), a);
   EXPECT_NE(a, b);
-  if (saved) setenv("NCCL_HOSTID", keep.c_str(), 1); else unsetenv("NCCL_HOSTID");
+  if (saved)
+    setenv("NCCL_HOSTID", keep.c_str(), 1);
+  else
+    unsetenv("NCCL_HOSTID");
 }
 
 }  // namespace

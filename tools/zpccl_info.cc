@@ -39,9 +39,15 @@ int main(int argc, char** argv) {
   int ranks = 8, nodes = 2;
   for (int opt; (opt = getopt(argc, argv, "Hr:N:h")) != -1;) {
     switch (opt) {
-      case 'H': host = true; break;
-      case 'r': ranks = atoi(optarg); break;
-      case 'N': nodes = atoi(optarg); break;
+      case 'H':
+        host = true;
+        break;
+      case 'r':
+        ranks = atoi(optarg);
+        break;
+      case 'N':
+        nodes = atoi(optarg);
+        break;
       default:
         fprintf(stderr, "usage: %s [-H] [-r ranks] [-N nodes]\n", argv[0]);
         return 2;
