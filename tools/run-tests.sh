@@ -17,6 +17,14 @@ done
 echo "## c_abi_test"
 if "$build/tests/c_abi_test"; then echo '{"passed": 1, "failed": 0}' >"$results/c_abi.count"
 else echo '{"passed": 0, "failed": 1}' >"$results/c_abi.count"; fi
+# Style: every C/C++/CUDA file clang-formatted (.clang-format), counted as one test when clang-format exists.
+if command -v clang-format >/dev/null; then
+  echo "## clang-format"
+  unformatted=$(cd "$top" && git ls-files '*.h' '*.c' '*.cc' '*.cu' '*.cuh' 2>/dev/null |
+    while read -r f; do clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
+  if [ -z "$unformatted" ]; then echo '{"passed": 1, "failed": 0}' >"$results/format.count"
+  else echo "not clang-formatted: $unformatted"; echo '{"passed": 0, "failed": 1}' >"$results/format.count"; fi
+fi
 if [ -d "$top/tools/python/tests" ]; then
   echo "## python"
   ZPCCL_LIBRARY=$build/libzpccl.so PYTHONPATH=$top/tools/python "$top/.venv/bin/python" \
