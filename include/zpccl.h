@@ -28,8 +28,16 @@
 extern "C" {
 #endif
 
+/* In C++ the enums get int as their fixed underlying type, so that any int a C or ctypes caller passes (an
+ * out-of-range type, say) is a valid value that the argument checks can refuse, not undefined behaviour. */
+#ifdef __cplusplus
+#define ZP_ENUM_INT : int
+#else
+#define ZP_ENUM_INT
+#endif
+
 /* Result codes: numerically equal to ncclResult_t. */
-typedef enum {
+typedef enum ZP_ENUM_INT {
   zpSuccess = 0,
   zpUnhandledCudaError = 1,
   zpSystemError = 2,
@@ -43,7 +51,7 @@ typedef enum {
 
 /* Data types: numerically equal to ncclDataType_t. Quantized collectives take zpFloat16, zpBfloat16 and
  * zpFloat32; zpHierAllGather moves bytes and takes every type. */
-typedef enum {
+typedef enum ZP_ENUM_INT {
   zpInt8 = 0,
   zpChar = 0,
   zpUint8 = 1,
@@ -65,10 +73,10 @@ typedef enum {
 } zpDataType_t;
 
 /* Reduction operations: numerically equal to ncclRedOp_t. zpQuantReduceScatterA2A takes zpSum and zpAvg. */
-typedef enum { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
+typedef enum ZP_ENUM_INT { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
 
 /* Where a communicator runs its collectives. */
-typedef enum {
+typedef enum ZP_ENUM_INT {
   zpBackendDefault = 0, /* cuda when a CUDA device is visible, else host (overridden by ZP_BACKEND) */
   zpBackendCuda = 1,    /* NCCL and the device kernels; buffers are device memory */
   zpBackendHost = 2     /* ranks are threads of one process; buffers are host memory; stream must be NULL */

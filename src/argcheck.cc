@@ -151,7 +151,11 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
     return ZP_ERR(zpInvalidArgument, "%s : op %s is not supported (sum and avg are)", call, opName(a->op));
   }
 
-  // Quantization settings: per-call override, else the communicator's.
+  // Quantization settings: per-call override, else the communicator's. A bad override is refused even where the
+  // call would not use it (hpZ's exact mode), so that a mistake never passes silently.
+  if (options != nullptr && options->blockSize != 0 && !quantized) {
+    ZPCHECK(checkBlockSize(options->blockSize, call, "options->blockSize"));
+  }
   if (quantized) {
     if (options != nullptr && options->bits != 0) {
       ZPCHECK(checkBits(options->bits, call, "options->bits"));
@@ -199,21 +203,21 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
                   topo.describe().c_str());
   }
 
-  // Buffers.
+  // Buffers, named as the call names them.
   const bool sendIsPayload = a->kind == CollKind::kDequantize;
   const bool recvIsPayload = a->kind == CollKind::kQuantize;
-  ZPCHECK(checkBuffer(comm, a->sendbuff, call,
-                      sendIsPayload ? "payload" : (a->kind == CollKind::kQuantize ? "input" : "sendbuff")));
-  ZPCHECK(checkBuffer(comm, a->recvbuff, call,
-                      recvIsPayload ? "payload" : (a->kind == CollKind::kDequantize ? "output" : "recvbuff")));
+  const char* sendName = sendIsPayload ? "payload" : (a->kind == CollKind::kQuantize ? "input" : "sendbuff");
+  const char* recvName = recvIsPayload ? "payload" : (a->kind == CollKind::kDequantize ? "output" : "recvbuff");
+  ZPCHECK(checkBuffer(comm, a->sendbuff, call, sendName));
+  ZPCHECK(checkBuffer(comm, a->recvbuff, call, recvName));
   auto misaligned = [](const void* p, size_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; };
-  if (sendIsPayload ? misaligned(a->sendbuff, kPayloadAlign) : misaligned(a->sendbuff, elemBytes)) {
-    return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call,
-                  sendIsPayload ? "payload" : "sendbuff", a->sendbuff, sendIsPayload ? kPayloadAlign : elemBytes);
+  const size_t sendAlign = sendIsPayload ? kPayloadAlign : elemBytes;
+  const size_t recvAlign = recvIsPayload ? kPayloadAlign : elemBytes;
+  if (misaligned(a->sendbuff, sendAlign)) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call, sendName, a->sendbuff, sendAlign);
   }
-  if (recvIsPayload ? misaligned(a->recvbuff, kPayloadAlign) : misaligned(a->recvbuff, elemBytes)) {
-    return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call,
-                  recvIsPayload ? "payload" : "recvbuff", a->recvbuff, recvIsPayload ? kPayloadAlign : elemBytes);
+  if (misaligned(a->recvbuff, recvAlign)) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call, recvName, a->recvbuff, recvAlign);
   }
 
   // Overlap: only NCCL's in-place layouts.
@@ -242,8 +246,8 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
       break;
   }
   if (overlaps(a->sendbuff, sendBytes, a->recvbuff, recvBytes) && sendChar != inPlaceSend) {
-    return ZP_ERR(zpInvalidArgument, "%s : sendbuff %p and recvbuff %p overlap without being in NCCL's in-place layout",
-                  call, a->sendbuff, a->recvbuff);
+    return ZP_ERR(zpInvalidArgument, "%s : %s %p and %s %p overlap without being in NCCL's in-place layout", call,
+                  sendName, a->sendbuff, recvName, a->recvbuff);
   }
   return zpSuccess;
 }

@@ -65,24 +65,26 @@ ZP_EXPORT zpResult_t zpDequantize(const void* payload, void* output, size_t coun
 
 ZP_EXPORT zpResult_t zpQuantAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
                                         const zpQuantOptions_t* options, zpComm_t comm, cudaStream_t stream) {
-  return zp::call("zpQuantAllGather", CollKind::kQuantAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
+  return zp::call("zpQuantAllGatherEx", CollKind::kQuantAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
                   options, comm, stream);
 }
 
 ZP_EXPORT zpResult_t zpQuantAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
                                       zpComm_t comm, cudaStream_t stream) {
-  return zpQuantAllGatherEx(sendbuff, recvbuff, sendcount, datatype, nullptr, comm, stream);
+  return zp::call("zpQuantAllGather", CollKind::kQuantAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
+                  nullptr, comm, stream);
 }
 
 ZP_EXPORT zpResult_t zpHierAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
                                        const zpQuantOptions_t* options, zpComm_t comm, cudaStream_t stream) {
-  return zp::call("zpHierAllGather", CollKind::kHierAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
+  return zp::call("zpHierAllGatherEx", CollKind::kHierAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
                   options, comm, stream);
 }
 
 ZP_EXPORT zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, zpDataType_t datatype,
                                      zpComm_t comm, cudaStream_t stream) {
-  return zpHierAllGatherEx(sendbuff, recvbuff, sendcount, datatype, nullptr, comm, stream);
+  return zp::call("zpHierAllGather", CollKind::kHierAllGather, sendbuff, recvbuff, sendcount, datatype, zpSum, 0, 0,
+                  nullptr, comm, stream);
 }
 
 ZP_EXPORT zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count, zpComm_t comm) {
@@ -106,11 +108,12 @@ ZP_EXPORT zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size
 ZP_EXPORT zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount,
                                                zpDataType_t datatype, zpRedOp_t op, const zpQuantOptions_t* options,
                                                zpComm_t comm, cudaStream_t stream) {
-  return zp::call("zpQuantReduceScatterA2A", CollKind::kQuantReduceScatter, sendbuff, recvbuff, recvcount, datatype, op,
-                  0, 0, options, comm, stream);
+  return zp::call("zpQuantReduceScatterA2AEx", CollKind::kQuantReduceScatter, sendbuff, recvbuff, recvcount, datatype,
+                  op, 0, 0, options, comm, stream);
 }
 
 ZP_EXPORT zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuff, size_t recvcount,
                                              zpDataType_t datatype, zpRedOp_t op, zpComm_t comm, cudaStream_t stream) {
-  return zpQuantReduceScatterA2AEx(sendbuff, recvbuff, recvcount, datatype, op, nullptr, comm, stream);
+  return zp::call("zpQuantReduceScatterA2A", CollKind::kQuantReduceScatter, sendbuff, recvbuff, recvcount, datatype, op,
+                  0, 0, nullptr, comm, stream);
 }

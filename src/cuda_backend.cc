@@ -239,7 +239,8 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     ZPCHECK(splitComm(c.world, t.node, t.localRank, &c.intra, "intra-node"));
     ZPCHECK(splitComm(c.world, t.localRank, t.node, &c.inter, "inter-node"));
   }
-  if (t.hpzSize == t.localSize) {
+  // Every rank must take the same branch: uneven layouts (hpZ unusable anyway) never split an hpZ group.
+  if (!t.hpzUsable || t.hpzSize == t.localSize) {
     c.hpz = c.intra;
   } else {
     ZPCHECK(splitComm(c.world, t.hpzGroup, t.hpzRank, &c.hpz, "hpZ"));

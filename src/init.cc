@@ -129,16 +129,18 @@ ZP_EXPORT zpResult_t zpGetUniqueId(zpUniqueId* uniqueId) {
 
 ZP_EXPORT zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank, zpConfig_t* config) {
   return guardedCall("zpCommInitRankConfig", comm, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkNotNull(comm, "zpCommInitRankConfig", "comm"));
+    *comm = nullptr;  // on every failure, as NCCL does
     ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRankConfig"));
-    *comm = nullptr;
     return zp::commInit(comm, nullptr, nranks, commId, rank, config, "zpCommInitRankConfig");
   });
 }
 
 ZP_EXPORT zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank) {
   return guardedCall("zpCommInitRank", comm, [&]() -> zpResult_t {
+    ZPCHECK(zp::checkNotNull(comm, "zpCommInitRank", "comm"));
+    *comm = nullptr;  // on every failure, as NCCL does
     ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRank"));
-    *comm = nullptr;
     return zp::commInit(comm, nullptr, nranks, commId, rank, nullptr, "zpCommInitRank");
   });
 }

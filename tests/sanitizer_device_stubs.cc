@@ -1,0 +1,26 @@
+// Host-only stand-ins for the CUDA kernel launchers (device/quantize.h, device/reduce.h), linked only by the
+// sanitizer build of tools/run-sanitizers.sh, which compiles the library with clang and without nvcc. The cuda
+// backend is not exercised there (no GPU); should it be reached anyway, every launch fails cleanly.
+#include "device/quantize.h"
+#include "device/reduce.h"
+
+namespace zp {
+
+zpResult_t launchQuantize(const void*, void*, size_t, zpDataType_t, int, int, cudaStream_t, int, size_t, size_t) {
+  return zpInternalError;
+}
+
+zpResult_t launchDequantize(const void*, void*, size_t, zpDataType_t, int, int, cudaStream_t, int, size_t, size_t) {
+  return zpInternalError;
+}
+
+zpResult_t launchReduceRequantize(const ReduceSources&, size_t, int, int, void*, size_t, cudaStream_t) {
+  return zpInternalError;
+}
+
+zpResult_t launchReduceFinish(const ReduceSources&, size_t, int, int, zpDataType_t, float, void*, size_t,
+                              cudaStream_t) {
+  return zpInternalError;
+}
+
+}  // namespace zp
