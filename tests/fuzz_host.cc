@@ -237,6 +237,10 @@ bool oracleValid(const BufferCall& c) {
     if (ex && c.withOptions && c.options.blockSize != 0) block = c.options.blockSize;
   }
   if (quantized && (!validBits(bits) || !validBlock(block))) return false;
+  // A bad options->blockSize is refused even in hpZ's exact mode, which would not use it.
+  if (!quantized && c.kind == kHpzEx && c.withOptions && c.options.blockSize != 0 && !validBlock(c.options.blockSize)) {
+    return false;
+  }
   if (c.stream) return false;
   if (c.count > kOverflowLimit) return false;
   if (c.count == 0) return true;

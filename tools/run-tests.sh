@@ -31,4 +31,16 @@ if [ -d "$top/tools/python/tests" ]; then
     "$top/tools/python/tests/run.py" --count "$results/python.count"
 fi
 
+# Sanitizers: the host-only suites under ASan + UBSan (clang, no nvcc) and a bounded libFuzzer run over the
+# argument checks and the planners; counted as one test. ZP_SKIP_SANITIZERS=1 skips it (a quick local run).
+if [ "${ZP_SKIP_SANITIZERS:-0}" != 1 ]; then
+  echo "## sanitizers (tools/run-sanitizers.sh)"
+  if bash "$top/tools/run-sanitizers.sh" >"$results/sanitizers.log" 2>&1; then
+    echo '{"passed": 1, "failed": 0}' >"$results/sanitizers.count"
+  else
+    echo '{"passed": 0, "failed": 1}' >"$results/sanitizers.count"
+  fi
+  tail -3 "$results/sanitizers.log"
+fi
+
 exec "$top/.venv/bin/python" "$top/tools/count_results.py" "$results"
