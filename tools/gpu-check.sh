@@ -26,7 +26,8 @@
 #   ZP_GPU_CHECK_DEADLINE     no step runs past this many seconds (its time limit shrinks), default 540, so
 #                             that the summary prints within a 10-minute call
 #   ZP_GPU_CHECK_STEP_TIMEOUT seconds per perf step, default 150; ZP_GPU_CHECK_TEST_TIMEOUT per suite, 180
-#   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1; ZP_GPU_CHECK_BUILD_DIR (default build-gpu)
+#   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
+#   ZP_GPU_CHECK_BUILD_DIR (default build-gpu)
 set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$top"
@@ -160,7 +161,12 @@ if [ -n "${ZP_GPU_CHECK_BINS:-}" ]; then
 else
   bins=$(cd "$build/perf" 2>/dev/null && ls -1 *_perf 2>/dev/null | sort | tr '\n' ' ')
 fi
-[ -z "$bins" ] && { note "no perf binaries under $build/perf"; record perf - perf missing 0 -; }
+if [ "${ZP_GPU_CHECK_SKIP_PERF:-0}" = 1 ]; then
+  bins=""
+elif [ -z "$bins" ]; then
+  note "no perf binaries under $build/perf"
+  record perf - perf missing 0 -
+fi
 
 # Two processes, one GPU each, distinct NCCL_HOSTID: NCCL and zpccl see two nodes.
 perf_two_nodes() {  # NAME LOG JSON CMD...
