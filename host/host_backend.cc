@@ -80,6 +80,8 @@ class HostBackend final : public Backend {
     return zpSuccess;
   }
 
+  void interrupt() override { world_->abort(); }
+
   zpResult_t finalize(bool abort) override {
     if (abort) world_->abort();
     return zpSuccess;

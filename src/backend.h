@@ -33,6 +33,9 @@ class Backend {
   // Sizes scratch memory for collectives of up to maxBytes logical output bytes.
   virtual zpResult_t reserve(size_t maxBytes) = 0;
   virtual zpResult_t asyncError(zpResult_t* error) = 0;
+  // Wakes calls blocked inside run() (host backend) so that they return zpRemoteError: the first step of an
+  // abort, before finalize waits for them to leave.
+  virtual void interrupt() {}
   // Releases everything; abort stops work in flight instead of waiting for it.
   virtual zpResult_t finalize(bool abort) = 0;
   // Whether ptr may be passed as a buffer of `bytes` bytes (device memory of this comm's GPU on cuda, anything

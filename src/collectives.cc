@@ -15,6 +15,8 @@ int defaultBits(const zpComm* comm, CollKind kind) {
 // The one enqueue path: resolve defaults, check everything, run.
 zpResult_t enqueue(zpComm* comm, const zpQuantOptions_t* options, CollArgs args) {
   ZPCHECK(checkComm(comm, args.opName));
+  CommUse use(comm);  // a zpCommAbort from another thread waits for this call to leave
+  if (!use.held()) return checkComm(comm, args.opName);  // destroyed in between
   // Collectives take the communicator's settings; zpQuantize/zpDequantize name theirs explicitly.
   const bool standalone = args.kind == CollKind::kQuantize || args.kind == CollKind::kDequantize;
   if (!standalone) {

@@ -1,5 +1,6 @@
 #include "src/comm.h"
 
+#include <condition_variable>
 #include <unordered_set>
 
 namespace zp {
@@ -47,6 +48,25 @@ bool copyLastError(zpComm* comm, std::string* message) {
   std::lock_guard<std::mutex> errorLock(comm->errorMutex);
   *message = comm->lastError;
   return true;
+}
+
+CommUse::CommUse(zpComm* comm) : comm_(nullptr) {
+  std::lock_guard<std::mutex> lock(gRegistryMutex);
+  if (liveLocked(comm)) {
+    comm_ = comm;
+    comm_->users++;
+  }
+}
+
+CommUse::~CommUse() {
+  if (comm_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(gRegistryMutex);
+  if (--comm_->users == 0) comm_->usersDone.notify_all();
+}
+
+void waitUnused(zpComm* comm) {
+  std::unique_lock<std::mutex> lock(gRegistryMutex);
+  comm->usersDone.wait(lock, [comm] { return comm->users == 0; });
 }
 
 }  // namespace zp

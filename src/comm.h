@@ -1,6 +1,7 @@
 // The communicator behind a zpComm_t handle.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,10 @@ struct zpComm {
   std::unique_ptr<zp::Backend> backend;
   std::mutex errorMutex;
   std::string lastError;
+  // Calls running on this communicator: zpCommAbort from another thread waits for them (after waking them)
+  // before freeing it.
+  int users = 0;
+  std::condition_variable usersDone;  // under the registry lock
 };
 
 namespace zp {
@@ -49,5 +54,22 @@ bool isLiveComm(const zpComm* comm);
 // Under the registry lock (so a concurrent destroy cannot free comm meanwhile); false if comm is not live.
 bool storeLastError(zpComm* comm, const std::string& message);
 bool copyLastError(zpComm* comm, std::string* message);
+
+// Marks a call as running on comm, if comm is live, so that a concurrent zpCommAbort does not free it under the
+// call; the mark ends with the object.
+class CommUse {
+ public:
+  explicit CommUse(zpComm* comm);
+  ~CommUse();
+  CommUse(const CommUse&) = delete;
+  CommUse& operator=(const CommUse&) = delete;
+  bool held() const { return comm_ != nullptr; }
+
+ private:
+  zpComm* comm_;
+};
+
+// After unregisterComm: waits until no call runs on comm any more.
+void waitUnused(zpComm* comm);
 
 }  // namespace zp

@@ -81,6 +81,9 @@ zpResult_t commFree(zpComm_t comm, bool abort, const char* call) {
   if (!unregisterComm(comm)) {
     return ZP_ERR(zpInvalidArgument, "%s : comm %p was destroyed by another thread", call, static_cast<void*>(comm));
   }
+  // No new call can start now; an abort wakes the calls already running, and both wait for them to leave.
+  if (abort) comm->backend->interrupt();
+  waitUnused(comm);
   zpResult_t res = comm->backend->finalize(abort);
   delete comm;
   if (res != zpSuccess) return ZP_ERR(res, "%s : releasing the communicator's resources failed", call);

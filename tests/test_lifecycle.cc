@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "include/zpccl.h"
 #include "tests/host_ranks.h"
@@ -268,6 +271,53 @@ TEST(HostAbort, AbortWakesNoOneAndFreesTheHandle) {
   EXPECT_EQ(zpCommAbort(comm), zpSuccess);
   int count = 0;
   EXPECT_EQ(zpCommCount(comm, &count), zpInvalidArgument);
+}
+
+}  // namespace
+
+namespace {
+
+// A collective blocked on a peer that never comes returns zpRemoteError promptly once another thread aborts
+// its communicator (which then waits for the call to leave before freeing anything), and the peer sees the
+// abort through zpCommGetAsyncError and its own next call.
+TEST(HostAbort, AbortFromAnotherThreadWakesABlockedCollective) {
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  zpComm_t comms[2] = {nullptr, nullptr};
+  std::vector<std::thread> init;
+  for (int r = 0; r < 2; ++r) {
+    init.emplace_back([&, r] {
+      zpConfig_t c = ZP_CONFIG_INITIALIZER;
+      c.backend = zpBackendHost;
+      ASSERT_EQ(zpCommInitRankConfig(&comms[r], 2, id, r, &c), zpSuccess);
+    });
+  }
+  for (auto& t : init) t.join();
+  ASSERT_NE(comms[0], nullptr);
+  ASSERT_NE(comms[1], nullptr);
+
+  std::vector<float> send(256, 1.0f), recv(512, 0.0f);
+  std::atomic<int> result{-1};
+  std::string message;  // the failed call's, read in its own thread (the comm is gone by then)
+  const auto start = std::chrono::steady_clock::now();
+  std::thread blocked([&] {
+    // Rank 1 never joins this call: rank 0 waits for it.
+    result = zpQuantAllGather(send.data(), recv.data(), 256, zpFloat32, comms[0], nullptr);
+    message = zpGetLastError(nullptr);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(zpCommAbort(comms[0]), zpSuccess) << zpGetLastError(nullptr);
+  blocked.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(result.load(), zpRemoteError);
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_TRUE(mentions(message.c_str(), "zpQuantAllGather : the communicator was aborted")) << message;
+
+  zpResult_t async = zpSuccess;
+  EXPECT_EQ(zpCommGetAsyncError(comms[1], &async), zpSuccess);
+  EXPECT_EQ(async, zpRemoteError);
+  EXPECT_EQ(zpQuantAllGather(send.data(), recv.data(), 256, zpFloat32, comms[1], nullptr), zpRemoteError);
+  EXPECT_EQ(zpCommDestroy(comms[1]), zpSuccess);
 }
 
 }  // namespace
