@@ -66,7 +66,7 @@ class StructLayout(unittest.TestCase):
 
 class Enums(unittest.TestCase):
     def c_enum(self, typedef: str) -> dict[str, int]:
-        body = re.search(r"typedef enum \{([^}]*)\}\s*" + typedef + ";", header_text(), re.S).group(1)
+        body = re.search(r"typedef enum (?:ZP_ENUM_INT )?\{([^}]*)\}\s*" + typedef + ";", header_text(), re.S).group(1)
         return {name: int(value) for name, value in re.findall(r"(zp\w+)\s*=\s*(\d+)", body)}
 
     def check(self, typedef: str, enum: type, counter: str) -> None:
@@ -88,7 +88,7 @@ class Enums(unittest.TestCase):
         self.check("zpRedOp_t", zpccl.RedOp, "zpNumOps")
 
     def test_backend(self) -> None:
-        body = re.search(r"typedef enum \{([^}]*)\}\s*zpBackend_t;", header_text(), re.S).group(1)
+        body = re.search(r"typedef enum (?:ZP_ENUM_INT )?\{([^}]*)\}\s*zpBackend_t;", header_text(), re.S).group(1)
         c = {n.lower(): int(v) for n, v in re.findall(r"(zp\w+)\s*=\s*(\d+)", body)}
         self.assertEqual(c, {"zpbackend" + m.name.lower(): int(m) for m in zpccl.Backend})
 

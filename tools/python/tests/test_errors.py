@@ -105,11 +105,11 @@ class BadInput(unittest.TestCase):
 
     def test_bad_bits_and_block_size(self) -> None:
         x = np.zeros(64, np.float32)
-        self.expect(lambda r, c: c.quant_all_gather(x, bits=6), "zpQuantAllGather : options->bits 6 must be 4 or 8")
+        self.expect(lambda r, c: c.quant_all_gather(x, bits=6), "zpQuantAllGatherEx : options->bits 6 must be 4 or 8")
         self.expect(lambda r, c: c.quant_reduce_scatter(np.zeros(128, np.float32), bits=6),
-                    "zpQuantReduceScatterA2A : options->bits 6 must be 4 or 8")
+                    "zpQuantReduceScatterA2AEx : options->bits 6 must be 4 or 8")
         self.expect(lambda r, c: c.quant_all_gather(x, block_size=48),
-                    "zpQuantAllGather : options->blockSize 48 must be a power of two in [32, 8192]")
+                    "zpQuantAllGatherEx : options->blockSize 48 must be a power of two in [32, 8192]")
         self.expect(lambda r, c: c.quant_all_gather(x, bits=0),
                     "quant_all_gather: bits 0 must be 4 or 8 (None keeps the communicator's)", ValueError)
         self.expect(lambda r, c: c.quantize(x, 6, 256), "quantize: bits 6 must be 4 or 8", ValueError, nranks=1)
