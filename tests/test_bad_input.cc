@@ -28,6 +28,7 @@
 #include "host/quant_ref.h"
 #include "include/zpccl.h"
 #include "src/comm.h"
+#include "tests/buffer_calls.h"
 #include "tests/collective_check.h"
 #include "tests/host_ranks.h"
 
@@ -87,42 +88,14 @@ struct Row {
 
 // ---- the calls with a bad argument -------------------------------------------------------------------------
 
-// The eight calls that take buffers, counts and types.
-enum class Call { kQuantize, kDequantize, kQwz, kQwzEx, kHpz, kHpzEx, kQgz, kQgzEx };
-const Call kCalls[] = {Call::kQuantize, Call::kDequantize, Call::kQwz, Call::kQwzEx,
-                       Call::kHpz,      Call::kHpzEx,      Call::kQgz, Call::kQgzEx};
-
-// The name messages use (the Ex variants report as their plain call).
-const char* nameOf(Call call) {
-  switch (call) {
-    case Call::kQuantize:
-      return "zpQuantize";
-    case Call::kDequantize:
-      return "zpDequantize";
-    case Call::kQwz:
-    case Call::kQwzEx:
-      return "zpQuantAllGather";
-    case Call::kHpz:
-    case Call::kHpzEx:
-      return "zpHierAllGather";
-    default:
-      return "zpQuantReduceScatterA2A";
-  }
-}
-std::string rowName(Call call) {
-  return call == Call::kQwzEx   ? "zpQuantAllGatherEx"
-         : call == Call::kHpzEx ? "zpHierAllGatherEx"
-         : call == Call::kQgzEx ? "zpQuantReduceScatterA2AEx"
-                                : nameOf(call);
-}
-const char* sendName(Call call) {
-  return call == Call::kQuantize ? "input" : call == Call::kDequantize ? "payload" : "sendbuff";
-}
-const char* recvName(Call call) {
-  return call == Call::kQuantize ? "payload" : call == Call::kDequantize ? "output" : "recvbuff";
-}
-bool sendIsPayload(Call call) { return call == Call::kDequantize; }
-bool recvIsPayload(Call call) { return call == Call::kQuantize; }
+using zptest::Call;
+using zptest::kCalls;
+using zptest::nameOf;
+using zptest::recvIsPayload;
+using zptest::recvName;
+using zptest::rowName;
+using zptest::sendIsPayload;
+using zptest::sendName;
 // Quantized with the good arguments (hpZ is exact unless its Ex options ask for bits).
 bool quantized(Call call) { return call != Call::kHpz && call != Call::kHpzEx; }
 bool isHpz(Call call) { return call == Call::kHpz || call == Call::kHpzEx; }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "include/zpccl.h"
+#include "tests/buffer_calls.h"
 #include "tests/gpu_util.h"
 
 namespace {
@@ -70,38 +71,14 @@ struct Row {
   std::vector<std::string> mention;
 };
 
-enum class Call { kQuantize, kDequantize, kQwz, kQwzEx, kHpz, kHpzEx, kQgz, kQgzEx };
-const Call kCalls[] = {Call::kQuantize, Call::kDequantize, Call::kQwz, Call::kQwzEx,
-                       Call::kHpz,      Call::kHpzEx,      Call::kQgz, Call::kQgzEx};
-
-const char* nameOf(Call call) {
-  switch (call) {
-    case Call::kQuantize:
-      return "zpQuantize";
-    case Call::kDequantize:
-      return "zpDequantize";
-    case Call::kQwz:
-    case Call::kQwzEx:
-      return "zpQuantAllGather";
-    case Call::kHpz:
-    case Call::kHpzEx:
-      return "zpHierAllGather";
-    default:
-      return "zpQuantReduceScatterA2A";
-  }
-}
-std::string rowName(Call call) {
-  return call == Call::kQwzEx   ? "zpQuantAllGatherEx"
-         : call == Call::kHpzEx ? "zpHierAllGatherEx"
-         : call == Call::kQgzEx ? "zpQuantReduceScatterA2AEx"
-                                : nameOf(call);
-}
-const char* sendName(Call call) {
-  return call == Call::kQuantize ? "input" : call == Call::kDequantize ? "payload" : "sendbuff";
-}
-const char* recvName(Call call) {
-  return call == Call::kQuantize ? "payload" : call == Call::kDequantize ? "output" : "recvbuff";
-}
+using zptest::Call;
+using zptest::kCalls;
+using zptest::nameOf;
+using zptest::recvIsPayload;
+using zptest::recvName;
+using zptest::rowName;
+using zptest::sendIsPayload;
+using zptest::sendName;
 
 zpResult_t invoke(Call call, const void* send, void* recv, zpComm_t comm) {
   const zpQuantOptions_t options = {8, 256};
