@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,7 @@ struct Case {
   size_t count;
   bool inPlace;
   zpRedOp_t redOp = zpSum;
+  uint64_t seed = 7;  // of the inputs
 };
 
 std::string describe(const Case& c) {
@@ -87,9 +89,9 @@ long inPlaceOffset(const Case& c, int rank, int groupRank) {
 
 void fillInput(const Case& c, int rank, size_t elems, void* dst) {
   if (c.op == Op::kHpz && c.bits == 0) {
-    zpcheck::fillBytes(dst, elems * zp::typeSize(c.type), 7, rank);
+    zpcheck::fillBytes(dst, elems * zp::typeSize(c.type), c.seed, rank);
   } else {
-    zpcheck::fillRandom(c.type, dst, elems, 7, rank);
+    zpcheck::fillRandom(c.type, dst, elems, c.seed, rank);
   }
 }
 
@@ -469,6 +471,101 @@ TEST(GpuTwoProcesses, SeenAsTwoNodes) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exited with status " << status;
   }
   unlink(idFile.c_str());
+}
+
+// ---- reliability (issue 10): replays on changing data, and a soak ---------------------------------------------
+
+// The first call of each collective captured in a graph (scratch reserved beforehand), then replayed 1000 times
+// on changing data: before each replay the inputs are rewritten in place, and every replay's output is checked
+// against the host backend on the same inputs.
+TEST(GpuReliability, CapturedFirstCallReplayedOnChangingData) {
+  ZP_REQUIRE_GPUS(2);
+  const int replays = getenv("ZP_GRAPH_REPLAYS") ? atoi(getenv("ZP_GRAPH_REPLAYS")) : 1000;
+  for (Case base : {Case{Op::kQwz, zpBfloat16, 8, 1031, false}, Case{Op::kQgz, zpFloat16, 4, 1031, true, zpAvg},
+                    Case{Op::kHpz, zpFloat32, 0, 1031, false}}) {
+    SCOPED_TRACE(describe(base));
+    std::vector<std::vector<Buffer>> expected(replays);
+    for (int k = 0; k < replays; ++k) {
+      Case c = base;
+      c.seed = 1000 + k;
+      expected[k] = hostExpected(c, 2, nullptr);
+    }
+    std::atomic<int> wrong{0};
+    runGpuRanks(2, nullptr, [&](int rank, zpComm_t comm) {
+      size_t sendElems, recvElems;
+      sizes(base, 2, 2, &sendElems, &recvElems);
+      const size_t esz = zp::typeSize(base.type);
+      char* big = nullptr;
+      char* other = nullptr;
+      ASSERT_EQ(cudaMalloc(&big, std::max(sendElems, recvElems) * esz), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&other, std::max(sendElems, recvElems) * esz), cudaSuccess);
+      const long off = inPlaceOffset(base, rank, rank);
+      void* send = base.op == Op::kQgz ? static_cast<void*>(big) : (off >= 0 ? big + off * esz : other);
+      void* recv = base.op == Op::kQgz ? (off >= 0 ? big + off * esz : other) : static_cast<void*>(big);
+      cudaStream_t stream;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      ASSERT_EQ(zpCommReserve(comm, 1 << 20), zpSuccess) << zpGetLastError(comm);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      const zpResult_t captured = runCase(base, comm, send, recv, stream);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(captured, zpSuccess) << zpGetLastError(comm);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      Buffer input(sendElems * esz), output(recvElems * esz);
+      for (int k = 0; k < replays; ++k) {
+        Case c = base;
+        c.seed = 1000 + k;
+        fillInput(c, rank, sendElems, input.data());
+        ASSERT_EQ(cudaMemcpyAsync(send, input.data(), input.size(), cudaMemcpyHostToDevice, stream), cudaSuccess);
+        if (off < 0) ASSERT_EQ(cudaMemsetAsync(recv, 0xff, output.size(), stream), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(output.data(), recv, output.size(), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        if (memcmp(output.data(), expected[k][rank].data(), output.size()) != 0 && wrong++ < 3) {
+          ADD_FAILURE() << "replay " << k << " rank " << rank << " differs from the host backend";
+        }
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+      cudaFree(big);
+      cudaFree(other);
+    });
+    EXPECT_EQ(wrong.load(), 0);
+  }
+}
+
+// 10^3 random calls (collective, type, bits, size, in place, op, data) on two GPUs, each bit-equal to the host
+// backend; device memory stays flat once scratch has grown to the largest size.
+TEST(GpuReliability, SoakOfRandomCallsStaysExactAndFlat) {
+  ZP_REQUIRE_GPUS(2);
+  const int iterations = getenv("ZP_GPU_SOAK_ITERS") ? atoi(getenv("ZP_GPU_SOAK_ITERS")) : 1000;
+  std::mt19937_64 rng(2026);
+  std::vector<Case> cases;
+  const zpDataType_t exactTypes[] = {zpInt8, zpInt32, zpFloat16, zpBfloat16, zpFloat32, zpFloat64};
+  for (int i = 0; i < iterations; ++i) {
+    Case c{static_cast<Op>(rng() % 3),
+           zpcheck::kQuantTypes[rng() % 3],
+           rng() % 2 ? 8 : 4,
+           1 + rng() % 5000,
+           rng() % 2 == 0,
+           rng() % 2 ? zpSum : zpAvg,
+           5000 + static_cast<uint64_t>(i)};
+    if (c.op == Op::kHpz) {
+      c.type = exactTypes[rng() % 6];
+      c.bits = 0;
+    }
+    if (i == 0) c.count = 5000;  // the largest first: scratch grows once
+    cases.push_back(c);
+  }
+  size_t freeBefore = 0, freeAfter = 0, total = 0;
+  checkAgainstHost({cases[0]}, 2, nullptr);
+  ASSERT_EQ(cudaMemGetInfo(&freeBefore, &total), cudaSuccess);
+  checkAgainstHost(cases, 2, nullptr);
+  ASSERT_EQ(cudaMemGetInfo(&freeAfter, &total), cudaSuccess);
+  EXPECT_LT(static_cast<double>(freeBefore) - static_cast<double>(freeAfter), 64.0 * (1 << 20))
+      << "device memory grew across the soak";
 }
 
 }  // namespace
