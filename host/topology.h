@@ -29,7 +29,6 @@ struct Topology {
   std::vector<int> hpzRanks;    // global ranks of this rank's hpZ group, in hpZ-rank order
   std::vector<int> interRanks;  // ranks with this rank's local rank, one per node, in node order (even layouts)
 
-  bool multiNode() const { return nodes > 1; }
   // Two hops (intra then inter node) pay off only with several nodes of several ranks each, all equal.
   bool hierarchical() const { return even && nodes > 1 && localSize > 1; }
   std::string describe() const;  // one line, for logs and the main job

@@ -14,8 +14,7 @@ namespace zp {
 zpResult_t setError(zpResult_t code, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-// This thread's pending error message ("" when none) and its reset, used by the ABI boundary.
-const char* pendingError();
+// Resets this thread's pending error (the ABI boundary does, at the start of every call).
 void clearPendingError();
 
 }  // namespace zp

@@ -98,7 +98,7 @@ class CudaBackend final : public Backend {
 
   zpResult_t reserve(size_t maxBytes) override {
     DeviceGuard guard(exec_.device);
-    return cudaReserve(exec_, maxBytes, nullptr);
+    return cudaReserve(exec_, maxBytes);
   }
 
   zpResult_t asyncError(zpResult_t* error) override {

@@ -154,19 +154,15 @@ zpResult_t connectPeers(CudaExec& e, const char* call) {
 
 }  // namespace
 
-zpResult_t cudaReserve(CudaExec& e, size_t maxBytes, const CollArgs* forCall) {
-  // Without a call, size for the worst settings a call may ask for: 8 bits, the smallest block, 2-byte types.
-  const int bits = forCall ? forCall->bits : 8;
-  const int blockSize = forCall ? forCall->blockSize : kMinBlockSize;
-  const size_t esz = forCall ? typeSize(forCall->type) : 2;
-  const int n = e.topo.nranks;
-  const size_t count = maxBytes / (esz * n);  // elements per rank (qwZ shard, qgZ slice)
+zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
+  // Size for the worst settings a call may ask for: 8 bits, the smallest block, 2-byte types.
+  const int bits = 8, blockSize = kMinBlockSize, n = e.topo.nranks;
+  const size_t count = maxBytes / (2 * n);  // elements per rank (qwZ shard, qgZ slice)
   const ChunkPlan plan = chunkPlanFor(count, blockSize, maxBytes);
   const size_t bytes = chunkedPayloadBytes(plan, n, bits, blockSize);
-  cudaStream_t stream = forCall ? forCall->stream : e.setupStream;
-  ZPCHECK(ensureScratch(e, 0, bytes, stream, forCall ? forCall->opName : "zpCommReserve"));
-  ZPCHECK(ensureScratch(e, 1, bytes, stream, forCall ? forCall->opName : "zpCommReserve"));
-  return connectPeers(e, forCall ? forCall->opName : "zpCommReserve");
+  ZPCHECK(ensureScratch(e, 0, bytes, e.setupStream, "zpCommReserve"));
+  ZPCHECK(ensureScratch(e, 1, bytes, e.setupStream, "zpCommReserve"));
+  return connectPeers(e, "zpCommReserve");
 }
 
 namespace {

@@ -57,7 +57,7 @@ zpResult_t cudaExecInit(CudaExec* exec);
 zpResult_t cudaExecFree(CudaExec* exec);
 
 // Grows scratch so that collectives of up to maxBytes logical output bytes need no allocation.
-zpResult_t cudaReserve(CudaExec& exec, size_t maxBytes, const CollArgs* forCall);
+zpResult_t cudaReserve(CudaExec& exec, size_t maxBytes);
 
 zpResult_t cudaQuantAllGather(CudaExec& exec, const CollArgs& a);
 zpResult_t cudaHierAllGather(CudaExec& exec, const CollArgs& a);

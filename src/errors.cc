@@ -27,7 +27,6 @@ zpResult_t setError(zpResult_t code, const char* file, int line, const char* fmt
   return code;
 }
 
-const char* pendingError() { return tPendingError.c_str(); }
 void clearPendingError() { tPendingError.clear(); }
 
 zpResult_t finishCall(zpComm* comm, zpResult_t result) {

@@ -1,7 +1,6 @@
 #include "src/params.h"
 
 #include <cstdlib>
-#include <sstream>
 
 #include "src/debug.h"
 
@@ -38,18 +37,6 @@ const std::string& paramBackend() {
     return std::string(text);
   }();
   return value;
-}
-
-std::string paramHelp() {
-  std::ostringstream out;
-#define ZP_HELP_PARAM(name, env, def, help) \
-  out << env << " (default " << def << ", now " << param##name() << "): " << help << "\n";
-  ZP_PARAMS(ZP_HELP_PARAM)
-#undef ZP_HELP_PARAM
-  out << "ZP_BACKEND (cuda|host): overrides the default backend\n"
-      << "ZP_DEBUG (VERSION|WARN|INFO|TRACE), ZP_DEBUG_SUBSYS (INIT,COLL,QUANT,TOPO,ALLOC,ENV,ALL; ^ inverts), "
-         "ZP_DEBUG_FILE (path, %h host, %p pid): logging\n";
-  return out.str();
 }
 
 }  // namespace zp

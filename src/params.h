@@ -1,5 +1,5 @@
 // Every environment tunable of zpccl, declared once with its default and a line of help. Each is read on first
-// use and cached; a value that is set is logged (INFO ENV). `zpParamHelp()` lists them all.
+// use and cached; a value that is set is logged (INFO ENV).
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,5 @@ ZP_PARAMS(ZP_DECLARE_PARAM)
 
 // ZP_BACKEND: "cuda" or "host" overrides zpBackendDefault's choice; empty when unset.
 const std::string& paramBackend();
-
-// All tunables with their help and current values, one per line.
-std::string paramHelp();
 
 }  // namespace zp
