@@ -1,6 +1,7 @@
 // The cuda backend's lifecycle (NCCL communicators, streams, events, scratch) and its dispatch.
 #include "src/cuda_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "src/check.h"
 #include "src/cuda_exec.h"
 #include "src/params.h"
+#include "src/watchdog.h"
 
 namespace zp {
 
@@ -19,6 +21,14 @@ std::vector<ncclComm_t> NcclComms::owned() const {
     if (!seen) out.push_back(c);
   }
   if (ownsWorld && world != nullptr) out.push_back(world);
+  return out;
+}
+
+std::vector<ncclComm_t> NcclComms::all() const {
+  std::vector<ncclComm_t> out;
+  for (ncclComm_t c : {world, intra, inter, hpz}) {
+    if (c != nullptr && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
   return out;
 }
 
@@ -79,6 +89,9 @@ class CudaBackend final : public Backend {
 
   CudaExec& exec() { return exec_; }
 
+  // Starts watching the NCCL communicators once they all exist.
+  void startWatchdog() { watchdog_ = std::make_unique<Watchdog>(exec_.device, exec_.comms.all(), paramTimeoutMs()); }
+
   zpResult_t run(const CollArgs& a) override {
     DeviceGuard guard(exec_.device);
     switch (a.kind) {
@@ -86,23 +99,37 @@ class CudaBackend final : public Backend {
         return launchQuantize(a.sendbuff, a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream);
       case CollKind::kDequantize:
         return launchDequantize(a.sendbuff, a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream);
-      case CollKind::kQuantAllGather:
-        return cudaQuantAllGather(exec_, a);
-      case CollKind::kHierAllGather:
-        return cudaHierAllGather(exec_, a);
-      case CollKind::kQuantReduceScatter:
-        return cudaQuantReduceScatter(exec_, a);
+      default:
+        break;
     }
-    return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
+    ZPCHECK(checkNotFailed(a.opName));
+    zpResult_t res = zpInternalError;
+    switch (a.kind) {
+      case CollKind::kQuantAllGather:
+        res = cudaQuantAllGather(exec_, a);
+        break;
+      case CollKind::kHierAllGather:
+        res = cudaHierAllGather(exec_, a);
+        break;
+      case CollKind::kQuantReduceScatter:
+        res = cudaQuantReduceScatter(exec_, a);
+        break;
+      default:
+        return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
+    }
+    if (res == zpSuccess && watchdog_) ZPCHECK(watchdog_->track(a.opName, a.stream));
+    return res;
   }
 
   zpResult_t reserve(size_t maxBytes) override {
     DeviceGuard guard(exec_.device);
+    ZPCHECK(checkNotFailed("zpCommReserve"));
     return cudaReserve(exec_, maxBytes);
   }
 
   zpResult_t asyncError(zpResult_t* error) override {
     *error = zpSuccess;
+    if (watchdog_ && (*error = watchdog_->failure()) != zpSuccess) return zpSuccess;
     const NcclComms& c = exec_.comms;
     for (ncclComm_t comm : {c.world, c.intra, c.inter, c.hpz}) {
       if (comm == nullptr) continue;
@@ -121,6 +148,11 @@ class CudaBackend final : public Backend {
     finalized_ = true;
     DeviceGuard guard(exec_.device);
     zpResult_t res = zpSuccess;
+    // A failed communicator's work can never finish: it is aborted, whatever was asked.
+    if (watchdog_) {
+      watchdog_->stop();
+      abort = abort || watchdog_->failure() != zpSuccess;
+    }
     // Destroy waits for the work enqueued on the communicator; abort does not.
     if (!abort && exec_.sideStream != nullptr && cudaStreamSynchronize(exec_.sideStream) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -131,6 +163,7 @@ class CudaBackend final : public Backend {
       if (r != ncclSuccess && res == zpSuccess) res = static_cast<zpResult_t>(r);
     }
     if (!abort) (void)cudaDeviceSynchronize();  // the caller's streams may still read scratch
+    watchdog_.reset();
     cudaExecFree(&exec_);
     return res;
   }
@@ -158,7 +191,17 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // After the watchdog saw a failure, every collective returns it at once.
+  zpResult_t checkNotFailed(const char* call) {
+    std::string why;
+    if (!watchdog_) return zpSuccess;
+    const zpResult_t failed = watchdog_->failure(&why);
+    if (failed == zpSuccess) return zpSuccess;
+    return ZP_ERR(failed, "%s : the communicator failed earlier (%s); abort or destroy it", call, why.c_str());
+  }
+
   CudaExec exec_;
+  std::unique_ptr<Watchdog> watchdog_;
   bool finalized_ = false;
 };
 
@@ -246,6 +289,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     ZPCHECK(splitComm(c.world, t.hpzGroup, t.hpzRank, &c.hpz, "hpZ"));
   }
   e.qgz = makeQgzPlan(t);
+  created->startWatchdog();
   *topo = t;
   *cudaDev = e.device;
   *backend = std::move(created);

@@ -24,6 +24,8 @@ struct NcclComms {
 
   // The distinct communicators this object must destroy.
   std::vector<ncclComm_t> owned() const;
+  // Every distinct communicator, the caller's world included.
+  std::vector<ncclComm_t> all() const;
 };
 
 // Device memory owned by the communicator. It only grows, and never inside graph capture.

@@ -26,6 +26,9 @@
 #   ZP_GPU_CHECK_DEADLINE     no step runs past this many seconds (its time limit shrinks), default 540, so
 #                             that the summary prints within a 10-minute call
 #   ZP_GPU_CHECK_STEP_TIMEOUT seconds per perf step, default 150; ZP_GPU_CHECK_TEST_TIMEOUT per suite, 180
+#   ZP_GPU_CHECK_TEST_FILTER  --gtest_filter of the GPU suite (default: every test)
+#   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
+#                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
 #   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
 #   ZP_GPU_CHECK_BUILD_DIR (default build-gpu)
 set -uo pipefail
@@ -147,13 +150,36 @@ fi
 if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   for suite in zpccl_gpu_tests zpccl_host_tests; do
     if [ -x "$build/tests/$suite" ]; then
-      run_step "$suite" - test "$results/$suite.log" "" "$test_timeout" "$build/tests/$suite"
+      filter=()
+      [ "$suite" = zpccl_gpu_tests ] && [ -n "${ZP_GPU_CHECK_TEST_FILTER:-}" ] &&
+        filter=(--gtest_filter="$ZP_GPU_CHECK_TEST_FILTER")
+      run_step "$suite" - test "$results/$suite.log" "" "$test_timeout" "$build/tests/$suite" "${filter[@]}"
     else
       note "$suite: not built"
       record "$suite" - test missing 0 -
     fi
   done
 fi
+
+# ---- compute-sanitizer -------------------------------------------------------------------------------------
+# Each tool over the GPU suites of the three collectives and the quantize kernels (the chunked-pipeline, soak,
+# replay and fault tests are left out: minutes each under instrumentation). NCCL's own kernels are not
+# instrumented (--kernel-name-exclude): they are not ours, and racecheck/memcheck on them take far longer.
+# A step passes when the tool reports "ERROR SUMMARY: 0 errors" and the suite passes.
+sanitizer_filter=${ZP_GPU_CHECK_SANITIZER_FILTER:-'GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuGraphs.*:QuantGpu.*:BadInputGpu.*'}
+for tool in ${ZP_GPU_CHECK_SANITIZERS:-}; do
+  log=$results/sanitizer_$tool.log
+  if ! command -v compute-sanitizer >/dev/null; then
+    note "compute-sanitizer: not installed"
+    record "sanitizer $tool" - test missing 0 "$log"
+    continue
+  fi
+  extra_flags=()
+  [ "$tool" = racecheck ] && extra_flags=(--racecheck-report all)
+  run_step "sanitizer $tool" - test "$log" "" "${ZP_GPU_CHECK_SANITIZER_TIMEOUT:-240}" \
+    compute-sanitizer --tool "$tool" --error-exitcode 9 --kernel-name-exclude kns=nccl "${extra_flags[@]}" \
+    "$build/tests/zpccl_gpu_tests" --gtest_filter="$sanitizer_filter"
+done
 
 # ---- perf --------------------------------------------------------------------------------------------------
 if [ -n "${ZP_GPU_CHECK_BINS:-}" ]; then
@@ -223,6 +249,13 @@ run_perf() {  # REGIME BIN
       run_step "$tag" "$regime" perf "$results/$file.log" "$results/$file.json" "$step_timeout" \
         env "${regime_env[@]}" "$path" "${sweep[@]}" "${flags[@]}" -R "$regime" -J "$results/$file.json" $extra
     fi
+    # hpZ's backward gather over shared memory as two emulated nodes of one GPU (zpccl's -N 2; NCCL still
+    # moves the forward gather through shm): the two-node ratio of the shm regime.
+    if [ "$regime" = shm ] && [ "$bin" = hpz_perf ]; then
+      run_step "$tag 2 nodes" "$regime" perf "$results/${file}_2nodes.log" "$results/${file}_2nodes.json" \
+        "$step_timeout" env "${regime_env[@]}" "$path" "${sweep[@]}" "${flags[@]}" -N 2 -R "$regime" \
+        -J "$results/${file}_2nodes.json" $extra
+    fi
   done
 }
 
@@ -276,6 +309,17 @@ def gtest_counts(log):
         pass
     return passed, failed
 
+def sanitizer_errors(log):
+    """compute-sanitizer's 'ERROR SUMMARY: N errors' count, or None when the log has none."""
+    count = None
+    try:
+        for line in open(log, errors="replace"):
+            if "ERROR SUMMARY:" in line:
+                count = line.split("ERROR SUMMARY:")[1].split()[0]
+    except OSError:
+        pass
+    return count
+
 def last_words(log, status):
     """The last error-looking lines of a step's log(s), for the reader who cannot open them."""
     lines = []
@@ -314,6 +358,9 @@ for line in open(manifest):
         if kind == "test" and status not in ("missing", "skipped"):
             p, f = gtest_counts(log)
             extra = "passed {} failed {}".format(p or "?", f or 0)
+            san = sanitizer_errors(log)
+            if san is not None:
+                extra = "{} errors, {}".format(san, extra.replace("passed", "p").replace("failed", "f"))
         print(fmt.format(name, regime, label, extra, "", ""))
     else:
         rows = [r for j in jsons for r in load(j)]
