@@ -1,8 +1,12 @@
 // The cuda backend's lifecycle (NCCL communicators, streams, events, scratch) and its dispatch.
 #include "src/cuda_backend.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 #include "device/quantize.h"
@@ -90,7 +94,10 @@ class CudaBackend final : public Backend {
   CudaExec& exec() { return exec_; }
 
   // Starts watching the NCCL communicators once they all exist.
-  void startWatchdog() { watchdog_ = std::make_unique<Watchdog>(exec_.device, exec_.comms.all(), paramTimeoutMs()); }
+  void startWatchdog() {
+    watchdog_ = std::make_unique<Watchdog>(exec_.device, exec_.comms.all(), paramTimeoutMs(),
+                                           [this] { return stopNcclWork(); });
+  }
 
   zpResult_t run(const CollArgs& a) override {
     DeviceGuard guard(exec_.device);
@@ -102,6 +109,7 @@ class CudaBackend final : public Backend {
       default:
         break;
     }
+    std::shared_lock<std::shared_mutex> using_(ncclUse_);
     ZPCHECK(checkNotFailed(a.opName));
     zpResult_t res = zpInternalError;
     switch (a.kind) {
@@ -123,12 +131,14 @@ class CudaBackend final : public Backend {
 
   zpResult_t reserve(size_t maxBytes) override {
     DeviceGuard guard(exec_.device);
+    std::shared_lock<std::shared_mutex> using_(ncclUse_);
     ZPCHECK(checkNotFailed("zpCommReserve"));
     return cudaReserve(exec_, maxBytes);
   }
 
   zpResult_t asyncError(zpResult_t* error) override {
     *error = zpSuccess;
+    std::shared_lock<std::shared_mutex> using_(ncclUse_);
     if (watchdog_ && (*error = watchdog_->failure()) != zpSuccess) return zpSuccess;
     const NcclComms& c = exec_.comms;
     for (ncclComm_t comm : {c.world, c.intra, c.inter, c.hpz}) {
@@ -158,7 +168,7 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
       res = zpUnhandledCudaError;
     }
-    for (ncclComm_t c : exec_.comms.owned()) {
+    for (ncclComm_t c : ncclAborted_ ? std::vector<ncclComm_t>() : exec_.comms.owned()) {
       ncclResult_t r = abort ? ncclCommAbort(c) : ncclCommDestroy(c);
       if (r != ncclSuccess && res == zpSuccess) res = static_cast<zpResult_t>(r);
     }
@@ -191,6 +201,32 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The watchdog's way to end the NCCL kernels of a failed communicator, so that the caller's stream drains.
+  // ncclCommRevoke (NCCL 2.28.x) stops the work and keeps the communicators for zpCommAbort; it is looked up at
+  // run time because older NCCL libraries lack it. Without it the communicators zpccl owns are aborted, once
+  // no call is using them (false until then: the watchdog retries); a caller's communicator wrapped by
+  // zpCommInitFromNccl is left to its owner.
+  bool stopNcclWork() {
+    using RevokeFn = ncclResult_t (*)(ncclComm_t, int);
+    static const RevokeFn revoke = [] {
+      Dl_info info;
+      void* lib = nullptr;
+      if (dladdr(reinterpret_cast<void*>(&ncclCommAbort), &info) != 0 && info.dli_fname != nullptr) {
+        lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+      }
+      return lib != nullptr ? reinterpret_cast<RevokeFn>(dlsym(lib, "ncclCommRevoke")) : nullptr;
+    }();
+    if (revoke != nullptr) {
+      for (ncclComm_t c : exec_.comms.all()) (void)revoke(c, 0);
+      return true;
+    }
+    std::unique_lock<std::shared_mutex> exclusive(ncclUse_, std::try_to_lock);
+    if (!exclusive.owns_lock()) return false;
+    for (ncclComm_t c : exec_.comms.owned()) (void)ncclCommAbort(c);
+    ncclAborted_ = true;
+    return true;
+  }
+
   // After the watchdog saw a failure, every collective returns it at once.
   zpResult_t checkNotFailed(const char* call) {
     std::string why;
@@ -202,6 +238,9 @@ class CudaBackend final : public Backend {
 
   CudaExec exec_;
   std::unique_ptr<Watchdog> watchdog_;
+  // Held shared by every call that uses the NCCL communicators, exclusively to abort them from the watchdog.
+  std::shared_mutex ncclUse_;
+  bool ncclAborted_ = false;  // by stopNcclWork: finalize must not touch them again
   bool finalized_ = false;
 };
 

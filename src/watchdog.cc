@@ -6,10 +6,6 @@
 
 #include "src/debug.h"
 
-// NCCL 2.28 added ncclCommRevoke; a weak reference lets zpccl run on an older 2.28 library, where the pointer is
-// NULL and a failure is only reported (the caller's zpCommAbort then stops the kernels).
-#pragma weak ncclCommRevoke
-
 namespace zp {
 
 namespace {
@@ -24,8 +20,10 @@ std::string format(const char* fmt, ...) {
 }
 }  // namespace
 
-Watchdog::Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs)
-    : device_(device), comms_(std::move(comms)), timeoutMs_(timeoutMs), thread_([this] { loop(); }) {}
+Watchdog::Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs, std::function<bool()> stopWork)
+    : device_(device), comms_(std::move(comms)), timeoutMs_(timeoutMs), stopWork_(std::move(stopWork)), thread_([this] {
+        loop();
+      }) {}
 
 Watchdog::~Watchdog() {
   stop();
@@ -64,11 +62,6 @@ zpResult_t Watchdog::failure(std::string* message) const {
   return failure_;
 }
 
-bool Watchdog::revoked() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return revoked_;
-}
-
 void Watchdog::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -86,10 +79,17 @@ void Watchdog::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, std::chrono::milliseconds(pollMs), [this] { return stopping_; });
-    if (stopping_ || failure_ != zpSuccess) continue;
+    if (stopping_ || workStopped_) continue;
+    const bool failed = failure_ != zpSuccess;
     lock.unlock();
-    poll();
+    bool stopped = false;
+    if (failed) {
+      stopped = stopWork_();
+    } else {
+      poll();
+    }
     lock.lock();
+    workStopped_ = workStopped_ || stopped;
   }
 }
 
@@ -98,9 +98,10 @@ void Watchdog::poll() {
     ncclResult_t state = ncclSuccess;
     if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) continue;
     if (state != ncclSuccess && state != ncclInProgress) {
-      fail(static_cast<zpResult_t>(state),
-           format("NCCL reported an asynchronous error on one of the communicator's NCCL communicators: %s (%s)",
-                  ncclGetErrorString(state), ncclGetLastError(comm)));
+      std::lock_guard<std::mutex> lock(mutex_);
+      failLocked(static_cast<zpResult_t>(state),
+                 format("NCCL reported an asynchronous error on one of the communicator's NCCL communicators: %s (%s)",
+                        ncclGetErrorString(state), ncclGetLastError(comm)));
       return;
     }
   }
@@ -115,39 +116,28 @@ void Watchdog::poll() {
     }
     if (state != cudaErrorNotReady) {
       (void)cudaGetLastError();
-      failure_ = zpUnhandledCudaError;
-      failureMessage_ = format("%s failed on the GPU: %s", oldest.opName, cudaGetErrorString(state));
-      revokeLocked();
+      failLocked(zpUnhandledCudaError, format("%s failed on the GPU: %s", oldest.opName, cudaGetErrorString(state)));
       return;
     }
     const auto waited =
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - oldest.enqueued)
             .count();
     if (timeoutMs_ > 0 && waited > timeoutMs_) {
-      failure_ = zpRemoteError;
-      failureMessage_ = format(
-          "%s has not completed %lld ms after it was enqueued (ZP_TIMEOUT_MS=%lld): a peer has likely failed or "
-          "stopped calling; the communicator's work was stopped",
-          oldest.opName, static_cast<long long>(waited), static_cast<long long>(timeoutMs_));
-      revokeLocked();
+      failLocked(zpRemoteError,
+                 format("%s has not completed %lld ms after it was enqueued (ZP_TIMEOUT_MS=%lld): a peer has likely "
+                        "failed or stopped calling; the communicator's work was stopped",
+                        oldest.opName, static_cast<long long>(waited), static_cast<long long>(timeoutMs_)));
     }
     return;
   }
 }
 
-void Watchdog::fail(zpResult_t code, std::string message) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void Watchdog::failLocked(zpResult_t code, std::string message) {
   if (failure_ != zpSuccess) return;
   failure_ = code;
   failureMessage_ = std::move(message);
-  revokeLocked();
-}
-
-void Watchdog::revokeLocked() {
   ZP_WARN("communicator failed: %s", failureMessage_.c_str());
-  if (revoked_ || ncclCommRevoke == nullptr) return;
-  for (ncclComm_t comm : comms_) (void)ncclCommRevoke(comm, 0);
-  revoked_ = true;
+  wake_.notify_all();  // the loop stops the work at its next turn
 }
 
 }  // namespace zp

@@ -5,9 +5,9 @@
 //   - each NCCL communicator's async error (NCCL's socket transport sees a peer's connections close);
 //   - the completion event recorded after each collective it was told about; one still pending ZP_TIMEOUT_MS
 //     after its enqueue means a peer that stopped without closing anything (NVLink and shared memory).
-// On the first failure it records the error and revokes the NCCL communicators (ncclCommRevoke where the NCCL
-// library has it), which stops their kernels: the caller's stream drains, zpCommGetAsyncError reports the
-// failure, and every later collective on the communicator returns it at once. Destroy or abort the
+// On the first failure it records the error and asks the backend to stop the NCCL communicators' work (see
+// CudaBackend::stopNcclWork), which ends their kernels: the caller's stream drains, zpCommGetAsyncError reports
+// the failure, and every later collective on the communicator returns it at once. Destroy or abort the
 // communicator after that, as with NCCL.
 #pragma once
 
@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -27,9 +28,9 @@ namespace zp {
 
 class Watchdog {
  public:
-  // comms: the distinct NCCL communicators to poll and stop; timeoutMs <= 0 disables the timeout (async errors
-  // are still polled).
-  Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs);
+  // comms: the distinct NCCL communicators to poll; timeoutMs <= 0 disables the timeout (async errors are still
+  // polled). stopWork is called from the watchdog's thread after a failure, each poll until it returns true.
+  Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs, std::function<bool()> stopWork);
   ~Watchdog();  // stops the thread; the caller destroys the communicators afterwards
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -43,9 +44,6 @@ class Watchdog {
   // Ends the thread (before the communicators are destroyed or aborted).
   void stop();
 
-  // Whether the communicators were revoked: they can then only be aborted, not destroyed.
-  bool revoked() const;
-
  private:
   struct Pending {
     cudaEvent_t done;
@@ -54,16 +52,16 @@ class Watchdog {
   };
   void loop();
   void poll();
-  void fail(zpResult_t code, std::string message);
-  void revokeLocked();
+  void failLocked(zpResult_t code, std::string message);
 
   const int device_;
   const std::vector<ncclComm_t> comms_;
   const int64_t timeoutMs_;
+  const std::function<bool()> stopWork_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  bool revoked_ = false;
+  bool workStopped_ = false;
   zpResult_t failure_ = zpSuccess;
   std::string failureMessage_;
   std::deque<Pending> pending_;
