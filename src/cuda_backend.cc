@@ -38,8 +38,11 @@ std::vector<ncclComm_t> NcclComms::all() const {
 
 zpResult_t cudaExecInit(CudaExec* e) {
   CUDACHECK(cudaStreamCreateWithFlags(&e->setupStream, cudaStreamNonBlocking));
-  CUDACHECK(cudaStreamCreateWithFlags(&e->sideStream, cudaStreamNonBlocking));
-  CUDACHECK(cudaStreamCreateWithFlags(&e->quantStream, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  CUDACHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CUDACHECK(cudaStreamCreateWithPriority(&e->sideStream, cudaStreamNonBlocking, least));
+  CUDACHECK(cudaStreamCreateWithPriority(&e->quantStream, cudaStreamNonBlocking, least));
+  CUDACHECK(cudaStreamCreateWithPriority(&e->moveStream, cudaStreamNonBlocking, greatest));
   for (cudaEvent_t& ev : e->chunkReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   for (cudaEvent_t& ev : e->quantReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&e->sideDone, cudaEventDisableTiming));
@@ -62,7 +65,7 @@ zpResult_t cudaExecFree(CudaExec* e) {
     if (*ev != nullptr) (void)cudaEventDestroy(*ev);
     *ev = nullptr;
   }
-  for (cudaStream_t* st : {&e->sideStream, &e->quantStream, &e->setupStream}) {
+  for (cudaStream_t* st : {&e->sideStream, &e->quantStream, &e->moveStream, &e->setupStream}) {
     if (*st != nullptr) (void)cudaStreamDestroy(*st);
     *st = nullptr;
   }

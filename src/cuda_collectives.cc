@@ -56,8 +56,8 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
 // The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
 // caller's stream, which saves the events' latency on small messages.
 struct Stages {
-  cudaStream_t quant, move, finish;
-  bool pipelined() const { return quant != move; }
+  cudaStream_t caller, quant, move, finish;
+  bool pipelined() const { return quant != caller; }
 };
 
 // Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
@@ -67,12 +67,13 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, Stages* s
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   if (status == cudaStreamCaptureStatusNone) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
   if (chunks <= 1) {
-    *stages = Stages{stream, stream, stream};
+    *stages = Stages{stream, stream, stream, stream};
     return zpSuccess;
   }
-  *stages = Stages{e.quantStream, stream, e.sideStream};
+  *stages = Stages{stream, e.quantStream, e.moveStream, e.sideStream};
   CUDACHECK(cudaEventRecord(e.callStart, stream));
   CUDACHECK(cudaStreamWaitEvent(e.quantStream, e.callStart, 0));
+  CUDACHECK(cudaStreamWaitEvent(e.moveStream, e.callStart, 0));
   return zpSuccess;
 }
 
@@ -97,11 +98,12 @@ zpResult_t handOver(CudaExec& e, const Stages& s, int c) {
   return zpSuccess;
 }
 
-// Joins the finish stage back into the caller's stream.
+// Joins the finish stage (which waited for every chunk's move, hence for the whole move stage) back into the
+// caller's stream.
 zpResult_t endPipeline(CudaExec& e, const Stages& s) {
   if (!s.pipelined()) return zpSuccess;
   CUDACHECK(cudaEventRecord(e.sideDone, s.finish));
-  CUDACHECK(cudaStreamWaitEvent(s.move, e.sideDone, 0));
+  CUDACHECK(cudaStreamWaitEvent(s.caller, e.sideDone, 0));
   return zpSuccess;
 }
 

@@ -42,14 +42,17 @@ struct CudaExec {
   Topology topo;
   QgzPlan qgz;
   cudaStream_t setupStream = nullptr;  // init-time exchanges
-  // The chunk pipelines run three stages on three streams: quantize (quantStream), move (the caller's stream),
-  // finish (sideStream: dequantize, reduce, or the second hop), so that chunk c+1 is quantized and chunk c-1
-  // finished while chunk c travels.
+  // The chunk pipelines run three stages on three streams: quantize (quantStream), move (moveStream, where
+  // NCCL runs), finish (sideStream: dequantize, reduce, or the second hop), so that chunk c+1 is quantized and
+  // chunk c-1 finished while chunk c travels. moveStream has the device's highest priority and the other two
+  // its lowest: NCCL's few long-lived CTAs then get SMs as soon as any free up, instead of queueing behind the
+  // many short CTAs of the quantize and dequantize grids (without priorities the stages barely overlapped).
   cudaStream_t quantStream = nullptr;
+  cudaStream_t moveStream = nullptr;
   cudaStream_t sideStream = nullptr;
-  cudaEvent_t callStart = nullptr;                  // the call's start on the caller's stream: quantStream waits
+  cudaEvent_t callStart = nullptr;                  // the call's start on the caller's stream: the stages wait
   cudaEvent_t quantReady[kMaxPipelineChunks] = {};  // chunk c quantized
-  cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // chunk c moved (recorded on the caller's stream)
+  cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // chunk c moved (recorded on moveStream)
   cudaEvent_t sideDone = nullptr;                   // the finish stage done: the caller's stream waits on it
   ScratchBuffer scratch[2];
   bool peersConnected = false;  // every point-to-point peer connected (needed before graph capture)
