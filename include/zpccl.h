@@ -175,7 +175,10 @@ zpResult_t zpCommDestroy(zpComm_t comm);
 zpResult_t zpCommAbort(zpComm_t comm);
 
 /* Writes the first asynchronous error seen by comm (a failed peer, an aborted communicator) to *asyncError,
- * zpSuccess when none, zpInProgress while an operation is still being set up. */
+ * zpSuccess when none, zpInProgress while an operation is still being set up. On the cuda backend a watchdog
+ * thread fails the communicator when NCCL reports an error or a collective stays unfinished ZP_TIMEOUT_MS
+ * (default 600000) after its enqueue: its work is stopped so the stream drains, this returns the error
+ * (zpRemoteError for a timeout), and later calls on comm return it at once. Then call zpCommAbort. */
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
 
 /* Reserves the communicator's scratch memory for collectives of up to maxBytes logical (unquantized) bytes
