@@ -26,6 +26,9 @@
 #   ZP_GPU_CHECK_DEADLINE     no step runs past this many seconds (its time limit shrinks), default 540, so
 #                             that the summary prints within a 10-minute call
 #   ZP_GPU_CHECK_STEP_TIMEOUT seconds per perf step, default 150; ZP_GPU_CHECK_TEST_TIMEOUT per suite, 180
+#   ZP_GPU_CHECK_ENV          extra VAR=value words for every perf step (e.g. ZP_CHUNK_BYTES=16777216)
+#   ZP_GPU_CHECK_TAG          suffix of the results folder and of the files in $OUT, so that several runs in one
+#                             call keep their own (e.g. a sweep of a tunable)
 #   ZP_GPU_CHECK_TEST_FILTER  --gtest_filter of the GPU suite (default: every test)
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
@@ -35,7 +38,8 @@ set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$top"
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
-case $build in /*) results=$build/results ;; *) results=$top/$build/results ;; esac
+tag=${ZP_GPU_CHECK_TAG:-}
+case $build in /*) results=$build/results$tag ;; *) results=$top/$build/results$tag ;; esac
 rm -rf "$results" && mkdir -p "$results"
 export NCCL_NVLS_ENABLE=0
 
@@ -71,8 +75,9 @@ note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 publish() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
-  tar czf "$OUT/gpu-check.tar.gz.tmp" -C "$results" . 2>/dev/null && mv "$OUT/gpu-check.tar.gz.tmp" "$OUT/gpu-check.tar.gz"
-  python3 - "$results" "$OUT/results.json" <<'PY' 2>/dev/null || true
+  tar czf "$OUT/gpu-check$tag.tar.gz.tmp" -C "$results" . 2>/dev/null &&
+    mv "$OUT/gpu-check$tag.tar.gz.tmp" "$OUT/gpu-check$tag.tar.gz"
+  python3 - "$results" "$OUT/results$tag.json" <<'PY' 2>/dev/null || true
 import glob, json, os, sys
 rows = []
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
@@ -268,6 +273,7 @@ for regime in $regimes; do
     net) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) ;;
     *) note "unknown regime $regime (nvlink, shm, net)"; record "regime $regime" "$regime" perf unknown 0 -; continue ;;
   esac
+  regime_env+=(${ZP_GPU_CHECK_ENV:-})
   for bin in $bins; do is_local "$bin" || run_perf "$regime" "$bin"; done
 done
 
@@ -395,7 +401,7 @@ if [ ! -s "$summary" ]; then
   { echo "(python3 failed; raw steps: name, regime, kind, status, seconds, log, json)"; cat "$manifest"; } >"$summary"
   rc=1
 fi
-[ -n "${OUT:-}" ] && cp "$summary" "$OUT/summary.txt"
+[ -n "${OUT:-}" ] && cp "$summary" "$OUT/summary$tag.txt"
 publish
 echo
 cat "$summary"
