@@ -1,174 +1,504 @@
-// qgZ's reduction kernels. One CTA per quantization block of one segment: each thread owns 4 consecutive
-// elements per step (one 32-bit word of int8 codes, one 16-bit word of int4 codes), sums them over the sources
-// in order, and either writes the finished values or keeps the sums (in shared memory for blocks larger than
-// one step) for the block's absmax and the requantization. Summation order and arithmetic are those of
-// host/reduce_math.h.
-#include <cub/block/block_reduce.cuh>
-#include <cuda/functional>
+// qgZ's reduction kernels. Summation order and arithmetic are those of host/reduce_math.h (and, for the
+// requantization, of host/quant_math.h): the results are bit-identical to the host backend's.
+//
+// Mapping: a CTA of 256 threads takes a tile of 8192 consecutive elements of one segment, and thread t of the
+// CTA owns elements [32t, 32t + 32) of it, for every block size G. Its codes are one 16-byte vector per source
+// (int4) or two (int8), 16-byte aligned because payload code regions are and 32 elements of codes are 16 or 32
+// bytes. Since G >= 32 is a power of two, a thread's elements lie in one quantization block, and block b of the
+// tile is held whole, as fp32 sums in registers, by the G / 32 consecutive threads of its group (1 thread for
+// G = 32, 8 for G = 256, a warp for G = 1024, the whole CTA for G = 8192). A block's absmax is a shuffle
+// reduction inside the group, with one exchange through shared memory when the group spans several warps.
+// int8 takes 32 elements a thread too (two vectors, not one) so that one mapping serves every G: an 8192-element
+// block still fits the registers of one CTA, and even G = 32 keeps 16-byte loads.
+//
+// Loads: each thread issues the codes and scales of kBatch sources before summing them (in source order), so
+// that 64 (int4) or 128 (int8) bytes per thread are in flight. Codes are decoded with one byte permute an
+// element into the operand that decodeCode builds, and a block whose scale cannot overflow skips
+// dequantizeValue's saturation check (dequantIsPlain), so an element costs 4 instructions per source.
+// Stores: the requantized codes leave as 16-byte vectors. Finished outputs pass through a per-warp staging
+// buffer in shared memory, so that the warp writes its 1024 contiguous elements as lane-consecutive aligned
+// 16-byte stores whatever the element alignment of the output (a misaligned output shifts each 16-byte window
+// out of two staged chunks; element stores only at both ends of the warp's range).
+#include <atomic>
+#include <cstdint>
 
 #include "device/reduce.h"
 #include "host/quant_format.h"
+#include "host/quant_math.h"
 #include "host/reduce_math.h"
 #include "src/check.h"
 
 namespace zp {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kElemsPerThread = 4;
+constexpr int kThreads = 256;                  // CTA size
+constexpr int kElems = 32;                     // elements a thread owns (a block holds G / kElems threads)
+constexpr int kTileElems = kThreads * kElems;  // elements a CTA takes at a time
+constexpr int kWarpElems = 32 * kElems;        // elements a warp owns, contiguous
+constexpr int kWaves = 8;                      // grid: resident CTAs times this, grid-stride beyond
+constexpr unsigned kFullMask = 0xffffffffu;
 
-struct KernelArgs {
-  const unsigned char* base;
-  size_t sourceStride;
-  size_t segmentStride;
-  int sources;
-  size_t count;
-  size_t blocksPerSegment;
-  size_t scaleBytes;  // offset of the codes in a payload
-  int blockSize;
+// Code words a thread reads per source (int4: one 16-byte vector; int8: two).
+template <int Bits>
+constexpr int codeWords() {
+  return kElems * Bits / 32;
+}
+
+// Sources whose loads are in flight together: 16 (int4) or 32 (int8) code registers. With 128 registers a
+// thread (two CTAs an SM) nothing spills.
+constexpr int kBatch = 4;
+
+struct ReduceArgs {
+  const unsigned char* base;  // segment 0's source 0
+  size_t sourceStride;        // bytes between the sources of a segment
+  size_t segmentStride;       // bytes between segments
+  size_t count;               // elements per payload
+  size_t blocks;              // quantization blocks per payload
+  size_t scaleBytes;          // where the codes start in a payload (scales plus padding)
+  size_t tiles;               // tiles per segment
+  size_t work;                // tiles of all segments
+  int sources;                // payloads summed per segment, >= 1
+  int blockShift;             // log2(G)
+  int groupShift;             // log2(G / kElems): threads per block
+  // 0x4b000000, the high byte of decodeCode's operand. Passed at run time so that the compiler keeps it in a
+  // register and gives the byte permutes their selector as the immediate: with both as constants it moves the
+  // selector into a register, one extra instruction an element.
+  uint32_t decodeHigh;
 };
 
-// The 4 codes of elements [i, i+4) of a payload's code region (i a multiple of 4).
-template <int Bits>
-__device__ __forceinline__ uint32_t loadCodes4(const unsigned char* codes, size_t i) {
-  if (Bits == 8) return *reinterpret_cast<const uint32_t*>(codes + i);
-  return *reinterpret_cast<const uint16_t*>(codes + i / 2);
+int log2Int(size_t v) {
+  int s = 0;
+  while ((size_t{1} << s) < v) ++s;
+  return s;
 }
 
-template <int Bits>
-__device__ __forceinline__ uint32_t codeAt(uint32_t word, int k) {
-  return Bits == 8 ? (word >> (8 * k)) & 0xffu : (word >> (4 * k)) & 0xfu;
-}
+// ---- summing the sources ---------------------------------------------------------------------------------------
 
-// Fixed-order fp32 sums of elements [begin + i, begin + i + n) over a segment's sources (n <= 4).
+// Operands of decodeCode, prepared once per word: int8 keeps the four codes of a word with their sign bits
+// flipped ((code ^ 0x80) per byte); int4 splits each word into its even and odd nibbles, one per byte, flipped
+// ((code ^ 8) per byte). Element k's operand 0x4b000000 | (code ^ bias) is then one byte permute away.
 template <int Bits>
-__device__ __forceinline__ void sumSources(const KernelArgs& a, const unsigned char* seg, size_t block, size_t elem,
-                                           int n, float (&acc)[kElemsPerThread]) {
-  for (int s = 0; s < a.sources; ++s) {
-    const unsigned char* payload = seg + s * a.sourceStride;
-    const float scale = reinterpret_cast<const float*>(payload)[block];
-    const unsigned char* codes = payload + a.scaleBytes;
-    // A partial group at the end of the last block reads only the codes that exist.
-    uint32_t word = 0;
-    if (n == kElemsPerThread) {
-      word = loadCodes4<Bits>(codes, elem);
-    } else {
-      for (int k = 0; k < n; ++k) {
-        const size_t i = elem + k;
-        const uint32_t c = Bits == 8 ? codes[i] : unpackInt4(codes[i / 2], static_cast<int>(i & 1));
-        word |= c << (Bits * k);
-      }
-    }
+__device__ __forceinline__ void prepareCodes(const uint32_t (&w)[codeWords<Bits>()],
+                                             uint32_t (&x)[codeWords<Bits>() * (Bits == 4 ? 2 : 1)]) {
 #pragma unroll
-    for (int k = 0; k < kElemsPerThread; ++k) {
-      if (k < n) {
-        const float v = bitsFloat(dequantizeValue<Fp32Type>(decodeCode<Bits>(codeAt<Bits>(word, k)), scale));
-        acc[k] = s == 0 ? v : addRn(acc[k], v);
+  for (int i = 0; i < codeWords<Bits>(); ++i) {
+    if constexpr (Bits == 8) {
+      x[i] = w[i] ^ 0x80808080u;
+    } else {
+      x[2 * i] = (w[i] & 0x0f0f0f0fu) ^ 0x08080808u;
+      x[2 * i + 1] = ((w[i] >> 4) & 0x0f0f0f0fu) ^ 0x08080808u;
+    }
+  }
+}
+
+// decodeCode<Bits> of the thread's element k (a constant after unrolling), from the prepared words: the same
+// operand bits and the same fp32 add, so the same value.
+template <int Bits>
+__device__ __forceinline__ float codeValue(const uint32_t (&x)[codeWords<Bits>() * (Bits == 4 ? 2 : 1)], int k,
+                                           uint32_t high) {
+  constexpr float kBias = static_cast<float>(1 << (Bits - 1));
+  // Byte 0: the prepared code byte; bytes 1, 2: zero; byte 3: 0x4b (bytes 4 to 7 of the permute's input: high).
+  const uint32_t word = Bits == 8 ? x[k >> 2] : x[2 * (k >> 3) + (k & 1)];
+  const uint32_t byte = Bits == 8 ? (k & 3) : ((k >> 1) & 3);
+  return addRn(bitsFloat(__byte_perm(word, high, 0x7440u | byte)), -(8388608.0f + kBias));
+}
+
+// Adds one source (codes w, block scale) to the thread's sums, or starts them (First): acc = v for the first
+// source, acc + v after, as the host reference does.
+template <int Bits, bool First>
+__device__ __forceinline__ void addSource(const uint32_t (&w)[codeWords<Bits>()], float scale, uint32_t high,
+                                          float (&acc)[kElems]) {
+  uint32_t x[codeWords<Bits>() * (Bits == 4 ? 2 : 1)];
+  prepareCodes<Bits>(w, x);
+  if (dequantIsPlain<Fp32Type, Bits>(scale)) {  // no code can overflow: dequantizeValue is the product alone
+#pragma unroll
+    for (int k = 0; k < kElems; ++k) {
+      const float v = mulRn(codeValue<Bits>(x, k, high), scale);
+      acc[k] = First ? v : addRn(acc[k], v);
+    }
+  } else {  // NaN block, or a scale near FLT_MAX
+#pragma unroll
+    for (int k = 0; k < kElems; ++k) {
+      const float v = bitsFloat(dequantizeValue<Fp32Type>(codeValue<Bits>(x, k, high), scale));
+      acc[k] = First ? v : addRn(acc[k], v);
+    }
+  }
+}
+
+// Sources [s0, s0 + kBatch) (those that exist; s0 itself does): all loads first, then the sums in order.
+template <int Bits, bool First>
+__device__ __forceinline__ void addSourceBatch(const ReduceArgs& a, const unsigned char* seg, size_t block,
+                                               size_t codeOffset, int s0, float (&acc)[kElems]) {
+  constexpr int kVecs = codeWords<Bits>() / 4;
+  uint32_t w[kBatch][codeWords<Bits>()];
+  float scale[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    if (u == 0 || s0 + u < a.sources) {
+      const unsigned char* payload = seg + static_cast<size_t>(s0 + u) * a.sourceStride;
+      scale[u] = __ldg(reinterpret_cast<const float*>(payload) + block);
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        const uint4 c = __ldg(reinterpret_cast<const uint4*>(payload + codeOffset) + v);
+        w[u][4 * v] = c.x, w[u][4 * v + 1] = c.y, w[u][4 * v + 2] = c.z, w[u][4 * v + 3] = c.w;
       }
+    }
+  }
+  addSource<Bits, First>(w[0], scale[0], a.decodeHigh, acc);
+#pragma unroll
+  for (int u = 1; u < kBatch; ++u) {
+    if (s0 + u < a.sources) addSource<Bits, false>(w[u], scale[u], a.decodeHigh, acc);
+  }
+}
+
+// Fixed-order fp32 sums over the segment's sources of the thread's elements [elem, elem + kElems), of which the
+// first `valid` (1..kElems) exist. Sums past `valid` are left over from zero codes and must not be used.
+template <int Bits>
+__device__ __forceinline__ void sumSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
+                                           float (&acc)[kElems]) {
+  const size_t block = elem >> a.blockShift;
+  const size_t codeOffset = a.scaleBytes + elem * Bits / 8;
+  if (valid == kElems) {
+    addSourceBatch<Bits, true>(a, seg, block, codeOffset, 0, acc);
+#pragma unroll 1
+    for (int s0 = kBatch; s0 < a.sources; s0 += kBatch) addSourceBatch<Bits, false>(a, seg, block, codeOffset, s0, acc);
+    return;
+  }
+  // The last, partial group of codes of the payload: only the bytes that hold elements < count are read.
+  const int bytes = (valid * Bits + 7) / 8;
+#pragma unroll 1
+  for (int s = 0; s < a.sources; ++s) {
+    const unsigned char* payload = seg + static_cast<size_t>(s) * a.sourceStride;
+    const float scale = __ldg(reinterpret_cast<const float*>(payload) + block);
+    uint32_t w[codeWords<Bits>()];
+#pragma unroll
+    for (int i = 0; i < codeWords<Bits>(); ++i) w[i] = 0;
+#pragma unroll
+    for (int b = 0; b < 4 * codeWords<Bits>(); ++b) {
+      if (b < bytes) w[b >> 2] |= static_cast<uint32_t>(__ldg(payload + codeOffset + b)) << (8 * (b & 3));
+    }
+    if (s == 0) {
+      addSource<Bits, true>(w, scale, a.decodeHigh, acc);
+    } else {
+      addSource<Bits, false>(w, scale, a.decodeHigh, acc);
+    }
+  }
+}
+
+// ---- requantize --------------------------------------------------------------------------------------------------
+
+// Max over the aligned group of `threads` (<= 32, a power of two) lanes of a warp; every lane of the warp calls it.
+__device__ __forceinline__ uint32_t groupMax(uint32_t v, int threads) {
+#if __CUDA_ARCH__ >= 800
+  if (threads == 32) return __reduce_max_sync(kFullMask, v);
+#endif
+  for (int s = threads >> 1; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, s));
+  return v;
+}
+
+// One word of packed codes: 4 int8 codes (element i in byte i) or 8 int4 codes (element 2i in the low nibble of
+// byte i), from their code words (higher bits ignored).
+template <int Bits>
+__device__ __forceinline__ uint32_t packWord(const uint32_t (&c)[32 / Bits]) {
+  if constexpr (Bits == 8) {
+    return __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
+  } else {
+    const uint32_t b0 = packInt4Pair(c[0], c[1]), b1 = packInt4Pair(c[2], c[3]);
+    const uint32_t b2 = packInt4Pair(c[4], c[5]), b3 = packInt4Pair(c[6], c[7]);
+    return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+  }
+}
+
+// packWord of quantizeCode (the division) over 4 or 8 sums (x1 unused for int8). Out of line: the rare path,
+// whose division calls would otherwise cost the hot loop registers.
+template <int Bits>
+__device__ __noinline__ uint32_t quantizeWordExact(float4 x0, float4 x1, float scale) {
+  const float qmax = static_cast<float>(quantMax(Bits));
+  const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  uint32_t c[32 / Bits];
+#pragma unroll
+  for (int k = 0; k < 32 / Bits; ++k) c[k] = quantizeCode(x[k], scale, qmax);
+  return packWord<Bits>(c);
+}
+
+// The codes of the thread's 32 sums, packed (int4: 4 words; int8: 8 words). Elements >= valid get code 0: that
+// is the codes' zero padding.
+template <int Bits>
+__device__ __forceinline__ void quantizeThread(const float (&acc)[kElems], int valid, float scale,
+                                               uint32_t (&packed)[codeWords<Bits>()]) {
+  constexpr int kPerWord = 32 / Bits;
+  // The reciprocal fast path gives the division's codes (quantizeCodeFast), or says that it may not; then the
+  // division redoes the thread's codes. Scales that are 0, subnormal or NaN take the division.
+  float fracMax = 1.0f;
+#if defined(__CUDA_ARCH__)  // quantizeCodeFast exists in device code only
+  if (scale >= __uint_as_float(kF32MinNormal)) {
+    const float rcp = __frcp_rn(scale);
+    fracMax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < codeWords<Bits>(); ++i) {
+      uint32_t c[kPerWord];
+#pragma unroll
+      for (int k = 0; k < kPerWord; ++k) c[k] = quantizeCodeFast(acc[kPerWord * i + k], rcp, fracMax);
+      packed[i] = packWord<Bits>(c);
+    }
+  }
+#endif
+  if (fracMax >= kFastPathFrac) {
+#pragma unroll
+    for (int i = 0; i < codeWords<Bits>(); ++i) {
+      const float* x = acc + kPerWord * i;
+      float4 x1 = {};
+      if constexpr (Bits == 4) x1 = make_float4(x[4], x[5], x[6], x[7]);
+      packed[i] = quantizeWordExact<Bits>(make_float4(x[0], x[1], x[2], x[3]), x1, scale);
+    }
+  }
+  if (valid < kElems) {
+#pragma unroll
+    for (int i = 0; i < codeWords<Bits>(); ++i) {
+      const int keep = min(max(valid - kPerWord * i, 0), kPerWord) * Bits;  // code bits of elements < valid
+      packed[i] &= keep == 32 ? ~0u : (1u << keep) - 1u;
     }
   }
 }
 
 template <int Bits>
-__global__ void __launch_bounds__(kThreads)
-    reduceRequantizeKernel(KernelArgs a, unsigned char* out, size_t payloadStride, size_t codeBytes) {
-  using BlockMax = cub::BlockReduce<uint32_t, kThreads>;
-  __shared__ typename BlockMax::TempStorage tmp;
-  __shared__ uint32_t blockAbsMax;
-  extern __shared__ float sums[];  // the block's sums when it spans more than one step
-  const size_t seg = blockIdx.x / a.blocksPerSegment;
-  const size_t block = blockIdx.x % a.blocksPerSegment;
-  const size_t begin = block * a.blockSize;
-  const int len = static_cast<int>(min(static_cast<size_t>(a.blockSize), a.count - begin));
-  const unsigned char* src = a.base + seg * a.segmentStride;
-  unsigned char* payload = out + seg * payloadStride;
+__global__ void __launch_bounds__(kThreads, 2)
+    reduceRequantizeKernel(const ReduceArgs a, unsigned char* out, size_t payloadStride) {
+  __shared__ uint32_t warpMax[2][kThreads / 32];  // groups of several warps; two sets, so one barrier a tile
+  const int groupThreads = 1 << a.groupShift;
+  const int lane = threadIdx.x & (groupThreads - 1);  // in the group
+  int parity = 0;
+#pragma unroll 1
+  for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
+    const size_t seg = work / a.tiles;
+    const size_t elem = (work - seg * a.tiles) * kTileElems + threadIdx.x * kElems;
+    const int valid = elem < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - elem)) : 0;
+    const size_t block = elem >> a.blockShift;
 
-  // Step 1: sums and their absmax (bits of |x|: NaN and Inf compare above every finite value).
-  uint32_t absMax = 0;
-  for (int i = threadIdx.x * kElemsPerThread; i < len; i += kThreads * kElemsPerThread) {
-    float acc[kElemsPerThread];
-    const int n = min(kElemsPerThread, len - i);
-    sumSources<Bits>(a, src, block, begin + i, n, acc);
-    for (int k = 0; k < n; ++k) {
-      sums[i + k] = acc[k];
-      absMax = max(absMax, absBits(acc[k]));
+    // step 1: the sums, and their absmax (bits of |x|: NaN and Inf order above every finite value).
+    float acc[kElems];
+    uint32_t absMax = 0;
+    if (valid > 0) {
+      sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
+#pragma unroll
+      for (int k = 0; k < kElems; ++k) {
+        if (k < valid) absMax = max(absMax, absBits(acc[k]));
+      }
+    }
+
+    // step 2: absmax over the group: shuffles in the warp, then across the group's warps. Every thread of the
+    // CTA gets here, those without elements too.
+    absMax = groupMax(absMax, min(groupThreads, 32));
+    if (groupThreads > 32) {
+      if ((threadIdx.x & 31) == 0) warpMax[parity][threadIdx.x >> 5] = absMax;
+      __syncthreads();
+      const int first = (threadIdx.x >> 5) & ~((groupThreads >> 5) - 1);
+      for (int k = 0; k < (groupThreads >> 5); ++k) absMax = max(absMax, warpMax[parity][first + k]);
+      parity ^= 1;  // the next tile writes the other set; this one is rewritten only after the next barrier
+    }
+    if (valid == 0) continue;
+
+    // step 3: the scale (and the zeros after the last one), from the group's first thread.
+    unsigned char* payload = out + seg * payloadStride;
+    const float scale = blockScale(absMax, Bits);
+    if (lane == 0) {
+      float* scales = reinterpret_cast<float*>(payload);
+      scales[block] = scale;
+      if (block == a.blocks - 1) {
+        for (size_t k = a.blocks; k < a.scaleBytes / sizeof(float); ++k) scales[k] = 0.0f;
+      }
+    }
+
+    // step 4: the codes, as 16-byte vectors. A vector that holds the last code also holds the zero padding up to
+    // the end of the code region (a multiple of 16 bytes); vectors wholly past the last code are not written.
+    uint32_t packed[codeWords<Bits>()];
+    quantizeThread<Bits>(acc, valid, scale, packed);
+    uint4* codes = reinterpret_cast<uint4*>(payload + a.scaleBytes + elem * Bits / 8);
+#pragma unroll
+    for (int v = 0; v < codeWords<Bits>() / 4; ++v) {
+      if (v * 16 * 8 / Bits < valid) {
+        codes[v] = make_uint4(packed[4 * v], packed[4 * v + 1], packed[4 * v + 2], packed[4 * v + 3]);
+      }
     }
   }
-  absMax = BlockMax(tmp).Reduce(absMax, ::cuda::maximum<uint32_t>());
-  if (threadIdx.x == 0) blockAbsMax = absMax;
-  __syncthreads();
+}
 
-  // Step 2: the block's scale and codes, from the sums this thread wrote itself.
-  const float scale = blockScale(blockAbsMax, Bits);
-  const float qmax = static_cast<float>(quantMax(Bits));
-  if (threadIdx.x == 0) reinterpret_cast<float*>(payload)[block] = scale;
-  unsigned char* codes = payload + a.scaleBytes;
-  for (int i = threadIdx.x * kElemsPerThread; i < len; i += kThreads * kElemsPerThread) {
-    const int n = min(kElemsPerThread, len - i);
-    uint32_t word = 0;
-    for (int k = 0; k < n; ++k) word |= (quantizeCode(sums[i + k], scale, qmax) & ((1u << Bits) - 1u)) << (Bits * k);
-    const size_t e = begin + i;
-    if (Bits == 8) {
-      if (n == kElemsPerThread)
-        *reinterpret_cast<uint32_t*>(codes + e) = word;
-      else
-        for (int k = 0; k < n; ++k) codes[e + k] = static_cast<unsigned char>(word >> (8 * k));
-    } else {
-      if (n == kElemsPerThread)
-        *reinterpret_cast<uint16_t*>(codes + e / 2) = static_cast<uint16_t>(word);
-      else
-        for (int k = 0; k < n; k += 2) codes[(e + k) / 2] = static_cast<unsigned char>(word >> (4 * k));
-    }
+// ---- finish ------------------------------------------------------------------------------------------------------
+
+// Chunk c of a warp's staging buffer sits at chunk swizzle(c): the eight 16-byte chunks of a 128-byte row are
+// permuted by the row's index, so that neither the threads writing their 64 or 128 contiguous bytes nor the
+// lanes reading consecutive chunks hit the same banks.
+__device__ __forceinline__ int swizzle(int c) { return c ^ ((c >> 3) & 7); }
+
+// Words [Q, Q + 4) of w, each shifted right by `bits` (0 to 24) with the next word's low bytes coming in.
+template <int Q>
+__device__ __forceinline__ uint4 shiftedWords(const uint32_t (&w)[8], uint32_t bits) {
+  return make_uint4(__funnelshift_r(w[Q], w[Q + 1], bits), __funnelshift_r(w[Q + 1], w[Q + 2], bits),
+                    __funnelshift_r(w[Q + 2], w[Q + 3], bits), __funnelshift_r(w[Q + 3], w[Q + 4], bits));
+}
+
+// Bytes [o, o + 16) of the 32 bytes lo || hi (0 <= o < 16; o is the same for the whole warp).
+__device__ __forceinline__ uint4 byteWindow(const uint4& lo, const uint4& hi, int o) {
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const uint32_t bits = 8 * (o & 3);
+  switch (o >> 2) {  // constant register indices in each case
+    case 0:
+      return shiftedWords<0>(w, bits);
+    case 1:
+      return shiftedWords<1>(w, bits);
+    case 2:
+      return shiftedWords<2>(w, bits);
+    default:
+      return shiftedWords<3>(w, bits);
   }
-  // Padding after the last scale and after the last code is zero, as in every payload.
-  if (block == a.blocksPerSegment - 1) {
-    for (size_t p = a.blocksPerSegment * sizeof(float) + threadIdx.x; p < a.scaleBytes; p += kThreads) payload[p] = 0;
-    const size_t used = (a.count * Bits + 7) / 8;
-    for (size_t p = used + threadIdx.x; p < codeBytes; p += kThreads) codes[p] = 0;
-  }
+}
+
+// Bytes [r, r + size) of a 16-byte chunk (r a multiple of size, 2 or 4).
+template <class Out>
+__device__ __forceinline__ Out chunkElement(const uint4& v, int r) {
+  const uint32_t word = (r & 8) ? ((r & 4) ? v.w : v.z) : ((r & 4) ? v.y : v.x);
+  return static_cast<Out>(sizeof(Out) == 4 ? word : word >> (8 * (r & 2)));
 }
 
 template <int Bits, class Type>
-__global__ void __launch_bounds__(kThreads)
-    reduceFinishKernel(KernelArgs a, typename Type::Bits* out, size_t outputStride, float divisor) {
-  const size_t seg = blockIdx.x / a.blocksPerSegment;
-  const size_t block = blockIdx.x % a.blocksPerSegment;
-  const size_t begin = block * a.blockSize;
-  const int len = static_cast<int>(min(static_cast<size_t>(a.blockSize), a.count - begin));
-  const unsigned char* src = a.base + seg * a.segmentStride;
-  typename Type::Bits* dst = out + seg * outputStride + begin;
-  for (int i = threadIdx.x * kElemsPerThread; i < len; i += kThreads * kElemsPerThread) {
-    float acc[kElemsPerThread];
-    const int n = min(kElemsPerThread, len - i);
-    sumSources<Bits>(a, src, block, begin + i, n, acc);
-    for (int k = 0; k < n; ++k) dst[i + k] = finishReduction<Type>(acc[k], divisor);
+__global__ void __launch_bounds__(kThreads, 2)
+    reduceFinishKernel(const ReduceArgs a, typename Type::Bits* out, size_t outputStride, float divisor) {
+  using Out = typename Type::Bits;
+  constexpr int kSize = sizeof(Out);
+  constexpr int kThreadChunks = kElems * kSize / 16;
+  constexpr int kWarpChunks = kWarpElems * kSize / 16;
+  __shared__ uint4 stage[kThreads / 32][kWarpChunks];  // each warp's finished elements, in order
+  uint4* mine = stage[threadIdx.x >> 5];
+  const int lane = threadIdx.x & 31;
+#pragma unroll 1
+  for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
+    const size_t seg = work / a.tiles;
+    const size_t warpElem = (work - seg * a.tiles) * kTileElems + (threadIdx.x - lane) * kElems;
+    if (warpElem >= a.count) continue;  // the whole warp: nothing of the payload left
+    const size_t elem = warpElem + lane * kElems;
+    const int valid = elem < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - elem)) : 0;
+
+    // step 1: sums, finished values (per element, as the host does), into the warp's stage.
+    if (valid > 0) {
+      float acc[kElems];
+      sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
+      Out o[kElems];
+#pragma unroll
+      for (int k = 0; k < kElems; ++k) o[k] = finishReduction<Type>(acc[k], divisor);
+#pragma unroll
+      for (int i = 0; i < kThreadChunks; ++i) {
+        uint32_t word[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (kSize == 4) {
+            word[j] = o[4 * i + j];
+          } else {
+            word[j] = o[8 * i + 2 * j] | (static_cast<uint32_t>(o[8 * i + 2 * j + 1]) << 16);
+          }
+        }
+        mine[swizzle(lane * kThreadChunks + i)] = make_uint4(word[0], word[1], word[2], word[3]);
+      }
+    }
+    __syncwarp();
+
+    // step 2: the warp's n elements, as the aligned 16-byte chunks c of the output that they touch (bytes
+    // [shift, end) from the 16-byte boundary `base` below the first one). Chunk c is stage bytes
+    // [16c - shift, 16c - shift + 16): the end of stage chunk c - 1 and the start of chunk c; clamping c - 1 and c
+    // to the stage only ever replaces bytes outside [shift, end). A first or last chunk that is only partly the
+    // warp's is written element by element.
+    Out* dst = out + seg * outputStride + warpElem;
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(dst) & 15);
+    const int n = static_cast<int>(min(static_cast<size_t>(kWarpElems), a.count - warpElem));
+    const int end = shift + n * kSize;
+    char* base = reinterpret_cast<char*>(dst) - shift;
+    for (int c = lane; 16 * c < end; c += 32) {
+      uint4 v;
+      if (shift == 0) {
+        v = mine[swizzle(c)];
+      } else {
+        v = byteWindow(mine[swizzle(max(c - 1, 0))], mine[swizzle(min(c, kWarpChunks - 1))], 16 - shift);
+      }
+      const int lo = max(16 * c, shift), hi = min(16 * c + 16, end);
+      if (hi - lo == 16) {
+        *reinterpret_cast<uint4*>(base + 16 * c) = v;
+      } else {
+        for (int b = lo; b < hi; b += kSize) *reinterpret_cast<Out*>(base + b) = chunkElement<Out>(v, b - 16 * c);
+      }
+    }
+    __syncwarp();  // the stage is rewritten by the next tile
   }
 }
 
-zpResult_t checkSources(const ReduceSources& s, const char* what) {
+// ---- launchers ---------------------------------------------------------------------------------------------------
+
+zpResult_t checkSources(const ReduceSources& s, int bits, int blockSize, const char* what) {
   auto aligned = [](size_t v) { return v % kPayloadAlign == 0; };
   if (s.base == nullptr || !aligned(reinterpret_cast<uintptr_t>(s.base)) || !aligned(s.sourceStride) ||
-      !aligned(s.segmentStride) || s.sources < 1 || s.batch < 0) {
+      !aligned(s.segmentStride) || s.sources < 1 || s.batch < 0 || !isValidBits(bits) || !isValidBlockSize(blockSize)) {
     return ZP_ERR(zpInternalError, "%s : bad reduction sources", what);
   }
   return zpSuccess;
 }
 
-KernelArgs kernelArgs(const ReduceSources& s, size_t count, int blockSize) {
-  return KernelArgs{static_cast<const unsigned char*>(s.base),
-                    s.sourceStride,
-                    s.segmentStride,
-                    s.sources,
-                    count,
-                    quantBlockCount(count, blockSize),
-                    quantScaleBytes(count, blockSize),
-                    blockSize};
+ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize) {
+  ReduceArgs a;
+  a.base = static_cast<const unsigned char*>(s.base);
+  a.sourceStride = s.sourceStride;
+  a.segmentStride = s.segmentStride;
+  a.count = count;
+  a.blocks = quantBlockCount(count, blockSize);
+  a.scaleBytes = quantScaleBytes(count, blockSize);
+  a.tiles = (count + kTileElems - 1) / kTileElems;
+  a.work = a.tiles * static_cast<size_t>(s.batch);
+  a.sources = s.sources;
+  a.blockShift = log2Int(blockSize);
+  a.groupShift = a.blockShift - log2Int(kElems);
+  a.decodeHigh = 0x4b000000u;
+  return a;
+}
+
+// CTAs for `work` tiles: a few waves of resident CTAs (the hardware balances CTAs that finish at different
+// times), a grid-stride loop for the rest. The occupancy is cached per kernel: it is a sizing hint only.
+template <auto Kernel>
+zpResult_t gridFor(size_t work, unsigned* grid) {
+  static std::atomic<int> cached{0};
+  int perSm = cached.load(std::memory_order_relaxed);
+  if (perSm == 0) {
+    CUDACHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, Kernel, kThreads, 0));
+    if (perSm < 1) perSm = 1;
+    cached.store(perSm, std::memory_order_relaxed);
+  }
+  int device = 0, sms = 0;
+  CUDACHECK(cudaGetDevice(&device));
+  CUDACHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const size_t cap = static_cast<size_t>(sms) * perSm * kWaves;
+  *grid = static_cast<unsigned>(work < cap ? work : cap);
+  return zpSuccess;
+}
+
+template <int Bits>
+zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payloadStride, cudaStream_t stream) {
+  constexpr auto kKernel = reduceRequantizeKernel<Bits>;
+  unsigned grid = 0;
+  ZPCHECK(gridFor<kKernel>(a.work, &grid));
+  kKernel<<<grid, kThreads, 0, stream>>>(a, out, payloadStride);
+  return zpSuccess;
 }
 
 template <int Bits, class Type>
-void launchFinish(const KernelArgs& a, unsigned grid, void* output, size_t stride, float divisor, cudaStream_t stream) {
-  reduceFinishKernel<Bits, Type>
-      <<<grid, kThreads, 0, stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
+zpResult_t launchFinish(const ReduceArgs& a, void* output, size_t stride, float divisor, cudaStream_t stream) {
+  constexpr auto kKernel = reduceFinishKernel<Bits, Type>;
+  unsigned grid = 0;
+  ZPCHECK(gridFor<kKernel>(a.work, &grid));
+  kKernel<<<grid, kThreads, 0, stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
+  return zpSuccess;
+}
+
+template <class Type>
+zpResult_t launchFinishBits(const ReduceArgs& a, int bits, void* output, size_t stride, float divisor,
+                            cudaStream_t stream) {
+  return bits == 8 ? launchFinish<8, Type>(a, output, stride, divisor, stream)
+                   : launchFinish<4, Type>(a, output, stride, divisor, stream);
 }
 
 }  // namespace
@@ -176,20 +506,15 @@ void launchFinish(const KernelArgs& a, unsigned grid, void* output, size_t strid
 zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bits, int blockSize, void* payload,
                                   size_t payloadStride, cudaStream_t stream) {
   if (count == 0 || src.batch == 0) return zpSuccess;
-  ZPCHECK(checkSources(src, "launchReduceRequantize"));
-  const KernelArgs a = kernelArgs(src, count, blockSize);
-  const size_t grid = a.blocksPerSegment * src.batch;
-  // Sums of blocks that span several steps wait in shared memory (32 KB for 8192-element blocks).
-  const size_t smem = blockSize * sizeof(float);
-  auto* out = static_cast<unsigned char*>(payload);
-  const size_t codeBytes = quantCodeBytes(count, bits);
-  if (bits == 8) {
-    reduceRequantizeKernel<8>
-        <<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, out, payloadStride, codeBytes);
-  } else {
-    reduceRequantizeKernel<4>
-        <<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(a, out, payloadStride, codeBytes);
+  ZPCHECK(checkSources(src, bits, blockSize, "launchReduceRequantize"));
+  if (reinterpret_cast<uintptr_t>(payload) % kPayloadAlign != 0 || payloadStride % kPayloadAlign != 0) {
+    return ZP_ERR(zpInternalError, "launchReduceRequantize : payload %p or stride %zu not 16-byte aligned", payload,
+                  payloadStride);
   }
+  const ReduceArgs a = reduceArgs(src, count, blockSize);
+  auto* out = static_cast<unsigned char*>(payload);
+  ZPCHECK(bits == 8 ? launchRequantize<8>(a, out, payloadStride, stream)
+                    : launchRequantize<4>(a, out, payloadStride, stream));
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
 }
@@ -197,22 +522,18 @@ zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bi
 zpResult_t launchReduceFinish(const ReduceSources& src, size_t count, int bits, int blockSize, zpDataType_t type,
                               float divisor, void* output, size_t outputStrideElems, cudaStream_t stream) {
   if (count == 0 || src.batch == 0) return zpSuccess;
-  ZPCHECK(checkSources(src, "launchReduceFinish"));
-  const KernelArgs a = kernelArgs(src, count, blockSize);
-  const auto grid = static_cast<unsigned>(a.blocksPerSegment * src.batch);
+  ZPCHECK(checkSources(src, bits, blockSize, "launchReduceFinish"));
+  const ReduceArgs a = reduceArgs(src, count, blockSize);
   const size_t stride = outputStrideElems ? outputStrideElems : count;
   switch (type) {
     case zpFloat16:
-      bits == 8 ? launchFinish<8, Fp16Type>(a, grid, output, stride, divisor, stream)
-                : launchFinish<4, Fp16Type>(a, grid, output, stride, divisor, stream);
+      ZPCHECK(launchFinishBits<Fp16Type>(a, bits, output, stride, divisor, stream));
       break;
     case zpBfloat16:
-      bits == 8 ? launchFinish<8, Bf16Type>(a, grid, output, stride, divisor, stream)
-                : launchFinish<4, Bf16Type>(a, grid, output, stride, divisor, stream);
+      ZPCHECK(launchFinishBits<Bf16Type>(a, bits, output, stride, divisor, stream));
       break;
     case zpFloat32:
-      bits == 8 ? launchFinish<8, Fp32Type>(a, grid, output, stride, divisor, stream)
-                : launchFinish<4, Fp32Type>(a, grid, output, stride, divisor, stream);
+      ZPCHECK(launchFinishBits<Fp32Type>(a, bits, output, stride, divisor, stream));
       break;
     default:
       return ZP_ERR(zpInternalError, "launchReduceFinish : type %d", static_cast<int>(type));
