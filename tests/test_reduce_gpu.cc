@@ -161,8 +161,16 @@ TEST(GpuReduce, KernelsMatchHostReferenceBitForBit) {
     for (int bits : {4, 8})
       for (size_t count : counts)
         for (bool finish : {false, true}) {
-          Case c{count, bits, g, 1 + static_cast<int>(rng() % 9), 1 + static_cast<int>(rng() % 3), finish,
-                 types[rng() % 3], rng() % 8, (rng() & 1) ? 1 + rng() % 5 : 0, (rng() & 1) ? 3.0f : 1.0f};
+          Case c{count,
+                 bits,
+                 g,
+                 1 + static_cast<int>(rng() % 9),
+                 1 + static_cast<int>(rng() % 3),
+                 finish,
+                 types[rng() % 3],
+                 rng() % 8,
+                 (rng() & 1) ? 1 + rng() % 5 : 0,
+                 (rng() & 1) ? 3.0f : 1.0f};
           runCase(c, rng);
           if (HasFatalFailure()) return;
         }
