@@ -3,14 +3,15 @@
 //
 // Quantize: a group of P threads owns one quantization block of G elements; each thread takes kVecsPerThread
 // 16-byte vectors of it (vector j of the group's thread t is the block's vector j * P + t, so each load step of
-// a group covers P * 16 contiguous bytes). P = G / (16 elements for fp32, 32 for fp16/bf16): groups of 1 to 32
-// threads share a warp (256-thread CTAs hold several), groups of 64 to 512 threads are a whole CTA.
-// The block is read from global memory once and parked in the thread's shared-memory slots (loads land there
-// without holding registers: 64 registers, 4 CTAs per SM, no spills); it is then read twice from shared memory:
-// absmax (reduced over the group with shuffles, across warps through shared memory), then the codes. Codes use
-// a reciprocal multiply that provably gives the division's result, the division only in a guard band
-// (quantizeCodeFast). CTA-sized groups pipeline their blocks with cp.async so that loads stay in flight while
-// the CTA meets at its barrier.
+// a group covers P * 16 contiguous bytes). P = G / (16 elements for fp32, 32 for fp16/bf16) is a template
+// parameter (one kernel per P: constant offsets, unrolled shuffles): groups of 1 to 32 threads share a warp
+// (256-thread CTAs hold several) and load their vectors straight into registers; groups of 64 to 512 threads
+// are a whole CTA and pipeline their blocks through shared memory with cp.async, so that loads stay in flight
+// while the CTA meets at its barrier (64 registers, no spills, either way). The thread's vectors stay in
+// registers for both passes: absmax (packed pairs for fp16/bf16; reduced over the group with shuffles, across
+// warps through shared memory), then the codes: one fused multiply-add per code and a cheap guard that
+// provably gives quantizeCode's result (see "quantize: codes"); the rare guarded elements redo their vectors
+// with the division.
 // Dequantize needs no reduction: each CTA step covers 256 * kVecsPerThread contiguous output vectors; each
 // thread reads its vectors' codes and scales.
 // Misaligned element pointers (an fp16 tensor at an odd element, say): quantize loads with the widest access
@@ -18,6 +19,7 @@
 // its vector with its neighbour's (shuffles). Segments that are all 16-byte aligned run kernels without these
 // paths. Payloads are always 16-byte aligned.
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -31,10 +33,9 @@
 namespace zp {
 namespace {
 
-constexpr int kVecBytes = 16;          // one vector access
-constexpr int kVecsPerThread = 4;      // 64 bytes per thread in flight
-constexpr int kCtaThreads = 256;       // CTA size, except when one group is a whole CTA
-constexpr int kMaxGroupThreads = 512;  // fp32 with 8192-element blocks
+constexpr int kVecBytes = 16;      // one vector access
+constexpr int kVecsPerThread = 4;  // 64 bytes per thread in flight
+constexpr int kCtaThreads = 256;   // CTA size, except when one group is a whole CTA
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kStages = 2;  // quantize, blocks of a whole CTA: shared-memory pipeline depth
 #if __CUDA_ARCH__ >= 800 || !defined(__CUDA_ARCH__)
@@ -42,7 +43,6 @@ constexpr bool kAsyncCopy = true;  // cp.async (sm_80+)
 #else
 constexpr bool kAsyncCopy = false;
 #endif
-constexpr bool kPackedAbsMax = true;  // fp16/bf16 absmax on packed pairs
 
 template <class Type>
 constexpr int vecElems() {
@@ -204,16 +204,196 @@ __device__ __forceinline__ float maxAbsNaN(float m, float x) {
 #endif
 }
 
-// Max over the aligned group of `groupThreads` (<= 32) lanes of a warp; every lane of the warp calls it.
-__device__ __forceinline__ uint32_t groupMax(uint32_t v, int groupThreads) {
-#if __CUDA_ARCH__ >= 800
-  if (groupThreads == 32) return __reduce_max_sync(kFullMask, v);
+// absBits (quant_math.h) of the largest |element| of the thread's vectors: the unsigned max of these over a
+// block is what the host reference computes, NaN and Inf above every finite value.
+template <class Type>
+__device__ __forceinline__ uint32_t threadAbsMaxBits(const uint32_t (&v)[kVecsPerThread][4]) {
+  if constexpr (sizeof(typename Type::Bits) == 4) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVecsPerThread; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) m = maxAbsNaN(m, __uint_as_float(v[j][i]));
+    }
+    return __float_as_uint(m) & kF32AbsMask;
+  } else {
+    // max |.| over the packed pairs, two elements an instruction, then over the two halves of the result. For
+    // finite values the max magnitude is exact; a NaN gives a NaN, an Inf an Inf or a NaN: either way the
+    // widened bits are >= kF32Inf, hence a NaN scale, as on the host. Widening is monotone on magnitudes.
+    uint32_t m;  // sign bits meaningless
+    if constexpr (std::is_same<Type, Fp16Type>::value) {
+      // Two chains of max(acc, |a|, |b|) (sm_90: one 3-input VHMNMX with |.| each), over two vectors each.
+      __half2 acc[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        __half2 h[kVecsPerThread * 2];  // the words of vectors 2c and 2c + 1
+#pragma unroll
+        for (int k = 0; k < kVecsPerThread * 2; ++k) memcpy(&h[k], &v[c * 2 + (k >> 2)][k & 3], 4);
+        acc[c] = __hmax2_nan(__habs2(h[0]), __habs2(h[1]));
+#pragma unroll
+        for (int k = 2; k < kVecsPerThread * 2; ++k) acc[c] = __hmax2_nan(acc[c], __habs2(h[k]));
+      }
+      const __half2 r = __hmax2_nan(acc[0], acc[1]);
+      memcpy(&m, &r, 4);
+    } else {
+      // A tree of max(|a|, |b|) (sm_86+: one instruction each, |.| included; result signs: xor of the inputs').
+      uint32_t p[kVecsPerThread * 2];
+      auto pairMax = [](uint32_t a, uint32_t b) {
+        uint32_t r;
+#if __CUDA_ARCH__ >= 860
+        asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+#else
+        __nv_bfloat162 x, y;
+        memcpy(&x, &a, 4);
+        memcpy(&y, &b, 4);
+        const __nv_bfloat162 t = __hmax2_nan(__habs2(x), __habs2(y));
+        memcpy(&r, &t, 4);
 #endif
-  for (int s = groupThreads >> 1; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, s));
-  return v;
+        return r;
+      };
+#pragma unroll
+      for (int k = 0; k < kVecsPerThread * 2; ++k) p[k] = pairMax(v[k >> 1][(k & 1) * 2], v[k >> 1][(k & 1) * 2 + 1]);
+#pragma unroll
+      for (int n = kVecsPerThread; n > 0; n >>= 1) {
+#pragma unroll
+        for (int k = 0; k < n; ++k) p[k] = pairMax(p[2 * k], p[2 * k + 1]);
+      }
+      m = p[0];
+    }
+    const uint32_t m16 = max(m & 0x7fffu, (m >> 16) & 0x7fffu);  // |x| bits of the larger half
+    return absBits(Type::toFloat(static_cast<typename Type::Bits>(m16)));
+  }
 }
 
-// ---- quantize ------------------------------------------------------------------------------------------------
+// ---- quantize: codes -----------------------------------------------------------------------------------------
+//
+// Fast codes: for a block whose scale s is normal (s >= FLT_MIN; its elements are then finite), with
+// r = __frcp_rn(s) and p = x * r taken exactly inside a fused multiply-add:
+//   |z| = |x / s| <= qmax (1 + 2^-23), so |p - z| <= |z| 2^-24 and |fl(z) - z| <= ulp(z) / 2 give
+//   |p - fl(z)| < 0.75 * 2^-16 (int8, |z| < 128) or < 0.75 * 2^-20 (int4, |z| < 8); u below is 2^-16.
+// int4: y = fma(x, r, 136.5 + u) lies in [128, 256), where fp32 steps are u: its low 16 bits hold frac(y) / u,
+//   bits 16..19 hold floor(y) - 128 = 8 + n (all of byte 2: the high nibble is 0), n the candidate code.
+// int8: y = fma(x, r, 1.5 * 2^23) rounds p to the nearest even integer, which sits in y's low byte (two's
+//   complement); g = fma(|x|, r, 128.5 + u) in [128, 256) carries frac(|p| + 0.5 + u) / u in its low 16 bits.
+// If that fraction field f is >= kGuardFrac = 4 (int4: f from y, so p + 0.5 + u lies in [N + 3.5u,
+// N + 1 - 0.5u] with N = floor(y) - 136; then p + 0.5 and fl(z) + 0.5 lie strictly inside (N, N + 1). int8: f
+// from g, the same for |p| and |fl(z)| with N = floor(g) - 128, and rint is odd), then rint(p) = rint(fl(z)),
+// no tie, within [-qmax, qmax] (no clamp): exactly the code of quantizeCode. Otherwise (about 1e-4 of the
+// elements) the caller redoes the thread's vectors with the division. The guard is the unsigned min of the
+// 16-bit low halves (VIMNMX3.U16x2 on sm_90: two elements an instruction), checked once per block (f >= 3
+// would do for int8, f >= 2 for int4: a margin). Checked on the host against quantizeCode for every pair
+// (x, absmax) of bf16 values and of fp16 values, and for random fp32.
+constexpr float kCodeMagic8 = 12582912.0f;         // 1.5 * 2^23
+constexpr float kGuardMagic8 = 128.5f + 0x1p-16f;  // 24 significant bits: exact
+constexpr float kCodeMagic4 = 136.5f + 0x1p-16f;   // 24 significant bits: exact
+constexpr uint32_t kGuardFrac = 4;
+
+// Host versions too, so that a host program can check the fast codes against quant_math.h.
+#define ZP_QHD __host__ __device__ __forceinline__
+#if defined(__CUDA_ARCH__)
+#define ZP_UNROLL _Pragma("unroll")
+#else
+#define ZP_UNROLL
+#endif
+
+ZP_QHD uint32_t bytePerm(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t ab = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) r |= static_cast<uint32_t>((ab >> (8 * ((sel >> (4 * k)) & 7))) & 0xffu) << (8 * k);
+  return r;
+#endif
+}
+
+ZP_QHD uint32_t minU16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __vminu2(a, b);
+#else
+  const uint32_t lo = (a & 0xffffu) < (b & 0xffffu) ? (a & 0xffffu) : (b & 0xffffu);
+  const uint32_t hi = (a >> 16) < (b >> 16) ? (a >> 16) : (b >> 16);
+  return lo | (hi << 16);
+#endif
+}
+
+ZP_QHD float fmaRn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// The V elements of a vector as fp32 (exact): bf16 by a shift or a mask, fp16 two a conversion.
+template <class Type>
+ZP_QHD void unpackVec(const uint32_t (&w)[4], float (&x)[vecElems<Type>()]) {
+  if constexpr (sizeof(typename Type::Bits) == 4) {
+    ZP_UNROLL
+    for (int k = 0; k < 4; ++k) x[k] = bitsFloat(w[k]);
+  } else if constexpr (std::is_same<Type, Bf16Type>::value) {
+    ZP_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      x[2 * k] = bitsFloat(w[k] << 16);
+      x[2 * k + 1] = bitsFloat(w[k] & 0xffff0000u);
+    }
+  } else {
+    ZP_UNROLL
+    for (int k = 0; k < 4; ++k) {
+#if defined(__CUDA_ARCH__)
+      __half2 h;
+      memcpy(&h, &w[k], 4);
+      const float2 f = __half22float2(h);
+      x[2 * k] = f.x;
+      x[2 * k + 1] = f.y;
+#else
+      x[2 * k] = halfBitsToFloat(static_cast<uint16_t>(w[k]));
+      x[2 * k + 1] = halfBitsToFloat(static_cast<uint16_t>(w[k] >> 16));
+#endif
+    }
+  }
+}
+
+// The packed codes of one vector by the fast path (int8: V bytes; int4: V / 2 bytes, element 2i in the low
+// nibble; bits past them are not zero), folding the vector's guard fields into `guard` (see above).
+template <class Type, int Bits>
+ZP_QHD uint2 quantizeVecFast(const uint32_t (&w)[4], float rcp, uint32_t& guard) {
+  constexpr int V = vecElems<Type>();
+  float x[V];
+  unpackVec<Type>(w, x);
+  uint32_t y[V];
+  uint32_t words[2] = {0, 0};
+  if constexpr (Bits == 8) {
+    ZP_UNROLL
+    for (int i = 0; i < V; ++i) {
+      y[i] = floatBits(fmaRn(x[i], rcp, kCodeMagic8));
+      guard = minU16x2(guard, floatBits(fmaRn(fabsf(x[i]), rcp, kGuardMagic8)));
+    }
+    ZP_UNROLL
+    for (int k = 0; k < V / 4; ++k) {
+      words[k] =
+          bytePerm(bytePerm(y[4 * k], y[4 * k + 1], 0x0040), bytePerm(y[4 * k + 2], y[4 * k + 3], 0x0040), 0x5410);
+    }
+  } else {
+    ZP_UNROLL
+    for (int i = 0; i < V; ++i) {
+      y[i] = floatBits(fmaRn(x[i], rcp, kCodeMagic4));
+      guard = minU16x2(guard, y[i]);
+    }
+    // Byte 2 of each y is 8 + code: gather those of the even elements (byte k: element 2k) and of the odd ones
+    // (byte k: element 2k + 1), move the odd ones to the high nibbles, and remove both biases of 8 with one xor.
+    uint32_t even, odd;
+    if constexpr (V == 8) {
+      even = bytePerm(bytePerm(y[0], y[2], 0x0062), bytePerm(y[4], y[6], 0x0062), 0x5410);
+      odd = bytePerm(bytePerm(y[1], y[3], 0x0062), bytePerm(y[5], y[7], 0x0062), 0x5410);
+    } else {
+      even = bytePerm(y[0], y[2], 0x0062);
+      odd = bytePerm(y[1], y[3], 0x0062);
+    }
+    words[0] = (even | (odd << 4)) ^ 0x88888888u;
+  }
+  return make_uint2(words[0], words[1]);
+}
 
 // The V codes of one vector, packed (int8: V bytes; int4: V / 2 bytes, element 2i in the low nibble).
 template <int Bits, int V>
@@ -245,8 +425,8 @@ __device__ __forceinline__ void storePacked(char* p, uint2 packed) {
   }
 }
 
-// The packed codes of one vector by division: blocks whose scale is 0, subnormal or NaN, and the rare vectors
-// the fast path flags. Out of line, so that its division calls stay out of the hot loop's register budget.
+// The packed codes of one vector by division: blocks whose scale is subnormal, and the rare blocks the fast
+// path flags. Out of line, so that its division calls stay out of the hot loop's register budget.
 template <class Type, int Bits>
 __device__ __noinline__ uint2 quantizeVecExact(uint4 x, float scale) {
   constexpr int V = vecElems<Type>();
@@ -257,84 +437,118 @@ __device__ __noinline__ uint2 quantizeVecExact(uint4 x, float scale) {
   return packCodes<Bits, V>(c);
 }
 
-// The thread's vector j of the current block, from its pipeline-stage slots (stride: the CTA's thread count).
-__device__ __forceinline__ void readVec(const uint4* mine, int j, uint32_t (&v)[4]) {
-  const uint4 x = mine[j * blockDim.x];
-  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-}
+// ---- quantize: one block -------------------------------------------------------------------------------------
+//
+// Group geometry is a template parameter: a group of 1 << kShift threads, so that the block size, the strides
+// and every offset are constants. kShift <= 5: warp-sized groups, several to a 256-thread CTA; kShift > 5: the
+// group is the CTA.
 
-// max |x| over the thread's elements of the block, NaN if one is NaN.
+// log2 of the elements a thread holds of its block (kVecsPerThread vectors).
 template <class Type>
-__device__ __forceinline__ float threadAbsMax(const uint4* mine) {
-  float m = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kVecsPerThread; ++j) {
-    uint32_t v[4];
-    readVec(mine, j, v);
-#if __CUDA_ARCH__ >= 800
-    if constexpr (kPackedAbsMax && sizeof(typename Type::Bits) == 2) {
-      // Two elements an instruction; the max of the widened values equals the widened max (exact, monotone).
-      using Pair = typename std::conditional<std::is_same<Type, Fp16Type>::value, __half2, __nv_bfloat162>::type;
-      Pair p[4];
-      memcpy(p, v, sizeof(p));
-      const Pair pm = __hmax2_nan(__hmax2_nan(__habs2(p[0]), __habs2(p[1])), __hmax2_nan(__habs2(p[2]), __habs2(p[3])));
-      m = maxAbsNaN(maxAbsNaN(m, __low2float(pm)), __high2float(pm));
-    } else
-#endif
-    {
-#pragma unroll
-      for (int i = 0; i < vecElems<Type>(); ++i) m = maxAbsNaN(m, Type::toFloat(getElem<Type>(v, i)));
-    }
-  }
-  return m;
+constexpr int threadElemsShift() {
+  return sizeof(typename Type::Bits) == 2 ? 5 : 4;
+}
+static_assert(kVecsPerThread == 4, "threadElemsShift, threadAbsMaxBits");
+
+template <class Type, int kShift>
+constexpr int blockShiftOf() {
+  return kShift + threadElemsShift<Type>();
 }
 
-// Steps 2 to 4 for one block whose vectors sit in the thread's stage slots.
-template <class Type, int Bits, bool kCtaGroup>
-__device__ __forceinline__ void quantizeBlock(const QuantArgs a, const uint4* mine, size_t block, int lane,
-                                              float* scales, char* codes, uint32_t (&warpMax)[2][kMaxGroupThreads / 32],
+// Max over the aligned group of 1 << kShift (<= 32) lanes of a warp; every lane of the warp calls it.
+template <int kShift>
+__device__ __forceinline__ uint32_t warpGroupMax(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+  if constexpr (kShift == 5) {
+    return __reduce_max_sync(kFullMask, v);
+  } else
+#endif
+  {
+#pragma unroll
+    for (int s = (1 << kShift) >> 1; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, s));
+    return v;
+  }
+}
+
+// Steps 2 to 4 for one block whose vectors the thread holds in registers (vector j: the block's vector
+// j * P + lane). `out`: where the codes of the thread's vector 0 go. `whole`: the block lies within the segment
+// (its codes need no bounds checks). warpMax: CTA groups only, 2 * P / 32 words (double-buffered: one barrier
+// per block).
+template <class Type, int Bits, int kShift>
+__device__ __forceinline__ void quantizeBlock(const QuantArgs& a, const uint32_t (&v)[kVecsPerThread][4], size_t block,
+                                              bool whole, int lane, float* scales, char* out, uint32_t* warpMax,
                                               int& parity) {
   constexpr int V = vecElems<Type>();
-  const int groupThreads = 1 << a.groupShift;
+  constexpr int kPackedBytes = V * Bits / 8;                                                // code bytes of one vector
+  constexpr int kStepShift = (kPackedBytes == 8 ? 3 : kPackedBytes == 4 ? 2 : 1) + kShift;  // between vectors
 
   // step 2: absmax of the block: the thread's elements, then the group (NaN and Inf order above all).
-  uint32_t absMax = groupMax(__float_as_uint(threadAbsMax<Type>(mine)) & kF32AbsMask, min(groupThreads, 32));
-  if constexpr (kCtaGroup) {  // the CTA is the group: combine its warps
-    if ((threadIdx.x & 31) == 0) warpMax[parity][threadIdx.x >> 5] = absMax;
+  uint32_t absMax = threadAbsMaxBits<Type>(v);
+  if constexpr (kShift <= 5) {
+    absMax = warpGroupMax<kShift>(absMax);
+  } else {  // the CTA is the group: combine its warps
+    constexpr int kWarps = 1 << (kShift - 5);
+    absMax = warpGroupMax<5>(absMax);
+    uint32_t* slots = warpMax + parity * kWarps;
+    if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = absMax;
     __syncthreads();
-    for (int k = 0; k < (groupThreads >> 5); ++k) absMax = max(absMax, warpMax[parity][k]);
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) absMax = max(absMax, slots[k]);
     parity ^= 1;
   }
 
-  // step 3: the scale; the group's first thread stores it (and the scale region's zero padding).
+  // step 3: the scale; the group's first thread stores it.
   const float scale = blockScale(absMax, Bits);
-  if (lane == 0 && block < a.blocks) {
-    scales[block] = scale;
-    if (block == a.blocks - 1) {
-      for (size_t k = a.blocks; k < a.scaleBytes / sizeof(float); ++k) scales[k] = 0.0f;
-    }
-  }
+  if (lane == 0 && block < a.blocks) scales[block] = scale;
 
-  // step 4: codes, re-reading each vector. Elements past the end are zeros, hence code 0: the codes' padding.
-  // A normal scale takes the reciprocal fast path (same codes as the division, see quantizeCodeFast).
+  // step 4: codes. Elements past the end are zeros, hence code 0: the codes' padding. Vector j's codes go to
+  // out + j * step, unless past the padded code region (or there is no block).
+  int inRange = kVecsPerThread;  // the thread's vectors whose codes lie in the padded code region
+  if (!whole) {
+    const size_t offset = ((block << blockShiftOf<Type, kShift>()) + static_cast<size_t>(lane) * V) * Bits / 8;
+    const size_t left = a.codeBytes > offset ? a.codeBytes - offset : 0;
+    inRange = static_cast<int>(
+        (min(left, static_cast<size_t>(kVecsPerThread) << kStepShift) + (size_t{1} << kStepShift) - 1) >> kStepShift);
+  }
+  auto store = [&](int j, uint2 packed) {
+    if (j < inRange) storePacked<Bits, V>(out + (j << kStepShift), packed);
+  };
+  // A normal scale takes the fast path (codes of quantizeCode, see above), stored at once.
   const bool fast = scale >= __uint_as_float(kF32MinNormal);  // false for 0, subnormal and NaN scales
-  const float rcp = fast ? __frcp_rn(scale) : 0.0f;
-  const size_t blockStart = block << a.blockShift;
+  const float rcp = __frcp_rn(fast ? scale : 1.0f);
+  uint32_t guard = 0xffffffffu;
+  if constexpr (kShift == 0 && kPackedBytes * kVecsPerThread % 16 == 0) {
+    // One thread a block (fp16/bf16, G = 32): its codes are contiguous and 16-byte aligned: whole vectors.
+    uint2 packed[kVecsPerThread];
 #pragma unroll
-  for (int j = 0; j < kVecsPerThread; ++j) {
-    const size_t e0 = blockStart + static_cast<size_t>((j << a.groupShift) + lane) * V;
-    const size_t codeOffset = e0 * Bits / 8;
-    if (codeOffset >= a.codeBytes) continue;  // past the padded code region (or no block)
-    uint32_t v[4], c[V];
-    readVec(mine, j, v);
-    float fracMax = fast ? 0.0f : 1.0f;
-    if (fast) {
+    for (int j = 0; j < kVecsPerThread; ++j) packed[j] = quantizeVecFast<Type, Bits>(v[j], rcp, guard);
+    if (whole) {
+      uint32_t u[kPackedBytes * kVecsPerThread / 4];
 #pragma unroll
-      for (int i = 0; i < V; ++i) c[i] = quantizeCodeFast(Type::toFloat(getElem<Type>(v, i)), rcp, fracMax);
+      for (int j = 0; j < kVecsPerThread; ++j) {
+        u[j * kPackedBytes / 4] = packed[j].x;
+        if constexpr (kPackedBytes == 8) u[j * 2 + 1] = packed[j].y;
+      }
+#pragma unroll
+      for (int k = 0; k < kPackedBytes * kVecsPerThread / 16; ++k) {
+        reinterpret_cast<uint4*>(out)[k] = make_uint4(u[4 * k], u[4 * k + 1], u[4 * k + 2], u[4 * k + 3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVecsPerThread; ++j) store(j, packed[j]);
     }
-    uint2 packed = packCodes<Bits, V>(c);
-    if (fracMax >= kFastPathFrac) packed = quantizeVecExact<Type, Bits>(make_uint4(v[0], v[1], v[2], v[3]), scale);
-    storePacked<Bits, V>(codes + codeOffset, packed);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVecsPerThread; ++j) store(j, quantizeVecFast<Type, Bits>(v[j], rcp, guard));
+  }
+  // Rarely: a flagged element, or a scale that is 0 or NaN (every code 0) or subnormal. The thread redoes its
+  // vectors exactly and stores them again (its own stores, in order: the last one stays).
+  if (!fast || (guard & 0xffffu) < kGuardFrac) {  // out of line; unrolled so that v stays in registers
+#pragma unroll
+    for (int j = 0; j < kVecsPerThread; ++j) {
+      store(j, scale > 0.0f ? quantizeVecExact<Type, Bits>(make_uint4(v[j][0], v[j][1], v[j][2], v[j][3]), scale)
+                            : make_uint2(0, 0));
+    }
   }
 }
 
@@ -359,52 +573,101 @@ __device__ __forceinline__ void waitAsync() {
 #endif
 }
 
-// Starts the copies of the thread's vectors of a whole block (no tail: nothing is read past the segment's end)
-// into its slots of one pipeline stage. Each thread later reads back only its own slots: no barrier needed.
-template <class Type>
-__device__ __forceinline__ void issueThreadVectors(uint4* mine, const char* in, size_t blockStart, int groupShift,
-                                                   int lane) {
-  constexpr int V = vecElems<Type>();
-#pragma unroll
-  for (int j = 0; j < kVecsPerThread; ++j) {
-    const size_t e0 = blockStart + static_cast<size_t>((j << groupShift) + lane) * V;
-    copyAsync16(mine + j * blockDim.x, in + e0 * sizeof(typename Type::Bits));
-  }
-}
+// ---- quantize: kernels ---------------------------------------------------------------------------------------
 
-// Misaligned segments: the thread's vectors through registers (the widest loads the address allows) into its
-// stage slots, so that both paths quantize from shared memory.
-template <class Type>
-__device__ __forceinline__ void loadThreadVectors(uint4* mine, const char* in, size_t count, int align,
-                                                  size_t blockStart, int groupShift, int lane) {
+// The thread's vectors of one block into registers (zeros past the segment's end), its vector 0 at `src`:
+// 16-byte loads for a whole block of an aligned segment, otherwise the widest loads the address allows and
+// element-wise tails. Returns whether the whole block lies within the segment.
+template <class Type, int kShift, bool kAligned>
+__device__ __forceinline__ bool loadThreadVectors(uint32_t (&w)[kVecsPerThread][4], const char* src, const QuantArgs& a,
+                                                  int align, size_t block, int lane) {
   constexpr int V = vecElems<Type>();
-  uint32_t w[kVecsPerThread][4];
+  constexpr int kBlockShift = blockShiftOf<Type, kShift>();
+  constexpr int kStep = kVecBytes << kShift;
+  const bool whole = block < (a.count >> kBlockShift);
+  if (whole && (kAligned || align == 16)) {
 #pragma unroll
-  for (int j = 0; j < kVecsPerThread; ++j) {
-    const size_t e0 = blockStart + static_cast<size_t>((j << groupShift) + lane) * V;
-    if (e0 + V <= count) {
-      loadVec(in + e0 * sizeof(typename Type::Bits), align, w[j]);
-    } else if (e0 < count) {
-      loadTail<Type>(in + e0 * sizeof(typename Type::Bits), count - e0, w[j]);
-    } else {
-      w[j][0] = w[j][1] = w[j][2] = w[j][3] = 0;
+    for (int j = 0; j < kVecsPerThread; ++j) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(src + j * kStep));
+      w[j][0] = x.x, w[j][1] = x.y, w[j][2] = x.z, w[j][3] = x.w;
+    }
+  } else {
+    const size_t e0 = (block << kBlockShift) + static_cast<size_t>(lane) * V;
+#pragma unroll
+    for (int j = 0; j < kVecsPerThread; ++j) {
+      const size_t e = e0 + (static_cast<size_t>(j) << kShift) * V;
+      if (e + V <= a.count) {
+        loadVec(src + j * kStep, align, w[j]);
+      } else if (e < a.count) {
+        loadTail<Type>(src + j * kStep, a.count - e, w[j]);
+      } else {
+        w[j][0] = w[j][1] = w[j][2] = w[j][3] = 0;
+      }
     }
   }
-#pragma unroll
-  for (int j = 0; j < kVecsPerThread; ++j) mine[j * blockDim.x] = make_uint4(w[j][0], w[j][1], w[j][2], w[j][3]);
+  return whole;
 }
 
-template <class Type, int Bits, bool kCtaGroup, bool kAligned>
-__global__ void __launch_bounds__(kCtaGroup ? kMaxGroupThreads : kCtaThreads, kCtaGroup ? 2 : 4)
-    quantizeKernel(const QuantArgs a) {
-  extern __shared__ uint4 stages[];  // [kStages][kVecsPerThread][blockDim.x]
-  const int lane = threadIdx.x & ((1 << a.groupShift) - 1);
-  const size_t groupsPerCta = blockDim.x >> a.groupShift;
-  const size_t group = threadIdx.x >> a.groupShift;
-  const size_t stride = gridDim.x * groupsPerCta;
-  const int stageVecs = kVecsPerThread * blockDim.x;
-  uint4* const mine = stages + threadIdx.x;               // slot j of stage s: mine[s * stageVecs + j * blockDim.x]
-  __shared__ uint32_t warpMax[2][kMaxGroupThreads / 32];  // double-buffered: one barrier per block
+// The scale region's zero padding after the last block's scale (at most 3 floats), by the segment's first CTA.
+__device__ __forceinline__ void zeroScalePadding(const QuantArgs& a, float* scales) {
+  if (blockIdx.x == 0 && a.blocks + threadIdx.x < a.scaleBytes / sizeof(float)) scales[a.blocks + threadIdx.x] = 0.0f;
+}
+
+// Blocks of warp-sized groups (1 << kShift threads): 256-thread CTAs of several groups, loads straight into
+// registers.
+template <class Type, int Bits, int kShift, bool kAligned>
+__global__ void __launch_bounds__(kCtaThreads, 4) quantizeWarpKernel(const QuantArgs a) {
+  using Elem = typename Type::Bits;
+  constexpr int V = vecElems<Type>();
+  constexpr int kGroupsPerCta = kCtaThreads >> kShift;
+  constexpr int kBlockShift = blockShiftOf<Type, kShift>();
+  const int lane = threadIdx.x & ((1 << kShift) - 1);
+  const size_t group = threadIdx.x >> kShift;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kGroupsPerCta;
+  int parity = 0;  // unused: no CTA-wide reduction
+
+  for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
+    const char* in = a.input + seg * a.inputStride;
+    char* out = a.payload + seg * a.payloadStride;
+    float* scales = reinterpret_cast<float*>(out);
+    char* codes = out + a.scaleBytes;
+    const int align = kAligned ? 16 : accessAlign(in);  // kAligned: every segment starts 16-byte aligned
+    zeroScalePadding(a, scales);
+    // Trip counts are uniform across the CTA (full-warp shuffles): trailing groups run with no block. The
+    // thread's first element and code byte advance by a grid step's blocks.
+    size_t first = static_cast<size_t>(blockIdx.x) * kGroupsPerCta;
+    const size_t e0 = ((first + group) << kBlockShift) + static_cast<size_t>(lane) * V;
+    const char* src = in + e0 * sizeof(Elem);
+    char* dst = codes + e0 * Bits / 8;
+    const size_t srcStep = (stride << kBlockShift) * sizeof(Elem);
+    const size_t dstStep = (stride << kBlockShift) * Bits / 8;
+#pragma unroll 1
+    for (; first < a.blocks; first += stride, src += srcStep, dst += dstStep) {
+      uint32_t v[kVecsPerThread][4];
+      const bool whole = loadThreadVectors<Type, kShift, kAligned>(v, src, a, align, first + group, lane);
+      quantizeBlock<Type, Bits, kShift>(a, v, first + group, whole, lane, scales, dst, nullptr, parity);
+    }
+  }
+}
+
+// Blocks of a whole CTA (1 << kShift threads, 64 to 512), one block at a time per CTA: a pipeline of kStages
+// blocks in shared memory (cp.async), the copies of kStages - 1 of them in flight, not holding registers, while
+// one is quantized and the CTA meets at its barrier. Blocks with a tail, and misaligned segments, take the
+// direct loop. Measured on H200: the pipeline pays for blocks of a whole CTA; for warp-sized groups direct
+// loads are as fast or faster.
+template <class Type, int Bits, int kShift, bool kAligned>
+__global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel(const QuantArgs a) {
+  using Elem = typename Type::Bits;
+  constexpr int V = vecElems<Type>();
+  constexpr int kThreads = 1 << kShift;
+  constexpr int kBlockShift = blockShiftOf<Type, kShift>();
+  constexpr int kStageVecs = kVecsPerThread * kThreads;
+  constexpr int kStep = kVecBytes << kShift;  // bytes between a thread's vectors in global memory
+  extern __shared__ uint4 stages[];           // [kStages][kVecsPerThread][kThreads]
+  __shared__ uint32_t warpMax[2 * (kThreads / 32)];
+  const int lane = threadIdx.x;
+  uint4* const mine = stages + threadIdx.x;  // slot j of stage s: mine[s * kStageVecs + j * kThreads]
+  const size_t stride = gridDim.x;
   int parity = 0;
 
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
@@ -413,38 +676,48 @@ __global__ void __launch_bounds__(kCtaGroup ? kMaxGroupThreads : kCtaThreads, kC
     float* scales = reinterpret_cast<float*>(out);
     char* codes = out + a.scaleBytes;
     const int align = kAligned ? 16 : accessAlign(in);  // kAligned: every segment starts 16-byte aligned
-    // Trip counts are uniform across the CTA (barriers, full-warp shuffles): trailing groups run with no block.
-    size_t first = blockIdx.x * groupsPerCta;
-    // step 1, blocks of a whole CTA: a pipeline of kStages blocks per CTA, the copies of kStages - 1 of them in
-    // flight (in shared memory, not registers) while one is quantized and the CTA waits at its barrier. Blocks
-    // with a tail are left to the direct loop below. Measured on H200: the pipeline pays for blocks of a whole
-    // CTA; for warp-sized groups direct loads are as fast or faster.
-    if (kCtaGroup && kAsyncCopy && align == 16) {
-      const size_t wholeBlocks = a.count >> a.blockShift;  // groupsPerCta == 1 here
+    zeroScalePadding(a, scales);
+    // Trip counts are uniform across the CTA (barriers).
+    size_t first = blockIdx.x;
+    if (kAsyncCopy && align == 16) {
+      const size_t wholeBlocks = a.count >> kBlockShift;
+      const size_t e0 = (first << kBlockShift) + static_cast<size_t>(lane) * V;
+      const char* ahead = in + e0 * sizeof(Elem);  // the thread's vector 0 of the next block to copy
+      const size_t aheadStep = (stride << kBlockShift) * sizeof(Elem);
+      char* dst = codes + e0 * Bits / 8;
+      const size_t dstStep = (stride << kBlockShift) * Bits / 8;
+      auto issue = [&](int s) {  // the next block's copies into stage s (each thread: only its own slots)
 #pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        const size_t b = first + s * stride;
-        if (b < wholeBlocks) issueThreadVectors<Type>(mine + s * stageVecs, in, b << a.blockShift, a.groupShift, lane);
+        for (int j = 0; j < kVecsPerThread; ++j) copyAsync16(mine + s * kStageVecs + j * kThreads, ahead + j * kStep);
+      };
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s, ahead += aheadStep) {
+        if (first + s * stride < wholeBlocks) issue(s);
         commitAsync();
       }
 #pragma unroll 1
-      for (int s = 0; first < wholeBlocks; first += stride, s = s + 1 == kStages ? 0 : s + 1) {
-        const size_t ahead = first + (kStages - 1) * stride;
-        if (ahead < wholeBlocks) {
-          const int slot = s == 0 ? kStages - 1 : s - 1;  // the stage read in the previous step
-          issueThreadVectors<Type>(mine + slot * stageVecs, in, ahead << a.blockShift, a.groupShift, lane);
-        }
+      for (int s = 0; first < wholeBlocks; first += stride, dst += dstStep, s = s + 1 == kStages ? 0 : s + 1) {
+        if (first + (kStages - 1) * stride < wholeBlocks) issue(s == 0 ? kStages - 1 : s - 1);  // read last step
+        ahead += aheadStep;
         commitAsync();
         waitAsync<kStages - 1>();  // this step's block has landed
-        quantizeBlock<Type, Bits, kCtaGroup>(a, mine + s * stageVecs, first, lane, scales, codes, warpMax, parity);
+        uint32_t v[kVecsPerThread][4];
+#pragma unroll
+        for (int j = 0; j < kVecsPerThread; ++j) {
+          const uint4 x = mine[s * kStageVecs + j * kThreads];
+          v[j][0] = x.x, v[j][1] = x.y, v[j][2] = x.z, v[j][3] = x.w;
+        }
+        quantizeBlock<Type, Bits, kShift>(a, v, first, true, lane, scales, dst, warpMax, parity);
       }
       waitAsync<0>();
     }
-    // step 1, otherwise: the widest loads the address allows, through registers into the thread's slots.
+    // Otherwise straight into registers.
 #pragma unroll 1
     for (; first < a.blocks; first += stride) {
-      loadThreadVectors<Type>(mine, in, a.count, align, (first + group) << a.blockShift, a.groupShift, lane);
-      quantizeBlock<Type, Bits, kCtaGroup>(a, mine, first + group, lane, scales, codes, warpMax, parity);
+      uint32_t v[kVecsPerThread][4];
+      const size_t e0 = (first << kBlockShift) + static_cast<size_t>(lane) * V;
+      const bool whole = loadThreadVectors<Type, kShift, kAligned>(v, in + e0 * sizeof(Elem), a, align, first, lane);
+      quantizeBlock<Type, Bits, kShift>(a, v, first, whole, lane, scales, codes + e0 * Bits / 8, warpMax, parity);
     }
   }
 }
@@ -580,30 +853,39 @@ zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, d
   return zpSuccess;
 }
 
-template <class Type, int Bits, bool kCtaGroup, bool kAligned>
+template <auto Kernel>
 zpResult_t launchQuantizeKernel(const QuantArgs& a, int threads, size_t smem, size_t ctasPerSegment,
                                 cudaStream_t stream) {
-  constexpr auto kKernel = quantizeKernel<Type, Bits, kCtaGroup, kAligned>;
-  ZPCHECK(allowSharedMemory<kKernel>(smem / threads * (kCtaGroup ? kMaxGroupThreads : kCtaThreads)));
+  if (smem > 0) ZPCHECK(allowSharedMemory<Kernel>(smem));
   dim3 grid;
-  ZPCHECK(gridFor<kKernel>(ctasPerSegment, a.batch, threads, smem, &grid));
-  kKernel<<<grid, threads, smem, stream>>>(a);
+  ZPCHECK(gridFor<Kernel>(ctasPerSegment, a.batch, threads, smem, &grid));
+  Kernel<<<grid, threads, smem, stream>>>(a);
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
 }
 
+// One kernel per group size (1 << kShift threads): warp-sized groups from the smallest up to 32 threads, then
+// CTA-sized ones up to the largest (8192-element blocks).
+template <class Type, int Bits, bool kAligned, int kShift = 5 - threadElemsShift<Type>()>
+zpResult_t launchQuantizeShift(const QuantArgs& a, cudaStream_t stream) {
+  static_assert(kShift <= 13 - threadElemsShift<Type>(), "no larger group");
+  if constexpr (kShift < 13 - threadElemsShift<Type>()) {
+    if (a.groupShift != kShift) return launchQuantizeShift<Type, Bits, kAligned, kShift + 1>(a, stream);
+  }
+  if constexpr (kShift <= 5) {
+    constexpr size_t kGroupsPerCta = kCtaThreads >> kShift;
+    return launchQuantizeKernel<quantizeWarpKernel<Type, Bits, kShift, kAligned>>(
+        a, kCtaThreads, 0, (a.blocks + kGroupsPerCta - 1) / kGroupsPerCta, stream);
+  } else {  // one CTA a block; shared memory: its cp.async pipeline
+    constexpr size_t kSmem = static_cast<size_t>(kStages) * kVecsPerThread * kVecBytes << kShift;
+    return launchQuantizeKernel<quantizeCtaKernel<Type, Bits, kShift, kAligned>>(a, 1 << kShift, kSmem, a.blocks,
+                                                                                 stream);
+  }
+}
+
 template <class Type, int Bits>
 zpResult_t quantizeTyped(QuantArgs a, bool aligned, cudaStream_t stream) {
-  const int groupThreads = 1 << a.groupShift;
-  const int threads = groupThreads > 32 ? groupThreads : kCtaThreads;
-  const size_t ctasPerSegment = (a.blocks + threads / groupThreads - 1) / (threads / groupThreads);
-  const size_t smem = static_cast<size_t>(groupThreads > 32 ? kStages : 1) * kVecsPerThread * kVecBytes * threads;
-  if (groupThreads > 32) {
-    return aligned ? launchQuantizeKernel<Type, Bits, true, true>(a, threads, smem, ctasPerSegment, stream)
-                   : launchQuantizeKernel<Type, Bits, true, false>(a, threads, smem, ctasPerSegment, stream);
-  }
-  return aligned ? launchQuantizeKernel<Type, Bits, false, true>(a, threads, smem, ctasPerSegment, stream)
-                 : launchQuantizeKernel<Type, Bits, false, false>(a, threads, smem, ctasPerSegment, stream);
+  return aligned ? launchQuantizeShift<Type, Bits, true>(a, stream) : launchQuantizeShift<Type, Bits, false>(a, stream);
 }
 
 template <class Type, int Bits, bool kAligned>

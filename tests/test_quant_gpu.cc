@@ -78,7 +78,7 @@ TEST(QuantGpu, MatchesHostReferenceBitForBit) {
   for (zpDataType_t type : zptest::kQuantTypes) {
     const size_t esize = zptest::elemSize(type);
     for (int bits : {4, 8}) {
-      for (int g : {32, 64, 256, 1024, 8192}) {
+      for (int g : {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
         for (size_t count : counts) {
           for (size_t offset : {0, 1, 3, 7}) {
             const std::string name = caseName(type, bits, g, count, offset);
