@@ -18,10 +18,14 @@ ZP_HD float payloadElement(const unsigned char* payload, size_t count, int block
 }
 
 // The last step of a reduction: Avg divides the fp32 sum by the rank count (IEEE division), then the value is
-// rounded to the output type (to nearest even; Inf stays Inf, as an NCCL reduction would give).
+// rounded to the output type (to nearest even; Inf stays Inf, as an NCCL reduction would give). Every NaN leaves
+// as the type's quiet NaN: the bits of a NaN made by arithmetic differ between host and GPU (x86 keeps an
+// operand's payload, or makes a negative NaN from Inf - Inf; the GPU makes 0x7fffffff), and outputs must agree.
 template <class Type>
 ZP_HD typename Type::Bits finishReduction(float sum, float divisor) {
-  return Type::fromFloat(divisor == 1.0f ? sum : divRn(sum, divisor));
+  const float v = divisor == 1.0f ? sum : divRn(sum, divisor);
+  if ((floatBits(v) & kF32AbsMask) > kF32Inf) return Type::kQuietNaN;
+  return Type::fromFloat(v);
 }
 
 }  // namespace zp

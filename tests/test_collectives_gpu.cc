@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -34,7 +35,8 @@ struct Case {
   size_t count;
   bool inPlace;
   zpRedOp_t redOp = zpSum;
-  uint64_t seed = 7;  // of the inputs
+  uint64_t seed = 7;      // of the inputs
+  bool specials = false;  // NaN, +-Inf, the type's largest value and its smallest denormal among the inputs
 };
 
 std::string describe(const Case& c) {
@@ -93,6 +95,14 @@ void fillInput(const Case& c, int rank, size_t elems, void* dst) {
   } else {
     zpcheck::fillRandom(c.type, dst, elems, c.seed, rank);
   }
+  if (!c.specials || elems == 0) return;
+  const float largest = c.type == zpFloat16 ? 65504.0f : 3.0e38f;
+  const float smallest = c.type == zpFloat16 ? 0x1p-24f : c.type == zpBfloat16 ? 0x1p-133f : 0x1p-149f;
+  const float values[] = {NAN, INFINITY, -INFINITY, largest, -largest, smallest};
+  std::mt19937_64 pick(c.seed * 31 + static_cast<uint64_t>(rank));
+  for (float v : values) {
+    if (pick() % 2) zpcheck::storeValue(c.type, dst, pick() % elems, v);
+  }
 }
 
 // The host backend's output of every rank, for ranks laid out by `configure`.
@@ -101,7 +111,7 @@ std::vector<Buffer> hostExpected(const Case& c, int nranks, const zptest::Config
   zptest::runHostRanks(nranks, configure, [&](int rank, zpComm_t comm) {
     int group = 0;
     ASSERT_EQ(zpCommHpzSize(comm, &group), zpSuccess);
-    size_t sendElems, recvElems;
+    size_t sendElems = 0, recvElems = 0;
     sizes(c, nranks, group, &sendElems, &recvElems);
     const size_t esz = zp::typeSize(c.type);
     Buffer send(sendElems * esz);
@@ -118,7 +128,7 @@ void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int repla
   ASSERT_EQ(zpCommCount(comm, &nranks), zpSuccess);
   ASSERT_EQ(zpCommHpzSize(comm, &group), zpSuccess);
   ASSERT_EQ(zpCommHpzRank(comm, &groupRank), zpSuccess);
-  size_t sendElems, recvElems;
+  size_t sendElems = 0, recvElems = 0;
   sizes(c, nranks, group, &sendElems, &recvElems);
   const size_t esz = zp::typeSize(c.type);
   Buffer hostSend(sendElems * esz);
@@ -492,7 +502,7 @@ TEST(GpuReliability, CapturedFirstCallReplayedOnChangingData) {
     }
     std::atomic<int> wrong{0};
     runGpuRanks(2, nullptr, [&](int rank, zpComm_t comm) {
-      size_t sendElems, recvElems;
+      size_t sendElems = 0, recvElems = 0;
       sizes(base, 2, 2, &sendElems, &recvElems);
       const size_t esz = zp::typeSize(base.type);
       char* big = nullptr;
@@ -518,7 +528,9 @@ TEST(GpuReliability, CapturedFirstCallReplayedOnChangingData) {
         c.seed = 1000 + k;
         fillInput(c, rank, sendElems, input.data());
         ASSERT_EQ(cudaMemcpyAsync(send, input.data(), input.size(), cudaMemcpyHostToDevice, stream), cudaSuccess);
-        if (off < 0) ASSERT_EQ(cudaMemsetAsync(recv, 0xff, output.size(), stream), cudaSuccess);
+        if (off < 0) {
+          ASSERT_EQ(cudaMemsetAsync(recv, 0xff, output.size(), stream), cudaSuccess);
+        }
         ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
         ASSERT_EQ(cudaMemcpyAsync(output.data(), recv, output.size(), cudaMemcpyDeviceToHost, stream), cudaSuccess);
         ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -536,8 +548,9 @@ TEST(GpuReliability, CapturedFirstCallReplayedOnChangingData) {
   }
 }
 
-// 10^3 random calls (collective, type, bits, size, in place, op, data) on two GPUs, each bit-equal to the host
-// backend; device memory stays flat once scratch has grown to the largest size.
+// 10^3 random calls (collective, type, bits, size, in place, op, data with NaN, Inf, huge values and denormals in
+// half of them) on two GPUs, each bit-equal to the host backend; device memory stays flat once scratch has grown to the
+// largest size.
 TEST(GpuReliability, SoakOfRandomCallsStaysExactAndFlat) {
   ZP_REQUIRE_GPUS(2);
   const int iterations = getenv("ZP_GPU_SOAK_ITERS") ? atoi(getenv("ZP_GPU_SOAK_ITERS")) : 1000;
@@ -556,6 +569,7 @@ TEST(GpuReliability, SoakOfRandomCallsStaysExactAndFlat) {
       c.type = exactTypes[rng() % 6];
       c.bits = 0;
     }
+    c.specials = rng() % 2 == 0;
     if (i == 0) c.count = 5000;  // the largest first: scratch grows once
     cases.push_back(c);
   }
