@@ -38,8 +38,8 @@ set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$top"
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
-tag=${ZP_GPU_CHECK_TAG:-}
-case $build in /*) results=$build/results$tag ;; *) results=$top/$build/results$tag ;; esac
+out_tag=${ZP_GPU_CHECK_TAG:-}  # (run_perf uses $tag)
+case $build in /*) results=$build/results$out_tag ;; *) results=$top/$build/results$out_tag ;; esac
 rm -rf "$results" && mkdir -p "$results"
 export NCCL_NVLS_ENABLE=0
 
@@ -75,9 +75,9 @@ note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 publish() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
-  tar czf "$OUT/gpu-check$tag.tar.gz.tmp" -C "$results" . 2>/dev/null &&
-    mv "$OUT/gpu-check$tag.tar.gz.tmp" "$OUT/gpu-check$tag.tar.gz"
-  python3 - "$results" "$OUT/results$tag.json" <<'PY' 2>/dev/null || true
+  tar czf "$OUT/gpu-check$out_tag.tar.gz.tmp" -C "$results" . 2>/dev/null &&
+    mv "$OUT/gpu-check$out_tag.tar.gz.tmp" "$OUT/gpu-check$out_tag.tar.gz"
+  python3 - "$results" "$OUT/results$out_tag.json" <<'PY' 2>/dev/null || true
 import glob, json, os, sys
 rows = []
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
@@ -401,7 +401,7 @@ if [ ! -s "$summary" ]; then
   { echo "(python3 failed; raw steps: name, regime, kind, status, seconds, log, json)"; cat "$manifest"; } >"$summary"
   rc=1
 fi
-[ -n "${OUT:-}" ] && cp "$summary" "$OUT/summary$tag.txt"
+[ -n "${OUT:-}" ] && cp "$summary" "$OUT/summary$out_tag.txt"
 publish
 echo
 cat "$summary"
