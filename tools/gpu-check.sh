@@ -322,6 +322,8 @@ def sanitizer_errors(log):
         for line in open(log, errors="replace"):
             if "ERROR SUMMARY:" in line:
                 count = line.split("ERROR SUMMARY:")[1].split()[0]
+            elif "RACECHECK SUMMARY:" in line and "(" in line:  # "... hazards displayed (N errors, M warnings)"
+                count = line.split("(")[1].split()[0]
     except OSError:
         pass
     return count
