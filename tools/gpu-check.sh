@@ -167,11 +167,11 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 # ---- compute-sanitizer -------------------------------------------------------------------------------------
-# Each tool over the GPU suites of the three collectives and the quantize kernels (the chunked-pipeline, soak,
-# replay and fault tests are left out: minutes each under instrumentation). NCCL's own kernels are not
+# Each tool over small calls of the three collectives on two GPUs (GpuSanitized) and the kernel suites (the
+# full sweeps, soak, replay and fault tests are left out: minutes each under instrumentation). NCCL's own kernels are not
 # instrumented (--kernel-name-exclude): they are not ours, and racecheck/memcheck on them take far longer.
 # A step passes when the tool reports "ERROR SUMMARY: 0 errors" and the suite passes.
-sanitizer_filter=${ZP_GPU_CHECK_SANITIZER_FILTER:-'GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuGraphs.*:QuantGpu.*:BadInputGpu.*'}
+sanitizer_filter=${ZP_GPU_CHECK_SANITIZER_FILTER:-'GpuSanitized.*:GpuReduce.*:QuantGpu.BatchedSegmentsMatchHostReference'}
 for tool in ${ZP_GPU_CHECK_SANITIZERS:-}; do
   log=$results/sanitizer_$tool.log
   if ! command -v compute-sanitizer >/dev/null; then
