@@ -161,6 +161,10 @@ void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int repla
     }
   }
   CUDA_ASSERT(cudaMemcpy(send, hostSend.data(), sendElems * esz, cudaMemcpyHostToDevice));
+  // The stream below does not wait for the legacy default stream, and a pageable cudaMemcpy may return before
+  // its DMA lands: without this the collective could read the tail of its input before it arrives (seen once:
+  // a qgZ rank's output wrong from one block to the end).
+  CUDA_ASSERT(cudaDeviceSynchronize());
   cudaStream_t stream;
   CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   if (replays == 0) {
