@@ -608,9 +608,22 @@ __device__ __forceinline__ bool loadThreadVectors(uint32_t (&w)[kVecsPerThread][
   return whole;
 }
 
-// The scale region's zero padding after the last block's scale (at most 3 floats), by the segment's first CTA.
-__device__ __forceinline__ void zeroScalePadding(const QuantArgs& a, float* scales) {
-  if (blockIdx.x == 0 && a.blocks + threadIdx.x < a.scaleBytes / sizeof(float)) scales[a.blocks + threadIdx.x] = 0.0f;
+// Segment seg of a quantize launch: its input, scales and codes, and the input's access alignment (16 for
+// kAligned launches). The segment's first CTA also writes the scale region's zero padding after the last block's
+// scale (at most 3 floats).
+struct QuantSegment {
+  const char* in;
+  float* scales;
+  char* codes;
+  int align;
+};
+template <bool kAligned>
+__device__ __forceinline__ QuantSegment openSegment(const QuantArgs& a, int seg) {
+  const char* in = a.input + seg * a.inputStride;
+  char* out = a.payload + seg * a.payloadStride;
+  QuantSegment s{in, reinterpret_cast<float*>(out), out + a.scaleBytes, kAligned ? 16 : accessAlign(in)};
+  if (blockIdx.x == 0 && a.blocks + threadIdx.x < a.scaleBytes / sizeof(float)) s.scales[a.blocks + threadIdx.x] = 0.0f;
+  return s;
 }
 
 // Blocks of warp-sized groups (1 << kShift threads): 256-thread CTAs of several groups, loads straight into
@@ -627,12 +640,7 @@ __global__ void __launch_bounds__(kCtaThreads, 4) quantizeWarpKernel(const Quant
   int parity = 0;  // unused: no CTA-wide reduction
 
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
-    const char* in = a.input + seg * a.inputStride;
-    char* out = a.payload + seg * a.payloadStride;
-    float* scales = reinterpret_cast<float*>(out);
-    char* codes = out + a.scaleBytes;
-    const int align = kAligned ? 16 : accessAlign(in);  // kAligned: every segment starts 16-byte aligned
-    zeroScalePadding(a, scales);
+    const auto [in, scales, codes, align] = openSegment<kAligned>(a, seg);
     // Trip counts are uniform across the CTA (full-warp shuffles): trailing groups run with no block. The
     // thread's first element and code byte advance by a grid step's blocks.
     size_t first = static_cast<size_t>(blockIdx.x) * kGroupsPerCta;
@@ -671,12 +679,7 @@ __global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel
   int parity = 0;
 
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
-    const char* in = a.input + seg * a.inputStride;
-    char* out = a.payload + seg * a.payloadStride;
-    float* scales = reinterpret_cast<float*>(out);
-    char* codes = out + a.scaleBytes;
-    const int align = kAligned ? 16 : accessAlign(in);  // kAligned: every segment starts 16-byte aligned
-    zeroScalePadding(a, scales);
+    const auto [in, scales, codes, align] = openSegment<kAligned>(a, seg);
     // Trip counts are uniform across the CTA (barriers).
     size_t first = blockIdx.x;
     if (kAsyncCopy && align == 16) {
