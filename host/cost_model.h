@@ -55,11 +55,11 @@ struct KernelCost {
 };
 
 // The kernels of this implementation, each at its own speed. Defaults: the calibration of two H200 (bf16,
-// perf/results/2026-11-30-h200x2*.json), rounded.
+// perf/results/2026-11-30-h200x2-session2.json and -net-session2.json: the second session's kernels), rounded.
 struct KernelParams {
-  KernelCost quantize{2300, 4.7};    // device/quantize.cu, GB/s of bytes read + written
-  KernelCost dequantize{3500, 0.9};  // device/quantize.cu, GB/s of bytes read + written
-  KernelCost reduce{420, 0.9};       // device/reduce.cu, G element-sources/s
+  KernelCost quantize{2470, 4.6};    // device/quantize.cu, GB/s of bytes read + written
+  KernelCost dequantize{3570, 1.3};  // device/quantize.cu, GB/s of bytes read + written
+  KernelCost reduce{2690, 1.3};      // device/reduce.cu, G element-sources/s
   KernelCost copy{4100, 11};  // NCCL's all-gather over one rank, out of place: a device copy; GB/s read + written
 };
 
@@ -69,8 +69,8 @@ struct KernelParams {
 struct PipelineParams {
   double chunkBytes = 64.0 * 1024 * 1024;
   int maxChunks = 8;
-  double qwzOverlap = 0.41;
-  double qgzOverlap = 0.25;
+  double qwzOverlap = 0.42;
+  double qgzOverlap = 0.44;
 };
 
 struct ClusterSpec {
