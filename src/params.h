@@ -13,7 +13,7 @@ namespace zp {
   X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000,                                                          \
     "Host backend: how long a collective waits for its peers before failing with zpRemoteError")          \
   X(TimeoutMs, "ZP_TIMEOUT_MS", 600000,                                                                   \
-    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog "     \
+    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog "      \
     "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)") \
   X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                              \
     "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")    \
