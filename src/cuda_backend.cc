@@ -61,6 +61,8 @@ zpResult_t cudaExecFree(CudaExec* e) {
       events[c] = nullptr;
     }
   }
+  for (cudaEvent_t ev : e->traceEvents) (void)cudaEventDestroy(ev);
+  e->traceEvents.clear();
   for (cudaEvent_t* ev : {&e->sideDone, &e->callStart}) {
     if (*ev != nullptr) (void)cudaEventDestroy(*ev);
     *ev = nullptr;

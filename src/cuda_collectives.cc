@@ -3,6 +3,8 @@
 // runs), finish; events order each chunk through them and join everything back to the caller's stream. No host
 // synchronization and no allocation once scratch is sized: every call can be captured in a CUDA graph.
 #include <algorithm>
+#include <cstdio>
+#include <string>
 
 #include "device/quantize.h"
 #include "device/reduce.h"
@@ -11,6 +13,7 @@
 #include "host/quant_format.h"
 #include "src/check.h"
 #include "src/cuda_exec.h"
+#include "src/debug.h"
 #include "src/params.h"
 
 namespace zp {
@@ -107,6 +110,87 @@ zpResult_t endPipeline(CudaExec& e, const Stages& s) {
   return zpSuccess;
 }
 
+// ZP_TRACE_PIPELINE=1: timing events around each stage of each chunk, read back at the end of the call and logged
+// (INFO COLL) as one line: when each stage of each chunk ran, relative to the call's start, each stage's busy
+// time, and the overlap achieved: (sum of the stages' busy times - the call's time) / (that sum - the busiest
+// stage's), 0 when the stages ran one after another, 1 for a perfect pipeline. The read-back is a host wait, so
+// a traced call is never captured (inside capture the trace is off) and back-to-back calls no longer overlap.
+class PipelineTrace {
+ public:
+  enum Stage { kQuantize = 0, kMove = 1, kFinish = 2 };
+
+  PipelineTrace(CudaExec& e, const char* op, size_t logicalBytes, int chunks, cudaStream_t caller)
+      : e_(e), op_(op), bytes_(logicalBytes), chunks_(chunks), caller_(caller) {
+    if (paramTracePipeline() == 0 || chunks > kMaxPipelineChunks) return;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(caller, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) return;
+    while (e.traceEvents.size() < kEvents) {
+      cudaEvent_t ev = nullptr;
+      if (cudaEventCreate(&ev) != cudaSuccess) return;
+      e.traceEvents.push_back(ev);
+    }
+    on_ = cudaEventRecord(e.traceEvents[0], caller) == cudaSuccess;
+  }
+
+  // Stage s of chunk c begins (end = false) or ends (true) at this point of `stream`.
+  void mark(Stage s, int c, bool end, cudaStream_t stream) {
+    if (on_ && cudaEventRecord(e_.traceEvents[slot(s, c, end)], stream) != cudaSuccess) on_ = false;
+  }
+
+  // After the call is joined back to the caller's stream: waits for it and logs the line.
+  void report() {
+    if (!on_) return;
+    cudaEvent_t done = e_.traceEvents[1];
+    float ms = 0;
+    if (cudaEventRecord(done, caller_) != cudaSuccess || cudaEventSynchronize(done) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, e_.traceEvents[0], done) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    const double total = 1000.0 * ms;
+    double busy[3] = {0, 0, 0};
+    std::string chunks;
+    for (int c = 0; c < chunks_; ++c) {
+      chunks += " | c" + std::to_string(c);
+      for (int s = 0; s < 3; ++s) {
+        const double begin = at(slot(static_cast<Stage>(s), c, false)), end = at(slot(static_cast<Stage>(s), c, true));
+        if (begin < 0 || end < 0) continue;
+        busy[s] += end - begin;
+        char text[64];
+        snprintf(text, sizeof(text), " %c %.0f-%.0f", "qmf"[s], begin, end);
+        chunks += text;
+      }
+    }
+    const double sum = busy[0] + busy[1] + busy[2];
+    const double longest = std::max(busy[0], std::max(busy[1], busy[2]));
+    const double overlap = sum > longest ? (sum - total) / (sum - longest) : 0.0;
+    ZP_INFO(kSubsysColl,
+            "trace %s %zu B, %d chunk(s): %.1f us; busy quantize %.1f, move %.1f, finish %.1f us; overlap %.2f;"
+            " per chunk (q quantize, m move, f finish; us from the call's start)%s",
+            op_, bytes_, chunks_, total, busy[0], busy[1], busy[2], overlap, chunks.c_str());
+  }
+
+ private:
+  static constexpr size_t kEvents = 2 + 6 * kMaxPipelineChunks;
+  static size_t slot(Stage s, int c, bool end) { return 2 + 6 * static_cast<size_t>(c) + 2 * s + (end ? 1 : 0); }
+  // Microseconds from the call's start to event i, or -1 when that event was not recorded in this call.
+  double at(size_t i) const {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, e_.traceEvents[0], e_.traceEvents[i]) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return 1000.0 * ms;
+  }
+
+  CudaExec& e_;
+  const char* op_;
+  size_t bytes_;
+  int chunks_;
+  cudaStream_t caller_;
+  bool on_ = false;
+};
+
 zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what) {
   if (r == ncclSuccess || r == ncclInProgress) return zpSuccess;
   return ZP_ERR(static_cast<zpResult_t>(r), "%s : %s failed: %s (%s)", call, what, ncclGetErrorString(r),
@@ -178,6 +262,7 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
   Stages st;
   ZPCHECK(beginPipeline(e, a.stream, plan.chunks, &st));
+  PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   char* region = static_cast<char*>(e.scratch[0].ptr);
   const auto* send = static_cast<const char*>(a.sendbuff);
   auto* recv = static_cast<char*>(a.recvbuff);
@@ -187,8 +272,10 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    trace.mark(PipelineTrace::kQuantize, c, false, st.quant);
     ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + off + rank * pb, plan.elems(c), a.type, a.bits,
                            a.blockSize, st.quant));
+    trace.mark(PipelineTrace::kQuantize, c, true, st.quant);
     ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
@@ -197,14 +284,20 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
     ZPCHECK(waitQuantized(e, st, c));
+    trace.mark(PipelineTrace::kMove, c, false, st.move);
     ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, comm, st.move), a.opName,
                       "ncclAllGather"));
+    trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
+    trace.mark(PipelineTrace::kFinish, c, false, st.finish);
     ZPCHECK(launchDequantize(region + off, recv + plan.offset(c) * esz, plan.elems(c), a.type, a.bits, a.blockSize,
                              st.finish, n, pb, a.count));
+    trace.mark(PipelineTrace::kFinish, c, true, st.finish);
     off += n * pb;
   }
-  return endPipeline(e, st);
+  ZPCHECK(endPipeline(e, st));
+  trace.report();
+  return zpSuccess;
 }
 
 }  // namespace
@@ -248,6 +341,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   }
   Stages st;
   ZPCHECK(beginPipeline(e, a.stream, plan.chunks, &st));
+  PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   auto* sendRegion = static_cast<char*>(e.scratch[0].ptr);
   auto* recvRegion = static_cast<char*>(e.scratch[1].ptr);
   auto* recv = static_cast<char*>(a.recvbuff);
@@ -257,7 +351,9 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    trace.mark(PipelineTrace::kQuantize, c, false, st.quant);
     ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb, st.quant));
+    trace.mark(PipelineTrace::kQuantize, c, true, st.quant);
     ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
@@ -268,6 +364,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     char* slots = sendRegion + off;
     char* received = recvRegion + off;
     ZPCHECK(waitQuantized(e, st, c));
+    trace.mark(PipelineTrace::kMove, c, false, st.move);
     // Step 2 (move): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
     ncclComm_t firstHop = q.twoHop ? e.comms.intra : e.comms.world;
     const size_t peerBytes = N * pb;
@@ -280,17 +377,22 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     }
     ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
     if (!q.twoHop) {
+      trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
+      trace.mark(PipelineTrace::kFinish, c, false, st.finish);
       // Step 3 (finish): slot j of the received region came from rank j; summed in rank order.
       const ReduceSources sources{received, pb, 0, n, 1};
       ZPCHECK(launchReduceFinish(sources, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
                                  st.finish));
+      trace.mark(PipelineTrace::kFinish, c, true, st.finish);
     } else {
       // Step 3 (move): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
       // into the front of this chunk's send region (its slots have left).
       const ReduceSources partials{received, peerBytes, pb, L, N};
       ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, st.move));
+      trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
+      trace.mark(PipelineTrace::kFinish, c, false, st.finish);
       // Step 4 (finish): the inter-node all-to-all among ranks of this local rank: partial b to node b.
       ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
       for (int node = 0; node < N; ++node) {
@@ -304,10 +406,13 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
       const ReduceSources finals{received, pb, 0, N, 1};
       ZPCHECK(launchReduceFinish(finals, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
                                  st.finish));
+      trace.mark(PipelineTrace::kFinish, c, true, st.finish);
     }
     off += n * pb;
   }
-  return endPipeline(e, st);
+  ZPCHECK(endPipeline(e, st));
+  trace.report();
+  return zpSuccess;
 }
 
 }  // namespace zp

@@ -55,7 +55,8 @@ struct CudaExec {
   cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // chunk c moved (recorded on moveStream)
   cudaEvent_t sideDone = nullptr;                   // the finish stage done: the caller's stream waits on it
   ScratchBuffer scratch[2];
-  bool peersConnected = false;  // every point-to-point peer connected (needed before graph capture)
+  std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
+  bool peersConnected = false;           // every point-to-point peer connected (needed before graph capture)
 };
 
 zpResult_t cudaExecInit(CudaExec* exec);

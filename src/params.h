@@ -18,6 +18,9 @@ namespace zp {
   X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                              \
     "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")    \
   X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, "cuda backend: most pipeline chunks per collective call")      \
+  X(TracePipeline, "ZP_TRACE_PIPELINE", 0,                                                                \
+    "cuda backend: time every stage of every chunk of the quantized collectives and log it (INFO COLL), " \
+    "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")         \
   X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                    \
     "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators " \
     "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")
