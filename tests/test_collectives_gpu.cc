@@ -468,26 +468,29 @@ TEST(GpuTwoProcesses, Child) {
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
 }
 
-TEST(GpuTwoProcesses, SeenAsTwoNodes) {
-  ZP_REQUIRE_GPUS(2);
-  if (getenv(kChildEnv)) GTEST_SKIP();
+// Spawns one child process per node running `filter`: node k sees GPUs [k * gpusPerNode, (k + 1) * gpusPerNode)
+// and its own NCCL_HOSTID (so NCCL and zpccl see distinct hosts), and reads the unique id from a file. Waits for
+// every child and expects each to exit 0.
+void runNodeProcesses(const char* filter, int nodes, int gpusPerNode) {
   zpUniqueId id;
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
   const std::string idFile = "/tmp/zpccl-test-id-" + std::to_string(getpid());
   std::ofstream(idFile, std::ios::binary).write(id.internal, sizeof(id.internal));
   std::vector<pid_t> children;
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int node = 0; node < nodes; ++node) {
+    std::string gpus;
+    for (int g = 0; g < gpusPerNode; ++g) gpus += (g ? "," : "") + std::to_string(node * gpusPerNode + g);
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
-    env.push_back(std::string(kChildEnv) + "=" + std::to_string(rank));
+    env.push_back(std::string(kChildEnv) + "=" + std::to_string(node));
     env.push_back(std::string(kIdFileEnv) + "=" + idFile);
-    env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(rank));
-    env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(rank));
+    env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(node));
+    env.push_back("CUDA_VISIBLE_DEVICES=" + gpus);
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::string self = "/proc/self/exe", filter = "--gtest_filter=GpuTwoProcesses.Child";
-    char* argv[] = {self.data(), filter.data(), nullptr};
+    std::string self = "/proc/self/exe", filterFlag = std::string("--gtest_filter=") + filter;
+    char* argv[] = {self.data(), filterFlag.data(), nullptr};
     pid_t pid;
     ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
     children.push_back(pid);
@@ -498,6 +501,65 @@ TEST(GpuTwoProcesses, SeenAsTwoNodes) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exited with status " << status;
   }
   unlink(idFile.c_str());
+}
+
+TEST(GpuTwoProcesses, SeenAsTwoNodes) {
+  ZP_REQUIRE_GPUS(2);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  runNodeProcesses("GpuTwoProcesses.Child", 2, 1);
+}
+
+// ---- four GPUs as two nodes of two (issue 9) ------------------------------------------------------------------
+
+// One node of two GPUs (a child process): ranks 2 * node and 2 * node + 1, a thread each. qgZ takes its two
+// hops (NVLink inside the node, sockets across), hpZ gathers over the node's two GPUs; every output is compared
+// with the host backend's on four ranks in the same node-major layout.
+TEST(GpuFourGpus, Child) {
+  const char* nodeText = getenv(kChildEnv);
+  if (nodeText == nullptr) GTEST_SKIP() << "runs only inside GpuFourGpus.TwoNodesOfTwoMatchHost";
+  const int node = atoi(nodeText);
+  zpUniqueId id;
+  std::ifstream in(getenv(kIdFileEnv), std::ios::binary);
+  ASSERT_TRUE(in.read(id.internal, sizeof(id.internal)));
+  const auto layout = [](int, zpConfig_t* cfg) { cfg->ranksPerNode = 2; };
+  std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 100003, false}, {Op::kQwz, zpFloat16, 4, 4097, true},
+                             {Op::kQgz, zpBfloat16, 4, 100003, false}, {Op::kQgz, zpFloat32, 8, 257, true, zpAvg},
+                             {Op::kQgz, zpFloat16, 4, 1, false},       {Op::kHpz, zpBfloat16, 0, 100003, false},
+                             {Op::kHpz, zpInt8, 0, 4097, true},        {Op::kHpz, zpFloat16, 8, 4097, false}};
+  cases[2].specials = true;
+  std::vector<std::vector<Buffer>> expected;
+  for (const Case& c : cases) expected.push_back(hostExpected(c, 4, layout));
+  std::vector<std::thread> threads;
+  for (int local = 0; local < 2; ++local) {
+    threads.emplace_back([&, local] {
+      const int rank = 2 * node + local;
+      ASSERT_EQ(cudaSetDevice(local), cudaSuccess);
+      zpComm_t comm = nullptr;
+      ASSERT_EQ(zpCommInitRank(&comm, 4, id, rank), zpSuccess) << zpGetLastError(nullptr);
+      int nodes = 0, localSize = 0, hpz = 0;
+      EXPECT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
+      EXPECT_EQ(zpCommLocalSize(comm, &localSize), zpSuccess);
+      EXPECT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
+      EXPECT_EQ(nodes, 2);
+      EXPECT_EQ(localSize, 2);
+      EXPECT_EQ(hpz, 2);
+      for (size_t i = 0; i < cases.size(); ++i) {
+        SCOPED_TRACE(describe(cases[i]) + " rank " + std::to_string(rank));
+        Buffer actual;
+        deviceRun(cases[i], rank, comm, &actual);
+        ASSERT_EQ(actual.size(), expected[i][rank].size());
+        EXPECT_TRUE(zpcheck::sameBits(actual.data(), expected[i][rank].data(), actual.size(), 1));
+      }
+      EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(GpuFourGpus, TwoNodesOfTwoMatchHost) {
+  ZP_REQUIRE_GPUS(4);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  runNodeProcesses("GpuFourGpus.Child", 2, 2);
 }
 
 // ---- reliability (issue 10): replays on changing data, and a soak ---------------------------------------------

@@ -5,6 +5,8 @@
 #   shm     NCCL_P2P_DISABLE=1
 #   net     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, as two processes with distinct NCCL_HOSTID (two "nodes"),
 #           meeting through the perf harness's file rendezvous (-P 2 -I i -D dir; no mpirun needed)
+#   2x2     four GPUs as two such processes of two GPUs each (NVLink inside a node, sockets across; issue 9),
+#           only when ZP_GPU_CHECK_REGIMES names it
 # quantize_perf uses one GPU and no link: it runs once per bit width, regime "local".
 # JSON and logs go to build-gpu/results (one JSON per binary and regime, a log per step). When $OUT is set (the
 # GPU machine's folder of files that come back), it receives three files, refreshed after every step so that a run
@@ -199,31 +201,34 @@ elif [ -z "$bins" ]; then
   record perf - perf missing 0 -
 fi
 
-# Two processes, one GPU each, distinct NCCL_HOSTID: NCCL and zpccl see two nodes.
+# Two processes with distinct NCCL_HOSTID, so that NCCL and zpccl see two nodes: one GPU each (regime net), or
+# two GPUs each (regime 2x2: four GPUs as two nodes of two; NVLink inside a node, sockets across).
 perf_two_nodes() {  # NAME LOG JSON CMD...
   local name=$1 log=$2 json=$3
   shift 3
+  local threads=1
+  [ "$regime" = 2x2 ] && threads=2
   if over_budget; then
-    note "net $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
-    record "$name" net perf skipped 0 "$log" "$json"
+    note "$regime $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
+    record "$name" "$regime" perf skipped 0 "$log" "$json"
     return
   fi
   local rdv start=$SECONDS rc0 rc1 pid0 limit
   limit=$(capped "$step_timeout")
   rdv=$(mktemp -d "${TMPDIR:-/tmp}/zp-rdv.XXXXXX")
   ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=zp-node-0 timeout -k 5 "$limit" env "${regime_env[@]}" \
-    "$@" -P 2 -I 0 -D "$rdv" -t 1 -R net -J "$json" >"$log" 2>&1 &
+    "$@" -P 2 -I 0 -D "$rdv" -t "$threads" -R "$regime" -J "$json" >"$log" 2>&1 &
   pid0=$!
   ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=zp-node-1 timeout -k 5 "$limit" env "${regime_env[@]}" \
-    "$@" -P 2 -I 1 -D "$rdv" -t 1 -R net >"$log.proc1" 2>&1
+    "$@" -P 2 -I 1 -D "$rdv" -t "$threads" -R "$regime" >"$log.proc1" 2>&1
   rc1=$?
   wait "$pid0"
   rc0=$?
   rm -rf "$rdv"
   local rc=$rc0
   [ "$rc" = 0 ] && rc=$rc1
-  note "net $name: exit $rc0/$rc1 ($((SECONDS - start))s) -> $log (+ .proc1)"
-  record "$name" net perf "$rc" "$((SECONDS - start))" "$log" "$json"
+  note "$regime $name: exit $rc0/$rc1 ($((SECONDS - start))s) -> $log (+ .proc1)"
+  record "$name" "$regime" perf "$rc" "$((SECONDS - start))" "$log" "$json"
 }
 
 # Quantized binaries run once per bit width; the NCCL-only baselines once.
@@ -238,7 +243,7 @@ run_perf() {  # REGIME BIN
     record "$bin" "$regime" perf missing 0 -
     return
   fi
-  if [ "$regime" = net ]; then
+  if [ "$regime" = net ] || [ "$regime" = 2x2 ]; then
     sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup")
   else
     sweep=(-b "$min" -e "$max" -f "$step" -n "$iters" -w "$warmup")
@@ -248,7 +253,7 @@ run_perf() {  # REGIME BIN
     if [ "$bits" != - ]; then
       flags=(-B "$bits") tag="$bin int$bits" file=${file}_int$bits
     fi
-    if [ "$regime" = net ]; then
+    if [ "$regime" = net ] || [ "$regime" = 2x2 ]; then
       perf_two_nodes "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
     else
       run_step "$tag" "$regime" perf "$results/$file.log" "$results/$file.json" "$step_timeout" \
@@ -271,7 +276,8 @@ for regime in $regimes; do
     nvlink) regime_env=(NCCL_NVLS_ENABLE=0) ;;
     shm) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1) ;;
     net) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) ;;
-    *) note "unknown regime $regime (nvlink, shm, net)"; record "regime $regime" "$regime" perf unknown 0 -; continue ;;
+    2x2) regime_env=(NCCL_NVLS_ENABLE=0) ;;  # needs 4 GPUs: the two-hop qgZ and hpZ groups of two
+    *) note "unknown regime $regime (nvlink, shm, net, 2x2)"; record "regime $regime" "$regime" perf unknown 0 -; continue ;;
   esac
   regime_env+=(${ZP_GPU_CHECK_ENV:-})
   for bin in $bins; do is_local "$bin" || run_perf "$regime" "$bin"; done
