@@ -176,4 +176,21 @@ TEST(GpuReduce, KernelsMatchHostReferenceBitForBit) {
         }
 }
 
+// Payloads long enough that the kernels' grid-stride loops come round more than once (more tiles than resident
+// CTAs times the launchers' waves), so that a CTA reuses its shared memory for a second tile: the requantize
+// kernel's double-buffered group maxima (G = 8192 spans the CTA) and the finish kernel's staging.
+TEST(GpuReduce, GridStrideLoopsMatchHostReference) {
+  ZP_REQUIRE_GPUS(1);
+  int sms = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t count = (static_cast<size_t>(sms) * 2 * 8 + 3) * 8192 + 77;  // a grid round and 3 tiles more
+  std::mt19937_64 rng(77);
+  for (int g : {256, 8192})
+    for (int bits : {4, 8})
+      for (bool finish : {false, true}) {
+        runCase(Case{count, bits, g, 2, 1, finish, zpBfloat16, finish ? 3u : 0u, 0, 1.0f}, rng);
+        if (HasFatalFailure()) return;
+      }
+}
+
 }  // namespace
