@@ -441,14 +441,19 @@ TEST(GpuFromNccl, WrapsTheCallersCommunicatorAndLeavesItAlive) {
 const char* kChildEnv = "ZP_TEST_CHILD_RANK";
 const char* kIdFileEnv = "ZP_TEST_ID_FILE";
 
+// In a child process: the unique id its parent wrote to the file named by kIdFileEnv.
+bool readParentId(zpUniqueId* id) {
+  std::ifstream in(getenv(kIdFileEnv), std::ios::binary);
+  return static_cast<bool>(in.read(id->internal, sizeof(id->internal)));
+}
+
 // Runs in each child process (skipped in a normal run): one rank on its own GPU and host id.
 TEST(GpuTwoProcesses, Child) {
   const char* rankText = getenv(kChildEnv);
   if (rankText == nullptr) GTEST_SKIP() << "runs only inside GpuTwoProcesses.SeenAsTwoNodes";
   const int rank = atoi(rankText);
   zpUniqueId id;
-  std::ifstream in(getenv(kIdFileEnv), std::ios::binary);
-  ASSERT_TRUE(in.read(id.internal, sizeof(id.internal)));
+  ASSERT_TRUE(readParentId(&id));
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // CUDA_VISIBLE_DEVICES picks this process's GPU
   zpComm_t comm = nullptr;
   ASSERT_EQ(zpCommInitRank(&comm, 2, id, rank), zpSuccess) << zpGetLastError(nullptr);
@@ -519,8 +524,7 @@ TEST(GpuFourGpus, Child) {
   if (nodeText == nullptr) GTEST_SKIP() << "runs only inside GpuFourGpus.TwoNodesOfTwoMatchHost";
   const int node = atoi(nodeText);
   zpUniqueId id;
-  std::ifstream in(getenv(kIdFileEnv), std::ios::binary);
-  ASSERT_TRUE(in.read(id.internal, sizeof(id.internal)));
+  ASSERT_TRUE(readParentId(&id));
   const auto layout = [](int, zpConfig_t* cfg) { cfg->ranksPerNode = 2; };
   std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 100003, false}, {Op::kQwz, zpFloat16, 4, 4097, true},
                              {Op::kQgz, zpBfloat16, 4, 100003, false}, {Op::kQgz, zpFloat32, 8, 257, true, zpAvg},
