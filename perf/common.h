@@ -232,5 +232,11 @@ bool runNcclAllGather(const RunArgs& args);
 bool runNcclReduceScatter(const RunArgs& args);
 bool runNcclAllToAll(const RunArgs& args);  // ncclGroupStart + one ncclSend/ncclRecv per peer
 
+// The fields every op of one family shares, so that an op file sets only what is its own.
+// An NCCL collective alone, checked against `expected` over initStandard inputs.
+PerfOp ncclCollectiveOp(const char* name, CountsFn counts, ExpectedFn expected, RunFn run);
+// A zpccl collective measured against NCCL's `baseline` in the same run, checked against the host backend.
+PerfOp zpCollectiveOp(const char* name, CountsFn counts, RunFn run, RunFn baseline);
+
 }  // namespace perf
 }  // namespace zp

@@ -86,37 +86,18 @@ void bwBoth(const SizeArgs& s, const OpCounts& c, double seconds, double* algbw,
 }
 
 PerfOp makeHpz() {
-  PerfOp op;
-  op.name = "hpz_all_gather";
-  op.uses = kUsesZp;
-  op.counts = countsHpz;
-  op.init = initStandard;
-  op.expectedFromHostBackend = true;
-  op.bw = bwCollective;
-  op.run = runHpz;
-  op.baselineName = "nccl";
-  op.baseline = runGlobalGather;
-  op.baselineUses = kUsesNccl;
+  PerfOp op = zpCollectiveOp("hpz_all_gather", countsHpz, runHpz, runGlobalGather);
   op.wire = wireHpz;
-  op.ringWire = ringWireCollective;
   return op;
 }
 
 PerfOp makeBoth() {
-  PerfOp op;
-  op.name = "qwz_hpz_gathers";
-  op.uses = kUsesZp;
+  PerfOp op = zpCollectiveOp("qwz_hpz_gathers", countsBoth, runBoth, runTwoNcclGathers);
   op.quantTypesOnly = true;
   op.defaultBits = 8;
   op.hasInPlace = false;
-  op.counts = countsBoth;
-  op.init = initStandard;
-  op.expectedFromHostBackend = true;
   op.bw = bwBoth;
-  op.run = runBoth;
-  op.baselineName = "nccl";
-  op.baseline = runTwoNcclGathers;
-  op.baselineUses = kUsesNccl;
+  op.ringWire = nullptr;  // two gathers: the host-backend table has no single ring to compare with
   return op;
 }
 

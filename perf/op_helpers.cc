@@ -483,5 +483,34 @@ bool runNcclAllToAll(const RunArgs& a) {
   return true;
 }
 
+PerfOp ncclCollectiveOp(const char* name, CountsFn counts, ExpectedFn expected, RunFn run) {
+  PerfOp op;
+  op.name = name;
+  op.runLabel = "nccl";
+  op.uses = kUsesNccl;
+  op.counts = counts;
+  op.init = initStandard;
+  op.expected = expected;
+  op.bw = bwCollective;
+  op.run = run;
+  return op;
+}
+
+PerfOp zpCollectiveOp(const char* name, CountsFn counts, RunFn run, RunFn baseline) {
+  PerfOp op;
+  op.name = name;
+  op.uses = kUsesZp;
+  op.counts = counts;
+  op.init = initStandard;
+  op.expectedFromHostBackend = true;
+  op.bw = bwCollective;
+  op.run = run;
+  op.baselineName = "nccl";
+  op.baseline = baseline;
+  op.baselineUses = kUsesNccl;
+  op.ringWire = ringWireCollective;
+  return op;
+}
+
 }  // namespace perf
 }  // namespace zp

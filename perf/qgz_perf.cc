@@ -30,22 +30,11 @@ WireBytes wire(const SizeArgs& s, const OpCounts& c) {
 }
 
 PerfOp makeOp() {
-  PerfOp op;
-  op.name = "qgz_reduce_scatter";
-  op.uses = kUsesZp;
+  PerfOp op = zpCollectiveOp("qgz_reduce_scatter", countsReduceScatter, run, runNcclReduceScatter);
   op.quantTypesOnly = true;
   op.defaultBits = 4;
   op.reduces = true;
-  op.counts = countsReduceScatter;
-  op.init = initStandard;
-  op.expectedFromHostBackend = true;
-  op.bw = bwCollective;
-  op.run = run;
-  op.baselineName = "nccl";
-  op.baseline = runNcclReduceScatter;
-  op.baselineUses = kUsesNccl;
   op.wire = wire;
-  op.ringWire = ringWireCollective;
   return op;
 }
 

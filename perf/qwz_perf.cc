@@ -21,21 +21,10 @@ WireBytes wire(const SizeArgs& s, const OpCounts& c) {
 }
 
 PerfOp makeOp() {
-  PerfOp op;
-  op.name = "qwz_all_gather";
-  op.uses = kUsesZp;
+  PerfOp op = zpCollectiveOp("qwz_all_gather", countsAllGather, run, runNcclAllGather);
   op.quantTypesOnly = true;
   op.defaultBits = 8;
-  op.counts = countsAllGather;
-  op.init = initStandard;
-  op.expectedFromHostBackend = true;
-  op.bw = bwCollective;
-  op.run = run;
-  op.baselineName = "nccl";
-  op.baseline = runNcclAllGather;
-  op.baselineUses = kUsesNccl;
   op.wire = wire;
-  op.ringWire = ringWireCollective;
   return op;
 }
 

@@ -17,22 +17,19 @@
 
 namespace zp {
 
-std::vector<ncclComm_t> NcclComms::owned() const {
-  std::vector<ncclComm_t> out;
-  for (ncclComm_t c : {intra, inter, hpz}) {
-    bool seen = c == nullptr || c == world;
-    for (ncclComm_t o : out) seen = seen || o == c;
-    if (!seen) out.push_back(c);
-  }
-  if (ownsWorld && world != nullptr) out.push_back(world);
-  return out;
-}
-
 std::vector<ncclComm_t> NcclComms::all() const {
   std::vector<ncclComm_t> out;
   for (ncclComm_t c : {world, intra, inter, hpz}) {
     if (c != nullptr && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
   }
+  return out;
+}
+
+std::vector<ncclComm_t> NcclComms::owned() const {
+  // The communicators split from world first, world (when it is ours) last.
+  std::vector<ncclComm_t> out = all();
+  out.erase(std::remove(out.begin(), out.end(), world), out.end());
+  if (ownsWorld && world != nullptr) out.push_back(world);
   return out;
 }
 
@@ -145,9 +142,7 @@ class CudaBackend final : public Backend {
     *error = zpSuccess;
     std::shared_lock<std::shared_mutex> using_(ncclUse_);
     if (watchdog_ && (*error = watchdog_->failure()) != zpSuccess) return zpSuccess;
-    const NcclComms& c = exec_.comms;
-    for (ncclComm_t comm : {c.world, c.intra, c.inter, c.hpz}) {
-      if (comm == nullptr) continue;
+    for (ncclComm_t comm : exec_.comms.all()) {
       ncclResult_t state = ncclSuccess;
       NCCLCHECK(ncclCommGetAsyncError(comm, &state));
       if (state != ncclSuccess) {

@@ -65,7 +65,6 @@ zpResult_t Watchdog::failure(std::string* message) const {
 void Watchdog::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
   wake_.notify_all();

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "host/dtype.h"
 #include "host/quant_math.h"
@@ -175,6 +177,36 @@ inline ::testing::AssertionResult allBytesAre(const void* p, size_t bytes, unsig
 
 inline bool mentions(const char* message, const char* what) {
   return message != nullptr && std::strstr(message, what) != nullptr;
+}
+
+// The node layout as an independent reference sees it, from per-rank node labels alone (rank / ranksPerNode
+// when ranksPerNode > 0, else nodeIds[rank]): nodes in order of their lowest rank, ranks ascending inside a
+// node; qgZ takes two hops when there are several nodes, all of the same size L > 1. Not the library's
+// host/topology.h: the suites check that one against this.
+struct RefTopo {
+  std::vector<std::vector<int>> nodeRanks;
+  std::vector<int> nodeOf, localOf;  // per rank
+  bool twoHop = false;
+};
+
+inline RefTopo refTopo(int nranks, int ranksPerNode, const std::vector<int>& nodeIds) {
+  RefTopo t;
+  std::vector<int> labels;
+  for (int r = 0; r < nranks; ++r) {
+    const int label = ranksPerNode > 0 ? r / ranksPerNode : nodeIds[r];
+    const size_t node = std::find(labels.begin(), labels.end(), label) - labels.begin();
+    if (node == labels.size()) {
+      labels.push_back(label);
+      t.nodeRanks.emplace_back();
+    }
+    t.nodeOf.push_back(static_cast<int>(node));
+    t.localOf.push_back(static_cast<int>(t.nodeRanks[node].size()));
+    t.nodeRanks[node].push_back(r);
+  }
+  bool even = true;
+  for (const auto& n : t.nodeRanks) even = even && n.size() == t.nodeRanks[0].size();
+  t.twoHop = even && t.nodeRanks.size() > 1 && t.nodeRanks[0].size() > 1;
+  return t;
 }
 
 // A stream handle that is not NULL (never dereferenced: the host backend must refuse it first).

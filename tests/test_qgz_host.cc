@@ -56,30 +56,8 @@ void configure(const Layout& L, int rank, zpConfig_t* c) {
   if (L.configBlock) c->blockSize = L.configBlock;
 }
 
-// The nodes as the reference sees them: ranks grouped by node label, nodes in order of their lowest rank, ranks
-// ascending inside a node. Two hops when there are several nodes, all of the same size L > 1.
-struct RefTopo {
-  std::vector<std::vector<int>> nodeRanks;
-  bool twoHop = false;
-};
-
-RefTopo refTopo(const Layout& L) {
-  RefTopo t;
-  std::vector<int> labels;
-  for (int r = 0; r < L.nranks; ++r) {
-    const int label = L.ranksPerNode > 0 ? r / L.ranksPerNode : L.nodeIds[r];
-    size_t node = std::find(labels.begin(), labels.end(), label) - labels.begin();
-    if (node == labels.size()) {
-      labels.push_back(label);
-      t.nodeRanks.emplace_back();
-    }
-    t.nodeRanks[node].push_back(r);
-  }
-  bool even = true;
-  for (const auto& node : t.nodeRanks) even = even && node.size() == t.nodeRanks[0].size();
-  t.twoHop = even && t.nodeRanks.size() > 1 && t.nodeRanks[0].size() > 1;
-  return t;
-}
+using zpcheck::RefTopo;
+RefTopo refTopo(const Layout& L) { return zpcheck::refTopo(L.nranks, L.ranksPerNode, L.nodeIds); }
 
 // ---- inputs ----------------------------------------------------------------------------------------------------
 

@@ -103,33 +103,8 @@ const std::vector<Layout>& layouts() {
   return all;
 }
 
-// The layout as the reference sees it, from the labels alone: nodes in order of their lowest rank, ranks
-// ascending inside a node; hpZ groups are whole nodes (the default hpzSize).
-struct RefTopo {
-  std::vector<std::vector<int>> nodeRanks;
-  std::vector<int> nodeOf, localOf;
-  bool twoHop = false;
-};
-
-RefTopo refTopo(const Layout& L) {
-  RefTopo t;
-  std::vector<int> labels;
-  for (int r = 0; r < L.nranks; ++r) {
-    const int label = L.ranksPerNode > 0 ? r / L.ranksPerNode : L.nodeIds[r];
-    const size_t node = std::find(labels.begin(), labels.end(), label) - labels.begin();
-    if (node == labels.size()) {
-      labels.push_back(label);
-      t.nodeRanks.emplace_back();
-    }
-    t.nodeOf.push_back(static_cast<int>(node));
-    t.localOf.push_back(static_cast<int>(t.nodeRanks[node].size()));
-    t.nodeRanks[node].push_back(r);
-  }
-  bool even = true;
-  for (const auto& n : t.nodeRanks) even = even && n.size() == t.nodeRanks[0].size();
-  t.twoHop = even && t.nodeRanks.size() > 1 && t.nodeRanks[0].size() > 1;
-  return t;
-}
+using zpcheck::RefTopo;
+RefTopo refTopo(const Layout& L) { return zpcheck::refTopo(L.nranks, L.ranksPerNode, L.nodeIds); }
 
 // ---- one iteration's parameters, the same on every rank ------------------------------------------------------
 
