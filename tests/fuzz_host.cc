@@ -357,42 +357,28 @@ void fuzzLiveCommCall(Reader& in) {
   int value = -7;
   zpResult_t res;
   const char* name;
-  switch (in.byte() % 15) {
+  // The int-valued queries share one signature.
+  struct IntQuery {
+    const char* name;
+    zpResult_t (*fn)(const zpComm_t, int*);
+  };
+  static const IntQuery kIntQueries[] = {
+      {"zpCommCount", zpCommCount},         {"zpCommUserRank", zpCommUserRank}, {"zpCommCuDevice", zpCommCuDevice},
+      {"zpCommNodeCount", zpCommNodeCount}, {"zpCommNodeRank", zpCommNodeRank}, {"zpCommLocalRank", zpCommLocalRank},
+      {"zpCommLocalSize", zpCommLocalSize}, {"zpCommHpzRank", zpCommHpzRank},   {"zpCommHpzSize", zpCommHpzSize}};
+  const int pick = in.byte() % 15;
+  switch (pick) {
     case 0:
-      name = "zpCommCount";
-      res = zpCommCount(comm, nullOut ? nullptr : &value);
-      break;
     case 1:
-      name = "zpCommUserRank";
-      res = zpCommUserRank(comm, nullOut ? nullptr : &value);
-      break;
     case 2:
-      name = "zpCommCuDevice";
-      res = zpCommCuDevice(comm, nullOut ? nullptr : &value);
-      break;
     case 3:
-      name = "zpCommNodeCount";
-      res = zpCommNodeCount(comm, nullOut ? nullptr : &value);
-      break;
     case 4:
-      name = "zpCommNodeRank";
-      res = zpCommNodeRank(comm, nullOut ? nullptr : &value);
-      break;
     case 5:
-      name = "zpCommLocalRank";
-      res = zpCommLocalRank(comm, nullOut ? nullptr : &value);
-      break;
     case 6:
-      name = "zpCommLocalSize";
-      res = zpCommLocalSize(comm, nullOut ? nullptr : &value);
-      break;
     case 7:
-      name = "zpCommHpzRank";
-      res = zpCommHpzRank(comm, nullOut ? nullptr : &value);
-      break;
     case 8:
-      name = "zpCommHpzSize";
-      res = zpCommHpzSize(comm, nullOut ? nullptr : &value);
+      name = kIntQueries[pick].name;
+      res = kIntQueries[pick].fn(comm, nullOut ? nullptr : &value);
       break;
     case 9: {
       name = "zpCommBackend";
