@@ -315,7 +315,7 @@ def gtest_counts(log):
         for line in open(log, errors="replace"):
             if line.startswith("[  PASSED  ]"):
                 passed = line.split()[3]
-            if line.startswith("[  FAILED  ]") and "tests, listed below" in line:
+            if line.startswith("[  FAILED  ]") and "listed below" in line:
                 failed = line.split()[3]
     except OSError:
         pass
