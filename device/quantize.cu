@@ -839,13 +839,13 @@ zpResult_t allowSharedMemory(size_t bytes) {
   return zpSuccess;
 }
 
-// One wave of resident CTAs (grid-stride loops do the rest: an extra partial wave would idle most SMs at the
-// end), split over the segments; never more CTAs than a segment has work for.
+// One wave of resident CTAs on the stream's SMs (grid-stride loops do the rest: an extra partial wave would idle
+// most SMs at the end), split over the segments; never more CTAs than a segment has work for.
 template <auto Kernel>
-zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, dim3* grid) {
-  int device = 0, sms = 0, perSm = 0;
-  CUDACHECK(cudaGetDevice(&device));
-  CUDACHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, const KernelStream& stream,
+                   dim3* grid) {
+  int sms = 0, perSm = 0;
+  CUDACHECK(kernelStreamSms(stream, &sms));
   ZPCHECK(residentCtas<Kernel>(threads, smem, &perSm));
   const int gy = batch < 65535 ? batch : 65535;
   const size_t resident = static_cast<size_t>(sms) * perSm;
@@ -858,11 +858,11 @@ zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, d
 
 template <auto Kernel>
 zpResult_t launchQuantizeKernel(const QuantArgs& a, int threads, size_t smem, size_t ctasPerSegment,
-                                cudaStream_t stream) {
+                                KernelStream stream) {
   if (smem > 0) ZPCHECK(allowSharedMemory<Kernel>(smem));
   dim3 grid;
-  ZPCHECK(gridFor<Kernel>(ctasPerSegment, a.batch, threads, smem, &grid));
-  Kernel<<<grid, threads, smem, stream>>>(a);
+  ZPCHECK(gridFor<Kernel>(ctasPerSegment, a.batch, threads, smem, stream, &grid));
+  Kernel<<<grid, threads, smem, stream.stream>>>(a);
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
 }
@@ -870,7 +870,7 @@ zpResult_t launchQuantizeKernel(const QuantArgs& a, int threads, size_t smem, si
 // One kernel per group size (1 << kShift threads): warp-sized groups from the smallest up to 32 threads, then
 // CTA-sized ones up to the largest (8192-element blocks).
 template <class Type, int Bits, bool kAligned, int kShift = 5 - threadElemsShift<Type>()>
-zpResult_t launchQuantizeShift(const QuantArgs& a, cudaStream_t stream) {
+zpResult_t launchQuantizeShift(const QuantArgs& a, KernelStream stream) {
   static_assert(kShift <= 13 - threadElemsShift<Type>(), "no larger group");
   if constexpr (kShift < 13 - threadElemsShift<Type>()) {
     if (a.groupShift != kShift) return launchQuantizeShift<Type, Bits, kAligned, kShift + 1>(a, stream);
@@ -887,29 +887,29 @@ zpResult_t launchQuantizeShift(const QuantArgs& a, cudaStream_t stream) {
 }
 
 template <class Type, int Bits>
-zpResult_t quantizeTyped(QuantArgs a, bool aligned, cudaStream_t stream) {
+zpResult_t quantizeTyped(QuantArgs a, bool aligned, KernelStream stream) {
   return aligned ? launchQuantizeShift<Type, Bits, true>(a, stream) : launchQuantizeShift<Type, Bits, false>(a, stream);
 }
 
 template <class Type, int Bits, bool kAligned>
-zpResult_t launchDequantizeKernel(const DequantArgs& a, cudaStream_t stream) {
+zpResult_t launchDequantizeKernel(const DequantArgs& a, KernelStream stream) {
   constexpr auto kKernel = dequantizeKernel<Type, Bits, kAligned>;
   dim3 grid;
-  ZPCHECK(gridFor<kKernel>(a.tiles, a.batch, kCtaThreads, 0, &grid));
-  kKernel<<<grid, kCtaThreads, 0, stream>>>(a);
+  ZPCHECK(gridFor<kKernel>(a.tiles, a.batch, kCtaThreads, 0, stream, &grid));
+  kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
 }
 
 template <class Type, int Bits>
-zpResult_t dequantizeTyped(DequantArgs a, bool aligned, cudaStream_t stream) {
+zpResult_t dequantizeTyped(DequantArgs a, bool aligned, KernelStream stream) {
   return aligned ? launchDequantizeKernel<Type, Bits, true>(a, stream)
                  : launchDequantizeKernel<Type, Bits, false>(a, stream);
 }
 
 // One dispatch over type x bits for both directions.
 template <template <class, int> class Launch, class Args>
-zpResult_t dispatch(zpDataType_t type, int bits, const Args& a, bool aligned, cudaStream_t stream) {
+zpResult_t dispatch(zpDataType_t type, int bits, const Args& a, bool aligned, KernelStream stream) {
   switch (type) {
     case zpFloat16:
       return bits == 8 ? Launch<Fp16Type, 8>::run(a, aligned, stream) : Launch<Fp16Type, 4>::run(a, aligned, stream);
@@ -922,13 +922,13 @@ zpResult_t dispatch(zpDataType_t type, int bits, const Args& a, bool aligned, cu
 
 template <class Type, int Bits>
 struct QuantizeLaunch {
-  static zpResult_t run(const QuantArgs& a, bool aligned, cudaStream_t s) {
+  static zpResult_t run(const QuantArgs& a, bool aligned, KernelStream s) {
     return quantizeTyped<Type, Bits>(a, aligned, s);
   }
 };
 template <class Type, int Bits>
 struct DequantizeLaunch {
-  static zpResult_t run(const DequantArgs& a, bool aligned, cudaStream_t s) {
+  static zpResult_t run(const DequantArgs& a, bool aligned, KernelStream s) {
     return dequantizeTyped<Type, Bits>(a, aligned, s);
   }
 };
@@ -961,7 +961,7 @@ zpResult_t checkCommon(const char* call, const void* elems, const void* payload,
 }  // namespace
 
 zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpDataType_t type, int bits, int blockSize,
-                          cudaStream_t stream, int batch, size_t inputStrideElems, size_t payloadStrideBytes) {
+                          KernelStream stream, int batch, size_t inputStrideElems, size_t payloadStrideBytes) {
   const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
   if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
   ZPCHECK(checkCommon("quantize", input, payload, payloadStrideBytes, type, bits, blockSize, batch));
@@ -988,7 +988,7 @@ zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpData
 }
 
 zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpDataType_t type, int bits, int blockSize,
-                            cudaStream_t stream, int batch, size_t payloadStrideBytes, size_t outputStrideElems) {
+                            KernelStream stream, int batch, size_t payloadStrideBytes, size_t outputStrideElems) {
   const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
   if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
   if (outputStrideElems == 0) outputStrideElems = count;

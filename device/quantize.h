@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "device/kernel_stream.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -24,7 +25,7 @@ namespace zp {
  * @param type               zpFloat16, zpBfloat16 or zpFloat32.
  * @param bits               4 or 8.
  * @param blockSize          elements per quantization block, a power of two in [32, 8192].
- * @param stream             stream to enqueue on.
+ * @param stream             stream to enqueue on (and the SMs the grid may fill there).
  * @param batch              number of segments (>= 0; 0 launches nothing).
  * @param inputStrideElems   elements between segment starts; 0 means `count` (segments back to back).
  * @param payloadStrideBytes bytes between segment payloads, a multiple of 16 and at least the payload size;
@@ -32,7 +33,7 @@ namespace zp {
  * @return zpSuccess, zpInvalidArgument for a bad argument, zpUnhandledCudaError if the launch failed.
  */
 zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpDataType_t type, int bits, int blockSize,
-                          cudaStream_t stream, int batch = 1, size_t inputStrideElems = 0,
+                          KernelStream stream, int batch = 1, size_t inputStrideElems = 0,
                           size_t payloadStrideBytes = 0);
 
 /**
@@ -48,7 +49,7 @@ zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpData
  * @param type               zpFloat16, zpBfloat16 or zpFloat32.
  * @param bits               4 or 8.
  * @param blockSize          elements per quantization block, a power of two in [32, 8192].
- * @param stream             stream to enqueue on.
+ * @param stream             stream to enqueue on (and the SMs the grid may fill there).
  * @param batch              number of segments (>= 0; 0 launches nothing).
  * @param payloadStrideBytes bytes between segment payloads, a multiple of 16; 0 means the payload size.
  * @param outputStrideElems  elements between segment starts, at least `count` (segments must not overlap);
@@ -56,7 +57,7 @@ zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpData
  * @return zpSuccess, zpInvalidArgument for a bad argument, zpUnhandledCudaError if the launch failed.
  */
 zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpDataType_t type, int bits, int blockSize,
-                            cudaStream_t stream, int batch = 1, size_t payloadStrideBytes = 0,
+                            KernelStream stream, int batch = 1, size_t payloadStrideBytes = 0,
                             size_t outputStrideElems = 0);
 
 }  // namespace zp

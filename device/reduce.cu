@@ -460,7 +460,7 @@ ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize) {
 // CTAs for `work` tiles: a few waves of resident CTAs (the hardware balances CTAs that finish at different
 // times), a grid-stride loop for the rest. The occupancy is cached per kernel: it is a sizing hint only.
 template <auto Kernel>
-zpResult_t gridFor(size_t work, unsigned* grid) {
+zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
   static std::atomic<int> cached{0};
   int perSm = cached.load(std::memory_order_relaxed);
   if (perSm == 0) {
@@ -468,35 +468,34 @@ zpResult_t gridFor(size_t work, unsigned* grid) {
     if (perSm < 1) perSm = 1;
     cached.store(perSm, std::memory_order_relaxed);
   }
-  int device = 0, sms = 0;
-  CUDACHECK(cudaGetDevice(&device));
-  CUDACHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int sms = 0;
+  CUDACHECK(kernelStreamSms(stream, &sms));
   const size_t cap = static_cast<size_t>(sms) * perSm * kWaves;
   *grid = static_cast<unsigned>(work < cap ? work : cap);
   return zpSuccess;
 }
 
 template <int Bits>
-zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payloadStride, cudaStream_t stream) {
+zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payloadStride, KernelStream stream) {
   constexpr auto kKernel = reduceRequantizeKernel<Bits>;
   unsigned grid = 0;
-  ZPCHECK(gridFor<kKernel>(a.work, &grid));
-  kKernel<<<grid, kThreads, 0, stream>>>(a, out, payloadStride);
+  ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
+  kKernel<<<grid, kThreads, 0, stream.stream>>>(a, out, payloadStride);
   return zpSuccess;
 }
 
 template <int Bits, class Type>
-zpResult_t launchFinish(const ReduceArgs& a, void* output, size_t stride, float divisor, cudaStream_t stream) {
+zpResult_t launchFinish(const ReduceArgs& a, void* output, size_t stride, float divisor, KernelStream stream) {
   constexpr auto kKernel = reduceFinishKernel<Bits, Type>;
   unsigned grid = 0;
-  ZPCHECK(gridFor<kKernel>(a.work, &grid));
-  kKernel<<<grid, kThreads, 0, stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
+  ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
+  kKernel<<<grid, kThreads, 0, stream.stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
   return zpSuccess;
 }
 
 template <class Type>
 zpResult_t launchFinishBits(const ReduceArgs& a, int bits, void* output, size_t stride, float divisor,
-                            cudaStream_t stream) {
+                            KernelStream stream) {
   return bits == 8 ? launchFinish<8, Type>(a, output, stride, divisor, stream)
                    : launchFinish<4, Type>(a, output, stride, divisor, stream);
 }
@@ -504,7 +503,7 @@ zpResult_t launchFinishBits(const ReduceArgs& a, int bits, void* output, size_t 
 }  // namespace
 
 zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bits, int blockSize, void* payload,
-                                  size_t payloadStride, cudaStream_t stream) {
+                                  size_t payloadStride, KernelStream stream) {
   if (count == 0 || src.batch == 0) return zpSuccess;
   ZPCHECK(checkSources(src, bits, blockSize, "launchReduceRequantize"));
   if (reinterpret_cast<uintptr_t>(payload) % kPayloadAlign != 0 || payloadStride % kPayloadAlign != 0) {
@@ -520,7 +519,7 @@ zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bi
 }
 
 zpResult_t launchReduceFinish(const ReduceSources& src, size_t count, int bits, int blockSize, zpDataType_t type,
-                              float divisor, void* output, size_t outputStrideElems, cudaStream_t stream) {
+                              float divisor, void* output, size_t outputStrideElems, KernelStream stream) {
   if (count == 0 || src.batch == 0) return zpSuccess;
   ZPCHECK(checkSources(src, bits, blockSize, "launchReduceFinish"));
   const ReduceArgs a = reduceArgs(src, count, blockSize);

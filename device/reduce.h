@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "device/kernel_stream.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -31,13 +32,13 @@ struct ReduceSources {
  * @param blockSize power of two in [32, 8192].
  */
 zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bits, int blockSize, void* payload,
-                                  size_t payloadStride, cudaStream_t stream);
+                                  size_t payloadStride, KernelStream stream);
 
 /**
  * @brief Sums each segment's sources, divides by `divisor` when it is not 1 (Avg), and writes `count` elements
  *        of `type` (fp16, bf16 or fp32; any element alignment) at `output + g * outputStrideElems` elements.
  */
 zpResult_t launchReduceFinish(const ReduceSources& src, size_t count, int bits, int blockSize, zpDataType_t type,
-                              float divisor, void* output, size_t outputStrideElems, cudaStream_t stream);
+                              float divisor, void* output, size_t outputStrideElems, KernelStream stream);
 
 }  // namespace zp

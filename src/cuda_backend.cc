@@ -40,6 +40,7 @@ zpResult_t cudaExecInit(CudaExec* e) {
   CUDACHECK(cudaStreamCreateWithPriority(&e->sideStream, cudaStreamNonBlocking, least));
   CUDACHECK(cudaStreamCreateWithPriority(&e->quantStream, cudaStreamNonBlocking, least));
   CUDACHECK(cudaStreamCreateWithPriority(&e->moveStream, cudaStreamNonBlocking, greatest));
+  ZPCHECK(createGreenStreams(e->device, static_cast<int>(paramNcclSms()), least, &e->green));
   for (cudaEvent_t& ev : e->chunkReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   for (cudaEvent_t& ev : e->quantReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&e->sideDone, cudaEventDisableTiming));
@@ -64,6 +65,7 @@ zpResult_t cudaExecFree(CudaExec* e) {
     if (*ev != nullptr) (void)cudaEventDestroy(*ev);
     *ev = nullptr;
   }
+  destroyGreenStreams(&e->green);
   for (cudaStream_t* st : {&e->sideStream, &e->quantStream, &e->moveStream, &e->setupStream}) {
     if (*st != nullptr) (void)cudaStreamDestroy(*st);
     *st = nullptr;
@@ -164,7 +166,7 @@ class CudaBackend final : public Backend {
       abort = abort || watchdog_->failure() != zpSuccess;
     }
     // Destroy waits for the work enqueued on the communicator; abort does not.
-    if (!abort && exec_.sideStream != nullptr && cudaStreamSynchronize(exec_.sideStream) != cudaSuccess) {
+    if (!abort && exec_.sideDone != nullptr && cudaEventSynchronize(exec_.sideDone) != cudaSuccess) {
       (void)cudaGetLastError();
       res = zpUnhandledCudaError;
     }
@@ -251,6 +253,9 @@ zpResult_t exchangeNodeKeys(ncclComm_t world, int nranks, int rank, uint64_t key
   CUDACHECK(cudaMalloc(&dev, sizeof(uint64_t) * nranks));
   zpResult_t res = zpSuccess;
   keys->assign(nranks, 0);
+  // Zeroed first, so that the copy back never reads bytes that only NCCL wrote (compute-sanitizer initcheck
+  // does not see them).
+  CUDACHECKGOTO(cudaMemsetAsync(dev, 0, sizeof(uint64_t) * nranks, stream), res, done);
   CUDACHECKGOTO(cudaMemcpyAsync(dev + rank, &key, sizeof(key), cudaMemcpyHostToDevice, stream), res, done);
   if (ncclAllGather(dev + rank, dev, 1, ncclUint64, world, stream) != ncclSuccess) {
     res = ZP_ERR(zpSystemError, "node-key all-gather failed: %s", ncclGetLastError(world));

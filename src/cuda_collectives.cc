@@ -43,14 +43,17 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
                   "captured: call zpCommReserve (or this collective once) before capture",
                   call, bytes, s.bytes);
   }
-  // Work already enqueued may still use the old buffer.
+  // Work already enqueued may still use the old buffer: the caller's, and the last pipeline's finish stage.
   if (stream != nullptr) CUDACHECK(cudaStreamSynchronize(stream));
-  CUDACHECK(cudaStreamSynchronize(e.sideStream));
+  CUDACHECK(cudaEventSynchronize(e.sideDone));
   if (s.ptr != nullptr) CUDACHECK(cudaFree(s.ptr));
   s.ptr = nullptr;
   s.bytes = 0;
   const size_t rounded = alignUp(bytes, size_t{1} << 20);
   CUDACHECK(cudaMalloc(&s.ptr, rounded));
+  // Zeroed once, so that no byte of scratch is ever undefined (compute-sanitizer initcheck, which does not see
+  // the writes of the NCCL kernels it is told to skip, then reports nothing from our kernels' reads).
+  CUDACHECK(cudaMemset(s.ptr, 0, rounded));
   s.bytes = rounded;
   ZP_INFO(kSubsysAlloc, "%s : scratch %d grown to %zu bytes", call, which, rounded);
   return zpSuccess;
@@ -59,13 +62,15 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
 // The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
 // caller's stream, which saves the events' latency on small messages.
 struct Stages {
-  cudaStream_t caller, quant, move, finish;
-  bool pipelined() const { return quant != caller; }
+  cudaStream_t caller, move;
+  KernelStream quant, finish;
+  bool pipelined() const { return quant.stream != caller; }
 };
 
 // Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
-// being captured (inside a graph the order of replays is the caller's), then starts the quantize stage.
-zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, Stages* stages) {
+// being captured (inside a graph the order of replays is the caller's), then starts the quantize stage. The
+// quantize stage's kernels, and the finish stage's unless it calls NCCL itself, run in the green context.
+zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool finishCallsNccl, Stages* stages) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   if (status == cudaStreamCaptureStatusNone) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
@@ -73,9 +78,12 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, Stages* s
     *stages = Stages{stream, stream, stream, stream};
     return zpSuccess;
   }
-  *stages = Stages{stream, e.quantStream, e.moveStream, e.sideStream};
+  const GreenStreams& g = e.green;
+  const KernelStream quant = g.context ? KernelStream(g.quant, g.sms) : KernelStream(e.quantStream);
+  const KernelStream finish = g.context && !finishCallsNccl ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
+  *stages = Stages{stream, e.moveStream, quant, finish};
   CUDACHECK(cudaEventRecord(e.callStart, stream));
-  CUDACHECK(cudaStreamWaitEvent(e.quantStream, e.callStart, 0));
+  CUDACHECK(cudaStreamWaitEvent(quant.stream, e.callStart, 0));
   CUDACHECK(cudaStreamWaitEvent(e.moveStream, e.callStart, 0));
   return zpSuccess;
 }
@@ -83,7 +91,7 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, Stages* s
 // Chunk c is quantized (recorded right after its quantization, before later chunks are enqueued)...
 zpResult_t quantized(CudaExec& e, const Stages& s, int c) {
   if (!s.pipelined()) return zpSuccess;
-  CUDACHECK(cudaEventRecord(e.quantReady[c], s.quant));
+  CUDACHECK(cudaEventRecord(e.quantReady[c], s.quant.stream));
   return zpSuccess;
 }
 // ...so the move stage may send it.
@@ -97,7 +105,7 @@ zpResult_t waitQuantized(CudaExec& e, const Stages& s, int c) {
 zpResult_t handOver(CudaExec& e, const Stages& s, int c) {
   if (!s.pipelined()) return zpSuccess;
   CUDACHECK(cudaEventRecord(e.chunkReady[c], s.move));
-  CUDACHECK(cudaStreamWaitEvent(s.finish, e.chunkReady[c], 0));
+  CUDACHECK(cudaStreamWaitEvent(s.finish.stream, e.chunkReady[c], 0));
   return zpSuccess;
 }
 
@@ -105,7 +113,7 @@ zpResult_t handOver(CudaExec& e, const Stages& s, int c) {
 // caller's stream.
 zpResult_t endPipeline(CudaExec& e, const Stages& s) {
   if (!s.pipelined()) return zpSuccess;
-  CUDACHECK(cudaEventRecord(e.sideDone, s.finish));
+  CUDACHECK(cudaEventRecord(e.sideDone, s.finish.stream));
   CUDACHECK(cudaStreamWaitEvent(s.caller, e.sideDone, 0));
   return zpSuccess;
 }
@@ -201,7 +209,7 @@ zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what) {
 // sliceOfSlot[s] (elements [offset, offset+count) of it). Runs of slots whose slices are evenly spaced go in
 // one launch (every slot for one hop; one launch per local peer for node-major two-hop layouts).
 zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot, size_t sliceElems, size_t offset,
-                         size_t count, char* slots, size_t slotBytes, cudaStream_t stream) {
+                         size_t count, char* slots, size_t slotBytes, KernelStream stream) {
   const size_t esz = typeSize(a.type);
   const auto* send = static_cast<const char*>(a.sendbuff);
   const int n = static_cast<int>(sliceOfSlot.size());
@@ -261,7 +269,7 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
   Stages st;
-  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, &st));
+  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*finishCallsNccl=*/false, &st));
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   char* region = static_cast<char*>(e.scratch[0].ptr);
   const auto* send = static_cast<const char*>(a.sendbuff);
@@ -272,10 +280,10 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
-    trace.mark(PipelineTrace::kQuantize, c, false, st.quant);
+    trace.mark(PipelineTrace::kQuantize, c, false, st.quant.stream);
     ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + off + rank * pb, plan.elems(c), a.type, a.bits,
                            a.blockSize, st.quant));
-    trace.mark(PipelineTrace::kQuantize, c, true, st.quant);
+    trace.mark(PipelineTrace::kQuantize, c, true, st.quant.stream);
     ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
@@ -289,10 +297,10 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
                       "ncclAllGather"));
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
-    trace.mark(PipelineTrace::kFinish, c, false, st.finish);
+    trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
     ZPCHECK(launchDequantize(region + off, recv + plan.offset(c) * esz, plan.elems(c), a.type, a.bits, a.blockSize,
                              st.finish, n, pb, a.count));
-    trace.mark(PipelineTrace::kFinish, c, true, st.finish);
+    trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
     off += n * pb;
   }
   ZPCHECK(endPipeline(e, st));
@@ -340,7 +348,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     ZPCHECK(connectPeers(e, a.opName));
   }
   Stages st;
-  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, &st));
+  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*finishCallsNccl=*/q.twoHop, &st));
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   auto* sendRegion = static_cast<char*>(e.scratch[0].ptr);
   auto* recvRegion = static_cast<char*>(e.scratch[1].ptr);
@@ -351,9 +359,9 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
-    trace.mark(PipelineTrace::kQuantize, c, false, st.quant);
+    trace.mark(PipelineTrace::kQuantize, c, false, st.quant.stream);
     ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb, st.quant));
-    trace.mark(PipelineTrace::kQuantize, c, true, st.quant);
+    trace.mark(PipelineTrace::kQuantize, c, true, st.quant.stream);
     ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
@@ -379,12 +387,12 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     if (!q.twoHop) {
       trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
-      trace.mark(PipelineTrace::kFinish, c, false, st.finish);
+      trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
       // Step 3 (finish): slot j of the received region came from rank j; summed in rank order.
       const ReduceSources sources{received, pb, 0, n, 1};
       ZPCHECK(launchReduceFinish(sources, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
                                  st.finish));
-      trace.mark(PipelineTrace::kFinish, c, true, st.finish);
+      trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
     } else {
       // Step 3 (move): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
       // into the front of this chunk's send region (its slots have left).
@@ -392,21 +400,21 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
       ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, st.move));
       trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
-      trace.mark(PipelineTrace::kFinish, c, false, st.finish);
+      trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
       // Step 4 (finish): the inter-node all-to-all among ranks of this local rank: partial b to node b.
       ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
       for (int node = 0; node < N; ++node) {
-        ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish), a.opName,
+        ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish.stream), a.opName,
                           "ncclSend"));
-        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish), a.opName,
-                          "ncclRecv"));
+        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish.stream),
+                          a.opName, "ncclRecv"));
       }
       ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
       // Step 5 (finish): node a's partial, summed in node order, into recvbuff.
       const ReduceSources finals{received, pb, 0, N, 1};
       ZPCHECK(launchReduceFinish(finals, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
                                  st.finish));
-      trace.mark(PipelineTrace::kFinish, c, true, st.finish);
+      trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
     }
     off += n * pb;
   }

@@ -10,6 +10,7 @@
 #include "host/qgz_plan.h"
 #include "host/topology.h"
 #include "src/backend.h"
+#include "src/green_context.h"
 
 namespace zp {
 
@@ -47,9 +48,15 @@ struct CudaExec {
   // chunk c-1 finished while chunk c travels. moveStream has the device's highest priority and the other two
   // its lowest: NCCL's few long-lived CTAs then get SMs as soon as any free up, instead of queueing behind the
   // many short CTAs of the quantize and dequantize grids (without priorities the stages barely overlapped).
+  //
+  // The quantize and finish stages run their kernels on the green context's streams when there is one (an SM
+  // share that leaves ZP_NCCL_SMS SMs free, src/green_context.h): NCCL's CTAs each need a nearly empty SM, which
+  // priorities alone cannot give them while our grids fill every SM. A finish stage that itself calls NCCL (the
+  // second hop of qgZ) stays on sideStream.
   cudaStream_t quantStream = nullptr;
   cudaStream_t moveStream = nullptr;
   cudaStream_t sideStream = nullptr;
+  GreenStreams green;
   cudaEvent_t callStart = nullptr;                  // the call's start on the caller's stream: the stages wait
   cudaEvent_t quantReady[kMaxPipelineChunks] = {};  // chunk c quantized
   cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // chunk c moved (recorded on moveStream)

@@ -23,7 +23,10 @@ namespace zp {
     "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")         \
   X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                    \
     "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators " \
-    "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")
+    "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                               \
+  X(NcclSms, "ZP_NCCL_SMS", 32,                                                                           \
+    "cuda backend: SMs that the chunk pipelines' own kernels leave free for NCCL's while both run (their " \
+    "quantize and finish stages run in a green context of the other SMs; 0: no green context, every SM)")
 
 #define ZP_DECLARE_PARAM(name, env, def, help) int64_t param##name();
 ZP_PARAMS(ZP_DECLARE_PARAM)

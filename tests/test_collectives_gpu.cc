@@ -366,6 +366,14 @@ TEST(GpuGraphs, CapturedCollectivesReplayToTheSameBits) {
                    2, nullptr, /*replays=*/5);
 }
 
+TEST(GpuGraphs, CapturedPipelinesReplayToTheSameBits) {
+  ZP_REQUIRE_GPUS(2);
+  // Two or more chunks: the captured graph holds the three stage streams, green-context ones included.
+  checkAgainstHost(
+      {{Op::kQwz, zpBfloat16, 4, size_t{36} << 20, true}, {Op::kQgz, zpFloat16, 8, size_t{36} << 20, false}}, 2,
+      nullptr, /*replays=*/2);
+}
+
 TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
   ZP_REQUIRE_GPUS(2);
   const Case c{Op::kQwz, zpBfloat16, 8, 1 << 20, false};

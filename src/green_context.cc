@@ -1,0 +1,112 @@
+#include "src/green_context.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "src/check.h"
+#include "src/debug.h"
+
+namespace zp {
+
+namespace {
+
+// The driver calls, looked up at run time (zpccl links only the runtime; a driver older than the green-context
+// API simply has none).
+struct GreenApi {
+  PFN_cuDeviceGetDevResource_v12040 getDevResource = nullptr;
+  PFN_cuDevSmResourceSplitByCount_v12040 splitByCount = nullptr;
+  PFN_cuDevResourceGenerateDesc_v12040 generateDesc = nullptr;
+  PFN_cuGreenCtxCreate_v12040 create = nullptr;
+  PFN_cuGreenCtxDestroy_v12040 destroy = nullptr;
+  PFN_cuGreenCtxStreamCreate_v12050 streamCreate = nullptr;
+  bool complete = false;
+};
+
+template <class Fn>
+bool lookup(const char* symbol, unsigned version, Fn* fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &p, version, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || p == nullptr) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  *fn = reinterpret_cast<Fn>(p);
+  return true;
+}
+
+const GreenApi& greenApi() {
+  static const GreenApi api = [] {
+    GreenApi a;
+    a.complete = lookup("cuDeviceGetDevResource", 12040, &a.getDevResource) &&
+                 lookup("cuDevSmResourceSplitByCount", 12040, &a.splitByCount) &&
+                 lookup("cuDevResourceGenerateDesc", 12040, &a.generateDesc) &&
+                 lookup("cuGreenCtxCreate", 12040, &a.create) && lookup("cuGreenCtxDestroy", 12040, &a.destroy) &&
+                 lookup("cuGreenCtxStreamCreate", 12050, &a.streamCreate);
+    return a;
+  }();
+  return api;
+}
+
+// The largest SM group of `all` that leaves at least `leaveFree` SMs out. The split rounds a request up to the
+// partition granularity, so smaller requests are tried until one fits.
+bool splitOff(const GreenApi& api, const CUdevResource& all, int leaveFree, CUdevResource* group) {
+  const unsigned total = all.sm.smCount, step = all.sm.smCoscheduledAlignment ? all.sm.smCoscheduledAlignment : 1;
+  if (static_cast<unsigned>(leaveFree) >= total) return false;
+  for (unsigned want = (total - leaveFree) / step * step; want >= all.sm.minSmPartitionSize && want > 0; want -= step) {
+    unsigned groups = 1;
+    CUdevResource input = all, remaining{};
+    if (api.splitByCount(group, &groups, &input, &remaining, 0, want) == CUDA_SUCCESS && groups == 1 &&
+        group->sm.smCount + leaveFree <= total) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+zpResult_t createGreenStreams(int device, int leaveFree, int priority, GreenStreams* out) {
+  *out = GreenStreams();
+  if (leaveFree <= 0) return zpSuccess;
+  const GreenApi& api = greenApi();
+  if (!api.complete) {
+    ZP_INFO(kSubsysInit, "no green contexts in this driver: the pipelines' kernels share every SM with NCCL");
+    return zpSuccess;
+  }
+  CUdevResource all{}, group{};
+  CUdevResourceDesc desc = nullptr;
+  CUgreenCtx context = nullptr;
+  if (api.getDevResource(static_cast<CUdevice>(device), &all, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS ||
+      !splitOff(api, all, leaveFree, &group) || api.generateDesc(&desc, &group, 1) != CUDA_SUCCESS ||
+      api.create(&context, desc, static_cast<CUdevice>(device), CU_GREEN_CTX_DEFAULT_STREAM) != CUDA_SUCCESS) {
+    ZP_INFO(kSubsysInit, "device %d: no green context leaving %d of %u SMs free: the pipelines' kernels share every SM",
+            device, leaveFree, all.sm.smCount);
+    return zpSuccess;
+  }
+  GreenStreams g;
+  g.context = context;
+  g.sms = static_cast<int>(group.sm.smCount);
+  for (cudaStream_t* s : {&g.quant, &g.side}) {
+    CUstream stream = nullptr;
+    if (api.streamCreate(&stream, context, CU_STREAM_NON_BLOCKING, priority) != CUDA_SUCCESS) {
+      destroyGreenStreams(&g);
+      return ZP_ERR(zpUnhandledCudaError, "device %d: cuGreenCtxStreamCreate failed", device);
+    }
+    *s = stream;
+  }
+  ZP_INFO(kSubsysInit, "device %d: the pipelines' kernels run on %d of %u SMs (ZP_NCCL_SMS=%d)", device, g.sms,
+          all.sm.smCount, leaveFree);
+  *out = g;
+  return zpSuccess;
+}
+
+void destroyGreenStreams(GreenStreams* g) {
+  for (cudaStream_t s : {g->quant, g->side}) {
+    if (s != nullptr) (void)cudaStreamDestroy(s);
+  }
+  if (g->context != nullptr) (void)greenApi().destroy(static_cast<CUgreenCtx>(g->context));
+  *g = GreenStreams();
+}
+
+}  // namespace zp

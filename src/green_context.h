@@ -1,0 +1,36 @@
+// A share of the device's SMs for the chunk pipelines' own kernels (a CUDA green context), so that NCCL finds SMs
+// free while they run.
+//
+// Why: an NCCL kernel's CTA takes 512-640 threads of 96 registers each, nearly a whole SM's register file, so it
+// can only start on an SM that none of our CTAs occupy. The quantize and dequantize kernels fill every SM with one
+// wave of long-lived CTAs, so a chunk's all-gather used to wait for the next chunk's quantization to finish: the
+// stages ran one after another. Kernels on the streams below see only the green context's SMs; the others stay
+// free for NCCL, which runs on ordinary streams.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "include/zpccl.h"
+
+namespace zp {
+
+struct GreenStreams {
+  void* context = nullptr;       ///< the CUgreenCtx; null when none was made (the pipelines then use every SM)
+  cudaStream_t quant = nullptr;  ///< non-blocking streams of the green context
+  cudaStream_t side = nullptr;
+  int sms = 0;  ///< SMs of the green context
+};
+
+/**
+ * @brief Makes a green context of `device`'s SMs less at least `leaveFree` (rounded to the device's partition
+ *        granularity) and two non-blocking streams of `priority` in it. Where that cannot be done (leaveFree <= 0,
+ *        a driver without green contexts, a partition too small) it leaves `out` empty and says why at INFO INIT;
+ *        that is not an error.
+ * @return zpSuccess, or zpUnhandledCudaError when a step fails after the context was made (nothing is leaked).
+ */
+zpResult_t createGreenStreams(int device, int leaveFree, int priority, GreenStreams* out);
+
+/// Destroys what createGreenStreams made (an empty GreenStreams is fine); work on the streams must be done.
+void destroyGreenStreams(GreenStreams* g);
+
+}  // namespace zp
