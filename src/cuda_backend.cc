@@ -45,6 +45,7 @@ zpResult_t cudaExecInit(CudaExec* e) {
   for (cudaEvent_t& ev : e->quantReady) CUDACHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&e->sideDone, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&e->callStart, cudaEventDisableTiming));
+  CUDACHECK(cudaEventCreateWithFlags(&e->capturedSideDone, cudaEventDisableTiming));
   return zpSuccess;
 }
 
@@ -61,7 +62,7 @@ zpResult_t cudaExecFree(CudaExec* e) {
   }
   for (cudaEvent_t ev : e->traceEvents) (void)cudaEventDestroy(ev);
   e->traceEvents.clear();
-  for (cudaEvent_t* ev : {&e->sideDone, &e->callStart}) {
+  for (cudaEvent_t* ev : {&e->sideDone, &e->callStart, &e->capturedSideDone}) {
     if (*ev != nullptr) (void)cudaEventDestroy(*ev);
     *ev = nullptr;
   }

@@ -46,13 +46,13 @@ struct CudaExec {
   // The chunk pipelines run three stages on three streams: quantize (quantStream), move (moveStream, where
   // NCCL runs), finish (sideStream: dequantize, reduce, or the second hop), so that chunk c+1 is quantized and
   // chunk c-1 finished while chunk c travels. moveStream has the device's highest priority and the other two
-  // its lowest: NCCL's few long-lived CTAs then get SMs as soon as any free up, instead of queueing behind the
-  // many short CTAs of the quantize and dequantize grids (without priorities the stages barely overlapped).
+  // its lowest, so that NCCL's few long-lived CTAs get SMs first when any free up (priorities alone did not make
+  // the stages overlap over NVLink: the green context below did).
   //
-  // The quantize and finish stages run their kernels on the green context's streams when there is one (an SM
-  // share that leaves ZP_NCCL_SMS SMs free, src/green_context.h): NCCL's CTAs each need a nearly empty SM, which
-  // priorities alone cannot give them while our grids fill every SM. A finish stage that itself calls NCCL (the
-  // second hop of qgZ) stays on sideStream.
+  // The quantized gathers (qwZ, hpZ's quantized mode) run their quantize and finish stages on the green
+  // context's streams when there is one (an SM share that leaves ZP_NCCL_SMS SMs free, src/green_context.h):
+  // NCCL's CTAs each need a nearly empty SM, which priorities alone cannot give them while our grids fill every
+  // SM. qgZ keeps every SM (cuda_collectives.cc says why).
   cudaStream_t quantStream = nullptr;
   cudaStream_t moveStream = nullptr;
   cudaStream_t sideStream = nullptr;
@@ -61,6 +61,9 @@ struct CudaExec {
   cudaEvent_t quantReady[kMaxPipelineChunks] = {};  // chunk c quantized
   cudaEvent_t chunkReady[kMaxPipelineChunks] = {};  // chunk c moved (recorded on moveStream)
   cudaEvent_t sideDone = nullptr;                   // the finish stage done: the caller's stream waits on it
+  // The same join inside graph capture: sideDone is never recorded there, since an event last recorded in a
+  // capture cannot be waited for or synchronized outside it (the next call and zpCommDestroy do both).
+  cudaEvent_t capturedSideDone = nullptr;
   ScratchBuffer scratch[2];
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
   bool peersConnected = false;           // every point-to-point peer connected (needed before graph capture)
