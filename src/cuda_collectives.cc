@@ -52,8 +52,11 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   const size_t rounded = alignUp(bytes, size_t{1} << 20);
   CUDACHECK(cudaMalloc(&s.ptr, rounded));
   // Zeroed once, so that no byte of scratch is ever undefined (compute-sanitizer initcheck, which does not see
-  // the writes of the NCCL kernels it is told to skip, then reports nothing from our kernels' reads).
-  CUDACHECK(cudaMemset(s.ptr, 0, rounded));
+  // the writes of the NCCL kernels it is told to skip, then reports nothing from our kernels' reads). On the
+  // non-blocking setup stream: a plain cudaMemset would go to the legacy default stream and wait for every
+  // blocking stream, including one where another communicator's NCCL kernel waits for a peer (a deadlock).
+  CUDACHECK(cudaMemsetAsync(s.ptr, 0, rounded, e.setupStream));
+  CUDACHECK(cudaStreamSynchronize(e.setupStream));
   s.bytes = rounded;
   ZP_INFO(kSubsysAlloc, "%s : scratch %d grown to %zu bytes", call, which, rounded);
   return zpSuccess;
