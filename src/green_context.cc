@@ -3,6 +3,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <map>
+#include <mutex>
+
 #include "src/check.h"
 #include "src/debug.h"
 
@@ -17,7 +20,6 @@ struct GreenApi {
   PFN_cuDevSmResourceSplitByCount_v12040 splitByCount = nullptr;
   PFN_cuDevResourceGenerateDesc_v12040 generateDesc = nullptr;
   PFN_cuGreenCtxCreate_v12040 create = nullptr;
-  PFN_cuGreenCtxDestroy_v12040 destroy = nullptr;
   PFN_cuGreenCtxStreamCreate_v12050 streamCreate = nullptr;
   bool complete = false;
 };
@@ -41,7 +43,7 @@ const GreenApi& greenApi() {
     a.complete = lookup("cuDeviceGetDevResource", 12040, &a.getDevResource) &&
                  lookup("cuDevSmResourceSplitByCount", 12040, &a.splitByCount) &&
                  lookup("cuDevResourceGenerateDesc", 12040, &a.generateDesc) &&
-                 lookup("cuGreenCtxCreate", 12040, &a.create) && lookup("cuGreenCtxDestroy", 12040, &a.destroy) &&
+                 lookup("cuGreenCtxCreate", 12040, &a.create) &&
                  lookup("cuGreenCtxStreamCreate", 12050, &a.streamCreate);
     return a;
   }();
@@ -64,39 +66,65 @@ bool splitOff(const GreenApi& api, const CUdevResource& all, int leaveFree, CUde
   return false;
 }
 
+// The device's green context: one for the whole process, made on first use and kept until exit, in which every
+// communicator on the device makes its own streams. (With a context per communicator, two communicators in flight
+// on one device at once hung: GpuConcurrency.) Null when none can be made.
+struct DeviceGreenContext {
+  bool tried = false;
+  CUgreenCtx context = nullptr;
+  int sms = 0;
+};
+
+DeviceGreenContext makeGreenContext(int device, int leaveFree) {
+  DeviceGreenContext made;
+  made.tried = true;
+  const GreenApi& api = greenApi();
+  if (!api.complete) {
+    ZP_INFO(kSubsysInit, "no green contexts in this driver: the pipelines' kernels share every SM with NCCL");
+    return made;
+  }
+  CUdevResource all{}, group{};
+  CUdevResourceDesc desc = nullptr;
+  if (api.getDevResource(static_cast<CUdevice>(device), &all, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS ||
+      !splitOff(api, all, leaveFree, &group) || api.generateDesc(&desc, &group, 1) != CUDA_SUCCESS ||
+      api.create(&made.context, desc, static_cast<CUdevice>(device), CU_GREEN_CTX_DEFAULT_STREAM) != CUDA_SUCCESS) {
+    ZP_INFO(kSubsysInit, "device %d: no green context leaving %d of %u SMs free: the pipelines' kernels share every SM",
+            device, leaveFree, all.sm.smCount);
+    made.context = nullptr;
+    return made;
+  }
+  made.sms = static_cast<int>(group.sm.smCount);
+  ZP_INFO(kSubsysInit, "device %d: the pipelines' kernels run on %d of %u SMs (ZP_NCCL_SMS=%d)", device, made.sms,
+          all.sm.smCount, leaveFree);
+  return made;
+}
+
 }  // namespace
 
 zpResult_t createGreenStreams(int device, int leaveFree, int priority, GreenStreams* out) {
   *out = GreenStreams();
-  if (leaveFree <= 0) return zpSuccess;
-  const GreenApi& api = greenApi();
-  if (!api.complete) {
-    ZP_INFO(kSubsysInit, "no green contexts in this driver: the pipelines' kernels share every SM with NCCL");
-    return zpSuccess;
+  if (leaveFree <= 0 || device < 0) return zpSuccess;
+  static std::mutex mutex;
+  static std::map<int, DeviceGreenContext> contexts;
+  DeviceGreenContext ctx;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    DeviceGreenContext& slot = contexts[device];
+    if (!slot.tried) slot = makeGreenContext(device, leaveFree);
+    ctx = slot;
   }
-  CUdevResource all{}, group{};
-  CUdevResourceDesc desc = nullptr;
-  CUgreenCtx context = nullptr;
-  if (api.getDevResource(static_cast<CUdevice>(device), &all, CU_DEV_RESOURCE_TYPE_SM) != CUDA_SUCCESS ||
-      !splitOff(api, all, leaveFree, &group) || api.generateDesc(&desc, &group, 1) != CUDA_SUCCESS ||
-      api.create(&context, desc, static_cast<CUdevice>(device), CU_GREEN_CTX_DEFAULT_STREAM) != CUDA_SUCCESS) {
-    ZP_INFO(kSubsysInit, "device %d: no green context leaving %d of %u SMs free: the pipelines' kernels share every SM",
-            device, leaveFree, all.sm.smCount);
-    return zpSuccess;
-  }
+  if (ctx.context == nullptr) return zpSuccess;
   GreenStreams g;
-  g.context = context;
-  g.sms = static_cast<int>(group.sm.smCount);
+  g.context = ctx.context;
+  g.sms = ctx.sms;
   for (cudaStream_t* s : {&g.quant, &g.side}) {
     CUstream stream = nullptr;
-    if (api.streamCreate(&stream, context, CU_STREAM_NON_BLOCKING, priority) != CUDA_SUCCESS) {
+    if (greenApi().streamCreate(&stream, ctx.context, CU_STREAM_NON_BLOCKING, priority) != CUDA_SUCCESS) {
       destroyGreenStreams(&g);
       return ZP_ERR(zpUnhandledCudaError, "device %d: cuGreenCtxStreamCreate failed", device);
     }
     *s = stream;
   }
-  ZP_INFO(kSubsysInit, "device %d: the pipelines' kernels run on %d of %u SMs (ZP_NCCL_SMS=%d)", device, g.sms,
-          all.sm.smCount, leaveFree);
   *out = g;
   return zpSuccess;
 }
@@ -105,8 +133,7 @@ void destroyGreenStreams(GreenStreams* g) {
   for (cudaStream_t s : {g->quant, g->side}) {
     if (s != nullptr) (void)cudaStreamDestroy(s);
   }
-  if (g->context != nullptr) (void)greenApi().destroy(static_cast<CUgreenCtx>(g->context));
-  *g = GreenStreams();
+  *g = GreenStreams();  // the context is the device's, kept for the next communicator
 }
 
 }  // namespace zp

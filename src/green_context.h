@@ -22,15 +22,17 @@ struct GreenStreams {
 };
 
 /**
- * @brief Makes a green context of `device`'s SMs less at least `leaveFree` (rounded to the device's partition
- *        granularity) and two non-blocking streams of `priority` in it. Where that cannot be done (leaveFree <= 0,
+ * @brief Makes two non-blocking streams of `priority` in `device`'s green context: the device's SMs less at least
+ *        `leaveFree` (rounded to the device's partition granularity), made by the first call for the device and
+ *        shared by every later one. Where that cannot be done (leaveFree <= 0,
  *        a driver without green contexts, a partition too small) it leaves `out` empty and says why at INFO INIT;
  *        that is not an error.
- * @return zpSuccess, or zpUnhandledCudaError when a step fails after the context was made (nothing is leaked).
+ * @return zpSuccess, or zpUnhandledCudaError when a stream cannot be made in the context.
  */
 zpResult_t createGreenStreams(int device, int leaveFree, int priority, GreenStreams* out);
 
-/// Destroys what createGreenStreams made (an empty GreenStreams is fine); work on the streams must be done.
+/// Destroys the streams createGreenStreams made (an empty GreenStreams is fine; the device's context stays);
+/// work on the streams must be done.
 void destroyGreenStreams(GreenStreams* g);
 
 }  // namespace zp
