@@ -31,7 +31,8 @@
 #   ZP_GPU_CHECK_ENV          extra VAR=value words for every perf step (e.g. ZP_CHUNK_BYTES=16777216)
 #   ZP_GPU_CHECK_TAG          suffix of the results folder and of the files in $OUT, so that several runs in one
 #                             call keep their own (e.g. a sweep of a tunable)
-#   ZP_GPU_CHECK_TEST_FILTER  --gtest_filter of the GPU suite (default: every test)
+#   ZP_GPU_CHECK_TEST_FILTER  --gtest_filter of the GPU suite (default: every test, then the pipeline and
+#                             concurrency tests again with ZP_NCCL_SMS=$ZP_GPU_CHECK_GREEN_SMS, default 32)
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
 #   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
@@ -166,6 +167,14 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
       record "$suite" - test missing 0 -
     fi
   done
+  # The tests that run chunk pipelines or several communicators at once, again with the quantized gathers'
+  # kernels in a green context (ZP_NCCL_SMS, off by default until this step has passed: an earlier version
+  # hung GpuConcurrency).
+  if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
+    run_step "zpccl_gpu_tests green" - test "$results/zpccl_gpu_tests_green.log" "" "$test_timeout" \
+      env ZP_NCCL_SMS="${ZP_GPU_CHECK_GREEN_SMS:-32}" "$build/tests/zpccl_gpu_tests" \
+      --gtest_filter='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuHpz.*:GpuReliability.*'
+  fi
 fi
 
 # ---- compute-sanitizer -------------------------------------------------------------------------------------
