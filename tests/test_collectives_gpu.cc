@@ -340,14 +340,22 @@ TEST(GpuHpz, ExactOnOneNodeAndAsTwoNodes) {
 // A few calls of each collective, small enough to run under compute-sanitizer's tools in seconds (the sweeps
 // above take minutes there): tools/gpu-check.sh runs this under memcheck, racecheck, initcheck and synccheck.
 // Buffers end exactly where their allocations do (deviceRun allocates each one at its size).
-TEST(GpuSanitized, EachCollectiveOnSmallCases) {
-  ZP_REQUIRE_GPUS(2);
+// Small calls of every collective, for compute-sanitizer runs (tools/gpu-check.sh): NaN, Inf, huge values and
+// denormals in the inputs, out of place and in place, on one node and as two.
+std::vector<Case> sanitizedCases() {
   std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 4097, false}, {Op::kQwz, zpFloat16, 4, 257, true},
                              {Op::kQgz, zpBfloat16, 4, 4097, false}, {Op::kQgz, zpFloat32, 8, 255, true, zpAvg},
                              {Op::kHpz, zpBfloat16, 0, 4097, false}, {Op::kHpz, zpFloat16, 8, 1001, true}};
   for (Case& c : cases) c.specials = true;
+  return cases;
+}
+const auto kOneRankPerNode = [](int, zpConfig_t* c) { c->ranksPerNode = 1; };
+
+TEST(GpuSanitized, EachCollectiveOnSmallCases) {
+  ZP_REQUIRE_GPUS(2);
+  const std::vector<Case> cases = sanitizedCases();
   checkAgainstHost(cases, 2, nullptr);
-  checkAgainstHost({cases[2], cases[3]}, 2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; });
+  checkAgainstHost({cases[2], cases[3]}, 2, kOneRankPerNode);
 }
 
 TEST(GpuPipeline, ChunkedLargeCallsMatchHost) {
@@ -482,9 +490,10 @@ TEST(GpuTwoProcesses, Child) {
 }
 
 // Spawns one child process per node running `filter`: node k sees GPUs [k * gpusPerNode, (k + 1) * gpusPerNode)
-// and its own NCCL_HOSTID (so NCCL and zpccl see distinct hosts), and reads the unique id from a file. Waits for
-// every child and expects each to exit 0.
-void runNodeProcesses(const char* filter, int nodes, int gpusPerNode) {
+// and its own NCCL_HOSTID (so NCCL and zpccl see distinct hosts; with sameHost, no NCCL_HOSTID: one host, the
+// processes then talk over NVLink), and reads the unique id from a file. Waits for every child and expects each
+// to exit 0.
+void runNodeProcesses(const char* filter, int nodes, int gpusPerNode, bool sameHost = false) {
   zpUniqueId id;
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
   const std::string idFile = "/tmp/zpccl-test-id-" + std::to_string(getpid());
@@ -497,7 +506,7 @@ void runNodeProcesses(const char* filter, int nodes, int gpusPerNode) {
     for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back(std::string(kChildEnv) + "=" + std::to_string(node));
     env.push_back(std::string(kIdFileEnv) + "=" + idFile);
-    env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(node));
+    if (!sameHost) env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(node));
     env.push_back("CUDA_VISIBLE_DEVICES=" + gpus);
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
@@ -520,6 +529,42 @@ TEST(GpuTwoProcesses, SeenAsTwoNodes) {
   ZP_REQUIRE_GPUS(2);
   if (getenv(kChildEnv)) GTEST_SKIP();
   runNodeProcesses("GpuTwoProcesses.Child", 2, 1);
+}
+
+// The sanitized cases with one process per GPU (one host, NVLink between them). compute-sanitizer racecheck
+// stalls the in-process version, whose two GPUs' NCCL kernels must run at the same time; each process of this
+// one drives one GPU.
+TEST(GpuSanitized, Child) {
+  const char* rankText = getenv(kChildEnv);
+  if (rankText == nullptr) GTEST_SKIP() << "runs only inside GpuSanitized.EachCollectiveInTwoProcesses";
+  const int rank = atoi(rankText);
+  zpUniqueId id;
+  ASSERT_TRUE(readParentId(&id));
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // CUDA_VISIBLE_DEVICES picks this process's GPU
+  const std::vector<Case> cases = sanitizedCases();
+  for (bool asTwoNodes : {false, true}) {
+    const zptest::ConfigureFn layout = asTwoNodes ? zptest::ConfigureFn(kOneRankPerNode) : nullptr;
+    zpConfig_t config = ZP_CONFIG_INITIALIZER;
+    if (layout) layout(rank, &config);
+    zpComm_t comm = nullptr;
+    ASSERT_EQ(zpCommInitRankConfig(&comm, 2, id, rank, &config), zpSuccess) << zpGetLastError(nullptr);
+    for (const Case& c : cases) {
+      if (asTwoNodes && c.op != Op::kQgz) continue;
+      SCOPED_TRACE(describe(c) + (asTwoNodes ? " as two nodes" : ""));
+      const std::vector<Buffer> expected = hostExpected(c, 2, layout);
+      Buffer actual;
+      deviceRun(c, rank, comm, &actual);
+      ASSERT_EQ(actual.size(), expected[rank].size());
+      EXPECT_TRUE(zpcheck::sameBits(actual.data(), expected[rank].data(), actual.size(), 1));
+    }
+    EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  }
+}
+
+TEST(GpuSanitized, EachCollectiveInTwoProcesses) {
+  ZP_REQUIRE_GPUS(2);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  runNodeProcesses("GpuSanitized.Child", 2, 1, /*sameHost=*/true);
 }
 
 // ---- four GPUs as two nodes of two (issue 9) ------------------------------------------------------------------

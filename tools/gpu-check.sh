@@ -106,6 +106,35 @@ over_budget() { [ "$SECONDS" -ge "$budget" ] || [ $((deadline - SECONDS)) -lt 15
 capped() { local left=$((deadline - SECONDS)); [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
 
 # run_step NAME REGIME KIND LOG JSON TIMEOUT CMD...: runs CMD with a time limit, logs, records the exit status.
+# Runs "$@" for at most $1 seconds (exit 124 when it overruns, like timeout). Before killing an overrun, logs
+# every thread's backtrace of it and of its children (with gdb, when installed), so that a hang shows where
+# it waits.
+run_with_backtraces() {
+  local limit=$1 waited=0 pid p
+  shift
+  "$@" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$limit" ]; do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid"
+    return
+  fi
+  if command -v gdb >/dev/null; then
+    for p in $pid $(pgrep -P "$pid"); do
+      echo "==== gpu-check: process $p still running after ${limit}s; its threads:"
+      timeout 60 gdb -p "$p" -batch -ex "thread apply all bt 12" 2>&1 | grep -E '^(Thread|#)' | head -300
+    done
+  fi
+  kill -TERM "$pid" 2>/dev/null
+  sleep 5
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return 124
+}
+
 run_step() {
   local name=$1 regime=$2 kind=$3 log=$4 json=$5 limit=$6
   shift 6
@@ -116,7 +145,11 @@ run_step() {
   fi
   local start=$SECONDS rc
   limit=$(capped "$limit")
-  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  if [ "$kind" = test ]; then
+    run_with_backtraces "$limit" "$@" >"$log" 2>&1
+  else
+    timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  fi
   rc=$?
   note "$regime $name: exit $rc ($((SECONDS - start))s) -> $log"
   record "$name" "$regime" "$kind" "$rc" "$((SECONDS - start))" "$log" "$json"
@@ -194,11 +227,15 @@ for tool in ${ZP_GPU_CHECK_SANITIZERS:-}; do
     record "sanitizer $tool" - test missing 0 "$log"
     continue
   fi
-  extra_flags=()
-  [ "$tool" = racecheck ] && extra_flags=(--racecheck-report all)
+  extra_flags=() filter=$sanitizer_filter
+  # racecheck stalls when one process's two GPUs must run NCCL kernels at the same time: it gets the test that
+  # drives each GPU from its own process (--target-processes all instruments those children).
+  [ "$tool" = racecheck ] && extra_flags=(--racecheck-report all) &&
+    filter=${ZP_GPU_CHECK_RACECHECK_FILTER:-${filter//GpuSanitized.\*/GpuSanitized.EachCollectiveInTwoProcesses}}
   run_step "sanitizer $tool" - test "$log" "" "${ZP_GPU_CHECK_SANITIZER_TIMEOUT:-240}" \
     env ZP_CHUNK_BYTES=4096 compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
-    --kernel-name-exclude kns=nccl "${extra_flags[@]}" "$build/tests/zpccl_gpu_tests" --gtest_filter="$sanitizer_filter"
+    --target-processes all --kernel-name-exclude kns=nccl "${extra_flags[@]}" "$build/tests/zpccl_gpu_tests" \
+    --gtest_filter="$filter"
 done
 
 # ---- perf --------------------------------------------------------------------------------------------------
@@ -335,14 +372,18 @@ def gtest_counts(log):
     return passed, failed
 
 def sanitizer_errors(log):
-    """compute-sanitizer's 'ERROR SUMMARY: N errors' count, or None when the log has none."""
+    """The errors of every 'ERROR SUMMARY: N errors' line summed (one per instrumented process), or None when
+    the log has none. A racecheck summary counts its errors, not its warnings."""
     count = None
     try:
         for line in open(log, errors="replace"):
-            if "ERROR SUMMARY:" in line:
-                count = line.split("ERROR SUMMARY:")[1].split()[0]
+            found = None
+            if "ERROR SUMMARY:" in line and "not printed" not in line:
+                found = line.split("ERROR SUMMARY:")[1].split()[0]
             elif "RACECHECK SUMMARY:" in line and "(" in line:  # "... hazards displayed (N errors, M warnings)"
-                count = line.split("(")[1].split()[0]
+                found = line.split("(")[1].split()[0]
+            if found is not None and found.isdigit():
+                count = (count or 0) + int(found)
     except OSError:
         pass
     return count
