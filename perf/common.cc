@@ -534,6 +534,8 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
   row.block = plan.block;
   row.ranks = rt.nranks;
   row.nodes = rt.nodes;
+  static const auto tunables = zpTunablesInEnvironment();
+  row.env = tunables;
   Measure* measures[2] = {&row.oop, &row.ip};
   for (int v = 0; v < 2; ++v) {
     if (std::isnan(r.seconds[v])) continue;

@@ -1,5 +1,8 @@
 #include "perf/json_out.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -188,8 +191,25 @@ std::string rowToJson(const ResultRow& row) {
     writeWire(w, "nccl_ring", row.ringWire);
     w.endObject();
   }
+  if (!row.env.empty()) {
+    w.key("env").beginObject();
+    for (const auto& [name, value] : row.env) w.key(name.c_str()).string(value);
+    w.endObject();
+  }
   w.endObject();
   return w.str();
+}
+
+std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (entry.rfind("ZP_", 0) != 0 || eq == std::string::npos || entry.rfind("ZP_DEBUG", 0) == 0) continue;
+    out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::string rowsToJson(const std::vector<ResultRow>& rows) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zp {
@@ -68,7 +69,13 @@ struct ResultRow {
   bool hasWire = false;
   WireBytes zpWire;
   WireBytes ringWire;
+  // zpccl's tunables set for the run (ZP_* variables, debug output aside), so that a row says how it was made;
+  // written as "env" only when there are some.
+  std::vector<std::pair<std::string, std::string>> env;
 };
+
+// The ZP_* variables of this process's environment that change what zpccl does (ZP_DEBUG* left out), by name.
+std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment();
 
 std::string rowToJson(const ResultRow& row);
 std::string rowsToJson(const std::vector<ResultRow>& rows);  // "[\n row,\n row\n]\n"

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "host/quant_format.h"
@@ -580,6 +582,28 @@ TEST(PerfJson, RowMatchesExpectedText) {
             "\"oop\": {\"time_us\": 1234.5, \"algbw\": 0.85, \"busbw\": 0.425, \"wrong\": 0}, "
             "\"ip\": {\"time_us\": 1300.25, \"algbw\": 0.8, \"busbw\": 0.4, \"wrong\": 3}, "
             "\"baseline\": \"nccl\", \"nccl\": {\"time_us\": 2469, \"busbw\": 0.21}, \"speedup\": 2}");
+}
+
+TEST(PerfJson, TunablesOfTheRunAreWrittenWhenSet) {
+  ResultRow row = sampleRow();
+  row.env = {{"ZP_CHUNK_BYTES", "16777216"}, {"ZP_NCCL_SMS", "32"}};
+  const std::string json = rowToJson(row);
+  EXPECT_NE(json.find("\"speedup\": 2, \"env\": {\"ZP_CHUNK_BYTES\": \"16777216\", \"ZP_NCCL_SMS\": \"32\"}}"),
+            std::string::npos)
+      << json;
+  EXPECT_TRUE(JsonChecker(json).valid()) << json;
+}
+
+TEST(PerfJson, TunablesComeFromZpVariablesButNotDebugOnes) {
+  setenv("ZP_TEST_TUNABLE", "7", 1);
+  setenv("ZP_DEBUG_SUBSYS", "COLL", 1);
+  const auto env = zpTunablesInEnvironment();
+  unsetenv("ZP_TEST_TUNABLE");
+  unsetenv("ZP_DEBUG_SUBSYS");
+  EXPECT_NE(std::find(env.begin(), env.end(), std::make_pair(std::string("ZP_TEST_TUNABLE"), std::string("7"))),
+            env.end());
+  for (const auto& [name, value] : env) EXPECT_NE(name.rfind("ZP_DEBUG", 0), 0u) << name;
+  EXPECT_TRUE(std::is_sorted(env.begin(), env.end()));
 }
 
 TEST(PerfJson, AbsentPartsAreNullAndMemcpyBaselineKeepsItsName) {
