@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -53,13 +54,14 @@ const GreenApi& greenApi() {
 // The largest SM group of `all` that leaves at least `leaveFree` SMs out. The split rounds a request up to the
 // partition granularity, so smaller requests are tried until one fits.
 bool splitOff(const GreenApi& api, const CUdevResource& all, int leaveFree, CUdevResource* group) {
-  const unsigned total = all.sm.smCount, step = all.sm.smCoscheduledAlignment ? all.sm.smCoscheduledAlignment : 1;
-  if (static_cast<unsigned>(leaveFree) >= total) return false;
-  for (unsigned want = (total - leaveFree) / step * step; want >= all.sm.minSmPartitionSize && want > 0; want -= step) {
+  const int total = static_cast<int>(all.sm.smCount);
+  const int step = std::max(1, static_cast<int>(all.sm.smCoscheduledAlignment));
+  const int smallest = std::max(1, static_cast<int>(all.sm.minSmPartitionSize));
+  for (int want = (total - leaveFree) / step * step; want >= smallest; want -= step) {
     unsigned groups = 1;
     CUdevResource input = all, remaining{};
-    if (api.splitByCount(group, &groups, &input, &remaining, 0, want) == CUDA_SUCCESS && groups == 1 &&
-        group->sm.smCount + leaveFree <= total) {
+    if (api.splitByCount(group, &groups, &input, &remaining, 0, static_cast<unsigned>(want)) == CUDA_SUCCESS &&
+        groups == 1 && static_cast<int>(group->sm.smCount) + leaveFree <= total) {
       return true;
     }
   }
@@ -67,8 +69,9 @@ bool splitOff(const GreenApi& api, const CUdevResource& all, int leaveFree, CUde
 }
 
 // The device's green context: one for the whole process, made on first use and kept until exit, in which every
-// communicator on the device makes its own streams. (With a context per communicator, two communicators in flight
-// on one device at once hung: GpuConcurrency.) Null when none can be made.
+// communicator on the device makes its own streams. (With a context per communicator, GpuConcurrency, two
+// communicators in flight on one device, hung; sharing one context is the remedy tried first, perf/RESULTS.md.)
+// Null when none can be made.
 struct DeviceGreenContext {
   bool tried = false;
   CUgreenCtx context = nullptr;
