@@ -114,8 +114,9 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 //     egress is L_a*p*(n-L_a). time = (n-1) * alpha + max over nodes of the two transfer times.
 //
 //   Kernels, each kind at its own speed: time = launches * launchUs + work / rate.
-//     quantize (k*e -> pb(k)), dequantize (pb(k) -> k*e): work = bytes read + written, rate in GB/s (two H200,
-//       bf16: quantize ~2300, dequantize ~3500; int4 and int8 within 10% of these).
+//     quantize (k*e -> pb(k)), dequantize (pb(k) -> k*e): work = bytes read + written, rate in GB/s. Quantize has
+//       a cost per code width, Q_b (quantizeCost(bits)), wherever it runs (qwZ, qgZ, the quantize rows): two H200,
+//       bf16: int8 ~2600, int4 ~2250 GB/s. Dequantize one for both (~3570; its widths within 3%).
 //     copy (NCCL's all-gather over one rank, out of place): work = 2 * bytes (read + written), GB/s.
 //     reduce (device/reduce.cu: dequantize + fp32 sum of s sources of k elements, then finish or requantize): one
 //       CTA per quantization block, each thread loading one 16- or 32-bit word of codes per source per 4
@@ -130,8 +131,11 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 //     ideal = sum / C + (C-1)/C * max(Q, M, F); the stages share the GPU's memory bandwidth and SMs (NVLink
 //     traffic is memory traffic too), so the implementation hides only a share w of that:
 //       time = sum - hidden,  hidden = w * (sum - ideal)   (C = 1: one stream, time = sum)
-//     with w fitted per op from its rows (two H200: qwZ ~0.4, qgZ ~0.25). Where the link dominates (max = M or
-//     the second hop), sum - ideal is small against the time and w barely matters.
+//     with w fitted per op from its rows (two H200: qwZ ~0.43, qgZ ~0.45). Where the link dominates (max = M or
+//     the second hop), sum - ideal is small against the time and w barely matters. A call of one chunk runs all
+//     of it on the caller's stream, back to back, without events (beginPipeline): time = Q + M + F exactly. Its
+//     NCCL call moves payloads, a quarter (int4) or half (int8) of the logical bytes: at 16 MiB logical that is
+//     below the 16 MiB from which the links are fitted, where the link terms extrapolate (and over-predict).
 //   qwZ (count k per rank), per chunk of k_c elements:
 //     Q: quantize k_c*e -> pb(k_c) (1 launch);  M: ring all-gather of n*pb(k_c) bytes;
 //     F: dequantize n*pb(k_c) -> n*k_c*e (1 launch).
@@ -241,7 +245,7 @@ Stages qwzStages(const ClusterSpec& c, double count, int e, int bits, int blockS
   s.chunks = plan.chunks;
   for (int i = 0; i < plan.chunks; ++i) {
     const double k = static_cast<double>(plan.elems(i)), pb = payloadBytes(k, bits, blockSize);
-    addKernel(c.kernel.quantize, 1, k * e + pb, k * e + pb, &s.quantize);
+    addKernel(c.kernel.quantizeCost(bits), 1, k * e + pb, k * e + pb, &s.quantize);
     s.move += ringAllGatherCost(c, n * pb);
     addKernel(c.kernel.dequantize, 1, n * pb + n * k * e, n * pb + n * k * e, &s.finish);
   }
@@ -256,7 +260,7 @@ Stages qgzStages(const ClusterSpec& c, double recvcount, int e, int bits, int bl
   s.chunks = plan.chunks;
   for (int i = 0; i < plan.chunks; ++i) {
     const double k = static_cast<double>(plan.elems(i)), pb = payloadBytes(k, bits, blockSize);
-    addKernel(c.kernel.quantize, twoHop ? L : 1, n * k * e + n * pb, n * k * e + n * pb, &s.quantize);
+    addKernel(c.kernel.quantizeCost(bits), twoHop ? L : 1, n * k * e + n * pb, n * k * e + n * pb, &s.quantize);
     if (!twoHop) {
       s.move += allToAllCost(c, pb);
       addKernel(c.kernel.reduce, 1, n * k, n * pb + k * e, &s.finish);
@@ -372,7 +376,8 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
   for (const LinkParams* p : {&c.intra, &c.inter})
     for (const LinkCost* l : {&p->allGather, &p->reduceScatter, &p->allToAll})
       if (!(l->bwGBs > 0) || !(l->latencyUs >= 0)) return "link bandwidths must be > 0 and latencies >= 0";
-  for (const KernelCost* k : {&c.kernel.quantize, &c.kernel.dequantize, &c.kernel.reduce, &c.kernel.copy})
+  for (const KernelCost* k :
+       {&c.kernel.quantizeInt8, &c.kernel.quantizeInt4, &c.kernel.dequantize, &c.kernel.reduce, &c.kernel.copy})
     if (!(k->rate > 0) || !(k->launchUs >= 0)) return "kernel rates must be > 0 and launch costs >= 0";
   if (!(c.pipeline.chunkBytes > 0) || c.pipeline.maxChunks < 1) return "pipeline chunks must be > 0 bytes, >= 1";
   for (double w : {c.pipeline.qwzOverlap, c.pipeline.qgzOverlap})
@@ -655,6 +660,11 @@ class JsonReader {
 };
 
 double numberOf(const Json* j, double fallback) { return j && j->type == Json::kNumber ? j->number : fallback; }
+std::string numberText(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.15g", v);
+  return buf;
+}
 std::string textOf(const Json* j) { return j && j->type == Json::kString ? j->text : std::string(); }
 const Json* firstOf(const Json& o, std::initializer_list<const char*> keys) {
   for (const char* k : keys)
@@ -685,6 +695,12 @@ PerfRow rowOf(const Json& o) {
   r.timeUs = oop ? timeOf(oop) : timeOf(o.get("time_us"));
   if (oop && oop->type == Json::kObject) r.wrong = static_cast<long long>(numberOf(oop->get("wrong"), -1));
   r.ncclTimeUs = timeOf(o.get("nccl"));
+  if (const Json* env = o.get("env")) {
+    for (const auto& m : env->members) {
+      if (m.second.type == Json::kString) r.env[m.first] = m.second.text;
+      if (m.second.type == Json::kNumber) r.env[m.first] = numberText(m.second.number);
+    }
+  }
   return r;
 }
 
@@ -944,7 +960,7 @@ bool rowTraffic(const PerfRow& row, bool baseline, const LinkParams& link, const
     case RowKind::kQuantize:
     case RowKind::kDequantize: {
       const double bytes = S + payloadBytes(S / s.e, s.bits, s.block);
-      addKernel(s.kind == RowKind::kQuantize ? kernel.quantize : kernel.dequantize, 1, bytes, bytes, t);
+      addKernel(s.kind == RowKind::kQuantize ? kernel.quantizeCost(s.bits) : kernel.dequantize, 1, bytes, bytes, t);
       return true;
     }
     default:
@@ -960,6 +976,13 @@ ParamFit paramFitOf(const LinkFit& f) {
   p.points = f.points;
   p.rmsErrPct = f.rmsErrPct;
   return p;
+}
+
+// A row run in a configuration the model does not describe: ZP_NCCL_SMS non-zero puts the quantized gathers'
+// kernels in a green context that leaves SMs to NCCL (src/green_context.h), which changes the pipeline's overlap.
+bool otherConfiguration(const PerfRow& row) {
+  const auto it = row.env.find("ZP_NCCL_SMS");
+  return it != row.env.end() && std::strtod(it->second.c_str(), nullptr) != 0;
 }
 
 // A pipelined row for the overlap fits: measured time, the stages' sum and what an ideal pipeline hides.
@@ -1015,11 +1038,23 @@ double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, c
   return rowTraffic(row, baseline, link, kernel, pipeline, &t) ? t.timeUs() : -1;
 }
 
-Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults,
+Calibration calibrate(const std::vector<PerfRow>& allRows, const KernelParams& defaults,
                       const PipelineParams& pipelineDefaults) {
   Calibration cal;
   cal.kernel = defaults;
   cal.pipeline = pipelineDefaults;
+  // The rows of the configuration the model describes; rowIndex[i]: rows[i]'s index in allRows.
+  std::vector<PerfRow> rows;
+  std::vector<size_t> rowIndex;
+  for (size_t i = 0; i < allRows.size(); ++i) {
+    if (otherConfiguration(allRows[i])) continue;
+    rows.push_back(allRows[i]);
+    rowIndex.push_back(i);
+  }
+  if (rows.size() < allRows.size())
+    cal.notes.push_back(std::to_string(allRows.size() - rows.size()) +
+                        " row(s) run with ZP_NCCL_SMS set (the quantized gathers' kernels in a green context, not the"
+                        " default configuration the model describes) skipped");
   // Step 1: each regime's links from NCCL's own times: t = (n-1) * alpha + size * (n-1)/n / bw per call.
   struct Points {
     std::vector<FitPoint> ag, rs, a2a;
@@ -1074,16 +1109,17 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
     cal.regimes[entry.first] = f;
   }
 
-  // Step 2: quantize and dequantize from their own rows (t = launch + bytes read and written / rate), the copy
-  // from the hpZ rows of one-rank groups (t = launch + 2 * size / rate).
-  std::vector<FitPoint> quantize, dequantize, copy;
+  // Step 2: quantize (per code width) and dequantize from their own rows (t = launch + bytes read and written /
+  // rate), the copy from the hpZ rows of one-rank groups (t = launch + 2 * size / rate).
+  std::vector<FitPoint> quantize8, quantize4, dequantize, copy;
   for (const PerfRow& row : rows) {
     const RowKind kind = classifyOp(row.op);
     RowShape s;
     if (!(row.timeUs > 0) || !rowShape(row, &s)) continue;
     if (isLocal(kind)) {
       const double bytes = row.size + payloadBytes(row.size / s.e, s.bits, s.block);
-      (kind == RowKind::kQuantize ? quantize : dequantize).push_back({1, bytes, row.timeUs, 0, row.size});
+      std::vector<FitPoint>& to = kind == RowKind::kDequantize ? dequantize : s.bits == 4 ? quantize4 : quantize8;
+      to.push_back({1, bytes, row.timeUs, 0, row.size});
     } else if (kind == RowKind::kHpz) {
       ClusterSpec c;
       if (!rowCluster(row, LinkParams(), defaults, pipelineDefaults, &c)) continue;
@@ -1097,7 +1133,8 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
     KernelCost* cost;
     ParamFit* fit;
   };
-  for (const KernelStep& k : {KernelStep{"quantize", &quantize, &cal.kernel.quantize, &cal.quantizeFit},
+  for (const KernelStep& k : {KernelStep{"int8 quantize", &quantize8, &cal.kernel.quantizeInt8, &cal.quantizeInt8Fit},
+                              KernelStep{"int4 quantize", &quantize4, &cal.kernel.quantizeInt4, &cal.quantizeInt4Fit},
                               KernelStep{"dequantize", &dequantize, &cal.kernel.dequantize, &cal.dequantizeFit},
                               KernelStep{"copy", &copy, &cal.kernel.copy, &cal.copyFit}}) {
     const LinkFit f = fitLargeRows(*k.points);
@@ -1204,7 +1241,7 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
       const double predicted = predictRowUs(one, baseline, link, cal.kernel, cal.pipeline);
       if (!(predicted > 0)) continue;
       RowCheck c;
-      c.row = i;
+      c.row = rowIndex[i];
       c.what = row.op + (baseline ? " (nccl baseline)" : "");
       c.regime = regimeOf(row);
       c.size = row.size;

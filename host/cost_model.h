@@ -54,23 +54,32 @@ struct KernelCost {
   double launchUs = 0;
 };
 
-// The kernels of this implementation, each at its own speed. Defaults: the calibration of two H200 (bf16,
-// perf/results/2026-11-30-h200x2-session2.json and -net-session2.json: the second session's kernels), rounded.
+// The kernels of this implementation, each at its own speed. Quantize has one cost per code width (quantizeCost):
+// per byte read + written, int4 codes run slower than int8 (two H200: 2250 against 2630 GB/s); dequantize's widths
+// differ by ~3%, within its fit's error, and share one cost. Defaults: the calibration of two H200 (bf16,
+// zpccl-model --calibrate perf/results/2026-11-30-h200x2-session2.json, -net-session2.json and -baselines.json:
+// the second session's kernels), rounded.
 struct KernelParams {
-  KernelCost quantize{2470, 4.6};    // device/quantize.cu, GB/s of bytes read + written
-  KernelCost dequantize{3570, 1.3};  // device/quantize.cu, GB/s of bytes read + written
-  KernelCost reduce{2690, 1.3};      // device/reduce.cu, G element-sources/s
+  KernelCost quantizeInt8{2630, 4.2};  // device/quantize.cu, int8 codes, GB/s of bytes read + written
+  KernelCost quantizeInt4{2250, 4.7};  // device/quantize.cu, int4 codes, GB/s of bytes read + written
+  KernelCost dequantize{3570, 1.3};    // device/quantize.cu, GB/s of bytes read + written
+  KernelCost reduce{2890, 1.3};        // device/reduce.cu, G element-sources/s
   KernelCost copy{4100, 11};  // NCCL's all-gather over one rank, out of place: a device copy; GB/s read + written
+
+  // The quantize kernel's cost for codes of `bits` (4 or 8).
+  const KernelCost& quantizeCost(int bits) const { return bits == 4 ? quantizeInt4 : quantizeInt8; }
+  KernelCost& quantizeCost(int bits) { return bits == 4 ? quantizeInt4 : quantizeInt8; }
 };
 
 // The chunk pipeline of qwZ and qgZ (src/cuda_collectives.cc, host/chunk_plan.h): chunks of chunkBytes logical
 // bytes, at most maxChunks (the library's defaults, ZP_CHUNK_BYTES and ZP_MAX_CHUNKS), and the share of an ideal
 // pipeline's overlap that the implementation achieves, per op (0: the stages' times add up; 1: an ideal pipeline).
+// Default overlaps: the calibration of KernelParams' defaults, rounded.
 struct PipelineParams {
   double chunkBytes = 64.0 * 1024 * 1024;
   int maxChunks = 8;
-  double qwzOverlap = 0.42;
-  double qgzOverlap = 0.44;
+  double qwzOverlap = 0.43;
+  double qgzOverlap = 0.45;
 };
 
 struct ClusterSpec {
@@ -197,6 +206,7 @@ struct PerfRow {
   double timeUs = -1;      // out of place
   double ncclTimeUs = -1;  // the NCCL baseline measured in the same run
   long long wrong = -1;
+  std::map<std::string, std::string> env;  // the ZP_* tunables the run set ("env"; numbers as written)
 };
 
 enum class RowKind {
@@ -271,7 +281,7 @@ struct Calibration {
   std::map<std::string, RegimeFit> regimes;
   KernelParams kernel;      // fitted kinds replaced, the others as given
   PipelineParams pipeline;  // fitted overlaps replaced
-  ParamFit quantizeFit, dequantizeFit, copyFit, reduceFit, qwzOverlapFit, qgzOverlapFit;
+  ParamFit quantizeInt8Fit, quantizeInt4Fit, dequantizeFit, copyFit, reduceFit, qwzOverlapFit, qgzOverlapFit;
   bool kernelFitted = false;  // any of the kernel or overlap fits succeeded
   std::vector<RowCheck> checks;
   std::vector<std::string> notes;
@@ -281,13 +291,15 @@ struct Calibration {
 // Fits, in this order (each from rows of kFitMinBytes and up, see fitLargeRows):
 //   1. each regime's links, per kind of collective, from its NCCL rows (nccl_* ops, and the NCCL baselines of
 //      zpccl rows: one all-gather for qwZ and hpZ, two for qwz_hpz_gathers, one reduce-scatter for qgZ);
-//   2. the quantize and dequantize kernels from the quantize/dequantize rows ("local"), the copy from the hpZ rows
-//      whose hpZ group is one rank;
+//   2. the quantize kernel per code width from the quantize rows ("local") of that width, the dequantize kernel
+//      from the dequantize rows, the copy from the hpZ rows whose hpZ group is one rank;
 //   3. qwZ's pipeline overlap from the qwZ rows (least squares, closed form);
 //   4. the reduce kernel's rate and qgZ's pipeline overlap from the qgZ rows (a search over the rate, the overlap
 //      in closed form at each), the reduce launch cost taken from the dequantize fit;
 // then predicts every row (zpccl rows and their baselines), flagging misses.
-// Kinds without rows keep the `defaults` (a note says so).
+// Kinds without rows keep the `defaults` (a note says so). Rows run in another configuration than the one the
+// model describes (env ZP_NCCL_SMS non-zero: the quantized gathers' kernels in a green context) are skipped, from
+// the fits and the checks, with a note.
 Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults,
                       const PipelineParams& pipelineDefaults = PipelineParams());
 // The model's time for a row's op (baseline: the NCCL collective(s) measured next to it), with every link of the

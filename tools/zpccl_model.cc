@@ -39,14 +39,16 @@ constexpr const char* kUsage =
     "  --inter-gbps B         inter-node bandwidth per node, Gb/s, or with a unit (100Gb/s, 12.5GB/s)\n"
     "  --inter-lat-us A       inter-node latency per step, us (10)\n"
     "kernels (defaults: two H200, bf16, calibrated) and the chunk pipeline of qwZ and qgZ\n"
-    "  --quantize-gbs B       quantize kernel, GB/s of bytes read + written (2470)\n"
+    "  --quantize-gbs B       quantize kernel, GB/s of bytes read + written, both code widths\n"
+    "  --quantize8-gbs B      the same for int8 codes only (2630)\n"
+    "  --quantize4-gbs B      the same for int4 codes only (2250)\n"
     "  --dequantize-gbs B     dequantize kernel, GB/s of bytes read + written (3570)\n"
     "  --copy-gbs B           device copy (hpZ over one-rank groups), GB/s read + written (4100)\n"
-    "  --mem-gbs B            sets the three above at once\n"
-    "  --reduce-rate R        qgZ's reduce kernels, G element-sources/s: sources x elements summed (2690)\n"
-    "  --launch-us T          fixed cost of every kernel launch, us (quantize 4.6, others 1.3-11)\n"
-    "  --qwz-overlap W        share of an ideal pipeline's overlap qwZ achieves, 0..1 (0.42)\n"
-    "  --qgz-overlap W        the same for qgZ (0.44)\n"
+    "  --mem-gbs B            sets quantize, dequantize and copy at once\n"
+    "  --reduce-rate R        qgZ's reduce kernels, G element-sources/s: sources x elements summed (2890)\n"
+    "  --launch-us T          fixed cost of every kernel launch, us (quantize 4.2-4.7, others 1.3-11)\n"
+    "  --qwz-overlap W        share of an ideal pipeline's overlap qwZ achieves, 0..1 (0.43)\n"
+    "  --qgz-overlap W        the same for qgZ (0.45)\n"
     "  --max-chunks C         most pipeline chunks per call (8, the library's ZP_MAX_CHUNKS)\n"
     "compute and overlap\n"
     "  --compute-ms T         compute time of one step per GPU; default 6 * params * tokens / flops\n"
@@ -82,7 +84,7 @@ struct Options {
   double intraGBs = 270, intraLatUs = 2, interGBs = 12.5, interLatUs = 10;
   bool intraBwSet = false, intraLatSet = false, interBwSet = false, interLatSet = false;
   // Kernel and pipeline flags; negative: not given (the defaults, or the calibration's).
-  double quantizeGBs = -1, dequantizeGBs = -1, copyGBs = -1, reduceRate = -1, launchUs = -1;
+  double quantize8GBs = -1, quantize4GBs = -1, dequantizeGBs = -1, copyGBs = -1, reduceRate = -1, launchUs = -1;
   double qwzOverlap = -1, qgzOverlap = -1;
   int maxChunks = 0;
   bool computeSet = false;
@@ -237,6 +239,8 @@ bool parseArgs(int argc, char** argv, Options* o) {
                                           "--inter-lat-us",
                                           "--mem-gbs",
                                           "--quantize-gbs",
+                                          "--quantize8-gbs",
+                                          "--quantize4-gbs",
                                           "--dequantize-gbs",
                                           "--copy-gbs",
                                           "--reduce-rate",
@@ -294,10 +298,15 @@ bool parseArgs(int argc, char** argv, Options* o) {
       ok = parseDouble(value, &o->interLatUs) && o->interLatUs >= 0;
       o->interLatSet = true;
     } else if (name == "--mem-gbs") {
-      ok = parseBandwidth(value, false, &o->quantizeGBs);
-      o->dequantizeGBs = o->copyGBs = o->quantizeGBs;
+      ok = parseBandwidth(value, false, &o->quantize8GBs);
+      o->quantize4GBs = o->dequantizeGBs = o->copyGBs = o->quantize8GBs;
     } else if (name == "--quantize-gbs") {
-      ok = parseBandwidth(value, false, &o->quantizeGBs);
+      ok = parseBandwidth(value, false, &o->quantize8GBs);
+      o->quantize4GBs = o->quantize8GBs;
+    } else if (name == "--quantize8-gbs") {
+      ok = parseBandwidth(value, false, &o->quantize8GBs);
+    } else if (name == "--quantize4-gbs") {
+      ok = parseBandwidth(value, false, &o->quantize4GBs);
     } else if (name == "--dequantize-gbs") {
       ok = parseBandwidth(value, false, &o->dequantizeGBs);
     } else if (name == "--copy-gbs") {
@@ -437,10 +446,10 @@ void printComparison(const Options& o, const zp::ClusterSpec& c, const zp::Compa
   std::printf("# inter-node link: %s\n", describeLink(c.inter, true).c_str());
   const zp::KernelParams& k = c.kernel;
   std::printf(
-      "# kernels: quantize %.0f GB/s + %.1f us, dequantize %.0f GB/s + %.1f us (bytes read + written), reduce %.0f G "
-      "element-sources/s + %.1f us, copy %.0f GB/s + %.1f us\n",
-      k.quantize.rate, k.quantize.launchUs, k.dequantize.rate, k.dequantize.launchUs, k.reduce.rate, k.reduce.launchUs,
-      k.copy.rate, k.copy.launchUs);
+      "# kernels: quantize int8 %.0f GB/s + %.1f us, int4 %.0f GB/s + %.1f us, dequantize %.0f GB/s + %.1f us (bytes "
+      "read + written), reduce %.0f G element-sources/s + %.1f us, copy %.0f GB/s + %.1f us\n",
+      k.quantizeInt8.rate, k.quantizeInt8.launchUs, k.quantizeInt4.rate, k.quantizeInt4.launchUs, k.dequantize.rate,
+      k.dequantize.launchUs, k.reduce.rate, k.reduce.launchUs, k.copy.rate, k.copy.launchUs);
   std::printf(
       "# pipeline: chunks of %.0f MiB logical, at most %d per call; overlap achieved (share of an ideal pipeline's): "
       "qwZ %.2f, qgZ %.2f\n",
@@ -537,11 +546,13 @@ bool runCalibration(Options* o) {
     std::printf("\n");
   }
   const zp::KernelParams& k = cal.kernel;
-  std::printf("#   kernels: quantize %.0f GB/s + %.2f us %s, dequantize %.0f GB/s + %.2f us %s\n", k.quantize.rate,
-              k.quantize.launchUs, describeFit(cal.quantizeFit).c_str(), k.dequantize.rate, k.dequantize.launchUs,
-              describeFit(cal.dequantizeFit).c_str());
-  std::printf("#            copy %.0f GB/s + %.2f us %s, reduce %.1f G element-sources/s + %.2f us %s\n", k.copy.rate,
-              k.copy.launchUs, describeFit(cal.copyFit).c_str(), k.reduce.rate, k.reduce.launchUs,
+  std::printf("#   kernels: quantize int8 %.0f GB/s + %.2f us %s, int4 %.0f GB/s + %.2f us %s\n", k.quantizeInt8.rate,
+              k.quantizeInt8.launchUs, describeFit(cal.quantizeInt8Fit).c_str(), k.quantizeInt4.rate,
+              k.quantizeInt4.launchUs, describeFit(cal.quantizeInt4Fit).c_str());
+  std::printf("#            dequantize %.0f GB/s + %.2f us %s, copy %.0f GB/s + %.2f us %s\n", k.dequantize.rate,
+              k.dequantize.launchUs, describeFit(cal.dequantizeFit).c_str(), k.copy.rate, k.copy.launchUs,
+              describeFit(cal.copyFit).c_str());
+  std::printf("#            reduce %.1f G element-sources/s + %.2f us %s\n", k.reduce.rate, k.reduce.launchUs,
               describeFit(cal.reduceFit).c_str());
   std::printf("#   pipeline overlap: qwZ %.3f %s, qgZ %.3f %s\n", cal.pipeline.qwzOverlap,
               describeFit(cal.qwzOverlapFit).c_str(), cal.pipeline.qgzOverlap, describeFit(cal.qgzOverlapFit).c_str());
@@ -630,12 +641,14 @@ int main(int argc, char** argv) {
   if (!o.calibrateFiles.empty() && !runCalibration(&o)) return 1;
   // Flags given explicitly win over a calibration.
   zp::KernelParams& k = o.cluster.kernel;
-  if (o.quantizeGBs > 0) k.quantize.rate = o.quantizeGBs;
+  if (o.quantize8GBs > 0) k.quantizeInt8.rate = o.quantize8GBs;
+  if (o.quantize4GBs > 0) k.quantizeInt4.rate = o.quantize4GBs;
   if (o.dequantizeGBs > 0) k.dequantize.rate = o.dequantizeGBs;
   if (o.copyGBs > 0) k.copy.rate = o.copyGBs;
   if (o.reduceRate > 0) k.reduce.rate = o.reduceRate;
   if (o.launchUs >= 0)
-    for (zp::KernelCost* kc : {&k.quantize, &k.dequantize, &k.reduce, &k.copy}) kc->launchUs = o.launchUs;
+    for (zp::KernelCost* kc : {&k.quantizeInt8, &k.quantizeInt4, &k.dequantize, &k.reduce, &k.copy})
+      kc->launchUs = o.launchUs;
   if (o.qwzOverlap >= 0) o.cluster.pipeline.qwzOverlap = o.qwzOverlap;
   if (o.qgzOverlap >= 0) o.cluster.pipeline.qgzOverlap = o.qgzOverlap;
   if (o.maxChunks > 0) o.cluster.pipeline.maxChunks = o.maxChunks;
