@@ -6,16 +6,17 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace zp {
 
 struct ChunkPlan {
-  int chunks = 1;
-  size_t chunkElems = 0;  // every chunk but the last; a multiple of the block size
+  int chunks = 0;
   size_t count = 0;
+  std::vector<size_t> bounds;  // chunk c holds elements [bounds[c], bounds[c + 1]); chunks + 1 entries
 
-  size_t offset(int c) const { return static_cast<size_t>(c) * chunkElems; }
-  size_t elems(int c) const { return std::min(chunkElems, count - offset(c)); }
+  size_t offset(int c) const { return bounds[c]; }
+  size_t elems(int c) const { return bounds[c + 1] - bounds[c]; }
 };
 
 // Logical bytes per chunk when ZP_CHUNK_BYTES is unset: below this a chunk's transfer runs at less than full
@@ -23,16 +24,32 @@ struct ChunkPlan {
 constexpr size_t kDefaultChunkBytes = size_t{64} << 20;
 
 // count elements per rank, logicalBytes moved by the whole collective; chunkBytes 0 means the default.
-inline ChunkPlan makeChunkPlan(size_t count, int blockSize, size_t logicalBytes, int64_t chunkBytes, int maxChunks) {
+//
+// Chunks are of equal size (the last takes the remainder), or with `ramp` (ZP_CHUNK_RAMP), when there are three
+// or more, the first and the last are half the others: the first chunk's quantization and the last one's finish
+// overlap nothing, so halving them shortens the pipeline's exposed ends by half a chunk's kernel time each, at
+// the cost of two smaller transfers.
+inline ChunkPlan makeChunkPlan(size_t count, int blockSize, size_t logicalBytes, int64_t chunkBytes, int maxChunks,
+                               bool ramp = false) {
   ChunkPlan p;
   p.count = count;
+  p.bounds.push_back(0);
+  if (count == 0) return p;
   const size_t target = chunkBytes > 0 ? static_cast<size_t>(chunkBytes) : kDefaultChunkBytes;
   size_t wanted = std::max<size_t>(1, logicalBytes / target);
   wanted = std::min<size_t>(wanted, static_cast<size_t>(std::max(1, maxChunks)));
   const size_t blocks = (count + blockSize - 1) / blockSize;
-  const size_t blocksPerChunk = std::max<size_t>(1, (blocks + wanted - 1) / wanted);
-  p.chunkElems = blocksPerChunk * blockSize;
-  p.chunks = count == 0 ? 0 : static_cast<int>((count + p.chunkElems - 1) / p.chunkElems);
+  // In units of blocks: equal chunks of `unit`, or ramped ones of unit, 2 * unit, ..., 2 * unit, then the rest
+  // (2 * wanted - 2 units in all, so at most `wanted` chunks, the last about one unit).
+  const bool ramped = ramp && wanted >= 3;
+  const size_t units = ramped ? 2 * wanted - 2 : wanted;
+  const size_t unit = std::max<size_t>(1, (blocks + units - 1) / units);
+  const size_t unitElems = unit * blockSize;
+  while (p.bounds.back() < count) {
+    const size_t size = ramped && p.bounds.size() > 1 ? 2 * unitElems : unitElems;
+    p.bounds.push_back(count - p.bounds.back() > size ? p.bounds.back() + size : count);
+  }
+  p.chunks = static_cast<int>(p.bounds.size()) - 1;
   return p;
 }
 

@@ -22,7 +22,8 @@ namespace {
 
 ChunkPlan chunkPlanFor(size_t count, int blockSize, size_t logicalBytes) {
   const int maxChunks = static_cast<int>(std::min<int64_t>(paramPipelineMaxChunks(), kMaxPipelineChunks));
-  return makeChunkPlan(count, blockSize, logicalBytes, paramPipelineChunkBytes(), maxChunks);
+  return makeChunkPlan(count, blockSize, logicalBytes, paramPipelineChunkBytes(), maxChunks,
+                       paramPipelineChunkRamp() != 0);
 }
 
 // Bytes of `slots` payloads per chunk, chunk after chunk.

@@ -18,6 +18,9 @@ namespace zp {
   X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                              \
     "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")    \
   X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, "cuda backend: most pipeline chunks per collective call")      \
+  X(PipelineChunkRamp, "ZP_CHUNK_RAMP", 0,                                                                \
+    "cuda backend: 1 makes a pipeline's first and last chunks half the others (when it has three or more) " \
+    "to shorten its exposed ends; 0 (default): equal chunks")                                             \
   X(TracePipeline, "ZP_TRACE_PIPELINE", 0,                                                                \
     "cuda backend: time every stage of every chunk of the quantized collectives and log it (INFO COLL), " \
     "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")         \

@@ -716,22 +716,28 @@ void fuzzChunkPlan(Reader& in) {
   const int64_t chunkBytes = in.byte() % 2 ? static_cast<int64_t>(in.u64()) : static_cast<int64_t>(in.byte()) << 20;
   // The library passes min(ZP_MAX_CHUNKS, kMaxPipelineChunks = 16): any int up to 16, zero and negatives included.
   const int maxChunks = std::min(16, in.byte() % 4 == 0 ? readInt(in) : 1 + in.byte() % 16);
-  const zp::ChunkPlan p = zp::makeChunkPlan(count, blockSize, logicalBytes, chunkBytes, maxChunks);
+  const bool ramp = in.byte() % 2;
+  const zp::ChunkPlan p = zp::makeChunkPlan(count, blockSize, logicalBytes, chunkBytes, maxChunks, ramp);
   FUZZ_CHECK(p.count == count, "count");
+  FUZZ_CHECK(p.bounds.size() == static_cast<size_t>(p.chunks) + 1, "%zu bounds, %d chunks", p.bounds.size(), p.chunks);
   if (count == 0) {
     FUZZ_CHECK(p.chunks == 0, "%d chunks of nothing", p.chunks);
     return;
   }
   FUZZ_CHECK(p.chunks >= 1 && p.chunks <= std::max(1, maxChunks), "%d chunks, max %d", p.chunks, maxChunks);
-  FUZZ_CHECK(p.chunkElems > 0 && p.chunkElems % blockSize == 0, "chunkElems %zu, block %d", p.chunkElems, blockSize);
-  size_t covered = 0;
+  size_t covered = 0, largest = 0;
   for (int c = 0; c < p.chunks; ++c) {
     FUZZ_CHECK(p.offset(c) == covered, "chunk %d at %zu, expected %zu", c, p.offset(c), covered);
     const size_t e = p.elems(c);
-    FUZZ_CHECK(e > 0 && e <= p.chunkElems, "chunk %d of %zu elements", c, e);
-    if (c + 1 < p.chunks) FUZZ_CHECK(e == p.chunkElems, "inner chunk %d is short", c);
+    FUZZ_CHECK(e > 0, "chunk %d is empty", c);
+    // Whole blocks: every chunk but the last starts and ends on a block boundary.
+    if (c + 1 < p.chunks) FUZZ_CHECK(e % blockSize == 0, "chunk %d of %zu elements, block %d", c, e, blockSize);
+    // Equal chunks but the last, or (ramped) a first and last chunk at most an inner one.
+    if (c > 0 && c + 1 < p.chunks && !ramp) FUZZ_CHECK(e == p.elems(0), "inner chunk %d differs", c);
+    largest = std::max(largest, e);
     covered += e;
   }
+  if (p.chunks >= 2) FUZZ_CHECK(p.elems(p.chunks - 1) <= largest && p.elems(0) <= largest, "ends above inner chunks");
   FUZZ_CHECK(covered == count, "chunks cover %zu of %zu", covered, count);
 }
 
