@@ -842,8 +842,7 @@ zpResult_t allowSharedMemory(size_t bytes) {
 // One wave of resident CTAs on the stream's SMs (grid-stride loops do the rest: an extra partial wave would idle
 // most SMs at the end), split over the segments; never more CTAs than a segment has work for.
 template <auto Kernel>
-zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, const KernelStream& stream,
-                   dim3* grid) {
+zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, const KernelStream& stream, dim3* grid) {
   int sms = 0, perSm = 0;
   CUDACHECK(kernelStreamSms(stream, &sms));
   ZPCHECK(residentCtas<Kernel>(threads, smem, &perSm));

@@ -7,27 +7,27 @@
 
 namespace zp {
 
-#define ZP_PARAMS(X)                                                                                      \
-  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000,                                                          \
-    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")            \
-  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000,                                                          \
-    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")          \
-  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000,                                                                   \
-    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog "      \
-    "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)") \
-  X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                              \
-    "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")    \
-  X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, "cuda backend: most pipeline chunks per collective call")      \
-  X(PipelineChunkRamp, "ZP_CHUNK_RAMP", 0,                                                                \
+#define ZP_PARAMS(X)                                                                                        \
+  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000,                                                            \
+    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")              \
+  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000,                                                            \
+    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")            \
+  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000,                                                                     \
+    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog "        \
+    "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)")   \
+  X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0,                                                                \
+    "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")      \
+  X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, "cuda backend: most pipeline chunks per collective call")        \
+  X(PipelineChunkRamp, "ZP_CHUNK_RAMP", 0,                                                                  \
     "cuda backend: 1 makes a pipeline's first and last chunks half the others (when it has three or more) " \
-    "to shorten its exposed ends; 0 (default): equal chunks")                                             \
-  X(TracePipeline, "ZP_TRACE_PIPELINE", 0,                                                                \
-    "cuda backend: time every stage of every chunk of the quantized collectives and log it (INFO COLL), " \
-    "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")         \
-  X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                    \
-    "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators " \
-    "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                               \
-  X(NcclSms, "ZP_NCCL_SMS", 0,                                                                             \
+    "to shorten its exposed ends; 0 (default): equal chunks")                                               \
+  X(TracePipeline, "ZP_TRACE_PIPELINE", 0,                                                                  \
+    "cuda backend: time every stage of every chunk of the quantized collectives and log it (INFO COLL), "   \
+    "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")           \
+  X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                      \
+    "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "   \
+    "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                  \
+  X(NcclSms, "ZP_NCCL_SMS", 0,                                                                              \
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \
     "while both run: their quantize and dequantize stages run in a green context of the other SMs "         \
     "(0, the default: no green context, every SM; 32 measured fastest over NVLink, perf/RESULTS.md)")

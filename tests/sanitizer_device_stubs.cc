@@ -6,20 +6,20 @@
 
 namespace zp {
 
-zpResult_t launchQuantize(const void*, void*, size_t, zpDataType_t, int, int, cudaStream_t, int, size_t, size_t) {
+zpResult_t launchQuantize(const void*, void*, size_t, zpDataType_t, int, int, KernelStream, int, size_t, size_t) {
   return zpInternalError;
 }
 
-zpResult_t launchDequantize(const void*, void*, size_t, zpDataType_t, int, int, cudaStream_t, int, size_t, size_t) {
+zpResult_t launchDequantize(const void*, void*, size_t, zpDataType_t, int, int, KernelStream, int, size_t, size_t) {
   return zpInternalError;
 }
 
-zpResult_t launchReduceRequantize(const ReduceSources&, size_t, int, int, void*, size_t, cudaStream_t) {
+zpResult_t launchReduceRequantize(const ReduceSources&, size_t, int, int, void*, size_t, KernelStream) {
   return zpInternalError;
 }
 
 zpResult_t launchReduceFinish(const ReduceSources&, size_t, int, int, zpDataType_t, float, void*, size_t,
-                              cudaStream_t) {
+                              KernelStream) {
   return zpInternalError;
 }
 
