@@ -458,19 +458,21 @@ const char* kChildEnv = "ZP_TEST_CHILD_RANK";
 const char* kIdFileEnv = "ZP_TEST_ID_FILE";
 const char* kTwoNodesEnv = "ZP_TEST_AS_TWO_NODES";
 
-// In a child process: the unique id its parent wrote to the file named by kIdFileEnv.
-bool readParentId(zpUniqueId* id) {
+// In a child process of runNodeProcesses: its index (kChildEnv) and the unique id its parent wrote to the file
+// named by kIdFileEnv. -1 in a normal run, where the child tests skip.
+int childIndex(zpUniqueId* id) {
+  const char* text = getenv(kChildEnv);
+  if (text == nullptr) return -1;
   std::ifstream in(getenv(kIdFileEnv), std::ios::binary);
-  return static_cast<bool>(in.read(id->internal, sizeof(id->internal)));
+  EXPECT_TRUE(in.read(id->internal, sizeof(id->internal))) << "no unique id in " << getenv(kIdFileEnv);
+  return atoi(text);
 }
 
 // Runs in each child process (skipped in a normal run): one rank on its own GPU and host id.
 TEST(GpuTwoProcesses, Child) {
-  const char* rankText = getenv(kChildEnv);
-  if (rankText == nullptr) GTEST_SKIP() << "runs only inside GpuTwoProcesses.SeenAsTwoNodes";
-  const int rank = atoi(rankText);
   zpUniqueId id;
-  ASSERT_TRUE(readParentId(&id));
+  const int rank = childIndex(&id);
+  if (rank < 0) GTEST_SKIP() << "runs only inside GpuTwoProcesses.SeenAsTwoNodes";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // CUDA_VISIBLE_DEVICES picks this process's GPU
   zpComm_t comm = nullptr;
   ASSERT_EQ(zpCommInitRank(&comm, 2, id, rank), zpSuccess) << zpGetLastError(nullptr);
@@ -536,11 +538,9 @@ TEST(GpuTwoProcesses, SeenAsTwoNodes) {
 // stalls the in-process version, whose two GPUs' NCCL kernels must run at the same time; each process of this
 // one drives one GPU.
 TEST(GpuSanitized, Child) {
-  const char* rankText = getenv(kChildEnv);
-  if (rankText == nullptr) GTEST_SKIP() << "runs only inside GpuSanitized.EachCollectiveInTwoProcesses";
-  const int rank = atoi(rankText);
   zpUniqueId id;
-  ASSERT_TRUE(readParentId(&id));
+  const int rank = childIndex(&id);
+  if (rank < 0) GTEST_SKIP() << "runs only inside GpuSanitized.EachCollectiveInTwoProcesses";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // CUDA_VISIBLE_DEVICES picks this process's GPU
   // A unique id serves one communicator: the parent runs the children once per layout.
   const bool asTwoNodes = getenv(kTwoNodesEnv) != nullptr;
@@ -576,11 +576,9 @@ TEST(GpuSanitized, EachCollectiveInTwoProcesses) {
 // hops (NVLink inside the node, sockets across), hpZ gathers over the node's two GPUs; every output is compared
 // with the host backend's on four ranks in the same node-major layout.
 TEST(GpuFourGpus, Child) {
-  const char* nodeText = getenv(kChildEnv);
-  if (nodeText == nullptr) GTEST_SKIP() << "runs only inside GpuFourGpus.TwoNodesOfTwoMatchHost";
-  const int node = atoi(nodeText);
   zpUniqueId id;
-  ASSERT_TRUE(readParentId(&id));
+  const int node = childIndex(&id);
+  if (node < 0) GTEST_SKIP() << "runs only inside GpuFourGpus.TwoNodesOfTwoMatchHost";
   const auto layout = [](int, zpConfig_t* cfg) { cfg->ranksPerNode = 2; };
   std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 100003, false}, {Op::kQwz, zpFloat16, 4, 4097, true},
                              {Op::kQgz, zpBfloat16, 4, 100003, false}, {Op::kQgz, zpFloat32, 8, 257, true, zpAvg},
