@@ -12,7 +12,7 @@ sizes=(${SIZES:-256M 1G})
 for bin in ${BINS:-qwz qgz}; do
   for bits in ${BITS:-8 4}; do
     for sms in ${SMS:-0 16 32 48}; do
-      echo "== $bin int$bits ZP_NCCL_SMS=$sms ZP_CHUNK_BYTES=${ZP_CHUNK_BYTES:-default}"
+      echo "== $bin int$bits ZP_NCCL_SMS=$sms ZP_CHUNK_BYTES=${ZP_CHUNK_BYTES:-default} ZP_CHUNK_RAMP=${ZP_CHUNK_RAMP:-0}"
       ZP_NCCL_SMS=$sms timeout 120 "$build/perf/${bin}_perf" -b "${sizes[0]}" -e "${sizes[-1]}" -f 4 \
         -n "${ITERS:-10}" -w 3 -c 0 -p 0 -B "$bits" -R nvlink 2>&1 | grep -v '^#' | grep -v '^$' | cut -c1-200
     done
