@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
+
+#include "src/params.h"
 
 namespace zp {
 namespace perf {
@@ -208,6 +211,10 @@ std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
     if (entry.rfind("ZP_", 0) != 0 || eq == std::string::npos || entry.rfind("ZP_DEBUG", 0) == 0) continue;
     out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
   }
+  // ZP_NCCL_SMS changed its default (0 -> 32) after rows had been recorded without it: every row says what it ran
+  // with, set or not, so that a reader (the cost model's calibration) never has to guess from the file's date.
+  const bool smsSet = std::any_of(out.begin(), out.end(), [](const auto& kv) { return kv.first == "ZP_NCCL_SMS"; });
+  if (!smsSet) out.emplace_back("ZP_NCCL_SMS", std::to_string(paramNcclSms()));
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -27,10 +27,10 @@ namespace zp {
   X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                      \
     "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "   \
     "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                  \
-  X(NcclSms, "ZP_NCCL_SMS", 0,                                                                              \
+  X(NcclSms, "ZP_NCCL_SMS", 32,                                                                             \
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \
     "while both run: their quantize and dequantize stages run in a green context of the other SMs "         \
-    "(0, the default: no green context, every SM; 32 measured fastest over NVLink, perf/RESULTS.md)")
+    "(default 32, measured fastest over NVLink, perf/RESULTS.md; 0: no green context, every SM)")
 
 #define ZP_DECLARE_PARAM(name, env, def, help) int64_t param##name();
 ZP_PARAMS(ZP_DECLARE_PARAM)

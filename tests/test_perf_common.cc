@@ -22,6 +22,7 @@
 #include "perf/json_out.h"
 #include "perf/options.h"
 #include "perf/proc_group.h"
+#include "src/params.h"
 
 namespace zp {
 namespace perf {
@@ -603,6 +604,12 @@ TEST(PerfJson, TunablesComeFromZpVariablesButNotDebugOnes) {
   EXPECT_NE(std::find(env.begin(), env.end(), std::make_pair(std::string("ZP_TEST_TUNABLE"), std::string("7"))),
             env.end());
   for (const auto& [name, value] : env) EXPECT_NE(name.rfind("ZP_DEBUG", 0), 0u) << name;
+  // Set or not, the green-context setting is recorded with the value the library uses.
+  const auto sms = std::find_if(env.begin(), env.end(), [](const auto& kv) { return kv.first == "ZP_NCCL_SMS"; });
+  ASSERT_NE(sms, env.end());
+  if (getenv("ZP_NCCL_SMS") == nullptr) {
+    EXPECT_EQ(sms->second, std::to_string(paramNcclSms()));
+  }
   EXPECT_TRUE(std::is_sorted(env.begin(), env.end()));
 }
 
