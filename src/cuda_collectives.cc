@@ -278,9 +278,9 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
   Stages st;
-  // With ZP_NCCL_SMS (32 by default), the gather's kernels leave SMs to NCCL: its transfer is the longest stage, and its CTAs
-  // cannot start on an SM that our CTAs occupy (src/green_context.h). Measured over NVLink, int8 at 1 GB: 1.21x
-  // NCCL with every SM, 1.30x with 32 SMs left to NCCL.
+  // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
+  // CTAs cannot start on an SM that our CTAs occupy (src/green_context.h). Measured over NVLink, int8 at 1 GB:
+  // 1.21x NCCL with every SM, 1.30x with 32 SMs left to NCCL.
   ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/true, &st));
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   char* region = static_cast<char*>(e.scratch[0].ptr);
