@@ -209,6 +209,8 @@ std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
     const std::string entry = *e;
     const size_t eq = entry.find('=');
     if (entry.rfind("ZP_", 0) != 0 || eq == std::string::npos || entry.rfind("ZP_DEBUG", 0) == 0) continue;
+    // The harness scripts' and the perf binaries' own settings are not zpccl's.
+    if (entry.rfind("ZP_GPU_CHECK_", 0) == 0 || entry.rfind("ZP_PERF_", 0) == 0) continue;
     out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
   }
   // ZP_NCCL_SMS changed its default (0 -> 32) after rows had been recorded without it: every row says what it ran

@@ -74,7 +74,8 @@ struct ResultRow {
   std::vector<std::pair<std::string, std::string>> env;
 };
 
-// The ZP_* variables of this process's environment that change what zpccl does (ZP_DEBUG* left out), by name,
+// The ZP_* variables of this process's environment that change what zpccl does (ZP_DEBUG*, and the harness's
+// ZP_GPU_CHECK_* and ZP_PERF_*, left out), by name,
 // and ZP_NCCL_SMS with its effective value when it is not set.
 std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment();
 

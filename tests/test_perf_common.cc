@@ -598,9 +598,17 @@ TEST(PerfJson, TunablesOfTheRunAreWrittenWhenSet) {
 TEST(PerfJson, TunablesComeFromZpVariablesButNotDebugOnes) {
   setenv("ZP_TEST_TUNABLE", "7", 1);
   setenv("ZP_DEBUG_SUBSYS", "COLL", 1);
+  setenv("ZP_GPU_CHECK_BITS", "4", 1);
+  setenv("ZP_PERF_RENDEZVOUS_TIMEOUT", "60", 1);
   const auto env = zpTunablesInEnvironment();
   unsetenv("ZP_TEST_TUNABLE");
   unsetenv("ZP_DEBUG_SUBSYS");
+  unsetenv("ZP_GPU_CHECK_BITS");
+  unsetenv("ZP_PERF_RENDEZVOUS_TIMEOUT");
+  for (const auto& [name, value] : env) {
+    EXPECT_NE(name.rfind("ZP_GPU_CHECK_", 0), 0u) << name;
+    EXPECT_NE(name.rfind("ZP_PERF_", 0), 0u) << name;
+  }
   EXPECT_NE(std::find(env.begin(), env.end(), std::make_pair(std::string("ZP_TEST_TUNABLE"), std::string("7"))),
             env.end());
   for (const auto& [name, value] : env) EXPECT_NE(name.rfind("ZP_DEBUG", 0), 0u) << name;
