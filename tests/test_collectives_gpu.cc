@@ -338,10 +338,9 @@ TEST(GpuHpz, ExactOnOneNodeAndAsTwoNodes) {
 }
 
 // A few calls of each collective, small enough to run under compute-sanitizer's tools in seconds (the sweeps
-// above take minutes there): tools/gpu-check.sh runs this under memcheck, racecheck, initcheck and synccheck.
-// Buffers end exactly where their allocations do (deviceRun allocates each one at its size).
-// Small calls of every collective, for compute-sanitizer runs (tools/gpu-check.sh): NaN, Inf, huge values and
-// denormals in the inputs, out of place and in place, on one node and as two.
+// above take minutes there): tools/gpu-check.sh runs them under memcheck, racecheck, initcheck and synccheck.
+// NaN, Inf, huge values and denormals in the inputs, out of place and in place, on one node and as two. Buffers
+// end exactly where their allocations do (deviceRun allocates each one at its size).
 std::vector<Case> sanitizedCases() {
   std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 4097, false}, {Op::kQwz, zpFloat16, 4, 257, true},
                              {Op::kQgz, zpBfloat16, 4, 4097, false}, {Op::kQgz, zpFloat32, 8, 255, true, zpAvg},
@@ -534,9 +533,9 @@ TEST(GpuTwoProcesses, SeenAsTwoNodes) {
   runNodeProcesses("GpuTwoProcesses.Child", 2, 1);
 }
 
-// The sanitized cases with one process per GPU (one host, NVLink between them). compute-sanitizer racecheck
-// stalls the in-process version, whose two GPUs' NCCL kernels must run at the same time; each process of this
-// one drives one GPU.
+// The sanitized cases with one process per GPU (one host, NVLink between them), the shape gpu-check's sanitizer
+// runs use: racecheck, and initcheck with the green context on, stall the in-process version, whose two GPUs'
+// NCCL kernels must run at the same time; each process of this one drives one GPU.
 TEST(GpuSanitized, Child) {
   zpUniqueId id;
   const int rank = childIndex(&id);
