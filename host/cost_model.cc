@@ -131,11 +131,14 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 //     ideal = sum / C + (C-1)/C * max(Q, M, F); the stages share the GPU's memory bandwidth and SMs (NVLink
 //     traffic is memory traffic too), so the implementation hides only a share w of that:
 //       time = sum - hidden,  hidden = w * (sum - ideal)   (C = 1: one stream, time = sum)
-//     with w fitted per op from its rows (two H200: qwZ ~0.43, qgZ ~0.45). Where the link dominates (max = M or
-//     the second hop), sum - ideal is small against the time and w barely matters. A call of one chunk runs all
-//     of it on the caller's stream, back to back, without events (beginPipeline): time = Q + M + F exactly. Its
-//     NCCL call moves payloads, a quarter (int4) or half (int8) of the logical bytes: at 16 MiB logical that is
-//     below the 16 MiB from which the links are fitted, where the link terms extrapolate (and over-predict).
+//     with w fitted per op from its rows (two H200: qwZ ~0.43, qgZ ~0.45), and for qwZ per configuration: its
+//     kernels on every SM (ZP_NCCL_SMS=0, ~0.43) or in a green context that leaves SMs to NCCL (the library's
+//     default, ZP_NCCL_SMS=32, ~0.62), with the same kernel rates (PipelineParams). Where the link dominates
+//     (max = M or the second hop), sum - ideal is small against the time and w barely matters. A call of one chunk
+//     runs all of it on the caller's stream, back to back, without events (beginPipeline): time = Q + M + F
+//     exactly. Its NCCL call moves payloads, a quarter (int4) or half (int8) of the logical bytes: at 16 MiB
+//     logical that is below the 16 MiB from which the links are fitted, where the link terms extrapolate (and
+//     over-predict).
 //   qwZ (count k per rank), per chunk of k_c elements:
 //     Q: quantize k_c*e -> pb(k_c) (1 launch);  M: ring all-gather of n*pb(k_c) bytes;
 //     F: dequantize n*pb(k_c) -> n*k_c*e (1 launch).
@@ -303,7 +306,7 @@ Traffic allToAllCost(const ClusterSpec& c, double p) {
 }
 
 Traffic qwzAllGatherCost(const ClusterSpec& c, double count, int elemBytes, int bits, int blockSize) {
-  return qwzStages(c, count, elemBytes, bits, blockSize).total(c.pipeline.qwzOverlap);
+  return qwzStages(c, count, elemBytes, bits, blockSize).total(c.pipeline.gatherOverlap());
 }
 
 Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, int hpzSize, std::string* note) {
@@ -380,7 +383,8 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
        {&c.kernel.quantizeInt8, &c.kernel.quantizeInt4, &c.kernel.dequantize, &c.kernel.reduce, &c.kernel.copy})
     if (!(k->rate > 0) || !(k->launchUs >= 0)) return "kernel rates must be > 0 and launch costs >= 0";
   if (!(c.pipeline.chunkBytes > 0) || c.pipeline.maxChunks < 1) return "pipeline chunks must be > 0 bytes, >= 1";
-  for (double w : {c.pipeline.qwzOverlap, c.pipeline.qgzOverlap})
+  if (c.pipeline.ncclSms < 0) return "SMs left to NCCL must be >= 0";
+  for (double w : {c.pipeline.qwzOverlap, c.pipeline.qwzGreenOverlap, c.pipeline.qgzOverlap})
     if (!(w >= 0 && w <= 1)) return "pipeline overlaps must be in [0, 1]";
   return "";
 }
@@ -755,6 +759,18 @@ RowKind classifyOp(const std::string& opIn) {
   return RowKind::kUnknown;
 }
 
+int rowNcclSms(const PerfRow& row) {
+  const auto it = row.env.find("ZP_NCCL_SMS");
+  return it == row.env.end() ? 0 : static_cast<int>(std::strtol(it->second.c_str(), nullptr, 10));
+}
+
+bool isGreenContextRow(const PerfRow& row) {
+  const RowKind kind = classifyOp(row.op);
+  const bool quantizedGather =
+      kind == RowKind::kQwz || kind == RowKind::kQwzHpz || (kind == RowKind::kHpz && row.bits > 0);
+  return quantizedGather && rowNcclSms(row) != 0;
+}
+
 const char* rowKindName(RowKind k) {
   switch (k) {
     case RowKind::kNcclAllGather:
@@ -855,7 +871,8 @@ int elemBytesOfType(const std::string& type) {
   return 2;  // bfloat16, half, or not said: the perf binaries' default
 }
 
-// The layout a row ran on: ranks spread over its nodes, the first nodes taking any remainder.
+// The layout a row ran on: ranks spread over its nodes, the first nodes taking any remainder; its configuration
+// (ZP_NCCL_SMS) from its env.
 bool rowCluster(const PerfRow& row, const LinkParams& link, const KernelParams& kernel, const PipelineParams& pipeline,
                 ClusterSpec* c) {
   if (row.ranks < 1) return false;
@@ -865,6 +882,7 @@ bool rowCluster(const PerfRow& row, const LinkParams& link, const KernelParams& 
   c->intra = c->inter = link;
   c->kernel = kernel;
   c->pipeline = pipeline;
+  c->pipeline.ncclSms = rowNcclSms(row);
   return true;
 }
 
@@ -978,13 +996,6 @@ ParamFit paramFitOf(const LinkFit& f) {
   return p;
 }
 
-// A row run in a configuration the model does not describe: ZP_NCCL_SMS non-zero puts the quantized gathers'
-// kernels in a green context that leaves SMs to NCCL (src/green_context.h), which changes the pipeline's overlap.
-bool otherConfiguration(const PerfRow& row) {
-  const auto it = row.env.find("ZP_NCCL_SMS");
-  return it != row.env.end() && std::strtod(it->second.c_str(), nullptr) != 0;
-}
-
 // A pipelined row for the overlap fits: measured time, the stages' sum and what an ideal pipeline hides.
 struct PipelinePoint {
   double size = 0, timeUs = 0, sumUs = 0, idealHiddenUs = 0;
@@ -1009,13 +1020,14 @@ bool fitOverlap(const std::vector<PipelinePoint>& points, double* w, double* sq)
   return true;
 }
 
-// The pipelined rows of one kind with their stages under these parameters (from kFitMinBytes, see largeOnes).
-std::vector<PipelinePoint> pipelinePoints(const std::vector<PerfRow>& rows, RowKind kind,
+// The pipelined rows of one kind and configuration (green: isGreenContextRow) with their stages under these
+// parameters (from kFitMinBytes, see largeOnes).
+std::vector<PipelinePoint> pipelinePoints(const std::vector<PerfRow>& rows, RowKind kind, bool green,
                                           const std::map<std::string, RegimeFit>& regimes, const KernelParams& kernel,
                                           const PipelineParams& pipeline) {
   std::vector<PipelinePoint> points;
   for (const PerfRow& row : rows) {
-    if (classifyOp(row.op) != kind || !(row.timeUs > 0)) continue;
+    if (classifyOp(row.op) != kind || isGreenContextRow(row) != green || !(row.timeUs > 0)) continue;
     auto it = regimes.find(regimeOf(row));
     Stages st;
     if (it == regimes.end() || !rowStages(row, it->second.link, kernel, pipeline, &st)) continue;
@@ -1038,23 +1050,12 @@ double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, c
   return rowTraffic(row, baseline, link, kernel, pipeline, &t) ? t.timeUs() : -1;
 }
 
-Calibration calibrate(const std::vector<PerfRow>& allRows, const KernelParams& defaults,
+Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults,
                       const PipelineParams& pipelineDefaults) {
   Calibration cal;
   cal.kernel = defaults;
   cal.pipeline = pipelineDefaults;
-  // The rows of the configuration the model describes; rowIndex[i]: rows[i]'s index in allRows.
-  std::vector<PerfRow> rows;
-  std::vector<size_t> rowIndex;
-  for (size_t i = 0; i < allRows.size(); ++i) {
-    if (otherConfiguration(allRows[i])) continue;
-    rows.push_back(allRows[i]);
-    rowIndex.push_back(i);
-  }
-  if (rows.size() < allRows.size())
-    cal.notes.push_back(std::to_string(allRows.size() - rows.size()) +
-                        " row(s) run with ZP_NCCL_SMS set (the quantized gathers' kernels in a green context, not the"
-                        " default configuration the model describes) skipped");
+  cal.greenRows = static_cast<int>(std::count_if(rows.begin(), rows.end(), isGreenContextRow));
   // Step 1: each regime's links from NCCL's own times: t = (n-1) * alpha + size * (n-1)/n / bw per call.
   struct Points {
     std::vector<FitPoint> ag, rs, a2a;
@@ -1149,18 +1150,30 @@ Calibration calibrate(const std::vector<PerfRow>& allRows, const KernelParams& d
     }
   }
 
-  // Step 3: qwZ's pipeline overlap, given the links and kernels.
-  {
-    const std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQwz, cal.regimes, cal.kernel, cal.pipeline);
+  // Step 3: qwZ's pipeline overlap in each configuration, given the links and the (shared) kernels.
+  for (const bool green : {false, true}) {
+    const std::vector<PipelinePoint> p =
+        pipelinePoints(rows, RowKind::kQwz, green, cal.regimes, cal.kernel, cal.pipeline);
+    double& overlap = green ? cal.pipeline.qwzGreenOverlap : cal.pipeline.qwzOverlap;
     double w = 0, sq = 0;
     if (fitOverlap(p, &w, &sq)) {
-      cal.pipeline.qwzOverlap = w;
-      cal.qwzOverlapFit = ParamFit{true, static_cast<int>(p.size()), 100 * std::sqrt(sq / p.size())};
+      overlap = w;
+      (green ? cal.qwzGreenOverlapFit : cal.qwzOverlapFit) =
+          ParamFit{true, static_cast<int>(p.size()), 100 * std::sqrt(sq / p.size())};
       cal.kernelFitted = true;
     } else {
-      cal.notes.push_back("no pipelined qwZ rows (several chunks): qwZ's overlap keeps the given value");
+      cal.notes.push_back(fmt(green ? "no pipelined qwZ rows (several chunks) run in a green context (ZP_NCCL_SMS"
+                                      " non-zero): that overlap keeps the given value, %.2f"
+                                    : "no pipelined qwZ rows (several chunks) run with every SM (ZP_NCCL_SMS=0):"
+                                      " that overlap keeps the given value, %.2f",
+                              overlap));
     }
   }
+  if (cal.greenRows > 0)
+    cal.notes.push_back(std::to_string(cal.greenRows) +
+                        " row(s) of quantized gathers run in a green context (ZP_NCCL_SMS non-zero), modelled with" +
+                        fmt(" their own overlap: qwZ %.3f in a green context, %.3f with every SM",
+                            cal.pipeline.qwzGreenOverlap, cal.pipeline.qwzOverlap));
 
   // Step 4: the reduce kernel's rate and qgZ's overlap together: for each rate, the best overlap in closed form;
   // the rate minimising the squared relative errors, by a scan over 1e-2 .. 1e5 G element-sources/s (48 per
@@ -1170,7 +1183,7 @@ Calibration calibrate(const std::vector<PerfRow>& allRows, const KernelParams& d
     k.reduce.launchUs = cal.kernel.dequantize.launchUs;
     auto evaluate = [&](double logRate, double* w, int* used) {
       k.reduce.rate = std::pow(10.0, logRate);
-      const std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQgz, cal.regimes, k, cal.pipeline);
+      const std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQgz, false, cal.regimes, k, cal.pipeline);
       double sq = 0;
       *used = static_cast<int>(p.size());
       *w = cal.pipeline.qgzOverlap;
@@ -1206,7 +1219,7 @@ Calibration calibrate(const std::vector<PerfRow>& allRows, const KernelParams& d
       const double err = evaluate((lo + hi) / 2, &w, &used);
       cal.kernel.reduce = k.reduce;
       cal.reduceFit = cal.qgzOverlapFit = ParamFit{true, used, 100 * std::sqrt(err / used)};
-      std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQgz, cal.regimes, k, cal.pipeline);
+      std::vector<PipelinePoint> p = pipelinePoints(rows, RowKind::kQgz, false, cal.regimes, k, cal.pipeline);
       double sq = 0;
       if (fitOverlap(p, &w, &sq)) {
         cal.pipeline.qgzOverlap = w;
@@ -1241,7 +1254,7 @@ Calibration calibrate(const std::vector<PerfRow>& allRows, const KernelParams& d
       const double predicted = predictRowUs(one, baseline, link, cal.kernel, cal.pipeline);
       if (!(predicted > 0)) continue;
       RowCheck c;
-      c.row = rowIndex[i];
+      c.row = i;
       c.what = row.op + (baseline ? " (nccl baseline)" : "");
       c.regime = regimeOf(row);
       c.size = row.size;

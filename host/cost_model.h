@@ -74,12 +74,27 @@ struct KernelParams {
 // The chunk pipeline of qwZ and qgZ (src/cuda_collectives.cc, host/chunk_plan.h): chunks of chunkBytes logical
 // bytes, at most maxChunks (the library's defaults, ZP_CHUNK_BYTES and ZP_MAX_CHUNKS), and the share of an ideal
 // pipeline's overlap that the implementation achieves, per op (0: the stages' times add up; 1: an ideal pipeline).
-// Default overlaps: the calibration of KernelParams' defaults, rounded.
+//
+// The quantized gathers (qwZ, and hpZ with bits) run their quantize and dequantize kernels in a green context that
+// leaves ncclSms SMs to NCCL (ZP_NCCL_SMS; the library's default, 32), so NCCL's CTAs can start beside them and the
+// stages overlap far better (perf/RESULTS.md's trace: 0.87 of the ideal against ~0.43 with every SM): two
+// configurations, each with its own overlap. Only whether ncclSms is zero matters to the model. The kernel rates
+// are the same in both (fitted from the quantize and dequantize rows, which run on every SM): the green overlap,
+// fitted from the green rows, absorbs what the smaller SM share and the shared HBM cost the stages, which is why
+// it comes out at ~0.62 rather than the traced 0.87. qgZ never uses the green context (it quantizes all n slices
+// and needs every SM). Default overlaps: the calibration of KernelParams' defaults, rounded; the green one with
+// the green rows of perf/results/*-session3-green.json added (tests/test_cost_model.cc, MeasuredGreenContext).
 struct PipelineParams {
   double chunkBytes = 64.0 * 1024 * 1024;
   int maxChunks = 8;
-  double qwzOverlap = 0.43;
+  int ncclSms = 32;               // ZP_NCCL_SMS: 0 runs the gathers' kernels on every SM, else in a green context
+  double qwzOverlap = 0.43;       // the quantized gathers with every SM (ZP_NCCL_SMS=0)
+  double qwzGreenOverlap = 0.62;  // the quantized gathers in a green context (ZP_NCCL_SMS=32)
   double qgzOverlap = 0.45;
+
+  bool greenContext() const { return ncclSms != 0; }
+  // The overlap of the quantized gathers in the configuration ncclSms selects.
+  double gatherOverlap() const { return greenContext() ? qwzGreenOverlap : qwzOverlap; }
 };
 
 struct ClusterSpec {
@@ -223,6 +238,12 @@ enum class RowKind {
 };
 RowKind classifyOp(const std::string& op);
 const char* rowKindName(RowKind k);
+// The ZP_NCCL_SMS a row ran with: its env's value; 0 when the row does not say (rows recorded before the
+// default became 32 ran without a green context).
+int rowNcclSms(const PerfRow& row);
+// A row of a quantized gather (qwZ, the qwZ gather of qwz_hpz_gathers, hpZ with bits) run in a green context
+// (rowNcclSms non-zero). Every other row (NCCL's, qgZ's, the kernels') runs the same whatever its ZP_NCCL_SMS.
+bool isGreenContextRow(const PerfRow& row);
 
 // Reads rows from JSON text: an array of rows, several arrays one after the other, one row per line, or an
 // object holding an array. Tolerant of unknown and missing fields and of nulls. False (with *error) only when
@@ -281,8 +302,10 @@ struct Calibration {
   std::map<std::string, RegimeFit> regimes;
   KernelParams kernel;      // fitted kinds replaced, the others as given
   PipelineParams pipeline;  // fitted overlaps replaced
-  ParamFit quantizeInt8Fit, quantizeInt4Fit, dequantizeFit, copyFit, reduceFit, qwzOverlapFit, qgzOverlapFit;
+  ParamFit quantizeInt8Fit, quantizeInt4Fit, dequantizeFit, copyFit, reduceFit, qwzOverlapFit, qwzGreenOverlapFit,
+      qgzOverlapFit;
   bool kernelFitted = false;  // any of the kernel or overlap fits succeeded
+  int greenRows = 0;          // rows run in a green context (isGreenContextRow)
   std::vector<RowCheck> checks;
   std::vector<std::string> notes;
   int flagged = 0;
@@ -293,17 +316,18 @@ struct Calibration {
 //      zpccl rows: one all-gather for qwZ and hpZ, two for qwz_hpz_gathers, one reduce-scatter for qgZ);
 //   2. the quantize kernel per code width from the quantize rows ("local") of that width, the dequantize kernel
 //      from the dequantize rows, the copy from the hpZ rows whose hpZ group is one rank;
-//   3. qwZ's pipeline overlap from the qwZ rows (least squares, closed form);
+//   3. qwZ's pipeline overlap in each configuration (least squares, closed form): qwzOverlap from the qwZ rows run
+//      with every SM, qwzGreenOverlap from those run in a green context (isGreenContextRow), the kernels shared;
 //   4. the reduce kernel's rate and qgZ's pipeline overlap from the qgZ rows (a search over the rate, the overlap
 //      in closed form at each), the reduce launch cost taken from the dequantize fit;
-// then predicts every row (zpccl rows and their baselines), flagging misses.
-// Kinds without rows keep the `defaults` (a note says so). Rows run in another configuration than the one the
-// model describes (env ZP_NCCL_SMS non-zero: the quantized gathers' kernels in a green context) are skipped, from
-// the fits and the checks, with a note.
+// then predicts every row (zpccl rows and their baselines; each in its own configuration), flagging misses.
+// Kinds without rows keep the `defaults` (a note says so); when there are green rows, a note gives their count
+// and the overlap of each configuration.
 Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults,
                       const PipelineParams& pipelineDefaults = PipelineParams());
 // The model's time for a row's op (baseline: the NCCL collective(s) measured next to it), with every link of the
-// row's layout set to `link`. Negative when the row cannot be predicted (unknown op, no rank count).
+// row's layout set to `link`, in the row's configuration (rowNcclSms; pipeline.ncclSms is not used). Negative when
+// the row cannot be predicted (unknown op, no rank count).
 double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel,
                     const PipelineParams& pipeline = PipelineParams());
 

@@ -3,8 +3,8 @@
 // overlap, one-chunk calls as the plain sum of their stages), the paper's 3M -> 0.75M cross-node claim (exact in
 // the paper's accounting, approximate with block scales), single-node, one-GPU-per-node and uneven layouts
 // (fallbacks said in notes), calibration recovering known links, kernels and overlaps from synthetic perf rows
-// (and skipping rows of another configuration), and the calibration on the measured rows of two H200
-// (perf/results/).
+// (qwZ's overlap per configuration: kernels on every SM or in a green context), and the calibration on the
+// measured rows of two H200 (perf/results/).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -40,13 +40,16 @@ KernelParams handKernels() {
 }
 
 // 2 nodes x 4 GPUs; intra 100 GB/s and 1 us/step per GPU, inter 10 GB/s and 10 us/step per node; the kernels
-// above; pipelines hide half (qwZ) and a quarter (qgZ) of what an ideal pipeline would.
+// above; pipelines hide half (qwZ, its kernels on every SM: ZP_NCCL_SMS=0) and a quarter (qgZ) of what an ideal
+// pipeline would. The green context's qwZ overlap is set apart (0.9), so that a test using the wrong one fails.
 ClusterSpec twoByFour() {
   ClusterSpec c = ClusterSpec::even(2, 4);
   c.intra = LinkParams::uniform(100, 1);
   c.inter = LinkParams::uniform(10, 10);
   c.kernel = handKernels();
+  c.pipeline.ncclSms = 0;
   c.pipeline.qwzOverlap = 0.5;
+  c.pipeline.qwzGreenOverlap = 0.9;
   c.pipeline.qgzOverlap = 0.25;
   return c;
 }
@@ -205,6 +208,21 @@ TEST(CostModelTime, QwzPipelineHandComputed) {
   EXPECT_NEAR(qwzAllGatherCost(c, 1 << 26, 2, 8, 256).timeUs(), 1110.324736, 1e-9);
   c.pipeline.qwzOverlap = 1;
   EXPECT_NEAR(qwzAllGatherCost(c, 1 << 26, 2, 8, 256).timeUs(), 788.761984, 1e-9);
+  // In a green context (ZP_NCCL_SMS non-zero, the library's default), the green overlap: 0.8 hides 0.8 of
+  // 321.562752; qwzOverlap no longer counts, and the kernels and links cost the same.
+  c.pipeline.ncclSms = 32;
+  c.pipeline.qwzGreenOverlap = 0.8;
+  const Traffic green = qwzAllGatherCost(c, 1 << 26, 2, 8, 256);
+  EXPECT_NEAR(green.hiddenUs, 0.8 * 321.562752, 1e-9);
+  EXPECT_NEAR(green.kernelUs, t.kernelUs, 1e-9);
+  EXPECT_NEAR(green.linkUs, t.linkUs, 1e-9);
+  EXPECT_TRUE(c.pipeline.greenContext());
+  EXPECT_DOUBLE_EQ(c.pipeline.gatherOverlap(), 0.8);
+  c.pipeline.ncclSms = 0;
+  EXPECT_DOUBLE_EQ(c.pipeline.gatherOverlap(), 1);
+  // A default PipelineParams is the library's default configuration: the green context.
+  EXPECT_EQ(PipelineParams().ncclSms, 32);
+  EXPECT_DOUBLE_EQ(PipelineParams().gatherOverlap(), PipelineParams().qwzGreenOverlap);
   // ZP_MAX_CHUNKS=1: one chunk, nothing hidden.
   c.pipeline.maxChunks = 1;
   EXPECT_NEAR(qwzAllGatherCost(c, 1 << 26, 2, 8, 256).timeUs(), 1110.324736 - 3 * (5 + 1), 1e-9);
@@ -405,6 +423,39 @@ TEST(CostModelLayout, OneGpuPerNode) {
   EXPECT_DOUBLE_EQ(q.intraBytes, 0);
 }
 
+TEST(CostModelTime, StepModelsTheGreenContextByDefault) {
+  // The step tables model the library's default configuration: qwZ's kernels in a green context (ncclSms 32),
+  // at the green overlap; ncclSms 0 gives the overlap with every SM. Nothing else changes: ZeRO-3's rings and qgZ
+  // (which never uses the green context). One node of 2 GPUs, 2^28 parameters: each quantized gather (forward and,
+  // with hpZ off, backward) is 512 MiB logical, 8 chunks, so its overlap counts.
+  ClusterSpec c = ClusterSpec::even(1, 2);
+  c.intra = LinkParams::uniform(100, 1);
+  c.kernel = handKernels();
+  c.pipeline.qwzOverlap = 0.4;
+  c.pipeline.qwzGreenOverlap = 0.8;
+  StepConfig s;
+  s.params = 1 << 28;
+  ZeroppOptions z;
+  z.hpz = false;
+  z.qwzBackward = true;  // both gathers quantized
+  std::string error;
+  const Comparison green = compareStep(c, s, z, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  c.pipeline.ncclSms = 0;
+  const Comparison every = compareStep(c, s, z, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  for (const auto& pick : {&StepCost::forward, &StepCost::backward}) {
+    const Traffic& g = (green.zeropp.*pick).traffic;
+    const Traffic& e = (every.zeropp.*pick).traffic;
+    ASSERT_GT(e.hiddenUs, 0);
+    EXPECT_NEAR(g.hiddenUs, 2 * e.hiddenUs, 1e-9);  // 0.8 against 0.4 of the same ideal
+    EXPECT_NEAR(g.timeUs() + g.hiddenUs, e.timeUs() + e.hiddenUs, 1e-9);
+  }
+  EXPECT_NEAR(green.zeropp.gradient.traffic.timeUs(), every.zeropp.gradient.traffic.timeUs(), 1e-9);
+  EXPECT_NEAR(green.zero3.comm.timeUs(), every.zero3.comm.timeUs(), 1e-9);
+  EXPECT_LT(green.zeropp.comm.timeUs(), every.zeropp.comm.timeUs());
+}
+
 TEST(CostModelLayout, ValidateRejectsBadSettings) {
   const ClusterSpec c = ClusterSpec::even(2, 8);
   StepConfig s;
@@ -419,6 +470,12 @@ TEST(CostModelLayout, ValidateRejectsBadSettings) {
   z = ZeroppOptions();
   z.blockSize = 100;
   EXPECT_NE(validate(c, s, z), "");
+  ClusterSpec bad = c;
+  bad.pipeline.qwzGreenOverlap = 1.5;
+  EXPECT_NE(validate(bad, s, ZeroppOptions()).find("overlaps"), std::string::npos);
+  bad = c;
+  bad.pipeline.ncclSms = -1;
+  EXPECT_NE(validate(bad, s, ZeroppOptions()).find("NCCL"), std::string::npos);
   s.params = 0;
   EXPECT_NE(validate(c, s, ZeroppOptions()), "");
   std::string error;
@@ -475,7 +532,8 @@ TEST(CostModelCalibration, RecoversBandwidthAndLatency) {
 TEST(CostModelCalibration, RecoversKernelParameters) {
   // Rows made by the model itself: nvlink (one node of 2) at 250 GB/s and 3 us a step, net (2 nodes of 1) at 3 GB/s
   // and 100 us; every kind of kernel at its own speed, the reduce launch equal to dequantize's (calibration takes
-  // it from there); the pipelines at overlaps 0.6 (qwZ) and 0.3 (qgZ). The fit finds all of it back.
+  // it from there); the pipelines at overlaps 0.6 (qwZ with every SM), 0.85 (qwZ in a green context: the quantized
+  // gathers' rows again, with ZP_NCCL_SMS=32) and 0.3 (qgZ). The fit finds all of it back.
   const LinkParams nvlink = LinkParams::uniform(250, 3), net = LinkParams::uniform(3, 100);
   KernelParams truth;
   truth.quantizeInt8 = KernelCost{2000, 8};
@@ -485,13 +543,16 @@ TEST(CostModelCalibration, RecoversKernelParameters) {
   truth.copy = KernelCost{4000, 12};
   PipelineParams pipe;
   pipe.qwzOverlap = 0.6;
+  pipe.qwzGreenOverlap = 0.85;
   pipe.qgzOverlap = 0.3;
   std::vector<PerfRow> rows;
-  auto add = [&](const char* op, const char* regime, double size, int ranks, int nodes, int bits) {
+  auto add = [&](const char* op, const char* regime, double size, int ranks, int nodes, int bits,
+                 const char* ncclSms = nullptr) {
     const LinkParams& link = std::string(regime) == "net" ? net : nvlink;
     PerfRow r = ncclRow(op, regime, size, ranks, nodes, 0);
     r.bits = bits;
     r.block = bits ? 256 : 0;
+    if (ncclSms) r.env["ZP_NCCL_SMS"] = ncclSms;
     r.timeUs = predictRowUs(r, false, link, truth, pipe);
     const RowKind k = classifyOp(op);
     if (k == RowKind::kQwz || k == RowKind::kQgz || k == RowKind::kHpz || k == RowKind::kQwzHpz)
@@ -510,6 +571,8 @@ TEST(CostModelCalibration, RecoversKernelParameters) {
         add("qwz_all_gather", regime, size, 2, nodes, bits);
         add("qgz_reduce_scatter", regime, size, 2, nodes, bits);
         add("qwz_hpz_gathers", regime, size, 2, nodes, bits);
+        add("qwz_all_gather", regime, size, 2, nodes, bits, "32");
+        add("qwz_hpz_gathers", regime, size, 2, nodes, bits, "32");
       }
     }
     for (int bits : {4, 8}) {
@@ -519,9 +582,12 @@ TEST(CostModelCalibration, RecoversKernelParameters) {
   }
   const Calibration cal = calibrate(rows, KernelParams());
   ASSERT_TRUE(cal.kernelFitted);
-  for (const std::string& note : cal.notes) ADD_FAILURE() << "unexpected note: " << note;
+  EXPECT_EQ(cal.greenRows, 8 * 2 * 2 * 2);  // 8 sizes x 2 regimes x 2 widths x (qwZ, qwz_hpz_gathers)
+  for (const std::string& note : cal.notes)
+    if (note.find("in a green context (ZP_NCCL_SMS non-zero), modelled with their own overlap") == std::string::npos)
+      ADD_FAILURE() << "unexpected note: " << note;
   for (const ParamFit* f : {&cal.quantizeInt8Fit, &cal.quantizeInt4Fit, &cal.dequantizeFit, &cal.copyFit,
-                            &cal.reduceFit, &cal.qwzOverlapFit, &cal.qgzOverlapFit})
+                            &cal.reduceFit, &cal.qwzOverlapFit, &cal.qwzGreenOverlapFit, &cal.qgzOverlapFit})
     EXPECT_TRUE(f->ok);
   EXPECT_EQ(cal.quantizeInt8Fit.points, 4);  // the int8 quantize rows from 16 MiB up
   EXPECT_EQ(cal.quantizeInt4Fit.points, 4);
@@ -534,7 +600,9 @@ TEST(CostModelCalibration, RecoversKernelParameters) {
     EXPECT_NEAR(got[k]->launchUs, want[k]->launchUs, 1e-6) << k;
   }
   EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.6, 1e-6);
+  EXPECT_NEAR(cal.pipeline.qwzGreenOverlap, 0.85, 1e-6);
   EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.3, 1e-6);
+  EXPECT_EQ(cal.qwzOverlapFit.points, cal.qwzGreenOverlapFit.points);  // the qwZ rows from 16 MiB up, each half
   const RegimeFit& f = cal.regimes.at("nvlink");
   EXPECT_NEAR(f.link.allGather.bwGBs, 250, 1e-6);
   EXPECT_NEAR(f.link.allGather.latencyUs, 3, 1e-6);
@@ -649,51 +717,133 @@ TEST(CostModelCalibration, ParsesPerfJsonTolerantly) {
   EXPECT_NE(error.find("JSON"), std::string::npos);
 }
 
-TEST(CostModelCalibration, SkipsRowsOfOtherConfigurations) {
+TEST(CostModelCalibration, ClassifiesGreenContextRows) {
   // "env" holds the ZP_* tunables of the run (strings; numbers read as their text).
   std::vector<PerfRow> parsed;
   std::string error;
   ASSERT_TRUE(parsePerfJson(R"([{"op": "qwz_all_gather", "size": 1, "env": {"ZP_NCCL_SMS": "32", "ZP_MAX_CHUNKS": 4}},
+                                {"op": "qwz_all_gather", "size": 1, "env": {"ZP_NCCL_SMS": 16}},
                                 {"op": "qwz_all_gather", "size": 1, "env": null}])",
                             &parsed, &error))
       << error;
-  ASSERT_EQ(parsed.size(), 2u);
+  ASSERT_EQ(parsed.size(), 3u);
   EXPECT_EQ(parsed[0].env.at("ZP_NCCL_SMS"), "32");
   EXPECT_EQ(parsed[0].env.at("ZP_MAX_CHUNKS"), "4");
-  EXPECT_TRUE(parsed[1].env.empty());
+  EXPECT_TRUE(parsed[2].env.empty());
+  EXPECT_EQ(rowNcclSms(parsed[0]), 32);
+  EXPECT_EQ(rowNcclSms(parsed[1]), 16);
+  EXPECT_EQ(rowNcclSms(parsed[2]), 0);  // rows recorded before the default became 32 ran without a green context
+  EXPECT_TRUE(isGreenContextRow(parsed[0]));
+  EXPECT_TRUE(isGreenContextRow(parsed[1]));
+  EXPECT_FALSE(isGreenContextRow(parsed[2]));
 
-  // qwZ rows made by the model at overlap 0.5, and rows of the same calls run with ZP_NCCL_SMS=32 (a green context)
-  // 30% faster: calibration skips the latter, from the fits and the checks, and says so. ZP_NCCL_SMS=0 is the
-  // default configuration: kept.
-  const LinkParams shm = LinkParams::uniform(24.8, 10);
+  // Only the quantized gathers use the green context: qwZ (alone, or as the first gather of qwz_hpz_gathers) and
+  // hpZ with bits. Every row now records ZP_NCCL_SMS, NCCL's and qgZ's too, where it means nothing.
+  auto row = [](const char* op, int bits, const char* sms) {
+    PerfRow r = ncclRow(op, "nvlink", 1 << 26, 2, 1, 1);
+    r.bits = bits;
+    if (sms) r.env["ZP_NCCL_SMS"] = sms;
+    return r;
+  };
+  EXPECT_TRUE(isGreenContextRow(row("qwz_all_gather", 8, "32")));
+  EXPECT_TRUE(isGreenContextRow(row("qwz_all_gather", 0, "32")));  // bits not said: the perf binaries' int8
+  EXPECT_TRUE(isGreenContextRow(row("qwz_hpz_gathers", 4, "32")));
+  EXPECT_TRUE(isGreenContextRow(row("hpz_all_gather", 8, "32")));
+  EXPECT_FALSE(isGreenContextRow(row("hpz_all_gather", 0, "32")));  // hpZ in bf16: one NCCL all-gather
+  EXPECT_FALSE(isGreenContextRow(row("qwz_all_gather", 8, "0")));
+  EXPECT_FALSE(isGreenContextRow(row("qwz_all_gather", 8, nullptr)));
+  for (const char* op :
+       {"qgz_reduce_scatter", "nccl_all_gather", "nccl_reduce_scatter", "nccl_all_to_all", "quantize", "dequantize"})
+    EXPECT_FALSE(isGreenContextRow(row(op, 4, "32"))) << op;
+}
+
+TEST(CostModelCalibration, FitsTheGreenContextApart) {
+  // Rows made by the model over NVLink (one node of 2, 250 GB/s and 20 us a step, where the kernels are a good
+  // part of the time and the overlap shows): qwZ with every SM at overlap 0.5 (no env, or ZP_NCCL_SMS=0),
+  // the same calls in a green context (ZP_NCCL_SMS=32) at 0.85, and NCCL's and qgZ's rows (reduce 1000 G/s,
+  // overlap 0.3, neither the defaults) also recording ZP_NCCL_SMS=32 as every new row does. Calibration fits each
+  // configuration's overlap back from its own rows, with the links and kernels shared; the NCCL and qgZ rows are
+  // used as any others (without them no link would be fitted, and qgZ would keep the default reduce and overlap);
+  // every row is predicted in its configuration and checked; the notes count the green rows.
+  const LinkParams link = LinkParams::uniform(250, 20);
+  KernelParams truth;
+  truth.reduce = KernelCost{1000, truth.dequantize.launchUs};
   PipelineParams pipe;
   pipe.qwzOverlap = 0.5;
+  pipe.qwzGreenOverlap = 0.85;
+  pipe.qgzOverlap = 0.3;
   std::vector<PerfRow> rows;
   std::vector<size_t> green;
   for (double size = 1 << 24; size <= (1 << 30); size *= 4) {
-    rows.push_back(ncclRow("nccl_all_gather", "shm", size, 2, 1, 10 + size / 2 / 24.8e3));
+    rows.push_back(ncclRow("nccl_all_gather", "nvlink", size, 2, 1, 20 + size / 2 / 250e3));
+    rows.back().env["ZP_NCCL_SMS"] = "32";
+    PerfRow qgz = ncclRow("qgz_reduce_scatter", "nvlink", size, 2, 1, 0);
+    qgz.bits = 4;
+    qgz.env["ZP_NCCL_SMS"] = "32";
+    qgz.timeUs = predictRowUs(qgz, false, link, truth, pipe);
+    rows.push_back(qgz);
     for (const char* sms : {"", "0", "32"}) {
-      PerfRow r = ncclRow("qwz_all_gather", "shm", size, 2, 1, 0);
+      PerfRow r = ncclRow("qwz_all_gather", "nvlink", size, 2, 1, 0);
       r.bits = 8;
-      r.timeUs = predictRowUs(r, false, shm, KernelParams(), pipe);
       if (*sms) r.env["ZP_NCCL_SMS"] = sms;
-      if (std::string(sms) == "32") {
-        r.timeUs *= 0.7;
-        green.push_back(rows.size());
-      }
+      r.timeUs = predictRowUs(r, false, link, truth, pipe);  // in the row's configuration, from its env
+      if (isGreenContextRow(r)) green.push_back(rows.size());
       rows.push_back(r);
     }
   }
+  ASSERT_EQ(green.size(), 4u);
+  // The two configurations differ where it shows: a pipelined green row (1 GiB, 8 chunks) is faster than the same
+  // call with every SM, by more than the tolerances below.
+  PerfRow everySm = rows[green.back()];
+  everySm.env.erase("ZP_NCCL_SMS");
+  EXPECT_LT(rows[green.back()].timeUs, 0.9 * predictRowUs(everySm, false, link, truth, pipe));
+
   const Calibration cal = calibrate(rows, KernelParams());
-  EXPECT_TRUE(anyMentions(cal.notes, "4 row(s) run with ZP_NCCL_SMS set")) << ::testing::PrintToString(cal.notes);
+  EXPECT_EQ(cal.greenRows, 4);
   EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.5, 1e-6);
-  EXPECT_EQ(cal.qwzOverlapFit.points, 8);
-  EXPECT_EQ(cal.checks.size(), 12u);  // 4 NCCL rows, 8 qwZ rows; the green ones skipped
-  for (const RowCheck& c : cal.checks) {
-    EXPECT_EQ(std::count(green.begin(), green.end(), c.row), 0) << c.row;
-    EXPECT_EQ(rows[c.row].size, c.size);  // indexes of the rows as given
-    EXPECT_NEAR(c.errPct, 0, 1e-6) << c.what << " " << c.size;
+  EXPECT_NEAR(cal.pipeline.qwzGreenOverlap, 0.85, 1e-6);
+  EXPECT_EQ(cal.qwzOverlapFit.points, 8);  // two rows per size with every SM
+  EXPECT_EQ(cal.qwzGreenOverlapFit.points, 4);
+  EXPECT_NEAR(cal.kernel.reduce.rate, 1000, 1e-3);
+  EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.3, 1e-6);
+  EXPECT_EQ(cal.qgzOverlapFit.points, 4);
+  EXPECT_TRUE(anyMentions(cal.notes, "4 row(s) of quantized gathers run in a green context"))
+      << ::testing::PrintToString(cal.notes);
+  EXPECT_TRUE(anyMentions(cal.notes, "qwZ 0.850 in a green context, 0.500 with every SM"))
+      << ::testing::PrintToString(cal.notes);
+  EXPECT_FALSE(anyMentions(cal.notes, "skipped")) << ::testing::PrintToString(cal.notes);
+  // Every row checked (the NCCL ones have no baseline of their own), the green ones at their own overlap.
+  ASSERT_EQ(cal.checks.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(cal.checks[i].row, i);
+    EXPECT_EQ(cal.checks[i].what, rows[i].op);
+    EXPECT_NEAR(cal.checks[i].errPct, 0, 1e-4) << rows[i].op << " " << rows[i].size << " " << i;
   }
+  EXPECT_EQ(cal.flagged, 0);
+
+  // Without green rows, the green overlap keeps the given value and a note says so; so does the overlap with
+  // every SM without rows of its own.
+  std::vector<PerfRow> noGreen, onlyGreen;
+  for (size_t i = 0; i < rows.size(); ++i)
+    (std::count(green.begin(), green.end(), i) ? onlyGreen : noGreen).push_back(rows[i]);
+  for (const PerfRow& r : rows)
+    if (classifyOp(r.op) != RowKind::kQwz) onlyGreen.push_back(r);
+  PipelineParams given;
+  given.qwzOverlap = 0.11;
+  given.qwzGreenOverlap = 0.22;
+  const Calibration a = calibrate(noGreen, KernelParams(), given);
+  EXPECT_EQ(a.greenRows, 0);
+  EXPECT_NEAR(a.pipeline.qwzOverlap, 0.5, 1e-6);
+  EXPECT_DOUBLE_EQ(a.pipeline.qwzGreenOverlap, 0.22);
+  EXPECT_FALSE(a.qwzGreenOverlapFit.ok);
+  EXPECT_TRUE(anyMentions(a.notes, "run in a green context (ZP_NCCL_SMS non-zero): that overlap keeps the given"))
+      << ::testing::PrintToString(a.notes);
+  const Calibration b = calibrate(onlyGreen, KernelParams(), given);
+  EXPECT_EQ(b.greenRows, 4);
+  EXPECT_NEAR(b.pipeline.qwzGreenOverlap, 0.85, 1e-6);
+  EXPECT_DOUBLE_EQ(b.pipeline.qwzOverlap, 0.11);
+  EXPECT_TRUE(anyMentions(b.notes, "run with every SM (ZP_NCCL_SMS=0): that overlap keeps the given"))
+      << ::testing::PrintToString(b.notes);
 }
 
 // ---- the measured rows (two H200) --------------------------------------------------------------------------
@@ -756,7 +906,12 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   EXPECT_NEAR(cal.kernel.reduce.rate, 420, 40);  // G element-sources/s: ~6x slower per element than dequantize
   EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.41, 0.05);
   EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.25, 0.05);
-  EXPECT_TRUE(cal.notes.empty()) << cal.notes.front();
+  // No row of these files ran in a green context: that overlap keeps its default, and only that is noted.
+  EXPECT_EQ(cal.greenRows, 0);
+  ASSERT_EQ(cal.notes.size(), 1u) << ::testing::PrintToString(cal.notes);
+  EXPECT_NE(cal.notes[0].find("run in a green context (ZP_NCCL_SMS non-zero): that overlap keeps the given value"),
+            std::string::npos)
+      << cal.notes[0];
 
   // From 16 MiB up, 3 of the 220 checks miss by more than 15%, all three in the net regime (two processes over
   // NCCL's socket transport on one host), where the same collective at the same size measures up to 29% apart
@@ -836,6 +991,61 @@ TEST(CostModelCalibration, MeasuredSessionTwoGivesTheDefaults) {
       EXPECT_LE(std::fabs(c.errPct), kCheckMaxErrPct) << c.what << " " << c.size << " int" << rows[c.row].bits;
     }
   }
+}
+
+TEST(CostModelCalibration, MeasuredGreenContext) {
+  // The files of PipelineParams' defaults with the third session's green rows added (qwZ run with ZP_NCCL_SMS=32,
+  // the library's default now, over nvlink, shm and net): the green overlap is fitted from those 22 rows apart, and
+  // the default qwzGreenOverlap is its value, rounded; the overlap with every SM stays the default's.
+  std::vector<PerfRow> rows;
+  std::string error;
+  for (const char* name :
+       {"2026-11-30-h200x2-session2.json", "2026-11-30-h200x2-net-session2.json", "2026-11-30-h200x2-baselines.json",
+        "2026-11-30-h200x2-session3-green.json", "2026-11-30-h200x2-net-session3-green.json"})
+    ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
+  ASSERT_EQ(rows.size(), 254u);
+  const Calibration cal = calibrate(rows, KernelParams());
+  EXPECT_EQ(cal.greenRows, 22);
+  EXPECT_EQ(cal.qwzGreenOverlapFit.points, 22);
+  EXPECT_NEAR(cal.pipeline.qwzGreenOverlap, PipelineParams().qwzGreenOverlap, 0.005);
+  EXPECT_NEAR(cal.pipeline.qwzOverlap, PipelineParams().qwzOverlap, 0.005);
+  EXPECT_GT(cal.pipeline.qwzGreenOverlap, cal.pipeline.qwzOverlap + 0.1);
+  EXPECT_TRUE(anyMentions(cal.notes, "22 row(s) of quantized gathers run in a green context"))
+      << ::testing::PrintToString(cal.notes);
+  // Each green row from 16 MiB up is within 15% at the green overlap (worst: nvlink int4 16 MiB, one chunk, +14.5%;
+  // net int8 1 GiB, +11.9%), and the green rows together fit better than at the overlap with every SM.
+  PipelineParams everySm = cal.pipeline;
+  everySm.qwzGreenOverlap = everySm.qwzOverlap;
+  double sqGreen = 0, sqEverySm = 0;
+  int green = 0;
+  for (const RowCheck& c : cal.checks) {
+    const PerfRow& row = rows[c.row];
+    if (!isGreenContextRow(row) || c.what != row.op || c.size < kCheckMinBytes) continue;
+    ++green;
+    EXPECT_LE(std::fabs(c.errPct), kCheckMaxErrPct) << c.what << " " << c.regime << " " << c.size << " " << row.bits;
+    const double other = predictRowUs(row, false, cal.regimes.at(c.regime).link, cal.kernel, everySm);
+    sqGreen += c.errPct * c.errPct;
+    sqEverySm += std::pow(100 * (other - c.measuredUs) / c.measuredUs, 2);
+  }
+  EXPECT_EQ(green, 22);
+  EXPECT_LT(sqGreen, 0.8 * sqEverySm);
+
+  // The fourth session's qgZ rows record ZP_NCCL_SMS=32 too: qgZ never uses the green context, so they are
+  // calibrated and checked as any qgZ row (8 rows and their 8 NCCL baselines).
+  std::vector<PerfRow> qgz;
+  ASSERT_TRUE(parsePerfJson(readPerfResult("2026-11-30-h200x2-session4-qgz-channels.json"), &qgz, &error)) << error;
+  ASSERT_EQ(qgz.size(), 8u);
+  for (const PerfRow& r : qgz) {
+    EXPECT_EQ(rowNcclSms(r), 32);
+    EXPECT_FALSE(isGreenContextRow(r));
+  }
+  rows.insert(rows.end(), qgz.begin(), qgz.end());
+  const Calibration all = calibrate(rows, KernelParams());
+  EXPECT_EQ(all.greenRows, 22);
+  int checked = 0;
+  for (const RowCheck& c : all.checks) checked += c.row >= rows.size() - qgz.size();
+  EXPECT_EQ(checked, 16);
+  EXPECT_EQ(all.qgzOverlapFit.points, cal.qgzOverlapFit.points + 8);
 }
 
 }  // namespace

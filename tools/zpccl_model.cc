@@ -47,8 +47,11 @@ constexpr const char* kUsage =
     "  --mem-gbs B            sets quantize, dequantize and copy at once\n"
     "  --reduce-rate R        qgZ's reduce kernels, G element-sources/s: sources x elements summed (2890)\n"
     "  --launch-us T          fixed cost of every kernel launch, us (quantize 4.2-4.7, others 1.3-11)\n"
-    "  --qwz-overlap W        share of an ideal pipeline's overlap qwZ achieves, 0..1 (0.43)\n"
-    "  --qgz-overlap W        the same for qgZ (0.45)\n"
+    "  --qwz-overlap W        share of an ideal pipeline's overlap qwZ achieves with every SM, 0..1 (0.43)\n"
+    "  --qwz-green-overlap W  the same in a green context, the library's default configuration (0.62)\n"
+    "  --nccl-sms N           SMs qwZ's kernels leave to NCCL, the library's ZP_NCCL_SMS (32): non-zero models the\n"
+    "                         green context (--qwz-green-overlap), 0 every SM (--qwz-overlap)\n"
+    "  --qgz-overlap W        qgZ's share (0.45; its kernels always run on every SM)\n"
     "  --max-chunks C         most pipeline chunks per call (8, the library's ZP_MAX_CHUNKS)\n"
     "compute and overlap\n"
     "  --compute-ms T         compute time of one step per GPU; default 6 * params * tokens / flops\n"
@@ -85,8 +88,8 @@ struct Options {
   bool intraBwSet = false, intraLatSet = false, interBwSet = false, interLatSet = false;
   // Kernel and pipeline flags; negative: not given (the defaults, or the calibration's).
   double quantize8GBs = -1, quantize4GBs = -1, dequantizeGBs = -1, copyGBs = -1, reduceRate = -1, launchUs = -1;
-  double qwzOverlap = -1, qgzOverlap = -1;
-  int maxChunks = 0;
+  double qwzOverlap = -1, qwzGreenOverlap = -1, qgzOverlap = -1;
+  int maxChunks = 0, ncclSms = -1;
   bool computeSet = false;
   double tokensPerGpu = 4096, tflops = 400;
   std::vector<std::string> calibrateFiles;
@@ -246,6 +249,8 @@ bool parseArgs(int argc, char** argv, Options* o) {
                                           "--reduce-rate",
                                           "--launch-us",
                                           "--qwz-overlap",
+                                          "--qwz-green-overlap",
+                                          "--nccl-sms",
                                           "--qgz-overlap",
                                           "--max-chunks",
                                           "--compute-ms",
@@ -315,9 +320,13 @@ bool parseArgs(int argc, char** argv, Options* o) {
       ok = parseDouble(value, &o->reduceRate) && o->reduceRate > 0;
     } else if (name == "--launch-us") {
       ok = parseDouble(value, &o->launchUs) && o->launchUs >= 0;
-    } else if (name == "--qwz-overlap" || name == "--qgz-overlap") {
-      double* w = name == "--qwz-overlap" ? &o->qwzOverlap : &o->qgzOverlap;
+    } else if (name == "--qwz-overlap" || name == "--qwz-green-overlap" || name == "--qgz-overlap") {
+      double* w = name == "--qwz-overlap"   ? &o->qwzOverlap
+                  : name == "--qgz-overlap" ? &o->qgzOverlap
+                                            : &o->qwzGreenOverlap;
       ok = parseDouble(value, w) && *w >= 0 && *w <= 1;
+    } else if (name == "--nccl-sms") {
+      ok = parseInt(value, &o->ncclSms) && o->ncclSms >= 0;
     } else if (name == "--max-chunks") {
       ok = parseInt(value, &o->maxChunks) && o->maxChunks >= 1;
     } else if (name == "--compute-ms") {
@@ -450,10 +459,15 @@ void printComparison(const Options& o, const zp::ClusterSpec& c, const zp::Compa
       "read + written), reduce %.0f G element-sources/s + %.1f us, copy %.0f GB/s + %.1f us\n",
       k.quantizeInt8.rate, k.quantizeInt8.launchUs, k.quantizeInt4.rate, k.quantizeInt4.launchUs, k.dequantize.rate,
       k.dequantize.launchUs, k.reduce.rate, k.reduce.launchUs, k.copy.rate, k.copy.launchUs);
+  const zp::PipelineParams& p = c.pipeline;
   std::printf(
       "# pipeline: chunks of %.0f MiB logical, at most %d per call; overlap achieved (share of an ideal pipeline's): "
-      "qwZ %.2f, qgZ %.2f\n",
-      c.pipeline.chunkBytes / (1024.0 * 1024), c.pipeline.maxChunks, c.pipeline.qwzOverlap, c.pipeline.qgzOverlap);
+      "qwZ %.2f (%s; %s: %.2f), qgZ %.2f\n",
+      p.chunkBytes / (1024.0 * 1024), p.maxChunks, p.gatherOverlap(),
+      p.greenContext() ? ("kernels in a green context, " + std::to_string(p.ncclSms) + " SMs left to NCCL").c_str()
+                       : "kernels on every SM",
+      p.greenContext() ? "every SM, --nccl-sms 0" : "green context, the default",
+      p.greenContext() ? p.qwzOverlap : p.qwzGreenOverlap, p.qgzOverlap);
   std::printf("# ZeRO++: qwZ %s, hpZ %s, qgZ %s; block %d\n",
               o.zpp.qwz ? ("int" + std::to_string(o.zpp.weightBits) + (o.zpp.qwzBackward ? " fwd+bwd" : " fwd")).c_str()
                         : "off",
@@ -554,8 +568,10 @@ bool runCalibration(Options* o) {
               describeFit(cal.copyFit).c_str());
   std::printf("#            reduce %.1f G element-sources/s + %.2f us %s\n", k.reduce.rate, k.reduce.launchUs,
               describeFit(cal.reduceFit).c_str());
-  std::printf("#   pipeline overlap: qwZ %.3f %s, qgZ %.3f %s\n", cal.pipeline.qwzOverlap,
-              describeFit(cal.qwzOverlapFit).c_str(), cal.pipeline.qgzOverlap, describeFit(cal.qgzOverlapFit).c_str());
+  std::printf("#   pipeline overlap: qwZ %.3f %s with every SM, %.3f %s in a green context (%d row(s)); qgZ %.3f %s\n",
+              cal.pipeline.qwzOverlap, describeFit(cal.qwzOverlapFit).c_str(), cal.pipeline.qwzGreenOverlap,
+              describeFit(cal.qwzGreenOverlapFit).c_str(), cal.greenRows, cal.pipeline.qgzOverlap,
+              describeFit(cal.qgzOverlapFit).c_str());
   for (const std::string& note : cal.notes) std::printf("#   note: %s\n", note.c_str());
   std::printf("# predicted vs measured (flag '!': size >= 16 MiB and |error| > %.0f%%)\n", zp::kCheckMaxErrPct);
   std::printf("#   %-34s %-8s %14s %5s %5s %13s %13s %8s\n", "op", "regime", "size", "ranks", "nodes", "measured us",
@@ -580,8 +596,8 @@ bool runCalibration(Options* o) {
   if (!o->interRegime.empty() && inter.empty()) return fail("no fitted regime '" + o->interRegime + "'");
   if (!intra.empty()) o->cluster.intra = cal.regimes.at(intra).link;
   if (!inter.empty()) o->cluster.inter = cal.regimes.at(inter).link;
-  o->cluster.kernel = cal.kernel;  // kinds without rows kept the ones given
-  o->cluster.pipeline = cal.pipeline;
+  o->cluster.kernel = cal.kernel;      // kinds without rows kept the ones given
+  o->cluster.pipeline = cal.pipeline;  // ncclSms as given: the model's configuration, not the rows'
   std::printf(
       "# the model below: intra-node link %s, inter-node link %s (taken as the bandwidth of a whole node),"
       " kernels and overlaps %s; flags given explicitly still win\n#\n",
@@ -650,6 +666,8 @@ int main(int argc, char** argv) {
     for (zp::KernelCost* kc : {&k.quantizeInt8, &k.quantizeInt4, &k.dequantize, &k.reduce, &k.copy})
       kc->launchUs = o.launchUs;
   if (o.qwzOverlap >= 0) o.cluster.pipeline.qwzOverlap = o.qwzOverlap;
+  if (o.qwzGreenOverlap >= 0) o.cluster.pipeline.qwzGreenOverlap = o.qwzGreenOverlap;
+  if (o.ncclSms >= 0) o.cluster.pipeline.ncclSms = o.ncclSms;
   if (o.qgzOverlap >= 0) o.cluster.pipeline.qgzOverlap = o.qgzOverlap;
   if (o.maxChunks > 0) o.cluster.pipeline.maxChunks = o.maxChunks;
   if (o.intraBwSet) setBandwidth(&o.cluster.intra, o.intraGBs);
