@@ -213,10 +213,15 @@ std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
     if (entry.rfind("ZP_GPU_CHECK_", 0) == 0 || entry.rfind("ZP_PERF_", 0) == 0) continue;
     out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
   }
-  // ZP_NCCL_SMS changed its default (0 -> 32) after rows had been recorded without it: every row says what it ran
-  // with, set or not, so that a reader (the cost model's calibration) never has to guess from the file's date.
-  const bool smsSet = std::any_of(out.begin(), out.end(), [](const auto& kv) { return kv.first == "ZP_NCCL_SMS"; });
-  if (!smsSet) out.emplace_back("ZP_NCCL_SMS", std::to_string(paramNcclSms()));
+  // The settings that choose how a collective runs changed their defaults after rows had been recorded without
+  // them (ZP_NCCL_SMS 0 -> 32, ZP_PAIR_ALLGATHER new): every row says what it ran with, set or not, so that a
+  // reader (the cost model's calibration) never has to guess from the file's date.
+  const std::pair<const char*, int64_t> effective[] = {{"ZP_NCCL_SMS", paramNcclSms()},
+                                                       {"ZP_PAIR_ALLGATHER", paramPairAllGather()}};
+  for (const auto& [name, value] : effective) {
+    const bool set = std::any_of(out.begin(), out.end(), [name = name](const auto& kv) { return kv.first == name; });
+    if (!set) out.emplace_back(name, std::to_string(value));
+  }
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -335,6 +335,30 @@ zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
                    "ncclAllGather over the hpZ group");
 }
 
+// An all-to-all among the `peers` ranks of `comm` (this one `self`), `peerBytes` per peer: slot p of `send` goes
+// to peer p, slot p of `recv` comes from peer p (this rank's own slot included).
+// Between two ranks (ZP_PAIR_ALLGATHER, the default) it is one all-gather of the slot each sends the other: the
+// same bytes on the wire, and NCCL runs its collectives at the ring's bandwidth where its point-to-point over
+// sockets reaches ~2/3 of it. The gather leaves this rank's outgoing slot in its own receive slot; a local copy
+// then puts there the slot it keeps.
+zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int peers, int self, ncclComm_t comm,
+                         cudaStream_t stream, const char* call) {
+  if (peers == 2 && paramPairAllGather() != 0) {
+    const int other = 1 - self;
+    ZPCHECK(ncclCheck(ncclAllGather(send + other * peerBytes, recv, peerBytes, ncclUint8, comm, stream), call,
+                      "ncclAllGather of a pair's slots"));
+    CUDACHECK(
+        cudaMemcpyAsync(recv + self * peerBytes, send + self * peerBytes, peerBytes, cudaMemcpyDeviceToDevice, stream));
+    return zpSuccess;
+  }
+  ZPCHECK(ncclCheck(ncclGroupStart(), call, "ncclGroupStart"));
+  for (int peer = 0; peer < peers; ++peer) {
+    ZPCHECK(ncclCheck(ncclSend(send + peer * peerBytes, peerBytes, ncclUint8, peer, comm, stream), call, "ncclSend"));
+    ZPCHECK(ncclCheck(ncclRecv(recv + peer * peerBytes, peerBytes, ncclUint8, peer, comm, stream), call, "ncclRecv"));
+  }
+  return ncclCheck(ncclGroupEnd(), call, "ncclGroupEnd");
+}
+
 // qgZ, as host/qgz_plan.h describes it, chunk by chunk (each chunk covers the same element range of every slice).
 // One hop:  move = all-to-all of the slots; finish = sum the n received payloads into recvbuff.
 // Two hops: move = intra-node all-to-all, then the fused dequantize + sum + requantize of the N partials;
@@ -390,15 +414,9 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     trace.mark(PipelineTrace::kMove, c, false, st.move);
     // Step 2 (move): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
     ncclComm_t firstHop = q.twoHop ? e.comms.intra : e.comms.world;
+    const int firstHopRank = q.twoHop ? e.topo.localRank : e.topo.rank;
     const size_t peerBytes = N * pb;
-    ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
-    for (int peer = 0; peer < L; ++peer) {
-      ZPCHECK(ncclCheck(ncclSend(slots + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move), a.opName,
-                        "ncclSend"));
-      ZPCHECK(ncclCheck(ncclRecv(received + peer * peerBytes, peerBytes, ncclUint8, peer, firstHop, st.move), a.opName,
-                        "ncclRecv"));
-    }
-    ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
+    ZPCHECK(exchangeSlots(slots, received, peerBytes, L, firstHopRank, firstHop, st.move, a.opName));
     if (!q.twoHop) {
       trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
@@ -417,14 +435,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
       ZPCHECK(handOver(e, st, c));
       trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
       // Step 4 (finish): the inter-node all-to-all among ranks of this local rank: partial b to node b.
-      ZPCHECK(ncclCheck(ncclGroupStart(), a.opName, "ncclGroupStart"));
-      for (int node = 0; node < N; ++node) {
-        ZPCHECK(ncclCheck(ncclSend(slots + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish.stream), a.opName,
-                          "ncclSend"));
-        ZPCHECK(ncclCheck(ncclRecv(received + node * pb, pb, ncclUint8, node, e.comms.inter, st.finish.stream),
-                          a.opName, "ncclRecv"));
-      }
-      ZPCHECK(ncclCheck(ncclGroupEnd(), a.opName, "ncclGroupEnd"));
+      ZPCHECK(exchangeSlots(slots, received, pb, N, e.topo.node, e.comms.inter, st.finish.stream, a.opName));
       // Step 5 (finish): node a's partial, summed in node order, into recvbuff.
       const ReduceSources finals{received, pb, 0, N, 1};
       ZPCHECK(launchReduceFinish(finals, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,

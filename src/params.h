@@ -27,6 +27,10 @@ namespace zp {
   X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                      \
     "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "   \
     "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                  \
+  X(PairAllGather, "ZP_PAIR_ALLGATHER", 1,                                                                  \
+    "cuda backend: 1 (default): qgZ's all-to-all between two ranks (one hop on two GPUs, the hop "          \
+    "across two nodes) is one ncclAllGather of the slot each sends the other, at NCCL's ring bandwidth; "   \
+    "0: ncclSend/ncclRecv, which NCCL runs slower over sockets (perf/RESULTS.md)")                          \
   X(NcclSms, "ZP_NCCL_SMS", 32,                                                                             \
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \
     "while both run: their quantize and dequantize stages run in a green context of the other SMs "         \

@@ -618,6 +618,12 @@ TEST(PerfJson, TunablesComeFromZpVariablesButNotDebugOnes) {
   if (getenv("ZP_NCCL_SMS") == nullptr) {
     EXPECT_EQ(sms->second, std::to_string(paramNcclSms()));
   }
+  const auto pair =
+      std::find_if(env.begin(), env.end(), [](const auto& kv) { return kv.first == "ZP_PAIR_ALLGATHER"; });
+  ASSERT_NE(pair, env.end());
+  if (getenv("ZP_PAIR_ALLGATHER") == nullptr) {
+    EXPECT_EQ(pair->second, std::to_string(paramPairAllGather()));
+  }
   EXPECT_TRUE(std::is_sorted(env.begin(), env.end()));
 }
 
