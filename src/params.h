@@ -27,10 +27,10 @@ namespace zp {
   X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                      \
     "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "   \
     "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                  \
-  X(PairAllGather, "ZP_PAIR_ALLGATHER", 1,                                                                  \
-    "cuda backend: 1 (default): qgZ's all-to-all between two ranks (one hop on two GPUs, the hop "          \
-    "across two nodes) is one ncclAllGather of the slot each sends the other, at NCCL's ring bandwidth; "   \
-    "0: ncclSend/ncclRecv, which NCCL runs slower over sockets (perf/RESULTS.md)")                          \
+  X(PairAllGather, "ZP_PAIR_ALLGATHER", 2,                                                                  \
+    "cuda backend: how qgZ exchanges slots between two ranks: 2 (default) as one ncclAllGather when they "  \
+    "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3), else by "        \
+    "ncclSend/ncclRecv (faster over NVLink); 1: always the all-gather; 0: never (perf/RESULTS.md)")         \
   X(NcclSms, "ZP_NCCL_SMS", 32,                                                                             \
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \
     "while both run: their quantize and dequantize stages run in a green context of the other SMs "         \

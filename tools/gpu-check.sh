@@ -32,7 +32,7 @@
 #   ZP_GPU_CHECK_TAG          suffix of the results folder and of the files in $OUT, so that several runs in one
 #                             call keep their own (e.g. a sweep of a tunable)
 #   ZP_GPU_CHECK_TEST_FILTER  --gtest_filter of the GPU suite (default: every test, then the pipeline and
-#                             concurrency tests again with ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=0)
+#                             concurrency tests again with ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1)
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
 #   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
@@ -200,14 +200,14 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
       record "$suite" - test missing 0 -
     fi
   done
-  # The tests that run chunk pipelines or several communicators at once, again in the configuration the defaults
-  # replaced: the quantized gathers' kernels on every SM (ZP_NCCL_SMS=0; by default a green context) and qgZ's
-  # two-rank exchanges as ncclSend/ncclRecv (ZP_PAIR_ALLGATHER=0; by default one all-gather), so that both
-  # configurations users can choose stay tested.
+  # The tests that run chunk pipelines or several communicators at once, again in the other configuration users
+  # can choose: the quantized gathers' kernels on every SM (ZP_NCCL_SMS=0; by default a green context) and qgZ's
+  # two-rank exchanges as one all-gather on one node too (ZP_PAIR_ALLGATHER=1; by default only across nodes,
+  # which the two-node tests of the first pass cover).
   if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
     # ~30 s when it works: a short limit, so that a hang costs little device time (its backtraces are logged).
     run_step "zpccl_gpu_tests other" - test "$results/zpccl_gpu_tests_other.log" "" 90 \
-      env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=0 "$build/tests/zpccl_gpu_tests" \
+      env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
   fi
 fi
