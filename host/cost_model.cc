@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <tuple>
 #include <utility>
 
 #include "host/chunk_plan.h"
@@ -20,6 +21,13 @@ LinkParams LinkParams::uniform(double bwGBs, double latencyUs) {
   LinkParams p;
   p.allGather = p.reduceScatter = p.allToAll = LinkCost{bwGBs, latencyUs};
   return p;
+}
+
+LinkCost LinkCost::forSize(double size, double stepBytes) const {
+  const LinkCost large{bwGBs, latencyUs}, small{smallBwGBs, smallLatencyUs};
+  if (!hasSmallLine() || !(size < smallBelowBytes)) return large;
+  const double x = stepBytes * 1e-3;  // bytes at GB/s = 1e3 B/us
+  return small.latencyUs + x / small.bwGBs < large.latencyUs + x / large.bwGBs ? small : large;
 }
 
 ClusterSpec ClusterSpec::even(int nodes, int gpusPerNode) {
@@ -91,6 +99,14 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
   return f;
 }
 
+// Whether qgZ on this layout exchanges any slots by a pair's all-gather (qgzStages: one hop over two ranks, or
+// two hops with two GPUs a node or two nodes).
+bool qgzPairGathers(const ClusterSpec& c) {
+  const int N = c.nodes();
+  if (!layoutFacts(c, 0).hierarchical) return c.pipeline.pairGather(c.nranks(), N > 1);
+  return c.pipeline.pairGather(c.gpusPerNode.front(), false) || c.pipeline.pairGather(N, true);
+}
+
 // ===========================================================================================================
 // The formulas. Every time and byte count of the model comes from this section; calibrate() fits its parameters
 // (steps in host/cost_model.h).
@@ -102,8 +118,12 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 //   Links (NCCL). B_intra: bus bandwidth of a GPU's intra-node links; B_inter: bus bandwidth of a node's NICs
 //   together; alpha: cost per step; each per kind of collective (all-gather, reduce-scatter, all-to-all). A step
 //   of x bytes costs alpha + x / B, i.e. it runs at B * x / (x + alpha * B): alpha models NCCL's bandwidth ramp
-//   (half speed at x = alpha * B), fitted from 16 MiB up, and is not the small-message latency. Below 16 MiB
-//   the model extrapolates (it over-predicts NCCL there, whose launch and protocol floors it does not describe).
+//   (half speed at x = alpha * B), fitted from 16 MiB up, and is not the small-message latency. Below that range
+//   NCCL switches to its small-message protocols and the line over-predicts it, so a link may also carry a
+//   small-message line (alpha_s, B_s), fitted the same way from the NCCL rows below 16 MiB (two H200: 1 and 4 MiB):
+//   a collective of nccl-tests size S' below the large fit's smallest size (16 MiB) costs the lower of the two
+//   lines, NCCL picking the protocol its tuning predicts faster (LinkCost::forSize, compared per step). S' is the
+//   gathered tensor of an all-gather, the input of a reduce-scatter, n*p for an all-to-all among n (p a peer).
 //   Ring all-gather / reduce-scatter (NCCL), S = gathered tensor / each rank's input:
 //     every rank sends (n-1)/n * S (n-1 steps of S/n). One node: all of it on NVLink.
 //     Several nodes: every ring (channel) leaves each node once, so (n-1)/n * S leaves every node
@@ -131,14 +151,15 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 //     ideal = sum / C + (C-1)/C * max(Q, M, F); the stages share the GPU's memory bandwidth and SMs (NVLink
 //     traffic is memory traffic too), so the implementation hides only a share w of that:
 //       time = sum - hidden,  hidden = w * (sum - ideal)   (C = 1: one stream, time = sum)
-//     with w fitted per op from its rows (two H200: qwZ ~0.43, qgZ ~0.45), and for qwZ per configuration: its
+//     with w fitted per op from its rows (two H200: qwZ ~0.43, qgZ ~0.60), and for qwZ per configuration: its
 //     kernels on every SM (ZP_NCCL_SMS=0, ~0.43) or in a green context that leaves SMs to NCCL (the library's
 //     default, ZP_NCCL_SMS=32, ~0.62), with the same kernel rates (PipelineParams). Where the link dominates
 //     (max = M or the second hop), sum - ideal is small against the time and w barely matters. A call of one chunk
 //     runs all of it on the caller's stream, back to back, without events (beginPipeline): time = Q + M + F
 //     exactly. Its NCCL call moves payloads, a quarter (int4) or half (int8) of the logical bytes: at 16 MiB
-//     logical that is below the 16 MiB from which the links are fitted, where the link terms extrapolate (and
-//     over-predict).
+//     logical that is below the 16 MiB from which the large lines are fitted, where the small-message line
+//     applies where it is lower (two H200, NVLink: qgZ int4's 4 MiB all-to-all 24.6 us against 35.5 by the large
+//     line; NCCL measured 24.3).
 //   qwZ (count k per rank), per chunk of k_c elements:
 //     Q: quantize k_c*e -> pb(k_c) (1 launch);  M: ring all-gather of n*pb(k_c) bytes;
 //     F: dequantize n*pb(k_c) -> n*k_c*e (1 launch).
@@ -150,6 +171,13 @@ LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
 //       local peers (intra (L-1)*N*pb), then reduce + requantize of N partials of L sources (L*N*k_c
 //       element-sources, writes N*pb); F: all-to-all among the N ranks of one local rank (L such groups at
 //       once): inter (N-1)*pb per GPU, node egress L*(N-1)*pb; then reduce of N sources into k_c*e.
+//     pair exchanges (exchangeSlots, ZP_PAIR_ALLGATHER = PipelineParams::pairAllGather): an all-to-all between
+//       exactly two ranks (one hop over n = 2; hop 1 with L = 2; hop 2 with N = 2) runs, when the mode says so
+//       (pairGather: 1 always, 2 when the two are on different nodes: one hop over two nodes, and hop 2), as one
+//       NCCL all-gather of the slot each rank sends the other: the same bytes and steps, priced on the all-gather
+//       line of that link instead of the all-to-all one, plus a copy of the p-byte slot the rank keeps (2p read +
+//       written, one launch, KernelParams::copy) on the same stream. Over sockets the gather runs at the ring's
+//       speed, ~3/2 of the point-to-point's (two H200, net: 3.1 against 2.2 GB/s).
 //   hpZ (full tensor of T*e bytes), groups of h ranks of one node: ring all-gather of T*e inside the group:
 //     (h-1)/h * T*e intra per GPU, (h-1) intra steps, nothing across nodes, no kernel. h = 1 (one GPU per node,
 //     or hpzSize 1): the secondary shard is the whole tensor and NCCL's one-rank all-gather copies it: a copy of
@@ -178,8 +206,7 @@ Traffic ringCost(const ClusterSpec& c, double S, LinkCost LinkParams::*kind) {
   const int n = c.nranks(), N = c.nodes();
   if (n <= 1 || S <= 0) return t;
   const double perRank = (n - 1.0) / n * S;
-  const LinkCost& in = c.intra.*kind;
-  const LinkCost& out = c.inter.*kind;
+  const LinkCost in = (c.intra.*kind).forSize(S, S / n), out = (c.inter.*kind).forSize(S, S / n);
   if (N == 1) {
     t.intraBytes = perRank;
     t.linkUs = transferUs(perRank, in.bwGBs);
@@ -194,24 +221,44 @@ Traffic ringCost(const ClusterSpec& c, double S, LinkCost LinkParams::*kind) {
   return t;
 }
 
-// qgZ hop 1: all-to-all inside every node (groups of L), p bytes to each local peer.
-Traffic intraAllToAll(const ClusterSpec& c, int L, double p) {
+// The local copy that follows a pair's all-gather exchange: the p-byte slot the rank keeps, read + written.
+void addPairCopy(const ClusterSpec& c, double p, Traffic* t) { addKernel(c.kernel.copy, 1, 2 * p, 2 * p, t); }
+
+// qgZ hop 1: all-to-all inside every node (groups of L), p bytes to each local peer; a pair (L = 2) that gathers
+// (PipelineParams::pairGather, the ranks on one node) on the all-gather line, plus its copy.
+Traffic intraExchange(const ClusterSpec& c, int L, double p) {
   Traffic t;
   if (L <= 1) return t;
+  const bool gather = c.pipeline.pairGather(L, false);
+  const LinkCost link = (gather ? c.intra.allGather : c.intra.allToAll).forSize(L * p, p);
   t.intraBytes = (L - 1) * p;
-  t.linkUs = transferUs(t.intraBytes, c.intra.allToAll.bwGBs);
-  t.latencyUs = (L - 1) * c.intra.allToAll.latencyUs;
+  t.linkUs = transferUs(t.intraBytes, link.bwGBs);
+  t.latencyUs = (L - 1) * link.latencyUs;
+  if (gather) addPairCopy(c, p, &t);
   return t;
 }
 
-// qgZ hop 2: L all-to-alls at once, each among the N ranks of one local rank, p bytes to each peer.
-Traffic interAllToAll(const ClusterSpec& c, int N, int L, double p) {
+// qgZ hop 2: L all-to-alls at once, each among the N ranks of one local rank, p bytes to each peer; two nodes
+// that gather (PipelineParams::pairGather, across nodes) on the all-gather line, plus the copy.
+Traffic interExchange(const ClusterSpec& c, int N, int L, double p) {
   Traffic t;
   if (N <= 1) return t;
+  const bool gather = c.pipeline.pairGather(N, true);
+  const LinkCost link = (gather ? c.inter.allGather : c.inter.allToAll).forSize(N * p, p);
   t.interBytes = (N - 1) * p;
   t.nodeEgressBytes = L * t.interBytes;
-  t.linkUs = transferUs(t.nodeEgressBytes, c.inter.allToAll.bwGBs);
-  t.latencyUs = (N - 1) * c.inter.allToAll.latencyUs;
+  t.linkUs = transferUs(t.nodeEgressBytes, link.bwGBs);
+  t.latencyUs = (N - 1) * link.latencyUs;
+  if (gather) addPairCopy(c, p, &t);
+  return t;
+}
+
+// qgZ's one hop: the all-to-all over every rank, p bytes to each peer; two ranks that gather (on two nodes, or
+// pairAllGather 1) run NCCL's ring all-gather of the two slots (each rank sends p), plus the copy.
+Traffic oneHopExchange(const ClusterSpec& c, double p) {
+  if (!c.pipeline.pairGather(c.nranks(), c.nodes() > 1)) return allToAllCost(c, p);
+  Traffic t = ringAllGatherCost(c, 2 * p);
+  addPairCopy(c, p, &t);
   return t;
 }
 
@@ -265,12 +312,12 @@ Stages qgzStages(const ClusterSpec& c, double recvcount, int e, int bits, int bl
     const double k = static_cast<double>(plan.elems(i)), pb = payloadBytes(k, bits, blockSize);
     addKernel(c.kernel.quantizeCost(bits), twoHop ? L : 1, n * k * e + n * pb, n * k * e + n * pb, &s.quantize);
     if (!twoHop) {
-      s.move += allToAllCost(c, pb);
+      s.move += oneHopExchange(c, pb);
       addKernel(c.kernel.reduce, 1, n * k, n * pb + k * e, &s.finish);
     } else {
-      s.move += intraAllToAll(c, L, N * pb);
+      s.move += intraExchange(c, L, N * pb);
       addKernel(c.kernel.reduce, 1, static_cast<double>(L) * N * k, (L + 1.0) * N * pb, &s.move);
-      s.finish += interAllToAll(c, N, L, pb);
+      s.finish += interExchange(c, N, L, pb);
       addKernel(c.kernel.reduce, 1, N * k, N * pb + k * e, &s.finish);
     }
   }
@@ -291,17 +338,18 @@ Traffic allToAllCost(const ClusterSpec& c, double p) {
   Traffic t;
   const int n = c.nranks(), N = c.nodes();
   if (n <= 1 || p <= 0) return t;
+  const LinkCost in = c.intra.allToAll.forSize(n * p, p), out = c.inter.allToAll.forSize(n * p, p);
   double intraMaxUs = 0, egressMax = 0;
   for (int L : c.gpusPerNode) {
     const double intra = p * (L - 1), inter = p * (n - L);
     t.intraBytes += L * intra / n;
     t.interBytes += L * inter / n;
     egressMax = std::max(egressMax, L * inter);
-    intraMaxUs = std::max(intraMaxUs, transferUs(intra, c.intra.allToAll.bwGBs));
+    intraMaxUs = std::max(intraMaxUs, transferUs(intra, in.bwGBs));
   }
   t.nodeEgressBytes = egressMax;
-  t.linkUs = std::max(intraMaxUs, transferUs(egressMax, c.inter.allToAll.bwGBs));
-  t.latencyUs = (n - 1) * (N > 1 ? c.inter.allToAll.latencyUs : c.intra.allToAll.latencyUs);
+  t.linkUs = std::max(intraMaxUs, transferUs(egressMax, out.bwGBs));
+  t.latencyUs = (n - 1) * (N > 1 ? out.latencyUs : in.latencyUs);
   return t;
 }
 
@@ -326,9 +374,10 @@ Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, 
     if (S > 0) addKernel(c.kernel.copy, 1, 2 * S, 2 * S, &t);
     return t;
   }
+  const LinkCost link = c.intra.allGather.forSize(S, S / h);
   t.intraBytes = (h - 1.0) / h * S;
-  t.linkUs = transferUs(t.intraBytes, c.intra.allGather.bwGBs);
-  t.latencyUs = (h - 1) * c.intra.allGather.latencyUs;
+  t.linkUs = transferUs(t.intraBytes, link.bwGBs);
+  t.latencyUs = (h - 1) * link.latencyUs;
   return t;
 }
 
@@ -384,6 +433,7 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
     if (!(k->rate > 0) || !(k->launchUs >= 0)) return "kernel rates must be > 0 and launch costs >= 0";
   if (!(c.pipeline.chunkBytes > 0) || c.pipeline.maxChunks < 1) return "pipeline chunks must be > 0 bytes, >= 1";
   if (c.pipeline.ncclSms < 0) return "SMs left to NCCL must be >= 0";
+  if (c.pipeline.pairAllGather < 0 || c.pipeline.pairAllGather > 2) return "the pair all-gather mode must be 0, 1 or 2";
   for (double w : {c.pipeline.qwzOverlap, c.pipeline.qwzGreenOverlap, c.pipeline.qgzOverlap})
     if (!(w >= 0 && w <= 1)) return "pipeline overlaps must be in [0, 1]";
   return "";
@@ -764,6 +814,11 @@ int rowNcclSms(const PerfRow& row) {
   return it == row.env.end() ? 0 : static_cast<int>(std::strtol(it->second.c_str(), nullptr, 10));
 }
 
+int rowPairAllGather(const PerfRow& row) {
+  const auto it = row.env.find("ZP_PAIR_ALLGATHER");
+  return it == row.env.end() ? 0 : static_cast<int>(std::strtol(it->second.c_str(), nullptr, 10));
+}
+
 bool isGreenContextRow(const PerfRow& row) {
   const RowKind kind = classifyOp(row.op);
   const bool quantizedGather =
@@ -862,6 +917,29 @@ LinkFit fitLargeRows(const std::vector<FitPoint>& points) {
   return fitLatencyBandwidth(largeOnes(points, [](const FitPoint& p) { return p.size; }));
 }
 
+LinkFit fitLinkRows(const std::vector<FitPoint>& points, LinkFit* small) {
+  LinkFit large = fitLargeRows(points);
+  if (small) *small = LinkFit();
+  std::vector<double> largeSizes, smallSizes;
+  std::vector<FitPoint> smaller;
+  for (const FitPoint& p : points) {
+    std::vector<double>& sizes = p.size >= kFitMinBytes ? largeSizes : smallSizes;
+    if (std::find(sizes.begin(), sizes.end(), p.size) == sizes.end()) sizes.push_back(p.size);
+    if (p.size > 0 && p.size < kFitMinBytes) smaller.push_back(p);
+  }
+  smallSizes.erase(std::remove(smallSizes.begin(), smallSizes.end(), 0.0), smallSizes.end());  // size unknown
+  // Fewer than two large sizes: largeOnes fitted every point, one line for all sizes.
+  if (!large.ok || largeSizes.size() < 2 || smallSizes.size() < 2) return large;
+  const double below = *std::min_element(largeSizes.begin(), largeSizes.end());
+  const LinkFit s = fitLatencyBandwidth(smaller);
+  if (!s.ok) return large;
+  if (small) *small = s;
+  large.cost.smallBelowBytes = below;
+  large.cost.smallBwGBs = s.cost.bwGBs;
+  large.cost.smallLatencyUs = s.cost.latencyUs;
+  return large;
+}
+
 namespace {
 
 int elemBytesOfType(const std::string& type) {
@@ -872,7 +950,7 @@ int elemBytesOfType(const std::string& type) {
 }
 
 // The layout a row ran on: ranks spread over its nodes, the first nodes taking any remainder; its configuration
-// (ZP_NCCL_SMS) from its env.
+// (ZP_NCCL_SMS, ZP_PAIR_ALLGATHER) from its env.
 bool rowCluster(const PerfRow& row, const LinkParams& link, const KernelParams& kernel, const PipelineParams& pipeline,
                 ClusterSpec* c) {
   if (row.ranks < 1) return false;
@@ -883,6 +961,7 @@ bool rowCluster(const PerfRow& row, const LinkParams& link, const KernelParams& 
   c->kernel = kernel;
   c->pipeline = pipeline;
   c->pipeline.ncclSms = rowNcclSms(row);
+  c->pipeline.pairAllGather = rowPairAllGather(row);
   return true;
 }
 
@@ -1044,6 +1123,18 @@ std::string fmt(const char* format, double a, double b = 0) {
 
 }  // namespace
 
+std::string rowConfiguration(const PerfRow& row) {
+  if (isGreenContextRow(row)) return "green context";
+  if (usesPairGather(row)) return "pair all-gather";
+  return std::string();
+}
+
+bool usesPairGather(const PerfRow& row) {
+  ClusterSpec c;
+  return classifyOp(row.op) == RowKind::kQgz && rowCluster(row, LinkParams(), KernelParams(), PipelineParams(), &c) &&
+         qgzPairGathers(c);
+}
+
 double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel,
                     const PipelineParams& pipeline) {
   Traffic t;
@@ -1089,9 +1180,9 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
   if (oneRank) cal.notes.push_back(std::to_string(oneRank) + " collective row(s) without ranks >= 2 or a size skipped");
   for (auto& entry : points) {
     RegimeFit f;
-    f.allGather = fitLargeRows(entry.second.ag);
-    f.reduceScatter = fitLargeRows(entry.second.rs);
-    f.allToAll = fitLargeRows(entry.second.a2a);
+    f.allGather = fitLinkRows(entry.second.ag, &f.smallAllGather);
+    f.reduceScatter = fitLinkRows(entry.second.rs, &f.smallReduceScatter);
+    f.allToAll = fitLinkRows(entry.second.a2a, &f.smallAllToAll);
     const LinkFit* base = f.allGather.ok ? &f.allGather : f.reduceScatter.ok ? &f.reduceScatter : &f.allToAll;
     if (!base->ok) {
       cal.notes.push_back("regime " + entry.first + ": no NCCL rows to fit, its rows are not predicted");
@@ -1256,10 +1347,15 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
       RowCheck c;
       c.row = i;
       c.what = row.op + (baseline ? " (nccl baseline)" : "");
+      c.baseline = baseline;
       c.regime = regimeOf(row);
+      c.type = row.type;
       c.size = row.size;
       c.ranks = row.ranks;
       c.nodes = row.nodes;
+      c.bits = row.bits;
+      c.block = row.block;
+      if (!baseline) c.config = rowConfiguration(row);
       c.measuredUs = measured;
       c.predictedUs = predicted;
       c.errPct = 100 * (predicted - measured) / measured;
@@ -1268,7 +1364,48 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
       cal.checks.push_back(c);
     }
   }
+  cal.points = averagePoints(cal.checks);
+  for (const PointCheck& p : cal.points) cal.pointsFlagged += p.flagged;
   return cal;
+}
+
+std::vector<PointCheck> averagePoints(const std::vector<RowCheck>& checks) {
+  using Key = std::tuple<std::string, std::string, std::string, double, int, int, int, int, std::string>;
+  std::map<Key, size_t> index;
+  std::vector<PointCheck> points;
+  for (const RowCheck& c : checks) {
+    const int bits = c.baseline ? 0 : c.bits, block = c.baseline ? 0 : c.block;
+    const Key key{c.what, c.regime, c.type, c.size, bits, block, c.nodes, c.ranks, c.config};
+    auto it = index.find(key);
+    if (it == index.end()) {
+      it = index.emplace(key, points.size()).first;
+      PointCheck p;
+      p.what = c.what;
+      p.regime = c.regime;
+      p.type = c.type;
+      p.config = c.config;
+      p.size = c.size;
+      p.ranks = c.ranks;
+      p.nodes = c.nodes;
+      p.bits = bits;
+      p.block = block;
+      p.minUs = p.maxUs = c.measuredUs;
+      points.push_back(p);
+    }
+    PointCheck& p = points[it->second];
+    ++p.repeats;
+    p.measuredUs += c.measuredUs;  // sums until the end
+    p.predictedUs += c.predictedUs;
+    p.minUs = std::min(p.minUs, c.measuredUs);
+    p.maxUs = std::max(p.maxUs, c.measuredUs);
+  }
+  for (PointCheck& p : points) {
+    p.measuredUs /= p.repeats;
+    p.predictedUs /= p.repeats;
+    p.errPct = 100 * (p.predictedUs - p.measuredUs) / p.measuredUs;
+    p.flagged = p.size >= kCheckMinBytes && std::fabs(p.errPct) > kCheckMaxErrPct;
+  }
+  return points;
 }
 
 }  // namespace zp

@@ -32,9 +32,25 @@ namespace zp {
 // latency (two H200 over NVLink: ~23 us and 260 GB/s, half speed at 6 MB a step; the emulated net regime, two
 // processes over NCCL's sockets: ~320 us and 3.06 GB/s). A ring of n ranks pays it on each of its n-1 steps, a
 // pipelined call once per chunk; zpccl-model keeps it when a flag changes the bandwidth.
+//
+// Below that range NCCL switches protocols (LL, LL128) and the line extrapolated from 16 MiB up over-predicts it
+// (two H200 over NVLink: a 4 MiB all-to-all measures 24.3 us where the large line gives 35.5). So a link may carry a
+// second line, fitted the same way from the NCCL rows below the large line's smallest size (smallBelowBytes). A
+// collective below that size (its size as nccl-tests gives it: an all-gather's gathered tensor, a reduce-scatter's
+// input, an all-to-all's n x bytes per peer) costs the lower of the two lines: NCCL runs the protocol its tuning
+// predicts faster, and the small line, a ramp fitted from 1 - 4 MiB, must not be extrapolated where the large one
+// is already the faster (two H200 over NVLink: an 8 MiB all-gather). smallBelowBytes 0: one line for every size.
 struct LinkCost {
   double bwGBs = 0;
   double latencyUs = 0;
+  double smallBelowBytes = 0;  // the small-message line applies below this size; 0: none
+  double smallBwGBs = 0;
+  double smallLatencyUs = 0;
+
+  bool hasSmallLine() const { return smallBelowBytes > 0 && smallBwGBs > 0; }
+  // The line of a collective of `size` bytes (nccl-tests' size) whose steps move `stepBytes` each: the large one,
+  // or below smallBelowBytes the small one where a step costs less on it.
+  LinkCost forSize(double size, double stepBytes) const;
 };
 
 // A class of link (intra-node: per GPU; inter-node: per node, all NICs together), per kind of collective, since
@@ -58,13 +74,18 @@ struct KernelCost {
 // per byte read + written, int4 codes run slower than int8 (two H200: 2250 against 2630 GB/s); dequantize's widths
 // differ by ~3%, within its fit's error, and share one cost. Defaults: the calibration of two H200 (bf16,
 // zpccl-model --calibrate perf/results/2026-11-30-h200x2-session2.json, -net-session2.json and -baselines.json:
-// the second session's kernels), rounded.
+// the second session's kernels), rounded. The reduce rate (and qgZ's overlap, PipelineParams) fell from 2890 (0.45)
+// to 1380 (0.60) when the links got their small-message lines: the one-chunk 16 MiB qgZ rows had carried the large
+// line's over-price of their 4 MiB all-to-all, which the reduce term paid back (their sum of measured parts: 13.7 us
+// quantize + 24.3 us all-to-all + ~6.5 us reduce = 44.5 us, a reduce of ~1300-1600 G element-sources/s).
 struct KernelParams {
   KernelCost quantizeInt8{2630, 4.2};  // device/quantize.cu, int8 codes, GB/s of bytes read + written
   KernelCost quantizeInt4{2250, 4.7};  // device/quantize.cu, int4 codes, GB/s of bytes read + written
   KernelCost dequantize{3570, 1.3};    // device/quantize.cu, GB/s of bytes read + written
-  KernelCost reduce{2890, 1.3};        // device/reduce.cu, G element-sources/s
-  KernelCost copy{4100, 11};  // NCCL's all-gather over one rank, out of place: a device copy; GB/s read + written
+  KernelCost reduce{1380, 1.3};        // device/reduce.cu, G element-sources/s
+  // NCCL's all-gather over one rank, out of place: a device copy; GB/s read + written. Also the copy that follows
+  // qgZ's pair all-gather (PipelineParams::pairAllGather).
+  KernelCost copy{4100, 11};
 
   // The quantize kernel's cost for codes of `bits` (4 or 8).
   const KernelCost& quantizeCost(int bits) const { return bits == 4 ? quantizeInt4 : quantizeInt8; }
@@ -84,17 +105,30 @@ struct KernelParams {
 // it comes out at ~0.62 rather than the traced 0.87. qgZ never uses the green context (it quantizes all n slices
 // and needs every SM). Default overlaps: the calibration of KernelParams' defaults, rounded; the green one with
 // the green rows of perf/results/*-session3-green.json added (tests/test_cost_model.cc, MeasuredGreenContext).
+//
+// qgZ's exchange between exactly two ranks (one hop on two GPUs; the inter-node hop of two hops over two nodes; the
+// intra-node hop over two GPUs a node) may run as one NCCL all-gather of the slot each rank sends the other, plus a
+// local copy of the slot it keeps (src/cuda_collectives.cc exchangeSlots; ZP_PAIR_ALLGATHER): the same bytes on
+// the wire, priced on the all-gather line instead of the all-to-all one (NCCL's sockets run the ring at ~3/2 the
+// speed of their point-to-point). pairAllGather is the library's mode: 0 never, 1 always, 2 (the default) only when
+// the two ranks are on different nodes.
 struct PipelineParams {
   double chunkBytes = 64.0 * 1024 * 1024;
   int maxChunks = 8;
   int ncclSms = 32;               // ZP_NCCL_SMS: 0 runs the gathers' kernels on every SM, else in a green context
   double qwzOverlap = 0.43;       // the quantized gathers with every SM (ZP_NCCL_SMS=0)
   double qwzGreenOverlap = 0.62;  // the quantized gathers in a green context (ZP_NCCL_SMS=32)
-  double qgzOverlap = 0.45;
+  double qgzOverlap = 0.60;
+  int pairAllGather = 2;  // ZP_PAIR_ALLGATHER: 0 never, 1 always, 2 across nodes only (see above)
 
   bool greenContext() const { return ncclSms != 0; }
   // The overlap of the quantized gathers in the configuration ncclSms selects.
   double gatherOverlap() const { return greenContext() ? qwzGreenOverlap : qwzOverlap; }
+  // Whether qgZ's exchange among `peers` ranks (on different nodes or not) runs as one all-gather, as the library
+  // decides it (exchangeSlots).
+  bool pairGather(int peers, bool acrossNodes) const {
+    return peers == 2 && (pairAllGather == 1 || (pairAllGather == 2 && acrossNodes));
+  }
 };
 
 struct ClusterSpec {
@@ -241,6 +275,12 @@ const char* rowKindName(RowKind k);
 // The ZP_NCCL_SMS a row ran with: its env's value; 0 when the row does not say (rows recorded before the
 // default became 32 ran without a green context).
 int rowNcclSms(const PerfRow& row);
+// The ZP_PAIR_ALLGATHER a row ran with: its env's value; 0 when the row does not say (rows recorded before the
+// pair exchange existed ran with ncclSend/ncclRecv).
+int rowPairAllGather(const PerfRow& row);
+// Whether a qgZ row's exchanges include a pair's all-gather (PipelineParams::pairGather, in the row's layout and
+// mode); false for every other row.
+bool usesPairGather(const PerfRow& row);
 // A row of a quantized gather (qwZ, the qwZ gather of qwz_hpz_gathers, hpZ with bits) run in a green context
 // (rowNcclSms non-zero). Every other row (NCCL's, qgZ's, the kernels') runs the same whatever its ZP_NCCL_SMS.
 bool isGreenContextRow(const PerfRow& row);
@@ -271,25 +311,57 @@ LinkFit fitLatencyBandwidth(const std::vector<FitPoint>& points);
 // of them: from 16 MiB up one bandwidth and one per-step cost describe NCCL and the kernels within a few percent,
 // while below that launch and protocol floors would bend the fit (and the model is checked from 16 MiB up).
 LinkFit fitLargeRows(const std::vector<FitPoint>& points);
+// Both lines of a link (LinkCost): the large-message one (fitLargeRows) and, when that one was fitted from sizes
+// >= kFitMinBytes only, a small-message one fitted the same way (fitLatencyBandwidth) from the points below the
+// smallest size it was fitted from, used below that size (LinkCost::smallBelowBytes). Without two distinct sizes
+// below it there is no small line: the large one serves every size. *small (may be null): the small fit as such.
+LinkFit fitLinkRows(const std::vector<FitPoint>& points, LinkFit* small);
 
 struct RegimeFit {
-  LinkFit allGather, reduceScatter, allToAll;  // as fitted (ok false when that kind had no rows)
-  LinkParams link;                             // with missing kinds borrowed from the others
+  LinkFit allGather, reduceScatter, allToAll;  // as fitted (ok false when that kind had no rows), both lines
+  LinkFit smallAllGather, smallReduceScatter, smallAllToAll;  // their small-message lines (ok false: none)
+  LinkParams link;                                            // with missing kinds borrowed from the others
   bool ok = false;
 };
 
 struct RowCheck {
-  size_t row = 0;    // index in the rows
-  std::string what;  // op, or "op (nccl baseline)"
-  std::string regime;
+  size_t row = 0;         // index in the rows
+  std::string what;       // op, or "op (nccl baseline)"
+  bool baseline = false;  // the NCCL collective(s) measured next to a zpccl row
+  std::string regime, type;
   double size = 0;
-  int ranks = 0, nodes = 0;
+  int ranks = 0, nodes = 0, bits = 0, block = 0;  // bits, block: the row's (0 when it does not say)
+  // The configuration the model priced it in (rowConfiguration); empty for an NCCL baseline, which runs the same
+  // whatever the row's settings.
+  std::string config;
   double measuredUs = 0, predictedUs = 0, errPct = 0;
   bool flagged = false;  // size >= kCheckMinBytes and |error| > kCheckMaxErrPct
 };
 constexpr double kCheckMinBytes = 16.0 * 1024 * 1024;
 constexpr double kCheckMaxErrPct = 15.0;
 constexpr double kFitMinBytes = kCheckMinBytes;
+
+// One measured point: the checks of the same (what, regime, type, size, bits, block, nodes, ranks, config), i.e.
+// the same call measured in several files, averaged (an NCCL baseline's bits and block are not its call's: its
+// point has 0 for both, and takes in the baselines of the rows of either width). The model predicts every repeat
+// alike; the repeats themselves may disagree (the net regime's loopback sockets: up to ~25% between runs), which
+// the per-row check counts as misses of the model. The per-row check stays the headline; this one says how much of
+// it is the runs' noise.
+struct PointCheck {
+  std::string what, regime, type, config;
+  double size = 0;
+  int ranks = 0, nodes = 0, bits = 0, block = 0;
+  int repeats = 0;                     // rows averaged
+  double measuredUs = 0;               // their mean
+  double minUs = 0, maxUs = 0;         // their spread
+  double predictedUs = 0, errPct = 0;  // the model against the mean
+  bool flagged = false;                // size >= kCheckMinBytes and |error| > kCheckMaxErrPct
+};
+// The checks grouped into measured points, in the order of each point's first check.
+std::vector<PointCheck> averagePoints(const std::vector<RowCheck>& checks);
+// The configuration a row runs in, as the model distinguishes it: "green context" (isGreenContextRow), "pair
+// all-gather" (usesPairGather), or empty.
+std::string rowConfiguration(const PerfRow& row);
 
 // The fit of one model parameter (or two) from rows: how many, and how well the model then describes them.
 struct ParamFit {
@@ -308,26 +380,32 @@ struct Calibration {
   int greenRows = 0;          // rows run in a green context (isGreenContextRow)
   std::vector<RowCheck> checks;
   std::vector<std::string> notes;
-  int flagged = 0;
+  int flagged = 0;                 // checks flagged: the headline count
+  std::vector<PointCheck> points;  // the checks averaged per measured point (averagePoints)
+  int pointsFlagged = 0;
 };
 
 // Fits, in this order (each from rows of kFitMinBytes and up, see fitLargeRows):
 //   1. each regime's links, per kind of collective, from its NCCL rows (nccl_* ops, and the NCCL baselines of
-//      zpccl rows: one all-gather for qwZ and hpZ, two for qwz_hpz_gathers, one reduce-scatter for qgZ);
+//      zpccl rows: one all-gather for qwZ and hpZ, two for qwz_hpz_gathers, one reduce-scatter for qgZ), with
+//      each kind's small-message line from its rows below 16 MiB (fitLinkRows). No qgZ row's own time enters these
+//      fits: its exchange is priced in step 4 on the line it ran on (the all-to-all's, or the all-gather's where
+//      the row's ZP_PAIR_ALLGATHER made a pair gather), so the all-to-all lines are NCCL's all-to-all alone;
 //   2. the quantize kernel per code width from the quantize rows ("local") of that width, the dequantize kernel
 //      from the dequantize rows, the copy from the hpZ rows whose hpZ group is one rank;
 //   3. qwZ's pipeline overlap in each configuration (least squares, closed form): qwzOverlap from the qwZ rows run
 //      with every SM, qwzGreenOverlap from those run in a green context (isGreenContextRow), the kernels shared;
 //   4. the reduce kernel's rate and qgZ's pipeline overlap from the qgZ rows (a search over the rate, the overlap
 //      in closed form at each), the reduce launch cost taken from the dequantize fit;
-// then predicts every row (zpccl rows and their baselines; each in its own configuration), flagging misses.
+// then predicts every row (zpccl rows and their baselines; each in its own configuration), flagging misses, and
+// averages the checks per measured point (averagePoints), flagging those too.
 // Kinds without rows keep the `defaults` (a note says so); when there are green rows, a note gives their count
 // and the overlap of each configuration.
 Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defaults,
                       const PipelineParams& pipelineDefaults = PipelineParams());
 // The model's time for a row's op (baseline: the NCCL collective(s) measured next to it), with every link of the
-// row's layout set to `link`, in the row's configuration (rowNcclSms; pipeline.ncclSms is not used). Negative when
-// the row cannot be predicted (unknown op, no rank count).
+// row's layout set to `link`, in the row's configuration (rowNcclSms, rowPairAllGather; pipeline.ncclSms and
+// pipeline.pairAllGather are not used). Negative when the row cannot be predicted (unknown op, no rank count).
 double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel,
                     const PipelineParams& pipeline = PipelineParams());
 

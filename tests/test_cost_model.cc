@@ -3,8 +3,9 @@
 // overlap, one-chunk calls as the plain sum of their stages), the paper's 3M -> 0.75M cross-node claim (exact in
 // the paper's accounting, approximate with block scales), single-node, one-GPU-per-node and uneven layouts
 // (fallbacks said in notes), calibration recovering known links, kernels and overlaps from synthetic perf rows
-// (qwZ's overlap per configuration: kernels on every SM or in a green context), and the calibration on the
-// measured rows of two H200 (perf/results/).
+// (qwZ's overlap per configuration: kernels on every SM or in a green context), qgZ's two-rank exchanges as one
+// all-gather (ZP_PAIR_ALLGATHER), the links' small-message lines, the measured points averaged over repeats, and the
+// calibration on the measured rows of two H200 (perf/results/).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "host/cost_model.h"
@@ -107,10 +109,20 @@ TEST(CostModelVolume, QgzTwoHopsHandComputed) {
   EXPECT_DOUBLE_EQ(t.intraBytes, 3.0 * 2 * 528);  // hop 1: N=2 slices to each of 3 local peers
   EXPECT_DOUBLE_EQ(t.interBytes, 528);            // hop 2: one partial to the other node
   EXPECT_DOUBLE_EQ(t.nodeEgressBytes, 4 * 528);   // 4 GPUs of the node do it at once
-  // quantize 16384 -> 8*528; reduce-requantize reads 4*2*528, writes 2*528; final reads 2*528, writes 2048.
-  EXPECT_DOUBLE_EQ(t.kernelBytes, 16384 + 8 * 528 + 5 * 2 * 528 + 2 * 528 + 2048);
-  // One quantize launch per local peer's run of slots (4), the reduce-requantize and the final reduce.
-  EXPECT_DOUBLE_EQ(t.launches, 6);
+  // quantize 16384 -> 8*528; reduce-requantize reads 4*2*528, writes 2*528; final reads 2*528, writes 2048; and,
+  // hop 2 being a pair across nodes (the default ZP_PAIR_ALLGATHER=2 gathers it), the copy of the kept 528-byte
+  // slot, read + written.
+  EXPECT_DOUBLE_EQ(t.kernelBytes, 16384 + 8 * 528 + 5 * 2 * 528 + 2 * 528 + 2048 + 2 * 528);
+  // One quantize launch per local peer's run of slots (4), the reduce-requantize, the final reduce and the copy.
+  EXPECT_DOUBLE_EQ(t.launches, 7);
+  // With send/recv (ZP_PAIR_ALLGATHER=0) the same bytes cross the links, without the copy.
+  ClusterSpec sendRecv = c;
+  sendRecv.pipeline.pairAllGather = 0;
+  const Traffic s = qgzReduceScatterCost(sendRecv, 1024, 2, 4, 256, &note);
+  EXPECT_DOUBLE_EQ(s.kernelBytes, t.kernelBytes - 2 * 528);
+  EXPECT_DOUBLE_EQ(s.launches, 6);
+  EXPECT_DOUBLE_EQ(s.nodeEgressBytes, t.nodeEgressBytes);
+  EXPECT_DOUBLE_EQ(s.intraBytes, t.intraBytes);
 }
 
 TEST(CostModelVolume, PaperClaimThreeMToPointSevenFiveM) {
@@ -236,15 +248,18 @@ TEST(CostModelTime, QgzHandComputed) {
   // quantize: 16777216 + 8*540672 = 21102592 B at 1000 GB/s = 21.102592 us + 4 launches of 5 us.
   // reduce + requantize: 2 partials of 4 sources of 2^20 = 8388608 element-sources at 100 G/s = 83.88608 us + 2;
   // final reduce: 2 sources of 2^20 = 2097152 element-sources = 20.97152 us + 2.
+  // hop 2 is a pair across nodes, gathered by default (ZP_PAIR_ALLGATHER=2; uniform links: the all-gather line is
+  // the all-to-all's), then the kept 540672-byte slot copied: 1081344 B at 4000 GB/s = 0.270336 us + 10.
   std::string note;
   const Traffic t = qgzReduceScatterCost(c, 1 << 20, 2, 4, 256, &note);
   EXPECT_NEAR(t.linkUs, 32.44032 + 216.2688, 1e-9);
   EXPECT_NEAR(t.latencyUs, 3 + 10, 1e-12);
-  EXPECT_NEAR(t.kernelUs, 21.102592 + 20 + 83.88608 + 2 + 20.97152 + 2, 1e-9);
+  EXPECT_NEAR(t.kernelUs, 21.102592 + 20 + 83.88608 + 2 + 20.97152 + 2 + 0.270336 + 10, 1e-9);
   EXPECT_DOUBLE_EQ(t.hiddenUs, 0);
-  // int8 costs the reduce kernels the same (element-sources, not bytes); only the payload bytes change.
+  // int8 costs the reduce kernels the same (element-sources, not bytes); only the payload bytes change: quantize
+  // writes 8 x 524288 more, and the copy moves 2 x 524288 more (a 1064960-byte slot).
   const Traffic t8 = qgzReduceScatterCost(c, 1 << 20, 2, 8, 256, &note);
-  EXPECT_NEAR(t8.kernelUs - t.kernelUs, 8.0 * 524288 / 1000 / 1e3, 1e-9);
+  EXPECT_NEAR(t8.kernelUs - t.kernelUs, 8.0 * 524288 / 1000 / 1e3 + 2.0 * 524288 / 4000 / 1e3, 1e-9);
 
   // One node of 2 GPUs (one hop), recvcount 2^26, int4: 256 MiB logical, 4 chunks of 2^24 elements; payload
   // 262144 + 8388608 = 8650752 per slice and chunk. Links 100 GB/s, no per-step cost.
@@ -261,6 +276,120 @@ TEST(CostModelTime, QgzHandComputed) {
   EXPECT_NEAR(p.kernelUs, 357.641472 + 1350.17728, 1e-9);
   EXPECT_NEAR(p.hiddenUs, 131.938416, 1e-9);
   EXPECT_NEAR(p.timeUs(), 1921.910416, 1e-9);
+}
+
+// Links whose all-gather and all-to-all lines differ, so that a pair priced on the wrong one fails: intra all-gather
+// 200 GB/s + 2 us a step, all-to-all 100 GB/s + 1 us; inter all-gather 10 GB/s + 20 us, all-to-all 5 GB/s + 10 us.
+// The hand kernels (copy 4000 GB/s + 10 us); ZP_PAIR_ALLGATHER = mode.
+ClusterSpec pairLinks(const std::vector<int>& gpusPerNode, int mode) {
+  ClusterSpec c = twoByFour();
+  c.gpusPerNode = gpusPerNode;
+  c.intra = LinkParams::uniform(200, 2);
+  c.intra.allToAll = LinkCost{100, 1};
+  c.inter = LinkParams::uniform(10, 20);
+  c.inter.allToAll = LinkCost{5, 10};
+  c.pipeline.pairAllGather = mode;
+  return c;
+}
+
+TEST(CostModelTime, QgzPairExchangeHandComputed) {
+  // The library's rule (exchangeSlots): two ranks gather with mode 1, or with mode 2 across nodes; never with 0,
+  // and never more than two ranks.
+  PipelineParams p;
+  EXPECT_EQ(p.pairAllGather, 2);  // the library's default
+  for (int mode : {0, 1, 2}) {
+    p.pairAllGather = mode;
+    EXPECT_EQ(p.pairGather(2, true), mode != 0) << mode;
+    EXPECT_EQ(p.pairGather(2, false), mode == 1) << mode;
+    EXPECT_FALSE(p.pairGather(3, true));
+    EXPECT_FALSE(p.pairGather(4, false));
+  }
+  std::string note;
+
+  // One node of 2 GPUs, one hop, recvcount 2^22, int4 (16 MiB logical: one chunk, all stages add up). Payload
+  // 65536 + 2097152 = 2162688 to the peer. Kernels: quantize 16777216 + 2 * 2162688 = 21102592 B at 1000 GB/s =
+  // 21.102592 us + 5; reduce 2 x 2^22 element-sources at 100 G/s = 83.88608 us + 2.
+  //   send/recv (modes 0 and 2: the ranks share a node): all-to-all line, 2162688 B at 100 GB/s = 21.62688 + 1.
+  //   mode 1: all-gather line, 2162688 B at 200 GB/s = 10.81344 + 2; then the copy of the kept slot, 4325376 B at
+  //   4000 GB/s = 1.081344 us + 10.
+  const double kernels = 21.102592 + 5 + 83.88608 + 2, copy = 1.081344 + 10;
+  for (int mode : {0, 1, 2}) {
+    const Traffic t = qgzReduceScatterCost(pairLinks({2}, mode), 1 << 22, 2, 4, 256, &note);
+    const bool gather = mode == 1;
+    EXPECT_NEAR(t.linkUs, gather ? 10.81344 : 21.62688, 1e-9) << mode;
+    EXPECT_NEAR(t.latencyUs, gather ? 2 : 1, 1e-12) << mode;
+    EXPECT_NEAR(t.kernelUs, kernels + (gather ? copy : 0), 1e-9) << mode;
+    EXPECT_DOUBLE_EQ(t.launches, gather ? 3 : 2) << mode;
+    EXPECT_DOUBLE_EQ(t.intraBytes, 2162688) << mode;  // the same bytes on the wire either way
+    EXPECT_DOUBLE_EQ(t.hiddenUs, 0);
+  }
+
+  // Two nodes of one GPU, one hop across them, the same call: the payload leaves the node.
+  //   mode 0: all-to-all line, 2162688 B at 5 GB/s = 432.5376 us + 10.
+  //   modes 1 and 2: NCCL's ring all-gather of the two slots: each rank sends its 2162688 B at 10 GB/s = 216.2688
+  //   us, one step of 20 us; plus the copy.
+  for (int mode : {0, 1, 2}) {
+    const Traffic t = qgzReduceScatterCost(pairLinks({1, 1}, mode), 1 << 22, 2, 4, 256, &note);
+    const bool gather = mode != 0;
+    EXPECT_NEAR(t.linkUs, gather ? 216.2688 : 432.5376, 1e-9) << mode;
+    EXPECT_NEAR(t.latencyUs, gather ? 20 : 10, 1e-12) << mode;
+    EXPECT_NEAR(t.kernelUs, kernels + (gather ? copy : 0), 1e-9) << mode;
+    EXPECT_DOUBLE_EQ(t.nodeEgressBytes, 2162688) << mode;
+    EXPECT_DOUBLE_EQ(t.interBytes, 2162688) << mode;
+    EXPECT_DOUBLE_EQ(t.intraBytes, 0) << mode;
+  }
+
+  // Two hops over 2 nodes x 4 GPUs, recvcount 2^20, int4 (one chunk): payload 16384 + 524288 = 540672. Hop 1 (4
+  // local peers) is never a pair: 3 peers x 2 slots = 3244032 B at 100 GB/s = 32.44032 us + 3 x 1. Hop 2 (2 nodes)
+  // is a pair across nodes: mode 0 all-to-all, 4 x 540672 = 2162688 B leave the node at 5 GB/s = 432.5376 + 10;
+  // modes 1 and 2 at 10 GB/s = 216.2688 + 20, plus the copy of 540672 B: 1081344 B at 4000 GB/s = 0.270336 + 10.
+  const Traffic base = qgzReduceScatterCost(pairLinks({4, 4}, 0), 1 << 20, 2, 4, 256, &note);
+  EXPECT_NEAR(base.linkUs, 32.44032 + 432.5376, 1e-9);
+  EXPECT_NEAR(base.latencyUs, 3 + 10, 1e-12);
+  for (int mode : {1, 2}) {
+    const Traffic t = qgzReduceScatterCost(pairLinks({4, 4}, mode), 1 << 20, 2, 4, 256, &note);
+    EXPECT_NEAR(t.linkUs, 32.44032 + 216.2688, 1e-9) << mode;
+    EXPECT_NEAR(t.latencyUs, 3 + 20, 1e-12) << mode;
+    EXPECT_NEAR(t.kernelUs - base.kernelUs, 0.270336 + 10, 1e-9) << mode;
+    EXPECT_DOUBLE_EQ(t.nodeEgressBytes, base.nodeEgressBytes);
+  }
+
+  // Two hops over 2 nodes x 2 GPUs, recvcount 2^20 (8 MiB logical, one chunk): both hops are pairs. Hop 1 (inside
+  // the node) sends N x 540672 = 1081344 B to the local peer; hop 2 sends 2 GPUs x 540672 = 1081344 B out of the
+  // node.
+  //   mode 0: hop 1 at 100 GB/s = 10.81344 + 1, hop 2 at 5 GB/s = 216.2688 + 10; no copy.
+  //   mode 1: hop 1 at 200 GB/s = 5.40672 + 2 with a copy of 1081344 B (0.540672 + 10), hop 2 at 10 GB/s =
+  //           108.1344 + 20 with a copy of 540672 B (0.270336 + 10).
+  //   mode 2: hop 1 as mode 0 (the ranks share a node), hop 2 as mode 1.
+  const Traffic m0 = qgzReduceScatterCost(pairLinks({2, 2}, 0), 1 << 20, 2, 4, 256, &note);
+  const Traffic m1 = qgzReduceScatterCost(pairLinks({2, 2}, 1), 1 << 20, 2, 4, 256, &note);
+  const Traffic m2 = qgzReduceScatterCost(pairLinks({2, 2}, 2), 1 << 20, 2, 4, 256, &note);
+  EXPECT_NEAR(m0.linkUs, 10.81344 + 216.2688, 1e-9);
+  EXPECT_NEAR(m0.latencyUs, 1 + 10, 1e-12);
+  EXPECT_NEAR(m1.linkUs, 5.40672 + 108.1344, 1e-9);
+  EXPECT_NEAR(m1.latencyUs, 2 + 20, 1e-12);
+  EXPECT_NEAR(m1.kernelUs - m0.kernelUs, 0.540672 + 10 + 0.270336 + 10, 1e-9);
+  EXPECT_DOUBLE_EQ(m1.launches - m0.launches, 2);
+  EXPECT_NEAR(m2.linkUs, 10.81344 + 108.1344, 1e-9);
+  EXPECT_NEAR(m2.latencyUs, 1 + 20, 1e-12);
+  EXPECT_NEAR(m2.kernelUs - m0.kernelUs, 0.270336 + 10, 1e-9);
+
+  // More than two ranks in one hop: never a pair, whatever the mode (one node of 4: the all-to-all's 3 steps).
+  const Traffic four = qgzReduceScatterCost(pairLinks({4}, 1), 1 << 20, 2, 4, 256, &note);
+  EXPECT_NEAR(four.latencyUs, 3 * 1, 1e-12);
+
+  // The step model follows the mode (ZeRO++'s gradient reduce-scatter on 2 nodes x 4: hop 2 gathers by default),
+  // and validate() knows the modes.
+  StepConfig st;
+  st.params = 8.0 * (1 << 20);
+  std::string error;
+  const Comparison gathered = compareStep(pairLinks({4, 4}, 2), st, ZeroppOptions(), &error);
+  ASSERT_TRUE(error.empty()) << error;
+  const Comparison sent = compareStep(pairLinks({4, 4}, 0), st, ZeroppOptions(), &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_LT(gathered.zeropp.gradient.traffic.timeUs(), sent.zeropp.gradient.traffic.timeUs());
+  EXPECT_DOUBLE_EQ(gathered.zeropp.forward.traffic.timeUs(), sent.zeropp.forward.traffic.timeUs());
+  EXPECT_NE(validate(pairLinks({4, 4}, 3), st, ZeroppOptions()).find("pair all-gather"), std::string::npos);
 }
 
 TEST(CostModelTime, QuantizePerBits) {
@@ -846,6 +975,255 @@ TEST(CostModelCalibration, FitsTheGreenContextApart) {
       << ::testing::PrintToString(b.notes);
 }
 
+TEST(CostModelCalibration, ParsesPairAllGather) {
+  // Rows say how qgZ exchanged slots between two ranks (env ZP_PAIR_ALLGATHER, a string or a number); rows without
+  // it ran with send/recv (0). The model prices each row in its own mode, whatever the pipeline passed says.
+  const std::string text = R"([
+    {"op": "qgz_reduce_scatter", "regime": "net", "type": "bfloat16", "size": 67108864, "bits": 4, "block": 256,
+     "ranks": 2, "nodes": 2, "oop": {"time_us": 2750.9}, "nccl": {"time_us": 10516.8},
+     "env": {"ZP_NCCL_SMS": "32", "ZP_PAIR_ALLGATHER": "1"}},
+    {"op": "qgz_reduce_scatter", "regime": "nvlink", "type": "bfloat16", "size": 67108864, "bits": 4, "block": 256,
+     "ranks": 2, "nodes": 1, "oop": {"time_us": 126.1}, "env": {"ZP_PAIR_ALLGATHER": 2}},
+    {"op": "qgz_reduce_scatter", "regime": "net", "type": "bfloat16", "size": 67108864, "bits": 4, "block": 256,
+     "ranks": 2, "nodes": 2, "oop": {"time_us": 2806.6}, "nccl": {"time_us": 9327.1},
+     "env": {"ZP_PAIR_ALLGATHER": "2"}},
+    {"op": "qgz_reduce_scatter", "regime": "net", "type": "bfloat16", "size": 67108864, "bits": 4, "block": 256,
+     "ranks": 2, "nodes": 2, "oop": {"time_us": 3987.1}, "nccl": {"time_us": 9523.2}},
+    {"op": "qwz_all_gather", "regime": "net", "type": "bfloat16", "size": 67108864, "bits": 8, "block": 256,
+     "ranks": 2, "nodes": 2, "oop": {"time_us": 5000}, "env": {"ZP_NCCL_SMS": "32", "ZP_PAIR_ALLGATHER": "1"}}
+  ])";
+  std::vector<PerfRow> rows;
+  std::string error;
+  ASSERT_TRUE(parsePerfJson(text, &rows, &error)) << error;
+  ASSERT_EQ(rows.size(), 5u);
+  const int modes[] = {1, 2, 2, 0, 1};
+  const bool gathers[] = {true, false, true, false, false};  // mode 2 gathers across nodes only; qwZ never
+  const char* configs[] = {"pair all-gather", "", "pair all-gather", "", "green context"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rowPairAllGather(rows[i]), modes[i]) << i;
+    EXPECT_EQ(usesPairGather(rows[i]), gathers[i]) << i;
+    EXPECT_EQ(rowConfiguration(rows[i]), configs[i]) << i;
+  }
+
+  // Priced per row: 2^24 elements per rank (64 MiB logical: one chunk), on the links of pairLinks (all-gather
+  // twice as fast as the all-to-all), intra = inter as predictRowUs sets them. The pipeline's own mode (0 here) is
+  // not used.
+  LinkParams link = LinkParams::uniform(10, 20);
+  link.allToAll = LinkCost{5, 10};
+  const KernelParams k = handKernels();
+  PipelineParams pipe;
+  pipe.pairAllGather = 0;
+  auto cluster = [&](const std::vector<int>& gpus, int mode) {
+    ClusterSpec c = pairLinks(gpus, mode);
+    c.intra = c.inter = link;
+    c.kernel = k;
+    c.pipeline = pipe;
+    c.pipeline.pairAllGather = mode;
+    return c;
+  };
+  const double gathered = qgzReduceScatterCost(cluster({1, 1}, 1), 1 << 24, 2, 4, 256, nullptr).timeUs();
+  const double sent = qgzReduceScatterCost(cluster({1, 1}, 0), 1 << 24, 2, 4, 256, nullptr).timeUs();
+  ASSERT_LT(gathered, 0.7 * sent);  // half the link time, plus the copy
+  EXPECT_NEAR(predictRowUs(rows[0], false, link, k, pipe), gathered, 1e-9);
+  EXPECT_NEAR(predictRowUs(rows[2], false, link, k, pipe), gathered, 1e-9);
+  EXPECT_NEAR(predictRowUs(rows[3], false, link, k, pipe), sent, 1e-9);
+  EXPECT_NEAR(predictRowUs(rows[1], false, link, k, pipe),
+              qgzReduceScatterCost(cluster({2}, 0), 1 << 24, 2, 4, 256, nullptr).timeUs(), 1e-9);
+  // The NCCL baseline (a reduce-scatter) is the same in every mode.
+  EXPECT_NEAR(predictRowUs(rows[0], true, link, k, pipe), predictRowUs(rows[3], true, link, k, pipe), 1e-9);
+  // Calibrated, each row is checked in its mode and its configuration comes with the check (none for a baseline).
+  const Calibration cal = calibrate(rows, k);
+  ASSERT_EQ(cal.checks.size(), 7u);  // the 4 net rows and 3 baselines (nvlink has no NCCL rows to fit)
+  for (const RowCheck& c : cal.checks) {
+    EXPECT_EQ(c.config, c.baseline ? std::string() : std::string(configs[c.row])) << c.row << " " << c.what;
+  }
+}
+
+TEST(CostModelCalibration, SmallMessageLine) {
+  // nvlink, 2 ranks of one node. NCCL's all-gather on two lines: 250 GB/s + 20 us a step from 16 MiB up, and below
+  // that its small-message protocols at 100 GB/s + 5 us; rows made as the model prices them (below 16 MiB the lower
+  // line). The reduce-scatter has one size below 16 MiB only, the all-to-all none: both keep one line.
+  const double mib = 1024.0 * 1024;
+  LinkCost truth{250, 20};
+  truth.smallBelowBytes = 16 * mib;
+  truth.smallBwGBs = 100;
+  truth.smallLatencyUs = 5;
+  const LinkCost large{250, 20};
+  auto lineUs = [](const LinkCost& l, double size) {
+    const LinkCost use = l.forSize(size, size / 2);
+    return use.latencyUs + size / 2 / (use.bwGBs * 1e3);
+  };
+  std::vector<PerfRow> rows;
+  for (double size : {0.25 * mib, 1 * mib, 2 * mib, 16 * mib, 64 * mib, 256 * mib, 1024 * mib})
+    rows.push_back(ncclRow("nccl_all_gather", "nvlink", size, 2, 1, lineUs(truth, size)));
+  for (double size : {1 * mib, 16 * mib, 64 * mib, 256 * mib, 1024 * mib}) {
+    rows.push_back(ncclRow("nccl_reduce_scatter", "nvlink", size, 2, 1, lineUs(truth, size)));
+    rows.push_back(ncclRow("nccl_all_to_all", "nvlink", size * 4, 2, 1, lineUs(large, size * 4)));
+  }
+  const Calibration cal = calibrate(rows, KernelParams());
+  ASSERT_EQ(cal.regimes.count("nvlink"), 1u);
+  const RegimeFit& f = cal.regimes.at("nvlink");
+  // The large lines from 16 MiB up, the small one from the three sizes below.
+  ASSERT_TRUE(f.allGather.ok && f.smallAllGather.ok);
+  EXPECT_NEAR(f.allGather.cost.bwGBs, 250, 1e-6);
+  EXPECT_NEAR(f.allGather.cost.latencyUs, 20, 1e-6);
+  EXPECT_EQ(f.allGather.points, 4);
+  EXPECT_NEAR(f.smallAllGather.cost.bwGBs, 100, 1e-6);
+  EXPECT_NEAR(f.smallAllGather.cost.latencyUs, 5, 1e-6);
+  EXPECT_EQ(f.smallAllGather.points, 3);
+  EXPECT_DOUBLE_EQ(f.link.allGather.smallBelowBytes, 16 * mib);
+  EXPECT_NEAR(f.link.allGather.smallBwGBs, 100, 1e-6);
+  EXPECT_NEAR(f.link.allGather.smallLatencyUs, 5, 1e-6);
+  // One size below 16 MiB, or none: no small line, the large one serves every size.
+  EXPECT_TRUE(f.reduceScatter.ok);
+  EXPECT_FALSE(f.smallReduceScatter.ok);
+  EXPECT_FALSE(f.link.reduceScatter.hasSmallLine());
+  EXPECT_NEAR(f.link.reduceScatter.bwGBs, 250, 1e-6);
+  EXPECT_FALSE(f.smallAllToAll.ok);
+  EXPECT_FALSE(f.link.allToAll.hasSmallLine());
+  // Every all-gather row predicted back.
+  for (const RowCheck& c : cal.checks) {
+    if (c.what == "nccl_all_gather") {
+      EXPECT_NEAR(c.errPct, 0, 1e-6) << c.size;
+    }
+  }
+  EXPECT_EQ(cal.flagged, 0);
+
+  // Used only below the range, and only where lower: at 1 MiB the small line (5 + 524288 B at 100 GB/s =
+  // 10.24288 us against 20 + 2.097152 on the large); at 8 MiB the large one is lower (20 + 4194304 B at 250 GB/s =
+  // 36.777216 against 46.94304); from 16 MiB up the large one, whatever the small line says.
+  PerfRow row = ncclRow("nccl_all_gather", "nvlink", 1 * mib, 2, 1, 1);
+  const LinkParams withSmall = f.link;
+  LinkParams largeOnly = f.link;
+  largeOnly.allGather.smallBelowBytes = 0;
+  EXPECT_NEAR(predictRowUs(row, false, withSmall, KernelParams()), 10.24288, 1e-6);
+  EXPECT_NEAR(predictRowUs(row, false, largeOnly, KernelParams()), 22.097152, 1e-6);
+  row.size = 8 * mib;
+  EXPECT_NEAR(predictRowUs(row, false, withSmall, KernelParams()), 36.777216, 1e-6);
+  for (double size : {16 * mib, 64 * mib}) {
+    row.size = size;
+    EXPECT_NEAR(predictRowUs(row, false, withSmall, KernelParams()),
+                predictRowUs(row, false, largeOnly, KernelParams()), 1e-9);
+  }
+  // qwZ int4 at 16 MiB logical gathers 2 payloads of 2162688 B (~4.1 MiB): its NCCL call on the small line, 5 +
+  // 21.62688 us against 20 + 8.650752 on the large, the rest alike.
+  PerfRow qwz = ncclRow("qwz_all_gather", "nvlink", 16 * mib, 2, 1, 1);
+  qwz.bits = 4;
+  qwz.block = 256;
+  EXPECT_NEAR(predictRowUs(qwz, false, largeOnly, KernelParams()) - predictRowUs(qwz, false, withSmall, KernelParams()),
+              28.650752 - 26.62688, 1e-6);
+
+  // fitLinkRows alone: fewer than two sizes from 16 MiB up fits one line through every point, with no small one.
+  LinkFit small;
+  const LinkFit one = fitLinkRows(
+      {{1, 0.5 * mib, 10, 0, 1 * mib}, {1, 1 * mib, 12, 0, 2 * mib}, {1, 8 * mib, 60, 0, 16 * mib}}, &small);
+  EXPECT_TRUE(one.ok);
+  EXPECT_EQ(one.points, 3);
+  EXPECT_FALSE(small.ok);
+  EXPECT_FALSE(one.cost.hasSmallLine());
+}
+
+TEST(CostModelCalibration, AveragesRepeatedPoints) {
+  // The same call measured in several files: the per-row check flags each repeat that misses, the measured point
+  // (their mean) only when the mean misses. nvlink, one node of 2: NCCL's all-gather at 250 GB/s + 20 us a step;
+  // hpZ's gather over the node is the same ring (no fit uses its time), measured at 64 MiB as 1.25, 0.8 and 1.0
+  // times the model (two rows miss, the mean is within 2%), at 256 MiB as 1.3 and 1.2 times (both miss, and so does
+  // the mean), at 256 MiB in fp32 once on the model (another point: another type), at 1 MiB as 2 and 1 times
+  // (below 16 MiB nothing is flagged).
+  const double mib = 1024.0 * 1024;
+  const LinkParams link = LinkParams::uniform(250, 20);
+  std::vector<PerfRow> rows;
+  for (double size : {16 * mib, 64 * mib, 256 * mib, 1024 * mib})
+    rows.push_back(ncclRow("nccl_all_gather", "nvlink", size, 2, 1, 20 + size / 2 / 250e3));
+  auto hpz = [&](double size, double times, const char* type = "bfloat16") {
+    PerfRow r = ncclRow("hpz_all_gather", "nvlink", size, 2, 1, 0);
+    r.type = type;
+    r.timeUs = times * predictRowUs(r, false, link, KernelParams());
+    rows.push_back(r);
+  };
+  hpz(64 * mib, 1.25);
+  hpz(64 * mib, 0.8);
+  hpz(64 * mib, 1.0);
+  hpz(256 * mib, 1.3);
+  hpz(256 * mib, 1.2);
+  hpz(256 * mib, 1.0, "float32");
+  hpz(1 * mib, 2);
+  hpz(1 * mib, 1);
+  // qwZ int4 and int8 at 16 MiB (one chunk), their NCCL baselines on the line (the same all-gather whatever the
+  // width: one point), and the int8 call again in a green context (another configuration: another point).
+  for (const std::pair<int, const char*>& run :
+       {std::make_pair(4, "0"), std::make_pair(8, "0"), std::make_pair(8, "32")}) {
+    PerfRow r = ncclRow("qwz_all_gather", "nvlink", 16 * mib, 2, 1, 0);
+    r.bits = run.first;
+    r.block = 256;
+    r.env["ZP_NCCL_SMS"] = run.second;
+    r.timeUs = predictRowUs(r, false, link, KernelParams());
+    r.ncclTimeUs = predictRowUs(r, true, link, KernelParams());
+    rows.push_back(r);
+  }
+  const Calibration cal = calibrate(rows, KernelParams());
+  EXPECT_EQ(cal.flagged, 4);  // 64 MiB x 1.25 and x 0.8, 256 MiB x 1.3 and x 1.2
+  EXPECT_EQ(cal.pointsFlagged, 1);
+  auto find = [&](const std::string& what, double size, const std::string& type, int bits, const std::string& config) {
+    for (const PointCheck& p : cal.points)
+      if (p.what == what && p.size == size && p.type == type && p.bits == bits && p.config == config) return &p;
+    return static_cast<const PointCheck*>(nullptr);
+  };
+  const PointCheck* p64 = find("hpz_all_gather", 64 * mib, "bfloat16", 0, "");
+  ASSERT_NE(p64, nullptr);
+  EXPECT_EQ(p64->repeats, 3);
+  const double model64 = p64->predictedUs;
+  EXPECT_NEAR(p64->measuredUs, (1.25 + 0.8 + 1.0) / 3 * model64, 1e-9);
+  EXPECT_NEAR(p64->minUs, 0.8 * model64, 1e-9);
+  EXPECT_NEAR(p64->maxUs, 1.25 * model64, 1e-9);
+  EXPECT_NEAR(p64->errPct, 100 * (1 / ((1.25 + 0.8 + 1.0) / 3) - 1), 1e-9);
+  EXPECT_FALSE(p64->flagged);
+  const PointCheck* p256 = find("hpz_all_gather", 256 * mib, "bfloat16", 0, "");
+  ASSERT_NE(p256, nullptr);
+  EXPECT_EQ(p256->repeats, 2);
+  EXPECT_NEAR(p256->errPct, 100 * (1 / 1.25 - 1), 1e-9);
+  EXPECT_TRUE(p256->flagged);
+  const PointCheck* fp32 = find("hpz_all_gather", 256 * mib, "float32", 0, "");
+  ASSERT_NE(fp32, nullptr);
+  EXPECT_EQ(fp32->repeats, 1);
+  EXPECT_FALSE(fp32->flagged);
+  const PointCheck* p1 = find("hpz_all_gather", 1 * mib, "bfloat16", 0, "");
+  ASSERT_NE(p1, nullptr);
+  EXPECT_EQ(p1->repeats, 2);
+  EXPECT_FALSE(p1->flagged);
+  const PointCheck* base = find("qwz_all_gather (nccl baseline)", 16 * mib, "bfloat16", 0, "");
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(base->repeats, 3);  // int4, int8, and int8 in a green context: one NCCL call
+  const PointCheck* every = find("qwz_all_gather", 16 * mib, "bfloat16", 8, "");
+  const PointCheck* green = find("qwz_all_gather", 16 * mib, "bfloat16", 8, "green context");
+  ASSERT_NE(every, nullptr);
+  ASSERT_NE(green, nullptr);
+  EXPECT_EQ(every->repeats + green->repeats, 2);
+  // 4 NCCL sizes; hpZ 64, 256 (bf16, fp32) and 1 MiB; qwZ int4, int8, int8 green; one baseline point.
+  EXPECT_EQ(cal.points.size(), 4u + 4u + 3u + 1u);
+
+  // averagePoints alone: two repeats of one call, predicted alike.
+  RowCheck a;
+  a.what = "nccl_all_to_all";
+  a.regime = "net";
+  a.size = 64 * mib;
+  a.measuredUs = 100;
+  a.predictedUs = 120;
+  RowCheck b = a;
+  b.measuredUs = 140;
+  RowCheck other = a;
+  other.nodes = 2;  // another layout: another point
+  const std::vector<PointCheck> points = averagePoints({a, other, b});
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[0].repeats, 2);
+  EXPECT_DOUBLE_EQ(points[0].measuredUs, 120);
+  EXPECT_DOUBLE_EQ(points[0].errPct, 0);
+  EXPECT_DOUBLE_EQ(points[0].minUs, 100);
+  EXPECT_DOUBLE_EQ(points[0].maxUs, 140);
+  EXPECT_FALSE(points[0].flagged);
+  EXPECT_TRUE(points[1].flagged);  // 100 against 120: +20%
+}
+
 // ---- the measured rows (two H200) --------------------------------------------------------------------------
 
 std::string dirOf(const std::string& path) {
@@ -903,9 +1281,12 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   EXPECT_LT(cal.kernel.quantizeInt4.rate, cal.kernel.quantizeInt8.rate);
   EXPECT_NEAR(cal.kernel.dequantize.rate, 3530, 150);
   EXPECT_NEAR(cal.kernel.copy.rate, 4130, 200);
-  EXPECT_NEAR(cal.kernel.reduce.rate, 420, 40);  // G element-sources/s: ~6x slower per element than dequantize
+  // G element-sources/s, ~7x slower per element than dequantize (the old reduce kernel). With the links' small-
+  // message lines, the one-chunk 16 MiB qgZ rows no longer over-price their ~4 MiB all-to-all: 370 and 0.39 (420 and
+  // 0.25 before, the reduce term paying that back).
+  EXPECT_NEAR(cal.kernel.reduce.rate, 370, 40);
   EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.41, 0.05);
-  EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.25, 0.05);
+  EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.39, 0.05);
   // No row of these files ran in a green context: that overlap keeps its default, and only that is noted.
   EXPECT_EQ(cal.greenRows, 0);
   ASSERT_EQ(cal.notes.size(), 1u) << ::testing::PrintToString(cal.notes);
@@ -921,9 +1302,13 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   //    of the 256 MiB rows the bandwidth would have to fall with size (>= 2.32 GB/s at 64 MiB, <= 2.19 at 256 MiB).
   //  - qwz_hpz_gathers int4 net 16 MiB, NCCL baseline: two 16 MiB all-gathers in 7229 us (3615 each); the six other
   //    measurements of that all-gather take 2802 - 3268 us (the int8 row's two: 6281 us).
-  //  - qwz_all_gather int8 net 16 MiB: 1410 us, while the same quantized gather inside qwz_hpz_gathers int8 16 MiB
-  //    takes ~1596 us (1615 minus the 19 us copy), and NCCL's own all-gather of its 8.5 MB payload would take
-  //    ~1630 us interpolating the 4 MiB and 16 MiB rows: this run was ~15% faster than the regime's norm.
+  //  - qwz_hpz_gathers int4 net 16 MiB itself: 1182 us, -21.5% (the model: 928). The same quantized gather alone,
+  //    qwz_all_gather int4 net 16 MiB in the same file, took 958 us (the model: 909, -5%), and the hpZ copy adds
+  //    ~19 us: the two measurements of one call disagree by 21%. Since the links have small-message lines, its
+  //    ~4 MiB all-gather is priced on the small line (NCCL's own 4 MiB net all-gathers: 787 - 950 us); it was
+  //    -10% on the large line, which over-priced the 1 - 4 MiB rows by up to 86%.
+  //  The small-message lines also took qwz_all_gather int8 net 16 MiB (1410 us, +22.9% on the large line) to
+  //  +14.4%: the count stays 3.
   // Fitting these would mean fitting the noise of one run: the count is asserted instead.
   std::set<std::tuple<std::string, std::string, double, int>> flagged;
   for (const RowCheck& c : cal.checks)
@@ -931,7 +1316,7 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   const std::set<std::tuple<std::string, std::string, double, int>> expected = {
       {"nccl_all_to_all", "net", 64.0 * 1024 * 1024, 0},
       {"qwz_hpz_gathers (nccl baseline)", "net", 16.0 * 1024 * 1024, 4},
-      {"qwz_all_gather", "net", 16.0 * 1024 * 1024, 8}};
+      {"qwz_hpz_gathers", "net", 16.0 * 1024 * 1024, 4}};
   EXPECT_EQ(cal.flagged, 3);
   EXPECT_EQ(flagged, expected);
   EXPECT_LE(static_cast<double>(cal.flagged) / large, 0.014);
@@ -966,12 +1351,14 @@ TEST(CostModelCalibration, MeasuredSessionTwoGivesTheDefaults) {
   int large = 0;
   for (const RowCheck& c : cal.checks) large += c.size >= kCheckMinBytes;
   EXPECT_EQ(large, 188);
-  // From 16 MiB up, 6 of 188 miss by more than 15%: four net rows (the run-to-run noise of NCCL's sockets, see
-  // MeasuredTwoH200), and qgZ and qwZ int4 over NVLink at 16 MiB (+21%, +15.5%). Both are one chunk, priced as
-  // what runs (quantize, NCCL, finish kernel back to back on one stream), and their NCCL call moves a 4.3 MB
-  // payload, below the 16 MiB from which the links are fitted: qgZ's all-to-all costs 35.7 us by the fit where
-  // NCCL's 4 MiB all-to-all measures 24.3 (the quantize row of the same bytes, 13.7 us, that all-to-all and the
-  // reduce add up to the 44.5 us measured); qwZ's all-gather, 31.5 us by the fit, measures 27 - 37 at 4 MiB.
+  // From 16 MiB up, 4 of 188 miss by more than 15%: four net rows (the run-to-run noise of NCCL's sockets, see
+  // MeasuredTwoH200). qgZ and qwZ int4 over NVLink at 16 MiB (+21%, +15.5% with one line per link) are within 15%
+  // since the links have small-message lines: both are one chunk, priced as what runs (quantize, NCCL, finish
+  // kernel back to back on one stream), and their NCCL call moves a 4.3 MB payload, below the 16 MiB from which the
+  // large lines are fitted: qgZ's all-to-all costs 35.7 us by the large line, 24.6 by the small one, where NCCL's
+  // 4 MiB all-to-all measures 24.3 (the quantize row of the same bytes, 13.7 us, that all-to-all and the reduce add
+  // up to the 44.5 us measured).
+  EXPECT_TRUE(cal.regimes.at("nvlink").link.allToAll.hasSmallLine());
   std::set<std::tuple<std::string, std::string, double, int>> flagged;
   for (const RowCheck& c : cal.checks)
     if (c.flagged) flagged.insert({c.what, c.regime, c.size, rows[c.row].bits});
@@ -980,10 +1367,15 @@ TEST(CostModelCalibration, MeasuredSessionTwoGivesTheDefaults) {
       {"nccl_all_to_all", "net", mib64, 0},
       {"nccl_all_to_all", "net", mib256, 0},
       {"qgz_reduce_scatter (nccl baseline)", "net", mib64, 4},
-      {"qwz_all_gather (nccl baseline)", "net", mib64, 8},
-      {"qgz_reduce_scatter", "nvlink", mib16, 4},
-      {"qwz_all_gather", "nvlink", mib16, 4}};
-  EXPECT_EQ(cal.flagged, 6);
+      {"qwz_all_gather (nccl baseline)", "net", mib64, 8}};
+  EXPECT_EQ(cal.flagged, 4);
+  int nvlink16 = 0;  // qwZ, qgZ (both widths) and their baselines
+  for (const RowCheck& c : cal.checks) {
+    if (c.regime != "nvlink" || c.size != mib16) continue;
+    ++nvlink16;
+    EXPECT_LE(std::fabs(c.errPct), kCheckMaxErrPct) << c.what << " int" << rows[c.row].bits;
+  }
+  EXPECT_GE(nvlink16, 8);
   EXPECT_EQ(flagged, expected);
   // The quantize rows are within 15% now that each code width has its own rate (one rate for both: +15%, +17%).
   for (const RowCheck& c : cal.checks) {
@@ -1012,8 +1404,9 @@ TEST(CostModelCalibration, MeasuredGreenContext) {
   EXPECT_GT(cal.pipeline.qwzGreenOverlap, cal.pipeline.qwzOverlap + 0.1);
   EXPECT_TRUE(anyMentions(cal.notes, "22 row(s) of quantized gathers run in a green context"))
       << ::testing::PrintToString(cal.notes);
-  // Each green row from 16 MiB up is within 15% at the green overlap (worst: nvlink int4 16 MiB, one chunk, +14.5%;
-  // net int8 1 GiB, +11.9%), and the green rows together fit better than at the overlap with every SM.
+  // Each green row from 16 MiB up is within 15% at the green overlap (worst: net int8 1 GiB, +11.9%; nvlink int4
+  // 16 MiB, one chunk, +10.2% with the small-message line, +14.5% without), and the green rows together fit better
+  // than at the overlap with every SM.
   PipelineParams everySm = cal.pipeline;
   everySm.qwzGreenOverlap = everySm.qwzOverlap;
   double sqGreen = 0, sqEverySm = 0;
@@ -1031,7 +1424,9 @@ TEST(CostModelCalibration, MeasuredGreenContext) {
   EXPECT_LT(sqGreen, 0.8 * sqEverySm);
 
   // The fourth session's qgZ rows record ZP_NCCL_SMS=32 too: qgZ never uses the green context, so they are
-  // calibrated and checked as any qgZ row (8 rows and their 8 NCCL baselines).
+  // calibrated and checked as any qgZ row (8 rows and their 8 NCCL baselines). Only their configuration is asserted
+  // here: this file is known-bad for absolute calibration (its machine ran NVLink at half speed, its rows are ~2.2x
+  // slower in absolute time), so no fitted value or error of it is.
   std::vector<PerfRow> qgz;
   ASSERT_TRUE(parsePerfJson(readPerfResult("2026-11-30-h200x2-session4-qgz-channels.json"), &qgz, &error)) << error;
   ASSERT_EQ(qgz.size(), 8u);
@@ -1046,6 +1441,103 @@ TEST(CostModelCalibration, MeasuredGreenContext) {
   for (const RowCheck& c : all.checks) checked += c.row >= rows.size() - qgz.size();
   EXPECT_EQ(checked, 16);
   EXPECT_EQ(all.qgzOverlapFit.points, cal.qgzOverlapFit.points + 8);
+}
+
+TEST(CostModelCalibration, MeasuredPairExchange) {
+  // The five files of one machine (MeasuredGreenContext's) and the fourth session's qgZ rows: -qgz-pair.json
+  // (ZP_PAIR_ALLGATHER=1: every two-rank exchange gathers, over net, shm and nvlink) and -qgz-final.json (=2, the
+  // default: the net rows, two nodes, gather; the nvlink rows, one node, send/recv). The fourth session ran on other
+  // machines, whose absolute speeds may differ. -session4-qgz-channels.json is left out: its machine ran NVLink at
+  // half speed and its rows are ~2.2x slower in absolute time (known-bad for absolute calibration).
+  std::vector<PerfRow> rows;
+  std::string error;
+  const char* five[] = {"2026-11-30-h200x2-session2.json", "2026-11-30-h200x2-net-session2.json",
+                        "2026-11-30-h200x2-baselines.json", "2026-11-30-h200x2-session3-green.json",
+                        "2026-11-30-h200x2-net-session3-green.json"};
+  for (const char* name : five)
+    ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
+  ASSERT_EQ(rows.size(), 254u);
+  const Calibration cal5 = calibrate(rows, KernelParams());
+  const size_t first = rows.size();
+  for (const char* name : {"2026-11-30-h200x2-session4-qgz-pair.json", "2026-11-30-h200x2-session4-qgz-final.json"})
+    ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
+  ASSERT_EQ(rows.size(), first + 18 + 12);
+  int gatherRows = 0;
+  for (size_t i = first; i < rows.size(); ++i) {
+    const PerfRow& r = rows[i];
+    ASSERT_EQ(classifyOp(r.op), RowKind::kQgz);
+    const int mode = i < first + 18 ? 1 : 2;
+    EXPECT_EQ(rowPairAllGather(r), mode);
+    EXPECT_EQ(usesPairGather(r), mode == 1 || r.nodes == 2) << r.regime;
+    gatherRows += usesPairGather(r);
+  }
+  EXPECT_EQ(gatherRows, 18 + 6);
+  const Calibration cal = calibrate(rows, KernelParams());
+
+  // The all-to-all lines are fitted from NCCL's all-to-all rows alone: the qgZ rows' exchanges, on whichever line
+  // they run, do not move them.
+  for (const auto& entry : cal5.regimes) {
+    const LinkCost& a = entry.second.link.allToAll;
+    const LinkCost& b = cal.regimes.at(entry.first).link.allToAll;
+    EXPECT_DOUBLE_EQ(a.bwGBs, b.bwGBs) << entry.first;
+    EXPECT_DOUBLE_EQ(a.latencyUs, b.latencyUs) << entry.first;
+    EXPECT_DOUBLE_EQ(a.smallBwGBs, b.smallBwGBs) << entry.first;
+  }
+
+  // Each fourth-session qgZ row is within 15% but one: final net int4 1 GiB, 35.4 ms (+31%), where the pair file
+  // measured 44.5 ms for the same call (both gather over net) and NCCL's reduce-scatter next to it took 132.5 ms
+  // against 170.0: a fast run. Averaged, that point is +16%.
+  const LinkParams& net = cal.regimes.at("net").link;
+  for (const RowCheck& c : cal.checks) {
+    if (c.row < first || c.baseline) continue;
+    const PerfRow& r = rows[c.row];
+    const bool fastRun = c.row >= first + 18 && r.regime == "net" && r.bits == 4 && r.size == 1024.0 * 1024 * 1024;
+    EXPECT_EQ(c.flagged, fastRun) << r.regime << " " << r.size << " int" << r.bits << " " << c.errPct << "%";
+    if (r.regime != "net") continue;
+    // Priced on the all-to-all line (send/recv, as before ZP_PAIR_ALLGATHER), the same rows would be 20% and more
+    // too slow: the gather runs at NCCL's all-gather line.
+    PerfRow sendRecv = r;
+    sendRecv.env["ZP_PAIR_ALLGATHER"] = "0";
+    const double old = predictRowUs(sendRecv, false, net, cal.kernel, cal.pipeline);
+    EXPECT_GT(100 * (old - c.measuredUs) / c.measuredUs, 20) << r.size << " int" << r.bits;
+  }
+  // Over NVLink the model prices the gather slower than send/recv (the all-gather line is the slower there, and the
+  // copy adds), as measured: the reason the default gathers across nodes only.
+  for (size_t i = first; i < rows.size(); ++i) {
+    if (rows[i].regime != "nvlink") continue;
+    PerfRow other = rows[i];
+    other.env["ZP_PAIR_ALLGATHER"] = rowPairAllGather(rows[i]) == 1 ? "2" : "1";
+    const LinkParams& nv = cal.regimes.at("nvlink").link;
+    const double here = predictRowUs(rows[i], false, nv, cal.kernel, cal.pipeline);
+    const double there = predictRowUs(other, false, nv, cal.kernel, cal.pipeline);
+    EXPECT_EQ(here > there, rowPairAllGather(rows[i]) == 1) << rows[i].size << " int" << rows[i].bits;
+  }
+
+  // Together: 329 of 336 rows from 16 MiB up within 15%; the misses are net rows whose repeats disagree (the five
+  // files' three, the 1 GiB reduce-scatter of net-session3-green.json at -15.0%, and the final file's fast run: its
+  // qgZ int4 1 GiB row and its two large NCCL baselines). Averaged per measured point, 3 of 164 miss: NCCL's net
+  // all-to-all at 64 and 256 MiB (one measurement each in these files) and the fast run's point.
+  int large = 0;
+  for (const RowCheck& c : cal.checks) large += c.size >= kCheckMinBytes;
+  EXPECT_EQ(large, 336);
+  EXPECT_EQ(cal.flagged, 7);
+  for (const RowCheck& c : cal.checks) {
+    if (c.flagged) {
+      EXPECT_EQ(c.regime, "net") << c.what << " " << c.size;
+    }
+  }
+  int largePoints = 0;
+  for (const PointCheck& p : cal.points) largePoints += p.size >= kCheckMinBytes;
+  EXPECT_EQ(largePoints, 164);
+  EXPECT_EQ(cal.pointsFlagged, 3);
+  EXPECT_EQ(cal5.flagged, 4);
+  EXPECT_EQ(cal5.pointsFlagged, 2);
+  // The fits (loosely): the overlaps are the five files' where the new rows do not reach them.
+  EXPECT_NEAR(cal.pipeline.qwzOverlap, cal5.pipeline.qwzOverlap, 1e-9);
+  EXPECT_NEAR(cal.pipeline.qwzGreenOverlap, cal5.pipeline.qwzGreenOverlap, 1e-9);
+  EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.61, 0.03);
+  EXPECT_NEAR(cal.kernel.reduce.rate, 1360, 100);
+  EXPECT_EQ(cal.qgzOverlapFit.points, cal5.qgzOverlapFit.points + 30);
 }
 
 }  // namespace

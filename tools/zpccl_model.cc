@@ -35,9 +35,9 @@ constexpr const char* kUsage =
     "  --bucket-params P      parameters per collective call (0: the whole model in one call, default)\n"
     "links (inter-node bandwidth is per node: all its NICs together)\n"
     "  --intra-gbs B          intra-node bus bandwidth per GPU, GB/s, or with a unit (270GB/s)\n"
-    "  --intra-lat-us A       intra-node latency per step, us (2)\n"
+    "  --intra-lat-us A       intra-node latency per step, us (2); drops a calibrated small-message line\n"
     "  --inter-gbps B         inter-node bandwidth per node, Gb/s, or with a unit (100Gb/s, 12.5GB/s)\n"
-    "  --inter-lat-us A       inter-node latency per step, us (10)\n"
+    "  --inter-lat-us A       inter-node latency per step, us (10); drops a calibrated small-message line\n"
     "kernels (defaults: two H200, bf16, calibrated) and the chunk pipeline of qwZ and qgZ\n"
     "  --quantize-gbs B       quantize kernel, GB/s of bytes read + written, both code widths\n"
     "  --quantize8-gbs B      the same for int8 codes only (2630)\n"
@@ -45,13 +45,16 @@ constexpr const char* kUsage =
     "  --dequantize-gbs B     dequantize kernel, GB/s of bytes read + written (3570)\n"
     "  --copy-gbs B           device copy (hpZ over one-rank groups), GB/s read + written (4100)\n"
     "  --mem-gbs B            sets quantize, dequantize and copy at once\n"
-    "  --reduce-rate R        qgZ's reduce kernels, G element-sources/s: sources x elements summed (2890)\n"
+    "  --reduce-rate R        qgZ's reduce kernels, G element-sources/s: sources x elements summed (1380)\n"
     "  --launch-us T          fixed cost of every kernel launch, us (quantize 4.2-4.7, others 1.3-11)\n"
     "  --qwz-overlap W        share of an ideal pipeline's overlap qwZ achieves with every SM, 0..1 (0.43)\n"
     "  --qwz-green-overlap W  the same in a green context, the library's default configuration (0.62)\n"
     "  --nccl-sms N           SMs qwZ's kernels leave to NCCL, the library's ZP_NCCL_SMS (32): non-zero models the\n"
     "                         green context (--qwz-green-overlap), 0 every SM (--qwz-overlap)\n"
-    "  --qgz-overlap W        qgZ's share (0.45; its kernels always run on every SM)\n"
+    "  --qgz-overlap W        qgZ's share (0.60; its kernels always run on every SM)\n"
+    "  --pair-allgather M     how qgZ exchanges slots between two ranks, the library's ZP_PAIR_ALLGATHER: 2 (default)\n"
+    "                         one all-gather (priced on the all-gather line, plus a copy) when they are on different\n"
+    "                         nodes, else the all-to-all; 1 always the all-gather; 0 never\n"
     "  --max-chunks C         most pipeline chunks per call (8, the library's ZP_MAX_CHUNKS)\n"
     "compute and overlap\n"
     "  --compute-ms T         compute time of one step per GPU; default 6 * params * tokens / flops\n"
@@ -89,7 +92,7 @@ struct Options {
   // Kernel and pipeline flags; negative: not given (the defaults, or the calibration's).
   double quantize8GBs = -1, quantize4GBs = -1, dequantizeGBs = -1, copyGBs = -1, reduceRate = -1, launchUs = -1;
   double qwzOverlap = -1, qwzGreenOverlap = -1, qgzOverlap = -1;
-  int maxChunks = 0, ncclSms = -1;
+  int maxChunks = 0, ncclSms = -1, pairAllGather = -1;
   bool computeSet = false;
   double tokensPerGpu = 4096, tflops = 400;
   std::vector<std::string> calibrateFiles;
@@ -251,6 +254,7 @@ bool parseArgs(int argc, char** argv, Options* o) {
                                           "--qwz-overlap",
                                           "--qwz-green-overlap",
                                           "--nccl-sms",
+                                          "--pair-allgather",
                                           "--qgz-overlap",
                                           "--max-chunks",
                                           "--compute-ms",
@@ -327,6 +331,8 @@ bool parseArgs(int argc, char** argv, Options* o) {
       ok = parseDouble(value, w) && *w >= 0 && *w <= 1;
     } else if (name == "--nccl-sms") {
       ok = parseInt(value, &o->ncclSms) && o->ncclSms >= 0;
+    } else if (name == "--pair-allgather") {
+      ok = parseInt(value, &o->pairAllGather) && o->pairAllGather <= 2;
     } else if (name == "--max-chunks") {
       ok = parseInt(value, &o->maxChunks) && o->maxChunks >= 1;
     } else if (name == "--compute-ms") {
@@ -382,13 +388,21 @@ bool parseArgs(int argc, char** argv, Options* o) {
 }
 
 // Sets every kind of a link to bandwidth bw, keeping the ratios between kinds (a calibrated all-to-all stays
-// as much slower than the all-gather as it was measured).
+// as much slower than the all-gather as it was measured) and between a kind's small-message line and its large one.
 void setBandwidth(zp::LinkParams* p, double bw) {
   const double base = p->allGather.bwGBs > 0 ? p->allGather.bwGBs : bw;
-  for (zp::LinkCost* l : {&p->allGather, &p->reduceScatter, &p->allToAll}) l->bwGBs = l->bwGBs / base * bw;
+  for (zp::LinkCost* l : {&p->allGather, &p->reduceScatter, &p->allToAll}) {
+    l->bwGBs = l->bwGBs / base * bw;
+    l->smallBwGBs = l->smallBwGBs / base * bw;
+  }
 }
+// Sets every kind's per-step cost; a calibrated small-message line (its own latency, the calibrated fabric's) is
+// dropped: the flag's figure then holds for every size.
 void setLatency(zp::LinkParams* p, double us) {
-  for (zp::LinkCost* l : {&p->allGather, &p->reduceScatter, &p->allToAll}) l->latencyUs = us;
+  for (zp::LinkCost* l : {&p->allGather, &p->reduceScatter, &p->allToAll}) {
+    l->latencyUs = us;
+    l->smallBelowBytes = 0;
+  }
 }
 
 std::string human(double bytes) {
@@ -425,6 +439,14 @@ std::string describeLink(const zp::LinkParams& p, bool perNode) {
       p.allToAll.latencyUs != ag.latencyUs) {
     std::snprintf(buf, sizeof(buf), " [reduce-scatter %.1f GB/s %.1f us, all-to-all %.1f GB/s %.1f us]",
                   p.reduceScatter.bwGBs, p.reduceScatter.latencyUs, p.allToAll.bwGBs, p.allToAll.latencyUs);
+    s += buf;
+  }
+  const char* kinds[] = {"all-gather", "reduce-scatter", "all-to-all"};
+  const zp::LinkCost* costs[] = {&p.allGather, &p.reduceScatter, &p.allToAll};
+  for (int k = 0; k < 3; ++k) {
+    if (!costs[k]->hasSmallLine()) continue;
+    std::snprintf(buf, sizeof(buf), "; below %.0f MiB %s %.1f GB/s %.1f us where lower",
+                  costs[k]->smallBelowBytes / 1048576, kinds[k], costs[k]->smallBwGBs, costs[k]->smallLatencyUs);
     s += buf;
   }
   return s;
@@ -468,6 +490,10 @@ void printComparison(const Options& o, const zp::ClusterSpec& c, const zp::Compa
                        : "kernels on every SM",
       p.greenContext() ? "every SM, --nccl-sms 0" : "green context, the default",
       p.greenContext() ? p.qwzOverlap : p.qwzGreenOverlap, p.qgzOverlap);
+  const char* pairModes[] = {"ncclSend/ncclRecv", "one all-gather (plus a copy)",
+                             "one all-gather (plus a copy) across nodes, ncclSend/ncclRecv within one"};
+  std::printf("# qgZ's exchanges between two ranks: %s (--pair-allgather %d)\n",
+              p.pairAllGather >= 0 && p.pairAllGather <= 2 ? pairModes[p.pairAllGather] : "?", p.pairAllGather);
   std::printf("# ZeRO++: qwZ %s, hpZ %s, qgZ %s; block %d\n",
               o.zpp.qwz ? ("int" + std::to_string(o.zpp.weightBits) + (o.zpp.qwzBackward ? " fwd+bwd" : " fwd")).c_str()
                         : "off",
@@ -530,6 +556,34 @@ std::string describeFit(const zp::ParamFit& f) {
   return buf;
 }
 
+// The second count: the checks averaged per measured point (the same call in several files), with the repeats'
+// spread; listed from 16 MiB up where a point has repeats or is flagged.
+void printPoints(const zp::Calibration& cal) {
+  int large = 0, repeated = 0;
+  for (const zp::PointCheck& p : cal.points) {
+    large += p.size >= zp::kCheckMinBytes;
+    repeated += p.size >= zp::kCheckMinBytes && p.repeats > 1;
+  }
+  std::printf(
+      "# measured points: the rows of one op, regime, type, size, bits, block, nodes, ranks and configuration averaged"
+      " across files (%d of %d from 16 MiB up repeated)\n",
+      repeated, large);
+  std::printf("#   %-34s %-8s %14s %4s %5s %-15s %3s %12s %25s %7s %12s %8s\n", "op", "regime", "size", "bits", "nodes",
+              "configuration", "n", "mean us", "min .. max us", "spread", "predicted us", "error %");
+  for (const zp::PointCheck& p : cal.points) {
+    if (p.size < zp::kCheckMinBytes || (p.repeats < 2 && !p.flagged)) continue;
+    char range[64];
+    std::snprintf(range, sizeof(range), "%.1f .. %.1f", p.minUs, p.maxUs);
+    std::printf("  %c %-34s %-8s %14.0f %4d %5d %-15s %3d %12.1f %25s %6.1f%% %12.1f %+8.1f\n", p.flagged ? '!' : ' ',
+                p.what.c_str(), p.regime.c_str(), p.size, p.bits, p.nodes, p.config.empty() ? "-" : p.config.c_str(),
+                p.repeats, p.measuredUs, range, 100 * (p.maxUs - p.minUs) / p.measuredUs, p.predictedUs, p.errPct);
+  }
+  std::printf(
+      "# %zu measured point(s), %d from 16 MiB up, %d flagged: %d of %d within %.0f%% (per row above: the"
+      " headline)\n",
+      cal.points.size(), large, cal.pointsFlagged, large - cal.pointsFlagged, large, zp::kCheckMaxErrPct);
+}
+
 // Fits, reports, and (unless --no-apply) puts the fitted links, kernels and overlaps into the cluster.
 bool runCalibration(Options* o) {
   std::vector<zp::PerfRow> rows;
@@ -558,7 +612,19 @@ bool runCalibration(Options* o) {
         std::printf("  %s -", kinds[k]);
     }
     std::printf("\n");
+    const zp::LinkFit* small[] = {&f.smallAllGather, &f.smallReduceScatter, &f.smallAllToAll};
+    std::printf("#     small messages");
+    for (int k = 0; k < 3; ++k) {
+      if (small[k]->ok)
+        std::printf("  %s below %.0f MiB %.2f GB/s %.2f us/step (%d pts, rms %.1f%%)", kinds[k],
+                    fits[k]->cost.smallBelowBytes / (1024.0 * 1024), small[k]->cost.bwGBs, small[k]->cost.latencyUs,
+                    small[k]->points, small[k]->rmsErrPct);
+      else
+        std::printf("  %s - (the large line)", kinds[k]);
+    }
+    std::printf("\n");
   }
+  std::printf("#   (below its range a collective costs the lower of its small- and large-message lines)\n");
   const zp::KernelParams& k = cal.kernel;
   std::printf("#   kernels: quantize int8 %.0f GB/s + %.2f us %s, int4 %.0f GB/s + %.2f us %s\n", k.quantizeInt8.rate,
               k.quantizeInt8.launchUs, describeFit(cal.quantizeInt8Fit).c_str(), k.quantizeInt4.rate,
@@ -581,7 +647,10 @@ bool runCalibration(Options* o) {
                 c.regime.c_str(), c.size, c.ranks, c.nodes, c.measuredUs, c.predictedUs, c.errPct);
   int large = 0;
   for (const zp::RowCheck& c : cal.checks) large += c.size >= zp::kCheckMinBytes;
-  std::printf("# %zu row(s) checked, %d from 16 MiB up, %d flagged\n#\n", cal.checks.size(), large, cal.flagged);
+  std::printf("# %zu row(s) checked, %d from 16 MiB up, %d flagged: %d of %d within %.0f%%\n", cal.checks.size(), large,
+              cal.flagged, large - cal.flagged, large, zp::kCheckMaxErrPct);
+  printPoints(cal);
+  std::printf("#\n");
   if (!o->apply) return true;
 
   auto pick = [&](const std::string& wanted, std::initializer_list<const char*> defaults) -> std::string {
@@ -668,6 +737,7 @@ int main(int argc, char** argv) {
   if (o.qwzOverlap >= 0) o.cluster.pipeline.qwzOverlap = o.qwzOverlap;
   if (o.qwzGreenOverlap >= 0) o.cluster.pipeline.qwzGreenOverlap = o.qwzGreenOverlap;
   if (o.ncclSms >= 0) o.cluster.pipeline.ncclSms = o.ncclSms;
+  if (o.pairAllGather >= 0) o.cluster.pipeline.pairAllGather = o.pairAllGather;
   if (o.qgzOverlap >= 0) o.cluster.pipeline.qgzOverlap = o.qgzOverlap;
   if (o.maxChunks > 0) o.cluster.pipeline.maxChunks = o.maxChunks;
   if (o.intraBwSet) setBandwidth(&o.cluster.intra, o.intraGBs);
