@@ -1345,9 +1345,7 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
       const double predicted = predictRowUs(one, baseline, link, cal.kernel, cal.pipeline);
       if (!(predicted > 0)) continue;
       RowCheck c;
-      c.row = i;
       c.what = row.op + (baseline ? " (nccl baseline)" : "");
-      c.baseline = baseline;
       c.regime = regimeOf(row);
       c.type = row.type;
       c.size = row.size;
@@ -1356,6 +1354,8 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
       c.bits = row.bits;
       c.block = row.block;
       if (!baseline) c.config = rowConfiguration(row);
+      c.row = i;
+      c.baseline = baseline;
       c.measuredUs = measured;
       c.predictedUs = predicted;
       c.errPct = 100 * (predicted - measured) / measured;
@@ -1380,14 +1380,8 @@ std::vector<PointCheck> averagePoints(const std::vector<RowCheck>& checks) {
     if (it == index.end()) {
       it = index.emplace(key, points.size()).first;
       PointCheck p;
-      p.what = c.what;
-      p.regime = c.regime;
-      p.type = c.type;
-      p.config = c.config;
-      p.size = c.size;
-      p.ranks = c.ranks;
-      p.nodes = c.nodes;
-      p.bits = bits;
+      static_cast<CheckedCall&>(p) = c;
+      p.bits = bits;  // a baseline's point serves the rows of either width
       p.block = block;
       p.minUs = p.maxUs = c.measuredUs;
       points.push_back(p);

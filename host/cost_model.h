@@ -324,16 +324,21 @@ struct RegimeFit {
   bool ok = false;
 };
 
-struct RowCheck {
-  size_t row = 0;         // index in the rows
-  std::string what;       // op, or "op (nccl baseline)"
-  bool baseline = false;  // the NCCL collective(s) measured next to a zpccl row
+// Which call a check is about: the same call measured in several files has the same CheckedCall (a row's check,
+// then the point that averages its repeats).
+struct CheckedCall {
+  std::string what;  // op, or "op (nccl baseline)"
   std::string regime, type;
   double size = 0;
   int ranks = 0, nodes = 0, bits = 0, block = 0;  // bits, block: the row's (0 when it does not say)
   // The configuration the model priced it in (rowConfiguration); empty for an NCCL baseline, which runs the same
   // whatever the row's settings.
   std::string config;
+};
+
+struct RowCheck : CheckedCall {
+  size_t row = 0;         // index in the rows
+  bool baseline = false;  // the NCCL collective(s) measured next to a zpccl row
   double measuredUs = 0, predictedUs = 0, errPct = 0;
   bool flagged = false;  // size >= kCheckMinBytes and |error| > kCheckMaxErrPct
 };
@@ -347,10 +352,7 @@ constexpr double kFitMinBytes = kCheckMinBytes;
 // alike; the repeats themselves may disagree (the net regime's loopback sockets: up to ~25% between runs), which
 // the per-row check counts as misses of the model. The per-row check stays the headline; this one says how much of
 // it is the runs' noise.
-struct PointCheck {
-  std::string what, regime, type, config;
-  double size = 0;
-  int ranks = 0, nodes = 0, bits = 0, block = 0;
+struct PointCheck : CheckedCall {
   int repeats = 0;                     // rows averaged
   double measuredUs = 0;               // their mean
   double minUs = 0, maxUs = 0;         // their spread
