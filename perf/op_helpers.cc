@@ -483,28 +483,30 @@ bool runNcclAllToAll(const RunArgs& a) {
   return true;
 }
 
-PerfOp ncclCollectiveOp(const char* name, CountsFn counts, ExpectedFn expected, RunFn run) {
+namespace {
+// What every collective op shares: initStandard inputs, collective bandwidths, and who runs it.
+PerfOp collectiveOp(const char* name, unsigned uses, CountsFn counts, RunFn run) {
   PerfOp op;
   op.name = name;
-  op.runLabel = "nccl";
-  op.uses = kUsesNccl;
+  op.uses = uses;
   op.counts = counts;
   op.init = initStandard;
-  op.expected = expected;
   op.bw = bwCollective;
   op.run = run;
   return op;
 }
+}  // namespace
+
+PerfOp ncclCollectiveOp(const char* name, CountsFn counts, ExpectedFn expected, RunFn run) {
+  PerfOp op = collectiveOp(name, kUsesNccl, counts, run);
+  op.runLabel = "nccl";
+  op.expected = expected;
+  return op;
+}
 
 PerfOp zpCollectiveOp(const char* name, CountsFn counts, RunFn run, RunFn baseline) {
-  PerfOp op;
-  op.name = name;
-  op.uses = kUsesZp;
-  op.counts = counts;
-  op.init = initStandard;
+  PerfOp op = collectiveOp(name, kUsesZp, counts, run);
   op.expectedFromHostBackend = true;
-  op.bw = bwCollective;
-  op.run = run;
   op.baselineName = "nccl";
   op.baseline = baseline;
   op.baselineUses = kUsesNccl;
