@@ -105,7 +105,6 @@ over_budget() { [ "$SECONDS" -ge "$budget" ] || [ $((deadline - SECONDS)) -lt 15
 # A step's time limit, cut so that it ends by the deadline.
 capped() { local left=$((deadline - SECONDS)); [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
 
-# run_step NAME REGIME KIND LOG JSON TIMEOUT CMD...: runs CMD with a time limit, logs, records the exit status.
 # Runs "$@" for at most $1 seconds (exit 124 when it overruns, like timeout). Before killing an overrun, logs
 # every thread's backtrace of it and of its children (with gdb, when installed), so that a hang shows where
 # it waits.
@@ -135,6 +134,7 @@ run_with_backtraces() {
   return 124
 }
 
+# run_step NAME REGIME KIND LOG JSON TIMEOUT CMD...: runs CMD with a time limit, logs, records the exit status.
 run_step() {
   local name=$1 regime=$2 kind=$3 log=$4 json=$5 limit=$6
   shift 6
@@ -234,12 +234,12 @@ for tool in ${ZP_GPU_CHECK_SANITIZERS:-}; do
     record "sanitizer $tool" - test missing 0 "$log"
     continue
   fi
-  extra_flags=() filter=$sanitizer_filter
+  extra_flags=()
   [ "$tool" = racecheck ] && extra_flags=(--racecheck-report all)
   run_step "sanitizer $tool" - test "$log" "" "${ZP_GPU_CHECK_SANITIZER_TIMEOUT:-240}" \
     env ZP_CHUNK_BYTES=4096 compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
     --target-processes all --kernel-name-exclude kns=nccl "${extra_flags[@]}" "$build/tests/zpccl_gpu_tests" \
-    --gtest_filter="$filter"
+    --gtest_filter="$sanitizer_filter"
 done
 
 # ---- perf --------------------------------------------------------------------------------------------------
@@ -287,6 +287,8 @@ perf_two_nodes() {  # NAME LOG JSON CMD...
 
 # Quantized binaries run once per bit width; the NCCL-only baselines once.
 bit_widths() { case $1 in nccl_*) echo "-" ;; *) echo "$bits_list" ;; esac; }
+# Regimes run as two processes, one per emulated node (perf_two_nodes).
+is_two_nodes() { [ "$1" = net ] || [ "$1" = 2x2 ]; }
 # Binaries on one GPU with no link run once, as regime "local".
 is_local() { [ "$1" = quantize_perf ]; }
 
@@ -297,7 +299,7 @@ run_perf() {  # REGIME BIN
     record "$bin" "$regime" perf missing 0 -
     return
   fi
-  if [ "$regime" = net ] || [ "$regime" = 2x2 ]; then
+  if is_two_nodes "$regime"; then
     sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup")
   else
     sweep=(-b "$min" -e "$max" -f "$step" -n "$iters" -w "$warmup")
@@ -307,7 +309,7 @@ run_perf() {  # REGIME BIN
     if [ "$bits" != - ]; then
       flags=(-B "$bits") tag="$bin int$bits" file=${file}_int$bits
     fi
-    if [ "$regime" = net ] || [ "$regime" = 2x2 ]; then
+    if is_two_nodes "$regime"; then
       perf_two_nodes "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
     else
       run_step "$tag" "$regime" perf "$results/$file.log" "$results/$file.json" "$step_timeout" \
