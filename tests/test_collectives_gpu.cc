@@ -467,6 +467,15 @@ int childIndex(zpUniqueId* id) {
   return atoi(text);
 }
 
+// One rank's part of a case, run in a process or thread of its own: its output equals the host backend's
+// (`expected`, this rank's buffer) bit for bit.
+void expectRankMatchesHost(const Case& c, int rank, zpComm_t comm, const Buffer& expected) {
+  Buffer actual;
+  deviceRun(c, rank, comm, &actual);
+  ASSERT_EQ(actual.size(), expected.size());
+  EXPECT_TRUE(zpcheck::sameBits(actual.data(), expected.data(), actual.size(), 1));
+}
+
 // Runs in each child process (skipped in a normal run): one rank on its own GPU and host id.
 TEST(GpuTwoProcesses, Child) {
   zpUniqueId id;
@@ -484,9 +493,7 @@ TEST(GpuTwoProcesses, Child) {
                         Case{Op::kHpz, zpFloat32, 0, 1001, false}}) {
     SCOPED_TRACE(describe(c));
     std::vector<Buffer> expected = hostExpected(c, 2, [](int, zpConfig_t* cfg) { cfg->ranksPerNode = 1; });
-    Buffer actual;
-    deviceRun(c, rank, comm, &actual);
-    EXPECT_TRUE(zpcheck::sameBits(actual.data(), expected[rank].data(), actual.size(), 1));
+    expectRankMatchesHost(c, rank, comm, expected[rank]);
   }
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
 }
@@ -551,11 +558,7 @@ TEST(GpuSanitized, Child) {
   for (const Case& c : sanitizedCases()) {
     if (asTwoNodes && c.op != Op::kQgz) continue;  // as in EachCollectiveOnSmallCases
     SCOPED_TRACE(describe(c) + (asTwoNodes ? " as two nodes" : ""));
-    const std::vector<Buffer> expected = hostExpected(c, 2, layout);
-    Buffer actual;
-    deviceRun(c, rank, comm, &actual);
-    ASSERT_EQ(actual.size(), expected[rank].size());
-    EXPECT_TRUE(zpcheck::sameBits(actual.data(), expected[rank].data(), actual.size(), 1));
+    expectRankMatchesHost(c, rank, comm, hostExpected(c, 2, layout)[rank]);
   }
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
 }
@@ -602,10 +605,7 @@ TEST(GpuFourGpus, Child) {
       EXPECT_EQ(hpz, 2);
       for (size_t i = 0; i < cases.size(); ++i) {
         SCOPED_TRACE(describe(cases[i]) + " rank " + std::to_string(rank));
-        Buffer actual;
-        deviceRun(cases[i], rank, comm, &actual);
-        ASSERT_EQ(actual.size(), expected[i][rank].size());
-        EXPECT_TRUE(zpcheck::sameBits(actual.data(), expected[i][rank].data(), actual.size(), 1));
+        expectRankMatchesHost(cases[i], rank, comm, expected[i][rank]);
       }
       EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
     });
