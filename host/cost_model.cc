@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#include <tuple>
 #include <utility>
 
 #include "host/chunk_plan.h"
@@ -809,15 +808,16 @@ RowKind classifyOp(const std::string& opIn) {
   return RowKind::kUnknown;
 }
 
-int rowNcclSms(const PerfRow& row) {
-  const auto it = row.env.find("ZP_NCCL_SMS");
+namespace {
+// A setting from a row's env; 0 when the row does not say (rows recorded before the setting existed ran as 0).
+int envSetting(const PerfRow& row, const char* name) {
+  const auto it = row.env.find(name);
   return it == row.env.end() ? 0 : static_cast<int>(std::strtol(it->second.c_str(), nullptr, 10));
 }
+}  // namespace
 
-int rowPairAllGather(const PerfRow& row) {
-  const auto it = row.env.find("ZP_PAIR_ALLGATHER");
-  return it == row.env.end() ? 0 : static_cast<int>(std::strtol(it->second.c_str(), nullptr, 10));
-}
+int rowNcclSms(const PerfRow& row) { return envSetting(row, "ZP_NCCL_SMS"); }
+int rowPairAllGather(const PerfRow& row) { return envSetting(row, "ZP_PAIR_ALLGATHER"); }
 
 bool isGreenContextRow(const PerfRow& row) {
   const RowKind kind = classifyOp(row.op);
@@ -1370,19 +1370,16 @@ Calibration calibrate(const std::vector<PerfRow>& rows, const KernelParams& defa
 }
 
 std::vector<PointCheck> averagePoints(const std::vector<RowCheck>& checks) {
-  using Key = std::tuple<std::string, std::string, std::string, double, int, int, int, int, std::string>;
-  std::map<Key, size_t> index;
+  std::map<CheckedCall, size_t> index;
   std::vector<PointCheck> points;
   for (const RowCheck& c : checks) {
-    const int bits = c.baseline ? 0 : c.bits, block = c.baseline ? 0 : c.block;
-    const Key key{c.what, c.regime, c.type, c.size, bits, block, c.nodes, c.ranks, c.config};
-    auto it = index.find(key);
+    CheckedCall call = c;
+    if (c.baseline) call.bits = call.block = 0;  // a baseline's point serves the rows of either width
+    auto it = index.find(call);
     if (it == index.end()) {
-      it = index.emplace(key, points.size()).first;
+      it = index.emplace(call, points.size()).first;
       PointCheck p;
-      static_cast<CheckedCall&>(p) = c;
-      p.bits = bits;  // a baseline's point serves the rows of either width
-      p.block = block;
+      static_cast<CheckedCall&>(p) = call;
       p.minUs = p.maxUs = c.measuredUs;
       points.push_back(p);
     }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace zp {
@@ -334,6 +335,12 @@ struct CheckedCall {
   // The configuration the model priced it in (rowConfiguration); empty for an NCCL baseline, which runs the same
   // whatever the row's settings.
   std::string config;
+
+  // Ordered field by field, so that the repeats of one call can be found (averagePoints).
+  bool operator<(const CheckedCall& o) const {
+    return std::tie(what, regime, type, size, ranks, nodes, bits, block, config) <
+           std::tie(o.what, o.regime, o.type, o.size, o.ranks, o.nodes, o.bits, o.block, o.config);
+  }
 };
 
 struct RowCheck : CheckedCall {
