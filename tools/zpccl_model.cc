@@ -332,7 +332,7 @@ bool parseArgs(int argc, char** argv, Options* o) {
     } else if (name == "--nccl-sms") {
       ok = parseInt(value, &o->ncclSms) && o->ncclSms >= 0;
     } else if (name == "--pair-allgather") {
-      ok = parseInt(value, &o->pairAllGather) && o->pairAllGather <= 2;
+      ok = parseInt(value, &o->pairAllGather) && o->pairAllGather >= 0 && o->pairAllGather <= 2;
     } else if (name == "--max-chunks") {
       ok = parseInt(value, &o->maxChunks) && o->maxChunks >= 1;
     } else if (name == "--compute-ms") {
