@@ -171,6 +171,8 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
       res = zpUnhandledCudaError;
     }
+    // The window's registration is collective, as destroy is; after an abort NCCL releases it with the comms.
+    freePeerWindow(&exec_.peers, exec_.comms.world, !abort && !ncclAborted_);
     for (ncclComm_t c : ncclAborted_ ? std::vector<ncclComm_t>() : exec_.comms.owned()) {
       ncclResult_t r = abort ? ncclCommAbort(c) : ncclCommDestroy(c);
       if (r != ncclSuccess && res == zpSuccess) res = static_cast<zpResult_t>(r);
@@ -334,6 +336,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     ZPCHECK(splitComm(c.world, t.hpzGroup, t.hpzRank, &c.hpz, "hpZ"));
   }
   e.qgz = makeQgzPlan(t);
+  ZPCHECK(initPeerWindow(c.world, t.nranks, t.nodes, e.setupStream, &e.peers));
   created->startWatchdog();
   *topo = t;
   *cudaDev = e.device;

@@ -265,16 +265,51 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
   const size_t bytes = chunkedPayloadBytes(plan, n, bits, blockSize);
   ZPCHECK(ensureScratch(e, 0, bytes, e.setupStream, "zpCommReserve"));
   ZPCHECK(ensureScratch(e, 1, bytes, e.setupStream, "zpCommReserve"));
+  if (useDirectLoads(e.peers, maxBytes)) {  // qgZ's n slots of one call (qwZ needs one)
+    ZPCHECK(ensurePeerWindow(e.peers, e.comms.world, n * quantPayloadBytes(count, bits, blockSize), e.setupStream,
+                             e.setupStream, "zpCommReserve"));
+  }
   return connectPeers(e, "zpCommReserve");
 }
 
 namespace {
+
+// The direct path's frame (src/peer_window.h), around `write` (fills this rank's window) and `read` (reads every
+// rank's window into recvbuff), all on the caller's stream with every SM: after the previous call's work, a
+// barrier (no peer still reads this rank's window), the write, a barrier (every window written), the read.
+template <typename Write, typename Read>
+zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t windowBytes, Write write, Read read) {
+  PeerWindow& w = e.peers;
+  ZPCHECK(ensurePeerWindow(w, e.comms.world, windowBytes, a.stream, e.setupStream, a.opName));
+  Stages st;
+  ZPCHECK(beginPipeline(e, a.stream, /*chunks=*/1, /*green=*/false, &st));
+  ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));
+  ZPCHECK(write(static_cast<char*>(w.local)));
+  ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));
+  ZPCHECK(read(w));
+  // The next call's start and zpCommDestroy wait for this, as for a pipeline's finish stage.
+  if (!st.captured) CUDACHECK(cudaEventRecord(e.sideDone, a.stream));
+  return zpSuccess;
+}
 
 // The quantized gather over `comm` (n ranks, this one `rank`): qwZ over the world, hpZ's quantized mode over the
 // hpZ group. Quantize: the own shard into its slot of every chunk's region. Move: all-gather the regions chunk
 // by chunk. Finish: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
 zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
   const size_t esz = typeSize(a.type);
+  if (comm == e.comms.world && rank == e.topo.rank && useDirectLoads(e.peers, a.count * n * esz)) {
+    // Each rank's window holds its quantized shard; one launch dequantizes the n windows, the peers' read over
+    // NVLink, into recvbuff.
+    return directLoads(
+        e, a, quantPayloadBytes(a.count, a.bits, a.blockSize),
+        [&](char* window) {
+          return launchQuantize(a.sendbuff, window, a.count, a.type, a.bits, a.blockSize, a.stream);
+        },
+        [&](const PeerWindow& w) {
+          return launchDequantize(w.rankWindow(0), a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream, n,
+                                  w.rankStride, a.count);
+        });
+  }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
   Stages st;
@@ -372,6 +407,19 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   const int n = q.nranks, N = q.nodes, L = q.localSize;
   const size_t esz = typeSize(a.type);
   const float divisor = a.op == zpAvg ? static_cast<float>(n) : 1.0f;
+  if (!q.twoHop && useDirectLoads(e.peers, a.count * n * esz)) {
+    // Slot s of each rank's window holds its quantized slice for rank s; one launch sums slot `rank` of every
+    // window, the peers' read over NVLink, in rank order into recvbuff.
+    const size_t pb = quantPayloadBytes(a.count, a.bits, a.blockSize);
+    return directLoads(
+        e, a, n * pb,
+        [&](char* window) { return quantizeSlots(a, q.sliceOfSlot, a.count, 0, a.count, window, pb, a.stream); },
+        [&](const PeerWindow& w) {
+          const ReduceSources sources{w.rankWindow(0) + e.topo.rank * pb, w.rankStride, 0, n, 1};
+          return launchReduceFinish(sources, a.count, a.bits, a.blockSize, a.type, divisor, a.recvbuff, a.count,
+                                    a.stream);
+        });
+  }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   const size_t bytes = chunkedPayloadBytes(plan, n, a.bits, a.blockSize);
   ZPCHECK(ensureScratch(e, 0, bytes, a.stream, a.opName));

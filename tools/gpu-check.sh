@@ -201,14 +201,20 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
     fi
   done
   # The tests that run chunk pipelines or several communicators at once, again in the other configuration users
-  # can choose: the quantized gathers' kernels on every SM (ZP_NCCL_SMS=0; by default a green context) and qgZ's
+  # can choose: the quantized gathers' kernels on every SM (ZP_NCCL_SMS=0; by default a green context), qgZ's
   # two-rank exchanges as one all-gather on one node too (ZP_PAIR_ALLGATHER=1; by default only across nodes,
-  # which the two-node tests of the first pass cover).
+  # which the two-node tests of the first pass cover), and no direct loads (ZP_DIRECT_MIN_BYTES=-1: every size
+  # through NCCL and the pipelines).
+  # Then every collective test with direct loads from the smallest call up (ZP_DIRECT_MIN_BYTES=0; by default
+  # from 4 MiB, above most test cases), in one process and in two (src/peer_window.h).
   if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
     # ~30 s when it works: a short limit, so that a hang costs little device time (its backtraces are logged).
     run_step "zpccl_gpu_tests other" - test "$results/zpccl_gpu_tests_other.log" "" 90 \
-      env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1 "$build/tests/zpccl_gpu_tests" \
+      env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1 ZP_DIRECT_MIN_BYTES=-1 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
+    run_step "zpccl_gpu_tests direct" - test "$results/zpccl_gpu_tests_direct.log" "" 120 \
+      env ZP_DIRECT_MIN_BYTES=0 "$build/tests/zpccl_gpu_tests" \
+      --gtest_filter='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses'
   fi
 fi
 

@@ -1,0 +1,25 @@
+// Where NCCL maps the ranks' symmetric windows in this process: the device side of src/peer_window.h.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "include/zpccl.h"
+
+namespace zp {
+
+/**
+ * @brief The addresses at which this process sees the first byte of each of `ranks` ranks' windows of `window`
+ *        (a window registered with NCCL_WIN_COLL_SYMMETRIC on a communicator whose ranks are all in NCCL's
+ *        load/store-accessible team, so that rank r's window is NCCL's LSA peer r). NCCL only exposes them to
+ *        device code (ncclGetLsaPointer), so one small kernel writes them to `deviceScratch` (room for `ranks`
+ *        pointers) on `stream`, and the call waits for them.
+ * @return zpSuccess; zpInvalidUsage when zpccl was built without NCCL's device headers (nccl_device.h).
+ */
+zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScratch, cudaStream_t stream,
+                               std::vector<uintptr_t>* addresses);
+
+}  // namespace zp

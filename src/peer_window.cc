@@ -1,0 +1,141 @@
+#include "src/peer_window.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include "device/peer_window.h"
+#include "host/quant_format.h"
+#include "src/check.h"
+#include "src/debug.h"
+#include "src/params.h"
+
+#if ZP_HAVE_NCCL_DEVICE
+#include <nccl_device/core.h>  // ncclTeamLsa
+#endif
+
+namespace zp {
+
+namespace {
+
+zpResult_t ncclStatus(ncclResult_t r, const char* call, const char* what) {
+  if (r == ncclSuccess) return zpSuccess;
+  return ZP_ERR(static_cast<zpResult_t>(r), "%s : %s failed: %s (%s); ZP_DIRECT_MIN_BYTES=-1 turns direct loads off",
+                call, what, ncclGetErrorString(r), ncclGetLastError(nullptr));
+}
+
+// Why this rank cannot load its peers' memory, or nullptr when it can.
+const char* whyNotDirect(ncclComm_t world, int nranks, int nodes) {
+  if (paramDirectMinBytes() < 0) return "ZP_DIRECT_MIN_BYTES < 0";
+  if (nranks < 2) return "one rank";
+  if (nodes != 1) return "ranks on several nodes";
+  const char* p2pOff = std::getenv("NCCL_P2P_DISABLE");
+  if (p2pOff != nullptr && std::atoi(p2pOff) != 0) return "NCCL_P2P_DISABLE is set";
+#if ZP_HAVE_NCCL_DEVICE
+  if (ncclTeamLsa(world).nRanks != nranks) return "not every rank is in NCCL's load/store-accessible team";
+  return nullptr;
+#else
+  (void)world;
+  return "built without NCCL's device API (nccl_device.h)";
+#endif
+}
+
+}  // namespace
+
+zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t setupStream, PeerWindow* w) {
+  *w = PeerWindow();
+  w->nranks = nranks;
+  if (nranks < 2) return zpSuccess;  // the same on every rank: nothing to agree on
+  const char* why = whyNotDirect(world, nranks, nodes);
+  // The word the barriers all-reduce, then room for the ranks' window addresses.
+  CUDACHECK(cudaMalloc(&w->barrierWord, 16 + nranks * sizeof(uintptr_t)));
+  CUDACHECK(cudaMemsetAsync(w->barrierWord, 0, 16 + nranks * sizeof(uintptr_t), setupStream));
+  // Every rank must choose the same path: the minimum of the ranks' answers (1 = can).
+  int* vote = w->barrierWord + 1;
+  const int mine = why == nullptr ? 1 : 0;
+  CUDACHECK(cudaMemcpyAsync(vote, &mine, sizeof(int), cudaMemcpyHostToDevice, setupStream));
+  ZPCHECK(ncclStatus(ncclAllReduce(vote, vote, 1, ncclInt32, ncclMin, world, setupStream), "zpCommInitRank",
+                     "ncclAllReduce of the direct-loads vote"));
+  int all = 0;
+  CUDACHECK(cudaMemcpyAsync(&all, vote, sizeof(int), cudaMemcpyDeviceToHost, setupStream));
+  CUDACHECK(cudaStreamSynchronize(setupStream));
+  w->usable = all == 1;
+  ZP_INFO(kSubsysInit, "direct loads among the %d ranks: %s%s", nranks, w->usable ? "yes" : "no, ",
+          w->usable ? "" : (why != nullptr ? why : "another rank cannot"));
+  return zpSuccess;
+}
+
+bool useDirectLoads(const PeerWindow& w, size_t logicalBytes) {
+  return w.usable && logicalBytes >= static_cast<size_t>(paramDirectMinBytes());
+}
+
+zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call) {
+  // A maximum of zeros stays zero: the word never changes, whatever the number of calls.
+  return ncclStatus(ncclAllReduce(w.barrierWord, w.barrierWord, 1, ncclInt32, ncclMax, world, stream), call,
+                    "ncclAllReduce (barrier of the direct loads)");
+}
+
+zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t stream,
+                            cudaStream_t setupStream, const char* call) {
+  if (w.bytes >= bytes) return zpSuccess;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDACHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone) {
+    return ZP_ERR(zpInvalidUsage,
+                  "%s : needs a window of %zu bytes for direct loads, the communicator holds %zu, and the stream is "
+                  "being captured: call zpCommReserve (or this collective once) before capture",
+                  call, bytes, w.bytes);
+  }
+#if ZP_HAVE_NCCL_DEVICE
+  // No rank may still read the old window: each waits for its own work, then for every other rank to have done so.
+  CUDACHECK(cudaStreamSynchronize(stream));
+  if (w.handle != nullptr) {
+    ZPCHECK(peerBarrier(w, world, setupStream, call));
+    CUDACHECK(cudaStreamSynchronize(setupStream));
+    ZPCHECK(ncclStatus(ncclCommWindowDeregister(world, w.handle), call, "ncclCommWindowDeregister"));
+    ZPCHECK(ncclStatus(ncclMemFree(w.local), call, "ncclMemFree"));
+    w.handle = nullptr;
+    w.local = nullptr;
+    w.bytes = 0;
+  }
+  const size_t rounded = alignUp(bytes, size_t{2} << 20);
+  ZPCHECK(ncclStatus(ncclMemAlloc(&w.local, rounded), call, "ncclMemAlloc"));
+  // Zeroed once, so that no byte of it is ever undefined (compute-sanitizer initcheck).
+  CUDACHECK(cudaMemsetAsync(w.local, 0, rounded, setupStream));
+  CUDACHECK(cudaStreamSynchronize(setupStream));
+  ZPCHECK(ncclStatus(ncclCommWindowRegister(world, w.local, rounded, &w.handle, NCCL_WIN_COLL_SYMMETRIC), call,
+                     "ncclCommWindowRegister"));
+  w.bytes = rounded;
+  std::vector<uintptr_t> at;
+  ZPCHECK(windowRankAddresses(w.handle, w.nranks, w.barrierWord + 4, setupStream, &at));
+  w.rank0 = at[0];
+  w.rankStride = at[1] - at[0];
+  for (int r = 0; r < w.nranks; ++r) {
+    if (at[r] != w.rank0 + r * w.rankStride || w.rankStride % 16 != 0) {
+      return ZP_ERR(zpInternalError, "%s : NCCL mapped the ranks' windows at uneven strides (rank %d at %#zx)", call,
+                    r, static_cast<size_t>(at[r]));
+    }
+  }
+  // Also connects the barrier's all-reduce outside capture.
+  ZPCHECK(peerBarrier(w, world, setupStream, call));
+  CUDACHECK(cudaStreamSynchronize(setupStream));
+  ZP_INFO(kSubsysAlloc, "%s : direct-load window grown to %zu bytes (ranks %zu bytes apart)", call, rounded,
+          w.rankStride);
+  return zpSuccess;
+#else
+  (void)world, (void)setupStream;
+  return ZP_ERR(zpInternalError, "%s : direct loads without NCCL's device API", call);
+#endif
+}
+
+void freePeerWindow(PeerWindow* w, ncclComm_t world, bool deregister) {
+#if ZP_HAVE_NCCL_DEVICE
+  if (w->handle != nullptr && deregister) (void)ncclCommWindowDeregister(world, w->handle);
+  if (w->local != nullptr) (void)ncclMemFree(w->local);
+#else
+  (void)world, (void)deregister;
+#endif
+  if (w->barrierWord != nullptr) (void)cudaFree(w->barrierWord);
+  *w = PeerWindow();
+}
+
+}  // namespace zp

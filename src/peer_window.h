@@ -1,0 +1,70 @@
+// Direct loads among the ranks of one NVLink domain.
+//
+// When NCCL maps every rank's memory into every other rank's address space (its load/store-accessible "LSA"
+// team: the ranks of one node whose GPUs reach each other over NVLink), a rank can read a peer's payload with
+// plain loads from inside its own dequantize or reduce kernel. Each payload byte then crosses NVLink once,
+// straight into the kernel that consumes it: there is no NCCL transfer to overlap with our kernels, no chunk
+// pipeline, and our kernels keep every SM. Over NVLink that is what made qwZ int8 at 256 MB faster than
+// NCCL's bf16 all-gather by more than its 1.15x (perf/RESULTS.md).
+//
+// The window is a buffer of the communicator, allocated by ncclMemAlloc and registered on its world
+// communicator as a symmetric window (collective: every rank grows it in the same call, since every rank makes
+// the same calls with the same counts). NCCL maps the ranks' windows at one stride in this process, so the n
+// payloads of a call are one strided batch for the existing kernels.
+//
+// Ordering across ranks is an NCCL all-reduce of one word on the caller's stream (peerBarrier): it completes on
+// a rank only once every rank's stream has reached it, hence finished all work enqueued before it. A call runs
+//   barrier (no peer still reads this rank's window from an earlier call), write the window,
+//   barrier (every window written), read the windows.
+// Both are captured with the call, so graphs replay them too.
+//
+// Used when every rank of the world is in NCCL's LSA team, zpccl's topology has one node, NCCL's P2P transport
+// is not disabled (NCCL_P2P_DISABLE: the user asked that GPUs not reach each other directly, and the perf
+// harness's shm regime relies on it), and the call moves at least ZP_DIRECT_MIN_BYTES logical bytes. The ranks
+// agree on the choice at init (an all-reduce of it), so they never take different paths.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "include/zpccl.h"
+
+namespace zp {
+
+struct PeerWindow {
+  bool usable = false;             // decided once at init, the same on every rank
+  void* local = nullptr;           // this rank's window (ncclMemAlloc), what its kernels write
+  size_t bytes = 0;                // its size; only grows, never inside graph capture
+  ncclWindow_t handle = nullptr;   // its registration on the world communicator
+  uintptr_t rank0 = 0;             // rank 0's window as mapped in this process
+  size_t rankStride = 0;           // bytes from rank r's window to rank r + 1's, as mapped here
+  int* barrierWord = nullptr;      // device memory: the word peerBarrier all-reduces (always 0), then scratch
+                                   // for the ranks' window addresses
+  int nranks = 0;
+
+  // Rank r's window, as this process reads it.
+  const char* rankWindow(int r) const { return reinterpret_cast<const char*>(rank0 + r * rankStride); }
+};
+
+// Decides whether the communicator can use direct loads, with the other ranks (collective over world).
+zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t setupStream, PeerWindow* w);
+
+// Whether a call moving logicalBytes takes the direct path.
+bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
+
+// Grows the window to at least `bytes` (collective over world; outside capture: zpInvalidUsage inside one).
+// `stream` is the caller's: its enqueued work may still use the old window, so it is waited for.
+zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t stream,
+                            cudaStream_t setupStream, const char* call);
+
+// Every rank's `stream` has reached this point (see above).
+zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call);
+
+// Releases the window. `deregister` false after an abort: NCCL then releases the registration with the
+// communicator, and a collective deregistration could wait for a dead peer.
+void freePeerWindow(PeerWindow* w, ncclComm_t world, bool deregister);
+
+}  // namespace zp
