@@ -50,6 +50,7 @@ zpResult_t cudaExecInit(CudaExec* e) {
 }
 
 zpResult_t cudaExecFree(CudaExec* e) {
+  freePeerWindow(&e->peers);
   for (ScratchBuffer& s : e->scratch) {
     if (s.ptr != nullptr) (void)cudaFree(s.ptr);
     s = ScratchBuffer();
@@ -171,8 +172,7 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
       res = zpUnhandledCudaError;
     }
-    // The window's registration is collective, as destroy is; after an abort NCCL releases it with the comms.
-    freePeerWindow(&exec_.peers, exec_.comms.world, !abort && !ncclAborted_);
+    if (!abort && !ncclAborted_) deregisterPeerWindow(&exec_.peers, exec_.comms.world);
     for (ncclComm_t c : ncclAborted_ ? std::vector<ncclComm_t>() : exec_.comms.owned()) {
       ncclResult_t r = abort ? ncclCommAbort(c) : ncclCommDestroy(c);
       if (r != ncclSuccess && res == zpSuccess) res = static_cast<zpResult_t>(r);

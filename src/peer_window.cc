@@ -127,12 +127,18 @@ zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaS
 #endif
 }
 
-void freePeerWindow(PeerWindow* w, ncclComm_t world, bool deregister) {
+void deregisterPeerWindow(PeerWindow* w, ncclComm_t world) {
 #if ZP_HAVE_NCCL_DEVICE
-  if (w->handle != nullptr && deregister) (void)ncclCommWindowDeregister(world, w->handle);
-  if (w->local != nullptr) (void)ncclMemFree(w->local);
+  if (w->handle != nullptr) (void)ncclCommWindowDeregister(world, w->handle);
 #else
-  (void)world, (void)deregister;
+  (void)world;
+#endif
+  w->handle = nullptr;
+}
+
+void freePeerWindow(PeerWindow* w) {
+#if ZP_HAVE_NCCL_DEVICE
+  if (w->local != nullptr) (void)ncclMemFree(w->local);
 #endif
   if (w->barrierWord != nullptr) (void)cudaFree(w->barrierWord);
   *w = PeerWindow();

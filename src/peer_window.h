@@ -63,8 +63,13 @@ zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaS
 // Every rank's `stream` has reached this point (see above).
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call);
 
-// Releases the window. `deregister` false after an abort: NCCL then releases the registration with the
-// communicator, and a collective deregistration could wait for a dead peer.
-void freePeerWindow(PeerWindow* w, ncclComm_t world, bool deregister);
+// Deregisters the window from world (collective, like ncclCommDestroy), before world is destroyed. Skipped after
+// an abort: a collective deregistration could wait for a dead peer, and NCCL drops the registration with the
+// communicator.
+void deregisterPeerWindow(PeerWindow* w, ncclComm_t world);
+
+// Frees the window's memory, once the communicators are gone and the device is idle (freeing memory waits for
+// the device, which must not happen while another communicator's kernel still waits for a peer).
+void freePeerWindow(PeerWindow* w);
 
 }  // namespace zp

@@ -36,7 +36,8 @@
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
 #   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
-#   ZP_GPU_CHECK_BUILD_DIR (default build-gpu)
+#   ZP_GPU_CHECK_BUILD_DIR (default build-gpu); ZP_GPU_CHECK_MESON_ARGS extra `meson setup` options (e.g.
+#                             -Dnccl_home=DIR for an NCCL with its device API, nccl_device.h)
 set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$top"
@@ -177,7 +178,8 @@ if [ "${ZP_GPU_CHECK_SKIP_BUILD:-0}" != 1 ]; then
   start=$SECONDS
   (
     if [ ! -f "$build/build.ninja" ]; then
-      "${meson_cmd[@]}" setup "$build" -D$arch_opt=90 --buildtype=release -Dperf=true -Dtests=true || exit 1
+      "${meson_cmd[@]}" setup "$build" -D$arch_opt=90 --buildtype=release -Dperf=true -Dtests=true \
+        ${ZP_GPU_CHECK_MESON_ARGS:-} || exit 1
     fi
     ninja -C "$build" -k 0  # keep going: one broken target must not hide the others
   ) >"$build_log" 2>&1
