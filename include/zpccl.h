@@ -7,6 +7,11 @@
  *   argument at fault. An argument error leaves the communicator usable.
  * - Collectives are enqueued on the caller's CUDA stream and return once enqueued (cuda backend). On the host
  *   backend the stream argument must be NULL and the call returns when the collective is done.
+ * - Among ranks of one NVLink domain (cuda backend), qwZ and one-hop qgZ of at least ZP_DIRECT_MIN_BYTES
+ *   (16 MiB) read the peers' payloads from their memory, through a window NCCL registers on every rank. The
+ *   first call that needs a larger window than any before registers it with every rank: like NCCL's first use
+ *   of a connection, it waits on the host until the other ranks make the same call. zpCommReserve does it
+ *   up front.
  * - Collectives are called by every rank of a communicator, in the same order.
  * - Element counts are in elements of the data type, never bytes. Buffers must be aligned to their element size
  *   (payloads to 16 bytes); a count of 0 is a successful no-op.
@@ -182,7 +187,9 @@ zpResult_t zpCommAbort(zpComm_t comm);
 zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError);
 
 /* Reserves the communicator's scratch memory for collectives of up to maxBytes logical (unquantized) bytes
- * of output, so that later calls allocate nothing and can be captured in a CUDA graph. */
+ * of output, so that later calls allocate nothing and can be captured in a CUDA graph. Collective on the cuda
+ * backend: every rank calls it with the same maxBytes (it connects NCCL's peers and registers the window of
+ * the direct loads with every rank). */
 zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes);
 
 /* Queries. */

@@ -35,10 +35,11 @@ namespace zp {
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \
     "while both run: their quantize and dequantize stages run in a green context of the other SMs "         \
     "(default 32, measured fastest over NVLink, perf/RESULTS.md; 0: no green context, every SM)")          \
-  X(DirectMinBytes, "ZP_DIRECT_MIN_BYTES", 4 << 20,                                                         \
+  X(DirectMinBytes, "ZP_DIRECT_MIN_BYTES", 16 << 20,                                                        \
     "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "    \
     "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not " \
-    "disabled), instead of moving them with NCCL; -1: never (src/peer_window.h)")
+    "disabled), instead of moving them with NCCL (default 16 MiB: below it the two barriers cost more "     \
+    "than they save, perf/RESULTS.md); -1: never (src/peer_window.h)")
 
 #define ZP_DECLARE_PARAM(name, env, def, help) int64_t param##name();
 ZP_PARAMS(ZP_DECLARE_PARAM)

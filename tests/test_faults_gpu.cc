@@ -115,6 +115,9 @@ TEST(GpuFaults, Child) {
   Buffers b(kBigCount);
   ASSERT_EQ(callOp(op, b, kSmallCount, comm, stream), zpSuccess) << zpGetLastError(comm);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  // Sizes, with the peer present, what the big call needs: its direct-load window is registered with every
+  // rank (a host rendezvous, like NCCL's first use of a connection), which a call would otherwise do itself.
+  ASSERT_EQ(zpCommReserve(comm, kBigCount * 2 * 2), zpSuccess) << zpGetLastError(comm);
 
   const std::string startedFile = getenv(kStartedFileEnv);
   if (victim) {
@@ -229,13 +232,15 @@ TEST(GpuFaults, AbortFromAnotherThreadStopsAnInFlightCollective) {
     ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
     zpComm_t comms[2] = {nullptr, nullptr};
     std::vector<std::thread> init;
-    // Both ranks make one small call first: NCCL connects peers on first use, on the host, with both present.
+    // Both ranks make one small call first (NCCL connects peers on first use, on the host, with both present) and
+    // reserve for the big one (its direct-load window is registered with every rank, also on the host).
     for (int rank = 0; rank < 2; ++rank) {
       init.emplace_back([&, rank] {
         ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
         ASSERT_EQ(zpCommInitRank(&comms[rank], 2, id, rank), zpSuccess) << zpGetLastError(nullptr);
         Buffers b(kSmallCount);
         ASSERT_EQ(callOp(op, b, kSmallCount, comms[rank], nullptr), zpSuccess) << zpGetLastError(comms[rank]);
+        ASSERT_EQ(zpCommReserve(comms[rank], kBigCount * 2 * 2), zpSuccess) << zpGetLastError(comms[rank]);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       });
     }
