@@ -612,17 +612,16 @@ TEST(PerfJson, TunablesComeFromZpVariablesButNotDebugOnes) {
   EXPECT_NE(std::find(env.begin(), env.end(), std::make_pair(std::string("ZP_TEST_TUNABLE"), std::string("7"))),
             env.end());
   for (const auto& [name, value] : env) EXPECT_NE(name.rfind("ZP_DEBUG", 0), 0u) << name;
-  // Set or not, the green-context setting is recorded with the value the library uses.
-  const auto sms = std::find_if(env.begin(), env.end(), [](const auto& kv) { return kv.first == "ZP_NCCL_SMS"; });
-  ASSERT_NE(sms, env.end());
-  if (getenv("ZP_NCCL_SMS") == nullptr) {
-    EXPECT_EQ(sms->second, std::to_string(paramNcclSms()));
-  }
-  const auto pair =
-      std::find_if(env.begin(), env.end(), [](const auto& kv) { return kv.first == "ZP_PAIR_ALLGATHER"; });
-  ASSERT_NE(pair, env.end());
-  if (getenv("ZP_PAIR_ALLGATHER") == nullptr) {
-    EXPECT_EQ(pair->second, std::to_string(paramPairAllGather()));
+  // Set or not, the settings that choose a collective's path are recorded with the values the library uses.
+  const std::pair<const char*, int64_t> effective[] = {{"ZP_NCCL_SMS", paramNcclSms()},
+                                                       {"ZP_PAIR_ALLGATHER", paramPairAllGather()},
+                                                       {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()}};
+  for (const auto& [name, value] : effective) {
+    const auto it = std::find_if(env.begin(), env.end(), [name = name](const auto& kv) { return kv.first == name; });
+    ASSERT_NE(it, env.end()) << name;
+    if (getenv(name) == nullptr) {
+      EXPECT_EQ(it->second, std::to_string(value)) << name;
+    }
   }
   EXPECT_TRUE(std::is_sorted(env.begin(), env.end()));
 }
