@@ -1,7 +1,9 @@
 // The cuda backend's collectives: NCCL moves the payloads, device/ kernels quantize and reduce. Each is a chunk
 // pipeline of three stages on three streams (cuda_exec.h): quantize, move (the caller's stream, where NCCL
-// runs), finish; events order each chunk through them and join everything back to the caller's stream. No host
-// synchronization and no allocation once scratch is sized: every call can be captured in a CUDA graph.
+// runs), finish; events order each chunk through them and join everything back to the caller's stream. Among
+// the ranks of one NVLink domain, qwZ and one-hop qgZ instead read the peers' payloads from their memory inside
+// the finishing kernel (directLoads, src/peer_window.h). No host synchronization and no allocation once scratch
+// is sized: every call can be captured in a CUDA graph.
 #include <algorithm>
 #include <cstdio>
 #include <string>
