@@ -23,29 +23,38 @@ zpResult_t ncclStatus(ncclResult_t r, const char* call, const char* what) {
                 call, what, ncclGetErrorString(r), ncclGetLastError(nullptr));
 }
 
-// Why this rank cannot load its peers' memory, or nullptr when it can.
-const char* whyNotDirect(ncclComm_t world, int nranks, int nodes) {
-  if (paramDirectMinBytes() < 0) return "ZP_DIRECT_MIN_BYTES < 0";
-  if (nranks < 2) return "one rank";
-  if (nodes != 1) return "ranks on several nodes";
-  const char* p2pOff = std::getenv("NCCL_P2P_DISABLE");
-  if (p2pOff != nullptr && std::atoi(p2pOff) != 0) return "NCCL_P2P_DISABLE is set";
+// The facts of this rank (directLoadsBlocker's input). NCCL's team is asked last, and only when nothing else
+// rules direct loads out: asking sets up NCCL's symmetric memory for the communicator.
+DirectLoadsFacts factsOf(ncclComm_t world, int nranks, int nodes) {
+  DirectLoadsFacts f{paramDirectMinBytes(), nranks, nodes, std::getenv("NCCL_P2P_DISABLE"), nranks};
+  if (directLoadsBlocker(f) != nullptr) return f;
 #if ZP_HAVE_NCCL_DEVICE
-  if (ncclTeamLsa(world).nRanks != nranks) return "not every rank is in NCCL's load/store-accessible team";
-  return nullptr;
+  f.lsaRanks = ncclTeamLsa(world).nRanks;
 #else
   (void)world;
-  return "built without NCCL's device API (nccl_device.h)";
+  f.lsaRanks = 0;
 #endif
+  return f;
 }
 
 }  // namespace
+
+const char* directLoadsBlocker(const DirectLoadsFacts& f) {
+  if (f.minBytes < 0) return "ZP_DIRECT_MIN_BYTES < 0";
+  if (f.nranks < 2) return "one rank";
+  if (f.nodes != 1) return "ranks on several nodes";
+  // NCCL reads the variable as a number: any value but 0 disables its P2P transport.
+  if (f.p2pOff != nullptr && std::atoi(f.p2pOff) != 0) return "NCCL_P2P_DISABLE is set";
+  if (f.lsaRanks == 0) return "built without NCCL's device API (nccl_device.h)";
+  if (f.lsaRanks != f.nranks) return "not every rank is in NCCL's load/store-accessible team";
+  return nullptr;
+}
 
 zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t setupStream, PeerWindow* w) {
   *w = PeerWindow();
   w->nranks = nranks;
   if (nranks < 2) return zpSuccess;  // the same on every rank: nothing to agree on
-  const char* why = whyNotDirect(world, nranks, nodes);
+  const char* why = directLoadsBlocker(factsOf(world, nranks, nodes));
   // The word the barriers all-reduce, then room for the ranks' window addresses.
   CUDACHECK(cudaMalloc(&w->barrierWord, 16 + nranks * sizeof(uintptr_t)));
   CUDACHECK(cudaMemsetAsync(w->barrierWord, 0, 16 + nranks * sizeof(uintptr_t), setupStream));

@@ -49,6 +49,18 @@ struct PeerWindow {
   const char* rankWindow(int r) const { return reinterpret_cast<const char*>(rank0 + r * rankStride); }
 };
 
+// What decides whether a rank can use direct loads.
+struct DirectLoadsFacts {
+  int64_t minBytes;     // ZP_DIRECT_MIN_BYTES (< 0: never)
+  int nranks;           // ranks of the communicator
+  int nodes;            // nodes in zpccl's topology
+  const char* p2pOff;   // NCCL_P2P_DISABLE, or nullptr when unset
+  int lsaRanks;         // ranks in this rank's NCCL load/store-accessible team (0: NCCL's device API not built)
+};
+
+// Why a rank with these facts cannot use direct loads, or nullptr when it can.
+const char* directLoadsBlocker(const DirectLoadsFacts& f);
+
 // Decides whether the communicator can use direct loads, with the other ranks (collective over world).
 zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t setupStream, PeerWindow* w);
 

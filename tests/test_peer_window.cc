@@ -1,0 +1,76 @@
+// When a communicator uses direct loads (src/peer_window.h): the decision every rank votes on at init, and the
+// size threshold of each call. Host-only: the facts are given, not read from NCCL.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "src/params.h"
+#include "src/peer_window.h"
+
+namespace zp {
+namespace {
+
+// Two ranks of one node, all in NCCL's load/store-accessible team, NCCL's P2P on: direct loads.
+DirectLoadsFacts oneNvlinkNode() { return DirectLoadsFacts{16 << 20, 2, 1, nullptr, 2}; }
+
+std::string blocker(const DirectLoadsFacts& f) {
+  const char* why = directLoadsBlocker(f);
+  return why == nullptr ? "" : why;
+}
+
+TEST(DirectLoads, OneNvlinkNodeUsesThem) { EXPECT_EQ(blocker(oneNvlinkNode()), ""); }
+
+TEST(DirectLoads, EachMissingConditionRulesThemOutAndSaysWhich) {
+  DirectLoadsFacts f = oneNvlinkNode();
+  f.minBytes = -1;
+  EXPECT_NE(blocker(f).find("ZP_DIRECT_MIN_BYTES"), std::string::npos);
+  f = oneNvlinkNode();
+  f.nranks = 1;
+  f.lsaRanks = 1;
+  EXPECT_NE(blocker(f).find("one rank"), std::string::npos);
+  f = oneNvlinkNode();
+  f.nodes = 2;  // real nodes, or NCCL_HOSTID / the config's emulation
+  EXPECT_NE(blocker(f).find("several nodes"), std::string::npos);
+  f = oneNvlinkNode();
+  f.lsaRanks = 1;  // e.g. GPUs without peer access
+  EXPECT_NE(blocker(f).find("load/store-accessible"), std::string::npos);
+  f = oneNvlinkNode();
+  f.lsaRanks = 0;
+  EXPECT_NE(blocker(f).find("device API"), std::string::npos);
+}
+
+TEST(DirectLoads, NcclP2pDisableIsRespectedAsNcclReadsIt) {
+  // The perf harness's shm regime sets it: zpccl must then move the payloads through NCCL as well.
+  DirectLoadsFacts f = oneNvlinkNode();
+  for (const char* off : {"1", "2", "-1"}) {
+    f.p2pOff = off;
+    EXPECT_NE(blocker(f).find("NCCL_P2P_DISABLE"), std::string::npos) << off;
+  }
+  for (const char* on : {"0", ""}) {
+    f.p2pOff = on;
+    EXPECT_EQ(blocker(f), "") << "'" << on << "'";
+  }
+}
+
+TEST(DirectLoads, CallsFromTheThresholdUp) {
+  PeerWindow w;
+  const size_t threshold = static_cast<size_t>(paramDirectMinBytes());
+  EXPECT_FALSE(useDirectLoads(w, threshold)) << "a communicator that cannot never does";
+  w.usable = true;
+  if (paramDirectMinBytes() > 0) {
+    EXPECT_FALSE(useDirectLoads(w, threshold - 1));
+  }
+  EXPECT_TRUE(useDirectLoads(w, threshold));
+  EXPECT_TRUE(useDirectLoads(w, size_t{1} << 40));
+}
+
+TEST(DirectLoads, RankWindowsAreOneStridedBatch) {
+  PeerWindow w;
+  w.rank0 = uintptr_t{1} << 40;
+  w.rankStride = size_t{144} << 30;  // as NCCL maps them on an H200: 144 GiB apart
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(0)), w.rank0);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(3)), w.rank0 + 3 * w.rankStride);
+}
+
+}  // namespace
+}  // namespace zp
