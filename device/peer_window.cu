@@ -1,5 +1,4 @@
 #include "device/peer_window.h"
-
 #include "src/check.h"
 
 #if ZP_HAVE_NCCL_DEVICE
@@ -15,7 +14,8 @@ namespace zp {
 #if ZP_HAVE_NCCL_DEVICE
 namespace {
 __global__ void rankAddressesKernel(ncclWindow_t window, int ranks, uintptr_t* out) {
-  for (int r = threadIdx.x; r < ranks; r += blockDim.x) out[r] = reinterpret_cast<uintptr_t>(ncclGetLsaPointer(window, 0, r));
+  for (int r = threadIdx.x; r < ranks; r += blockDim.x)
+    out[r] = reinterpret_cast<uintptr_t>(ncclGetLsaPointer(window, 0, r));
 }
 }  // namespace
 #endif

@@ -66,7 +66,7 @@ struct CudaExec {
   // capture cannot be waited for or synchronized outside it (the next call and zpCommDestroy do both).
   cudaEvent_t capturedSideDone = nullptr;
   ScratchBuffer scratch[2];
-  PeerWindow peers;  // direct loads among the ranks of one NVLink domain (src/peer_window.h)
+  PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/peer_window.h)
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
   bool peersConnected = false;           // every point-to-point peer connected (needed before graph capture)
 };

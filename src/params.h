@@ -34,7 +34,7 @@ namespace zp {
   X(NcclSms, "ZP_NCCL_SMS", 32,                                                                             \
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \
     "while both run: their quantize and dequantize stages run in a green context of the other SMs "         \
-    "(default 32, measured fastest over NVLink, perf/RESULTS.md; 0: no green context, every SM)")          \
+    "(default 32, measured fastest over NVLink, perf/RESULTS.md; 0: no green context, every SM)")           \
   X(DirectMinBytes, "ZP_DIRECT_MIN_BYTES", 16 << 20,                                                        \
     "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "    \
     "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not " \

@@ -120,8 +120,8 @@ zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaS
   w.rankStride = at[1] - at[0];
   for (int r = 0; r < w.nranks; ++r) {
     if (at[r] != w.rank0 + r * w.rankStride || w.rankStride % 16 != 0) {
-      return ZP_ERR(zpInternalError, "%s : NCCL mapped the ranks' windows at uneven strides (rank %d at %#zx)", call,
-                    r, static_cast<size_t>(at[r]));
+      return ZP_ERR(zpInternalError, "%s : NCCL mapped the ranks' windows at uneven strides (rank %d at %#zx)", call, r,
+                    static_cast<size_t>(at[r]));
     }
   }
   // Also connects the barrier's all-reduce outside capture.

@@ -35,14 +35,14 @@
 namespace zp {
 
 struct PeerWindow {
-  bool usable = false;             // decided once at init, the same on every rank
-  void* local = nullptr;           // this rank's window (ncclMemAlloc), what its kernels write
-  size_t bytes = 0;                // its size; only grows, never inside graph capture
-  ncclWindow_t handle = nullptr;   // its registration on the world communicator
-  uintptr_t rank0 = 0;             // rank 0's window as mapped in this process
-  size_t rankStride = 0;           // bytes from rank r's window to rank r + 1's, as mapped here
-  int* barrierWord = nullptr;      // device memory: the word peerBarrier all-reduces (always 0), then scratch
-                                   // for the ranks' window addresses
+  bool usable = false;            // decided once at init, the same on every rank
+  void* local = nullptr;          // this rank's window (ncclMemAlloc), what its kernels write
+  size_t bytes = 0;               // its size; only grows, never inside graph capture
+  ncclWindow_t handle = nullptr;  // its registration on the world communicator
+  uintptr_t rank0 = 0;            // rank 0's window as mapped in this process
+  size_t rankStride = 0;          // bytes from rank r's window to rank r + 1's, as mapped here
+  int* barrierWord = nullptr;     // device memory: the word peerBarrier all-reduces (always 0), then scratch
+                                  // for the ranks' window addresses
   int nranks = 0;
 
   // Rank r's window, as this process reads it.
@@ -51,11 +51,11 @@ struct PeerWindow {
 
 // What decides whether a rank can use direct loads.
 struct DirectLoadsFacts {
-  int64_t minBytes;     // ZP_DIRECT_MIN_BYTES (< 0: never)
-  int nranks;           // ranks of the communicator
-  int nodes;            // nodes in zpccl's topology
-  const char* p2pOff;   // NCCL_P2P_DISABLE, or nullptr when unset
-  int lsaRanks;         // ranks in this rank's NCCL load/store-accessible team (0: NCCL's device API not built)
+  int64_t minBytes;    // ZP_DIRECT_MIN_BYTES (< 0: never)
+  int nranks;          // ranks of the communicator
+  int nodes;           // nodes in zpccl's topology
+  const char* p2pOff;  // NCCL_P2P_DISABLE, or nullptr when unset
+  int lsaRanks;        // ranks in this rank's NCCL load/store-accessible team (0: NCCL's device API not built)
 };
 
 // Why a rank with these facts cannot use direct loads, or nullptr when it can.

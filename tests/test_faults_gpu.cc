@@ -94,9 +94,9 @@ const char* kStartedFileEnv = "ZP_FAULT_STARTED_FILE";  // the survivor's big ca
 // and the victim dies with its part not yet started. "0": the victim's call grows its scratch, which waits for the
 // stall, so its part starts and the victim dies mid-transfer.
 const char* kPendingEnv = "ZP_FAULT_VICTIM_PENDING";
-constexpr int kTimeoutMs = 3000;                        // ZP_TIMEOUT_MS of the children
-constexpr size_t kBigCount = 32u << 20;                 // elements per rank of the call the victim dies in
-constexpr size_t kSmallCount = 1u << 16;                // a first call both finish: connections are up
+constexpr int kTimeoutMs = 3000;          // ZP_TIMEOUT_MS of the children
+constexpr size_t kBigCount = 32u << 20;   // elements per rank of the call the victim dies in
+constexpr size_t kSmallCount = 1u << 16;  // a first call both finish: connections are up
 
 void blockStream(void* seconds) {
   std::this_thread::sleep_for(std::chrono::duration<double>(*static_cast<double*>(seconds)));
