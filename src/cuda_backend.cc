@@ -308,6 +308,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     memcpy(&ncclId, &id, sizeof(ncclId));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     if (paramNetChannelsPerPeer() > 0) config.nChannelsPerNetPeer = static_cast<int>(paramNetChannelsPerPeer());
+    if (paramNcclMinCtas() > 0) config.minCTAs = static_cast<int>(paramNcclMinCtas());
     ncclResult_t r = ncclCommInitRankConfig(&c.world, nranks, ncclId, rank, &config);
     if (r != ncclSuccess) {
       c.world = nullptr;

@@ -27,6 +27,10 @@ namespace zp {
   X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0,                                                      \
     "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "   \
     "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                  \
+  X(NcclMinCtas, "ZP_NCCL_MIN_CTAS", 0,                                                                     \
+    "cuda backend: the fewest CTAs (channels) NCCL uses for the communicators zpccl creates "               \
+    "(ncclConfig_t.minCTAs; 0: NCCL's default). Not yet measured: whether more channels speed NCCL's "      \
+    "shared-memory or socket transport for zpccl's payloads, which are smaller than the bf16 baseline's")   \
   X(PairAllGather, "ZP_PAIR_ALLGATHER", 2,                                                                  \
     "cuda backend: how qgZ exchanges slots between two ranks: 2 (default) as one ncclAllGather when they "  \
     "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3), else by "        \
