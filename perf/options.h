@@ -17,6 +17,7 @@ struct Options {
   double stepFactor = 1.0;             // -f: multiplicative step when > 1
   int iters = 20;                      // -n
   int warmup = 5;                      // -w
+  int rounds = 1;                      // -r: timed rounds, zpccl's and the baseline's in turn
   int check = 1;                       // -c
   int type = -1;                       // -d (zpDataType_t); -1: the op's default
   int redOp = -1;                      // -o (zpRedOp_t); -1: sum

@@ -63,6 +63,7 @@ TEST(PerfOptions, Defaults) {
   EXPECT_EQ(o.maxBytes, size_t(32) << 20);
   EXPECT_EQ(o.iters, 20);
   EXPECT_EQ(o.warmup, 5);
+  EXPECT_EQ(o.rounds, 1);
   EXPECT_EQ(o.check, 1);
   EXPECT_EQ(o.type, -1);
   EXPECT_EQ(o.blockSize, 256);
@@ -74,9 +75,9 @@ TEST(PerfOptions, Defaults) {
 TEST(PerfOptions, EveryFlag) {
   Options o;
   std::string error;
-  ASSERT_EQ(parse({"-b", "1M",  "-e", "1G",       "-f", "4",   "-i", "2M", "-n", "7", "-w", "3",
-                   "-c", "0",   "-d", "half",     "-o", "avg", "-g", "1",  "-t", "2", "-B", "4",
-                   "-G", "128", "-J", "out.json", "-R", "net", "-H", "1",  "-N", "2", "-p", "0"},
+  ASSERT_EQ(parse({"-b", "1M",       "-e",   "1G",  "-f",  "4",  "-i", "2M", "-n", "7",  "-w", "3",  "-c",
+                   "0",  "-d",       "half", "-o",  "avg", "-g", "1",  "-t", "2",  "-B", "4",  "-G", "128",
+                   "-J", "out.json", "-R",   "net", "-H",  "1",  "-N", "2",  "-p", "0",  "-r", "4"},
                   &o, &error),
             ParseResult::kOk)
       << error;
@@ -97,6 +98,7 @@ TEST(PerfOptions, EveryFlag) {
   EXPECT_EQ(o.host, 1);
   EXPECT_EQ(o.nodes, 2);
   EXPECT_EQ(o.inPlace, 0);
+  EXPECT_EQ(o.rounds, 4);
 }
 
 TEST(PerfOptions, LongAndAttachedForms) {
@@ -151,6 +153,8 @@ TEST(PerfOptions, BadFlagsAreRejected) {
       {"-f", "0.5"},
       {"-n", "0"},
       {"-w", "-1"},
+      {"-r", "0"},
+      {"-r", "1001"},
       {"-c", "2"},
       {"-d", "complex"},
       {"-o", "prod"},
