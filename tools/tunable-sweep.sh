@@ -8,7 +8,8 @@
 #   VAR=ZP_CHUNK_BYTES VALUES="default 16777216" REGIMES="shm net" BINS="qwz_perf qgz_perf" \
 #     MIN=64M MAX=1G bash tools/tunable-sweep.sh
 #
-# "default" leaves VAR unset. FIXED="A=1 B=2" is added to every run. Iterations: ITERS (10), NET_ITERS (5).
+# "default" leaves VAR unset. FIXED="A=1 B=2" is added to every run. Iterations: ITERS (10), NET_ITERS (5);
+# PERF_FLAGS more perf flags (e.g. "-r 5": alternating rounds against NCCL, for the net regime's drift).
 # No check of the outputs (-c 0): the tables of gpu-check.sh check them; this is for choosing a value.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,7 +26,7 @@ for value in $VALUES; do
     ZP_GPU_CHECK_REGIMES="${REGIMES:-nvlink}" ZP_GPU_CHECK_BINS="${BINS:-qwz_perf qgz_perf}" \
     ZP_GPU_CHECK_MIN="${MIN:-64M}" ZP_GPU_CHECK_MAX="${MAX:-1G}" ZP_GPU_CHECK_ITERS="${ITERS:-10}" \
     ZP_GPU_CHECK_WARMUP=3 ZP_GPU_CHECK_NET_ITERS="${NET_ITERS:-5}" ZP_GPU_CHECK_BITS="${BITS:-8 4}" \
-    ZP_GPU_CHECK_EXTRA="-c 0 -p 0" ZP_GPU_CHECK_ENV="$env_words" \
+    ZP_GPU_CHECK_EXTRA="-c 0 -p 0 ${PERF_FLAGS:-}" ZP_GPU_CHECK_ENV="$env_words" \
     ZP_GPU_CHECK_BUDGET="${BUDGET:-100000}" ZP_GPU_CHECK_DEADLINE="${DEADLINE:-100000}" \
     bash tools/gpu-check.sh 2>&1 | grep -E '^\[|RESULT' | cut -c1-160
   tags+=("$tag")
