@@ -269,7 +269,7 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
   ZPCHECK(ensureScratch(e, 1, bytes, e.setupStream, "zpCommReserve"));
   if (useDirectLoads(e.peers, maxBytes)) {  // qgZ's n slots of one call (qwZ needs one)
     ZPCHECK(ensurePeerWindow(e.peers, e.comms.world, n * quantPayloadBytes(count, bits, blockSize), e.setupStream,
-                             e.setupStream, "zpCommReserve"));
+                             e.sideDone, e.setupStream, "zpCommReserve"));
   }
   return connectPeers(e, "zpCommReserve");
 }
@@ -282,7 +282,7 @@ namespace {
 template <typename Write, typename Read>
 zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t windowBytes, Write write, Read read) {
   PeerWindow& w = e.peers;
-  ZPCHECK(ensurePeerWindow(w, e.comms.world, windowBytes, a.stream, e.setupStream, a.opName));
+  ZPCHECK(ensurePeerWindow(w, e.comms.world, windowBytes, a.stream, e.sideDone, e.setupStream, a.opName));
   Stages st;
   ZPCHECK(beginPipeline(e, a.stream, /*chunks=*/1, /*green=*/false, &st));
   ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));

@@ -84,7 +84,7 @@ zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t strea
 }
 
 zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t stream,
-                            cudaStream_t setupStream, const char* call) {
+                            cudaEvent_t previousCallDone, cudaStream_t setupStream, const char* call) {
   if (w.bytes >= bytes) return zpSuccess;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
@@ -97,6 +97,7 @@ zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaS
 #if ZP_HAVE_NCCL_DEVICE
   // No rank may still read the old window: each waits for its own work, then for every other rank to have done so.
   CUDACHECK(cudaStreamSynchronize(stream));
+  CUDACHECK(cudaEventSynchronize(previousCallDone));
   if (w.handle != nullptr) {
     ZPCHECK(peerBarrier(w, world, setupStream, call));
     CUDACHECK(cudaStreamSynchronize(setupStream));
@@ -131,7 +132,7 @@ zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaS
           w.rankStride);
   return zpSuccess;
 #else
-  (void)world, (void)setupStream;
+  (void)world, (void)previousCallDone, (void)setupStream;
   return ZP_ERR(zpInternalError, "%s : direct loads without NCCL's device API", call);
 #endif
 }

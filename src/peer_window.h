@@ -68,9 +68,10 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t 
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
 
 // Grows the window to at least `bytes` (collective over world; outside capture: zpInvalidUsage inside one).
-// `stream` is the caller's: its enqueued work may still use the old window, so it is waited for.
+// The old window may still be read by work already enqueued: on `stream` (the caller's) and, when the previous
+// call ran on another stream, up to `previousCallDone`; both are waited for.
 zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t stream,
-                            cudaStream_t setupStream, const char* call);
+                            cudaEvent_t previousCallDone, cudaStream_t setupStream, const char* call);
 
 // Every rank's `stream` has reached this point (see above).
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call);
