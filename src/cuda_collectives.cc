@@ -35,20 +35,28 @@ size_t chunkedPayloadBytes(const ChunkPlan& plan, int slots, int bits, int block
   return total;
 }
 
-zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stream, const char* call) {
-  ScratchBuffer& s = e.scratch[which];
-  if (s.bytes >= bytes) return zpSuccess;
+// Before one of the communicator's buffers grows: refused inside graph capture (growing allocates), then waits
+// for the work that may still use the old buffer: the caller's stream and the previous call (its finish stage, or
+// a direct-load call on another stream).
+zpResult_t beforeGrowing(CudaExec& e, cudaStream_t stream, const char* call, const char* what, size_t need,
+                         size_t have) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (stream != nullptr) CUDACHECK(cudaStreamIsCapturing(stream, &status));
   if (status != cudaStreamCaptureStatusNone) {
     return ZP_ERR(zpInvalidUsage,
-                  "%s : needs %zu bytes of scratch memory, the communicator holds %zu, and the stream is being "
-                  "captured: call zpCommReserve (or this collective once) before capture",
-                  call, bytes, s.bytes);
+                  "%s : needs %zu bytes of %s, the communicator holds %zu, and the stream is being captured: call "
+                  "zpCommReserve (or this collective once) before capture",
+                  call, need, what, have);
   }
-  // Work already enqueued may still use the old buffer: the caller's, and the last pipeline's finish stage.
   if (stream != nullptr) CUDACHECK(cudaStreamSynchronize(stream));
   CUDACHECK(cudaEventSynchronize(e.sideDone));
+  return zpSuccess;
+}
+
+zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stream, const char* call) {
+  ScratchBuffer& s = e.scratch[which];
+  if (s.bytes >= bytes) return zpSuccess;
+  ZPCHECK(beforeGrowing(e, stream, call, "scratch memory", bytes, s.bytes));
   if (s.ptr != nullptr) CUDACHECK(cudaFree(s.ptr));
   s.ptr = nullptr;
   s.bytes = 0;
@@ -63,6 +71,13 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   s.bytes = rounded;
   ZP_INFO(kSubsysAlloc, "%s : scratch %d grown to %zu bytes", call, which, rounded);
   return zpSuccess;
+}
+
+// The direct-load window of at least `bytes` (src/peer_window.h): grown, like scratch, outside capture only.
+zpResult_t ensureWindow(CudaExec& e, size_t bytes, cudaStream_t stream, const char* call) {
+  if (e.peers.bytes >= bytes) return zpSuccess;
+  ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, e.peers.bytes));
+  return growPeerWindow(e.peers, e.comms.world, bytes, e.setupStream, call);
 }
 
 // The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
@@ -268,8 +283,7 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
   ZPCHECK(ensureScratch(e, 0, bytes, e.setupStream, "zpCommReserve"));
   ZPCHECK(ensureScratch(e, 1, bytes, e.setupStream, "zpCommReserve"));
   if (useDirectLoads(e.peers, maxBytes)) {  // qgZ's n slots of one call (qwZ needs one)
-    ZPCHECK(ensurePeerWindow(e.peers, e.comms.world, n * quantPayloadBytes(count, bits, blockSize), e.setupStream,
-                             e.sideDone, e.setupStream, "zpCommReserve"));
+    ZPCHECK(ensureWindow(e, n * quantPayloadBytes(count, bits, blockSize), e.setupStream, "zpCommReserve"));
   }
   return connectPeers(e, "zpCommReserve");
 }
@@ -282,7 +296,7 @@ namespace {
 template <typename Write, typename Read>
 zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t windowBytes, Write write, Read read) {
   PeerWindow& w = e.peers;
-  ZPCHECK(ensurePeerWindow(w, e.comms.world, windowBytes, a.stream, e.sideDone, e.setupStream, a.opName));
+  ZPCHECK(ensureWindow(e, windowBytes, a.stream, a.opName));
   Stages st;
   ZPCHECK(beginPipeline(e, a.stream, /*chunks=*/1, /*green=*/false, &st));
   ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));

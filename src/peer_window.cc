@@ -83,21 +83,10 @@ zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t strea
                     "ncclAllReduce (barrier of the direct loads)");
 }
 
-zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t stream,
-                            cudaEvent_t previousCallDone, cudaStream_t setupStream, const char* call) {
-  if (w.bytes >= bytes) return zpSuccess;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  CUDACHECK(cudaStreamIsCapturing(stream, &status));
-  if (status != cudaStreamCaptureStatusNone) {
-    return ZP_ERR(zpInvalidUsage,
-                  "%s : needs a window of %zu bytes for direct loads, the communicator holds %zu, and the stream is "
-                  "being captured: call zpCommReserve (or this collective once) before capture",
-                  call, bytes, w.bytes);
-  }
+zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call) {
 #if ZP_HAVE_NCCL_DEVICE
-  // No rank may still read the old window: each waits for its own work, then for every other rank to have done so.
-  CUDACHECK(cudaStreamSynchronize(stream));
-  CUDACHECK(cudaEventSynchronize(previousCallDone));
+  // No rank may still read the old window: this one's work is done (the caller waited), the others' once every
+  // rank has reached the barrier.
   if (w.handle != nullptr) {
     ZPCHECK(peerBarrier(w, world, setupStream, call));
     CUDACHECK(cudaStreamSynchronize(setupStream));
@@ -132,7 +121,7 @@ zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaS
           w.rankStride);
   return zpSuccess;
 #else
-  (void)world, (void)previousCallDone, (void)setupStream;
+  (void)w, (void)world, (void)bytes, (void)setupStream;
   return ZP_ERR(zpInternalError, "%s : direct loads without NCCL's device API", call);
 #endif
 }

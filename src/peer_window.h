@@ -67,11 +67,10 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t 
 // Whether a call moving logicalBytes takes the direct path.
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
 
-// Grows the window to at least `bytes` (collective over world; outside capture: zpInvalidUsage inside one).
-// The old window may still be read by work already enqueued: on `stream` (the caller's) and, when the previous
-// call ran on another stream, up to `previousCallDone`; both are waited for.
-zpResult_t ensurePeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t stream,
-                            cudaEvent_t previousCallDone, cudaStream_t setupStream, const char* call);
+// Grows the window to at least `bytes`: collective over world, and a host rendezvous. The caller has made sure
+// that no work of this rank still uses the old window (src/cuda_collectives.cc, ensureWindow); a barrier makes
+// sure of the other ranks' before it is deregistered.
+zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call);
 
 // Every rank's `stream` has reached this point (see above).
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call);

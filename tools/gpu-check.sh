@@ -211,12 +211,13 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # from 4 MiB, above most test cases), in one process and in two (src/peer_window.h).
   if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
     # ~30 s when it works: a short limit, so that a hang costs little device time (its backtraces are logged).
+    collective_tests='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
     run_step "zpccl_gpu_tests other" - test "$results/zpccl_gpu_tests_other.log" "" 90 \
       env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1 ZP_DIRECT_MIN_BYTES=-1 "$build/tests/zpccl_gpu_tests" \
-      --gtest_filter='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
+      --gtest_filter="$collective_tests"
     run_step "zpccl_gpu_tests direct" - test "$results/zpccl_gpu_tests_direct.log" "" 120 \
       env ZP_DIRECT_MIN_BYTES=0 "$build/tests/zpccl_gpu_tests" \
-      --gtest_filter='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses'
+      --gtest_filter="$collective_tests:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses"
   fi
 fi
 
