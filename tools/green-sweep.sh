@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after tools/gpu-check.sh has built build-gpu: qwZ and qgZ over NVLink at 256 MB and 1 GB for
-# several ZP_NCCL_SMS values (SMs the pipelines' kernels leave to NCCL; 0 = no green context), then one traced
-# call of each (ZP_TRACE_PIPELINE) at the default setting. Prints the perf rows (time, speedup vs NCCL).
+# several ZP_NCCL_SMS values (SMs the pipelines' kernels leave to NCCL; 0 = no green context), through
+# tools/tunable-sweep.sh (one table, a column per value), then one traced call of each (ZP_TRACE_PIPELINE) at the
+# default setting.
 # Knobs: SMS="0 16 32 48", BINS="qwz qgz", BITS="8 4", SIZES="256M 1G" (first and last are used), ITERS=10,
 # TRACE=0 skips the traced calls. Other ZP_* variables (e.g. ZP_CHUNK_BYTES) pass through.
 set -uo pipefail
@@ -9,15 +10,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export NCCL_NVLS_ENABLE=0
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
 sizes=(${SIZES:-256M 1G})
-for bin in ${BINS:-qwz qgz}; do
-  for bits in ${BITS:-8 4}; do
-    for sms in ${SMS:-0 16 32 48}; do
-      echo "== $bin int$bits ZP_NCCL_SMS=$sms ZP_CHUNK_BYTES=${ZP_CHUNK_BYTES:-default} ZP_CHUNK_RAMP=${ZP_CHUNK_RAMP:-0}"
-      ZP_NCCL_SMS=$sms timeout 120 "$build/perf/${bin}_perf" -b "${sizes[0]}" -e "${sizes[-1]}" -f 4 \
-        -n "${ITERS:-10}" -w 3 -c 0 -p 0 -B "$bits" -R nvlink 2>&1 | grep -v '^#' | grep -v '^$' | cut -c1-200
-    done
-  done
-done
+bins=""
+for bin in ${BINS:-qwz qgz}; do bins="$bins ${bin}_perf"; done
+VAR=ZP_NCCL_SMS VALUES="${SMS:-0 16 32 48}" REGIMES=nvlink BINS="$bins" BITS="${BITS:-8 4}" MIN="${sizes[0]}" \
+  MAX="${sizes[-1]}" ITERS="${ITERS:-10}" bash tools/tunable-sweep.sh
 [ "${TRACE:-1}" = 0 ] && exit 0
 for bin in ${BINS:-qwz qgz}; do
   echo "== trace $bin int8 1G"
