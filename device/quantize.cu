@@ -72,7 +72,8 @@ struct DequantArgs {
   size_t scaleBytes;     // where the codes start in a payload
   size_t tiles;          // CTA steps per segment
   int batch;
-  int blockShift;  // log2(blockSize)
+  int blockShift;     // log2(blockSize)
+  const int* cancel;  // KernelStream::cancel
 };
 
 int log2Int(size_t v) {
@@ -735,6 +736,7 @@ __global__ void __launch_bounds__(kCtaThreads) dequantizeKernel(const DequantArg
       typename std::conditional<V * Bits / 8 == 8, uint2,
                                 typename std::conditional<V * Bits / 8 == 4, uint32_t, uint16_t>::type>::type;
 
+  if (kernelCancelled(a.cancel)) return;
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
     const char* payload = a.payload + seg * a.payloadStride;
     const float* scales = reinterpret_cast<const float*>(payload);
@@ -1008,6 +1010,7 @@ zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpD
   a.tiles = (vecs + kCtaThreads * kVecsPerThread - 1) / (kCtaThreads * kVecsPerThread);
   a.batch = batch;
   a.blockShift = log2Int(blockSize);
+  a.cancel = stream.cancel;
   return dispatch<DequantizeLaunch>(type, bits, a, segmentsAligned(output, a.outputStride, batch), stream);
 }
 

@@ -172,6 +172,7 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
       res = zpUnhandledCudaError;
     }
+    if (abort) cancelPeerReads(&exec_.peers);  // before NCCL unmaps the peers' windows
     if (!abort && !ncclAborted_) deregisterPeerWindow(&exec_.peers, exec_.comms.world);
     for (ncclComm_t c : ncclAborted_ ? std::vector<ncclComm_t>() : exec_.comms.owned()) {
       ncclResult_t r = abort ? ncclCommAbort(c) : ncclCommDestroy(c);
@@ -221,6 +222,10 @@ class CudaBackend final : public Backend {
       }
       return lib != nullptr ? reinterpret_cast<RevokeFn>(dlsym(lib, "ncclCommRevoke")) : nullptr;
     }();
+    {
+      DeviceGuard guard(exec_.device);  // the watchdog's thread
+      cancelPeerReads(&exec_.peers);    // the reads after the ended barriers would read garbage, or unmapped memory
+    }
     if (revoke != nullptr) {
       for (ncclComm_t c : exec_.comms.all()) (void)revoke(c, 0);
       return true;

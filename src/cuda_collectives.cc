@@ -302,9 +302,16 @@ zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t windowBytes, Write
   ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));
   ZPCHECK(write(static_cast<char*>(w.local)));
   ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));
-  ZPCHECK(read(w));
-  // The next call's start and zpCommDestroy wait for this, as for a pipeline's finish stage.
-  if (!st.captured) CUDACHECK(cudaEventRecord(e.sideDone, a.stream));
+  // The read checks the cancel word as it starts, and its events tell an abort whether it runs (cancelPeerReads).
+  KernelStream readStream(a.stream);
+  readStream.cancel = w.cancel;
+  if (!st.captured) CUDACHECK(cudaEventRecord(w.readStart, a.stream));
+  ZPCHECK(read(w, readStream));
+  if (!st.captured) {
+    CUDACHECK(cudaEventRecord(w.readDone, a.stream));
+    // The next call's start and zpCommDestroy wait for this, as for a pipeline's finish stage.
+    CUDACHECK(cudaEventRecord(e.sideDone, a.stream));
+  }
   return zpSuccess;
 }
 
@@ -321,8 +328,8 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
         [&](char* window) {
           return launchQuantize(a.sendbuff, window, a.count, a.type, a.bits, a.blockSize, a.stream);
         },
-        [&](const PeerWindow& w) {
-          return launchDequantize(w.rankWindow(0), a.recvbuff, a.count, a.type, a.bits, a.blockSize, a.stream, n,
+        [&](const PeerWindow& w, KernelStream readStream) {
+          return launchDequantize(w.rankWindow(0), a.recvbuff, a.count, a.type, a.bits, a.blockSize, readStream, n,
                                   w.rankStride, a.count);
         });
   }
@@ -430,10 +437,10 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     return directLoads(
         e, a, n * pb,
         [&](char* window) { return quantizeSlots(a, q.sliceOfSlot, a.count, 0, a.count, window, pb, a.stream); },
-        [&](const PeerWindow& w) {
+        [&](const PeerWindow& w, KernelStream readStream) {
           const ReduceSources sources{w.rankWindow(0) + e.topo.rank * pb, w.rankStride, 0, n, 1};
           return launchReduceFinish(sources, a.count, a.bits, a.blockSize, a.type, divisor, a.recvbuff, a.count,
-                                    a.stream);
+                                    readStream);
         });
   }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);

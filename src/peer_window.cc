@@ -1,6 +1,8 @@
 #include "src/peer_window.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "device/peer_window.h"
@@ -58,6 +60,7 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t 
   // The word the barriers all-reduce, then room for the ranks' window addresses.
   CUDACHECK(cudaMalloc(&w->barrierWord, 16 + nranks * sizeof(uintptr_t)));
   CUDACHECK(cudaMemsetAsync(w->barrierWord, 0, 16 + nranks * sizeof(uintptr_t), setupStream));
+  w->cancel = w->barrierWord + 2;
   // Every rank must choose the same path: the minimum of the ranks' answers (1 = can).
   int* vote = w->barrierWord + 1;
   const int mine = why == nullptr ? 1 : 0;
@@ -68,6 +71,10 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t 
   CUDACHECK(cudaMemcpyAsync(&all, vote, sizeof(int), cudaMemcpyDeviceToHost, setupStream));
   CUDACHECK(cudaStreamSynchronize(setupStream));
   w->usable = all == 1;
+  if (w->usable) {
+    CUDACHECK(cudaEventCreateWithFlags(&w->readStart, cudaEventDisableTiming));
+    CUDACHECK(cudaEventCreateWithFlags(&w->readDone, cudaEventDisableTiming));
+  }
   ZP_INFO(kSubsysInit, "direct loads among the %d ranks: %s%s", nranks, w->usable ? "yes" : "no, ",
           w->usable ? "" : (why != nullptr ? why : "another rank cannot"));
   return zpSuccess;
@@ -126,6 +133,47 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
 #endif
 }
 
+namespace {
+
+// Waits at most `seconds` for `query` (cudaEventQuery or cudaStreamQuery of something) to stop answering
+// cudaErrorNotReady. False when it still does, or on an error. Never blocks in the driver: the abort path must
+// not hang on a stream that never drains.
+template <class Query>
+bool waitAtMost(double seconds, Query query) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const cudaError_t r = query();
+    if (r != cudaErrorNotReady) {
+      if (r != cudaSuccess) (void)cudaGetLastError();
+      return r == cudaSuccess;
+    }
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+constexpr double kDrainSeconds = 5.0;
+
+}  // namespace
+
+void cancelPeerReads(PeerWindow* w) {
+  if (!w->usable || w->cancel == nullptr) return;
+  // On a stream of its own: the caller's streams may be blocked, and the legacy default stream waits for them.
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+    if (cudaMemsetAsync(w->cancel, 1, sizeof(int), s) != cudaSuccess ||
+        !waitAtMost(kDrainSeconds, [&] { return cudaStreamQuery(s); })) {
+      ZP_WARN("direct loads: could not set the cancel word; a queued read may fault once the windows are unmapped");
+    }
+    (void)cudaStreamDestroy(s);
+  }
+  // A read that started before the word was set is running now (it waits for nothing): let it end.
+  if (cudaEventQuery(w->readStart) == cudaSuccess &&
+      !waitAtMost(kDrainSeconds, [&] { return cudaEventQuery(w->readDone); })) {
+    ZP_WARN("direct loads: a read still runs %.0f s after the abort began", kDrainSeconds);
+  }
+}
+
 void deregisterPeerWindow(PeerWindow* w, ncclComm_t world) {
 #if ZP_HAVE_NCCL_DEVICE
   if (w->handle != nullptr) (void)ncclCommWindowDeregister(world, w->handle);
@@ -136,6 +184,15 @@ void deregisterPeerWindow(PeerWindow* w, ncclComm_t world) {
 }
 
 void freePeerWindow(PeerWindow* w) {
+  if (w->readDone != nullptr && !waitAtMost(kDrainSeconds, [&] { return cudaEventQuery(w->readDone); })) {
+    ZP_WARN("direct loads: the last call is still queued after the abort; its window (%zu bytes) is not freed",
+            w->bytes);
+    *w = PeerWindow();
+    return;
+  }
+  for (cudaEvent_t ev : {w->readStart, w->readDone}) {
+    if (ev != nullptr) (void)cudaEventDestroy(ev);
+  }
 #if ZP_HAVE_NCCL_DEVICE
   if (w->local != nullptr) (void)ncclMemFree(w->local);
 #endif

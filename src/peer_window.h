@@ -18,6 +18,10 @@
 //   barrier (every window written), read the windows.
 // Both are captured with the call, so graphs replay them too.
 //
+// Aborting the communicator unmaps the peers' windows, maybe while a call's read is still queued behind a barrier
+// that the abort ends: the read kernel would then fault, and a fault ends the whole CUDA context. So the reads
+// check a cancel word as they start, which the abort sets first (cancelPeerReads).
+//
 // Used when every rank of the world is in NCCL's LSA team, zpccl's topology has one node, NCCL's P2P transport
 // is not disabled (NCCL_P2P_DISABLE: the user asked that GPUs not reach each other directly, and the perf
 // harness's shm regime relies on it), and the call moves at least ZP_DIRECT_MIN_BYTES logical bytes. The ranks
@@ -35,14 +39,17 @@
 namespace zp {
 
 struct PeerWindow {
-  bool usable = false;            // decided once at init, the same on every rank
-  void* local = nullptr;          // this rank's window (ncclMemAlloc), what its kernels write
-  size_t bytes = 0;               // its size; only grows, never inside graph capture
-  ncclWindow_t handle = nullptr;  // its registration on the world communicator
-  uintptr_t rank0 = 0;            // rank 0's window as mapped in this process
-  size_t rankStride = 0;          // bytes from rank r's window to rank r + 1's, as mapped here
-  int* barrierWord = nullptr;     // device memory: the word peerBarrier all-reduces (always 0), then scratch
-                                  // for the ranks' window addresses
+  bool usable = false;              // decided once at init, the same on every rank
+  void* local = nullptr;            // this rank's window (ncclMemAlloc), what its kernels write
+  size_t bytes = 0;                 // its size; only grows, never inside graph capture
+  ncclWindow_t handle = nullptr;    // its registration on the world communicator
+  uintptr_t rank0 = 0;              // rank 0's window as mapped in this process
+  size_t rankStride = 0;            // bytes from rank r's window to rank r + 1's, as mapped here
+  int* barrierWord = nullptr;       // device memory: the word peerBarrier all-reduces (always 0), then scratch
+                                    // for the ranks' window addresses
+  int* cancel = nullptr;            // a word of barrierWord's memory: nonzero once the reads are cancelled
+  cudaEvent_t readStart = nullptr;  // the last read (outside graph capture) may start,
+  cudaEvent_t readDone = nullptr;   // and is done
   int nranks = 0;
 
   // Rank r's window, as this process reads it.
@@ -75,13 +82,21 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
 // Every rank's `stream` has reached this point (see above).
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call);
 
+// Before NCCL unmaps the peers' windows (ncclCommAbort, or ncclCommRevoke on a failed communicator): sets the
+// cancel word, so that the reads still queued on the caller's streams do nothing (KernelStream::cancel), and
+// waits for a read already running. A read that a replayed CUDA graph runs at that moment is not waited for (its
+// events cannot be recorded in the capture). Idempotent.
+void cancelPeerReads(PeerWindow* w);
+
 // Deregisters the window from world (collective, like ncclCommDestroy), before world is destroyed. Skipped after
 // an abort: a collective deregistration could wait for a dead peer, and NCCL drops the registration with the
 // communicator.
 void deregisterPeerWindow(PeerWindow* w, ncclComm_t world);
 
 // Frees the window's memory, once the communicators are gone and the device is idle (freeing memory waits for
-// the device, which must not happen while another communicator's kernel still waits for a peer).
+// the device, which must not happen while another communicator's kernel still waits for a peer). After an abort
+// the last call's write and read may still be queued: the memory is freed once they have passed, and kept (a
+// warning says so) when the caller's stream is still blocked after a few seconds.
 void freePeerWindow(PeerWindow* w);
 
 }  // namespace zp

@@ -123,7 +123,17 @@ std::vector<Buffer> hostExpected(const Case& c, int nranks, const zptest::Config
 }
 
 // Runs `c` on the cuda communicator of this rank; returns the receive buffer (poisoned before the run).
-void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int replays = 0) {
+// A case's device buffers on one rank: the input uploaded, the output poisoned.
+struct CaseBuffers {
+  char* devBig = nullptr;
+  char* devOther = nullptr;
+  void* send = nullptr;
+  void* recv = nullptr;
+  size_t sendBytes = 0, recvBytes = 0;
+  bool inPlace = false;
+};
+
+void prepareCase(const Case& c, int rank, zpComm_t comm, CaseBuffers* b) {
   int nranks = 0, group = 0, groupRank = 0;
   ASSERT_EQ(zpCommCount(comm, &nranks), zpSuccess);
   ASSERT_EQ(zpCommHpzSize(comm, &group), zpSuccess);
@@ -131,67 +141,77 @@ void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int repla
   size_t sendElems = 0, recvElems = 0;
   sizes(c, nranks, group, &sendElems, &recvElems);
   const size_t esz = zp::typeSize(c.type);
-  Buffer hostSend(sendElems * esz);
+  b->sendBytes = sendElems * esz;
+  b->recvBytes = recvElems * esz;
+  Buffer hostSend(b->sendBytes);
   fillInput(c, rank, sendElems, hostSend.data());
-  const size_t big = std::max(sendElems, recvElems) * esz;
-  char* devBig = nullptr;
-  char* devOther = nullptr;
-  CUDA_ASSERT(cudaMalloc(&devBig, big));
-  CUDA_ASSERT(cudaMemset(devBig, 0xff, big));
-  void* send;
-  void* recv;
+  const size_t big = std::max(b->sendBytes, b->recvBytes);
+  CUDA_ASSERT(cudaMalloc(&b->devBig, big));
+  CUDA_ASSERT(cudaMemset(b->devBig, 0xff, big));
   const long off = inPlaceOffset(c, rank, groupRank);
-  if (off >= 0) {
+  b->inPlace = off >= 0;
+  if (b->inPlace) {
     if (c.op == Op::kQgz) {
-      send = devBig;
-      recv = devBig + off * esz;
+      b->send = b->devBig;
+      b->recv = b->devBig + off * esz;
     } else {
-      recv = devBig;
-      send = devBig + off * esz;
+      b->recv = b->devBig;
+      b->send = b->devBig + off * esz;
     }
   } else {
-    CUDA_ASSERT(cudaMalloc(&devOther, c.op == Op::kQgz ? recvElems * esz : sendElems * esz));
+    CUDA_ASSERT(cudaMalloc(&b->devOther, c.op == Op::kQgz ? b->recvBytes : b->sendBytes));
     if (c.op == Op::kQgz) {
-      send = devBig;
-      recv = devOther;
-      CUDA_ASSERT(cudaMemset(devOther, 0xff, recvElems * esz));
+      b->send = b->devBig;
+      b->recv = b->devOther;
+      CUDA_ASSERT(cudaMemset(b->devOther, 0xff, b->recvBytes));
     } else {
-      send = devOther;
-      recv = devBig;
+      b->send = b->devOther;
+      b->recv = b->devBig;
     }
   }
-  CUDA_ASSERT(cudaMemcpy(send, hostSend.data(), sendElems * esz, cudaMemcpyHostToDevice));
-  // The stream below does not wait for the legacy default stream, and a pageable cudaMemcpy may return before
+  CUDA_ASSERT(cudaMemcpy(b->send, hostSend.data(), b->sendBytes, cudaMemcpyHostToDevice));
+  // The streams below do not wait for the legacy default stream, and a pageable cudaMemcpy may return before
   // its DMA lands: without this the collective could read the tail of its input before it arrives (seen once:
   // a qgZ rank's output wrong from one block to the end).
   CUDA_ASSERT(cudaDeviceSynchronize());
+}
+
+// Waits for `stream`, copies the output back and frees the buffers.
+void collectCase(CaseBuffers* b, cudaStream_t stream, Buffer* result) {
+  CUDA_ASSERT(cudaStreamSynchronize(stream));
+  result->resize(b->recvBytes);
+  CUDA_ASSERT(cudaMemcpy(result->data(), b->recv, b->recvBytes, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaFree(b->devBig));
+  if (b->devOther) CUDA_ASSERT(cudaFree(b->devOther));
+  *b = CaseBuffers();
+}
+
+void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int replays = 0) {
+  CaseBuffers b;
+  prepareCase(c, rank, comm, &b);
   cudaStream_t stream;
   CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   if (replays == 0) {
-    ASSERT_EQ(runCase(c, comm, send, recv, stream), zpSuccess) << zpGetLastError(comm);
+    ASSERT_EQ(runCase(c, comm, b.send, b.recv, stream), zpSuccess) << zpGetLastError(comm);
   } else {
     // Capture once (scratch reserved beforehand), replay on the same inputs: every replay must give the bits.
-    ASSERT_EQ(zpCommReserve(comm, recvElems * esz * 2 + sendElems * esz), zpSuccess) << zpGetLastError(comm);
+    ASSERT_EQ(zpCommReserve(comm, b.recvBytes * 2 + b.sendBytes), zpSuccess) << zpGetLastError(comm);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    zpResult_t res = runCase(c, comm, send, recv, stream);
+    zpResult_t res = runCase(c, comm, b.send, b.recv, stream);
     CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
     ASSERT_EQ(res, zpSuccess) << zpGetLastError(comm);
     CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < replays; ++i) {
-      if (off < 0) CUDA_ASSERT(cudaMemsetAsync(recv, 0xff, recvElems * esz, stream));
+      if (!b.inPlace) CUDA_ASSERT(cudaMemsetAsync(b.recv, 0xff, b.recvBytes, stream));
       CUDA_ASSERT(cudaGraphLaunch(exec, stream));
     }
     CUDA_ASSERT(cudaGraphExecDestroy(exec));
     CUDA_ASSERT(cudaGraphDestroy(graph));
   }
-  CUDA_ASSERT(cudaStreamSynchronize(stream));
-  result->resize(recvElems * esz);
-  CUDA_ASSERT(cudaMemcpy(result->data(), recv, recvElems * esz, cudaMemcpyDeviceToHost));
+  collectCase(&b, stream, result);
   CUDA_ASSERT(cudaStreamDestroy(stream));
-  CUDA_ASSERT(cudaFree(devBig));
-  if (devOther) CUDA_ASSERT(cudaFree(devOther));
 }
 
 // One communicator over the first nranks GPUs, a thread each; body runs on every rank.
@@ -381,6 +401,12 @@ TEST(GpuGraphs, CapturedPipelinesReplayToTheSameBits) {
       nullptr, /*replays=*/2);
 }
 
+// Two communicators of the same two GPUs, each driven by a thread of its own on its own stream, with both calls
+// in flight at once. As NCCL requires of concurrent communicators, every rank enqueues them in the same order (A,
+// then B: B's thread waits until A's call is enqueued) and makes no device-synchronizing call (allocation, a
+// legacy-stream memset or copy) while they run: a GPU may otherwise wait inside such a call for a kernel that
+// waits for the other rank, which waits likewise (a hang seen in the sixth session, when each thread uploaded
+// its inputs while the other's collective ran).
 TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
   ZP_REQUIRE_GPUS(2);
   const Case c{Op::kQwz, zpBfloat16, 8, 1 << 20, false};
@@ -396,12 +422,25 @@ TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
       zpComm_t commA = nullptr, commB = nullptr;
       ASSERT_EQ(zpCommInitRank(&commA, 2, idA, rank), zpSuccess);
       ASSERT_EQ(zpCommInitRank(&commB, 2, idB, rank), zpSuccess);
+      CaseBuffers bufA, bufB;
+      prepareCase(c, rank, commA, &bufA);
+      prepareCase(c, rank, commB, &bufB);
+      cudaStream_t streamA, streamB;
+      CUDA_ASSERT(cudaStreamCreateWithFlags(&streamA, cudaStreamNonBlocking));
+      CUDA_ASSERT(cudaStreamCreateWithFlags(&streamB, cudaStreamNonBlocking));
+      std::atomic<bool> aEnqueued{false};
       std::thread other([&] {
         ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-        deviceRun(c, rank, commB, &b[rank]);
+        while (!aEnqueued.load()) std::this_thread::yield();
+        EXPECT_EQ(runCase(c, commB, bufB.send, bufB.recv, streamB), zpSuccess) << zpGetLastError(commB);
       });
-      deviceRun(c, rank, commA, &a[rank]);
+      EXPECT_EQ(runCase(c, commA, bufA.send, bufA.recv, streamA), zpSuccess) << zpGetLastError(commA);
+      aEnqueued = true;
       other.join();
+      collectCase(&bufA, streamA, &a[rank]);
+      collectCase(&bufB, streamB, &b[rank]);
+      CUDA_ASSERT(cudaStreamDestroy(streamA));
+      CUDA_ASSERT(cudaStreamDestroy(streamB));
       EXPECT_EQ(zpCommDestroy(commA), zpSuccess);
       EXPECT_EQ(zpCommDestroy(commB), zpSuccess);
     });

@@ -208,7 +208,7 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # which the two-node tests of the first pass cover), and no direct loads (ZP_DIRECT_MIN_BYTES=-1: every size
   # through NCCL and the pipelines).
   # Then every collective test with direct loads from the smallest call up (ZP_DIRECT_MIN_BYTES=0; by default
-  # from 4 MiB, above most test cases), in one process and in two (src/peer_window.h).
+  # from 16 MiB, above most test cases), in one process and in two (src/peer_window.h).
   if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
     # ~30 s when it works: a short limit, so that a hang costs little device time (its backtraces are logged).
     collective_tests='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
