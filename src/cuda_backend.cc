@@ -313,7 +313,11 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     memcpy(&ncclId, &id, sizeof(ncclId));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     if (paramNetChannelsPerPeer() > 0) config.nChannelsPerNetPeer = static_cast<int>(paramNetChannelsPerPeer());
-    if (paramNcclMinCtas() > 0) config.minCTAs = static_cast<int>(paramNcclMinCtas());
+    if (paramNcclMinCtas() > 0) {
+      // NCCL refuses a minimum without a maximum (its "undefined" maximum fails the min <= max check).
+      config.minCTAs = static_cast<int>(paramNcclMinCtas());
+      config.maxCTAs = std::max(config.minCTAs, 32);
+    }
     ncclResult_t r = ncclCommInitRankConfig(&c.world, nranks, ncclId, rank, &config);
     if (r != ncclSuccess) {
       c.world = nullptr;
