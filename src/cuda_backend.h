@@ -17,4 +17,20 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
                              int hpzRequest, const char* call, Topology* topo, int* cudaDev,
                              std::unique_ptr<Backend>* backend);
 
+// What decides whether zpccl's NCCL communicators get more channels than NCCL would pick: one node whose GPUs
+// reach each other only through host shared memory (NCCL's SHM transport). zpccl's payloads are a half to a
+// quarter of the bf16 baseline's bytes, and NCCL gives them fewer channels than that transport can use: qwZ int8
+// over shm at 256 MB ran at 1.83x NCCL on NCCL's channels and 1.97x on 16; over sockets 16 were slower.
+struct ShmChannelFacts {
+  int nodes;  // in zpccl's topology
+  int nranks;
+  int64_t shmMinCtas;      // ZP_SHM_MIN_CTAS
+  int64_t ncclMinCtas;     // ZP_NCCL_MIN_CTAS (set: the world already has the channels it asked for)
+  const char* p2pDisable;  // NCCL_P2P_DISABLE, or nullptr
+  const char* shmDisable;  // NCCL_SHM_DISABLE, or nullptr
+};
+
+// The fewest channels to ask NCCL for, or 0 to leave NCCL's choice.
+int shmChannelsFor(const ShmChannelFacts& f);
+
 }  // namespace zp

@@ -395,15 +395,16 @@ zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
 
 // An all-to-all among the `peers` ranks of `comm` (this one `self`), `peerBytes` per peer: slot p of `send` goes
 // to peer p, slot p of `recv` comes from peer p (this rank's own slot included).
-// Between two ranks on different nodes (ZP_PAIR_ALLGATHER) it is one all-gather of the slot each sends the other:
-// the same bytes on the wire, and NCCL runs its collectives over sockets at the ring's bandwidth where its
-// point-to-point reaches ~2/3 of it (qgZ int4 over net, 1 GB: 2.56x -> 3.82x NCCL). Over NVLink the gather is
-// the slower (1.80x -> 1.59x), so ranks of one node keep ncclSend/ncclRecv. The gather leaves this rank's
+// Between two ranks where `ringFaster` (ZP_PAIR_ALLGATHER) it is one all-gather of the slot each sends the other:
+// the same bytes on the wire, on NCCL's collective path. Over sockets that runs at the ring's bandwidth where its
+// point-to-point reaches ~2/3 of it (qgZ int4 over net, 1 GB: 2.56x -> 3.82x NCCL); over host shared memory it
+// gets the ZP_SHM_MIN_CTAS channels, which point-to-point does not (int4 at 1 GB: 3.38x -> 3.75x). Over NVLink the
+// gather is the slower (1.80x -> 1.59x), so NVLink ranks keep ncclSend/ncclRecv. The gather leaves this rank's
 // outgoing slot in its own receive slot; a local copy then puts there the slot it keeps.
-zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int peers, int self, bool acrossNodes,
+zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int peers, int self, bool ringFaster,
                          ncclComm_t comm, cudaStream_t stream, const char* call) {
   const int64_t mode = paramPairAllGather();
-  if (peers == 2 && (mode == 1 || (mode == 2 && acrossNodes))) {
+  if (peers == 2 && (mode == 1 || (mode == 2 && ringFaster))) {
     const int other = 1 - self;
     ZPCHECK(ncclCheck(ncclAllGather(send + other * peerBytes, recv, peerBytes, ncclUint8, comm, stream), call,
                       "ncclAllGather of a pair's slots"));
@@ -489,9 +490,10 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     ncclComm_t firstHop = q.twoHop ? e.comms.intra : e.comms.world;
     const int firstHopRank = q.twoHop ? e.topo.localRank : e.topo.rank;
     const size_t peerBytes = N * pb;
-    // One hop: across nodes when the ranks are on several (two ranks: one each).
-    ZPCHECK(exchangeSlots(slots, received, peerBytes, L, firstHopRank, !q.twoHop && e.topo.nodes > 1, firstHop, st.move,
-                          a.opName));
+    // One hop: across nodes when the ranks are on several (two ranks: one each), or over host shared memory on
+    // the extra channels, which NCCL's collectives use and its point-to-point does not.
+    const bool ringFaster = !q.twoHop && (e.topo.nodes > 1 || e.shmChannels);
+    ZPCHECK(exchangeSlots(slots, received, peerBytes, L, firstHopRank, ringFaster, firstHop, st.move, a.opName));
     if (!q.twoHop) {
       trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
@@ -510,7 +512,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
       ZPCHECK(handOver(e, st, c));
       trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
       // Step 4 (finish): the inter-node all-to-all among ranks of this local rank: partial b to node b.
-      ZPCHECK(exchangeSlots(slots, received, pb, N, e.topo.node, /*acrossNodes=*/true, e.comms.inter, st.finish.stream,
+      ZPCHECK(exchangeSlots(slots, received, pb, N, e.topo.node, /*ringFaster=*/true, e.comms.inter, st.finish.stream,
                             a.opName));
       // Step 5 (finish): node a's partial, summed in node order, into recvbuff.
       const ReduceSources finals{received, pb, 0, N, 1};

@@ -69,6 +69,7 @@ struct CudaExec {
   PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/peer_window.h)
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
   bool peersConnected = false;           // every point-to-point peer connected (needed before graph capture)
+  bool shmChannels = false;              // one node over host shared memory, on ZP_SHM_MIN_CTAS channels
 };
 
 zpResult_t cudaExecInit(CudaExec* exec);

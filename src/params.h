@@ -31,9 +31,14 @@ namespace zp {
     "cuda backend: the fewest CTAs (channels) NCCL uses for the communicators zpccl creates "               \
     "(ncclConfig_t.minCTAs; 0: NCCL's default). Not yet measured: whether more channels speed NCCL's "      \
     "shared-memory or socket transport for zpccl's payloads, which are smaller than the bf16 baseline's")   \
+  X(ShmMinCtas, "ZP_SHM_MIN_CTAS", 16,                                                                      \
+    "cuda backend: on one node whose GPUs talk through host shared memory (NCCL_P2P_DISABLE set, "          \
+    "NCCL_SHM_DISABLE not), the fewest CTAs (channels) NCCL uses for zpccl's transfers (0: NCCL's "         \
+    "choice). More channels move the quantized payloads faster: qwZ int8 at 256 MB 1.83x -> 1.97x NCCL")    \
   X(PairAllGather, "ZP_PAIR_ALLGATHER", 2,                                                                  \
     "cuda backend: how qgZ exchanges slots between two ranks: 2 (default) as one ncclAllGather when they "  \
-    "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3), else by "        \
+    "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3) or share host "   \
+    "memory with ZP_SHM_MIN_CTAS channels (the gather gets them, point-to-point does not), else by "        \
     "ncclSend/ncclRecv (faster over NVLink); 1: always the all-gather; 0: never (perf/RESULTS.md)")         \
   X(NcclSms, "ZP_NCCL_SMS", 32,                                                                             \
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \

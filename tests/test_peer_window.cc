@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "src/cuda_backend.h"
 #include "src/params.h"
 #include "src/peer_window.h"
 
@@ -70,6 +71,40 @@ TEST(DirectLoads, RankWindowsAreOneStridedBatch) {
   w.rankStride = size_t{144} << 30;  // as NCCL maps them on an H200: 144 GiB apart
   EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(0)), w.rank0);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(3)), w.rank0 + 3 * w.rankStride);
+}
+
+// The other link decision made at init: more NCCL channels on one node over host shared memory.
+TEST(ShmChannels, OneNodeWithP2pDisabledGetsThem) {
+  const ShmChannelFacts shm{1, 2, 16, 0, "1", nullptr};
+  EXPECT_EQ(shmChannelsFor(shm), 16);
+  ShmChannelFacts f = shm;
+  f.shmMinCtas = 64;  // NCCL's most
+  EXPECT_EQ(shmChannelsFor(f), 32);
+}
+
+TEST(ShmChannels, OtherLinksAndSettingsKeepNcclsChoice) {
+  const ShmChannelFacts shm{1, 2, 16, 0, "1", nullptr};
+  ShmChannelFacts f = shm;
+  f.p2pDisable = nullptr;  // NVLink or PCIe peer access
+  EXPECT_EQ(shmChannelsFor(f), 0);
+  f = shm;
+  f.p2pDisable = "0";
+  EXPECT_EQ(shmChannelsFor(f), 0);
+  f = shm;
+  f.shmDisable = "1";  // sockets, where 16 channels were slower
+  EXPECT_EQ(shmChannelsFor(f), 0);
+  f = shm;
+  f.nodes = 2;
+  EXPECT_EQ(shmChannelsFor(f), 0);
+  f = shm;
+  f.nranks = 1;
+  EXPECT_EQ(shmChannelsFor(f), 0);
+  f = shm;
+  f.shmMinCtas = 0;  // turned off
+  EXPECT_EQ(shmChannelsFor(f), 0);
+  f = shm;
+  f.ncclMinCtas = 8;  // the world was made with the channels the user asked for
+  EXPECT_EQ(shmChannelsFor(f), 0);
 }
 
 }  // namespace

@@ -619,7 +619,8 @@ TEST(PerfJson, TunablesComeFromZpVariablesButNotDebugOnes) {
   // Set or not, the settings that choose a collective's path are recorded with the values the library uses.
   const std::pair<const char*, int64_t> effective[] = {{"ZP_NCCL_SMS", paramNcclSms()},
                                                        {"ZP_PAIR_ALLGATHER", paramPairAllGather()},
-                                                       {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()}};
+                                                       {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()},
+                                                       {"ZP_SHM_MIN_CTAS", paramShmMinCtas()}};
   for (const auto& [name, value] : effective) {
     const auto it = std::find_if(env.begin(), env.end(), [name = name](const auto& kv) { return kv.first == name; });
     ASSERT_NE(it, env.end()) << name;
