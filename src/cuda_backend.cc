@@ -288,8 +288,8 @@ zpResult_t splitComm(ncclComm_t world, int color, int key, ncclComm_t* out, cons
   return zpSuccess;
 }
 
-// Replaces the world communicator by a split of it with at least ZP_SHM_MIN_CTAS channels (its own splits
-// inherit them). A world that zpccl owns is destroyed; a caller's is left to the caller.
+// Replaces the world communicator, which zpccl made, by a split of it with at least `channels` channels (its own
+// splits inherit them), and destroys the original.
 zpResult_t widenWorld(NcclComms* c, int rank, int channels) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.minCTAs = channels;
@@ -300,9 +300,8 @@ zpResult_t widenWorld(NcclComms* c, int rank, int channels) {
     return ZP_ERR(static_cast<zpResult_t>(r), "ncclCommSplit with %d channels (ZP_SHM_MIN_CTAS) failed: %s",
                   config.minCTAs, ncclGetErrorString(r));
   }
-  if (c->ownsWorld) (void)ncclCommDestroy(c->world);
+  (void)ncclCommDestroy(c->world);
   c->world = wide;
-  c->ownsWorld = true;
   return zpSuccess;
 }
 
@@ -312,7 +311,7 @@ int shmChannelsFor(const ShmChannelFacts& f) {
   // NCCL reads its switches as numbers: any value but 0 is on.
   const auto on = [](const char* v) { return v != nullptr && std::atoi(v) != 0; };
   const bool overShm = f.nodes == 1 && f.nranks > 1 && on(f.p2pDisable) && !on(f.shmDisable);
-  if (!overShm || f.shmMinCtas <= 0 || f.ncclMinCtas > 0) return 0;
+  if (!overShm || f.shmMinCtas <= 0 || f.ncclMinCtas > 0 || f.callersWorld) return 0;
   return static_cast<int>(std::min<int64_t>(f.shmMinCtas, 32));
 }
 
@@ -357,8 +356,9 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   ZPCHECK(exchangeNodeKeys(c.world, nranks, rank, nodeKey, e.setupStream, &keys));
   ZPCHECK(buildTopology(keys, rank, hpzRequest, call, &e.topo));
   const Topology& t = e.topo;
-  const int shmChannels = shmChannelsFor({t.nodes, t.nranks, paramShmMinCtas(), paramNcclMinCtas(),
-                                          std::getenv("NCCL_P2P_DISABLE"), std::getenv("NCCL_SHM_DISABLE")});
+  const int shmChannels =
+      shmChannelsFor({t.nodes, t.nranks, paramShmMinCtas(), paramNcclMinCtas(), std::getenv("NCCL_P2P_DISABLE"),
+                      std::getenv("NCCL_SHM_DISABLE"), callerComm != nullptr});
   if (shmChannels > 0) {
     ZPCHECK(widenWorld(&c, rank, shmChannels));
     e.shmChannels = true;

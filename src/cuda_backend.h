@@ -28,9 +28,12 @@ struct ShmChannelFacts {
   int64_t ncclMinCtas;     // ZP_NCCL_MIN_CTAS (set: the world already has the channels it asked for)
   const char* p2pDisable;  // NCCL_P2P_DISABLE, or nullptr
   const char* shmDisable;  // NCCL_SHM_DISABLE, or nullptr
+  bool callersWorld;       // zpCommInitFromNccl: the world is the caller's communicator
 };
 
-// The fewest channels to ask NCCL for, or 0 to leave NCCL's choice.
+// The fewest channels to ask NCCL for, or 0 to leave NCCL's choice. Not for a caller's communicator: with NCCL's
+// P2P disabled, GpuFromNccl hung in its first run on the GPUs (sixth session) while zpccl used a widened split of
+// the caller's communicator; the cause is not known, and the caller's NCCL settings are the caller's choice.
 int shmChannelsFor(const ShmChannelFacts& f);
 
 }  // namespace zp

@@ -75,7 +75,7 @@ TEST(DirectLoads, RankWindowsAreOneStridedBatch) {
 
 // The other link decision made at init: more NCCL channels on one node over host shared memory.
 TEST(ShmChannels, OneNodeWithP2pDisabledGetsThem) {
-  const ShmChannelFacts shm{1, 2, 16, 0, "1", nullptr};
+  const ShmChannelFacts shm{1, 2, 16, 0, "1", nullptr, false};
   EXPECT_EQ(shmChannelsFor(shm), 16);
   ShmChannelFacts f = shm;
   f.shmMinCtas = 64;  // NCCL's most
@@ -83,7 +83,7 @@ TEST(ShmChannels, OneNodeWithP2pDisabledGetsThem) {
 }
 
 TEST(ShmChannels, OtherLinksAndSettingsKeepNcclsChoice) {
-  const ShmChannelFacts shm{1, 2, 16, 0, "1", nullptr};
+  const ShmChannelFacts shm{1, 2, 16, 0, "1", nullptr, false};
   ShmChannelFacts f = shm;
   f.p2pDisable = nullptr;  // NVLink or PCIe peer access
   EXPECT_EQ(shmChannelsFor(f), 0);
@@ -104,6 +104,9 @@ TEST(ShmChannels, OtherLinksAndSettingsKeepNcclsChoice) {
   EXPECT_EQ(shmChannelsFor(f), 0);
   f = shm;
   f.ncclMinCtas = 8;  // the world was made with the channels the user asked for
+  EXPECT_EQ(shmChannelsFor(f), 0);
+  f = shm;
+  f.callersWorld = true;  // zpCommInitFromNccl
   EXPECT_EQ(shmChannelsFor(f), 0);
 }
 
