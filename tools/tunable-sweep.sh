@@ -8,7 +8,8 @@
 #   VAR=ZP_CHUNK_BYTES VALUES="default 16777216" REGIMES="shm net" BINS="qwz_perf qgz_perf" \
 #     MIN=64M MAX=1G bash tools/tunable-sweep.sh
 #
-# "default" leaves VAR unset. FIXED="A=1 B=2" is added to every run. Iterations: ITERS (10), NET_ITERS (5);
+# "default" leaves VAR unset. FIXED="A=1 B=2" is added to every run. TAG names this sweep's files, so that several
+# sweeps in one call keep theirs (without it, a second sweep of the same VAR and value overwrites the first's). Iterations: ITERS (10), NET_ITERS (5);
 # PERF_FLAGS more perf flags (e.g. "-r 5": alternating rounds against NCCL, for the net regime's drift).
 # No check of the outputs (-c 0): the tables of gpu-check.sh check them; this is for choosing a value.
 set -uo pipefail
@@ -18,7 +19,7 @@ export NCCL_NVLS_ENABLE=0
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
 tags=()
 for value in $VALUES; do
-  tag=-$VAR-$value
+  tag=-$VAR-$value${TAG:+-$TAG}
   env_words=${FIXED:-}
   [ "$value" != default ] && env_words="$env_words $VAR=$value"
   echo "== $VAR=$value ${FIXED:+(with $FIXED)}"
