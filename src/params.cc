@@ -1,30 +1,34 @@
 #include "src/params.h"
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "src/debug.h"
 
 namespace zp {
 
-namespace {
-int64_t readParam(const char* env, int64_t def) {
-  const char* text = getenv(env);
+int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi) {
   if (text == nullptr || *text == '\0') return def;
   char* end = nullptr;
-  long long value = strtoll(text, &end, 0);
-  if (end == text || *end != '\0') {
+  errno = 0;
+  const long long value = strtoll(text, &end, 0);
+  if (end == text || *end != '\0' || errno == ERANGE) {
     ZP_WARN("%s='%s' is not an integer; using the default %lld", env, text, static_cast<long long>(def));
+    return def;
+  }
+  if (value < lo || value > hi) {
+    ZP_WARN("%s=%lld is outside [%lld, %lld]; using the default %lld", env, value, static_cast<long long>(lo),
+            static_cast<long long>(hi), static_cast<long long>(def));
     return def;
   }
   ZP_INFO(kSubsysEnv, "%s set by environment to %lld", env, value);
   return value;
 }
-}  // namespace
 
-#define ZP_DEFINE_PARAM(name, env, def, help)         \
-  int64_t param##name() {                             \
-    static const int64_t value = readParam(env, def); \
-    return value;                                     \
+#define ZP_DEFINE_PARAM(name, env, def, lo, hi, help)                       \
+  int64_t param##name() {                                                   \
+    static const int64_t value = parseParam(env, getenv(env), def, lo, hi); \
+    return value;                                                           \
   }
 ZP_PARAMS(ZP_DEFINE_PARAM)
 #undef ZP_DEFINE_PARAM
