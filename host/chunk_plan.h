@@ -4,16 +4,20 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace zp {
 
+// The most chunks a pipeline has (its events are per chunk, src/cuda_exec.h).
+constexpr int kMaxPipelineChunks = 16;
+
+// A fixed array, so that planning a call allocates nothing.
 struct ChunkPlan {
   int chunks = 0;
   size_t count = 0;
-  std::vector<size_t> bounds;  // chunk c holds elements [bounds[c], bounds[c + 1]); chunks + 1 entries
+  std::array<size_t, kMaxPipelineChunks + 1> bounds{};  // chunk c holds elements [bounds[c], bounds[c + 1])
 
   size_t offset(int c) const { return bounds[c]; }
   size_t elems(int c) const { return bounds[c + 1] - bounds[c]; }
@@ -23,7 +27,8 @@ struct ChunkPlan {
 // speed and the pipeline's gain is gone.
 constexpr size_t kDefaultChunkBytes = size_t{64} << 20;
 
-// count elements per rank, logicalBytes moved by the whole collective; chunkBytes 0 means the default.
+// count elements per rank, logicalBytes moved by the whole collective; chunkBytes 0 means the default; at most
+// min(maxChunks, kMaxPipelineChunks) chunks.
 //
 // Chunks are of equal size (the last takes the remainder), or with `ramp` (ZP_CHUNK_RAMP), when there are three
 // or more, the first and the last are half the others: the first chunk's quantization and the last one's finish
@@ -33,11 +38,10 @@ inline ChunkPlan makeChunkPlan(size_t count, int blockSize, size_t logicalBytes,
                                bool ramp = false) {
   ChunkPlan p;
   p.count = count;
-  p.bounds.push_back(0);
   if (count == 0) return p;
   const size_t target = chunkBytes > 0 ? static_cast<size_t>(chunkBytes) : kDefaultChunkBytes;
   size_t wanted = std::max<size_t>(1, logicalBytes / target);
-  wanted = std::min<size_t>(wanted, static_cast<size_t>(std::max(1, maxChunks)));
+  wanted = std::min<size_t>(wanted, static_cast<size_t>(std::clamp(maxChunks, 1, kMaxPipelineChunks)));
   const size_t blocks = (count + blockSize - 1) / blockSize;
   // In units of blocks: equal chunks of `unit`, or ramped ones of unit, 2 * unit, ..., 2 * unit, then the rest
   // (2 * wanted - 2 units in all, so at most `wanted` chunks, the last about one unit).
@@ -45,11 +49,11 @@ inline ChunkPlan makeChunkPlan(size_t count, int blockSize, size_t logicalBytes,
   const size_t units = ramped ? 2 * wanted - 2 : wanted;
   const size_t unit = std::max<size_t>(1, (blocks + units - 1) / units);
   const size_t unitElems = unit * blockSize;
-  while (p.bounds.back() < count) {
-    const size_t size = ramped && p.bounds.size() > 1 ? 2 * unitElems : unitElems;
-    p.bounds.push_back(count - p.bounds.back() > size ? p.bounds.back() + size : count);
+  while (p.bounds[p.chunks] < count) {
+    const size_t start = p.bounds[p.chunks];
+    const size_t size = ramped && p.chunks > 0 ? 2 * unitElems : unitElems;
+    p.bounds[++p.chunks] = count - start > size ? start + size : count;
   }
-  p.chunks = static_cast<int>(p.bounds.size()) - 1;
   return p;
 }
 

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "host/chunk_plan.h"
 #include "host/qgz_plan.h"
 #include "host/topology.h"
 #include "src/backend.h"
@@ -35,8 +36,6 @@ struct ScratchBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
 };
-
-constexpr int kMaxPipelineChunks = 16;
 
 struct CudaExec {
   NcclComms comms;

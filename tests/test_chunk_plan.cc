@@ -28,12 +28,13 @@ TEST(ChunkPlan, EqualChunksOfWholeBlocksWithTheRestLast) {
 }
 
 TEST(ChunkPlan, FewChunksWhenSmallOrCapped) {
-  EXPECT_EQ(makeChunkPlan(1000, 256, 2000, 0, 8).chunks, 1);               // below one chunk's bytes
-  EXPECT_EQ(makeChunkPlan(256000, 256, size_t{1} << 40, 0, 3).chunks, 3);  // capped by maxChunks
-  EXPECT_EQ(makeChunkPlan(300, 256, size_t{1} << 40, 0, 8).chunks, 2);     // two blocks: two chunks at most
+  EXPECT_EQ(makeChunkPlan(1000, 256, 2000, 0, 8).chunks, 1);                                 // below one chunk's bytes
+  EXPECT_EQ(makeChunkPlan(256000, 256, size_t{1} << 40, 0, 3).chunks, 3);                    // capped by maxChunks
+  EXPECT_EQ(makeChunkPlan(256000, 256, size_t{1} << 40, 0, 64).chunks, kMaxPipelineChunks);  // and by the events
+  EXPECT_EQ(makeChunkPlan(300, 256, size_t{1} << 40, 0, 8).chunks, 2);  // two blocks: two chunks at most
   const ChunkPlan none = makeChunkPlan(0, 256, 0, 0, 8);
   EXPECT_EQ(none.chunks, 0);
-  EXPECT_EQ(none.bounds, std::vector<size_t>{0});
+  EXPECT_EQ(none.bounds[0], 0u);
 }
 
 TEST(ChunkPlan, RampedPlansHalveTheFirstAndLastChunk) {
