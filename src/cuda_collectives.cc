@@ -102,7 +102,7 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool gree
     return zpSuccess;
   }
   const GreenStreams& g = e.green;
-  if (green && g.context != nullptr) {
+  if (green && g.active()) {
     *stages = Stages{stream, e.moveStream, KernelStream(g.quant, g.sms), KernelStream(g.side, g.sms), captured};
   } else {
     *stages = Stages{stream, e.moveStream, e.quantStream, e.sideStream, captured};

@@ -73,14 +73,12 @@ bool splitOff(const GreenApi& api, const CUdevResource& all, int leaveFree, CUde
 // communicators in flight on one device, hung; sharing one context is the remedy tried first, perf/RESULTS.md.)
 // Null when none can be made.
 struct DeviceGreenContext {
-  bool tried = false;
   CUgreenCtx context = nullptr;
   int sms = 0;
 };
 
 DeviceGreenContext makeGreenContext(int device, int leaveFree) {
   DeviceGreenContext made;
-  made.tried = true;
   const GreenApi& api = greenApi();
   if (!api.complete) {
     ZP_INFO(kSubsysInit, "no green contexts in this driver: the pipelines' kernels share every SM with NCCL");
@@ -112,13 +110,12 @@ zpResult_t createGreenStreams(int device, int leaveFree, int priority, GreenStre
   DeviceGreenContext ctx;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    DeviceGreenContext& slot = contexts[device];
-    if (!slot.tried) slot = makeGreenContext(device, leaveFree);
-    ctx = slot;
+    auto made = contexts.find(device);  // present once tried, even when no context could be made
+    if (made == contexts.end()) made = contexts.emplace(device, makeGreenContext(device, leaveFree)).first;
+    ctx = made->second;
   }
   if (ctx.context == nullptr) return zpSuccess;
   GreenStreams g;
-  g.context = ctx.context;
   g.sms = ctx.sms;
   for (cudaStream_t* s : {&g.quant, &g.side}) {
     CUstream stream = nullptr;

@@ -15,10 +15,11 @@
 namespace zp {
 
 struct GreenStreams {
-  void* context = nullptr;       ///< the CUgreenCtx; null when none was made (the pipelines then use every SM)
-  cudaStream_t quant = nullptr;  ///< non-blocking streams of the green context
-  cudaStream_t side = nullptr;
-  int sms = 0;  ///< SMs of the green context
+  cudaStream_t quant = nullptr;  ///< non-blocking streams of the device's green context; null when there is none
+  cudaStream_t side = nullptr;   ///< (the pipelines then use every SM)
+  int sms = 0;                   ///< SMs of the green context
+
+  bool active() const { return quant != nullptr; }
 };
 
 /**
