@@ -22,6 +22,8 @@
 #   ZP_GPU_CHECK_MIN/MAX/STEP sweep -b/-e/-f, default 1M / 1G / 4
 #   ZP_GPU_CHECK_ITERS/WARMUP -n/-w, default 20 / 5
 #   ZP_GPU_CHECK_NET_ITERS/NET_WARMUP/NET_MAX   for the net regime, default 5 / 2 / MAX
+#   ZP_GPU_CHECK_NET_ROUNDS   alternating rounds of zpccl and NCCL timing over net (-r), default 1; 3 makes the
+#                             sockets' drift (NCCL's own time moves 10 - 20% between runs) hit both alike
 #   ZP_GPU_CHECK_BITS         bit widths of the quantized binaries, default "8 4"
 #   ZP_GPU_CHECK_EXTRA        extra flags for every perf binary
 #   ZP_GPU_CHECK_BUDGET       no step starts after this many seconds, default 450
@@ -61,6 +63,7 @@ iters=${ZP_GPU_CHECK_ITERS:-$def_iters}
 warmup=${ZP_GPU_CHECK_WARMUP:-$def_warmup}
 net_iters=${ZP_GPU_CHECK_NET_ITERS:-5}
 net_warmup=${ZP_GPU_CHECK_NET_WARMUP:-2}
+net_rounds=${ZP_GPU_CHECK_NET_ROUNDS:-1}
 net_max=${ZP_GPU_CHECK_NET_MAX:-$max}
 bits_list=${ZP_GPU_CHECK_BITS:-8 4}
 extra=${ZP_GPU_CHECK_EXTRA:-}
@@ -316,7 +319,7 @@ run_perf() {  # REGIME BIN
     return
   fi
   if is_two_nodes "$regime"; then
-    sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup")
+    sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup" -r "$net_rounds")
   else
     sweep=(-b "$min" -e "$max" -f "$step" -n "$iters" -w "$warmup")
   fi
