@@ -203,6 +203,13 @@ std::string rowToJson(const ResultRow& row) {
   return w.str();
 }
 
+std::vector<std::pair<const char*, int64_t>> pathTunables() {
+  return {{"ZP_NCCL_SMS", paramNcclSms()},
+          {"ZP_PAIR_ALLGATHER", paramPairAllGather()},
+          {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()},
+          {"ZP_SHM_MIN_CTAS", paramShmMinCtas()}};
+}
+
 std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
   std::vector<std::pair<std::string, std::string>> out;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -216,11 +223,7 @@ std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
   // The settings that choose how a collective runs changed their defaults after rows had been recorded without
   // them (ZP_NCCL_SMS 0 -> 32; ZP_PAIR_ALLGATHER, ZP_DIRECT_MIN_BYTES and ZP_SHM_MIN_CTAS new): every row says what it
   // ran with, set or not, so that a reader (the cost model's calibration) never has to guess from the file's date.
-  const std::pair<const char*, int64_t> effective[] = {{"ZP_NCCL_SMS", paramNcclSms()},
-                                                       {"ZP_PAIR_ALLGATHER", paramPairAllGather()},
-                                                       {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()},
-                                                       {"ZP_SHM_MIN_CTAS", paramShmMinCtas()}};
-  for (const auto& [name, value] : effective) {
+  for (const auto& [name, value] : pathTunables()) {
     const bool set = std::any_of(out.begin(), out.end(), [name = name](const auto& kv) { return kv.first == name; });
     if (!set) out.emplace_back(name, std::to_string(value));
   }

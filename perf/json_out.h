@@ -79,6 +79,10 @@ struct ResultRow {
 // ZP_SHM_MIN_CTAS with their effective values when they are not set.
 std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment();
 
+// The tunables that choose how a collective runs, with the values the library uses: every row records them,
+// set or not (zpTunablesInEnvironment).
+std::vector<std::pair<const char*, int64_t>> pathTunables();
+
 std::string rowToJson(const ResultRow& row);
 std::string rowsToJson(const std::vector<ResultRow>& rows);  // "[\n row,\n row\n]\n"
 

@@ -288,17 +288,23 @@ zpResult_t splitComm(ncclComm_t world, int color, int key, ncclComm_t* out, cons
   return zpSuccess;
 }
 
+// Asks NCCL for at least `channels` CTAs (channels) per collective. NCCL refuses a minimum without a maximum (its
+// "undefined" maximum fails the min <= max check), so the maximum is raised to at least NCCL's usual 32.
+void askForChannels(ncclConfig_t* config, int channels) {
+  config->minCTAs = channels;
+  config->maxCTAs = std::max(channels, 32);
+}
+
 // Replaces the world communicator, which zpccl made, by a split of it with at least `channels` channels (its own
 // splits inherit them), and destroys the original.
 zpResult_t widenWorld(NcclComms* c, int rank, int channels) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.minCTAs = channels;
-  config.maxCTAs = std::max(config.minCTAs, 32);
+  askForChannels(&config, channels);
   ncclComm_t wide = nullptr;
   ncclResult_t r = ncclCommSplit(c->world, 0, rank, &wide, &config);
   if (r != ncclSuccess) {
-    return ZP_ERR(static_cast<zpResult_t>(r), "ncclCommSplit with %d channels (ZP_SHM_MIN_CTAS) failed: %s",
-                  config.minCTAs, ncclGetErrorString(r));
+    return ZP_ERR(static_cast<zpResult_t>(r), "ncclCommSplit with %d channels (ZP_SHM_MIN_CTAS) failed: %s", channels,
+                  ncclGetErrorString(r));
   }
   (void)ncclCommDestroy(c->world);
   c->world = wide;
@@ -308,9 +314,7 @@ zpResult_t widenWorld(NcclComms* c, int rank, int channels) {
 }  // namespace
 
 int shmChannelsFor(const ShmChannelFacts& f) {
-  // NCCL reads its switches as numbers: any value but 0 is on.
-  const auto on = [](const char* v) { return v != nullptr && std::atoi(v) != 0; };
-  const bool overShm = f.nodes == 1 && f.nranks > 1 && on(f.p2pDisable) && !on(f.shmDisable);
+  const bool overShm = f.nodes == 1 && f.nranks > 1 && ncclSwitchOn(f.p2pDisable) && !ncclSwitchOn(f.shmDisable);
   if (!overShm || f.shmMinCtas <= 0 || f.ncclMinCtas > 0 || f.callersWorld) return 0;
   return static_cast<int>(std::min<int64_t>(f.shmMinCtas, 32));
 }
@@ -339,11 +343,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     memcpy(&ncclId, &id, sizeof(ncclId));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     if (paramNetChannelsPerPeer() > 0) config.nChannelsPerNetPeer = static_cast<int>(paramNetChannelsPerPeer());
-    if (paramNcclMinCtas() > 0) {
-      // NCCL refuses a minimum without a maximum (its "undefined" maximum fails the min <= max check).
-      config.minCTAs = static_cast<int>(paramNcclMinCtas());
-      config.maxCTAs = std::max(config.minCTAs, 32);
-    }
+    if (paramNcclMinCtas() > 0) askForChannels(&config, static_cast<int>(paramNcclMinCtas()));
     ncclResult_t r = ncclCommInitRankConfig(&c.world, nranks, ncclId, rank, &config);
     if (r != ncclSuccess) {
       c.world = nullptr;

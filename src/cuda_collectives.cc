@@ -304,7 +304,7 @@ zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t windowBytes, Write
   ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));
   // The read checks the cancel word as it starts, and its events tell an abort whether it runs (cancelPeerReads).
   KernelStream readStream(a.stream);
-  readStream.cancel = w.cancel;
+  readStream.cancel = w.cancelWord();
   if (!st.captured) CUDACHECK(cudaEventRecord(w.readStart, a.stream));
   ZPCHECK(read(w, readStream));
   if (!st.captured) {

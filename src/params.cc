@@ -33,6 +33,8 @@ int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, i
 ZP_PARAMS(ZP_DEFINE_PARAM)
 #undef ZP_DEFINE_PARAM
 
+bool ncclSwitchOn(const char* value) { return value != nullptr && std::atoi(value) != 0; }
+
 const std::string& paramBackend() {
   static const std::string value = [] {
     const char* text = getenv("ZP_BACKEND");

@@ -59,6 +59,9 @@ ZP_PARAMS(ZP_DECLARE_PARAM)
 // (C syntax: decimal, 0x hex, 0 octal) or outside [lo, hi], the last two with a warning.
 int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi);
 
+// How NCCL reads its on/off variables (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE): set to a number other than 0.
+bool ncclSwitchOn(const char* value);
+
 // ZP_BACKEND: "cuda" or "host" overrides zpBackendDefault's choice; empty when unset.
 const std::string& paramBackend();
 

@@ -45,8 +45,7 @@ const char* directLoadsBlocker(const DirectLoadsFacts& f) {
   if (f.minBytes < 0) return "ZP_DIRECT_MIN_BYTES < 0";
   if (f.nranks < 2) return "one rank";
   if (f.nodes != 1) return "ranks on several nodes";
-  // NCCL reads the variable as a number: any value but 0 disables its P2P transport.
-  if (f.p2pOff != nullptr && std::atoi(f.p2pOff) != 0) return "NCCL_P2P_DISABLE is set";
+  if (ncclSwitchOn(f.p2pOff)) return "NCCL_P2P_DISABLE is set";
   if (f.lsaRanks == 0) return "built without NCCL's device API (nccl_device.h)";
   if (f.lsaRanks != f.nranks) return "not every rank is in NCCL's load/store-accessible team";
   return nullptr;
@@ -60,7 +59,6 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t 
   // The word the barriers all-reduce, then room for the ranks' window addresses.
   CUDACHECK(cudaMalloc(&w->barrierWord, 16 + nranks * sizeof(uintptr_t)));
   CUDACHECK(cudaMemsetAsync(w->barrierWord, 0, 16 + nranks * sizeof(uintptr_t), setupStream));
-  w->cancel = w->barrierWord + 2;
   // Every rank must choose the same path: the minimum of the ranks' answers (1 = can).
   int* vote = w->barrierWord + 1;
   const int mine = why == nullptr ? 1 : 0;
@@ -157,11 +155,11 @@ constexpr double kDrainSeconds = 5.0;
 }  // namespace
 
 void cancelPeerReads(PeerWindow* w) {
-  if (!w->usable || w->cancel == nullptr) return;
+  if (!w->usable || w->cancelWord() == nullptr) return;
   // On a stream of its own: the caller's streams may be blocked, and the legacy default stream waits for them.
   cudaStream_t s = nullptr;
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
-    if (cudaMemsetAsync(w->cancel, 1, sizeof(int), s) != cudaSuccess ||
+    if (cudaMemsetAsync(w->cancelWord(), 1, sizeof(int), s) != cudaSuccess ||
         !waitAtMost(kDrainSeconds, [&] { return cudaStreamQuery(s); })) {
       ZP_WARN("direct loads: could not set the cancel word; a queued read may fault once the windows are unmapped");
     }

@@ -47,11 +47,12 @@ struct PeerWindow {
   size_t rankStride = 0;            // bytes from rank r's window to rank r + 1's, as mapped here
   int* barrierWord = nullptr;       // device memory: the word peerBarrier all-reduces (always 0), then scratch
                                     // for the ranks' window addresses
-  int* cancel = nullptr;            // a word of barrierWord's memory: nonzero once the reads are cancelled
   cudaEvent_t readStart = nullptr;  // the last read (outside graph capture) may start,
   cudaEvent_t readDone = nullptr;   // and is done
   int nranks = 0;
 
+  // Device word, in barrierWord's memory: nonzero once the reads are cancelled (cancelPeerReads).
+  int* cancelWord() const { return barrierWord != nullptr ? barrierWord + 2 : nullptr; }
   // Rank r's window, as this process reads it.
   const char* rankWindow(int r) const { return reinterpret_cast<const char*>(rank0 + r * rankStride); }
 };

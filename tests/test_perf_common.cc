@@ -617,11 +617,7 @@ TEST(PerfJson, TunablesComeFromZpVariablesButNotDebugOnes) {
             env.end());
   for (const auto& [name, value] : env) EXPECT_NE(name.rfind("ZP_DEBUG", 0), 0u) << name;
   // Set or not, the settings that choose a collective's path are recorded with the values the library uses.
-  const std::pair<const char*, int64_t> effective[] = {{"ZP_NCCL_SMS", paramNcclSms()},
-                                                       {"ZP_PAIR_ALLGATHER", paramPairAllGather()},
-                                                       {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()},
-                                                       {"ZP_SHM_MIN_CTAS", paramShmMinCtas()}};
-  for (const auto& [name, value] : effective) {
+  for (const auto& [name, value] : pathTunables()) {
     const auto it = std::find_if(env.begin(), env.end(), [name = name](const auto& kv) { return kv.first == name; });
     ASSERT_NE(it, env.end()) << name;
     if (getenv(name) == nullptr) {
