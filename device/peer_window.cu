@@ -20,6 +20,27 @@ __global__ void rankAddressesKernel(ncclWindow_t window, int ranks, uintptr_t* o
 }  // namespace
 #endif
 
+namespace {
+__global__ void peerWaitKernel(const PeerSync s) {
+  const unsigned long long target = *static_cast<volatile unsigned long long*>(s.calls);
+  const char* mine = s.rank0 + static_cast<size_t>(s.rank) * s.rankStride;
+  for (int p = 0; p < s.nranks; ++p) {
+    if (p == s.rank) continue;
+    const auto* flag = reinterpret_cast<const unsigned long long*>(mine + PeerSync::flagOffset(s.waitFor, p, s.nranks));
+    while (loadAcquireSystem(flag) < target) {
+      if (cancelled(s.cancel)) return;
+      __nanosleep(32);
+    }
+  }
+}
+}  // namespace
+
+zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream) {
+  peerWaitKernel<<<1, 1, 0, stream>>>(sync);
+  CUDACHECK(cudaGetLastError());
+  return zpSuccess;
+}
+
 zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScratch, cudaStream_t stream,
                                std::vector<uintptr_t>* addresses) {
 #if ZP_HAVE_NCCL_DEVICE

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "device/kernel_stream.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -21,5 +22,12 @@ namespace zp {
  */
 zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScratch, cudaStream_t stream,
                                std::vector<uintptr_t>* addresses);
+
+/**
+ * @brief Enqueues on `stream` a kernel of one thread that waits until every peer's flag `sync.waitFor` in this
+ *        rank's window has reached this rank's count of calls (device/kernel_stream.h, PeerSync), or until the
+ *        cancel word is set.
+ */
+zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream);
 
 }  // namespace zp

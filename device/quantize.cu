@@ -61,6 +61,7 @@ struct QuantArgs {
   int batch;
   int blockShift;  // log2(blockSize)
   int groupShift;  // log2(threads per quantization block)
+  PeerSync sync;   // KernelStream::sync
 };
 
 struct DequantArgs {
@@ -72,8 +73,8 @@ struct DequantArgs {
   size_t scaleBytes;     // where the codes start in a payload
   size_t tiles;          // CTA steps per segment
   int batch;
-  int blockShift;     // log2(blockSize)
-  const int* cancel;  // KernelStream::cancel
+  int blockShift;  // log2(blockSize)
+  PeerSync sync;   // KernelStream::sync
 };
 
 int log2Int(size_t v) {
@@ -639,6 +640,7 @@ __global__ void __launch_bounds__(kCtaThreads, 4) quantizeWarpKernel(const Quant
   const size_t group = threadIdx.x >> kShift;
   const size_t stride = static_cast<size_t>(gridDim.x) * kGroupsPerCta;
   int parity = 0;  // unused: no CTA-wide reduction
+  if (kernelCancelled(a.sync.cancel)) return;
 
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
     const auto [in, scales, codes, align] = openSegment<kAligned>(a, seg);
@@ -657,6 +659,7 @@ __global__ void __launch_bounds__(kCtaThreads, 4) quantizeWarpKernel(const Quant
       quantizeBlock<Type, Bits, kShift>(a, v, first + group, whole, lane, scales, dst, nullptr, parity);
     }
   }
+  peerLeave(a.sync);
 }
 
 // Blocks of a whole CTA (1 << kShift threads, 64 to 512), one block at a time per CTA: a pipeline of kStages
@@ -678,6 +681,7 @@ __global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel
   uint4* const mine = stages + threadIdx.x;  // slot j of stage s: mine[s * kStageVecs + j * kThreads]
   const size_t stride = gridDim.x;
   int parity = 0;
+  if (kernelCancelled(a.sync.cancel)) return;
 
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
     const auto [in, scales, codes, align] = openSegment<kAligned>(a, seg);
@@ -724,6 +728,7 @@ __global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel
       quantizeBlock<Type, Bits, kShift>(a, v, first, whole, lane, scales, codes + e0 * Bits / 8, warpMax, parity);
     }
   }
+  peerLeave(a.sync);
 }
 
 // ---- dequantize ----------------------------------------------------------------------------------------------
@@ -736,7 +741,7 @@ __global__ void __launch_bounds__(kCtaThreads) dequantizeKernel(const DequantArg
       typename std::conditional<V * Bits / 8 == 8, uint2,
                                 typename std::conditional<V * Bits / 8 == 4, uint32_t, uint16_t>::type>::type;
 
-  if (kernelCancelled(a.cancel)) return;
+  if (kernelCancelled(a.sync.cancel)) return;
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
     const char* payload = a.payload + seg * a.payloadStride;
     const float* scales = reinterpret_cast<const float*>(payload);
@@ -807,6 +812,7 @@ __global__ void __launch_bounds__(kCtaThreads) dequantizeKernel(const DequantArg
       }
     }
   }
+  peerLeave(a.sync);
 }
 
 // ---- launchers -----------------------------------------------------------------------------------------------
@@ -985,6 +991,7 @@ zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpData
   // Each thread holds kVecsPerThread vectors: 16 (fp32) or 32 (fp16/bf16) elements of its block.
   const int perThread = kVecsPerThread * kVecBytes / static_cast<int>(typeSize(type));
   a.groupShift = a.blockShift - log2Int(perThread);
+  a.sync = stream.sync;
   return dispatch<QuantizeLaunch>(type, bits, a, segmentsAligned(input, a.inputStride, batch), stream);
 }
 
@@ -1010,7 +1017,7 @@ zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpD
   a.tiles = (vecs + kCtaThreads * kVecsPerThread - 1) / (kCtaThreads * kVecsPerThread);
   a.batch = batch;
   a.blockShift = log2Int(blockSize);
-  a.cancel = stream.cancel;
+  a.sync = stream.sync;
   return dispatch<DequantizeLaunch>(type, bits, a, segmentsAligned(output, a.outputStride, batch), stream);
 }
 

@@ -64,7 +64,7 @@ struct ReduceArgs {
   // register and gives the byte permutes their selector as the immediate: with both as constants it moves the
   // selector into a register, one extra instruction an element.
   uint32_t decodeHigh;
-  const int* cancel;  // KernelStream::cancel
+  PeerSync sync;  // KernelStream::sync
 };
 
 int log2Int(size_t v) {
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ uint32_t warpMax[2][kThreads / 32];  // groups of several warps; two sets, so one barrier a tile
   const int groupThreads = 1 << a.groupShift;
   const int lane = threadIdx.x & (groupThreads - 1);  // in the group
-  if (kernelCancelled(a.cancel)) return;
+  if (kernelCancelled(a.sync.cancel)) return;
   int parity = 0;
 #pragma unroll 1
   for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
@@ -323,6 +323,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   }
+  peerLeave(a.sync);
 }
 
 // ---- finish ------------------------------------------------------------------------------------------------------
@@ -372,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ uint4 stage[kThreads / 32][kWarpChunks];  // each warp's finished elements, in order
   uint4* mine = stage[threadIdx.x >> 5];
   const int lane = threadIdx.x & 31;
-  if (kernelCancelled(a.cancel)) return;
+  if (kernelCancelled(a.sync.cancel)) return;
 #pragma unroll 1
   for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
     const size_t seg = work / a.tiles;
@@ -430,6 +431,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncwarp();  // the stage is rewritten by the next tile
   }
+  peerLeave(a.sync);
 }
 
 // ---- launchers ---------------------------------------------------------------------------------------------------
@@ -443,7 +445,7 @@ zpResult_t checkSources(const ReduceSources& s, int bits, int blockSize, const c
   return zpSuccess;
 }
 
-ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const int* cancel) {
+ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const PeerSync& sync) {
   ReduceArgs a;
   a.base = static_cast<const unsigned char*>(s.base);
   a.sourceStride = s.sourceStride;
@@ -457,7 +459,7 @@ ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const
   a.blockShift = log2Int(blockSize);
   a.groupShift = a.blockShift - log2Int(kElems);
   a.decodeHigh = 0x4b000000u;
-  a.cancel = cancel;
+  a.sync = sync;
   return a;
 }
 
@@ -514,7 +516,7 @@ zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bi
     return ZP_ERR(zpInternalError, "launchReduceRequantize : payload %p or stride %zu not 16-byte aligned", payload,
                   payloadStride);
   }
-  const ReduceArgs a = reduceArgs(src, count, blockSize, stream.cancel);
+  const ReduceArgs a = reduceArgs(src, count, blockSize, stream.sync);
   auto* out = static_cast<unsigned char*>(payload);
   ZPCHECK(bits == 8 ? launchRequantize<8>(a, out, payloadStride, stream)
                     : launchRequantize<4>(a, out, payloadStride, stream));
@@ -526,7 +528,7 @@ zpResult_t launchReduceFinish(const ReduceSources& src, size_t count, int bits, 
                               float divisor, void* output, size_t outputStrideElems, KernelStream stream) {
   if (count == 0 || src.batch == 0) return zpSuccess;
   ZPCHECK(checkSources(src, bits, blockSize, "launchReduceFinish"));
-  const ReduceArgs a = reduceArgs(src, count, blockSize, stream.cancel);
+  const ReduceArgs a = reduceArgs(src, count, blockSize, stream.sync);
   const size_t stride = outputStrideElems ? outputStrideElems : count;
   switch (type) {
     case zpFloat16:

@@ -127,6 +127,7 @@ struct OpPlan {
 // One rank's results for one size: times (seconds per call) and wrong elements.
 struct SlotResult {
   double seconds[3];  // out-of-place, in-place, baseline; NaN when not run
+  double enqueue[3];  // of those seconds, the host's time to enqueue one call (the same on the host backend)
   uint64_t wrong[2];
   uint64_t checked;  // nonzero when wrong[] was measured
 };
@@ -300,7 +301,9 @@ RunArgs makeRunArgs(const Runtime& rt, const RankState& st, const SizeArgs& s, c
 size_t inPlaceBytes(const OpCounts& c) { return std::max(c.ipSendOffset + c.sendBytes, c.ipRecvOffset + c.recvBytes); }
 
 // Seconds per call: `warmup` untimed calls, every rank at a barrier, then `iters` calls between two events.
-double timeRun(Runtime& rt, RankState& st, RunFn fn, const RunArgs& a) {
+// `*enqueue` gets the host's seconds per call spent enqueuing them: when it is as long as the call, the host, not
+// the GPU, sets the pace (small messages).
+double timeRun(Runtime& rt, RankState& st, RunFn fn, const RunArgs& a, double* enqueue) {
   for (int i = 0; i < rt.opt.warmup; ++i)
     if (!fn(a)) die();
   if (!rt.host) H_CUDA(cudaStreamSynchronize(st.stream));
@@ -310,11 +313,14 @@ double timeRun(Runtime& rt, RankState& st, RunFn fn, const RunArgs& a) {
     for (int i = 0; i < rt.opt.iters; ++i)
       if (!fn(a)) die();
     const auto t1 = std::chrono::steady_clock::now();
-    return std::chrono::duration<double>(t1 - t0).count() / rt.opt.iters;
+    *enqueue = std::chrono::duration<double>(t1 - t0).count() / rt.opt.iters;
+    return *enqueue;
   }
   H_CUDA(cudaEventRecord(st.start, st.stream));
+  const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < rt.opt.iters; ++i)
     if (!fn(a)) die();
+  *enqueue = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / rt.opt.iters;
   H_CUDA(cudaEventRecord(st.stop, st.stream));
   H_CUDA(cudaEventSynchronize(st.stop));
   float ms = 0;
@@ -497,10 +503,12 @@ double nanMax(double a, double b) {
 SlotResult reduceSlots(const SlotResult* slots, size_t n) {
   SlotResult r;
   for (double& s : r.seconds) s = std::numeric_limits<double>::quiet_NaN();
+  for (double& s : r.enqueue) s = std::numeric_limits<double>::quiet_NaN();
   r.wrong[0] = r.wrong[1] = 0;
   r.checked = 0;
   for (size_t i = 0; i < n; ++i) {
     for (int k = 0; k < 3; ++k) r.seconds[k] = nanMax(r.seconds[k], slots[i].seconds[k]);
+    for (int k = 0; k < 3; ++k) r.enqueue[k] = nanMax(r.enqueue[k], slots[i].enqueue[k]);
     r.wrong[0] += slots[i].wrong[0];
     r.wrong[1] += slots[i].wrong[1];
     r.checked |= slots[i].checked;
@@ -516,6 +524,7 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
   // Pad with "absent" records so that every process sends the same number of bytes.
   SlotResult absent;
   for (double& x : absent.seconds) x = std::numeric_limits<double>::quiet_NaN();
+  for (double& x : absent.enqueue) x = std::numeric_limits<double>::quiet_NaN();
   absent.wrong[0] = absent.wrong[1] = 0;
   absent.checked = 0;
   local.resize(size_t(rt.maxLocalRanks), absent);
@@ -542,6 +551,7 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
     Measure& m = *measures[v];
     m.present = true;
     m.timeUs = r.seconds[v] * 1e6;
+    m.enqueueUs = r.enqueue[v] * 1e6;
     op.bw(s, c, r.seconds[v], &m.algbw, &m.busbw);
     m.checked = r.checked != 0;
     m.wrong = r.wrong[v];
@@ -550,6 +560,7 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
     row.baselineName = op.baselineName;
     row.baseline.present = true;
     row.baseline.timeUs = r.seconds[2] * 1e6;
+    row.baseline.enqueueUs = r.enqueue[2] * 1e6;
     (op.baselineBw ? op.baselineBw : op.bw)(s, c, r.seconds[2], &row.baseline.algbw, &row.baseline.busbw);
     row.speedup = r.seconds[2] / r.seconds[0];
   }
@@ -643,6 +654,7 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
     const CompareFn compare = op.compare ? op.compare : compareBitwise;
     SlotResult result;
     for (double& x : result.seconds) x = std::numeric_limits<double>::quiet_NaN();
+    for (double& x : result.enqueue) x = std::numeric_limits<double>::quiet_NaN();
     result.wrong[0] = result.wrong[1] = 0;
     result.checked = plan.check ? 1 : 0;
 
@@ -650,7 +662,7 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
     upload(rt, st, st.send, st.hostSend.get(), c.sendBytes);
     poison(rt, st, st.recv, c.recvBytes);
     const RunArgs oop = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
-    result.seconds[0] = timeRun(rt, st, op.run, oop);
+    result.seconds[0] = timeRun(rt, st, op.run, oop, &result.enqueue[0]);
     if (plan.check) {
       download(rt, st, st.hostRecv.get(), st.recv, c.recvBytes);
       result.wrong[0] = compare(s, c, st.hostRecv.get(), st.hostExpected.get());
@@ -662,7 +674,7 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
       const RunArgs ip = makeRunArgs(rt, st, s, c, base + c.ipSendOffset, base + c.ipRecvOffset, true);
       poison(rt, st, base, inPlaceBytes(c));
       upload(rt, st, base + c.ipSendOffset, st.hostSend.get(), c.sendBytes);
-      result.seconds[1] = timeRun(rt, st, op.run, ip);
+      result.seconds[1] = timeRun(rt, st, op.run, ip, &result.enqueue[1]);
       if (plan.check) {
         poison(rt, st, base, inPlaceBytes(c));
         upload(rt, st, base + c.ipSendOffset, st.hostSend.get(), c.sendBytes);
@@ -677,15 +689,20 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
     // Baseline, out of place on the same input (untouched: the in-place variant ran in the receive buffer).
     if (plan.baseline) {
       const RunArgs b = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
-      result.seconds[2] = timeRun(rt, st, op.baseline, b);
+      result.seconds[2] = timeRun(rt, st, op.baseline, b, &result.enqueue[2]);
       // More rounds (-r): zpccl's out-of-place calls and the baseline's again, in turn, so that both see the same
       // drift of the link; each time is the mean of its rounds. Its output was checked after the first round.
       for (int round = 1; round < rt.opt.rounds; ++round) {
-        result.seconds[0] += timeRun(rt, st, op.run, oop);
-        result.seconds[2] += timeRun(rt, st, op.baseline, b);
+        double enqueue = 0;
+        result.seconds[0] += timeRun(rt, st, op.run, oop, &enqueue);
+        result.enqueue[0] += enqueue;
+        result.seconds[2] += timeRun(rt, st, op.baseline, b, &enqueue);
+        result.enqueue[2] += enqueue;
       }
-      result.seconds[0] /= rt.opt.rounds;
-      result.seconds[2] /= rt.opt.rounds;
+      for (int k : {0, 2}) {
+        result.seconds[k] /= rt.opt.rounds;
+        result.enqueue[k] /= rt.opt.rounds;
+      }
     }
 
     rt.slots[size_t(st.t)] = result;

@@ -125,6 +125,7 @@ void writeMeasure(JsonWriter& w, const char* name, const Measure& m, bool withAl
   }
   w.beginObject();
   w.key("time_us").number(m.timeUs);
+  w.key("enqueue_us").number(m.enqueueUs);
   if (withAlgbwAndWrong) w.key("algbw").number(m.algbw);
   w.key("busbw").number(m.busbw);
   if (withAlgbwAndWrong) {

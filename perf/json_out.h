@@ -40,6 +40,7 @@ struct Measure {
   double busbw = 0;  // GB/s
   bool checked = false;
   uint64_t wrong = 0;
+  double enqueueUs = 0;  // of timeUs, the host's time to enqueue one call
 };
 
 // Bytes one rank sends per call, averaged over ranks (host backend): zpccl's from the op's plan formula,

@@ -381,7 +381,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     ZPCHECK(splitComm(c.world, t.hpzGroup, t.hpzRank, &c.hpz, "hpZ"));
   }
   e.qgz = makeQgzPlan(t);
-  ZPCHECK(initPeerWindow(c.world, t.nranks, t.nodes, e.setupStream, &e.peers));
+  ZPCHECK(initPeerWindow(c.world, t.nranks, t.rank, t.nodes, e.setupStream, &e.peers));
   created->startWatchdog();
   *topo = t;
   *cudaDev = e.device;

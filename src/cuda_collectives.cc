@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "device/peer_window.h"
 #include "device/quantize.h"
 #include "device/reduce.h"
 #include "host/chunk_plan.h"
@@ -73,8 +74,10 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   return zpSuccess;
 }
 
-// The direct-load window of at least `bytes` (src/peer_window.h): grown, like scratch, outside capture only.
-zpResult_t ensureWindow(CudaExec& e, size_t bytes, cudaStream_t stream, const char* call) {
+// The direct-load window with room for `payloadBytes` after its flags (src/peer_window.h): grown, like scratch,
+// outside capture only.
+zpResult_t ensureWindow(CudaExec& e, size_t payloadBytes, cudaStream_t stream, const char* call) {
+  const size_t bytes = e.peers.payloadOffset() + payloadBytes;
   if (e.peers.bytes >= bytes) return zpSuccess;
   ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, e.peers.bytes));
   return growPeerWindow(e.peers, e.comms.world, bytes, e.setupStream, call);
@@ -243,8 +246,15 @@ zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot,
     int run = 1;
     const long stride = s + 1 < n ? sliceOfSlot[s + 1] - sliceOfSlot[s] : 1;
     while (s + run < n && stride > 0 && sliceOfSlot[s + run] - sliceOfSlot[s + run - 1] == stride) run++;
+    // A direct-load write of several launches (PeerSync): the first waits for the peers, the last signals them.
+    KernelStream launch = stream;
+    if (s > 0) launch.sync.waitFor = PeerSync::kNone;
+    if (s + run < n) {
+      launch.sync.raise = PeerSync::kNone;
+      launch.sync.countsCall = false;
+    }
     ZPCHECK(launchQuantize(send + (sliceOfSlot[s] * sliceElems + offset) * esz, slots + s * slotBytes, count, a.type,
-                           a.bits, a.blockSize, stream, run, stride * sliceElems, slotBytes));
+                           a.bits, a.blockSize, launch, run, stride * sliceElems, slotBytes));
     s += run;
   }
   return zpSuccess;
@@ -290,22 +300,24 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
 
 namespace {
 
-// The direct path's frame (src/peer_window.h), around `write` (fills this rank's window) and `read` (reads every
-// rank's window into recvbuff), all on the caller's stream with every SM: after the previous call's work, a
-// barrier (no peer still reads this rank's window), the write, a barrier (every window written), the read.
+// The direct path's frame (src/peer_window.h), around `write` (fills this rank's window's payload) and `read`
+// (reads every rank's payload into recvbuff), both on the caller's stream with every SM, after the previous
+// call's work. The kernels order themselves with the peers' through the window's flags (the KernelStream each
+// gets, and a wait before each); two events bracket them for an abort (cancelPeerReads). No NCCL call: at 1 MB
+// the whole call is four launches, two of one thread.
 template <typename Write, typename Read>
-zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t windowBytes, Write write, Read read) {
+zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t payloadBytes, Write write, Read read) {
   PeerWindow& w = e.peers;
-  ZPCHECK(ensureWindow(e, windowBytes, a.stream, a.opName));
+  ZPCHECK(ensureWindow(e, payloadBytes, a.stream, a.opName));
   Stages st;
   ZPCHECK(beginPipeline(e, a.stream, /*chunks=*/1, /*green=*/false, &st));
-  ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));
-  ZPCHECK(write(static_cast<char*>(w.local)));
-  ZPCHECK(peerBarrier(w, e.comms.world, a.stream, a.opName));
-  // The read checks the cancel word as it starts, and its events tell an abort whether it runs (cancelPeerReads).
-  KernelStream readStream(a.stream);
-  readStream.cancel = w.cancelWord();
+  KernelStream writeStream(a.stream), readStream(a.stream);
+  writeStream.sync = w.sync(/*write=*/true);
+  readStream.sync = w.sync(/*write=*/false);
   if (!st.captured) CUDACHECK(cudaEventRecord(w.readStart, a.stream));
+  ZPCHECK(launchPeerWait(writeStream.sync, a.stream));
+  ZPCHECK(write(w.payload(), writeStream));
+  ZPCHECK(launchPeerWait(readStream.sync, a.stream));
   ZPCHECK(read(w, readStream));
   if (!st.captured) {
     CUDACHECK(cudaEventRecord(w.readDone, a.stream));
@@ -325,8 +337,8 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     // NVLink, into recvbuff.
     return directLoads(
         e, a, quantPayloadBytes(a.count, a.bits, a.blockSize),
-        [&](char* window) {
-          return launchQuantize(a.sendbuff, window, a.count, a.type, a.bits, a.blockSize, a.stream);
+        [&](char* payload, KernelStream writeStream) {
+          return launchQuantize(a.sendbuff, payload, a.count, a.type, a.bits, a.blockSize, writeStream);
         },
         [&](const PeerWindow& w, KernelStream readStream) {
           return launchDequantize(w.rankWindow(0), a.recvbuff, a.count, a.type, a.bits, a.blockSize, readStream, n,
@@ -437,7 +449,9 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     const size_t pb = quantPayloadBytes(a.count, a.bits, a.blockSize);
     return directLoads(
         e, a, n * pb,
-        [&](char* window) { return quantizeSlots(a, q.sliceOfSlot, a.count, 0, a.count, window, pb, a.stream); },
+        [&](char* payload, KernelStream writeStream) {
+          return quantizeSlots(a, q.sliceOfSlot, a.count, 0, a.count, payload, pb, writeStream);
+        },
         [&](const PeerWindow& w, KernelStream readStream) {
           const ReduceSources sources{w.rankWindow(0) + e.topo.rank * pb, w.rankStride, 0, n, 1};
           return launchReduceFinish(sources, a.count, a.bits, a.blockSize, a.type, divisor, a.recvbuff, a.count,

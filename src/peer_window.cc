@@ -51,14 +51,18 @@ const char* directLoadsBlocker(const DirectLoadsFacts& f) {
   return nullptr;
 }
 
-zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t setupStream, PeerWindow* w) {
+zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cudaStream_t setupStream,
+                          PeerWindow* w) {
   *w = PeerWindow();
   w->nranks = nranks;
+  w->rank = rank;
   if (nranks < 2) return zpSuccess;  // the same on every rank: nothing to agree on
   const char* why = directLoadsBlocker(factsOf(world, nranks, nodes));
-  // The word the barriers all-reduce, then room for the ranks' window addresses.
-  CUDACHECK(cudaMalloc(&w->barrierWord, 16 + nranks * sizeof(uintptr_t)));
-  CUDACHECK(cudaMemsetAsync(w->barrierWord, 0, 16 + nranks * sizeof(uintptr_t), setupStream));
+  // The word the barriers all-reduce and the other words (PeerWindow::barrierWord), then room for the ranks'
+  // window addresses.
+  const size_t wordsBytes = PeerWindow::kWordsBytes + nranks * sizeof(uintptr_t);
+  CUDACHECK(cudaMalloc(&w->barrierWord, wordsBytes));
+  CUDACHECK(cudaMemsetAsync(w->barrierWord, 0, wordsBytes, setupStream));
   // Every rank must choose the same path: the minimum of the ranks' answers (1 = can).
   int* vote = w->barrierWord + 1;
   const int mine = why == nullptr ? 1 : 0;
@@ -76,6 +80,21 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t 
   ZP_INFO(kSubsysInit, "direct loads among the %d ranks: %s%s", nranks, w->usable ? "yes" : "no, ",
           w->usable ? "" : (why != nullptr ? why : "another rank cannot"));
   return zpSuccess;
+}
+
+PeerSync PeerWindow::sync(bool write) const {
+  PeerSync s;
+  s.rank0 = reinterpret_cast<char*>(rank0);
+  s.rankStride = rankStride;
+  s.calls = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(barrierWord) + 16);
+  s.arrived = reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(barrierWord) + 24);
+  s.cancel = cancelWord();
+  s.nranks = nranks;
+  s.rank = rank;
+  s.waitFor = write ? PeerSync::kReadDone : PeerSync::kWritten;
+  s.raise = write ? PeerSync::kWritten : PeerSync::kReadDone;
+  s.countsCall = write;
+  return s;
 }
 
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes) {
@@ -103,14 +122,17 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   }
   const size_t rounded = alignUp(bytes, size_t{2} << 20);
   ZPCHECK(ncclStatus(ncclMemAlloc(&w.local, rounded), call, "ncclMemAlloc"));
-  // Zeroed once, so that no byte of it is ever undefined (compute-sanitizer initcheck).
+  // Zeroed once, so that no byte of it is ever undefined (compute-sanitizer initcheck); its flags start at 0 on
+  // every rank, and so does the count of calls they are compared with (the arrival counter is 0 between kernels).
   CUDACHECK(cudaMemsetAsync(w.local, 0, rounded, setupStream));
+  CUDACHECK(cudaMemsetAsync(reinterpret_cast<char*>(w.barrierWord) + 16, 0, 16, setupStream));
   CUDACHECK(cudaStreamSynchronize(setupStream));
   ZPCHECK(ncclStatus(ncclCommWindowRegister(world, w.local, rounded, &w.handle, NCCL_WIN_COLL_SYMMETRIC), call,
                      "ncclCommWindowRegister"));
   w.bytes = rounded;
   std::vector<uintptr_t> at;
-  ZPCHECK(windowRankAddresses(w.handle, w.nranks, w.barrierWord + 4, setupStream, &at));
+  ZPCHECK(windowRankAddresses(w.handle, w.nranks, reinterpret_cast<char*>(w.barrierWord) + PeerWindow::kWordsBytes,
+                              setupStream, &at));
   w.rank0 = at[0];
   w.rankStride = at[1] - at[0];
   for (int r = 0; r < w.nranks; ++r) {
@@ -165,7 +187,8 @@ void cancelPeerReads(PeerWindow* w) {
     }
     (void)cudaStreamDestroy(s);
   }
-  // A read that started before the word was set is running now (it waits for nothing): let it end.
+  // A call whose kernels started before the word was set may be running now: let it end (a kernel that waits for a
+  // peer sees the word and stops).
   if (cudaEventQuery(w->readStart) == cudaSuccess &&
       !waitAtMost(kDrainSeconds, [&] { return cudaEventQuery(w->readDone); })) {
     ZP_WARN("direct loads: a read still runs %.0f s after the abort began", kDrainSeconds);

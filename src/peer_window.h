@@ -12,15 +12,19 @@
 // the same calls with the same counts). NCCL maps the ranks' windows at one stride in this process, so the n
 // payloads of a call are one strided batch for the existing kernels.
 //
-// Ordering across ranks is an NCCL all-reduce of one word on the caller's stream (peerBarrier): it completes on
-// a rank only once every rank's stream has reached it, hence finished all work enqueued before it. A call runs
-//   barrier (no peer still reads this rank's window from an earlier call), write the window,
-//   barrier (every window written), read the windows.
-// Both are captured with the call, so graphs replay them too.
+// Ordering across ranks needs no NCCL call: the two kernels of a call wait for and raise flags in the windows
+// (device/kernel_stream.h, PeerSync). A call runs, on the caller's stream,
+//   the write: waits until every peer has read this rank's window of the previous call, quantizes into it, and
+//     raises "written" in every peer's window;
+//   the read: waits until every peer has raised "written" for this call, reads every rank's window, and raises
+//     "read done" in every peer's window.
+// The flags hold call counts, kept in device memory, so graphs replay the protocol too. The first bytes of each
+// window hold the flags (PeerSync::flagBytes), the payload follows. An earlier version ordered the call with two
+// NCCL all-reduces of one word (barriers), which cost ~20 us a call: at 1 MB more than the whole transfer.
 //
-// Aborting the communicator unmaps the peers' windows, maybe while a call's read is still queued behind a barrier
-// that the abort ends: the read kernel would then fault, and a fault ends the whole CUDA context. So the reads
-// check a cancel word as they start, which the abort sets first (cancelPeerReads).
+// Aborting the communicator unmaps the peers' windows, maybe while a call's kernels wait for a peer that will
+// never come, or are still queued: they would then fault, and a fault ends the whole CUDA context. So the kernels
+// check a cancel word as they start and while they wait, which the abort sets first (cancelPeerReads).
 //
 // Used when every rank of the world is in NCCL's LSA team, zpccl's topology has one node, NCCL's P2P transport
 // is not disabled (NCCL_P2P_DISABLE: the user asked that GPUs not reach each other directly, and the perf
@@ -34,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device/kernel_stream.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -45,16 +50,26 @@ struct PeerWindow {
   ncclWindow_t handle = nullptr;    // its registration on the world communicator
   uintptr_t rank0 = 0;              // rank 0's window as mapped in this process
   size_t rankStride = 0;            // bytes from rank r's window to rank r + 1's, as mapped here
-  int* barrierWord = nullptr;       // device memory: the word peerBarrier all-reduces (always 0), then scratch
-                                    // for the ranks' window addresses
-  cudaEvent_t readStart = nullptr;  // the last read (outside graph capture) may start,
-  cudaEvent_t readDone = nullptr;   // and is done
+  int* barrierWord = nullptr;       // device memory: the word peerBarrier all-reduces (always 0), the init vote,
+                                    // the cancel word, the call count and arrival counter of PeerSync, then
+                                    // scratch for the ranks' window addresses
+  cudaEvent_t readStart = nullptr;  // the last call's kernels (outside graph capture) may start,
+  cudaEvent_t readDone = nullptr;   // and are done
   int nranks = 0;
+  int rank = 0;
 
   // Device word, in barrierWord's memory: nonzero once the reads are cancelled (cancelPeerReads).
   int* cancelWord() const { return barrierWord != nullptr ? barrierWord + 2 : nullptr; }
-  // Rank r's window, as this process reads it.
-  const char* rankWindow(int r) const { return reinterpret_cast<const char*>(rank0 + r * rankStride); }
+  // Bytes of barrierWord's memory before the ranks' window addresses.
+  static constexpr size_t kWordsBytes = 32;
+  // Bytes at the start of a window before its payload: the flags.
+  size_t payloadOffset() const { return PeerSync::flagBytes(nranks); }
+  // This rank's payload, where its write kernel quantizes.
+  char* payload() const { return static_cast<char*>(local) + payloadOffset(); }
+  // Rank r's payload, as this process reads it.
+  const char* rankWindow(int r) const { return reinterpret_cast<const char*>(rank0 + r * rankStride + payloadOffset()); }
+  // How a call's write (write = true) or read kernel takes part in the flag protocol.
+  PeerSync sync(bool write) const;
 };
 
 // What decides whether a rank can use direct loads.
@@ -70,7 +85,8 @@ struct DirectLoadsFacts {
 const char* directLoadsBlocker(const DirectLoadsFacts& f);
 
 // Decides whether the communicator can use direct loads, with the other ranks (collective over world).
-zpResult_t initPeerWindow(ncclComm_t world, int nranks, int nodes, cudaStream_t setupStream, PeerWindow* w);
+zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cudaStream_t setupStream,
+                          PeerWindow* w);
 
 // Whether a call moving logicalBytes takes the direct path.
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
@@ -80,12 +96,12 @@ bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
 // sure of the other ranks' before it is deregistered.
 zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call);
 
-// Every rank's `stream` has reached this point (see above).
+// Every rank's `stream` has reached this point: an NCCL all-reduce of one word. Used when the window grows.
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call);
 
 // Before NCCL unmaps the peers' windows (ncclCommAbort, or ncclCommRevoke on a failed communicator): sets the
-// cancel word, so that the reads still queued on the caller's streams do nothing (KernelStream::cancel), and
-// waits for a read already running. A read that a replayed CUDA graph runs at that moment is not waited for (its
+// cancel word, so that the kernels still queued or waiting on the caller's streams do nothing (PeerSync::cancel),
+// and waits for a call's kernels already running. A read that a replayed CUDA graph runs at that moment is not waited for (its
 // events cannot be recorded in the capture). Idempotent.
 void cancelPeerReads(PeerWindow* w);
 

@@ -65,12 +65,47 @@ TEST(DirectLoads, CallsFromTheThresholdUp) {
   EXPECT_TRUE(useDirectLoads(w, size_t{1} << 40));
 }
 
-TEST(DirectLoads, RankWindowsAreOneStridedBatch) {
+TEST(DirectLoads, RankPayloadsAreOneStridedBatchAfterTheFlags) {
   PeerWindow w;
+  w.nranks = 4;
   w.rank0 = uintptr_t{1} << 40;
   w.rankStride = size_t{144} << 30;  // as NCCL maps them on an H200: 144 GiB apart
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(0)), w.rank0);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(3)), w.rank0 + 3 * w.rankStride);
+  const size_t flags = PeerSync::flagBytes(4);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(0)), w.rank0 + flags);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.rankWindow(3)), w.rank0 + 3 * w.rankStride + flags);
+  EXPECT_EQ(flags % 16, 0u) << "payloads stay 16-byte aligned";
+}
+
+TEST(DirectLoads, FlagsOfEveryWriterFitBeforeThePayload) {
+  for (int n : {2, 3, 8, 72, 512}) {
+    const size_t last = PeerSync::flagOffset(PeerSync::kReadDone, n - 1, n);
+    EXPECT_LE(last + sizeof(unsigned long long), PeerSync::flagBytes(n)) << n << " ranks";
+    EXPECT_NE(PeerSync::flagOffset(PeerSync::kWritten, n - 1, n), PeerSync::flagOffset(PeerSync::kReadDone, 0, n))
+        << "the two flags of different writers never share a word";
+  }
+}
+
+TEST(DirectLoads, TheWriteCountsTheCallAndTheReadAnswersIt) {
+  PeerWindow w;
+  w.nranks = 2;
+  w.rank = 1;
+  int words[16] = {};
+  w.barrierWord = words;
+  const PeerSync write = w.sync(true), read = w.sync(false);
+  EXPECT_EQ(write.waitFor, PeerSync::kReadDone);
+  EXPECT_EQ(write.raise, PeerSync::kWritten);
+  EXPECT_TRUE(write.countsCall);
+  EXPECT_EQ(read.waitFor, PeerSync::kWritten);
+  EXPECT_EQ(read.raise, PeerSync::kReadDone);
+  EXPECT_FALSE(read.countsCall);
+  EXPECT_EQ(write.calls, read.calls) << "one count for both kernels";
+  EXPECT_EQ(write.cancel, w.cancelWord());
+  EXPECT_EQ(write.rank, 1);
+  // The count, the arrival counter, the cancel word and the window addresses never overlap.
+  const auto* base = reinterpret_cast<const char*>(words);
+  EXPECT_GE(reinterpret_cast<const char*>(write.calls), base + 3 * sizeof(int));
+  EXPECT_GE(reinterpret_cast<const char*>(write.arrived), reinterpret_cast<const char*>(write.calls + 1));
+  EXPECT_LE(reinterpret_cast<const char*>(write.arrived + 1), base + PeerWindow::kWordsBytes);
 }
 
 // The other link decision made at init: more NCCL channels on one node over host shared memory.

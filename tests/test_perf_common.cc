@@ -571,10 +571,10 @@ ResultRow sampleRow() {
   row.block = 256;
   row.ranks = 2;
   row.nodes = 2;
-  row.oop = {true, 1234.5, 0.85, 0.425, true, 0};
-  row.ip = {true, 1300.25, 0.8, 0.4, true, 3};
+  row.oop = {true, 1234.5, 0.85, 0.425, true, 0, 20.5};
+  row.ip = {true, 1300.25, 0.8, 0.4, true, 3, 21};
   row.baselineName = "nccl";
-  row.baseline = {true, 2469.0, 0.42, 0.21, false, 0};
+  row.baseline = {true, 2469.0, 0.42, 0.21, false, 0, 7.25};
   row.speedup = 2.0;
   return row;
 }
@@ -584,9 +584,9 @@ TEST(PerfJson, RowMatchesExpectedText) {
             "{\"op\": \"qwz_all_gather\", \"regime\": \"net\", \"backend\": \"cuda\", \"size\": 1048576, "
             "\"count\": 524288, \"type\": \"bfloat16\", \"redop\": null, \"bits\": 8, \"block\": 256, "
             "\"ranks\": 2, \"nodes\": 2, "
-            "\"oop\": {\"time_us\": 1234.5, \"algbw\": 0.85, \"busbw\": 0.425, \"wrong\": 0}, "
-            "\"ip\": {\"time_us\": 1300.25, \"algbw\": 0.8, \"busbw\": 0.4, \"wrong\": 3}, "
-            "\"baseline\": \"nccl\", \"nccl\": {\"time_us\": 2469, \"busbw\": 0.21}, \"speedup\": 2}");
+            "\"oop\": {\"time_us\": 1234.5, \"enqueue_us\": 20.5, \"algbw\": 0.85, \"busbw\": 0.425, \"wrong\": 0}, "
+            "\"ip\": {\"time_us\": 1300.25, \"enqueue_us\": 21, \"algbw\": 0.8, \"busbw\": 0.4, \"wrong\": 3}, "
+            "\"baseline\": \"nccl\", \"nccl\": {\"time_us\": 2469, \"enqueue_us\": 7.25, \"busbw\": 0.21}, \"speedup\": 2}");
 }
 
 TEST(PerfJson, TunablesOfTheRunAreWrittenWhenSet) {

@@ -7,6 +7,7 @@
 #           meeting through the perf harness's file rendezvous (-P 2 -I i -D dir; no mpirun needed)
 #   2x2     four GPUs as two such processes of two GPUs each (NVLink inside a node, sockets across; issue 9),
 #           only when ZP_GPU_CHECK_REGIMES names it
+#   nvlink-procs  as nvlink, but one process per GPU (as most jobs run), only when ZP_GPU_CHECK_REGIMES names it
 # quantize_perf uses one GPU and no link: it runs once per bit width, regime "local".
 # JSON and logs go to build-gpu/results (one JSON per binary and regime, a log per step). When $OUT is set (the
 # GPU machine's folder of files that come back), it receives three files, refreshed after every step so that a run
@@ -275,8 +276,9 @@ elif [ -z "$bins" ]; then
 fi
 
 # Two processes with distinct NCCL_HOSTID, so that NCCL and zpccl see two nodes: one GPU each (regime net), or
-# two GPUs each (regime 2x2: four GPUs as two nodes of two; NVLink inside a node, sockets across).
-perf_two_nodes() {  # NAME LOG JSON CMD...
+# two GPUs each (regime 2x2: four GPUs as two nodes of two; NVLink inside a node, sockets across). Regime
+# nvlink-procs gives both the same NCCL_HOSTID: one node, a process per GPU.
+perf_two_procs() {  # NAME LOG JSON CMD...
   local name=$1 log=$2 json=$3
   shift 3
   local threads=1
@@ -286,13 +288,14 @@ perf_two_nodes() {  # NAME LOG JSON CMD...
     record "$name" "$regime" perf skipped 0 "$log" "$json"
     return
   fi
-  local rdv start=$SECONDS rc0 rc1 pid0 limit
+  local rdv start=$SECONDS rc0 rc1 pid0 limit host1=zp-node-1
+  [ "$regime" = nvlink-procs ] && host1=zp-node-0
   limit=$(capped "$step_timeout")
   rdv=$(mktemp -d "${TMPDIR:-/tmp}/zp-rdv.XXXXXX")
   ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=zp-node-0 timeout -k 5 "$limit" env "${regime_env[@]}" \
     "$@" -P 2 -I 0 -D "$rdv" -t "$threads" -R "$regime" -J "$json" >"$log" 2>&1 &
   pid0=$!
-  ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=zp-node-1 timeout -k 5 "$limit" env "${regime_env[@]}" \
+  ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host1 timeout -k 5 "$limit" env "${regime_env[@]}" \
     "$@" -P 2 -I 1 -D "$rdv" -t "$threads" -R "$regime" >"$log.proc1" 2>&1
   rc1=$?
   wait "$pid0"
@@ -306,8 +309,9 @@ perf_two_nodes() {  # NAME LOG JSON CMD...
 
 # Quantized binaries run once per bit width; the NCCL-only baselines once.
 bit_widths() { case $1 in nccl_*) echo "-" ;; *) echo "$bits_list" ;; esac; }
-# Regimes run as two processes, one per emulated node (perf_two_nodes).
-is_two_nodes() { [ "$1" = net ] || [ "$1" = 2x2 ]; }
+# Regimes run as two processes (perf_two_procs); those with sockets between them take the net iterations.
+is_two_procs() { [ "$1" = net ] || [ "$1" = 2x2 ] || [ "$1" = nvlink-procs ]; }
+over_sockets() { [ "$1" = net ] || [ "$1" = 2x2 ]; }
 # Binaries on one GPU with no link run once, as regime "local".
 is_local() { [ "$1" = quantize_perf ]; }
 
@@ -318,7 +322,7 @@ run_perf() {  # REGIME BIN
     record "$bin" "$regime" perf missing 0 -
     return
   fi
-  if is_two_nodes "$regime"; then
+  if over_sockets "$regime"; then
     sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup" -r "$net_rounds")
   else
     sweep=(-b "$min" -e "$max" -f "$step" -n "$iters" -w "$warmup")
@@ -328,8 +332,8 @@ run_perf() {  # REGIME BIN
     if [ "$bits" != - ]; then
       flags=(-B "$bits") tag="$bin int$bits" file=${file}_int$bits
     fi
-    if is_two_nodes "$regime"; then
-      perf_two_nodes "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
+    if is_two_procs "$regime"; then
+      perf_two_procs "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
     else
       run_step "$tag" "$regime" perf "$results/$file.log" "$results/$file.json" "$step_timeout" \
         env "${regime_env[@]}" "$path" "${sweep[@]}" "${flags[@]}" -R "$regime" -J "$results/$file.json" $extra
@@ -348,7 +352,7 @@ regime_env=(NCCL_NVLS_ENABLE=0)
 for bin in $bins; do is_local "$bin" && run_perf local "$bin"; done
 for regime in $regimes; do
   case $regime in
-    nvlink) regime_env=(NCCL_NVLS_ENABLE=0) ;;
+    nvlink | nvlink-procs) regime_env=(NCCL_NVLS_ENABLE=0) ;;
     shm) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1) ;;
     net) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) ;;
     2x2) regime_env=(NCCL_NVLS_ENABLE=0) ;;  # needs 4 GPUs: the two-hop qgZ and hpZ groups of two
