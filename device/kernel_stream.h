@@ -19,7 +19,10 @@ namespace zp {
  *          the read (from every rank's window), whose last CTA raises this rank's kReadDone flag in every peer's
  *            window.
  *        The waits are kernels of one thread, not a step of the big kernels: a big kernel waiting with every SM
- *        could keep off this GPU the kernel of another communicator that a peer waits for (a deadlock).
+ *        could keep off this GPU the kernel of another communicator that a peer waits for (a deadlock). Small
+ *        calls, whose time is mostly the host's launches, fold the waits into their kernels (waitInKernel), on a
+ *        grid of at most a quarter of the device's resident CTAs, which leaves the other slots to any other
+ *        kernel.
  *        The count lives in device memory, so that CUDA graphs replay the protocol too, and the two flags and the
  *        one-buffer window need no barrier between calls. `cancel` (device memory, or nullptr): a kernel whose
  *        CTA finds it nonzero as it starts does nothing, and a wait stops; zpccl sets it before NCCL unmaps the
@@ -29,16 +32,17 @@ namespace zp {
 struct PeerSync {
   enum Flag : int { kNone = -1, kWritten = 0, kReadDone = 1 };
 
-  char* rank0 = nullptr;               ///< rank 0's window as mapped here; null: no flags (cancel only)
-  size_t rankStride = 0;               ///< bytes from rank r's window to rank r + 1's
-  unsigned long long* calls = nullptr; ///< this rank's count of direct calls written (device)
-  unsigned int* arrived = nullptr;     ///< CTAs of the running kernel that have finished (device; the last resets it)
-  const int* cancel = nullptr;         ///< nonzero: kernels do nothing (see above)
+  char* rank0 = nullptr;                ///< rank 0's window as mapped here; null: no flags (cancel only)
+  size_t rankStride = 0;                ///< bytes from rank r's window to rank r + 1's
+  unsigned long long* calls = nullptr;  ///< this rank's count of direct calls written (device)
+  unsigned int* arrived = nullptr;      ///< CTAs of the running kernel that have finished (device; the last resets it)
+  const int* cancel = nullptr;          ///< nonzero: kernels do nothing (see above)
   int nranks = 0;
   int rank = 0;
-  int waitFor = kNone;  ///< the peers' flag that launchPeerWait waits for: at least this rank's count
-  int raise = kNone;    ///< the flag the kernel's last CTA raises in every peer's window, to this rank's count
-  bool countsCall = false;  ///< the last CTA first adds one to the count (the write)
+  int waitFor = kNone;        ///< the peers' flag that launchPeerWait waits for: at least this rank's count
+  int raise = kNone;          ///< the flag the kernel's last CTA raises in every peer's window, to this rank's count
+  bool countsCall = false;    ///< the last CTA first adds one to the count (the write)
+  bool waitInKernel = false;  ///< the kernel's CTAs wait for `waitFor` themselves, instead of launchPeerWait
 
   /// Rank r's flag `flag` as a peer sees it in window `owner` (flags are the first bytes of a window).
   static constexpr size_t flagOffset(int flag, int writer, int nranks) {
@@ -77,12 +81,31 @@ __device__ __forceinline__ bool cancelled(const int* cancel) {
   return cancel != nullptr && *static_cast<const volatile int*>(cancel) != 0;
 }
 
-/// Whether the kernel must do nothing (PeerSync::cancel): one read of the word per CTA, shared by its threads,
-/// so that a CTA stops whole (its kernels have block-wide barriers). CTAs that start before the word is set run
-/// to the end; a cancelled call's output is undefined anyway.
-__device__ __forceinline__ bool kernelCancelled(const int* cancel) {
-  if (cancel == nullptr) return false;  // the same for every thread: the argument of the launch
-  return __syncthreads_or(threadIdx.x == 0 && cancelled(cancel)) != 0;
+/// Until every peer's flag `s.waitFor` in this rank's window has reached this rank's count of calls; false when
+/// the cancel word stops the wait. One thread waits.
+__device__ __forceinline__ bool waitForPeers(const PeerSync& s) {
+  const unsigned long long target = *static_cast<volatile unsigned long long*>(s.calls);
+  const char* mine = s.rank0 + static_cast<size_t>(s.rank) * s.rankStride;
+  for (int p = 0; p < s.nranks; ++p) {
+    if (p == s.rank) continue;
+    const auto* flag = reinterpret_cast<const unsigned long long*>(mine + PeerSync::flagOffset(s.waitFor, p, s.nranks));
+    while (loadAcquireSystem(flag) < target) {
+      if (cancelled(s.cancel)) return false;
+      __nanosleep(32);
+    }
+  }
+  return true;
+}
+
+/// A kernel's first step (every thread of every CTA): false when the CTA must do nothing, because the cancel
+/// word is set (PeerSync::cancel) or was set while the CTA waited for the peers (s.waitInKernel). One thread
+/// reads and waits; the CTA meets at a barrier, so that it stops or goes on whole (its kernels have block-wide
+/// barriers). CTAs that start before the word is set run to the end; a cancelled call's output is undefined.
+__device__ __forceinline__ bool peerEnter(const PeerSync& s) {
+  if (s.cancel == nullptr) return true;  // the same for every thread: the argument of the launch
+  bool stop = false;
+  if (threadIdx.x == 0) stop = cancelled(s.cancel) || (s.waitInKernel && !waitForPeers(s));
+  return __syncthreads_or(stop) == 0;
 }
 
 /// A kernel's last step (every thread of every CTA that entered): the last CTA to finish counts the call

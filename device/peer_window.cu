@@ -21,18 +21,7 @@ __global__ void rankAddressesKernel(ncclWindow_t window, int ranks, uintptr_t* o
 #endif
 
 namespace {
-__global__ void peerWaitKernel(const PeerSync s) {
-  const unsigned long long target = *static_cast<volatile unsigned long long*>(s.calls);
-  const char* mine = s.rank0 + static_cast<size_t>(s.rank) * s.rankStride;
-  for (int p = 0; p < s.nranks; ++p) {
-    if (p == s.rank) continue;
-    const auto* flag = reinterpret_cast<const unsigned long long*>(mine + PeerSync::flagOffset(s.waitFor, p, s.nranks));
-    while (loadAcquireSystem(flag) < target) {
-      if (cancelled(s.cancel)) return;
-      __nanosleep(32);
-    }
-  }
-}
+__global__ void peerWaitKernel(const PeerSync s) { (void)waitForPeers(s); }
 }  // namespace
 
 zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream) {

@@ -640,7 +640,7 @@ __global__ void __launch_bounds__(kCtaThreads, 4) quantizeWarpKernel(const Quant
   const size_t group = threadIdx.x >> kShift;
   const size_t stride = static_cast<size_t>(gridDim.x) * kGroupsPerCta;
   int parity = 0;  // unused: no CTA-wide reduction
-  if (kernelCancelled(a.sync.cancel)) return;
+  if (!peerEnter(a.sync)) return;
 
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
     const auto [in, scales, codes, align] = openSegment<kAligned>(a, seg);
@@ -681,7 +681,7 @@ __global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel
   uint4* const mine = stages + threadIdx.x;  // slot j of stage s: mine[s * kStageVecs + j * kThreads]
   const size_t stride = gridDim.x;
   int parity = 0;
-  if (kernelCancelled(a.sync.cancel)) return;
+  if (!peerEnter(a.sync)) return;
 
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
     const auto [in, scales, codes, align] = openSegment<kAligned>(a, seg);
@@ -741,7 +741,7 @@ __global__ void __launch_bounds__(kCtaThreads) dequantizeKernel(const DequantArg
       typename std::conditional<V * Bits / 8 == 8, uint2,
                                 typename std::conditional<V * Bits / 8 == 4, uint32_t, uint16_t>::type>::type;
 
-  if (kernelCancelled(a.sync.cancel)) return;
+  if (!peerEnter(a.sync)) return;
   for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
     const char* payload = a.payload + seg * a.payloadStride;
     const float* scales = reinterpret_cast<const float*>(payload);

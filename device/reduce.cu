@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ uint32_t warpMax[2][kThreads / 32];  // groups of several warps; two sets, so one barrier a tile
   const int groupThreads = 1 << a.groupShift;
   const int lane = threadIdx.x & (groupThreads - 1);  // in the group
-  if (kernelCancelled(a.sync.cancel)) return;
+  if (!peerEnter(a.sync)) return;
   int parity = 0;
 #pragma unroll 1
   for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ uint4 stage[kThreads / 32][kWarpChunks];  // each warp's finished elements, in order
   uint4* mine = stage[threadIdx.x >> 5];
   const int lane = threadIdx.x & 31;
-  if (kernelCancelled(a.sync.cancel)) return;
+  if (!peerEnter(a.sync)) return;
 #pragma unroll 1
   for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
     const size_t seg = work / a.tiles;
@@ -476,7 +476,8 @@ zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
   }
   int sms = 0;
   CUDACHECK(kernelStreamSms(stream, &sms));
-  const size_t cap = static_cast<size_t>(sms) * perSm * kWaves;
+  // CTAs that wait for the peers (PeerSync::waitInKernel) hold their slots: one wave only, on the stream's SMs.
+  const size_t cap = static_cast<size_t>(sms) * perSm * (stream.sync.waitInKernel ? 1 : kWaves);
   *grid = static_cast<unsigned>(work < cap ? work : cap);
   return zpSuccess;
 }

@@ -208,6 +208,7 @@ std::vector<std::pair<const char*, int64_t>> pathTunables() {
   return {{"ZP_NCCL_SMS", paramNcclSms()},
           {"ZP_PAIR_ALLGATHER", paramPairAllGather()},
           {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()},
+          {"ZP_DIRECT_INLINE_WAIT_BYTES", paramDirectInlineWaitBytes()},
           {"ZP_SHM_MIN_CTAS", paramShmMinCtas()}};
 }
 

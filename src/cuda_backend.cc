@@ -352,6 +352,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     }
   }
   ZPCHECK(cudaExecInit(&e));
+  CUDACHECK(cudaDeviceGetAttribute(&e.sms, cudaDevAttrMultiProcessorCount, e.device));
   std::vector<uint64_t> keys;
   ZPCHECK(exchangeNodeKeys(c.world, nranks, rank, nodeKey, e.setupStream, &keys));
   ZPCHECK(buildTopology(keys, rank, hpzRequest, call, &e.topo));

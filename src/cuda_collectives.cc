@@ -303,10 +303,11 @@ namespace {
 // The direct path's frame (src/peer_window.h), around `write` (fills this rank's window's payload) and `read`
 // (reads every rank's payload into recvbuff), both on the caller's stream with every SM, after the previous
 // call's work. The kernels order themselves with the peers' through the window's flags (the KernelStream each
-// gets, and a wait before each); two events bracket them for an abort (cancelPeerReads). No NCCL call: at 1 MB
-// the whole call is four launches, two of one thread.
+// gets, and a wait before each, inside them for small calls); two events bracket them for an abort
+// (cancelPeerReads). No NCCL call: at 1 MB the whole call is two launches.
 template <typename Write, typename Read>
-zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t payloadBytes, Write write, Read read) {
+zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t logicalBytes, size_t payloadBytes, Write write,
+                       Read read) {
   PeerWindow& w = e.peers;
   ZPCHECK(ensureWindow(e, payloadBytes, a.stream, a.opName));
   Stages st;
@@ -314,10 +315,17 @@ zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t payloadBytes, Writ
   KernelStream writeStream(a.stream), readStream(a.stream);
   writeStream.sync = w.sync(/*write=*/true);
   readStream.sync = w.sync(/*write=*/false);
+  const bool inlineWaits = logicalBytes <= static_cast<size_t>(paramDirectInlineWaitBytes());
+  if (inlineWaits) {
+    for (KernelStream* k : {&writeStream, &readStream}) {
+      k->sync.waitInKernel = true;
+      k->sms = std::max(1, e.sms / 4);
+    }
+  }
   if (!st.captured) CUDACHECK(cudaEventRecord(w.readStart, a.stream));
-  ZPCHECK(launchPeerWait(writeStream.sync, a.stream));
+  if (!inlineWaits) ZPCHECK(launchPeerWait(writeStream.sync, a.stream));
   ZPCHECK(write(w.payload(), writeStream));
-  ZPCHECK(launchPeerWait(readStream.sync, a.stream));
+  if (!inlineWaits) ZPCHECK(launchPeerWait(readStream.sync, a.stream));
   ZPCHECK(read(w, readStream));
   if (!st.captured) {
     CUDACHECK(cudaEventRecord(w.readDone, a.stream));
@@ -336,7 +344,7 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     // Each rank's window holds its quantized shard; one launch dequantizes the n windows, the peers' read over
     // NVLink, into recvbuff.
     return directLoads(
-        e, a, quantPayloadBytes(a.count, a.bits, a.blockSize),
+        e, a, a.count * n * esz, quantPayloadBytes(a.count, a.bits, a.blockSize),
         [&](char* payload, KernelStream writeStream) {
           return launchQuantize(a.sendbuff, payload, a.count, a.type, a.bits, a.blockSize, writeStream);
         },
@@ -448,7 +456,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     // window, the peers' read over NVLink, in rank order into recvbuff.
     const size_t pb = quantPayloadBytes(a.count, a.bits, a.blockSize);
     return directLoads(
-        e, a, n * pb,
+        e, a, a.count * n * esz, n * pb,
         [&](char* payload, KernelStream writeStream) {
           return quantizeSlots(a, q.sliceOfSlot, a.count, 0, a.count, payload, pb, writeStream);
         },

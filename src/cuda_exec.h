@@ -40,6 +40,7 @@ struct ScratchBuffer {
 struct CudaExec {
   NcclComms comms;
   int device = -1;
+  int sms = 0;  // the device's SMs
   Topology topo;
   QgzPlan qgz;
   cudaStream_t setupStream = nullptr;  // init-time exchanges

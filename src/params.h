@@ -8,48 +8,52 @@
 
 namespace zp {
 
-#define ZP_PARAMS(X)                                                                                        \
-  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000, 1, INT64_MAX,                                              \
-    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")              \
-  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000, 1, INT64_MAX,                                              \
-    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")            \
-  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000, 0, INT64_MAX,                                                       \
-    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog "        \
-    "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)")   \
-  X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0, 0, INT64_MAX,                                                  \
-    "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")      \
-  X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, 1, 16, "cuda backend: most pipeline chunks per collective call") \
-  X(PipelineChunkRamp, "ZP_CHUNK_RAMP", 0, 0, 1,                                                            \
-    "cuda backend: 1 makes a pipeline's first and last chunks half the others (when it has three or more) " \
-    "to shorten its exposed ends; 0 (default): equal chunks")                                               \
-  X(TracePipeline, "ZP_TRACE_PIPELINE", 0, 0, 1,                                                            \
-    "cuda backend: time every stage of every chunk of the quantized collectives and log it (INFO COLL), "   \
-    "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")           \
-  X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0, 0, 32,                                               \
-    "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "   \
-    "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                  \
-  X(NcclMinCtas, "ZP_NCCL_MIN_CTAS", 0, 0, 64,                                                              \
-    "cuda backend: the fewest CTAs (channels) NCCL uses for the communicators zpccl creates "               \
-    "(ncclConfig_t.minCTAs; 0: NCCL's default). Not yet measured: whether more channels speed NCCL's "      \
-    "shared-memory or socket transport for zpccl's payloads, which are smaller than the bf16 baseline's")   \
-  X(ShmMinCtas, "ZP_SHM_MIN_CTAS", 16, 0, 64,                                                               \
-    "cuda backend: on one node whose GPUs talk through host shared memory (NCCL_P2P_DISABLE set, "          \
-    "NCCL_SHM_DISABLE not), the fewest CTAs (channels) NCCL uses for zpccl's transfers (0: NCCL's "         \
-    "choice). More channels move the quantized payloads faster: qwZ int8 at 256 MB 1.83x -> 1.97x NCCL")    \
-  X(PairAllGather, "ZP_PAIR_ALLGATHER", 2, 0, 2,                                                            \
-    "cuda backend: how qgZ exchanges slots between two ranks: 2 (default) as one ncclAllGather when they "  \
-    "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3) or share host "   \
-    "memory with ZP_SHM_MIN_CTAS channels (the gather gets them, point-to-point does not), else by "        \
-    "ncclSend/ncclRecv (faster over NVLink); 1: always the all-gather; 0: never (perf/RESULTS.md)")         \
-  X(NcclSms, "ZP_NCCL_SMS", 32, 0, 1024,                                                                    \
-    "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's " \
-    "while both run: their quantize and dequantize stages run in a green context of the other SMs "         \
-    "(default 32, measured fastest over NVLink, perf/RESULTS.md; 0: no green context, every SM)")           \
-  X(DirectMinBytes, "ZP_DIRECT_MIN_BYTES", 16 << 20, -1, INT64_MAX,                                         \
-    "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "    \
-    "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not " \
-    "disabled), instead of moving them with NCCL (default 16 MiB: below it the two barriers cost more "     \
-    "than they save, perf/RESULTS.md); -1: never (src/peer_window.h)")
+#define ZP_PARAMS(X)                                                                                                 \
+  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000, 1, INT64_MAX,                                                       \
+    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")                       \
+  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000, 1, INT64_MAX,                                                       \
+    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")                     \
+  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000, 0, INT64_MAX,                                                                \
+    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog "                 \
+    "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)")            \
+  X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0, 0, INT64_MAX,                                                           \
+    "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")               \
+  X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, 1, 16, "cuda backend: most pipeline chunks per collective call")          \
+  X(PipelineChunkRamp, "ZP_CHUNK_RAMP", 0, 0, 1,                                                                     \
+    "cuda backend: 1 makes a pipeline's first and last chunks half the others (when it has three or more) "          \
+    "to shorten its exposed ends; 0 (default): equal chunks")                                                        \
+  X(TracePipeline, "ZP_TRACE_PIPELINE", 0, 0, 1,                                                                     \
+    "cuda backend: time every stage of every chunk of the quantized collectives and log it (INFO COLL), "            \
+    "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")                    \
+  X(NetChannelsPerPeer, "ZP_NET_CHANNELS_PER_PEER", 0, 0, 32,                                                        \
+    "cuda backend: NCCL channels per network peer for the point-to-point exchanges of the communicators "            \
+    "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                           \
+  X(NcclMinCtas, "ZP_NCCL_MIN_CTAS", 0, 0, 64,                                                                       \
+    "cuda backend: the fewest CTAs (channels) NCCL uses for the communicators zpccl creates "                        \
+    "(ncclConfig_t.minCTAs; 0: NCCL's default). Not yet measured: whether more channels speed NCCL's "               \
+    "shared-memory or socket transport for zpccl's payloads, which are smaller than the bf16 baseline's")            \
+  X(ShmMinCtas, "ZP_SHM_MIN_CTAS", 16, 0, 64,                                                                        \
+    "cuda backend: on one node whose GPUs talk through host shared memory (NCCL_P2P_DISABLE set, "                   \
+    "NCCL_SHM_DISABLE not), the fewest CTAs (channels) NCCL uses for zpccl's transfers (0: NCCL's "                  \
+    "choice). More channels move the quantized payloads faster: qwZ int8 at 256 MB 1.83x -> 1.97x NCCL")             \
+  X(PairAllGather, "ZP_PAIR_ALLGATHER", 2, 0, 2,                                                                     \
+    "cuda backend: how qgZ exchanges slots between two ranks: 2 (default) as one ncclAllGather when they "           \
+    "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3) or share host "            \
+    "memory with ZP_SHM_MIN_CTAS channels (the gather gets them, point-to-point does not), else by "                 \
+    "ncclSend/ncclRecv (faster over NVLink); 1: always the all-gather; 0: never (perf/RESULTS.md)")                  \
+  X(NcclSms, "ZP_NCCL_SMS", 32, 0, 1024,                                                                             \
+    "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's "          \
+    "while both run: their quantize and dequantize stages run in a green context of the other SMs "                  \
+    "(default 32, measured fastest over NVLink, perf/RESULTS.md; 0: no green context, every SM)")                    \
+  X(DirectMinBytes, "ZP_DIRECT_MIN_BYTES", 16 << 20, -1, INT64_MAX,                                                  \
+    "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "             \
+    "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not "          \
+    "disabled), instead of moving them with NCCL (default 16 MiB, perf/RESULTS.md); -1: never "                      \
+    "(src/peer_window.h)")                                                                                           \
+  X(DirectInlineWaitBytes, "ZP_DIRECT_INLINE_WAIT_BYTES", 4 << 20, 0, INT64_MAX,                                     \
+    "cuda backend: direct-load calls up to this many logical bytes wait for the peers inside their two "             \
+    "kernels, on grids of a quarter of the device, instead of in two extra one-thread kernels: two launches fewer, " \
+    "which is most of a small call's time (device/kernel_stream.h, PeerSync)")
 
 #define ZP_DECLARE_PARAM(name, env, def, lo, hi, help) int64_t param##name();
 ZP_PARAMS(ZP_DECLARE_PARAM)

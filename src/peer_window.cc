@@ -51,8 +51,7 @@ const char* directLoadsBlocker(const DirectLoadsFacts& f) {
   return nullptr;
 }
 
-zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cudaStream_t setupStream,
-                          PeerWindow* w) {
+zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cudaStream_t setupStream, PeerWindow* w) {
   *w = PeerWindow();
   w->nranks = nranks;
   w->rank = rank;

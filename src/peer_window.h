@@ -67,7 +67,9 @@ struct PeerWindow {
   // This rank's payload, where its write kernel quantizes.
   char* payload() const { return static_cast<char*>(local) + payloadOffset(); }
   // Rank r's payload, as this process reads it.
-  const char* rankWindow(int r) const { return reinterpret_cast<const char*>(rank0 + r * rankStride + payloadOffset()); }
+  const char* rankWindow(int r) const {
+    return reinterpret_cast<const char*>(rank0 + r * rankStride + payloadOffset());
+  }
   // How a call's write (write = true) or read kernel takes part in the flag protocol.
   PeerSync sync(bool write) const;
 };
@@ -85,8 +87,7 @@ struct DirectLoadsFacts {
 const char* directLoadsBlocker(const DirectLoadsFacts& f);
 
 // Decides whether the communicator can use direct loads, with the other ranks (collective over world).
-zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cudaStream_t setupStream,
-                          PeerWindow* w);
+zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cudaStream_t setupStream, PeerWindow* w);
 
 // Whether a call moving logicalBytes takes the direct path.
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
@@ -101,8 +102,8 @@ zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t strea
 
 // Before NCCL unmaps the peers' windows (ncclCommAbort, or ncclCommRevoke on a failed communicator): sets the
 // cancel word, so that the kernels still queued or waiting on the caller's streams do nothing (PeerSync::cancel),
-// and waits for a call's kernels already running. A read that a replayed CUDA graph runs at that moment is not waited for (its
-// events cannot be recorded in the capture). Idempotent.
+// and waits for a call's kernels already running. A read that a replayed CUDA graph runs at that moment is not waited
+// for (its events cannot be recorded in the capture). Idempotent.
 void cancelPeerReads(PeerWindow* w);
 
 // Deregisters the window from world (collective, like ncclCommDestroy), before world is destroyed. Skipped after

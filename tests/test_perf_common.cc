@@ -580,13 +580,14 @@ ResultRow sampleRow() {
 }
 
 TEST(PerfJson, RowMatchesExpectedText) {
-  EXPECT_EQ(rowToJson(sampleRow()),
-            "{\"op\": \"qwz_all_gather\", \"regime\": \"net\", \"backend\": \"cuda\", \"size\": 1048576, "
-            "\"count\": 524288, \"type\": \"bfloat16\", \"redop\": null, \"bits\": 8, \"block\": 256, "
-            "\"ranks\": 2, \"nodes\": 2, "
-            "\"oop\": {\"time_us\": 1234.5, \"enqueue_us\": 20.5, \"algbw\": 0.85, \"busbw\": 0.425, \"wrong\": 0}, "
-            "\"ip\": {\"time_us\": 1300.25, \"enqueue_us\": 21, \"algbw\": 0.8, \"busbw\": 0.4, \"wrong\": 3}, "
-            "\"baseline\": \"nccl\", \"nccl\": {\"time_us\": 2469, \"enqueue_us\": 7.25, \"busbw\": 0.21}, \"speedup\": 2}");
+  EXPECT_EQ(
+      rowToJson(sampleRow()),
+      "{\"op\": \"qwz_all_gather\", \"regime\": \"net\", \"backend\": \"cuda\", \"size\": 1048576, "
+      "\"count\": 524288, \"type\": \"bfloat16\", \"redop\": null, \"bits\": 8, \"block\": 256, "
+      "\"ranks\": 2, \"nodes\": 2, "
+      "\"oop\": {\"time_us\": 1234.5, \"enqueue_us\": 20.5, \"algbw\": 0.85, \"busbw\": 0.425, \"wrong\": 0}, "
+      "\"ip\": {\"time_us\": 1300.25, \"enqueue_us\": 21, \"algbw\": 0.8, \"busbw\": 0.4, \"wrong\": 3}, "
+      "\"baseline\": \"nccl\", \"nccl\": {\"time_us\": 2469, \"enqueue_us\": 7.25, \"busbw\": 0.21}, \"speedup\": 2}");
 }
 
 TEST(PerfJson, TunablesOfTheRunAreWrittenWhenSet) {

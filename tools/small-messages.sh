@@ -7,18 +7,21 @@
 #   bash tools/small-messages.sh                 # threads and processes, default settings
 #   CONFIGS="default ZP_TIMEOUT_MS=0" bash tools/small-messages.sh
 #
-# CONFIGS: words of VAR=value (or "default"), each a run of its own; REGIMES (default "nvlink nvlink-procs");
+# CONFIGS: words of VAR=value[,VAR=value...] (or "default"), each a run of its own; REGIMES (default "nvlink
+# nvlink-procs");
 # ITERS (200) calls per timing, so that launch jitter averages out.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export NCCL_NVLS_ENABLE=0
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
 configs=${CONFIGS:-default}
+# First the host's cost of each CUDA call a collective makes (tools/api_costs.cu).
+"$build/tools/zpccl-api-costs"
 tags=()
 for config in $configs; do
-  tag=-small-${config//=/-}
+  tag=-small-${config//[=,]/-}
   env_words=""
-  [ "$config" != default ] && env_words=$config
+  [ "$config" != default ] && env_words=${config//,/ }
   ZP_GPU_CHECK_SKIP_BUILD=1 ZP_GPU_CHECK_SKIP_TESTS=1 ZP_GPU_CHECK_TAG=$tag \
     ZP_GPU_CHECK_REGIMES="${REGIMES:-nvlink nvlink-procs}" ZP_GPU_CHECK_BINS="${BINS:-qwz_perf qgz_perf}" \
     ZP_GPU_CHECK_MIN=1M ZP_GPU_CHECK_MAX="${MAX:-16M}" ZP_GPU_CHECK_ITERS="${ITERS:-200}" ZP_GPU_CHECK_WARMUP=20 \
