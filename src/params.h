@@ -45,11 +45,11 @@ namespace zp {
     "cuda backend: SMs that the quantized gathers' own kernels (qwZ, hpZ with bits) leave free for NCCL's "          \
     "while both run: their quantize and dequantize stages run in a green context of the other SMs "                  \
     "(default 32, measured fastest over NVLink, perf/RESULTS.md; 0: no green context, every SM)")                    \
-  X(DirectMinBytes, "ZP_DIRECT_MIN_BYTES", 16 << 20, -1, INT64_MAX,                                                  \
+  X(DirectMinBytes, "ZP_DIRECT_MIN_BYTES", 0, -1, INT64_MAX,                                                         \
     "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "             \
     "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not "          \
-    "disabled), instead of moving them with NCCL (default 16 MiB, perf/RESULTS.md); -1: never "                      \
-    "(src/peer_window.h)")                                                                                           \
+    "disabled), instead of moving them with NCCL (default 0, every size: measured faster from 1 MiB up, "            \
+    "perf/RESULTS.md); -1: never (src/peer_window.h)")                                                               \
   X(DirectInlineWaitBytes, "ZP_DIRECT_INLINE_WAIT_BYTES", 4 << 20, 0, INT64_MAX,                                     \
     "cuda backend: direct-load calls up to this many logical bytes wait for the peers inside their two "             \
     "kernels, on grids of a quarter of the device, instead of in two extra one-thread kernels: two launches fewer, " \

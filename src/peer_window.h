@@ -28,8 +28,8 @@
 //
 // Used when every rank of the world is in NCCL's LSA team, zpccl's topology has one node, NCCL's P2P transport
 // is not disabled (NCCL_P2P_DISABLE: the user asked that GPUs not reach each other directly, and the perf
-// harness's shm regime relies on it), and the call moves at least ZP_DIRECT_MIN_BYTES logical bytes. The ranks
-// agree on the choice at init (an all-reduce of it), so they never take different paths.
+// harness's shm regime relies on it), and the call moves at least ZP_DIRECT_MIN_BYTES logical bytes (by default
+// every call). The ranks agree on the choice at init (an all-reduce of it), so they never take different paths.
 #pragma once
 
 #include <cuda_runtime.h>

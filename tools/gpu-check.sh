@@ -211,8 +211,9 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # two-rank exchanges as one all-gather on one node too (ZP_PAIR_ALLGATHER=1; by default only across nodes,
   # which the two-node tests of the first pass cover), and no direct loads (ZP_DIRECT_MIN_BYTES=-1: every size
   # through NCCL and the pipelines).
-  # Then every collective test with direct loads from the smallest call up (ZP_DIRECT_MIN_BYTES=0; by default
-  # from 16 MiB, above most test cases), in one process and in two (src/peer_window.h).
+  # Then every collective test with direct loads whose waits are kernels of their own at every size
+  # (ZP_DIRECT_INLINE_WAIT_BYTES=0; by default calls up to 4 MiB, most test cases, wait inside their kernels), in
+  # one process and in two (src/peer_window.h).
   # Then the collective tests over host shared memory (NCCL_P2P_DISABLE=1: the world is split with
   # ZP_SHM_MIN_CTAS channels, qgZ's pair exchange gathers), and last, with a short limit of its own,
   # GpuFromNccl there: it hung in the sixth session (the caller's communicator is no longer split; is it fixed?).
@@ -223,7 +224,7 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
       env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1 ZP_DIRECT_MIN_BYTES=-1 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter="$collective_tests"
     run_step "zpccl_gpu_tests direct" - test "$results/zpccl_gpu_tests_direct.log" "" 120 \
-      env ZP_DIRECT_MIN_BYTES=0 "$build/tests/zpccl_gpu_tests" \
+      env ZP_DIRECT_MIN_BYTES=0 ZP_DIRECT_INLINE_WAIT_BYTES=0 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter="$collective_tests:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses"
     run_step "zpccl_gpu_tests shm" - test "$results/zpccl_gpu_tests_shm.log" "" 90 \
       env NCCL_P2P_DISABLE=1 "$build/tests/zpccl_gpu_tests" --gtest_filter="$collective_tests:GpuLifecycle.*"
