@@ -104,7 +104,9 @@ __device__ __forceinline__ bool waitForPeers(const PeerSync& s) {
 __device__ __forceinline__ bool peerEnter(const PeerSync& s) {
   if (s.cancel == nullptr) return true;  // the same for every thread: the argument of the launch
   bool stop = false;
-  if (threadIdx.x == 0) stop = cancelled(s.cancel) || (s.waitInKernel && !waitForPeers(s));
+  if (threadIdx.x == 0) {
+    stop = cancelled(s.cancel) || (s.waitInKernel && s.waitFor != PeerSync::kNone && !waitForPeers(s));
+  }
   return __syncthreads_or(stop) == 0;
 }
 

@@ -25,6 +25,7 @@ __global__ void peerWaitKernel(const PeerSync s) { (void)waitForPeers(s); }
 }  // namespace
 
 zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream) {
+  if (sync.waitFor == PeerSync::kNone) return zpSuccess;
   peerWaitKernel<<<1, 1, 0, stream>>>(sync);
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
