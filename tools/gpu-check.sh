@@ -437,7 +437,7 @@ def last_words(log, status):
         lines.extend((errors or text)[-2:])
     return " | ".join(dict.fromkeys(lines))[:300] or "no log"
 
-why = []
+why, bound = [], []
 fmt = "{:<30} {:<7} {:<8} {:>22} {:>22} {:>7}"
 print("==== zpccl gpu-check summary ({} s) ====".format(elapsed))
 print(fmt.format("step", "regime", "status", "busbw GB/s 16M/256M/1G", "speedup 16M/256M/1G", "wrong"))
@@ -473,11 +473,20 @@ for line in open(manifest):
             bits = mine[0].get("bits") if mine else None
             title = "{}{}".format(op, " int%d" % bits if bits else "") if mine else name
             print(fmt.format(title[:30], regime, label, bw if mine else "no rows", sp if mine else "", wrong))
+            # Issue 5's small-message bound: qwZ at 1 MB in at most twice NCCL's time.
+            small = [r for r in mine if op == "qwz_all_gather" and abs((r.get("size") or 0) - (1 << 20)) <= 1 << 13]
+            for r in small:
+                zp, nccl = (r.get("oop") or {}).get("time_us"), (r.get("nccl") or {}).get("time_us")
+                if zp and nccl:
+                    bound.append("{} int{} {}: {:.1f} us / NCCL {:.1f} us = {:.2f}x NCCL's time".format(
+                        op, r.get("bits"), regime, zp, nccl, zp / nccl))
     if status == "skipped":
         skipped.append(name + " " + regime)
     elif not ok:
         failed.append(name + " (" + regime + ")")
         why.append((name, regime, last_words(log, status)))
+for line in bound:
+    print("1 MB (bound 2x): " + line)
 for name, regime, words in why:
     print("  {} ({}): {}".format(name, regime, words))
 if failed:
