@@ -1,6 +1,8 @@
-// Host-only stand-ins for the CUDA kernel launchers (device/quantize.h, device/reduce.h), linked only by the
-// sanitizer build of tools/run-sanitizers.sh, which compiles the library with clang and without nvcc. The cuda
-// backend is not exercised there (no GPU); should it be reached anyway, every launch fails cleanly.
+// Host-only stand-ins for the CUDA kernel launchers (device/quantize.h, device/reduce.h, launchPeerWait of
+// device/peer_window.h), linked only by the sanitizer build of tools/run-sanitizers.sh, which compiles the
+// library with clang and without nvcc. The cuda backend is not exercised there (no GPU); should it be reached
+// anyway, every launch fails cleanly.
+#include "device/peer_window.h"
 #include "device/quantize.h"
 #include "device/reduce.h"
 
@@ -22,5 +24,7 @@ zpResult_t launchReduceFinish(const ReduceSources&, size_t, int, int, zpDataType
                               KernelStream) {
   return zpInternalError;
 }
+
+zpResult_t launchPeerWait(const PeerSync&, cudaStream_t) { return zpInternalError; }
 
 }  // namespace zp
