@@ -41,15 +41,17 @@ struct PeerSync {
   int rank = 0;
   int waitFor = kNone;        ///< the peers' flag that launchPeerWait waits for: at least this rank's count
   int raise = kNone;          ///< the flag the kernel's last CTA raises in every peer's window, to this rank's count
-  bool countsCall = false;    ///< the last CTA first adds one to the count (the write)
   bool waitInKernel = false;  ///< the kernel's CTAs wait for `waitFor` themselves, instead of launchPeerWait
+
+  /// The write (the kernel that raises kWritten) first adds one to the count.
+  constexpr bool countsCall() const { return raise == kWritten; }
 
   /// Rank r's flag `flag` as a peer sees it in window `owner` (flags are the first bytes of a window).
   static constexpr size_t flagOffset(int flag, int writer, int nranks) {
     return (static_cast<size_t>(flag) * nranks + writer) * sizeof(unsigned long long);
   }
   /// Bytes at the start of each window that hold the flags (the payload follows).
-  static constexpr size_t flagBytes(int nranks) { return (2 * static_cast<size_t>(nranks) * 8 + 255) / 256 * 256; }
+  static constexpr size_t flagBytes(int nranks) { return (flagOffset(kReadDone + 1, 0, nranks) + 255) / 256 * 256; }
 };
 
 /**
@@ -111,7 +113,7 @@ __device__ __forceinline__ bool peerEnter(const PeerSync& s) {
 }
 
 /// A kernel's last step (every thread of every CTA that entered): the last CTA to finish counts the call
-/// (s.countsCall) and raises s.raise in every peer's window. Each CTA's writes and reads are ordered before its
+/// (s.countsCall()) and raises s.raise in every peer's window. Each CTA's writes and reads are ordered before its
 /// arrival by a barrier and a system-scope fence (fences are cumulative), the flags after every arrival.
 __device__ __forceinline__ void peerLeave(const PeerSync& s) {
   if (s.raise == PeerSync::kNone) return;  // the same for every thread: the argument of the launch
@@ -121,7 +123,7 @@ __device__ __forceinline__ void peerLeave(const PeerSync& s) {
   if (atomicAdd(s.arrived, 1u) != gridDim.x * gridDim.y * gridDim.z - 1) return;
   *static_cast<volatile unsigned int*>(s.arrived) = 0;
   unsigned long long count = *static_cast<volatile unsigned long long*>(s.calls);
-  if (s.countsCall) *static_cast<volatile unsigned long long*>(s.calls) = ++count;
+  if (s.countsCall()) *static_cast<volatile unsigned long long*>(s.calls) = ++count;
   __threadfence_system();
   for (int p = 0; p < s.nranks; ++p) {
     if (p == s.rank) continue;

@@ -225,7 +225,7 @@ class CudaBackend final : public Backend {
     }();
     {
       DeviceGuard guard(exec_.device);  // the watchdog's thread
-      cancelPeerReads(&exec_.peers);    // the reads after the ended barriers would read garbage, or unmapped memory
+      cancelPeerReads(&exec_.peers);    // the direct-load kernels must not wait on, or touch, revoked peers' windows
     }
     if (revoke != nullptr) {
       for (ncclComm_t c : exec_.comms.all()) (void)revoke(c, 0);

@@ -249,10 +249,7 @@ zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot,
     // A direct-load write of several launches (PeerSync): the first waits for the peers, the last signals them.
     KernelStream launch = stream;
     if (s > 0) launch.sync.waitFor = PeerSync::kNone;
-    if (s + run < n) {
-      launch.sync.raise = PeerSync::kNone;
-      launch.sync.countsCall = false;
-    }
+    if (s + run < n) launch.sync.raise = PeerSync::kNone;
     ZPCHECK(launchQuantize(send + (sliceOfSlot[s] * sliceElems + offset) * esz, slots + s * slotBytes, count, a.type,
                            a.bits, a.blockSize, launch, run, stride * sliceElems, slotBytes));
     s += run;

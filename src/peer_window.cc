@@ -57,13 +57,12 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cud
   w->rank = rank;
   if (nranks < 2) return zpSuccess;  // the same on every rank: nothing to agree on
   const char* why = directLoadsBlocker(factsOf(world, nranks, nodes));
-  // The word the barriers all-reduce and the other words (PeerWindow::barrierWord), then room for the ranks'
-  // window addresses.
-  const size_t wordsBytes = PeerWindow::kWordsBytes + nranks * sizeof(uintptr_t);
-  CUDACHECK(cudaMalloc(&w->barrierWord, wordsBytes));
-  CUDACHECK(cudaMemsetAsync(w->barrierWord, 0, wordsBytes, setupStream));
+  // The device words, then room for the ranks' window addresses.
+  const size_t wordsBytes = sizeof(PeerWindowWords) + nranks * sizeof(uintptr_t);
+  CUDACHECK(cudaMalloc(&w->words, wordsBytes));
+  CUDACHECK(cudaMemsetAsync(w->words, 0, wordsBytes, setupStream));
   // Every rank must choose the same path: the minimum of the ranks' answers (1 = can).
-  int* vote = w->barrierWord + 1;
+  int* vote = &w->words->vote;
   const int mine = why == nullptr ? 1 : 0;
   CUDACHECK(cudaMemcpyAsync(vote, &mine, sizeof(int), cudaMemcpyHostToDevice, setupStream));
   ZPCHECK(ncclStatus(ncclAllReduce(vote, vote, 1, ncclInt32, ncclMin, world, setupStream), "zpCommInitRank",
@@ -85,14 +84,13 @@ PeerSync PeerWindow::sync(bool write) const {
   PeerSync s;
   s.rank0 = reinterpret_cast<char*>(rank0);
   s.rankStride = rankStride;
-  s.calls = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(barrierWord) + 16);
-  s.arrived = reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(barrierWord) + 24);
+  s.calls = &words->calls;
+  s.arrived = &words->arrived;
   s.cancel = cancelWord();
   s.nranks = nranks;
   s.rank = rank;
   s.waitFor = write ? PeerSync::kReadDone : PeerSync::kWritten;
   s.raise = write ? PeerSync::kWritten : PeerSync::kReadDone;
-  s.countsCall = write;
   return s;
 }
 
@@ -102,7 +100,7 @@ bool useDirectLoads(const PeerWindow& w, size_t logicalBytes) {
 
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call) {
   // A maximum of zeros stays zero: the word never changes, whatever the number of calls.
-  return ncclStatus(ncclAllReduce(w.barrierWord, w.barrierWord, 1, ncclInt32, ncclMax, world, stream), call,
+  return ncclStatus(ncclAllReduce(&w.words->barrier, &w.words->barrier, 1, ncclInt32, ncclMax, world, stream), call,
                     "ncclAllReduce (barrier of the direct loads)");
 }
 
@@ -124,14 +122,14 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   // Zeroed once, so that no byte of it is ever undefined (compute-sanitizer initcheck); its flags start at 0 on
   // every rank, and so does the count of calls they are compared with (the arrival counter is 0 between kernels).
   CUDACHECK(cudaMemsetAsync(w.local, 0, rounded, setupStream));
-  CUDACHECK(cudaMemsetAsync(reinterpret_cast<char*>(w.barrierWord) + 16, 0, 16, setupStream));
+  CUDACHECK(cudaMemsetAsync(&w.words->arrived, 0, sizeof(w.words->arrived), setupStream));
+  CUDACHECK(cudaMemsetAsync(&w.words->calls, 0, sizeof(w.words->calls), setupStream));
   CUDACHECK(cudaStreamSynchronize(setupStream));
   ZPCHECK(ncclStatus(ncclCommWindowRegister(world, w.local, rounded, &w.handle, NCCL_WIN_COLL_SYMMETRIC), call,
                      "ncclCommWindowRegister"));
   w.bytes = rounded;
   std::vector<uintptr_t> at;
-  ZPCHECK(windowRankAddresses(w.handle, w.nranks, reinterpret_cast<char*>(w.barrierWord) + PeerWindow::kWordsBytes,
-                              setupStream, &at));
+  ZPCHECK(windowRankAddresses(w.handle, w.nranks, w.words + 1, setupStream, &at));
   w.rank0 = at[0];
   w.rankStride = at[1] - at[0];
   for (int r = 0; r < w.nranks; ++r) {
@@ -216,7 +214,7 @@ void freePeerWindow(PeerWindow* w) {
 #if ZP_HAVE_NCCL_DEVICE
   if (w->local != nullptr) (void)ncclMemFree(w->local);
 #endif
-  if (w->barrierWord != nullptr) (void)cudaFree(w->barrierWord);
+  if (w->words != nullptr) (void)cudaFree(w->words);
   *w = PeerWindow();
 }
 

@@ -43,25 +43,31 @@
 
 namespace zp {
 
+// The communicator's device words of the direct path (PeerWindow::words), followed in the same allocation by room
+// for the ranks' window addresses (windowRankAddresses).
+struct PeerWindowWords {
+  int barrier;               // what peerBarrier all-reduces: always 0
+  int vote;                  // init: whether every rank can use direct loads
+  int cancel;                // nonzero once the kernels are cancelled (cancelPeerReads)
+  unsigned int arrived;      // PeerSync::arrived
+  unsigned long long calls;  // PeerSync::calls
+};
+
 struct PeerWindow {
-  bool usable = false;              // decided once at init, the same on every rank
-  void* local = nullptr;            // this rank's window (ncclMemAlloc), what its kernels write
-  size_t bytes = 0;                 // its size; only grows, never inside graph capture
-  ncclWindow_t handle = nullptr;    // its registration on the world communicator
-  uintptr_t rank0 = 0;              // rank 0's window as mapped in this process
-  size_t rankStride = 0;            // bytes from rank r's window to rank r + 1's, as mapped here
-  int* barrierWord = nullptr;       // device memory: the word peerBarrier all-reduces (always 0), the init vote,
-                                    // the cancel word, the call count and arrival counter of PeerSync, then
-                                    // scratch for the ranks' window addresses
-  cudaEvent_t readStart = nullptr;  // the last call's kernels (outside graph capture) may start,
-  cudaEvent_t readDone = nullptr;   // and are done
+  bool usable = false;               // decided once at init, the same on every rank
+  void* local = nullptr;             // this rank's window (ncclMemAlloc), what its kernels write
+  size_t bytes = 0;                  // its size; only grows, never inside graph capture
+  ncclWindow_t handle = nullptr;     // its registration on the world communicator
+  uintptr_t rank0 = 0;               // rank 0's window as mapped in this process
+  size_t rankStride = 0;             // bytes from rank r's window to rank r + 1's, as mapped here
+  PeerWindowWords* words = nullptr;  // device memory, then scratch for the ranks' window addresses
+  cudaEvent_t readStart = nullptr;   // the last call's kernels (outside graph capture) may start,
+  cudaEvent_t readDone = nullptr;    // and are done
   int nranks = 0;
   int rank = 0;
 
-  // Device word, in barrierWord's memory: nonzero once the reads are cancelled (cancelPeerReads).
-  int* cancelWord() const { return barrierWord != nullptr ? barrierWord + 2 : nullptr; }
-  // Bytes of barrierWord's memory before the ranks' window addresses.
-  static constexpr size_t kWordsBytes = 32;
+  // Device word: nonzero once the kernels are cancelled (cancelPeerReads).
+  int* cancelWord() const { return words != nullptr ? &words->cancel : nullptr; }
   // Bytes at the start of a window before its payload: the flags.
   size_t payloadOffset() const { return PeerSync::flagBytes(nranks); }
   // This rank's payload, where its write kernel quantizes.

@@ -89,23 +89,28 @@ TEST(DirectLoads, TheWriteCountsTheCallAndTheReadAnswersIt) {
   PeerWindow w;
   w.nranks = 2;
   w.rank = 1;
-  int words[16] = {};
-  w.barrierWord = words;
+  PeerWindowWords words[2] = {};  // the words, then room for the addresses
+  w.words = words;
   const PeerSync write = w.sync(true), read = w.sync(false);
   EXPECT_EQ(write.waitFor, PeerSync::kReadDone);
   EXPECT_EQ(write.raise, PeerSync::kWritten);
-  EXPECT_TRUE(write.countsCall);
+  EXPECT_TRUE(write.countsCall());
   EXPECT_EQ(read.waitFor, PeerSync::kWritten);
   EXPECT_EQ(read.raise, PeerSync::kReadDone);
-  EXPECT_FALSE(read.countsCall);
+  EXPECT_FALSE(read.countsCall());
   EXPECT_EQ(write.calls, read.calls) << "one count for both kernels";
   EXPECT_EQ(write.cancel, w.cancelWord());
   EXPECT_EQ(write.rank, 1);
   // The count, the arrival counter, the cancel word and the window addresses never overlap.
-  const auto* base = reinterpret_cast<const char*>(words);
-  EXPECT_GE(reinterpret_cast<const char*>(write.calls), base + 3 * sizeof(int));
-  EXPECT_GE(reinterpret_cast<const char*>(write.arrived), reinterpret_cast<const char*>(write.calls + 1));
-  EXPECT_LE(reinterpret_cast<const char*>(write.arrived + 1), base + PeerWindow::kWordsBytes);
+  const auto* cancel = reinterpret_cast<const char*>(w.cancelWord());
+  const auto* calls = reinterpret_cast<const char*>(write.calls);
+  const auto* arrived = reinterpret_cast<const char*>(write.arrived);
+  const auto* addresses = reinterpret_cast<const char*>(words + 1);
+  EXPECT_TRUE(calls >= cancel + sizeof(int) || calls + sizeof(*write.calls) <= cancel);
+  EXPECT_TRUE(arrived >= cancel + sizeof(int) || arrived + sizeof(*write.arrived) <= cancel);
+  EXPECT_TRUE(arrived >= calls + sizeof(*write.calls) || arrived + sizeof(*write.arrived) <= calls);
+  EXPECT_LE(calls + sizeof(*write.calls), addresses);
+  EXPECT_LE(arrived + sizeof(*write.arrived), addresses);
 }
 
 // The other link decision made at init: more NCCL channels on one node over host shared memory.

@@ -40,8 +40,13 @@ struct Probe {
   std::function<void()> call;
 };
 
+struct Cost {
+  std::string name;
+  double us;
+};
+
 // Microseconds per call of each probe on `device`, `iters` calls each (the stream drained between probes).
-std::vector<double> measure(int device, int iters) {
+std::vector<Cost> measure(int device, int iters) {
   CHECK(cudaSetDevice(device));
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -79,24 +84,21 @@ std::vector<double> measure(int device, int iters) {
        }},
       {"cudaGetLastError", [&] { (void)cudaGetLastError(); }},
   };
-  std::vector<double> us;
+  std::vector<Cost> costs;
   for (const Probe& p : probes) {
     for (int i = 0; i < 100; ++i) p.call();
     CHECK(cudaStreamSynchronize(s));
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) p.call();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters);
+    costs.push_back(
+        {p.name, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters});
     CHECK(cudaStreamSynchronize(s));
   }
   CHECK(cudaFree(buf));
   CHECK(cudaEventDestroy(ev));
   CHECK(cudaStreamDestroy(s));
-  return us;
+  return costs;
 }
-
-const char* kNames[] = {"launch (64 B args)",  "launch (256 B args)",    "cudaEventRecord",
-                        "cudaStreamWaitEvent", "cudaStreamIsCapturing",  "cudaPointerGetAttributes",
-                        "cudaGetDevice",       "cudaDeviceGetAttribute", "cudaGetLastError"};
 
 }  // namespace
 
@@ -107,16 +109,16 @@ int main() {
     return 0;
   }
   const int iters = 2000;
-  const std::vector<double> alone = measure(0, iters);
-  std::vector<std::vector<double>> together(static_cast<size_t>(devices));
+  const std::vector<Cost> alone = measure(0, iters);
+  std::vector<std::vector<Cost>> together(static_cast<size_t>(devices));
   std::vector<std::thread> threads;
   for (int d = 0; d < devices; ++d) threads.emplace_back([&, d] { together[size_t(d)] = measure(d, iters); });
   for (auto& t : threads) t.join();
   std::printf("%-26s %12s %22s\n", "host us per call", "one thread", "a thread per GPU (max)");
   for (size_t i = 0; i < alone.size(); ++i) {
     double worst = 0;
-    for (const auto& v : together) worst = v[i] > worst ? v[i] : worst;
-    std::printf("%-26s %12.2f %22.2f\n", kNames[i], alone[i], worst);
+    for (const auto& v : together) worst = v[i].us > worst ? v[i].us : worst;
+    std::printf("%-26s %12.2f %22.2f\n", alone[i].name.c_str(), alone[i].us, worst);
   }
   return 0;
 }

@@ -8,7 +8,7 @@
 #   CONFIGS="default ZP_TIMEOUT_MS=0" bash tools/small-messages.sh
 #
 # CONFIGS: words of VAR=value[,VAR=value...] (or "default"), each a run of its own; REGIMES (default "nvlink
-# nvlink-procs");
+# nvlink-procs"); BITS (default "8 4");
 # ITERS (200) calls per timing, so that launch jitter averages out.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,7 +23,7 @@ for config in $configs; do
   env_words=""
   [ "$config" != default ] && env_words=${config//,/ }
   ZP_GPU_CHECK_SKIP_BUILD=1 ZP_GPU_CHECK_SKIP_TESTS=1 ZP_GPU_CHECK_TAG=$tag \
-    ZP_GPU_CHECK_REGIMES="${REGIMES:-nvlink nvlink-procs}" ZP_GPU_CHECK_BINS="${BINS:-qwz_perf qgz_perf}" \
+    ZP_GPU_CHECK_REGIMES="${REGIMES:-nvlink nvlink-procs}" ZP_GPU_CHECK_BINS="${BINS:-qwz_perf qgz_perf}" ZP_GPU_CHECK_BITS="${BITS:-8 4}" \
     ZP_GPU_CHECK_MIN=1M ZP_GPU_CHECK_MAX="${MAX:-16M}" ZP_GPU_CHECK_ITERS="${ITERS:-200}" ZP_GPU_CHECK_WARMUP=20 \
     ZP_GPU_CHECK_EXTRA="-c 0 -p 0" ZP_GPU_CHECK_ENV="$env_words" ZP_GPU_CHECK_BUDGET=100000 \
     ZP_GPU_CHECK_DEADLINE=100000 bash tools/gpu-check.sh 2>&1 | grep -E '^\[' | cut -c1-160
