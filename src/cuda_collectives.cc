@@ -95,12 +95,14 @@ struct Stages {
 // Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
 // being captured (inside a graph the order of replays is the caller's), then starts the quantize stage. With
 // `green`, the quantize and finish stages' kernels run in the green context (the finish stage must not call NCCL).
-zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool green, Stages* stages) {
+// `ownSlotEarly` (ownSlotEarly below) needs the three streams even for one chunk.
+zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool green, Stages* stages,
+                         bool ownSlotEarly = false) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   const bool captured = status != cudaStreamCaptureStatusNone;
   if (!captured) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
-  if (chunks <= 1) {
+  if (chunks <= 1 && !ownSlotEarly) {
     *stages = Stages{stream, stream, stream, stream, captured};
     return zpSuccess;
   }
@@ -113,6 +115,23 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool gree
   CUDACHECK(cudaEventRecord(e.callStart, stream));
   CUDACHECK(cudaStreamWaitEvent(stages->quant.stream, e.callStart, 0));
   CUDACHECK(cudaStreamWaitEvent(e.moveStream, e.callStart, 0));
+  return zpSuccess;
+}
+
+// Over a slow link (host shared memory, sockets) each rank's own slot, the one that never crosses it, is worked on
+// the finish stage while the first chunk travels (ZP_OWN_SLOT_EARLY_BYTES): qwZ dequantizes its own shard, qgZ
+// quantizes the slice it keeps. Their kernels then leave the transfer's critical path: a 64 MB call over shared
+// memory is one chunk, whose quantize and finish kernels are all exposed. NVLink keeps the plain pipeline (the
+// direct path, or NCCL's CTAs needing the SMs).
+bool ownSlotEarly(bool slowLink, size_t logicalBytes) {
+  const int64_t from = paramOwnSlotEarlyBytes();
+  return slowLink && from >= 0 && logicalBytes >= static_cast<size_t>(from);
+}
+
+// The finish stage may start on the own slots once every chunk is quantized (the quantize stage is in order).
+zpResult_t afterQuantizeStage(CudaExec& e, const Stages& s, int chunks) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaStreamWaitEvent(s.finish.stream, e.quantReady[chunks - 1], 0));
   return zpSuccess;
 }
 
@@ -234,14 +253,13 @@ zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what) {
                 ncclGetLastError(nullptr));
 }
 
-// Quantizes count elements of sendbuff's slices into the send slots of one chunk: slot s holds slice
+// Quantizes count elements of sendbuff's slices into n send slots of one chunk: slot s holds slice
 // sliceOfSlot[s] (elements [offset, offset+count) of it). Runs of slots whose slices are evenly spaced go in
 // one launch (every slot for one hop; one launch per local peer for node-major two-hop layouts).
-zpResult_t quantizeSlots(const CollArgs& a, const std::vector<int>& sliceOfSlot, size_t sliceElems, size_t offset,
+zpResult_t quantizeSlots(const CollArgs& a, const int* sliceOfSlot, int n, size_t sliceElems, size_t offset,
                          size_t count, char* slots, size_t slotBytes, KernelStream stream) {
   const size_t esz = typeSize(a.type);
   const auto* send = static_cast<const char*>(a.sendbuff);
-  const int n = static_cast<int>(sliceOfSlot.size());
   for (int s = 0; s < n;) {
     int run = 1;
     const long stride = s + 1 < n ? sliceOfSlot[s + 1] - sliceOfSlot[s] : 1;
@@ -286,9 +304,10 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
   const int bits = 8, blockSize = kMinBlockSize, n = e.topo.nranks;
   const size_t count = maxBytes / (2 * n);  // elements per rank (qwZ shard, qgZ slice)
   const ChunkPlan plan = chunkPlanFor(count, blockSize, maxBytes);
-  const size_t bytes = chunkedPayloadBytes(plan, n, bits, blockSize);
-  ZPCHECK(ensureScratch(e, 0, bytes, e.setupStream, "zpCommReserve"));
-  ZPCHECK(ensureScratch(e, 1, bytes, e.setupStream, "zpCommReserve"));
+  ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, bits, blockSize), e.setupStream, "zpCommReserve"));
+  // qgZ's pair layout receives into three slots a chunk (cudaQuantReduceScatter).
+  ZPCHECK(
+      ensureScratch(e, 1, chunkedPayloadBytes(plan, std::max(n, 3), bits, blockSize), e.setupStream, "zpCommReserve"));
   if (useDirectLoads(e.peers, maxBytes)) {  // qgZ's n slots of one call (qwZ needs one)
     ZPCHECK(ensureWindow(e, n * quantPayloadBytes(count, bits, blockSize), e.setupStream, "zpCommReserve"));
   }
@@ -352,11 +371,14 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
+  // hpZ's group shares a node: its link is slow only over host shared memory.
+  const bool slowLink = e.shmChannels || (comm == e.comms.world && e.topo.nodes > 1);
+  const bool ownEarly = ownSlotEarly(slowLink, a.count * n * esz);
   Stages st;
   // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
   // CTAs cannot start on an SM that our CTAs occupy (src/green_context.h). Measured over NVLink, int8 at 1 GB:
   // 1.21x NCCL with every SM, 1.30x with 32 SMs left to NCCL.
-  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/true, &st));
+  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/true, &st, ownEarly));
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   char* region = static_cast<char*>(e.scratch[0].ptr);
   const auto* send = static_cast<const char*>(a.sendbuff);
@@ -374,6 +396,23 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     ZPCHECK(quantized(e, st, c));
     off += n * pb;
   }
+  // Dequantizes slots [first, first + slots) of chunk c (at `off` in the region) into their shards of recvbuff.
+  auto dequantizeSlots = [&](int c, size_t off, size_t pb, int first, int slots) {
+    if (slots <= 0) return zpSuccess;
+    return launchDequantize(region + off + first * pb, recv + (first * a.count + plan.offset(c)) * esz, plan.elems(c),
+                            a.type, a.bits, a.blockSize, st.finish, slots, pb, a.count);
+  };
+  if (ownEarly) {
+    // Step 1b (finish stage, while the first chunk travels): this rank's slot of every chunk into its own shard.
+    // In place, the shard is the send buffer, which every chunk's quantization has read by then.
+    ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
+    off = 0;
+    for (int c = 0; c < plan.chunks; ++c) {
+      const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+      ZPCHECK(dequantizeSlots(c, off, pb, rank, 1));
+      off += n * pb;
+    }
+  }
   // Step 2 (move stage): gather chunk c while chunk c+1 is quantized and chunk c-1 dequantized.
   off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
@@ -385,8 +424,12 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
-    ZPCHECK(launchDequantize(region + off, recv + plan.offset(c) * esz, plan.elems(c), a.type, a.bits, a.blockSize,
-                             st.finish, n, pb, a.count));
+    if (ownEarly) {  // the peers' slots, before and after this rank's
+      ZPCHECK(dequantizeSlots(c, off, pb, 0, rank));
+      ZPCHECK(dequantizeSlots(c, off, pb, rank + 1, n - rank - 1));
+    } else {
+      ZPCHECK(dequantizeSlots(c, off, pb, 0, n));
+    }
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
     off += n * pb;
   }
@@ -410,6 +453,12 @@ zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
                    "ncclAllGather over the hpZ group");
 }
 
+// Whether two ranks exchange their slots by one all-gather (exchangeSlots).
+bool pairGather(int peers, bool ringFaster) {
+  const int64_t mode = paramPairAllGather();
+  return peers == 2 && (mode == 1 || (mode == 2 && ringFaster));
+}
+
 // An all-to-all among the `peers` ranks of `comm` (this one `self`), `peerBytes` per peer: slot p of `send` goes
 // to peer p, slot p of `recv` comes from peer p (this rank's own slot included).
 // Between two ranks where `ringFaster` (ZP_PAIR_ALLGATHER) it is one all-gather of the slot each sends the other:
@@ -418,10 +467,10 @@ zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
 // gets the ZP_SHM_MIN_CTAS channels, which point-to-point does not (int4 at 1 GB: 3.38x -> 3.75x). Over NVLink the
 // gather is the slower (1.80x -> 1.59x), so NVLink ranks keep ncclSend/ncclRecv. The gather leaves this rank's
 // outgoing slot in its own receive slot; a local copy then puts there the slot it keeps.
+// With `withoutSelf`, this rank's slots are left out (point-to-point only: the caller fills its receive slot).
 zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int peers, int self, bool ringFaster,
-                         ncclComm_t comm, cudaStream_t stream, const char* call) {
-  const int64_t mode = paramPairAllGather();
-  if (peers == 2 && (mode == 1 || (mode == 2 && ringFaster))) {
+                         ncclComm_t comm, cudaStream_t stream, const char* call, bool withoutSelf = false) {
+  if (!withoutSelf && pairGather(peers, ringFaster)) {
     const int other = 1 - self;
     ZPCHECK(ncclCheck(ncclAllGather(send + other * peerBytes, recv, peerBytes, ncclUint8, comm, stream), call,
                       "ncclAllGather of a pair's slots"));
@@ -431,6 +480,7 @@ zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int pee
   }
   ZPCHECK(ncclCheck(ncclGroupStart(), call, "ncclGroupStart"));
   for (int peer = 0; peer < peers; ++peer) {
+    if (withoutSelf && peer == self) continue;
     ZPCHECK(ncclCheck(ncclSend(send + peer * peerBytes, peerBytes, ncclUint8, peer, comm, stream), call, "ncclSend"));
     ZPCHECK(ncclCheck(ncclRecv(recv + peer * peerBytes, peerBytes, ncclUint8, peer, comm, stream), call, "ncclRecv"));
   }
@@ -455,7 +505,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     return directLoads(
         e, a, a.count * n * esz, n * pb,
         [&](char* payload, KernelStream writeStream) {
-          return quantizeSlots(a, q.sliceOfSlot, a.count, 0, a.count, payload, pb, writeStream);
+          return quantizeSlots(a, q.sliceOfSlot.data(), n, a.count, 0, a.count, payload, pb, writeStream);
         },
         [&](const PeerWindow& w, KernelStream readStream) {
           const ReduceSources sources{w.rankWindow(0) + e.topo.rank * pb, w.rankStride, 0, n, 1};
@@ -464,9 +514,21 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
         });
   }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
-  const size_t bytes = chunkedPayloadBytes(plan, n, a.bits, a.blockSize);
-  ZPCHECK(ensureScratch(e, 0, bytes, a.stream, a.opName));
-  ZPCHECK(ensureScratch(e, 1, bytes, a.stream, a.opName));
+  // One hop over a slow link, from ZP_OWN_SLOT_EARLY_BYTES: the slice this rank keeps is quantized on the finish
+  // stage while the others travel (ownSlotEarly), straight into the received slot that the sum reads, and is never
+  // sent. Between two ranks that exchange by a gather, each chunk receives into three slots (pairLayout): the
+  // outgoing slot in the middle, gathered in place, so that NCCL writes only the peer's slot (left of it on rank
+  // 1, right of it on rank 0), and the kept one at the other end: the two sources in rank order at slots 0 and 2.
+  const bool slowLink = e.topo.nodes > 1 || e.shmChannels;
+  // One hop: across nodes when the ranks are on several (two ranks: one each), or over host shared memory on the
+  // extra channels, which NCCL's collectives use and its point-to-point does not.
+  const bool ringFaster = !q.twoHop && slowLink;
+  const bool keptLate = !q.twoHop && ownSlotEarly(slowLink, a.count * n * esz);
+  const bool pairLayout = keptLate && pairGather(n, ringFaster);
+  const int recvSlots = pairLayout ? 3 : n;
+  const int self = e.topo.rank, other = 1 - self;  // other: pairLayout's peer
+  ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
+  ZPCHECK(ensureScratch(e, 1, chunkedPayloadBytes(plan, recvSlots, a.bits, a.blockSize), a.stream, a.opName));
   if (!e.peersConnected) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     CUDACHECK(cudaStreamIsCapturing(a.stream, &status));
@@ -480,45 +542,76 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   // Every SM for qgZ's kernels: it quantizes all n slices (the gather only its shard), so its quantize stage is
   // as long as its transfer over NVLink, and fewer SMs slow the whole pipeline (measured, int4 at 1 GB: 1.75x
   // NCCL with every SM, 1.46x with 32 SMs left to NCCL).
-  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/false, &st));
+  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/false, &st, keptLate));
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   auto* sendRegion = static_cast<char*>(e.scratch[0].ptr);
   auto* recvRegion = static_cast<char*>(e.scratch[1].ptr);
   auto* recv = static_cast<char*>(a.recvbuff);
+  const int* slices = q.sliceOfSlot.data();
+  // Quantizes chunk c of slots [first, first + count) into `slots` (slot `first` at its start).
+  auto quantizeRun = [&](int c, int first, int count, char* slots, size_t pb, KernelStream stream) {
+    if (count <= 0) return zpSuccess;
+    return quantizeSlots(a, slices + first, count, a.count, plan.offset(c), plan.elems(c), slots, pb, stream);
+  };
 
-  // Step 1 (quantize stage): chunk c of every slice into its send slot. In place is safe: the finish stage of
-  // chunk c' writes only chunk c' of recvbuff, and chunk c' of every slice is quantized before.
-  size_t off = 0;
+  // Step 1 (quantize stage): chunk c of every slice into its send slot (with keptLate, of every slice but the
+  // kept one). In place is safe: the finish stage of chunk c' writes only chunk c' of recvbuff, and chunk c' of
+  // every slice is quantized before.
+  size_t off = 0, recvOff = 0;  // chunk c's send and receive regions
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
     trace.mark(PipelineTrace::kQuantize, c, false, st.quant.stream);
-    ZPCHECK(quantizeSlots(a, q.sliceOfSlot, a.count, plan.offset(c), plan.elems(c), sendRegion + off, pb, st.quant));
+    if (!keptLate) {
+      ZPCHECK(quantizeRun(c, 0, n, sendRegion + off, pb, st.quant));
+    } else if (pairLayout) {
+      ZPCHECK(quantizeRun(c, other, 1, recvRegion + recvOff + pb, pb, st.quant));
+    } else {
+      ZPCHECK(quantizeRun(c, 0, self, sendRegion + off, pb, st.quant));
+      ZPCHECK(quantizeRun(c, self + 1, n - self - 1, sendRegion + off + (self + 1) * pb, pb, st.quant));
+    }
     trace.mark(PipelineTrace::kQuantize, c, true, st.quant.stream);
     ZPCHECK(quantized(e, st, c));
     off += n * pb;
+    recvOff += recvSlots * pb;
+  }
+  if (keptLate) {
+    // Step 1b (finish stage, while the first chunk travels): the kept slice of every chunk into its received slot.
+    // In place, the finish stage writes that slice only after this.
+    ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
+    const int keptSlot = pairLayout ? 2 * self : self;
+    recvOff = 0;
+    for (int c = 0; c < plan.chunks; ++c) {
+      const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+      ZPCHECK(quantizeRun(c, self, 1, recvRegion + recvOff + keptSlot * pb, pb, st.finish));
+      recvOff += recvSlots * pb;
+    }
   }
   off = 0;
+  recvOff = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t cc = plan.elems(c);
     const size_t pb = quantPayloadBytes(cc, a.bits, a.blockSize);
     char* slots = sendRegion + off;
-    char* received = recvRegion + off;
+    char* received = recvRegion + recvOff;
     ZPCHECK(waitQuantized(e, st, c));
     trace.mark(PipelineTrace::kMove, c, false, st.move);
     // Step 2 (move): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
     ncclComm_t firstHop = q.twoHop ? e.comms.intra : e.comms.world;
     const int firstHopRank = q.twoHop ? e.topo.localRank : e.topo.rank;
     const size_t peerBytes = N * pb;
-    // One hop: across nodes when the ranks are on several (two ranks: one each), or over host shared memory on
-    // the extra channels, which NCCL's collectives use and its point-to-point does not.
-    const bool ringFaster = !q.twoHop && (e.topo.nodes > 1 || e.shmChannels);
-    ZPCHECK(exchangeSlots(slots, received, peerBytes, L, firstHopRank, ringFaster, firstHop, st.move, a.opName));
+    if (pairLayout) {
+      ZPCHECK(ncclCheck(ncclAllGather(received + pb, received + other * pb, pb, ncclUint8, firstHop, st.move), a.opName,
+                        "ncclAllGather of a pair's slots"));
+    } else {
+      ZPCHECK(exchangeSlots(slots, received, peerBytes, L, firstHopRank, ringFaster, firstHop, st.move, a.opName,
+                            /*withoutSelf=*/keptLate));
+    }
     if (!q.twoHop) {
       trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
       trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
-      // Step 3 (finish): slot j of the received region came from rank j; summed in rank order.
-      const ReduceSources sources{received, pb, 0, n, 1};
+      // Step 3 (finish): the slot from rank j (j-th source) summed in rank order.
+      const ReduceSources sources{received, pairLayout ? 2 * pb : pb, 0, n, 1};
       ZPCHECK(launchReduceFinish(sources, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
                                  st.finish));
       trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
@@ -540,6 +633,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
       trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
     }
     off += n * pb;
+    recvOff += recvSlots * pb;
   }
   ZPCHECK(endPipeline(e, st));
   trace.report();

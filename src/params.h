@@ -53,7 +53,11 @@ namespace zp {
   X(DirectInlineWaitBytes, "ZP_DIRECT_INLINE_WAIT_BYTES", 4 << 20, 0, INT64_MAX,                                     \
     "cuda backend: direct-load calls up to this many logical bytes wait for the peers inside their two "             \
     "kernels, on grids of a quarter of the device, instead of in two extra one-thread kernels: two launches fewer, " \
-    "which is most of a small call's time (device/kernel_stream.h, PeerSync)")
+    "which is most of a small call's time (device/kernel_stream.h, PeerSync)")                                       \
+  X(OwnSlotEarlyBytes, "ZP_OWN_SLOT_EARLY_BYTES", 16 << 20, -1, INT64_MAX,                                           \
+    "cuda backend: over slow links (host shared memory, sockets), from this many logical bytes the slot that "       \
+    "never crosses the link is worked while the others travel: qwZ dequantizes its own shard during the gather, "    \
+    "one-hop qgZ quantizes the slice it keeps during the exchange (-1: never)")
 
 #define ZP_DECLARE_PARAM(name, env, def, lo, hi, help) int64_t param##name();
 ZP_PARAMS(ZP_DECLARE_PARAM)

@@ -215,19 +215,27 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # (ZP_DIRECT_INLINE_WAIT_BYTES=0; by default calls up to 4 MiB, most test cases, wait inside their kernels), in
   # one process and in two (src/peer_window.h).
   # Then the collective tests over host shared memory (NCCL_P2P_DISABLE=1: the world is split with
-  # ZP_SHM_MIN_CTAS channels, qgZ's pair exchange gathers), and last, with a short limit of its own,
-  # GpuFromNccl there: it hung in the sixth session (the caller's communicator is no longer split; is it fixed?).
+  # ZP_SHM_MIN_CTAS channels, qgZ's pair exchange gathers), with the own slot worked early at every size
+  # (ZP_OWN_SLOT_EARLY_BYTES=0; by default from 16 MiB, beyond most cases); qgZ's tests there again with its
+  # point-to-point exchange, which then leaves the kept slot out (ZP_PAIR_ALLGATHER=0); and last, with a short
+  # limit of its own, GpuFromNccl there: it hung in the sixth session (the caller's communicator is no longer
+  # split; is it fixed?). The "other" step also works the own slot early: its two-node cases are slow-link ones.
   if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
     # ~30 s when it works: a short limit, so that a hang costs little device time (its backtraces are logged).
     collective_tests='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
     run_step "zpccl_gpu_tests other" - test "$results/zpccl_gpu_tests_other.log" "" 90 \
-      env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1 ZP_DIRECT_MIN_BYTES=-1 "$build/tests/zpccl_gpu_tests" \
+      env ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1 ZP_DIRECT_MIN_BYTES=-1 ZP_OWN_SLOT_EARLY_BYTES=0 \
+      "$build/tests/zpccl_gpu_tests" \
       --gtest_filter="$collective_tests"
     run_step "zpccl_gpu_tests direct" - test "$results/zpccl_gpu_tests_direct.log" "" 120 \
       env ZP_DIRECT_MIN_BYTES=0 ZP_DIRECT_INLINE_WAIT_BYTES=0 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter="$collective_tests:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses"
     run_step "zpccl_gpu_tests shm" - test "$results/zpccl_gpu_tests_shm.log" "" 90 \
-      env NCCL_P2P_DISABLE=1 "$build/tests/zpccl_gpu_tests" --gtest_filter="$collective_tests:GpuLifecycle.*"
+      env NCCL_P2P_DISABLE=1 ZP_OWN_SLOT_EARLY_BYTES=0 "$build/tests/zpccl_gpu_tests" \
+      --gtest_filter="$collective_tests:GpuLifecycle.*"
+    run_step "zpccl_gpu_tests shm p2p" - test "$results/zpccl_gpu_tests_shm_p2p.log" "" 60 \
+      env NCCL_P2P_DISABLE=1 ZP_OWN_SLOT_EARLY_BYTES=0 ZP_PAIR_ALLGATHER=0 "$build/tests/zpccl_gpu_tests" \
+      --gtest_filter='GpuQgz.*:GpuPipeline.*'
     run_step "zpccl_gpu_tests shm caller" - test "$results/zpccl_gpu_tests_shm_caller.log" "" 30 \
       env NCCL_P2P_DISABLE=1 "$build/tests/zpccl_gpu_tests" --gtest_filter="GpuFromNccl.*"
   fi
