@@ -47,6 +47,7 @@ zpResult_t cudaExecInit(CudaExec* e) {
   CUDACHECK(cudaEventCreateWithFlags(&e->sideDone, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&e->callStart, cudaEventDisableTiming));
   CUDACHECK(cudaEventCreateWithFlags(&e->capturedSideDone, cudaEventDisableTiming));
+  CUDACHECK(cudaEventCreateWithFlags(&e->ownSlotDone, cudaEventDisableTiming));
   return zpSuccess;
 }
 
@@ -64,7 +65,7 @@ zpResult_t cudaExecFree(CudaExec* e) {
   }
   for (cudaEvent_t ev : e->traceEvents) (void)cudaEventDestroy(ev);
   e->traceEvents.clear();
-  for (cudaEvent_t* ev : {&e->sideDone, &e->callStart, &e->capturedSideDone}) {
+  for (cudaEvent_t* ev : {&e->sideDone, &e->callStart, &e->capturedSideDone, &e->ownSlotDone}) {
     if (*ev != nullptr) (void)cudaEventDestroy(*ev);
     *ev = nullptr;
   }

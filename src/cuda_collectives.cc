@@ -84,54 +84,65 @@ zpResult_t ensureWindow(CudaExec& e, size_t payloadBytes, cudaStream_t stream, c
 }
 
 // The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
-// caller's stream, which saves the events' latency on small messages.
+// caller's stream, which saves the events' latency on small messages; only its own slot, when worked early
+// (ownSlotEarly), goes to a side stream.
 struct Stages {
   cudaStream_t caller, move;
   KernelStream quant, finish;
   bool captured;
+  KernelStream own;  // where the own slot is worked early: the finish stage, or a side stream (one chunk)
   bool pipelined() const { return quant.stream != caller; }
+  bool ownOnSide() const { return own.stream != finish.stream; }
 };
 
 // Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
 // being captured (inside a graph the order of replays is the caller's), then starts the quantize stage. With
 // `green`, the quantize and finish stages' kernels run in the green context (the finish stage must not call NCCL).
-// `ownSlotEarly` (ownSlotEarly below) needs the three streams even for one chunk.
+// With `ownSlotEarly` (below), a one-chunk call works its own slot on a side stream, in the green context when
+// there is one whatever `green` says: it runs beside NCCL's kernel, whose CTAs need free SMs.
 zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool green, Stages* stages,
                          bool ownSlotEarly = false) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   const bool captured = status != cudaStreamCaptureStatusNone;
   if (!captured) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
-  if (chunks <= 1 && !ownSlotEarly) {
-    *stages = Stages{stream, stream, stream, stream, captured};
+  const GreenStreams& g = e.green;
+  if (chunks <= 1) {
+    *stages = Stages{stream, stream, stream, stream, captured, stream};
+    if (ownSlotEarly) stages->own = g.active() ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
     return zpSuccess;
   }
-  const GreenStreams& g = e.green;
-  if (green && g.active()) {
-    *stages = Stages{stream, e.moveStream, KernelStream(g.quant, g.sms), KernelStream(g.side, g.sms), captured};
-  } else {
-    *stages = Stages{stream, e.moveStream, e.quantStream, e.sideStream, captured};
-  }
+  const bool useGreen = green && g.active();
+  const KernelStream quant = useGreen ? KernelStream(g.quant, g.sms) : KernelStream(e.quantStream);
+  const KernelStream finish = useGreen ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
+  *stages = Stages{stream, e.moveStream, quant, finish, captured, finish};
   CUDACHECK(cudaEventRecord(e.callStart, stream));
   CUDACHECK(cudaStreamWaitEvent(stages->quant.stream, e.callStart, 0));
   CUDACHECK(cudaStreamWaitEvent(e.moveStream, e.callStart, 0));
   return zpSuccess;
 }
 
-// Over a slow link (host shared memory, sockets) each rank's own slot, the one that never crosses it, is worked on
-// the finish stage while the first chunk travels (ZP_OWN_SLOT_EARLY_BYTES): qwZ dequantizes its own shard, qgZ
-// quantizes the slice it keeps. Their kernels then leave the transfer's critical path: a 64 MB call over shared
-// memory is one chunk, whose quantize and finish kernels are all exposed. NVLink keeps the plain pipeline (the
-// direct path, or NCCL's CTAs needing the SMs).
+// Over a slow link (host shared memory, sockets) each rank's own slot, the one that never crosses it, is worked
+// while the first chunk travels (ZP_OWN_SLOT_EARLY_BYTES): qwZ dequantizes its own shard, qgZ quantizes the slice
+// it keeps, on the finish stage, or for a call of one chunk (64 MB over shared memory, whose kernels are all
+// exposed) on a side stream while the rest stays on the caller's. Those kernels then leave the transfer's
+// critical path. NVLink keeps the plain pipeline (the direct path, or NCCL's CTAs needing the SMs).
 bool ownSlotEarly(bool slowLink, size_t logicalBytes) {
   const int64_t from = paramOwnSlotEarlyBytes();
   return slowLink && from >= 0 && logicalBytes >= static_cast<size_t>(from);
 }
 
-// The finish stage may start on the own slots once every chunk is quantized (the quantize stage is in order).
+// The own slots may be worked once every chunk is quantized (the quantize stage is in order)...
 zpResult_t afterQuantizeStage(CudaExec& e, const Stages& s, int chunks) {
-  if (!s.pipelined()) return zpSuccess;
-  CUDACHECK(cudaStreamWaitEvent(s.finish.stream, e.quantReady[chunks - 1], 0));
+  if (s.ownOnSide()) CUDACHECK(cudaEventRecord(e.quantReady[chunks - 1], s.quant.stream));
+  if (s.pipelined() || s.ownOnSide()) CUDACHECK(cudaStreamWaitEvent(s.own.stream, e.quantReady[chunks - 1], 0));
+  return zpSuccess;
+}
+// ...and are done before the finish stage's first kernel.
+zpResult_t joinOwnSlots(CudaExec& e, const Stages& s) {
+  if (!s.ownOnSide()) return zpSuccess;
+  CUDACHECK(cudaEventRecord(e.ownSlotDone, s.own.stream));
+  CUDACHECK(cudaStreamWaitEvent(s.finish.stream, e.ownSlotDone, 0));
   return zpSuccess;
 }
 
@@ -397,19 +408,19 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     off += n * pb;
   }
   // Dequantizes slots [first, first + slots) of chunk c (at `off` in the region) into their shards of recvbuff.
-  auto dequantizeSlots = [&](int c, size_t off, size_t pb, int first, int slots) {
+  auto dequantizeSlots = [&](int c, size_t off, size_t pb, int first, int slots, KernelStream stream) {
     if (slots <= 0) return zpSuccess;
     return launchDequantize(region + off + first * pb, recv + (first * a.count + plan.offset(c)) * esz, plan.elems(c),
-                            a.type, a.bits, a.blockSize, st.finish, slots, pb, a.count);
+                            a.type, a.bits, a.blockSize, stream, slots, pb, a.count);
   };
   if (ownEarly) {
-    // Step 1b (finish stage, while the first chunk travels): this rank's slot of every chunk into its own shard.
-    // In place, the shard is the send buffer, which every chunk's quantization has read by then.
+    // Step 1b (while the first chunk travels): this rank's slot of every chunk into its own shard. In place, the
+    // shard is the send buffer, which every chunk's quantization has read by then.
     ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
     off = 0;
     for (int c = 0; c < plan.chunks; ++c) {
       const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
-      ZPCHECK(dequantizeSlots(c, off, pb, rank, 1));
+      ZPCHECK(dequantizeSlots(c, off, pb, rank, 1, st.own));
       off += n * pb;
     }
   }
@@ -423,12 +434,13 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
                       "ncclAllGather"));
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
+    if (c == 0) ZPCHECK(joinOwnSlots(e, st));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
     if (ownEarly) {  // the peers' slots, before and after this rank's
-      ZPCHECK(dequantizeSlots(c, off, pb, 0, rank));
-      ZPCHECK(dequantizeSlots(c, off, pb, rank + 1, n - rank - 1));
+      ZPCHECK(dequantizeSlots(c, off, pb, 0, rank, st.finish));
+      ZPCHECK(dequantizeSlots(c, off, pb, rank + 1, n - rank - 1, st.finish));
     } else {
-      ZPCHECK(dequantizeSlots(c, off, pb, 0, n));
+      ZPCHECK(dequantizeSlots(c, off, pb, 0, n, st.finish));
     }
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
     off += n * pb;
@@ -575,14 +587,14 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     recvOff += recvSlots * pb;
   }
   if (keptLate) {
-    // Step 1b (finish stage, while the first chunk travels): the kept slice of every chunk into its received slot.
-    // In place, the finish stage writes that slice only after this.
+    // Step 1b (while the first chunk travels): the kept slice of every chunk into its received slot. In place,
+    // the finish stage writes that slice only after this.
     ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
     const int keptSlot = pairLayout ? 2 * self : self;
     recvOff = 0;
     for (int c = 0; c < plan.chunks; ++c) {
       const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
-      ZPCHECK(quantizeRun(c, self, 1, recvRegion + recvOff + keptSlot * pb, pb, st.finish));
+      ZPCHECK(quantizeRun(c, self, 1, recvRegion + recvOff + keptSlot * pb, pb, st.own));
       recvOff += recvSlots * pb;
     }
   }
@@ -609,6 +621,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     if (!q.twoHop) {
       trace.mark(PipelineTrace::kMove, c, true, st.move);
       ZPCHECK(handOver(e, st, c));
+      if (c == 0) ZPCHECK(joinOwnSlots(e, st));
       trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
       // Step 3 (finish): the slot from rank j (j-th source) summed in rank order.
       const ReduceSources sources{received, pairLayout ? 2 * pb : pb, 0, n, 1};

@@ -65,6 +65,7 @@ struct CudaExec {
   // The same join inside graph capture: sideDone is never recorded there, since an event last recorded in a
   // capture cannot be waited for or synchronized outside it (the next call and zpCommDestroy do both).
   cudaEvent_t capturedSideDone = nullptr;
+  cudaEvent_t ownSlotDone = nullptr;  // a one-chunk call's own slot worked on a side stream (cuda_collectives.cc)
   ScratchBuffer scratch[2];
   PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/peer_window.h)
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
