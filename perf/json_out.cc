@@ -209,7 +209,8 @@ std::vector<std::pair<const char*, int64_t>> pathTunables() {
           {"ZP_PAIR_ALLGATHER", paramPairAllGather()},
           {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()},
           {"ZP_DIRECT_INLINE_WAIT_BYTES", paramDirectInlineWaitBytes()},
-          {"ZP_SHM_MIN_CTAS", paramShmMinCtas()}};
+          {"ZP_SHM_MIN_CTAS", paramShmMinCtas()},
+          {"ZP_OWN_SLOT_EARLY_BYTES", paramOwnSlotEarlyBytes()}};
 }
 
 std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
@@ -223,8 +224,9 @@ std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
     out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
   }
   // The settings that choose how a collective runs changed their defaults after rows had been recorded without
-  // them (ZP_NCCL_SMS 0 -> 32; ZP_PAIR_ALLGATHER, ZP_DIRECT_MIN_BYTES and ZP_SHM_MIN_CTAS new): every row says what it
-  // ran with, set or not, so that a reader (the cost model's calibration) never has to guess from the file's date.
+  // them (ZP_NCCL_SMS 0 -> 32; ZP_PAIR_ALLGATHER, ZP_DIRECT_MIN_BYTES, ZP_SHM_MIN_CTAS and ZP_OWN_SLOT_EARLY_BYTES
+  // new): every row says what it ran with, set or not, so that a reader (the cost model's calibration) never has to
+  // guess from the file's date.
   for (const auto& [name, value] : pathTunables()) {
     const bool set = std::any_of(out.begin(), out.end(), [name = name](const auto& kv) { return kv.first == name; });
     if (!set) out.emplace_back(name, std::to_string(value));

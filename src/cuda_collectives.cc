@@ -2,8 +2,9 @@
 // pipeline of three stages on three streams (cuda_exec.h): quantize, move (the caller's stream, where NCCL
 // runs), finish; events order each chunk through them and join everything back to the caller's stream. Among
 // the ranks of one NVLink domain, qwZ and one-hop qgZ instead read the peers' payloads from their memory inside
-// the finishing kernel (directLoads, src/peer_window.h). No host synchronization and no allocation once scratch
-// is sized: every call can be captured in a CUDA graph.
+// the finishing kernel (directLoads, src/peer_window.h); over slow links each rank's own slot, which never
+// crosses the link, is worked while the others travel (ownSlotEarly). No host synchronization and no allocation
+// once scratch is sized: every call can be captured in a CUDA graph.
 #include <algorithm>
 #include <cstdio>
 #include <string>
