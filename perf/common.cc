@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "host/dtype.h"
@@ -124,13 +125,16 @@ struct OpPlan {
   bool check = false;
 };
 
-// One rank's results for one size: times (seconds per call) and wrong elements.
+// One rank's results for one size: times (seconds per call) and wrong elements. Starts as "not run"; sent
+// between processes as bytes (gatherLocal), so it stays trivially copyable.
 struct SlotResult {
-  double seconds[3];  // out-of-place, in-place, baseline; NaN when not run
-  double enqueue[3];  // of those seconds, the host's time to enqueue one call (the same on the host backend)
-  uint64_t wrong[2];
-  uint64_t checked;  // nonzero when wrong[] was measured
+  static constexpr double kNotRun = std::numeric_limits<double>::quiet_NaN();
+  double seconds[3] = {kNotRun, kNotRun, kNotRun};  // out-of-place, in-place, baseline
+  double enqueue[3] = {kNotRun, kNotRun, kNotRun};  // of those seconds, the host's time to enqueue one call
+  uint64_t wrong[2] = {0, 0};
+  uint64_t checked = 0;  // nonzero when wrong[] was measured
 };
+static_assert(std::is_trivially_copyable_v<SlotResult>, "gatherLocal sends SlotResult as bytes");
 
 struct OpStats {
   double busbwSum = 0;
@@ -502,10 +506,6 @@ double nanMax(double a, double b) {
 
 SlotResult reduceSlots(const SlotResult* slots, size_t n) {
   SlotResult r;
-  for (double& s : r.seconds) s = std::numeric_limits<double>::quiet_NaN();
-  for (double& s : r.enqueue) s = std::numeric_limits<double>::quiet_NaN();
-  r.wrong[0] = r.wrong[1] = 0;
-  r.checked = 0;
   for (size_t i = 0; i < n; ++i) {
     for (int k = 0; k < 3; ++k) r.seconds[k] = nanMax(r.seconds[k], slots[i].seconds[k]);
     for (int k = 0; k < 3; ++k) r.enqueue[k] = nanMax(r.enqueue[k], slots[i].enqueue[k]);
@@ -522,12 +522,7 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
   const OpPlan& plan = rt.plans[opIndex];
   std::vector<SlotResult> local(rt.slots.begin(), rt.slots.begin() + rt.localRanks);
   // Pad with "absent" records so that every process sends the same number of bytes.
-  SlotResult absent;
-  for (double& x : absent.seconds) x = std::numeric_limits<double>::quiet_NaN();
-  for (double& x : absent.enqueue) x = std::numeric_limits<double>::quiet_NaN();
-  absent.wrong[0] = absent.wrong[1] = 0;
-  absent.checked = 0;
-  local.resize(size_t(rt.maxLocalRanks), absent);
+  local.resize(size_t(rt.maxLocalRanks), SlotResult());
   const std::vector<SlotResult> all = gatherLocal(rt, local);
   const SlotResult r = reduceSlots(all.data(), all.size());
 
@@ -653,9 +648,6 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
     }
     const CompareFn compare = op.compare ? op.compare : compareBitwise;
     SlotResult result;
-    for (double& x : result.seconds) x = std::numeric_limits<double>::quiet_NaN();
-    for (double& x : result.enqueue) x = std::numeric_limits<double>::quiet_NaN();
-    result.wrong[0] = result.wrong[1] = 0;
     result.checked = plan.check ? 1 : 0;
 
     // Out of place. Its output after the timed calls is the output of one call: the input is untouched.

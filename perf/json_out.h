@@ -76,8 +76,8 @@ struct ResultRow {
 };
 
 // The ZP_* variables of this process's environment that change what zpccl does (ZP_DEBUG*, and the harness's
-// ZP_GPU_CHECK_* and ZP_PERF_*, left out), by name, and ZP_NCCL_SMS, ZP_PAIR_ALLGATHER, ZP_DIRECT_MIN_BYTES and
-// ZP_SHM_MIN_CTAS with their effective values when they are not set.
+// ZP_GPU_CHECK_* and ZP_PERF_*, left out), by name, and the pathTunables() with their effective values when they
+// are not set.
 std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment();
 
 // The tunables that choose how a collective runs, with the values the library uses: every row records them,
