@@ -35,7 +35,6 @@ constexpr int kThreads = 256;                  // CTA size
 constexpr int kElems = 32;                     // elements a thread owns (a block holds G / kElems threads)
 constexpr int kTileElems = kThreads * kElems;  // elements a CTA takes at a time
 constexpr int kWarpElems = 32 * kElems;        // elements a warp owns, contiguous
-constexpr int kWaves = 8;                      // grid: resident CTAs times this, grid-stride beyond
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Code words a thread reads per source (int4: one 16-byte vector; int8: two).
@@ -463,8 +462,11 @@ ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const
   return a;
 }
 
-// CTAs for `work` tiles: a few waves of resident CTAs (the hardware balances CTAs that finish at different
-// times), a grid-stride loop for the rest. The occupancy is cached per kernel: it is a sizing hint only.
+// CTAs for `work` tiles: one wave of resident CTAs on the stream's SMs, a grid-stride loop for the rest. More
+// waves let the hardware balance CTAs that finish at different times, but each CTA of a direct-load call also
+// ends with a system-scope fence and an arrival (peerLeave): over NVLink, qgZ int4 at 64 MB went from 1.47x to
+// 1.80x NCCL with one wave instead of eight (1 GB: 1.91x -> 1.99x), and over host shared memory the sum took the
+// same time either way. The occupancy is cached per kernel: it is a sizing hint only.
 template <auto Kernel>
 zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
   static std::atomic<int> cached{0};
@@ -476,8 +478,7 @@ zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
   }
   int sms = 0;
   CUDACHECK(kernelStreamSms(stream, &sms));
-  // CTAs that wait for the peers (PeerSync::waitInKernel) hold their slots: one wave only, on the stream's SMs.
-  const size_t cap = static_cast<size_t>(sms) * perSm * (stream.sync.waitInKernel ? 1 : kWaves);
+  const size_t cap = static_cast<size_t>(sms) * perSm;
   *grid = static_cast<unsigned>(work < cap ? work : cap);
   return zpSuccess;
 }

@@ -6,6 +6,7 @@
 // crosses the link, is worked while the others travel (ownSlotEarly). No host synchronization and no allocation
 // once scratch is sized: every call can be captured in a CUDA graph.
 #include <algorithm>
+#include <bitset>
 #include <cstdio>
 #include <string>
 
@@ -123,6 +124,12 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool gree
   return zpSuccess;
 }
 
+// Whether `comm`'s transfers cross a slow link: host shared memory (one node without NCCL P2P, on the extra
+// channels) or sockets (the world over several nodes; an hpZ group shares a node).
+bool overSlowLink(const CudaExec& e, ncclComm_t comm) {
+  return e.shmChannels || (comm == e.comms.world && e.topo.nodes > 1);
+}
+
 // Over a slow link (host shared memory, sockets) each rank's own slot, the one that never crosses it, is worked
 // while the first chunk travels (ZP_OWN_SLOT_EARLY_BYTES): qwZ dequantizes its own shard, qgZ quantizes the slice
 // it keeps, on the finish stage, or for a call of one chunk (64 MB over shared memory, whose kernels are all
@@ -179,13 +186,14 @@ zpResult_t endPipeline(CudaExec& e, const Stages& s) {
 }
 
 // ZP_TRACE_PIPELINE=1: timing events around each stage of each chunk, read back at the end of the call and logged
-// (INFO COLL) as one line: when each stage of each chunk ran, relative to the call's start, each stage's busy
-// time, and the overlap achieved: (sum of the stages' busy times - the call's time) / (that sum - the busiest
-// stage's), 0 when the stages ran one after another, 1 for a perfect pipeline. The read-back is a host wait, so
-// a traced call is never captured (inside capture the trace is off) and back-to-back calls no longer overlap.
+// (INFO COLL) as one line: when each stage of each chunk ran, relative to the call's start (and the own slot's
+// kernel, ownSlotEarly, wherever it runs), each stage's busy time, and the overlap achieved: (sum of the stages' busy
+// times - the call's time) / (that sum - the busiest stage's), 0 when the stages ran one after another, 1 for a perfect
+// pipeline. The read-back is a host wait, so a traced call is never captured (inside capture the trace is off) and
+// back-to-back calls no longer overlap.
 class PipelineTrace {
  public:
-  enum Stage { kQuantize = 0, kMove = 1, kFinish = 2 };
+  enum Stage { kQuantize = 0, kMove = 1, kFinish = 2, kOwn = 3 };  // kOwn: not a stage of the overlap
 
   PipelineTrace(CudaExec& e, const char* op, size_t logicalBytes, int chunks, cudaStream_t caller)
       : e_(e), op_(op), bytes_(logicalBytes), chunks_(chunks), caller_(caller) {
@@ -202,7 +210,9 @@ class PipelineTrace {
 
   // Stage s of chunk c begins (end = false) or ends (true) at this point of `stream`.
   void mark(Stage s, int c, bool end, cudaStream_t stream) {
-    if (on_ && cudaEventRecord(e_.traceEvents[slot(s, c, end)], stream) != cudaSuccess) on_ = false;
+    if (!on_) return;
+    if (cudaEventRecord(e_.traceEvents[slot(s, c, end)], stream) != cudaSuccess) on_ = false;
+    marked_.set(slot(s, c, end));
   }
 
   // After the call is joined back to the caller's stream: waits for it and logs the line.
@@ -216,16 +226,16 @@ class PipelineTrace {
       return;
     }
     const double total = 1000.0 * ms;
-    double busy[3] = {0, 0, 0};
+    double busy[kStages] = {0, 0, 0, 0};
     std::string chunks;
     for (int c = 0; c < chunks_; ++c) {
       chunks += " | c" + std::to_string(c);
-      for (int s = 0; s < 3; ++s) {
+      for (int s = 0; s < kStages; ++s) {
         const double begin = at(slot(static_cast<Stage>(s), c, false)), end = at(slot(static_cast<Stage>(s), c, true));
         if (begin < 0 || end < 0) continue;
         busy[s] += end - begin;
         char text[64];
-        snprintf(text, sizeof(text), " %c %.0f-%.0f", "qmf"[s], begin, end);
+        snprintf(text, sizeof(text), " %c %.0f-%.0f", "qmfo"[s], begin, end);
         chunks += text;
       }
     }
@@ -233,16 +243,20 @@ class PipelineTrace {
     const double longest = std::max(busy[0], std::max(busy[1], busy[2]));
     const double overlap = sum > longest ? (sum - total) / (sum - longest) : 0.0;
     ZP_INFO(kSubsysColl,
-            "trace %s %zu B, %d chunk(s): %.1f us; busy quantize %.1f, move %.1f, finish %.1f us; overlap %.2f;"
-            " per chunk (q quantize, m move, f finish; us from the call's start)%s",
-            op_, bytes_, chunks_, total, busy[0], busy[1], busy[2], overlap, chunks.c_str());
+            "trace %s %zu B, %d chunk(s): %.1f us; busy quantize %.1f, move %.1f, finish %.1f, own slot %.1f us;"
+            " overlap %.2f; per chunk (q quantize, m move, f finish, o own slot; us from the call's start)%s",
+            op_, bytes_, chunks_, total, busy[0], busy[1], busy[2], busy[3], overlap, chunks.c_str());
   }
 
  private:
-  static constexpr size_t kEvents = 2 + 6 * kMaxPipelineChunks;
-  static size_t slot(Stage s, int c, bool end) { return 2 + 6 * static_cast<size_t>(c) + 2 * s + (end ? 1 : 0); }
+  static constexpr int kStages = 4;
+  static constexpr size_t kEvents = 2 + 2 * kStages * kMaxPipelineChunks;
+  static size_t slot(Stage s, int c, bool end) {
+    return 2 + 2 * kStages * static_cast<size_t>(c) + 2 * s + (end ? 1 : 0);
+  }
   // Microseconds from the call's start to event i, or -1 when that event was not recorded in this call.
   double at(size_t i) const {
+    if (!marked_.test(i)) return -1;
     float ms = 0;
     if (cudaEventElapsedTime(&ms, e_.traceEvents[0], e_.traceEvents[i]) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -257,6 +271,7 @@ class PipelineTrace {
   int chunks_;
   cudaStream_t caller_;
   bool on_ = false;
+  std::bitset<kEvents> marked_;  // the events recorded in this call (the others may hold an earlier call's time)
 };
 
 zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what) {
@@ -383,9 +398,7 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
-  // hpZ's group shares a node: its link is slow only over host shared memory.
-  const bool slowLink = e.shmChannels || (comm == e.comms.world && e.topo.nodes > 1);
-  const bool ownEarly = ownSlotEarly(slowLink, a.count * n * esz);
+  const bool ownEarly = ownSlotEarly(overSlowLink(e, comm), a.count * n * esz);
   Stages st;
   // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
   // CTAs cannot start on an SM that our CTAs occupy (src/green_context.h). Measured over NVLink, int8 at 1 GB:
@@ -421,7 +434,9 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     off = 0;
     for (int c = 0; c < plan.chunks; ++c) {
       const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+      trace.mark(PipelineTrace::kOwn, c, false, st.own.stream);
       ZPCHECK(dequantizeSlots(c, off, pb, rank, 1, st.own));
+      trace.mark(PipelineTrace::kOwn, c, true, st.own.stream);
       off += n * pb;
     }
   }
@@ -532,7 +547,7 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   // sent. Between two ranks that exchange by a gather, each chunk receives into three slots (pairLayout): the
   // outgoing slot in the middle, gathered in place, so that NCCL writes only the peer's slot (left of it on rank
   // 1, right of it on rank 0), and the kept one at the other end: the two sources in rank order at slots 0 and 2.
-  const bool slowLink = e.topo.nodes > 1 || e.shmChannels;
+  const bool slowLink = overSlowLink(e, e.comms.world);
   // One hop: across nodes when the ranks are on several (two ranks: one each), or over host shared memory on the
   // extra channels, which NCCL's collectives use and its point-to-point does not.
   const bool ringFaster = !q.twoHop && slowLink;
@@ -595,7 +610,9 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
     recvOff = 0;
     for (int c = 0; c < plan.chunks; ++c) {
       const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+      trace.mark(PipelineTrace::kOwn, c, false, st.own.stream);
       ZPCHECK(quantizeRun(c, self, 1, recvRegion + recvOff + keptSlot * pb, pb, st.own));
+      trace.mark(PipelineTrace::kOwn, c, true, st.own.stream);
       recvOff += recvSlots * pb;
     }
   }
