@@ -19,6 +19,9 @@
 // buffer in shared memory, so that the warp writes its 1024 contiguous elements as lane-consecutive aligned
 // 16-byte stores whatever the element alignment of the output (a misaligned output shifts each 16-byte window
 // out of two staged chunks; element stores only at both ends of the warp's range).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <atomic>
 #include <cstdint>
 
@@ -35,6 +38,7 @@ constexpr int kThreads = 256;                  // CTA size
 constexpr int kElems = 32;                     // elements a thread owns (a block holds G / kElems threads)
 constexpr int kTileElems = kThreads * kElems;  // elements a CTA takes at a time
 constexpr int kWarpElems = 32 * kElems;        // elements a warp owns, contiguous
+constexpr int kWaves = 8;                      // grid: resident CTAs times this, grid-stride beyond (gridFor)
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Code words a thread reads per source (int4: one 16-byte vector; int8: two).
@@ -104,9 +108,9 @@ __device__ __forceinline__ float codeValue(const uint32_t (&x)[codeWords<Bits>()
 }
 
 // Adds one source (codes w, block scale) to the thread's sums, or starts them (First): acc = v for the first
-// source, acc + v after, as the host reference does.
+// source, acc + v after, as the host reference does. True when the block's scale is plain (every product finite).
 template <int Bits, bool First>
-__device__ __forceinline__ void addSource(const uint32_t (&w)[codeWords<Bits>()], float scale, uint32_t high,
+__device__ __forceinline__ bool addSource(const uint32_t (&w)[codeWords<Bits>()], float scale, uint32_t high,
                                           float (&acc)[kElems]) {
   uint32_t x[codeWords<Bits>() * (Bits == 4 ? 2 : 1)];
   prepareCodes<Bits>(w, x);
@@ -116,18 +120,21 @@ __device__ __forceinline__ void addSource(const uint32_t (&w)[codeWords<Bits>()]
       const float v = mulRn(codeValue<Bits>(x, k, high), scale);
       acc[k] = First ? v : addRn(acc[k], v);
     }
-  } else {  // NaN block, or a scale near FLT_MAX
-#pragma unroll
-    for (int k = 0; k < kElems; ++k) {
-      const float v = bitsFloat(dequantizeValue<Fp32Type>(codeValue<Bits>(x, k, high), scale));
-      acc[k] = First ? v : addRn(acc[k], v);
-    }
+    return true;
   }
+  // NaN block, or a scale near FLT_MAX
+#pragma unroll
+  for (int k = 0; k < kElems; ++k) {
+    const float v = bitsFloat(dequantizeValue<Fp32Type>(codeValue<Bits>(x, k, high), scale));
+    acc[k] = First ? v : addRn(acc[k], v);
+  }
+  return false;
 }
 
-// Sources [s0, s0 + kBatch) (those that exist; s0 itself does): all loads first, then the sums in order.
+// Sources [s0, s0 + kBatch) (those that exist; s0 itself does): all loads first, then the sums in order. True
+// when every one was plain.
 template <int Bits, bool First>
-__device__ __forceinline__ void addSourceBatch(const ReduceArgs& a, const unsigned char* seg, size_t block,
+__device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsigned char* seg, size_t block,
                                                size_t codeOffset, int s0, float (&acc)[kElems]) {
   constexpr int kVecs = codeWords<Bits>() / 4;
   uint32_t w[kBatch][codeWords<Bits>()];
@@ -144,25 +151,30 @@ __device__ __forceinline__ void addSourceBatch(const ReduceArgs& a, const unsign
       }
     }
   }
-  addSource<Bits, First>(w[0], scale[0], a.decodeHigh, acc);
+  bool plain = addSource<Bits, First>(w[0], scale[0], a.decodeHigh, acc);
 #pragma unroll
   for (int u = 1; u < kBatch; ++u) {
-    if (s0 + u < a.sources) addSource<Bits, false>(w[u], scale[u], a.decodeHigh, acc);
+    if (s0 + u < a.sources) plain &= addSource<Bits, false>(w[u], scale[u], a.decodeHigh, acc);
   }
+  return plain;
 }
 
 // Fixed-order fp32 sums over the segment's sources of the thread's elements [elem, elem + kElems), of which the
-// first `valid` (1..kElems) exist. Sums past `valid` are left over from zero codes and must not be used.
+// first `valid` (1..kElems) exist. Sums past `valid` are left over from zero codes and must not be used. True
+// when every source's block was plain: the sums are then finite or +-Inf, never NaN (no addend is infinite).
 template <int Bits>
-__device__ __forceinline__ void sumSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
+__device__ __forceinline__ bool sumSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
                                            float (&acc)[kElems]) {
   const size_t block = elem >> a.blockShift;
   const size_t codeOffset = a.scaleBytes + elem * Bits / 8;
+  bool plain = true;
   if (valid == kElems) {
-    addSourceBatch<Bits, true>(a, seg, block, codeOffset, 0, acc);
+    plain = addSourceBatch<Bits, true>(a, seg, block, codeOffset, 0, acc);
 #pragma unroll 1
-    for (int s0 = kBatch; s0 < a.sources; s0 += kBatch) addSourceBatch<Bits, false>(a, seg, block, codeOffset, s0, acc);
-    return;
+    for (int s0 = kBatch; s0 < a.sources; s0 += kBatch) {
+      plain &= addSourceBatch<Bits, false>(a, seg, block, codeOffset, s0, acc);
+    }
+    return plain;
   }
   // The last, partial group of codes of the payload: only the bytes that hold elements < count are read.
   const int bytes = (valid * Bits + 7) / 8;
@@ -178,11 +190,12 @@ __device__ __forceinline__ void sumSources(const ReduceArgs& a, const unsigned c
       if (b < bytes) w[b >> 2] |= static_cast<uint32_t>(__ldg(payload + codeOffset + b)) << (8 * (b & 3));
     }
     if (s == 0) {
-      addSource<Bits, true>(w, scale, a.decodeHigh, acc);
+      plain = addSource<Bits, true>(w, scale, a.decodeHigh, acc);
     } else {
-      addSource<Bits, false>(w, scale, a.decodeHigh, acc);
+      plain &= addSource<Bits, false>(w, scale, a.decodeHigh, acc);
     }
   }
+  return plain;
 }
 
 // ---- requantize --------------------------------------------------------------------------------------------------
@@ -362,6 +375,21 @@ __device__ __forceinline__ Out chunkElement(const uint4& v, int r) {
   return static_cast<Out>(sizeof(Out) == 4 ? word : word >> (8 * (r & 2)));
 }
 
+// Word i of the thread's finished outputs when every sum is finite or +-Inf and the divisor is 1:
+// finishReduction is then Type::fromFloat alone, which the paired conversions round the same way.
+template <class Type>
+__device__ __forceinline__ uint32_t finishedWord(const float (&acc)[kElems], int i) {
+  if constexpr (sizeof(typename Type::Bits) == 4) {
+    return floatBits(acc[i]);
+  } else if constexpr (Type::kType == zpBfloat16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);  // .x: the low half
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
 template <int Bits, class Type>
 __global__ void __launch_bounds__(kThreads, 2)
     reduceFinishKernel(const ReduceArgs a, typename Type::Bits* out, size_t outputStride, float divisor) {
@@ -384,22 +412,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     // step 1: sums, finished values (per element, as the host does), into the warp's stage.
     if (valid > 0) {
       float acc[kElems];
-      sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
-      Out o[kElems];
+      const bool plain = sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
+      uint32_t word[kThreadChunks * 4];  // the thread's finished elements, packed
+      if (plain && divisor == 1.0f) {
+        // The common case: no NaN to replace by the quiet one, and the conversions two at a time.
 #pragma unroll
-      for (int k = 0; k < kElems; ++k) o[k] = finishReduction<Type>(acc[k], divisor);
+        for (int i = 0; i < kThreadChunks * 4; ++i) word[i] = finishedWord<Type>(acc, i);
+      } else {
+        Out o[kElems];
+#pragma unroll
+        for (int k = 0; k < kElems; ++k) o[k] = finishReduction<Type>(acc[k], divisor);
+#pragma unroll
+        for (int i = 0; i < kThreadChunks * 4; ++i) {
+          word[i] = kSize == 4 ? o[i] : (o[2 * i] | (static_cast<uint32_t>(o[2 * i + 1]) << 16));
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kThreadChunks; ++i) {
-        uint32_t word[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if constexpr (kSize == 4) {
-            word[j] = o[4 * i + j];
-          } else {
-            word[j] = o[8 * i + 2 * j] | (static_cast<uint32_t>(o[8 * i + 2 * j + 1]) << 16);
-          }
-        }
-        mine[swizzle(lane * kThreadChunks + i)] = make_uint4(word[0], word[1], word[2], word[3]);
+        mine[swizzle(lane * kThreadChunks + i)] =
+            make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
       }
     }
     __syncwarp();
@@ -462,11 +493,12 @@ ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const
   return a;
 }
 
-// CTAs for `work` tiles: one wave of resident CTAs on the stream's SMs, a grid-stride loop for the rest. More
-// waves let the hardware balance CTAs that finish at different times, but each CTA of a direct-load call also
-// ends with a system-scope fence and an arrival (peerLeave): over NVLink, qgZ int4 at 64 MB went from 1.47x to
-// 1.80x NCCL with one wave instead of eight (1 GB: 1.91x -> 1.99x), and over host shared memory the sum took the
-// same time either way. The occupancy is cached per kernel: it is a sizing hint only.
+// CTAs for `work` tiles: a few waves of resident CTAs (the hardware balances CTAs that finish at different
+// times, and a pipeline's finish kernel shares the SMs with NCCL's), a grid-stride loop for the rest. A direct-load
+// kernel gets one wave: each of its CTAs ends with a system-scope fence and an arrival (peerLeave), and over NVLink
+// qgZ int4 at 64 MB went from 1.47x to 1.80x NCCL with one wave instead of eight (1 GB: 1.91x -> 1.99x); its CTAs
+// that wait for the peers inside (PeerSync::waitInKernel) must all be resident anyway. The occupancy is cached per
+// kernel: it is a sizing hint only.
 template <auto Kernel>
 zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
   static std::atomic<int> cached{0};
@@ -478,7 +510,8 @@ zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
   }
   int sms = 0;
   CUDACHECK(kernelStreamSms(stream, &sms));
-  const size_t cap = static_cast<size_t>(sms) * perSm;
+  const bool oneWave = stream.sync.waitInKernel || stream.sync.raise != PeerSync::kNone;
+  const size_t cap = static_cast<size_t>(sms) * perSm * (oneWave ? 1 : kWaves);
   *grid = static_cast<unsigned>(work < cap ? work : cap);
   return zpSuccess;
 }
