@@ -165,8 +165,10 @@ TEST(GpuFaults, Child) {
 }
 
 // Spawns the two children of one case and checks how each ended.
-void killCase(int op, bool net, bool pending) {
+// With `ncclPipeline`, NCCL moves the payloads on one node too (no direct loads), in a pipeline of two chunks.
+void killCase(int op, bool net, bool pending, bool ncclPipeline = false) {
   SCOPED_TRACE(std::string(opName(op)) + (net ? " over sockets (two nodes)" : " over NVLink (one node)") +
+               (ncclPipeline ? ", NCCL's pipeline" : "") +
                (pending ? ", the victim's part not started" : ", the victim killed mid-transfer"));
   zpUniqueId id;
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
@@ -183,6 +185,7 @@ void killCase(int op, bool net, bool pending) {
     env.push_back("ZP_TIMEOUT_MS=" + std::to_string(kTimeoutMs));
     env.push_back(std::string(kPendingEnv) + "=" + (pending ? "1" : "0"));
     env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(rank));
+    if (ncclPipeline) env.push_back("ZP_DIRECT_MIN_BYTES=-1");
     if (net) {
       env.push_back("NCCL_HOSTID=zpccl-fault-node-" + std::to_string(rank));
       env.push_back("NCCL_P2P_DISABLE=1");
@@ -224,21 +227,30 @@ TEST(GpuFaults, PeerKilledMidCollective) {
   for (int op : {kQwz, kHpz, kQgz}) killCase(op, /*net=*/false, /*pending=*/true);
 }
 
-// Over sockets (two nodes of one GPU each; hpZ's group is then the rank alone, with no peer to lose). Both
-// cases fail on the GPUs in the fifth session, so they are disabled until understood (run them with
-// --gtest_also_run_disabled_tests):
-// - victim's part not started: the survivor's stream stays blocked, "still running 23 s after its peer died",
-//   though the watchdog reported NCCL's error ("Connection closed by remote peer"); over NVLink the same case
-//   drains in 3.2 s. Is ncclCommRevoke effective on a kernel still waiting for its first bytes from a socket?
-// - victim killed mid-transfer: a race. The victim dies 100 ms after the survivor's call is enqueued, and the
-//   transfer (128 MB over loopback sockets) can finish before that: the survivor then completes normally and
-//   reports no error ("drained after 5.02 s, async error 0"). It passed in earlier sessions.
-TEST(GpuFaults, DISABLED_PeerKilledOverSockets) {
+// The same over NCCL's pipeline on one node: each chunk is an NCCL kernel of its own. ncclCommRevoke ends the one
+// running and clears its abort flag once it has, so the next chunk's kernel then waited for the dead peer forever;
+// the watchdog now aborts the NCCL communicators when the calls have not drained soon after the revoke.
+TEST(GpuFaults, PeerKilledMidNcclPipeline) {
   ZP_REQUIRE_GPUS(2);
   if (getenv(kRoleEnv)) GTEST_SKIP();
-  for (bool pending : {true, false}) {
-    for (int op : {kQwz, kQgz}) killCase(op, /*net=*/true, pending);
-  }
+  for (int op : {kQwz, kQgz}) killCase(op, /*net=*/false, /*pending=*/true, /*ncclPipeline=*/true);
+}
+
+// Over sockets (two nodes of one GPU each; hpZ's group is then the rank alone, with no peer to lose): NCCL's
+// pipeline too, the case the NCCL pipeline test above reproduces on one node.
+TEST(GpuFaults, PeerKilledOverSockets) {
+  ZP_REQUIRE_GPUS(2);
+  if (getenv(kRoleEnv)) GTEST_SKIP();
+  for (int op : {kQwz, kQgz}) killCase(op, /*net=*/true, /*pending=*/true);
+}
+
+// Disabled: a race. Without zpCommReserve the victim dies 100 ms after the survivor's call is enqueued, and the
+// transfer (128 MB over loopback sockets) can finish before that: the survivor then completes normally and reports
+// no error ("drained after 5.02 s, async error 0"). Run it with --gtest_also_run_disabled_tests.
+TEST(GpuFaults, DISABLED_PeerKilledOverSocketsUnreserved) {
+  ZP_REQUIRE_GPUS(2);
+  if (getenv(kRoleEnv)) GTEST_SKIP();
+  for (int op : {kQwz, kQgz}) killCase(op, /*net=*/true, /*pending=*/false);
 }
 
 // ---- zpCommAbort from another thread while a collective is in flight ------------------------------------------
