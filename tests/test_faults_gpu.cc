@@ -177,7 +177,6 @@ void killCase(int op, bool net, bool pending, bool ncclPipeline = false) {
   pid_t pids[2];
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back(std::string(kRoleEnv) + "=" + (rank == 0 ? "survivor" : "victim"));
     env.push_back(std::string(kOpEnv) + "=" + std::to_string(op));
     env.push_back(std::string(kIdFileEnv) + "=" + idFile);
@@ -190,6 +189,14 @@ void killCase(int op, bool net, bool pending, bool ncclPipeline = false) {
       env.push_back("NCCL_HOSTID=zpccl-fault-node-" + std::to_string(rank));
       env.push_back("NCCL_P2P_DISABLE=1");
       env.push_back("NCCL_SHM_DISABLE=1");
+    }
+    // Then this process's environment, less what the case sets (getenv would find the first of two).
+    const size_t set = env.size();
+    for (char** e = environ; *e; ++e) {
+      const std::string entry = *e, name = entry.substr(0, entry.find('=') + 1);
+      bool ours = false;
+      for (size_t i = 0; i < set; ++i) ours = ours || env[i].compare(0, name.size(), name) == 0;
+      if (!ours) env.push_back(entry);
     }
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
