@@ -104,7 +104,7 @@ class CudaBackend final : public Backend {
   // Starts watching the NCCL communicators once they all exist.
   void startWatchdog() {
     watchdog_ = std::make_unique<Watchdog>(exec_.device, exec_.comms.all(), paramTimeoutMs(),
-                                           [this](bool escalate) { return stopNcclWork(escalate); });
+                                           [this] { return stopNcclWork(); });
   }
 
   zpResult_t run(const CollArgs& a) override {
@@ -211,12 +211,10 @@ class CudaBackend final : public Backend {
  private:
   // The watchdog's way to end the NCCL kernels of a failed communicator, so that the caller's stream drains.
   // ncclCommRevoke (NCCL 2.28.x) stops the work and keeps the communicators for zpCommAbort; it is looked up at
-  // run time because older NCCL libraries lack it. Without it, when it fails, or when the watchdog escalates (the
-  // revoke ends the kernels running then and clears its abort flag once they have, so a pipeline's later chunks
-  // start and wait for the dead peer), the communicators zpccl owns are aborted, which leaves the flag set, once
+  // run time because older NCCL libraries lack it. Without it the communicators zpccl owns are aborted, once
   // no call is using them (false until then: the watchdog retries); a caller's communicator wrapped by
   // zpCommInitFromNccl is left to its owner.
-  bool stopNcclWork(bool escalate) {
+  bool stopNcclWork() {
     using RevokeFn = ncclResult_t (*)(ncclComm_t, int);
     static const RevokeFn revoke = [] {
       Dl_info info;
@@ -226,19 +224,14 @@ class CudaBackend final : public Backend {
       }
       return lib != nullptr ? reinterpret_cast<RevokeFn>(dlsym(lib, "ncclCommRevoke")) : nullptr;
     }();
-    if (!escalate) {
-      {
-        DeviceGuard guard(exec_.device);  // the watchdog's thread
-        cancelPeerReads(&exec_.peers);    // the direct-load kernels must not wait on, or touch, revoked peers' windows
-      }
-      bool revoked = revoke != nullptr;
-      for (ncclComm_t c : revoke != nullptr ? exec_.comms.all() : std::vector<ncclComm_t>()) {
-        const ncclResult_t r = revoke(c, 0);
-        revoked = revoked && (r == ncclSuccess || r == ncclInProgress);
-      }
-      if (revoked) return true;
+    {
+      DeviceGuard guard(exec_.device);  // the watchdog's thread
+      cancelPeerReads(&exec_.peers);    // the direct-load kernels must not wait on, or touch, revoked peers' windows
     }
-    if (ncclAborted_) return true;
+    if (revoke != nullptr) {
+      for (ncclComm_t c : exec_.comms.all()) (void)revoke(c, 0);
+      return true;
+    }
     std::unique_lock<std::shared_mutex> exclusive(ncclUse_, std::try_to_lock);
     if (!exclusive.owns_lock()) return false;
     for (ncclComm_t c : exec_.comms.owned()) (void)ncclCommAbort(c);

@@ -20,7 +20,7 @@ std::string format(const char* fmt, ...) {
 }
 }  // namespace
 
-Watchdog::Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs, std::function<bool(bool)> stopWork)
+Watchdog::Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs, std::function<bool()> stopWork)
     : device_(device), comms_(std::move(comms)), timeoutMs_(timeoutMs), stopWork_(std::move(stopWork)), thread_([this] {
         loop();
       }) {}
@@ -78,47 +78,18 @@ void Watchdog::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, std::chrono::milliseconds(pollMs), [this] { return stopping_; });
-    if (stopping_ || escalated_) continue;
-    const bool failed = failure_ != zpSuccess, stopped = workStopped_;
-    const bool overdue =
-        stopped && std::chrono::steady_clock::now() - stoppedAt_ > std::chrono::milliseconds(kEscalateAfterMs);
+    if (stopping_ || workStopped_) continue;
+    const bool failed = failure_ != zpSuccess;
     lock.unlock();
-    if (!failed) {
+    bool stopped = false;
+    if (failed) {
+      stopped = stopWork_();
+    } else {
       poll();
-    } else if (!stopped) {
-      if (stopWork_(/*escalate=*/false)) {
-        lock.lock();
-        workStopped_ = true;
-        stoppedAt_ = std::chrono::steady_clock::now();
-        continue;
-      }
-    } else if (drained()) {
-      lock.lock();
-      escalated_ = true;  // nothing left to stop
-      continue;
-    } else if (overdue && stopWork_(/*escalate=*/true)) {
-      ZP_WARN(
-          "the communicator's calls had not drained %lld ms after its work was stopped: aborted the NCCL "
-          "communicators zpccl owns",
-          static_cast<long long>(kEscalateAfterMs));
-      lock.lock();
-      escalated_ = true;
-      continue;
     }
     lock.lock();
+    workStopped_ = workStopped_ || stopped;
   }
-}
-
-bool Watchdog::drained() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  while (!pending_.empty()) {
-    const cudaError_t state = cudaEventQuery(pending_.front().done);
-    if (state == cudaErrorNotReady) return false;
-    if (state != cudaSuccess) (void)cudaGetLastError();  // failed calls have drained too
-    freeEvents_.push_back(pending_.front().done);
-    pending_.pop_front();
-  }
-  return true;
 }
 
 void Watchdog::poll() {

@@ -8,9 +8,7 @@
 // On the first failure it records the error and asks the backend to stop the NCCL communicators' work (see
 // CudaBackend::stopNcclWork), which ends their kernels: the caller's stream drains, zpCommGetAsyncError reports
 // the failure, and every later collective on the communicator returns it at once. Destroy or abort the
-// communicator after that, as with NCCL. If the watched calls still have not drained kEscalateAfterMs after the
-// work was stopped, the watchdog asks once more, harder (escalate): ncclCommRevoke ends the NCCL kernels that run
-// and then lets the later ones start, as a pipeline's next chunks do, which then wait for a dead peer forever.
+// communicator after that, as with NCCL.
 #pragma once
 
 #include <nccl.h>
@@ -30,14 +28,9 @@ namespace zp {
 
 class Watchdog {
  public:
-  // How long the watched calls may take to drain once their work was stopped before the watchdog escalates.
-  static constexpr int64_t kEscalateAfterMs = 2000;
-
   // comms: the distinct NCCL communicators to poll; timeoutMs <= 0 disables the timeout (async errors are still
-  // polled). stopWork(escalate) is called from the watchdog's thread after a failure, each poll until it returns
-  // true; then, if the watched calls have not drained kEscalateAfterMs later, with escalate = true, again each
-  // poll until it returns true.
-  Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs, std::function<bool(bool)> stopWork);
+  // polled). stopWork is called from the watchdog's thread after a failure, each poll until it returns true.
+  Watchdog(int device, std::vector<ncclComm_t> comms, int64_t timeoutMs, std::function<bool()> stopWork);
   ~Watchdog();  // stops the thread; the caller destroys the communicators afterwards
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -59,20 +52,16 @@ class Watchdog {
   };
   void loop();
   void poll();
-  // After the work was stopped: forgets the watched calls that have completed; true when none is left.
-  bool drained();
   void failLocked(zpResult_t code, std::string message);
 
   const int device_;
   const std::vector<ncclComm_t> comms_;
   const int64_t timeoutMs_;
-  const std::function<bool(bool)> stopWork_;
+  const std::function<bool()> stopWork_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
   bool workStopped_ = false;
-  std::chrono::steady_clock::time_point stoppedAt_;
-  bool escalated_ = false;  // or no longer needed: every watched call drained
   zpResult_t failure_ = zpSuccess;
   std::string failureMessage_;
   std::deque<Pending> pending_;
