@@ -34,8 +34,9 @@
 #   ZP_GPU_CHECK_ENV          extra VAR=value words for every perf step (e.g. ZP_CHUNK_BYTES=16777216)
 #   ZP_GPU_CHECK_TAG          suffix of the results folder and of the files in $OUT, so that several runs in one
 #                             call keep their own (e.g. a sweep of a tunable)
-#   ZP_GPU_CHECK_TEST_FILTER  --gtest_filter of the GPU suite (default: every test, then the pipeline and
-#                             concurrency tests again with ZP_NCCL_SMS=0 ZP_PAIR_ALLGATHER=1)
+#   ZP_GPU_CHECK_TEST_FILTER  --gtest_filter of the GPU suite (default: every test, then the steps of other
+#                             configurations that the comment before them lists: other, direct, shm, shm p2p,
+#                             shm caller)
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
 #   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
@@ -213,7 +214,8 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # through NCCL and the pipelines).
   # Then every collective test with direct loads whose waits are kernels of their own at every size
   # (ZP_DIRECT_INLINE_WAIT_BYTES=0; by default calls up to 4 MiB, most test cases, wait inside their kernels), in
-  # one process and in two (src/peer_window.h).
+  # one process and in two (src/peer_window.h); GpuFaults.PeerKilledMidNcclPipeline left out there, since it sets
+  # ZP_DIRECT_MIN_BYTES=-1 for its processes and would repeat the first pass's run.
   # Then the collective tests over host shared memory (NCCL_P2P_DISABLE=1: the world is split with
   # ZP_SHM_MIN_CTAS channels, qgZ's pair exchange gathers), with the own slot worked early at every size
   # (ZP_OWN_SLOT_EARLY_BYTES=0; by default from 16 MiB, beyond most cases); qgZ's tests there again with its
@@ -229,7 +231,7 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
       --gtest_filter="$collective_tests"
     run_step "zpccl_gpu_tests direct" - test "$results/zpccl_gpu_tests_direct.log" "" 120 \
       env ZP_DIRECT_MIN_BYTES=0 ZP_DIRECT_INLINE_WAIT_BYTES=0 "$build/tests/zpccl_gpu_tests" \
-      --gtest_filter="$collective_tests:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses"
+      --gtest_filter="$collective_tests:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses-GpuFaults.PeerKilledMidNcclPipeline"
     run_step "zpccl_gpu_tests shm" - test "$results/zpccl_gpu_tests_shm.log" "" 90 \
       env NCCL_P2P_DISABLE=1 ZP_OWN_SLOT_EARLY_BYTES=0 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter="$collective_tests:GpuLifecycle.*"
