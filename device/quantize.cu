@@ -9,9 +9,8 @@
 // are a whole CTA and pipeline their blocks through shared memory with cp.async, so that loads stay in flight
 // while the CTA meets at its barrier (64 registers, no spills, either way). The thread's vectors stay in
 // registers for both passes: absmax (packed pairs for fp16/bf16; reduced over the group with shuffles, across
-// warps through shared memory), then the codes: one fused multiply-add per code and a cheap guard that
-// provably gives quantizeCode's result (see "quantize: codes"); the rare guarded elements redo their vectors
-// with the division.
+// warps through shared memory), then the codes: the division's quotient from the reciprocal and one correction
+// step (quotientRn, host/quant_math.h), rounded by one add, with no data-dependent branch (see "quantize: codes").
 // Dequantize needs no reduction: each CTA step covers 256 * kVecsPerThread contiguous output vectors; each
 // thread reads its vectors' codes and scales.
 // Misaligned element pointers (an fp16 tensor at an odd element, say): quantize loads with the widest access
@@ -269,26 +268,13 @@ __device__ __forceinline__ uint32_t threadAbsMaxBits(const uint32_t (&v)[kVecsPe
 
 // ---- quantize: codes -----------------------------------------------------------------------------------------
 //
-// Fast codes: for a block whose scale s is normal (s >= FLT_MIN; its elements are then finite), with
-// r = __frcp_rn(s) and p = x * r taken exactly inside a fused multiply-add:
-//   |z| = |x / s| <= qmax (1 + 2^-23), so |p - z| <= |z| 2^-24 and |fl(z) - z| <= ulp(z) / 2 give
-//   |p - fl(z)| < 0.75 * 2^-16 (int8, |z| < 128) or < 0.75 * 2^-20 (int4, |z| < 8); u below is 2^-16.
-// int4: y = fma(x, r, 136.5 + u) lies in [128, 256), where fp32 steps are u: its low 16 bits hold frac(y) / u,
-//   bits 16..19 hold floor(y) - 128 = 8 + n (all of byte 2: the high nibble is 0), n the candidate code.
-// int8: y = fma(x, r, 1.5 * 2^23) rounds p to the nearest even integer, which sits in y's low byte (two's
-//   complement); g = fma(|x|, r, 128.5 + u) in [128, 256) carries frac(|p| + 0.5 + u) / u in its low 16 bits.
-// If that fraction field f is >= kGuardFrac = 4 (int4: f from y, so p + 0.5 + u lies in [N + 3.5u,
-// N + 1 - 0.5u] with N = floor(y) - 136; then p + 0.5 and fl(z) + 0.5 lie strictly inside (N, N + 1). int8: f
-// from g, the same for |p| and |fl(z)| with N = floor(g) - 128, and rint is odd), then rint(p) = rint(fl(z)),
-// no tie, within [-qmax, qmax] (no clamp): exactly the code of quantizeCode. Otherwise (about 1e-4 of the
-// elements) the caller redoes the thread's vectors with the division. The guard is the unsigned min of the
-// 16-bit low halves (VIMNMX3.U16x2 on sm_90: two elements an instruction), checked once per block (f >= 3
-// would do for int8, f >= 2 for int4: a margin). Checked on the host against quantizeCode for every pair
-// (x, absmax) of bf16 values and of fp16 values, and for random fp32.
-constexpr float kCodeMagic8 = 12582912.0f;         // 1.5 * 2^23
-constexpr float kGuardMagic8 = 128.5f + 0x1p-16f;  // 24 significant bits: exact
-constexpr float kCodeMagic4 = 136.5f + 0x1p-16f;   // 24 significant bits: exact
-constexpr uint32_t kGuardFrac = 4;
+// For a block whose scale s is at least kQuotientMinScale (its elements are then finite), with r = __frcp_rn(s):
+// q = quotientRn(x, s, r) is divRn(x, s) wherever that can give a non-zero code, and rint(q) by the magic add
+// (ties to even) is quantizeCode's code; |q| <= qmax (1 + 2^-23) rounds inside [-qmax, qmax], so the clamp is a
+// no-op. The code is y's low byte, two's complement, for y = q + 1.5 * 2^23. A former fast path rounded x * r
+// and redid near-ties by division: bf16 blocks are full of exact ties (x = absmax / 2 quantizes to 3.5, and a
+// power-of-two absmax makes half the odd mantissas ties), so the redo ran in most warps and took three
+// quarters of the kernel's instructions. Blocks with a smaller scale (subnormal, zero, NaN) take the division.
 
 // Host versions too, so that a host program can check the fast codes against quant_math.h.
 #define ZP_QHD __host__ __device__ __forceinline__
@@ -306,24 +292,6 @@ ZP_QHD uint32_t bytePerm(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r = 0;
   for (int k = 0; k < 4; ++k) r |= static_cast<uint32_t>((ab >> (8 * ((sel >> (4 * k)) & 7))) & 0xffu) << (8 * k);
   return r;
-#endif
-}
-
-ZP_QHD uint32_t minU16x2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __vminu2(a, b);
-#else
-  const uint32_t lo = (a & 0xffffu) < (b & 0xffffu) ? (a & 0xffffu) : (b & 0xffffu);
-  const uint32_t hi = (a >> 16) < (b >> 16) ? (a >> 16) : (b >> 16);
-  return lo | (hi << 16);
-#endif
-}
-
-ZP_QHD float fmaRn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
 #endif
 }
 
@@ -356,43 +324,35 @@ ZP_QHD void unpackVec(const uint32_t (&w)[4], float (&x)[vecElems<Type>()]) {
   }
 }
 
-// The packed codes of one vector by the fast path (int8: V bytes; int4: V / 2 bytes, element 2i in the low
-// nibble; bits past them are not zero), folding the vector's guard fields into `guard` (see above).
+// The packed codes of one vector of a block whose scale is at least kQuotientMinScale (int8: V bytes; int4: V / 2
+// bytes, element 2i in the low nibble; bits past them are not zero): quantizeCode's codes (see above).
 template <class Type, int Bits>
-ZP_QHD uint2 quantizeVecFast(const uint32_t (&w)[4], float rcp, uint32_t& guard) {
+ZP_QHD uint2 quantizeVecFast(const uint32_t (&w)[4], float scale, float rcp) {
   constexpr int V = vecElems<Type>();
   float x[V];
   unpackVec<Type>(w, x);
-  uint32_t y[V];
+  uint32_t y[V];  // code i in the low byte of y[i]
+  ZP_UNROLL
+  for (int i = 0; i < V; ++i) y[i] = floatBits(addRn(quotientRn(x[i], scale, rcp), kRoundMagic));
   uint32_t words[2] = {0, 0};
   if constexpr (Bits == 8) {
-    ZP_UNROLL
-    for (int i = 0; i < V; ++i) {
-      y[i] = floatBits(fmaRn(x[i], rcp, kCodeMagic8));
-      guard = minU16x2(guard, floatBits(fmaRn(fabsf(x[i]), rcp, kGuardMagic8)));
-    }
     ZP_UNROLL
     for (int k = 0; k < V / 4; ++k) {
       words[k] =
           bytePerm(bytePerm(y[4 * k], y[4 * k + 1], 0x0040), bytePerm(y[4 * k + 2], y[4 * k + 3], 0x0040), 0x5410);
     }
   } else {
-    ZP_UNROLL
-    for (int i = 0; i < V; ++i) {
-      y[i] = floatBits(fmaRn(x[i], rcp, kCodeMagic4));
-      guard = minU16x2(guard, y[i]);
-    }
-    // Byte 2 of each y is 8 + code: gather those of the even elements (byte k: element 2k) and of the odd ones
-    // (byte k: element 2k + 1), move the odd ones to the high nibbles, and remove both biases of 8 with one xor.
+    // The low bytes of the even elements (byte k: element 2k) and of the odd ones (byte k: element 2k + 1), then
+    // the even codes' low nibbles beside the odd ones moved up.
     uint32_t even, odd;
     if constexpr (V == 8) {
-      even = bytePerm(bytePerm(y[0], y[2], 0x0062), bytePerm(y[4], y[6], 0x0062), 0x5410);
-      odd = bytePerm(bytePerm(y[1], y[3], 0x0062), bytePerm(y[5], y[7], 0x0062), 0x5410);
+      even = bytePerm(bytePerm(y[0], y[2], 0x0040), bytePerm(y[4], y[6], 0x0040), 0x5410);
+      odd = bytePerm(bytePerm(y[1], y[3], 0x0040), bytePerm(y[5], y[7], 0x0040), 0x5410);
     } else {
-      even = bytePerm(y[0], y[2], 0x0062);
-      odd = bytePerm(y[1], y[3], 0x0062);
+      even = bytePerm(y[0], y[2], 0x0040);
+      odd = bytePerm(y[1], y[3], 0x0040);
     }
-    words[0] = (even | (odd << 4)) ^ 0x88888888u;
+    words[0] = (even & 0x0f0f0f0fu) | ((odd << 4) & 0xf0f0f0f0u);
   }
   return make_uint2(words[0], words[1]);
 }
@@ -427,8 +387,8 @@ __device__ __forceinline__ void storePacked(char* p, uint2 packed) {
   }
 }
 
-// The packed codes of one vector by division: blocks whose scale is subnormal, and the rare blocks the fast
-// path flags. Out of line, so that its division calls stay out of the hot loop's register budget.
+// The packed codes of one vector by division: blocks whose scale is below kQuotientMinScale (see above). Out of
+// line, so that its division calls stay out of the hot loop's register budget.
 template <class Type, int Bits>
 __device__ __noinline__ uint2 quantizeVecExact(uint4 x, float scale) {
   constexpr int V = vecElems<Type>();
@@ -515,15 +475,14 @@ __device__ __forceinline__ void quantizeBlock(const QuantArgs& a, const uint32_t
   auto store = [&](int j, uint2 packed) {
     if (j < inRange) storePacked<Bits, V>(out + (j << kStepShift), packed);
   };
-  // A normal scale takes the fast path (codes of quantizeCode, see above), stored at once.
-  const bool fast = scale >= __uint_as_float(kF32MinNormal);  // false for 0, subnormal and NaN scales
+  // A scale from kQuotientMinScale up takes the fast path (codes of quantizeCode, see above), stored at once.
+  const bool fast = scale >= kQuotientMinScale;  // false for 0, NaN and tiny scales
   const float rcp = __frcp_rn(fast ? scale : 1.0f);
-  uint32_t guard = 0xffffffffu;
   if constexpr (kShift == 0 && kPackedBytes * kVecsPerThread % 16 == 0) {
     // One thread a block (fp16/bf16, G = 32): its codes are contiguous and 16-byte aligned: whole vectors.
     uint2 packed[kVecsPerThread];
 #pragma unroll
-    for (int j = 0; j < kVecsPerThread; ++j) packed[j] = quantizeVecFast<Type, Bits>(v[j], rcp, guard);
+    for (int j = 0; j < kVecsPerThread; ++j) packed[j] = quantizeVecFast<Type, Bits>(v[j], scale, rcp);
     if (whole) {
       uint32_t u[kPackedBytes * kVecsPerThread / 4];
 #pragma unroll
@@ -541,11 +500,12 @@ __device__ __forceinline__ void quantizeBlock(const QuantArgs& a, const uint32_t
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < kVecsPerThread; ++j) store(j, quantizeVecFast<Type, Bits>(v[j], rcp, guard));
+    for (int j = 0; j < kVecsPerThread; ++j) store(j, quantizeVecFast<Type, Bits>(v[j], scale, rcp));
   }
-  // Rarely: a flagged element, or a scale that is 0 or NaN (every code 0) or subnormal. The thread redoes its
-  // vectors exactly and stores them again (its own stores, in order: the last one stays).
-  if (!fast || (guard & 0xffffu) < kGuardFrac) {  // out of line; unrolled so that v stays in registers
+  // Rarely: a scale that is 0 or NaN (every code 0) or tiny (every element by division). The thread stores its
+  // vectors again (its own stores, in order: the last one stays). Out of line; unrolled so that v stays in
+  // registers.
+  if (!fast) {
 #pragma unroll
     for (int j = 0; j < kVecsPerThread; ++j) {
       store(j, scale > 0.0f ? quantizeVecExact<Type, Bits>(make_uint4(v[j][0], v[j][1], v[j][2], v[j][3]), scale)

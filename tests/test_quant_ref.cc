@@ -402,4 +402,59 @@ TEST(QuantRef, DequantizeForeignPayload) {
   }
 }
 
+// The device's quantize computes x / scale as quotientRn (reciprocal, one correction step), not by division.
+// Its codes must be quantizeCode's for every element a block can hold: every bf16 x against absmax values of
+// every binade (mantissas sampled, powers of two in full: those make exact ties common) and the smallest
+// scales it takes, every fp16 x against sampled absmax values, and random fp32 pairs. The quotient itself must
+// be the division's wherever it can round to a non-zero code. (The full cross product of bf16 and of fp16
+// pairs was checked once the same way: no difference.)
+uint64_t quotientMismatches(float x, float absMax, float qmax, uint64_t* badQuotients) {
+  const float scale = zp::divRn(absMax, qmax);
+  if (!(scale >= zp::kQuotientMinScale)) return 0;  // the kernel divides
+  const float rcp = zp::divRn(1.0f, scale);
+  const float q = zp::quotientRn(x, scale, rcp), d = zp::divRn(x, scale);
+  if (std::fabs(d) >= 0.25f && zp::floatBits(q) != zp::floatBits(d)) ++*badQuotients;
+  return zp::floatBits(zp::addRn(q, zp::kRoundMagic)) != zp::quantizeCode(x, scale, qmax);
+}
+
+TEST(QuantMath, ReciprocalQuotientGivesTheDivisionsCodes) {
+  for (float qmax : {7.0f, 127.0f}) {
+    SCOPED_TRACE("qmax " + std::to_string(qmax));
+    uint64_t pairs = 0, badCodes = 0, badQuotients = 0, tiny = 0;
+    for (int type = 0; type < 2; ++type) {  // bf16, fp16
+      std::vector<float> values;
+      for (uint32_t h = 0; h < 65536; ++h) {
+        const float v =
+            type == 0 ? zp::bf16BitsToFloat(static_cast<uint16_t>(h)) : zp::halfBitsToFloat(static_cast<uint16_t>(h));
+        if (std::isfinite(v)) values.push_back(v);
+      }
+      for (uint32_t h = 1; h < 0x7f80; ++h) {
+        const bool powerOfTwo = type == 0 && (h & 0x7f) == 0;
+        if (!powerOfTwo && h % (type == 0 ? 61 : 37) != 0) continue;
+        const float absMax =
+            type == 0 ? zp::bf16BitsToFloat(static_cast<uint16_t>(h)) : zp::halfBitsToFloat(static_cast<uint16_t>(h));
+        if (!std::isfinite(absMax)) break;
+        tiny += zp::divRn(absMax, qmax) < 0x1p-90f;
+        for (float x : values) {
+          if (std::fabs(x) > absMax) continue;
+          badCodes += quotientMismatches(x, absMax, qmax, &badQuotients);
+          ++pairs;
+        }
+      }
+    }
+    std::mt19937_64 rng(11);
+    for (int i = 0; i < 2000000; ++i) {
+      const float absMax = zp::bitsFloat(static_cast<uint32_t>(rng() % 0x7f000000u) | 0x00800000u);
+      const float x =
+          absMax * std::ldexp(static_cast<float>(static_cast<int64_t>(rng() % (1u << 25)) - (1 << 24)), -24);
+      badCodes += quotientMismatches(x, absMax, qmax, &badQuotients);
+      ++pairs;
+    }
+    EXPECT_GT(pairs, 40000000u);
+    EXPECT_GT(tiny, 0u) << "no absmax reached the smallest fast-path scales";
+    EXPECT_EQ(badCodes, 0u) << "of " << pairs << " pairs";
+    EXPECT_EQ(badQuotients, 0u) << "of " << pairs << " pairs";
+  }
+}
+
 }  // namespace
