@@ -222,8 +222,8 @@ __device__ __forceinline__ uint32_t packWord(const uint32_t (&c)[32 / Bits]) {
   }
 }
 
-// packWord of quantizeCode (the division) over 4 or 8 sums (x1 unused for int8). Out of line: the rare path,
-// whose division calls would otherwise cost the hot loop registers.
+// packWord of quantizeCode (the division) over 4 or 8 sums (x1 unused for int8). Out of line: the rare path (tiny
+// scales), whose division calls would otherwise cost the hot loop registers.
 template <int Bits>
 __device__ __noinline__ uint32_t quantizeWordExact(float4 x0, float4 x1, float scale) {
   const float qmax = static_cast<float>(quantMax(Bits));
@@ -240,23 +240,19 @@ template <int Bits>
 __device__ __forceinline__ void quantizeThread(const float (&acc)[kElems], int valid, float scale,
                                                uint32_t (&packed)[codeWords<Bits>()]) {
   constexpr int kPerWord = 32 / Bits;
-  // The reciprocal fast path gives the division's codes (quantizeCodeFast), or says that it may not; then the
-  // division redoes the thread's codes. Scales that are 0, subnormal or NaN take the division.
-  float fracMax = 1.0f;
-#if defined(__CUDA_ARCH__)  // quantizeCodeFast exists in device code only
-  if (scale >= __uint_as_float(kF32MinNormal)) {
-    const float rcp = __frcp_rn(scale);
-    fracMax = 0.0f;
+  // From kQuotientMinScale up, quotientRn gives the division's codes (host/quant_math.h); scales that are 0,
+  // tiny or NaN take the division.
+  if (scale >= kQuotientMinScale) {
+    const float rcp = divRn(1.0f, scale);
 #pragma unroll
     for (int i = 0; i < codeWords<Bits>(); ++i) {
       uint32_t c[kPerWord];
 #pragma unroll
-      for (int k = 0; k < kPerWord; ++k) c[k] = quantizeCodeFast(acc[kPerWord * i + k], rcp, fracMax);
+      for (int k = 0; k < kPerWord; ++k)
+        c[k] = floatBits(addRn(quotientRn(acc[kPerWord * i + k], scale, rcp), kRoundMagic));
       packed[i] = packWord<Bits>(c);
     }
-  }
-#endif
-  if (fracMax >= kFastPathFrac) {
+  } else {
 #pragma unroll
     for (int i = 0; i < codeWords<Bits>(); ++i) {
       const float* x = acc + kPerWord * i;

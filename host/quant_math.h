@@ -230,29 +230,6 @@ ZP_HD uint32_t quantizeCode(float x, float scale, float qmax) {
   return floatBits(addRn(v, kRoundMagic));
 }
 
-// Bound on |t - rint(t)| under which quantizeCodeFast's code is exact (see there).
-constexpr float kFastPathFrac = 0.5f - 0x1p-14f;
-
-#if defined(__CUDA_ARCH__)
-// Device fast path of quantizeCode: multiplies by rcp = __frcp_rn(scale) instead of dividing, and skips the
-// clamp. For every finite x of a block whose scale is normal (scale >= FLT_MIN, the caller checks) it returns
-// the code of quantizeCode, provided the largest |frac| it accumulates over the caller's elements stays below
-// kFastPathFrac; otherwise the caller must redo those elements with quantizeCode. Why:
-//   x and scale are from one block, so |z| = |x / scale| <= qmax / (1 - 2^-24) when scale is normal;
-//   t = fl(x * fl(1 / scale)) = z (1 + d1)(1 + d2), |d1|, |d2| <= 2^-24, so |t - z| <= 128 * 2^-23 = 2^-16;
-//   |fl(z) - z| <= ulp(z) / 2 <= 2^-18, so |t - fl(z)| < 2^-15 (an underflowing t is off by 2^-150 at most).
-//   |t| and |fl(z)| stay below qmax + 0.5, so neither rounds outside [-qmax, qmax]: the clamp is a no-op.
-//   rint only changes value at half-integers; if t lies farther than 2^-14 from every half-integer
-//   (|t - rint(t)| < 0.5 - 2^-14), none lies between t and fl(z), and both round to the same integer.
-// About 2 * 2^-14 of uniformly spread values fall in the guard band: a few in ten thousand.
-__device__ __forceinline__ uint32_t quantizeCodeFast(float x, float rcp, float& fracMax) {
-  const float t = __fmul_rn(x, rcp);
-  const float y = __fadd_rn(t, kRoundMagic);
-  fracMax = fmaxf(fracMax, fabsf(__fsub_rn(t, __fsub_rn(y, kRoundMagic))));  // |t - rint(t)|, exact
-  return __float_as_uint(y);
-}
-#endif
-
 // Exact fp32 value of the Bits-wide two's complement code in the low bits of `code` (higher bits ignored):
 // 2^23 + (code ^ sign bit), minus 2^23 + 2^(Bits-1), both exact. No int-to-float conversion.
 template <int Bits>
