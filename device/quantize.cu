@@ -274,7 +274,7 @@ __device__ __forceinline__ uint32_t threadAbsMaxBits(const uint32_t (&v)[kVecsPe
 // no-op. The code is y's low byte, two's complement, for y = q + 1.5 * 2^23. A former fast path rounded x * r
 // and redid near-ties by division: bf16 blocks are full of exact ties (x = absmax / 2 quantizes to 3.5, and a
 // power-of-two absmax makes half the odd mantissas ties), so the redo ran in most warps and took three
-// quarters of the kernel's instructions. Blocks with a smaller scale (subnormal, zero, NaN) take the division.
+// quarters of the kernel's instructions. Blocks with a smaller scale (below 2^-96, zero, NaN) take the division.
 
 // Host versions too, so that a host program can check the fast codes against quant_math.h.
 #define ZP_QHD __host__ __device__ __forceinline__
