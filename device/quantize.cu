@@ -324,8 +324,35 @@ ZP_QHD void unpackVec(const uint32_t (&w)[4], float (&x)[vecElems<Type>()]) {
   }
 }
 
-// The packed codes of one vector of a block whose scale is at least kQuotientMinScale (int8: V bytes; int4: V / 2
-// bytes, element 2i in the low nibble; bits past them are not zero): quantizeCode's codes (see above).
+// The V codes of one vector, packed (int8: V bytes; int4: V / 2 bytes, element 2i in the low nibble; bits past
+// them are not zero), from words whose low byte holds each code in two's complement (higher bits ignored).
+template <int Bits, int V>
+ZP_QHD uint2 packCodes(const uint32_t (&c)[V]) {
+  uint32_t words[2] = {0, 0};
+  if constexpr (Bits == 8) {
+    ZP_UNROLL
+    for (int k = 0; k < V / 4; ++k) {
+      words[k] =
+          bytePerm(bytePerm(c[4 * k], c[4 * k + 1], 0x0040), bytePerm(c[4 * k + 2], c[4 * k + 3], 0x0040), 0x5410);
+    }
+  } else {
+    // The low bytes of the even elements (byte k: element 2k) and of the odd ones (byte k: element 2k + 1), then
+    // the even codes' low nibbles beside the odd ones moved up.
+    uint32_t even, odd;
+    if constexpr (V == 8) {
+      even = bytePerm(bytePerm(c[0], c[2], 0x0040), bytePerm(c[4], c[6], 0x0040), 0x5410);
+      odd = bytePerm(bytePerm(c[1], c[3], 0x0040), bytePerm(c[5], c[7], 0x0040), 0x5410);
+    } else {
+      even = bytePerm(c[0], c[2], 0x0040);
+      odd = bytePerm(c[1], c[3], 0x0040);
+    }
+    words[0] = (even & 0x0f0f0f0fu) | ((odd << 4) & 0xf0f0f0f0u);
+  }
+  return make_uint2(words[0], words[1]);
+}
+
+// The packed codes of one vector of a block whose scale is at least kQuotientMinScale: quantizeCode's codes (see
+// above).
 template <class Type, int Bits>
 ZP_QHD uint2 quantizeVecFast(const uint32_t (&w)[4], float scale, float rcp) {
   constexpr int V = vecElems<Type>();
@@ -334,44 +361,7 @@ ZP_QHD uint2 quantizeVecFast(const uint32_t (&w)[4], float scale, float rcp) {
   uint32_t y[V];  // code i in the low byte of y[i]
   ZP_UNROLL
   for (int i = 0; i < V; ++i) y[i] = floatBits(addRn(quotientRn(x[i], scale, rcp), kRoundMagic));
-  uint32_t words[2] = {0, 0};
-  if constexpr (Bits == 8) {
-    ZP_UNROLL
-    for (int k = 0; k < V / 4; ++k) {
-      words[k] =
-          bytePerm(bytePerm(y[4 * k], y[4 * k + 1], 0x0040), bytePerm(y[4 * k + 2], y[4 * k + 3], 0x0040), 0x5410);
-    }
-  } else {
-    // The low bytes of the even elements (byte k: element 2k) and of the odd ones (byte k: element 2k + 1), then
-    // the even codes' low nibbles beside the odd ones moved up.
-    uint32_t even, odd;
-    if constexpr (V == 8) {
-      even = bytePerm(bytePerm(y[0], y[2], 0x0040), bytePerm(y[4], y[6], 0x0040), 0x5410);
-      odd = bytePerm(bytePerm(y[1], y[3], 0x0040), bytePerm(y[5], y[7], 0x0040), 0x5410);
-    } else {
-      even = bytePerm(y[0], y[2], 0x0040);
-      odd = bytePerm(y[1], y[3], 0x0040);
-    }
-    words[0] = (even & 0x0f0f0f0fu) | ((odd << 4) & 0xf0f0f0f0u);
-  }
-  return make_uint2(words[0], words[1]);
-}
-
-// The V codes of one vector, packed (int8: V bytes; int4: V / 2 bytes, element 2i in the low nibble).
-template <int Bits, int V>
-__device__ __forceinline__ uint2 packCodes(const uint32_t (&c)[V]) {
-  uint32_t words[2] = {0, 0};
-  if constexpr (Bits == 8) {
-#pragma unroll
-    for (int k = 0; k < V / 4; ++k) {
-      words[k] = __byte_perm(__byte_perm(c[4 * k], c[4 * k + 1], 0x0040),
-                             __byte_perm(c[4 * k + 2], c[4 * k + 3], 0x0040), 0x5410);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < V / 2; ++k) words[0] |= packInt4Pair(c[2 * k], c[2 * k + 1]) << (8 * k);
-  }
-  return make_uint2(words[0], words[1]);
+  return packCodes<Bits, V>(y);
 }
 
 // Stores the V * Bits / 8 bytes of packed codes (2, 4 or 8, naturally aligned).

@@ -83,13 +83,14 @@ ZP_HD float fmaRn(float a, float b, float c) {
 #endif
 }
 
-// divRn(x, scale) without a division, for quantize's hot loop: rcp = divRn(1, scale), q0 = x * rcp within an ulp
-// of x / scale, the residual x - q0 * scale exact in one fused multiply-add, and one correction step rounded once
-// (Markstein's theorem: the correctly rounded quotient). The residual is exact only while it does not underflow,
-// hence the bound on the scale: from kQuotientMinScale up, every x of the block whose quotient can round to a
-// non-zero code (|x| >= scale / 2) has a residual far above FLT_MIN, and a smaller x gives a code of 0 either
-// way. Checked: the codes equal quantizeCode's for every pair (x, absmax) of bf16 values and of fp16 values
-// and for 2e8 random fp32 pairs, both widths (bit-equal quotients wherever |x / scale| >= 2^-2); QuantMath tests.
+// divRn(x, scale) without a division, for quantize's hot loop: rcp = divRn(1, scale) (on the device __frcp_rn(scale)
+// gives the same correctly rounded value), q0 = x * rcp within an ulp of x / scale, the residual x - q0 * scale
+// exact in one fused multiply-add, and one correction step rounded once (Markstein's theorem: the correctly rounded
+// quotient). The residual is exact only while it does not underflow, hence the bound on the scale: from
+// kQuotientMinScale up, every x of the block whose quotient can round to a non-zero code (|x| >= scale / 2) has a
+// residual far above FLT_MIN, and a smaller x gives a code of 0 either way. Checked: the codes equal quantizeCode's
+// for every pair (x, absmax) of bf16 values and of fp16 values and for 2e8 random fp32 pairs, both widths (bit-equal
+// quotients wherever |x / scale| >= 2^-2); QuantMath tests.
 constexpr float kQuotientMinScale = 0x1p-96f;
 
 ZP_HD float quotientRn(float x, float scale, float rcp) {
