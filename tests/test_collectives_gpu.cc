@@ -537,25 +537,33 @@ TEST(GpuTwoProcesses, Child) {
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
 }
 
-// Spawns one child process per node running `filter`: node k sees GPUs [k * gpusPerNode, (k + 1) * gpusPerNode)
-// and its own NCCL_HOSTID (so NCCL and zpccl see distinct hosts; with sameHost, no NCCL_HOSTID: one host, the
-// processes then talk over NVLink), and reads the unique id from a file. Waits for every child and expects each
-// to exit 0.
-void runNodeProcesses(const char* filter, int nodes, int gpusPerNode, bool sameHost = false) {
+// Where runNodeProcesses' children run. Child k of n, with `gpus` GPUs each:
+enum class Placement {
+  kOwnHost,    // its own GPUs [k * gpus, (k + 1) * gpus) and its own NCCL_HOSTID: NCCL and zpccl see n hosts
+  kOneHost,    // its own GPUs, no NCCL_HOSTID: one host, so the processes talk over NVLink
+  kSharedGpus  // GPUs [0, gpus), shared with the other children, and its own NCCL_HOSTID. NCCL refuses two ranks
+               // of one host on one GPU, not two of different hosts: the host ids let more ranks than GPUs meet
+               // (over sockets, each GPU time-sliced among its processes), to test layouts with few GPUs.
+};
+
+// Spawns `processes` child processes running `filter`, placed as `placement` says; each reads the unique id from
+// a file. Waits for every child and expects each to exit 0.
+void runNodeProcesses(const char* filter, int processes, int gpus, Placement placement = Placement::kOwnHost) {
   zpUniqueId id;
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
   const std::string idFile = "/tmp/zpccl-test-id-" + std::to_string(getpid());
   std::ofstream(idFile, std::ios::binary).write(id.internal, sizeof(id.internal));
   std::vector<pid_t> children;
-  for (int node = 0; node < nodes; ++node) {
-    std::string gpus;
-    for (int g = 0; g < gpusPerNode; ++g) gpus += (g ? "," : "") + std::to_string(node * gpusPerNode + g);
+  for (int k = 0; k < processes; ++k) {
+    const int firstGpu = placement == Placement::kSharedGpus ? 0 : k * gpus;
+    std::string visible;
+    for (int g = 0; g < gpus; ++g) visible += (g ? "," : "") + std::to_string(firstGpu + g);
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
-    env.push_back(std::string(kChildEnv) + "=" + std::to_string(node));
+    env.push_back(std::string(kChildEnv) + "=" + std::to_string(k));
     env.push_back(std::string(kIdFileEnv) + "=" + idFile);
-    if (!sameHost) env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(node));
-    env.push_back("CUDA_VISIBLE_DEVICES=" + gpus);
+    if (placement != Placement::kOneHost) env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(k));
+    env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -605,21 +613,28 @@ TEST(GpuSanitized, Child) {
 TEST(GpuSanitized, EachCollectiveInTwoProcesses) {
   ZP_REQUIRE_GPUS(2);
   if (getenv(kChildEnv)) GTEST_SKIP();
-  runNodeProcesses("GpuSanitized.Child", 2, 1, /*sameHost=*/true);
+  runNodeProcesses("GpuSanitized.Child", 2, 1, Placement::kOneHost);
   setenv(kTwoNodesEnv, "1", 1);  // the children inherit it: zpccl's two-node layout over the same NVLink
-  runNodeProcesses("GpuSanitized.Child", 2, 1, /*sameHost=*/true);
+  runNodeProcesses("GpuSanitized.Child", 2, 1, Placement::kOneHost);
   unsetenv(kTwoNodesEnv);
 }
 
-// ---- four GPUs as two nodes of two (issue 9) ------------------------------------------------------------------
+// ---- four ranks as two nodes of two (issue 9) -----------------------------------------------------------------
 
-// One node of two GPUs (a child process): ranks 2 * node and 2 * node + 1, a thread each. qgZ takes its two
-// hops (NVLink inside the node, sockets across), hpZ gathers over the node's two GPUs; every output is compared
-// with the host backend's on four ranks in the same node-major layout.
-TEST(GpuFourGpus, Child) {
+const char* kRanksPerProcessEnv = "ZP_TEST_RANKS_PER_PROCESS";
+
+// Four ranks, node-major, as two nodes of two; a child process runs ZP_TEST_RANKS_PER_PROCESS of them (1 or 2), a
+// thread and a visible GPU each. With two a process, each process is a node (its NCCL_HOSTID): qgZ takes its two
+// hops (NVLink inside the node, sockets across) and hpZ gathers over the node's two GPUs. With one a process, NCCL
+// sees four hosts and the config's ranksPerNode pairs them into zpccl's two nodes: every hop goes over sockets, but
+// the two-hop and hpZ-group code paths are the same. Every output is compared with the host backend's on four
+// ranks in the same layout.
+TEST(GpuFourRanks, Child) {
   zpUniqueId id;
-  const int node = childIndex(&id);
-  if (node < 0) GTEST_SKIP() << "runs only inside GpuFourGpus.TwoNodesOfTwoMatchHost";
+  const int process = childIndex(&id);
+  if (process < 0) GTEST_SKIP() << "runs only inside the other GpuFourRanks tests";
+  const int perProcess = atoi(getenv(kRanksPerProcessEnv));
+  ASSERT_TRUE(perProcess == 1 || perProcess == 2) << kRanksPerProcessEnv << " must be 1 or 2";
   const auto layout = [](int, zpConfig_t* cfg) { cfg->ranksPerNode = 2; };
   std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 100003, false}, {Op::kQwz, zpFloat16, 4, 4097, true},
                              {Op::kQgz, zpBfloat16, 4, 100003, false}, {Op::kQgz, zpFloat32, 8, 257, true, zpAvg},
@@ -629,12 +644,15 @@ TEST(GpuFourGpus, Child) {
   std::vector<std::vector<Buffer>> expected;
   for (const Case& c : cases) expected.push_back(hostExpected(c, 4, layout));
   std::vector<std::thread> threads;
-  for (int local = 0; local < 2; ++local) {
+  for (int local = 0; local < perProcess; ++local) {
     threads.emplace_back([&, local] {
-      const int rank = 2 * node + local;
+      const int rank = perProcess * process + local;
       ASSERT_EQ(cudaSetDevice(local), cudaSuccess);
+      // Two ranks a process: the host ids make the nodes. One: only the config can.
+      zpConfig_t config = ZP_CONFIG_INITIALIZER;
+      if (perProcess == 1) layout(rank, &config);
       zpComm_t comm = nullptr;
-      ASSERT_EQ(zpCommInitRank(&comm, 4, id, rank), zpSuccess) << zpGetLastError(nullptr);
+      ASSERT_EQ(zpCommInitRankConfig(&comm, 4, id, rank, &config), zpSuccess) << zpGetLastError(nullptr);
       int nodes = 0, localSize = 0, hpz = 0;
       EXPECT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
       EXPECT_EQ(zpCommLocalSize(comm, &localSize), zpSuccess);
@@ -652,10 +670,31 @@ TEST(GpuFourGpus, Child) {
   for (auto& t : threads) t.join();
 }
 
-TEST(GpuFourGpus, TwoNodesOfTwoMatchHost) {
+void runFourRanks(int processes, Placement placement) {
+  setenv(kRanksPerProcessEnv, std::to_string(4 / processes).c_str(), 1);  // the children inherit it
+  runNodeProcesses("GpuFourRanks.Child", processes, 4 / processes, placement);
+  unsetenv(kRanksPerProcessEnv);
+}
+
+// As the layout deploys: two processes of two GPUs each.
+TEST(GpuFourRanks, TwoNodesOfTwoOnFourGpus) {
   ZP_REQUIRE_GPUS(4);
   if (getenv(kChildEnv)) GTEST_SKIP();
-  runNodeProcesses("GpuFourGpus.Child", 2, 2);
+  runFourRanks(2, Placement::kOwnHost);
+}
+
+// Two such processes sharing two GPUs: NVLink inside each node, sockets between nodes, as on four GPUs.
+TEST(GpuFourRanks, TwoNodesOfTwoOnTwoGpus) {
+  ZP_REQUIRE_GPUS(2);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  runFourRanks(2, Placement::kSharedGpus);
+}
+
+// Four processes of one rank sharing one GPU, all over sockets.
+TEST(GpuFourRanks, TwoNodesOfTwoOnOneGpu) {
+  ZP_REQUIRE_GPUS(1);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  runFourRanks(4, Placement::kSharedGpus);
 }
 
 // ---- reliability (issue 10): replays on changing data, and a soak ---------------------------------------------
