@@ -34,6 +34,12 @@ std::vector<ncclComm_t> NcclComms::owned() const {
   return out;
 }
 
+std::vector<ncclComm_t> NcclComms::ownedWorldFirst() const {
+  std::vector<ncclComm_t> out = owned();
+  if (ownsWorld && world != nullptr) std::rotate(out.begin(), out.end() - 1, out.end());
+  return out;
+}
+
 zpResult_t cudaExecInit(CudaExec* e) {
   CUDACHECK(cudaStreamCreateWithFlags(&e->setupStream, cudaStreamNonBlocking));
   int least = 0, greatest = 0;
@@ -176,7 +182,8 @@ class CudaBackend final : public Backend {
     }
     if (abort) cancelPeerReads(&exec_.peers);  // before NCCL unmaps the peers' windows
     if (!abort && !ncclAborted_) deregisterPeerWindow(&exec_.peers, exec_.comms.world);
-    for (ncclComm_t c : ncclAborted_ ? std::vector<ncclComm_t>() : exec_.comms.owned()) {
+    const std::vector<ncclComm_t> comms = abort ? exec_.comms.ownedWorldFirst() : exec_.comms.owned();
+    for (ncclComm_t c : ncclAborted_ ? std::vector<ncclComm_t>() : comms) {
       ncclResult_t r = abort ? ncclCommAbort(c) : ncclCommDestroy(c);
       if (r != ncclSuccess && res == zpSuccess) res = static_cast<zpResult_t>(r);
     }
@@ -210,8 +217,8 @@ class CudaBackend final : public Backend {
 
  private:
   // The watchdog's way to end the NCCL kernels of a failed communicator, so that the caller's stream drains.
-  // ncclCommRevoke (NCCL 2.28.x) stops the work and keeps the communicators for zpCommAbort; it is looked up at
-  // run time because older NCCL libraries lack it. Without it the communicators zpccl owns are aborted, once
+  // ncclCommRevoke (NCCL 2.28.7 and later) stops the work and keeps the communicators for zpCommAbort; it is looked
+  // up at run time because older NCCL libraries lack it. Without it the communicators zpccl owns are aborted, once
   // no call is using them (false until then: the watchdog retries); a caller's communicator wrapped by
   // zpCommInitFromNccl is left to its owner.
   bool stopNcclWork() {
@@ -234,7 +241,7 @@ class CudaBackend final : public Backend {
     }
     std::unique_lock<std::shared_mutex> exclusive(ncclUse_, std::try_to_lock);
     if (!exclusive.owns_lock()) return false;
-    for (ncclComm_t c : exec_.comms.owned()) (void)ncclCommAbort(c);
+    for (ncclComm_t c : exec_.comms.ownedWorldFirst()) (void)ncclCommAbort(c);
     ncclAborted_ = true;
     return true;
   }

@@ -25,8 +25,12 @@ struct NcclComms {
   ncclComm_t inter = nullptr;  // ranks of this local rank, one per node (multi-node layouts)
   ncclComm_t hpz = nullptr;    // this rank's hpZ group
 
-  // The distinct communicators this object must destroy.
+  // The distinct communicators this object must destroy, in the order to destroy them: the split ones, then world.
   std::vector<ncclComm_t> owned() const;
+  // The same in the order to abort them: world (when owned) first. An abort frees device memory, which waits for
+  // every kernel on the device; while world's kernel still waits for a dead peer (over sockets the world spans the
+  // nodes, the split communicators do not), aborting a split communicator first never returns.
+  std::vector<ncclComm_t> ownedWorldFirst() const;
   // Every distinct communicator, the caller's world included.
   std::vector<ncclComm_t> all() const;
 };

@@ -248,9 +248,12 @@ TEST(GpuFaults, PeerKilledMidNcclPipeline) {
 // running 23 s after its peer died") and the survivor hangs until killed. The same pipeline over NVLink drains
 // (PeerKilledMidNcclPipeline), so the socket transport is what differs. In the ninth session a watchdog that
 // aborted the NCCL communicators when the stream had not drained 2 s after the revoke changed nothing, and never
-// logged its abort: the watchdog's thread most likely never returns from the blocking ncclCommRevoke (which joins
-// NCCL's proxy thread) or ncclCommAbort. Next: non-blocking NCCL communicators (ncclConfig_t.blocking = 0) for
-// the ones zpccl owns, and NCCL_DEBUG=INFO to see whether "Revoke COMPLETE" is logged.
+// logged its abort. Tenth session: the GPU machine's NCCL (2.28.3) has no ncclCommRevoke (2.28.7 and later), so
+// the watchdog aborts; NCCL_DEBUG=INFO showed the watchdog's thread starting the abort of a one-rank split
+// communicator (hpZ's group) and never finishing it. Aborts went split communicators first, world last: an abort
+// frees device memory, which waits for world's kernel, still waiting for the dead peer. Over NVLink on one node
+// hpZ's group is the world, so the world was the only one aborted. Branch wip/abort-world-first aborts world
+// first (NcclComms::ownedWorldFirst); not yet run on two GPUs.
 // Its second half (without zpCommReserve) is also a race: the victim dies 100 ms after the survivor's call is
 // enqueued, and the transfer can finish before that ("drained after 5.02 s, async error 0").
 TEST(GpuFaults, DISABLED_PeerKilledOverSockets) {
