@@ -975,10 +975,11 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
     for (int q = 0; q < nprocs; ++q)
       if (std::strcmp(info[size_t(q)].hostname, info[size_t(p)].hostname) == 0) ++sameHost;
     int n = info[size_t(p)].threads;
-    if (n == 0) n = rt.host ? 8 : std::max(1, info[size_t(p)].deviceCount / sameHost);
+    if (n == 0) n = rt.host ? 8 : std::max(1, info[size_t(p)].deviceCount / (opt.shareGpus ? 1 : sameHost));
     threads[size_t(p)] = n;
   }
-  for (int p = 0; p < nprocs; ++p)
+  // A host's processes take its GPUs in turn, unless they share them (-S: each from GPU 0).
+  for (int p = 0; p < nprocs && !opt.shareGpus; ++p)
     for (int q = 0; q < p; ++q)
       if (std::strcmp(info[size_t(q)].hostname, info[size_t(p)].hostname) == 0)
         localBase[size_t(p)] += threads[size_t(q)];

@@ -134,6 +134,7 @@ const std::vector<Flag>& flags() {
       {'H', "host", [](const char* v, Options* o) { return intFlag(v, &o->host, 0, 1, "-H"); }, "1"},
       {'N', "nodes", [](const char* v, Options* o) { return intFlag(v, &o->nodes, 1, 1 << 20, "-N"); }},
       {'p', "inplace", [](const char* v, Options* o) { return intFlag(v, &o->inPlace, 0, 1, "-p"); }},
+      {'S', "sharegpus", [](const char* v, Options* o) { return intFlag(v, &o->shareGpus, 0, 1, "-S"); }, "1"},
       {'P', "nprocs", [](const char* v, Options* o) { return intFlag(v, &o->nprocs, 1, 4096, "-P"); }},
       {'I', "procindex", [](const char* v, Options* o) { return intFlag(v, &o->procIndex, 0, 4095, "-I"); }},
       {'D', "rendezvous",
@@ -351,6 +352,9 @@ void printUsage(FILE* out, const char* program) {
                "                        prints the bytes each rank sends inside and across nodes instead\n"
                "  -N, --nodes N         emulate N nodes of ranks/N consecutive ranks (default: real hosts;\n"
                "                        2 with -H 1 when the rank count is even and >= 4)\n"
+               "  -S, --sharegpus [0|1] every process of a host numbers its GPUs from 0, so processes share\n"
+               "                        GPUs: more ranks than GPUs, for layouts the machine lacks; each\n"
+               "                        process needs its own NCCL_HOSTID, and times are not the layout's\n"
                "  -P, --nprocs N        processes meeting through a rendezvous directory (no MPI needed)\n"
                "  -I, --procindex I     this process's index in [0, N)\n"
                "  -D, --rendezvous DIR  a fresh directory shared by the -P processes ($ZP_PERF_RENDEZVOUS)\n"

@@ -33,6 +33,7 @@ struct Options {
   int nprocs = 0;                      // -P: processes meeting through a rendezvous directory; 0: 1 or MPI
   int procIndex = -1;                  // -I: this process's index in [0, nprocs)
   std::string rendezvousDir;           // -D (or $ZP_PERF_RENDEZVOUS)
+  int shareGpus = 0;                   // -S: every process of a host numbers its ranks' GPUs from 0
 };
 
 enum class ParseResult { kOk, kHelp, kError };

@@ -70,14 +70,15 @@ TEST(PerfOptions, Defaults) {
   EXPECT_EQ(o.inPlace, 1);
   EXPECT_EQ(o.host, 0);
   EXPECT_EQ(o.nprocs, 0);
+  EXPECT_EQ(o.shareGpus, 0);
 }
 
 TEST(PerfOptions, EveryFlag) {
   Options o;
   std::string error;
-  ASSERT_EQ(parse({"-b", "1M",       "-e",   "1G",  "-f",  "4",  "-i", "2M", "-n", "7",  "-w", "3",  "-c",
-                   "0",  "-d",       "half", "-o",  "avg", "-g", "1",  "-t", "2",  "-B", "4",  "-G", "128",
-                   "-J", "out.json", "-R",   "net", "-H",  "1",  "-N", "2",  "-p", "0",  "-r", "4"},
+  ASSERT_EQ(parse({"-b", "1M",   "-e", "1G",  "-f", "4", "-i", "2M", "-n", "7", "-w", "3",   "-c", "0",
+                   "-d", "half", "-o", "avg", "-g", "1", "-t", "2",  "-B", "4", "-G", "128", "-J", "out.json",
+                   "-R", "net",  "-H", "1",   "-N", "2", "-p", "0",  "-r", "4", "-S", "1"},
                   &o, &error),
             ParseResult::kOk)
       << error;
@@ -99,6 +100,7 @@ TEST(PerfOptions, EveryFlag) {
   EXPECT_EQ(o.nodes, 2);
   EXPECT_EQ(o.inPlace, 0);
   EXPECT_EQ(o.rounds, 4);
+  EXPECT_EQ(o.shareGpus, 1);
 }
 
 TEST(PerfOptions, LongAndAttachedForms) {
@@ -164,6 +166,7 @@ TEST(PerfOptions, BadFlagsAreRejected) {
       {"-G", "16384"},
       {"-t", "0"},
       {"-H", "2"},
+      {"-S", "2"},
       {"-N", "0"},
       {"-P", "2"},
       {"-P", "2", "-I", "2", "-D", "/tmp"},

@@ -5,8 +5,10 @@
 #   shm     NCCL_P2P_DISABLE=1
 #   net     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, as two processes with distinct NCCL_HOSTID (two "nodes"),
 #           meeting through the perf harness's file rendezvous (-P 2 -I i -D dir; no mpirun needed)
-#   2x2     four GPUs as two such processes of two GPUs each (NVLink inside a node, sockets across; issue 9),
-#           only when ZP_GPU_CHECK_REGIMES names it
+#   2x2     four ranks as two nodes of two (NVLink inside a node, sockets across; issue 9), only when
+#           ZP_GPU_CHECK_REGIMES names it: on four GPUs two such processes of two GPUs each; with fewer, the
+#           processes share the GPUs (perf -S, rows labelled 2x2-on2gpus / 2x2-on1gpu: outputs checked, times not
+#           the layout's): two processes of two ranks on two GPUs, or four of one rank (-N 2, all over sockets)
 #   nvlink-procs  as nvlink, but one process per GPU (as most jobs run), only when ZP_GPU_CHECK_REGIMES names it
 # quantize_perf uses one GPU and no link: it runs once per bit width, regime "local".
 # JSON and logs go to build-gpu/results (one JSON per binary and regime, a log per step). When $OUT is set (the
@@ -286,42 +288,53 @@ elif [ -z "$bins" ]; then
   record perf - perf missing 0 -
 fi
 
-# Two processes with distinct NCCL_HOSTID, so that NCCL and zpccl see two nodes: one GPU each (regime net), or
-# two GPUs each (regime 2x2: four GPUs as two nodes of two; NVLink inside a node, sockets across). Regime
-# nvlink-procs gives both the same NCCL_HOSTID: one node, a process per GPU.
-perf_two_procs() {  # NAME LOG JSON CMD...
+gpu_count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+# Several processes with distinct NCCL_HOSTID, so that NCCL and zpccl see several nodes: two of one GPU each
+# (regime net), or the 2x2 layout (see the top). Regime nvlink-procs gives both processes the same NCCL_HOSTID:
+# one node, a process per GPU.
+perf_procs() {  # NAME LOG JSON CMD...
   local name=$1 log=$2 json=$3
   shift 3
-  local threads=1
-  [ "$regime" = 2x2 ] && threads=2
+  local procs=2 threads=1 label=$regime layout=()
+  if [ "$regime" = 2x2 ]; then
+    threads=2
+    if [ "$gpu_count" -lt 4 ]; then label=2x2-on${gpu_count}gpus layout=(-S 1); fi
+    if [ "$gpu_count" -lt 2 ]; then procs=4 threads=1 label=2x2-on1gpu layout=(-S 1 -N 2); fi
+  fi
   if over_budget; then
-    note "$regime $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
-    record "$name" "$regime" perf skipped 0 "$log" "$json"
+    note "$label $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
+    record "$name" "$label" perf skipped 0 "$log" "$json"
     return
   fi
-  local rdv start=$SECONDS rc0 rc1 pid0 limit host1=zp-node-1
-  [ "$regime" = nvlink-procs ] && host1=zp-node-0
+  local rdv start=$SECONDS limit i host pids=() rc=0 rcs=()
   limit=$(capped "$step_timeout")
   rdv=$(mktemp -d "${TMPDIR:-/tmp}/zp-rdv.XXXXXX")
-  ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=zp-node-0 timeout -k 5 "$limit" env "${regime_env[@]}" \
-    "$@" -P 2 -I 0 -D "$rdv" -t "$threads" -R "$regime" -J "$json" >"$log" 2>&1 &
-  pid0=$!
-  ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host1 timeout -k 5 "$limit" env "${regime_env[@]}" \
-    "$@" -P 2 -I 1 -D "$rdv" -t "$threads" -R "$regime" >"$log.proc1" 2>&1
-  rc1=$?
-  wait "$pid0"
-  rc0=$?
+  for ((i = 0; i < procs; i++)); do
+    host=zp-node-$i
+    [ "$regime" = nvlink-procs ] && host=zp-node-0
+    if [ "$i" = 0 ]; then  # process 0 writes the table and the JSON
+      ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host timeout -k 5 "$limit" env "${regime_env[@]}" \
+        "$@" -P "$procs" -I 0 -D "$rdv" -t "$threads" "${layout[@]}" -R "$label" -J "$json" >"$log" 2>&1 &
+    else
+      ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host timeout -k 5 "$limit" env "${regime_env[@]}" \
+        "$@" -P "$procs" -I "$i" -D "$rdv" -t "$threads" "${layout[@]}" -R "$label" >"$log.proc$i" 2>&1 &
+    fi
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do
+    wait "$i"
+    rcs+=($?)
+  done
   rm -rf "$rdv"
-  local rc=$rc0
-  [ "$rc" = 0 ] && rc=$rc1
-  note "$regime $name: exit $rc0/$rc1 ($((SECONDS - start))s) -> $log (+ .proc1)"
-  record "$name" "$regime" perf "$rc" "$((SECONDS - start))" "$log" "$json"
+  for i in "${rcs[@]}"; do [ "$rc" = 0 ] && rc=$i; done
+  note "$label $name: exit $(IFS=/; echo "${rcs[*]}") ($((SECONDS - start))s) -> $log (+ .proc1...)"
+  record "$name" "$label" perf "$rc" "$((SECONDS - start))" "$log" "$json"
 }
 
 # Quantized binaries run once per bit width; the NCCL-only baselines once.
 bit_widths() { case $1 in nccl_*) echo "-" ;; *) echo "$bits_list" ;; esac; }
-# Regimes run as two processes (perf_two_procs); those with sockets between them take the net iterations.
-is_two_procs() { [ "$1" = net ] || [ "$1" = 2x2 ] || [ "$1" = nvlink-procs ]; }
+# Regimes run as several processes (perf_procs); those with sockets between them take the net iterations.
+is_multi_procs() { [ "$1" = net ] || [ "$1" = 2x2 ] || [ "$1" = nvlink-procs ]; }
 over_sockets() { [ "$1" = net ] || [ "$1" = 2x2 ]; }
 # Binaries on one GPU with no link run once, as regime "local".
 is_local() { [ "$1" = quantize_perf ]; }
@@ -343,8 +356,8 @@ run_perf() {  # REGIME BIN
     if [ "$bits" != - ]; then
       flags=(-B "$bits") tag="$bin int$bits" file=${file}_int$bits
     fi
-    if is_two_procs "$regime"; then
-      perf_two_procs "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
+    if is_multi_procs "$regime"; then
+      perf_procs "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
     else
       run_step "$tag" "$regime" perf "$results/$file.log" "$results/$file.json" "$step_timeout" \
         env "${regime_env[@]}" "$path" "${sweep[@]}" "${flags[@]}" -R "$regime" -J "$results/$file.json" $extra
@@ -366,7 +379,7 @@ for regime in $regimes; do
     nvlink | nvlink-procs) regime_env=(NCCL_NVLS_ENABLE=0) ;;
     shm) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1) ;;
     net) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) ;;
-    2x2) regime_env=(NCCL_NVLS_ENABLE=0) ;;  # needs 4 GPUs: the two-hop qgZ and hpZ groups of two
+    2x2) regime_env=(NCCL_NVLS_ENABLE=0) ;;  # the two-hop qgZ and hpZ groups of two; GPUs shared below four
     *) note "unknown regime $regime (nvlink, shm, net, 2x2)"; record "regime $regime" "$regime" perf unknown 0 -; continue ;;
   esac
   regime_env+=(${ZP_GPU_CHECK_ENV:-})
