@@ -581,10 +581,12 @@ void runNodeProcesses(const char* filter, int processes, int gpus, Placement pla
   unlink(idFile.c_str());
 }
 
+// A GPU each, or one shared GPU when that is all there is (over sockets either way).
 TEST(GpuTwoProcesses, SeenAsTwoNodes) {
-  ZP_REQUIRE_GPUS(2);
+  ZP_REQUIRE_GPUS(1);
   if (getenv(kChildEnv)) GTEST_SKIP();
-  runNodeProcesses("GpuTwoProcesses.Child", 2, 1);
+  runNodeProcesses("GpuTwoProcesses.Child", 2, 1,
+                   zptest::gpuCount() >= 2 ? Placement::kOwnHost : Placement::kSharedGpus);
 }
 
 // The sanitized cases with one process per GPU (one host, NVLink between them), the shape gpu-check's sanitizer
