@@ -63,6 +63,8 @@ zpResult_t cudaExecFree(CudaExec* e) {
     if (s.ptr != nullptr) (void)cudaFree(s.ptr);
     s = ScratchBuffer();
   }
+  for (void* p : e->retiredScratch) (void)cudaFree(p);
+  e->retiredScratch.clear();
   for (cudaEvent_t* events : {e->chunkReady, e->quantReady}) {
     for (int c = 0; c < kMaxPipelineChunks; ++c) {
       if (events[c] != nullptr) (void)cudaEventDestroy(events[c]);

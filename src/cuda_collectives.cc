@@ -60,9 +60,14 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   ScratchBuffer& s = e.scratch[which];
   if (s.bytes >= bytes) return zpSuccess;
   ZPCHECK(beforeGrowing(e, stream, call, "scratch memory", bytes, s.bytes));
-  if (s.ptr != nullptr) CUDACHECK(cudaFree(s.ptr));
-  s.ptr = nullptr;
-  s.bytes = 0;
+  if (s.ptr != nullptr && s.captured) {
+    e.retiredScratch.push_back(s.ptr);  // a graph may still replay with it
+    ZP_INFO(kSubsysAlloc, "%s : scratch %d (%zu bytes) retired, not freed: a captured call uses it", call, which,
+            s.bytes);
+  } else if (s.ptr != nullptr) {
+    CUDACHECK(cudaFree(s.ptr));
+  }
+  s = ScratchBuffer();
   const size_t rounded = alignUp(bytes, size_t{1} << 20);
   CUDACHECK(cudaMalloc(&s.ptr, rounded));
   // Zeroed once, so that no byte of scratch is ever undefined (compute-sanitizer initcheck, which does not see
@@ -98,7 +103,8 @@ struct Stages {
 };
 
 // Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
-// being captured (inside a graph the order of replays is the caller's), then starts the quantize stage. With
+// being captured (inside a graph the order of replays is the caller's; the scratch buffers are then marked as
+// captured, so that a later growth keeps them for the graph), then starts the quantize stage. With
 // `green`, the quantize and finish stages' kernels run in the green context (the finish stage must not call NCCL).
 // With `ownSlotEarly` (below), a one-chunk call works its own slot on a side stream, in the green context when
 // there is one whatever `green` says: it runs beside NCCL's kernel, whose CTAs need free SMs.
@@ -108,6 +114,9 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool gree
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   const bool captured = status != cudaStreamCaptureStatusNone;
   if (!captured) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
+  if (captured) {
+    for (ScratchBuffer& s : e.scratch) s.captured = s.captured || s.ptr != nullptr;  // the ones this call uses
+  }
   const GreenStreams& g = e.green;
   if (chunks <= 1) {
     *stages = Stages{stream, stream, stream, stream, captured, stream};

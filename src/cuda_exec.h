@@ -35,10 +35,13 @@ struct NcclComms {
   std::vector<ncclComm_t> all() const;
 };
 
-// Device memory owned by the communicator. It only grows, and never inside graph capture.
+// Device memory owned by the communicator. It only grows, and never inside graph capture. A buffer that a
+// captured call used may serve that graph's replays for as long as the caller keeps the graph, which zpccl cannot
+// see: growing it retires it (kept until the communicator is freed) instead of freeing it.
 struct ScratchBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
+  bool captured = false;  // a call captured in a graph uses ptr
 };
 
 struct CudaExec {
@@ -71,6 +74,7 @@ struct CudaExec {
   cudaEvent_t capturedSideDone = nullptr;
   cudaEvent_t ownSlotDone = nullptr;  // a one-chunk call's own slot worked on a side stream (cuda_collectives.cc)
   ScratchBuffer scratch[2];
+  std::vector<void*> retiredScratch;     // grown out of after a capture used them; freed with the communicator
   PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/peer_window.h)
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
   bool peersConnected = false;           // every point-to-point peer connected (needed before graph capture)

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -25,6 +26,8 @@ extern char** environ;
 namespace {
 
 using zpcheck::Buffer;
+
+constexpr unsigned char kSquatterByte = 0xa5;  // fills allocations that a replay must not touch
 
 enum class Op { kQwz, kHpz, kQgz };
 
@@ -399,6 +402,71 @@ TEST(GpuGraphs, CapturedPipelinesReplayToTheSameBits) {
   checkAgainstHost(
       {{Op::kQwz, zpBfloat16, 4, size_t{36} << 20, true}, {Op::kQgz, zpFloat16, 8, size_t{36} << 20, false}}, 2,
       nullptr, /*replays=*/2);
+}
+
+// A graph captured before a later call grows the scratch memory keeps replaying correctly: the growth retires the
+// buffers the capture used instead of freeing them. One rank on one GPU runs the same pipeline through scratch
+// (NCCL's exchange over one rank is a copy). Allocations made right after the growth are where a freed buffer
+// would be reused: the replay must leave them alone, and give the host backend's bits on new inputs.
+TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
+  ZP_REQUIRE_GPUS(1);
+  for (Op op : {Op::kQgz, Op::kQwz}) {
+    const Case captured{op, zpBfloat16, 4, size_t{1} << 20, false};
+    Case grows = captured, replayed = captured;
+    grows.count = size_t{24} << 20;  // scratch 1 MiB -> 13 MiB and more
+    replayed.seed = 99;
+    SCOPED_TRACE(describe(captured));
+    const std::vector<Buffer> expected = hostExpected(replayed, 1, nullptr);
+    const std::vector<Buffer> expectedGrown = hostExpected(grows, 1, nullptr);
+    runGpuRanks(1, nullptr, [&](int rank, zpComm_t comm) {
+      CaseBuffers b;
+      prepareCase(captured, rank, comm, &b);
+      cudaStream_t stream;
+      CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      ASSERT_EQ(zpCommReserve(comm, b.recvBytes + b.sendBytes), zpSuccess) << zpGetLastError(comm);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const zpResult_t res = runCase(captured, comm, b.send, b.recv, stream);
+      CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
+      ASSERT_EQ(res, zpSuccess) << zpGetLastError(comm);
+      CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+
+      Buffer grown;
+      deviceRun(grows, rank, comm, &grown);  // grows the scratch the graph captured
+      EXPECT_TRUE(zpcheck::sameBits(grown.data(), expectedGrown[0].data(), grown.size(), 1));
+      std::vector<void*> squatters;
+      for (size_t mib : {1, 1, 2, 2, 4}) {
+        void* p = nullptr;
+        CUDA_ASSERT(cudaMalloc(&p, mib << 20));
+        CUDA_ASSERT(cudaMemset(p, kSquatterByte, mib << 20));
+        squatters.push_back(p);
+      }
+
+      Buffer input(b.sendBytes);
+      fillInput(replayed, rank, b.sendBytes / zp::typeSize(replayed.type), input.data());
+      CUDA_ASSERT(cudaMemcpy(b.send, input.data(), input.size(), cudaMemcpyHostToDevice));
+      CUDA_ASSERT(cudaMemset(b.recv, 0xff, b.recvBytes));
+      CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+      Buffer output(b.recvBytes);
+      CUDA_ASSERT(cudaMemcpyAsync(output.data(), b.recv, b.recvBytes, cudaMemcpyDeviceToHost, stream));
+      CUDA_ASSERT(cudaStreamSynchronize(stream));
+      EXPECT_TRUE(zpcheck::sameBits(output.data(), expected[0].data(), output.size(), 1));
+      size_t i = 0;
+      for (size_t mib : {1, 1, 2, 2, 4}) {
+        std::vector<unsigned char> bytes(mib << 20);
+        CUDA_ASSERT(cudaMemcpy(bytes.data(), squatters[i], bytes.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(std::count(bytes.begin(), bytes.end(), kSquatterByte), static_cast<long>(bytes.size()))
+            << "the replay wrote into memory allocated after the growth (allocation " << i << ")";
+        CUDA_ASSERT(cudaFree(squatters[i++]));
+      }
+      CUDA_ASSERT(cudaGraphExecDestroy(exec));
+      CUDA_ASSERT(cudaGraphDestroy(graph));
+      CUDA_ASSERT(cudaStreamDestroy(stream));
+      CUDA_ASSERT(cudaFree(b.devBig));
+      if (b.devOther) CUDA_ASSERT(cudaFree(b.devOther));
+    });
+  }
 }
 
 // Two communicators of the same two GPUs, each driven by a thread of its own on its own stream, with both calls
