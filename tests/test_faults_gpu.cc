@@ -91,8 +91,9 @@ const char* kOpEnv = "ZP_FAULT_OP";
 const char* kIdFileEnv = "ZP_FAULT_ID_FILE";
 const char* kStartedFileEnv = "ZP_FAULT_STARTED_FILE";  // the survivor's big call is enqueued
 // "1": the ranks reserve for the big call first, so that the victim's call is enqueued behind its stalled stream
-// and the victim dies with its part not yet started. "0": the victim's call grows its scratch, which waits for the
-// stall, so its part starts and the victim dies mid-transfer.
+// and the victim dies with its part not yet started. "0": no reserve and no stall (a growth would wait out the
+// stall, and the whole transfer then ran before the victim died): the victim dies as soon as both calls are
+// enqueued, most often mid-transfer.
 const char* kPendingEnv = "ZP_FAULT_VICTIM_PENDING";
 constexpr int kTimeoutMs = 3000;          // ZP_TIMEOUT_MS of the children
 constexpr size_t kBigCount = 32u << 20;   // elements per rank of the call the victim dies in
@@ -122,22 +123,25 @@ TEST(GpuFaults, Child) {
   // Sizes, with the peer present, what the big call needs. On one node its direct-load window is registered with
   // every rank (a host rendezvous, like NCCL's first use of a connection), which the call would otherwise do.
   const char* pending = getenv(kPendingEnv);
-  if (pending != nullptr && std::string(pending) == "1") {
+  const bool pendingVictim = pending != nullptr && std::string(pending) == "1";
+  if (pendingVictim) {
     ASSERT_EQ(zpCommReserve(comm, kBigCount * 2 * 2), zpSuccess) << zpGetLastError(comm);
   }
 
   const std::string startedFile = getenv(kStartedFileEnv);
   if (victim) {
-    // Enqueue the big call behind a stalled stream, so that this rank dies with its part of the call pending
-    // while the survivor's part is already running.
+    // Pending: enqueue the big call behind a stalled stream, so that this rank dies with its part of the call
+    // pending while the survivor's part is already running.
     static double stall = 5.0;
-    ASSERT_EQ(cudaLaunchHostFunc(stream, blockStream, &stall), cudaSuccess);
+    if (pendingVictim) {
+      ASSERT_EQ(cudaLaunchHostFunc(stream, blockStream, &stall), cudaSuccess);
+    }
     ASSERT_EQ(callOp(op, b, kBigCount, comm, stream), zpSuccess) << zpGetLastError(comm);
     const auto start = Clock::now();
     while (access(startedFile.c_str(), F_OK) != 0 && secondsSince(start) < 60) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(pendingVictim ? 5 : 1));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (pendingVictim) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     raise(SIGKILL);
   }
 
@@ -150,9 +154,17 @@ TEST(GpuFaults, Child) {
   const double seconds = secondsSince(start);
   zpResult_t async = zpSuccess;
   ASSERT_EQ(zpCommGetAsyncError(comm, &async), zpSuccess);
-  EXPECT_NE(async, zpSuccess) << "zpCommGetAsyncError reports nothing after the peer died";
   printf("[ fault    ] %s: peer killed, stream drained after %.2f s, async error %d (%s)\n", opName(op), seconds, async,
          zpGetErrorString(async));
+  if (async == zpSuccess && !pendingVictim) {
+    // The transfer ended before the victim died: the next call meets the dead peer instead.
+    ASSERT_EQ(callOp(op, b, kSmallCount, comm, stream), zpSuccess) << zpGetLastError(comm);
+    EXPECT_TRUE(drains(stream, kTimeoutMs / 1000.0 + 20)) << "the next call still runs after its peer died";
+    ASSERT_EQ(zpCommGetAsyncError(comm, &async), zpSuccess);
+    printf("[ fault    ] %s: the call ended first; the next one failed with async error %d (%s)\n", opName(op), async,
+           zpGetErrorString(async));
+  }
+  EXPECT_NE(async, zpSuccess) << "zpCommGetAsyncError reports nothing after the peer died";
   // Later calls fail at once with the same error, and say why.
   EXPECT_EQ(callOp(op, b, kSmallCount, comm, stream), async);
   EXPECT_NE(std::string(zpGetLastError(comm)).find("failed earlier"), std::string::npos) << zpGetLastError(comm);
@@ -255,10 +267,12 @@ TEST(GpuFaults, PeerKilledOverSockets) {
   for (int op : {kQwz, kQgz}) killCase(op, /*net=*/true, /*pending=*/true);
 }
 
-// The same without zpCommReserve, so that the survivor's call sizes its scratch first. Disabled: a race, the
-// victim dies 100 ms after the survivor's call is enqueued, and the transfer can finish before that ("drained
-// after 5.02 s, async error 0", ninth session). It passed in the eleventh (one shared GPU).
-TEST(GpuFaults, DISABLED_PeerKilledOverSocketsWithoutReserve) {
+// The victim killed mid-transfer (without zpCommReserve, its calls size their scratch themselves). Until the
+// eleventh session its stream was stalled as in the pending case, but the call's growth waited out the stall, so
+// its part ran whole before it died ("drained after 5.02 s, async error 0", ninth session). Now it does not
+// stall, and dies as soon as both calls are enqueued; when the transfer still ends first, the survivor's next call
+// meets the dead peer, and must fail and drain the same way.
+TEST(GpuFaults, PeerKilledOverSocketsMidTransfer) {
   ZP_REQUIRE_GPUS(1);
   if (getenv(kRoleEnv)) GTEST_SKIP();
   for (int op : {kQwz, kQgz}) killCase(op, /*net=*/true, /*pending=*/false);
