@@ -462,7 +462,7 @@ def last_words(log, status):
     return " | ".join(dict.fromkeys(lines))[:300] or "no log"
 
 why, bound = [], []
-fmt = "{:<30} {:<7} {:<8} {:>27} {:>27} {:>7}"
+fmt = "{:<30} {:<12} {:<8} {:>27} {:>27} {:>7}"
 print("==== zpccl gpu-check summary ({} s) ====".format(elapsed))
 print(fmt.format("step", "regime", "status", "busbw GB/s 16M/64M/256M/1G", "speedup 16M/64M/256M/1G", "wrong"))
 failed, skipped = [], []
