@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -689,30 +690,49 @@ TEST(GpuSanitized, EachCollectiveInTwoProcesses) {
   unsetenv(kTwoNodesEnv);
 }
 
-// ---- four ranks as two nodes of two (issue 9) -----------------------------------------------------------------
+// ---- several nodes of several ranks (issue 9) ---------------------------------------------------------------
 
-const char* kRanksPerProcessEnv = "ZP_TEST_RANKS_PER_PROCESS";
+const char* kNodeSizesEnv = "ZP_TEST_NODE_SIZES";               // ranks of each node, node-major: "2,2"
+const char* kRanksPerProcessEnv = "ZP_TEST_RANKS_PER_PROCESS";  // 1, or 2 (a process a node of two)
 
-// Four ranks, node-major, as two nodes of two; a child process runs ZP_TEST_RANKS_PER_PROCESS of them (1 or 2), a
-// thread and a visible GPU each. With two a process, each process is a node (its NCCL_HOSTID): qgZ takes its two
-// hops (NVLink inside the node, sockets across) and hpZ gathers over the node's two GPUs. With one a process, NCCL
-// sees four hosts and the config's ranksPerNode pairs them into zpccl's two nodes: every hop goes over sockets, but
-// the two-hop and hpZ-group code paths are the same. Every output is compared with the host backend's on four
-// ranks in the same layout.
-TEST(GpuFourRanks, Child) {
+std::vector<int> nodeSizesFromEnv() {
+  std::vector<int> sizes;
+  std::stringstream list(getenv(kNodeSizesEnv));
+  for (std::string item; std::getline(list, item, ',');) sizes.push_back(std::stoi(item));
+  return sizes;
+}
+
+// The ranks of the layout ZP_TEST_NODE_SIZES, node-major; a child process runs ZP_TEST_RANKS_PER_PROCESS of them,
+// a thread and a visible GPU each. With two a process, each process is a node of two (its NCCL_HOSTID): qgZ takes
+// its two hops (NVLink inside the node, sockets across) and hpZ gathers over the node's two GPUs. With one a
+// process, NCCL sees a host per rank and the config's nodeId groups them into zpccl's nodes: every hop goes over
+// sockets, but the code paths are the layout's: two hops over even nodes, the flat one-hop path over uneven ones
+// (where hpZ is unavailable and not called). Every output is compared with the host backend's in the same layout.
+TEST(GpuLayouts, Child) {
   zpUniqueId id;
   const int process = childIndex(&id);
-  if (process < 0) GTEST_SKIP() << "runs only inside the other GpuFourRanks tests";
+  if (process < 0) GTEST_SKIP() << "runs only inside the other GpuLayouts tests";
   const int perProcess = atoi(getenv(kRanksPerProcessEnv));
   ASSERT_TRUE(perProcess == 1 || perProcess == 2) << kRanksPerProcessEnv << " must be 1 or 2";
-  const auto layout = [](int, zpConfig_t* cfg) { cfg->ranksPerNode = 2; };
-  std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 100003, false}, {Op::kQwz, zpFloat16, 4, 4097, true},
-                             {Op::kQgz, zpBfloat16, 4, 100003, false}, {Op::kQgz, zpFloat32, 8, 257, true, zpAvg},
-                             {Op::kQgz, zpFloat16, 4, 1, false},       {Op::kHpz, zpBfloat16, 0, 100003, false},
-                             {Op::kHpz, zpInt8, 0, 4097, true},        {Op::kHpz, zpFloat16, 8, 4097, false}};
+  const std::vector<int> sizes = nodeSizesFromEnv();
+  std::vector<int> nodeOf;
+  for (size_t node = 0; node < sizes.size(); ++node) nodeOf.insert(nodeOf.end(), sizes[node], static_cast<int>(node));
+  const int nranks = static_cast<int>(nodeOf.size());
+  const bool even = std::count(sizes.begin(), sizes.end(), sizes[0]) == static_cast<long>(sizes.size());
+  const auto layout = [&](int rank, zpConfig_t* cfg) { cfg->nodeId = nodeOf[rank]; };
+  std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 100003, false},
+                             {Op::kQwz, zpFloat16, 4, 4097, true},
+                             {Op::kQgz, zpBfloat16, 4, 100003, false},
+                             {Op::kQgz, zpFloat32, 8, 257, true, zpAvg},
+                             {Op::kQgz, zpFloat16, 4, 1, false}};
   cases[2].specials = true;
+  if (even) {
+    cases.insert(cases.end(), {{Op::kHpz, zpBfloat16, 0, 100003, false},
+                               {Op::kHpz, zpInt8, 0, 4097, true},
+                               {Op::kHpz, zpFloat16, 8, 4097, false}});
+  }
   std::vector<std::vector<Buffer>> expected;
-  for (const Case& c : cases) expected.push_back(hostExpected(c, 4, layout));
+  for (const Case& c : cases) expected.push_back(hostExpected(c, nranks, layout));
   std::vector<std::thread> threads;
   for (int local = 0; local < perProcess; ++local) {
     threads.emplace_back([&, local] {
@@ -722,14 +742,16 @@ TEST(GpuFourRanks, Child) {
       zpConfig_t config = ZP_CONFIG_INITIALIZER;
       if (perProcess == 1) layout(rank, &config);
       zpComm_t comm = nullptr;
-      ASSERT_EQ(zpCommInitRankConfig(&comm, 4, id, rank, &config), zpSuccess) << zpGetLastError(nullptr);
+      ASSERT_EQ(zpCommInitRankConfig(&comm, nranks, id, rank, &config), zpSuccess) << zpGetLastError(nullptr);
       int nodes = 0, localSize = 0, hpz = 0;
       EXPECT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
       EXPECT_EQ(zpCommLocalSize(comm, &localSize), zpSuccess);
-      EXPECT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
-      EXPECT_EQ(nodes, 2);
-      EXPECT_EQ(localSize, 2);
-      EXPECT_EQ(hpz, 2);
+      EXPECT_EQ(nodes, static_cast<int>(sizes.size()));
+      EXPECT_EQ(localSize, sizes[nodeOf[rank]]);
+      if (even) {
+        EXPECT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
+        EXPECT_EQ(hpz, sizes[0]);
+      }
       for (size_t i = 0; i < cases.size(); ++i) {
         SCOPED_TRACE(describe(cases[i]) + " rank " + std::to_string(rank));
         expectRankMatchesHost(cases[i], rank, comm, expected[i][rank]);
@@ -740,31 +762,50 @@ TEST(GpuFourRanks, Child) {
   for (auto& t : threads) t.join();
 }
 
-void runFourRanks(int processes, Placement placement) {
-  setenv(kRanksPerProcessEnv, std::to_string(4 / processes).c_str(), 1);  // the children inherit it
-  runNodeProcesses("GpuFourRanks.Child", processes, 4 / processes, placement);
+// Runs the layout `nodeSizes` in child processes of `perProcess` ranks each.
+void runLayout(const char* nodeSizes, int perProcess, Placement placement) {
+  int nranks = 0;
+  for (const char* c = nodeSizes; *c; ++c) nranks += *c == ',' ? 0 : *c - '0';  // one-digit sizes
+  setenv(kNodeSizesEnv, nodeSizes, 1);                                          // the children inherit both
+  setenv(kRanksPerProcessEnv, std::to_string(perProcess).c_str(), 1);
+  runNodeProcesses("GpuLayouts.Child", nranks / perProcess, perProcess, placement);
+  unsetenv(kNodeSizesEnv);
   unsetenv(kRanksPerProcessEnv);
 }
 
-// As the layout deploys: two processes of two GPUs each.
-TEST(GpuFourRanks, TwoNodesOfTwoOnFourGpus) {
+// Two nodes of two as the layout deploys: two processes of two GPUs each.
+TEST(GpuLayouts, TwoNodesOfTwoOnFourGpus) {
   ZP_REQUIRE_GPUS(4);
   if (getenv(kChildEnv)) GTEST_SKIP();
-  runFourRanks(2, Placement::kOwnHost);
+  runLayout("2,2", 2, Placement::kOwnHost);
 }
 
 // Two such processes sharing two GPUs: NVLink inside each node, sockets between nodes, as on four GPUs.
-TEST(GpuFourRanks, TwoNodesOfTwoOnTwoGpus) {
+TEST(GpuLayouts, TwoNodesOfTwoOnTwoGpus) {
   ZP_REQUIRE_GPUS(2);
   if (getenv(kChildEnv)) GTEST_SKIP();
-  runFourRanks(2, Placement::kSharedGpus);
+  runLayout("2,2", 2, Placement::kSharedGpus);
 }
 
-// Four processes of one rank sharing one GPU, all over sockets.
-TEST(GpuFourRanks, TwoNodesOfTwoOnOneGpu) {
+// The rest: a process per rank, all sharing one GPU, every hop over sockets.
+TEST(GpuLayouts, TwoNodesOfTwoOnOneGpu) {
   ZP_REQUIRE_GPUS(1);
   if (getenv(kChildEnv)) GTEST_SKIP();
-  runFourRanks(4, Placement::kSharedGpus);
+  runLayout("2,2", 1, Placement::kSharedGpus);
+}
+
+// Two hops over three nodes: each inter-node all-to-all has two peers.
+TEST(GpuLayouts, ThreeNodesOfTwoOnOneGpu) {
+  ZP_REQUIRE_GPUS(1);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  runLayout("2,2,2", 1, Placement::kSharedGpus);
+}
+
+// Uneven nodes: the flat one-hop paths.
+TEST(GpuLayouts, UnevenNodesOnOneGpu) {
+  ZP_REQUIRE_GPUS(1);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  runLayout("2,1", 1, Placement::kSharedGpus);
 }
 
 // ---- reliability (issue 10): replays on changing data, and a soak ---------------------------------------------
