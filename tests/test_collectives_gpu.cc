@@ -28,7 +28,8 @@ namespace {
 
 using zpcheck::Buffer;
 
-constexpr unsigned char kSquatterByte = 0xa5;  // fills allocations that a replay must not touch
+constexpr unsigned char kSquatterByte = 0xa5;       // fills allocations that a replay must not touch
+constexpr size_t kSquatterMiB[] = {1, 1, 2, 2, 4};  // their sizes: where freed 1 - 13 MiB buffers would be reused
 
 enum class Op { kQwz, kHpz, kQgz };
 
@@ -437,7 +438,7 @@ TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
       deviceRun(grows, rank, comm, &grown);  // grows the scratch the graph captured
       EXPECT_TRUE(zpcheck::sameBits(grown.data(), expectedGrown[0].data(), grown.size(), 1));
       std::vector<void*> squatters;
-      for (size_t mib : {1, 1, 2, 2, 4}) {
+      for (size_t mib : kSquatterMiB) {
         void* p = nullptr;
         CUDA_ASSERT(cudaMalloc(&p, mib << 20));
         CUDA_ASSERT(cudaMemset(p, kSquatterByte, mib << 20));
@@ -454,7 +455,7 @@ TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
       CUDA_ASSERT(cudaStreamSynchronize(stream));
       EXPECT_TRUE(zpcheck::sameBits(output.data(), expected[0].data(), output.size(), 1));
       size_t i = 0;
-      for (size_t mib : {1, 1, 2, 2, 4}) {
+      for (size_t mib : kSquatterMiB) {
         std::vector<unsigned char> bytes(mib << 20);
         CUDA_ASSERT(cudaMemcpy(bytes.data(), squatters[i], bytes.size(), cudaMemcpyDeviceToHost));
         EXPECT_EQ(std::count(bytes.begin(), bytes.end(), kSquatterByte), static_cast<long>(bytes.size()))
