@@ -31,12 +31,24 @@ ChunkPlan chunkPlanFor(size_t count, int blockSize, size_t logicalBytes) {
                        paramPipelineChunkRamp() != 0);
 }
 
-// Bytes of `slots` payloads per chunk, chunk after chunk.
-size_t chunkedPayloadBytes(const ChunkPlan& plan, int slots, int bits, int blockSize) {
-  size_t total = 0;
-  for (int c = 0; c < plan.chunks; ++c) total += slots * quantPayloadBytes(plan.elems(c), bits, blockSize);
-  return total;
-}
+// A scratch region of `slots` payloads a chunk, chunk after chunk: where chunk c's slots lie.
+class ChunkRegion {
+ public:
+  ChunkRegion(const ChunkPlan& plan, int slots, int bits, int blockSize) : chunks_(plan.chunks) {
+    for (int c = 0; c < plan.chunks; ++c) {
+      slotBytes_[c] = quantPayloadBytes(plan.elems(c), bits, blockSize);
+      offset_[c + 1] = offset_[c] + slots * slotBytes_[c];
+    }
+  }
+  size_t slotBytes(int c) const { return slotBytes_[c]; }  // one payload: chunk c's elements, quantized
+  size_t offset(int c) const { return offset_[c]; }        // chunk c's first slot, from the region's start
+  size_t bytes() const { return offset_[chunks_]; }
+
+ private:
+  int chunks_;
+  std::array<size_t, kMaxPipelineChunks> slotBytes_{};
+  std::array<size_t, kMaxPipelineChunks + 1> offset_{};
+};
 
 // Before one of the communicator's buffers grows: refused inside graph capture (growing allocates), then waits
 // for the work that may still use the old buffer: the caller's stream and the previous call (its finish stage, or
@@ -340,10 +352,10 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
   const int bits = 8, blockSize = kMinBlockSize, n = e.topo.nranks;
   const size_t count = maxBytes / (2 * n);  // elements per rank (qwZ shard, qgZ slice)
   const ChunkPlan plan = chunkPlanFor(count, blockSize, maxBytes);
-  ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, bits, blockSize), e.setupStream, "zpCommReserve"));
+  ZPCHECK(ensureScratch(e, 0, ChunkRegion(plan, n, bits, blockSize).bytes(), e.setupStream, "zpCommReserve"));
   // qgZ's pair layout receives into three slots a chunk (cudaQuantReduceScatter).
   ZPCHECK(
-      ensureScratch(e, 1, chunkedPayloadBytes(plan, std::max(n, 3), bits, blockSize), e.setupStream, "zpCommReserve"));
+      ensureScratch(e, 1, ChunkRegion(plan, std::max(n, 3), bits, blockSize).bytes(), e.setupStream, "zpCommReserve"));
   if (useDirectLoads(e.peers, maxBytes)) {  // qgZ's n slots of one call (qwZ needs one)
     ZPCHECK(ensureWindow(e, n * quantPayloadBytes(count, bits, blockSize), e.setupStream, "zpCommReserve"));
   }
@@ -406,7 +418,8 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
         });
   }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
-  ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
+  const ChunkRegion at(plan, n, a.bits, a.blockSize);  // chunk c: every rank's slot, in rank order
+  ZPCHECK(ensureScratch(e, 0, at.bytes(), a.stream, a.opName));
   const bool ownEarly = ownSlotEarly(overSlowLink(e, comm), a.count * n * esz);
   Stages st;
   // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
@@ -420,55 +433,50 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
 
   // Step 1 (quantize stage): chunk c of the shard into this rank's slot of chunk c's region. In place is safe:
   // the finish stage of chunk c' writes only chunk c' of each shard, and chunk c' is quantized before.
-  size_t off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
-    const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    const size_t pb = at.slotBytes(c);
     trace.mark(PipelineTrace::kQuantize, c, false, st.quant.stream);
-    ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + off + rank * pb, plan.elems(c), a.type, a.bits,
-                           a.blockSize, st.quant));
+    ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + at.offset(c) + rank * pb, plan.elems(c), a.type,
+                           a.bits, a.blockSize, st.quant));
     trace.mark(PipelineTrace::kQuantize, c, true, st.quant.stream);
     ZPCHECK(quantized(e, st, c));
-    off += n * pb;
   }
-  // Dequantizes slots [first, first + slots) of chunk c (at `off` in the region) into their shards of recvbuff.
-  auto dequantizeSlots = [&](int c, size_t off, size_t pb, int first, int slots, KernelStream stream) {
-    if (slots <= 0) return zpSuccess;
-    return launchDequantize(region + off + first * pb, recv + (first * a.count + plan.offset(c)) * esz, plan.elems(c),
-                            a.type, a.bits, a.blockSize, stream, slots, pb, a.count);
+  // Dequantizes slots [first, first + count) of chunk c into their shards of recvbuff.
+  auto dequantizeSlots = [&](int c, int first, int count, KernelStream stream) {
+    if (count <= 0) return zpSuccess;
+    const size_t pb = at.slotBytes(c);
+    return launchDequantize(region + at.offset(c) + first * pb, recv + (first * a.count + plan.offset(c)) * esz,
+                            plan.elems(c), a.type, a.bits, a.blockSize, stream, count, pb, a.count);
   };
   if (ownEarly) {
     // Step 1b (while the first chunk travels): this rank's slot of every chunk into its own shard. In place, the
     // shard is the send buffer, which every chunk's quantization has read by then.
     ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
-    off = 0;
     for (int c = 0; c < plan.chunks; ++c) {
-      const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
       trace.mark(PipelineTrace::kOwn, c, false, st.own.stream);
-      ZPCHECK(dequantizeSlots(c, off, pb, rank, 1, st.own));
+      ZPCHECK(dequantizeSlots(c, rank, 1, st.own));
       trace.mark(PipelineTrace::kOwn, c, true, st.own.stream);
-      off += n * pb;
     }
   }
   // Step 2 (move stage): gather chunk c while chunk c+1 is quantized and chunk c-1 dequantized.
-  off = 0;
   for (int c = 0; c < plan.chunks; ++c) {
-    const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    const size_t pb = at.slotBytes(c);
+    char* chunk = region + at.offset(c);
     ZPCHECK(waitQuantized(e, st, c));
     trace.mark(PipelineTrace::kMove, c, false, st.move);
-    ZPCHECK(ncclCheck(ncclAllGather(region + off + rank * pb, region + off, pb, ncclUint8, comm, st.move), a.opName,
-                      "ncclAllGather"));
+    ZPCHECK(
+        ncclCheck(ncclAllGather(chunk + rank * pb, chunk, pb, ncclUint8, comm, st.move), a.opName, "ncclAllGather"));
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
     if (c == 0) ZPCHECK(joinOwnSlots(e, st));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
     if (ownEarly) {  // the peers' slots, before and after this rank's
-      ZPCHECK(dequantizeSlots(c, off, pb, 0, rank, st.finish));
-      ZPCHECK(dequantizeSlots(c, off, pb, rank + 1, n - rank - 1, st.finish));
+      ZPCHECK(dequantizeSlots(c, 0, rank, st.finish));
+      ZPCHECK(dequantizeSlots(c, rank + 1, n - rank - 1, st.finish));
     } else {
-      ZPCHECK(dequantizeSlots(c, off, pb, 0, n, st.finish));
+      ZPCHECK(dequantizeSlots(c, 0, n, st.finish));
     }
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
-    off += n * pb;
   }
   ZPCHECK(endPipeline(e, st));
   trace.report();
@@ -564,8 +572,9 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   const bool pairLayout = keptLate && pairGather(n, ringFaster);
   const int recvSlots = pairLayout ? 3 : n;
   const int self = e.topo.rank, other = 1 - self;  // other: pairLayout's peer
-  ZPCHECK(ensureScratch(e, 0, chunkedPayloadBytes(plan, n, a.bits, a.blockSize), a.stream, a.opName));
-  ZPCHECK(ensureScratch(e, 1, chunkedPayloadBytes(plan, recvSlots, a.bits, a.blockSize), a.stream, a.opName));
+  const ChunkRegion sendAt(plan, n, a.bits, a.blockSize), recvAt(plan, recvSlots, a.bits, a.blockSize);
+  ZPCHECK(ensureScratch(e, 0, sendAt.bytes(), a.stream, a.opName));
+  ZPCHECK(ensureScratch(e, 1, recvAt.bytes(), a.stream, a.opName));
   if (!e.peersConnected) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     CUDACHECK(cudaStreamIsCapturing(a.stream, &status));
@@ -586,52 +595,46 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   auto* recv = static_cast<char*>(a.recvbuff);
   const int* slices = q.sliceOfSlot.data();
   // Quantizes chunk c of slots [first, first + count) into `slots` (slot `first` at its start).
-  auto quantizeRun = [&](int c, int first, int count, char* slots, size_t pb, KernelStream stream) {
+  auto quantizeRun = [&](int c, int first, int count, char* slots, KernelStream stream) {
     if (count <= 0) return zpSuccess;
-    return quantizeSlots(a, slices + first, count, a.count, plan.offset(c), plan.elems(c), slots, pb, stream);
+    return quantizeSlots(a, slices + first, count, a.count, plan.offset(c), plan.elems(c), slots, sendAt.slotBytes(c),
+                         stream);
   };
 
   // Step 1 (quantize stage): chunk c of every slice into its send slot (with keptLate, of every slice but the
   // kept one). In place is safe: the finish stage of chunk c' writes only chunk c' of recvbuff, and chunk c' of
   // every slice is quantized before.
-  size_t off = 0, recvOff = 0;  // chunk c's send and receive regions
   for (int c = 0; c < plan.chunks; ++c) {
-    const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
+    const size_t pb = sendAt.slotBytes(c);  // the same in both regions
+    char* slots = sendRegion + sendAt.offset(c);
     trace.mark(PipelineTrace::kQuantize, c, false, st.quant.stream);
     if (!keptLate) {
-      ZPCHECK(quantizeRun(c, 0, n, sendRegion + off, pb, st.quant));
+      ZPCHECK(quantizeRun(c, 0, n, slots, st.quant));
     } else if (pairLayout) {
-      ZPCHECK(quantizeRun(c, other, 1, recvRegion + recvOff + pb, pb, st.quant));
+      ZPCHECK(quantizeRun(c, other, 1, recvRegion + recvAt.offset(c) + pb, st.quant));
     } else {
-      ZPCHECK(quantizeRun(c, 0, self, sendRegion + off, pb, st.quant));
-      ZPCHECK(quantizeRun(c, self + 1, n - self - 1, sendRegion + off + (self + 1) * pb, pb, st.quant));
+      ZPCHECK(quantizeRun(c, 0, self, slots, st.quant));
+      ZPCHECK(quantizeRun(c, self + 1, n - self - 1, slots + (self + 1) * pb, st.quant));
     }
     trace.mark(PipelineTrace::kQuantize, c, true, st.quant.stream);
     ZPCHECK(quantized(e, st, c));
-    off += n * pb;
-    recvOff += recvSlots * pb;
   }
   if (keptLate) {
     // Step 1b (while the first chunk travels): the kept slice of every chunk into its received slot. In place,
     // the finish stage writes that slice only after this.
     ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
     const int keptSlot = pairLayout ? 2 * self : self;
-    recvOff = 0;
     for (int c = 0; c < plan.chunks; ++c) {
-      const size_t pb = quantPayloadBytes(plan.elems(c), a.bits, a.blockSize);
       trace.mark(PipelineTrace::kOwn, c, false, st.own.stream);
-      ZPCHECK(quantizeRun(c, self, 1, recvRegion + recvOff + keptSlot * pb, pb, st.own));
+      ZPCHECK(quantizeRun(c, self, 1, recvRegion + recvAt.offset(c) + keptSlot * recvAt.slotBytes(c), st.own));
       trace.mark(PipelineTrace::kOwn, c, true, st.own.stream);
-      recvOff += recvSlots * pb;
     }
   }
-  off = 0;
-  recvOff = 0;
   for (int c = 0; c < plan.chunks; ++c) {
     const size_t cc = plan.elems(c);
-    const size_t pb = quantPayloadBytes(cc, a.bits, a.blockSize);
-    char* slots = sendRegion + off;
-    char* received = recvRegion + recvOff;
+    const size_t pb = sendAt.slotBytes(c);
+    char* slots = sendRegion + sendAt.offset(c);
+    char* received = recvRegion + recvAt.offset(c);
     ZPCHECK(waitQuantized(e, st, c));
     trace.mark(PipelineTrace::kMove, c, false, st.move);
     // Step 2 (move): the first all-to-all: L peers, N slots each (one hop: L = n peers, one slot each).
@@ -672,8 +675,6 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
                                  st.finish));
       trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
     }
-    off += n * pb;
-    recvOff += recvSlots * pb;
   }
   ZPCHECK(endPipeline(e, st));
   trace.report();

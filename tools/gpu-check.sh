@@ -4,7 +4,8 @@
 #   nvlink  default
 #   shm     NCCL_P2P_DISABLE=1
 #   net     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, as two processes with distinct NCCL_HOSTID (two "nodes"),
-#           meeting through the perf harness's file rendezvous (-P 2 -I i -D dir; no mpirun needed)
+#           meeting through the perf harness's file rendezvous (-P 2 -I i -D dir; no mpirun needed); on one GPU
+#           both share it (perf -S, rows labelled net-on1gpu: outputs checked, times not the regime's)
 #   2x2     four ranks as two nodes of two (NVLink inside a node, sockets across; issue 9), only when
 #           ZP_GPU_CHECK_REGIMES names it: on four GPUs two such processes of two GPUs each; with fewer, the
 #           processes share the GPUs (perf -S, rows labelled 2x2-on2gpus / 2x2-on1gpu: outputs checked, times not
@@ -300,6 +301,8 @@ perf_procs() {  # NAME LOG JSON CMD...
     threads=2
     if [ "$gpu_count" -lt 4 ]; then label=2x2-on${gpu_count}gpus layout=(-S 1); fi
     if [ "$gpu_count" -lt 2 ]; then procs=4 threads=1 label=2x2-on1gpu layout=(-S 1 -N 2); fi
+  elif [ "$regime" = net ] && [ "$gpu_count" -lt 2 ]; then
+    label=net-on1gpu layout=(-S 1)  # both "nodes" on the one GPU: outputs checked, times not the regime's
   fi
   if over_budget; then
     note "$label $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
