@@ -763,11 +763,14 @@ TEST(GpuLayouts, Child) {
   for (auto& t : threads) t.join();
 }
 
-// Runs the layout `nodeSizes` in child processes of `perProcess` ranks each.
-void runLayout(const char* nodeSizes, int perProcess, Placement placement) {
+// Runs the layout `nodeSizes` in child processes of `perProcess` ranks each, where at least `gpus` GPUs are.
+void runLayout(const char* nodeSizes, int perProcess, Placement placement, int gpus) {
+  ZP_REQUIRE_GPUS(gpus);
+  if (getenv(kChildEnv)) GTEST_SKIP();
   int nranks = 0;
   for (const char* c = nodeSizes; *c; ++c) nranks += *c == ',' ? 0 : *c - '0';  // one-digit sizes
-  setenv(kNodeSizesEnv, nodeSizes, 1);                                          // the children inherit both
+  // The children inherit both.
+  setenv(kNodeSizesEnv, nodeSizes, 1);
   setenv(kRanksPerProcessEnv, std::to_string(perProcess).c_str(), 1);
   runNodeProcesses("GpuLayouts.Child", nranks / perProcess, perProcess, placement);
   unsetenv(kNodeSizesEnv);
@@ -775,39 +778,19 @@ void runLayout(const char* nodeSizes, int perProcess, Placement placement) {
 }
 
 // Two nodes of two as the layout deploys: two processes of two GPUs each.
-TEST(GpuLayouts, TwoNodesOfTwoOnFourGpus) {
-  ZP_REQUIRE_GPUS(4);
-  if (getenv(kChildEnv)) GTEST_SKIP();
-  runLayout("2,2", 2, Placement::kOwnHost);
-}
+TEST(GpuLayouts, TwoNodesOfTwoOnFourGpus) { runLayout("2,2", 2, Placement::kOwnHost, 4); }
 
 // Two such processes sharing two GPUs: NVLink inside each node, sockets between nodes, as on four GPUs.
-TEST(GpuLayouts, TwoNodesOfTwoOnTwoGpus) {
-  ZP_REQUIRE_GPUS(2);
-  if (getenv(kChildEnv)) GTEST_SKIP();
-  runLayout("2,2", 2, Placement::kSharedGpus);
-}
+TEST(GpuLayouts, TwoNodesOfTwoOnTwoGpus) { runLayout("2,2", 2, Placement::kSharedGpus, 2); }
 
 // The rest: a process per rank, all sharing one GPU, every hop over sockets.
-TEST(GpuLayouts, TwoNodesOfTwoOnOneGpu) {
-  ZP_REQUIRE_GPUS(1);
-  if (getenv(kChildEnv)) GTEST_SKIP();
-  runLayout("2,2", 1, Placement::kSharedGpus);
-}
+TEST(GpuLayouts, TwoNodesOfTwoOnOneGpu) { runLayout("2,2", 1, Placement::kSharedGpus, 1); }
 
 // Two hops over three nodes: each inter-node all-to-all has two peers.
-TEST(GpuLayouts, ThreeNodesOfTwoOnOneGpu) {
-  ZP_REQUIRE_GPUS(1);
-  if (getenv(kChildEnv)) GTEST_SKIP();
-  runLayout("2,2,2", 1, Placement::kSharedGpus);
-}
+TEST(GpuLayouts, ThreeNodesOfTwoOnOneGpu) { runLayout("2,2,2", 1, Placement::kSharedGpus, 1); }
 
 // Uneven nodes: the flat one-hop paths.
-TEST(GpuLayouts, UnevenNodesOnOneGpu) {
-  ZP_REQUIRE_GPUS(1);
-  if (getenv(kChildEnv)) GTEST_SKIP();
-  runLayout("2,1", 1, Placement::kSharedGpus);
-}
+TEST(GpuLayouts, UnevenNodesOnOneGpu) { runLayout("2,1", 1, Placement::kSharedGpus, 1); }
 
 // ---- reliability (issue 10): replays on changing data, and a soak ---------------------------------------------
 
