@@ -191,6 +191,18 @@ void collectCase(CaseBuffers* b, cudaStream_t stream, Buffer* result) {
   *b = CaseBuffers();
 }
 
+// Captures `c` on b's buffers into a graph on `stream`, after reserving scratch for `reserveBytes` (a call inside
+// capture may not size it).
+void captureCase(const Case& c, zpComm_t comm, const CaseBuffers& b, size_t reserveBytes, cudaStream_t stream,
+                 cudaGraph_t* graph, cudaGraphExec_t* exec) {
+  ASSERT_EQ(zpCommReserve(comm, reserveBytes), zpSuccess) << zpGetLastError(comm);
+  CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const zpResult_t res = runCase(c, comm, b.send, b.recv, stream);
+  CUDA_ASSERT(cudaStreamEndCapture(stream, graph));
+  ASSERT_EQ(res, zpSuccess) << zpGetLastError(comm);
+  CUDA_ASSERT(cudaGraphInstantiate(exec, *graph, 0));
+}
+
 void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int replays = 0) {
   CaseBuffers b;
   prepareCase(c, rank, comm, &b);
@@ -200,14 +212,10 @@ void deviceRun(const Case& c, int rank, zpComm_t comm, Buffer* result, int repla
     ASSERT_EQ(runCase(c, comm, b.send, b.recv, stream), zpSuccess) << zpGetLastError(comm);
   } else {
     // Capture once (scratch reserved beforehand), replay on the same inputs: every replay must give the bits.
-    ASSERT_EQ(zpCommReserve(comm, b.recvBytes * 2 + b.sendBytes), zpSuccess) << zpGetLastError(comm);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    zpResult_t res = runCase(c, comm, b.send, b.recv, stream);
-    CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-    ASSERT_EQ(res, zpSuccess) << zpGetLastError(comm);
-    CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    captureCase(c, comm, b, b.recvBytes * 2 + b.sendBytes, stream, &graph, &exec);
+    if (::testing::Test::HasFatalFailure()) return;
     for (int i = 0; i < replays; ++i) {
       if (!b.inPlace) CUDA_ASSERT(cudaMemsetAsync(b.recv, 0xff, b.recvBytes, stream));
       CUDA_ASSERT(cudaGraphLaunch(exec, stream));
@@ -425,14 +433,10 @@ TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
       prepareCase(captured, rank, comm, &b);
       cudaStream_t stream;
       CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      ASSERT_EQ(zpCommReserve(comm, b.recvBytes + b.sendBytes), zpSuccess) << zpGetLastError(comm);
       cudaGraph_t graph;
       cudaGraphExec_t exec;
-      CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      const zpResult_t res = runCase(captured, comm, b.send, b.recv, stream);
-      CUDA_ASSERT(cudaStreamEndCapture(stream, &graph));
-      ASSERT_EQ(res, zpSuccess) << zpGetLastError(comm);
-      CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+      captureCase(captured, comm, b, b.recvBytes + b.sendBytes, stream, &graph, &exec);
+      if (::testing::Test::HasFatalFailure()) return;
 
       Buffer grown;
       deviceRun(grows, rank, comm, &grown);  // grows the scratch the graph captured
@@ -450,9 +454,8 @@ TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
       CUDA_ASSERT(cudaMemcpy(b.send, input.data(), input.size(), cudaMemcpyHostToDevice));
       CUDA_ASSERT(cudaMemset(b.recv, 0xff, b.recvBytes));
       CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-      Buffer output(b.recvBytes);
-      CUDA_ASSERT(cudaMemcpyAsync(output.data(), b.recv, b.recvBytes, cudaMemcpyDeviceToHost, stream));
-      CUDA_ASSERT(cudaStreamSynchronize(stream));
+      Buffer output;
+      collectCase(&b, stream, &output);
       EXPECT_TRUE(zpcheck::sameBits(output.data(), expected[0].data(), output.size(), 1));
       size_t i = 0;
       for (size_t mib : kSquatterMiB) {
@@ -465,8 +468,6 @@ TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
       CUDA_ASSERT(cudaGraphExecDestroy(exec));
       CUDA_ASSERT(cudaGraphDestroy(graph));
       CUDA_ASSERT(cudaStreamDestroy(stream));
-      CUDA_ASSERT(cudaFree(b.devBig));
-      if (b.devOther) CUDA_ASSERT(cudaFree(b.devOther));
     });
   }
 }
