@@ -660,13 +660,13 @@ TEST(GpuTwoProcesses, SeenAsTwoNodes) {
                    zptest::gpuCount() >= 2 ? Placement::kOwnHost : Placement::kSharedGpus);
 }
 
-// The sanitized cases with one process per GPU (one host, NVLink between them), the shape gpu-check's sanitizer
-// runs use: racecheck, and initcheck with the green context on, stall the in-process version, whose two GPUs'
-// NCCL kernels must run at the same time; each process of this one drives one GPU.
+// The sanitized cases with one process per GPU (one host, NVLink between them; or, below, two hosts on one GPU), the
+// shape gpu-check's sanitizer runs use: racecheck, and initcheck with the green context on, stall the in-process
+// version, whose two GPUs' NCCL kernels must run at the same time; each process of this one drives one GPU.
 TEST(GpuSanitized, Child) {
   zpUniqueId id;
   const int rank = childIndex(&id);
-  if (rank < 0) GTEST_SKIP() << "runs only inside GpuSanitized.EachCollectiveInTwoProcesses";
+  if (rank < 0) GTEST_SKIP() << "runs only inside the other GpuSanitized tests";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);  // CUDA_VISIBLE_DEVICES picks this process's GPU
   // A unique id serves one communicator: the parent runs the children once per layout.
   const bool asTwoNodes = getenv(kTwoNodesEnv) != nullptr;
@@ -675,8 +675,10 @@ TEST(GpuSanitized, Child) {
   if (layout) layout(rank, &config);
   zpComm_t comm = nullptr;
   ASSERT_EQ(zpCommInitRankConfig(&comm, 2, id, rank, &config), zpSuccess) << zpGetLastError(nullptr);
+  // Two hosts (NCCL_HOSTID, over sockets) are two nodes whatever the config: every case runs there.
+  const bool ownHosts = getenv("NCCL_HOSTID") != nullptr;
   for (const Case& c : sanitizedCases()) {
-    if (asTwoNodes && c.op != Op::kQgz) continue;  // as in EachCollectiveOnSmallCases
+    if (asTwoNodes && !ownHosts && c.op != Op::kQgz) continue;  // as in EachCollectiveOnSmallCases
     SCOPED_TRACE(describe(c) + (asTwoNodes ? " as two nodes" : ""));
     expectRankMatchesHost(c, rank, comm, hostExpected(c, 2, layout)[rank]);
   }
@@ -689,6 +691,18 @@ TEST(GpuSanitized, EachCollectiveInTwoProcesses) {
   runNodeProcesses("GpuSanitized.Child", 2, 1, Placement::kOneHost);
   setenv(kTwoNodesEnv, "1", 1);  // the children inherit it: zpccl's two-node layout over the same NVLink
   runNodeProcesses("GpuSanitized.Child", 2, 1, Placement::kOneHost);
+  unsetenv(kTwoNodesEnv);
+}
+
+// The same cases as two nodes of one rank sharing one GPU (distinct host ids, over sockets), for the tools when
+// only one GPU is lent: the multi-node paths (qgZ's pair gather, the own slot worked early with
+// ZP_OWN_SLOT_EARLY_BYTES=0, as gpu-check's sanitizer steps set it; hpZ's group of one) and every kernel they
+// launch, in place and out.
+TEST(GpuSanitized, EachCollectiveAsTwoNodesOnOneGpu) {
+  ZP_REQUIRE_GPUS(1);
+  if (getenv(kChildEnv)) GTEST_SKIP();
+  setenv(kTwoNodesEnv, "1", 1);
+  runNodeProcesses("GpuSanitized.Child", 2, 1, Placement::kSharedGpus);
   unsetenv(kTwoNodesEnv);
 }
 

@@ -260,7 +260,10 @@ fi
 # on, the variant that drives both GPUs from one process stalled, though it passes without a tool (likely the
 # tool's serialization of that process's kernels: NCCL's kernels on the two GPUs must run at the same time).
 # ZP_GPU_CHECK_SANITIZER_FILTER='GpuSanitized.*:...' brings the one-process variant back.
-sanitizer_filter=${ZP_GPU_CHECK_SANITIZER_FILTER:-'GpuSanitized.EachCollectiveInTwoProcesses:GpuReduce.*:QuantGpu.BatchedSegmentsMatchHostReference'}
+# With one GPU, the same cases run as two nodes sharing it (GpuSanitized.EachCollectiveAsTwoNodesOnOneGpu) and
+# four ranks as two nodes of two (GpuLayouts.TwoNodesOfTwoOnOneGpu: two-hop qgZ, its requantize kernel), over
+# sockets; ZP_OWN_SLOT_EARLY_BYTES=0 works the own slot early at every size on those slow-link paths.
+sanitizer_filter=${ZP_GPU_CHECK_SANITIZER_FILTER:-'GpuSanitized.EachCollectiveInTwoProcesses:GpuSanitized.EachCollectiveAsTwoNodesOnOneGpu:GpuLayouts.TwoNodesOfTwoOnOneGpu:GpuReduce.*:QuantGpu.BatchedSegmentsMatchHostReference'}
 for tool in ${ZP_GPU_CHECK_SANITIZERS:-}; do
   log=$results/sanitizer_$tool.log
   if ! command -v compute-sanitizer >/dev/null; then
@@ -271,7 +274,7 @@ for tool in ${ZP_GPU_CHECK_SANITIZERS:-}; do
   extra_flags=()
   [ "$tool" = racecheck ] && extra_flags=(--racecheck-report all)
   run_step "sanitizer $tool" - test "$log" "" "${ZP_GPU_CHECK_SANITIZER_TIMEOUT:-240}" \
-    env ZP_CHUNK_BYTES=4096 compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
+    env ZP_CHUNK_BYTES=4096 ZP_OWN_SLOT_EARLY_BYTES=0 compute-sanitizer --tool "$tool" --error-exitcode 9 --report-api-errors no \
     --target-processes all --kernel-name-exclude kns=nccl "${extra_flags[@]}" "$build/tests/zpccl_gpu_tests" \
     --gtest_filter="$sanitizer_filter"
 done
