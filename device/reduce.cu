@@ -13,7 +13,9 @@
 //
 // Loads: each thread issues the codes and scales of a batch of sources before summing them (in source order): in
 // the requantize kernel four, so that 64 (int4) or 128 (int8) bytes per thread are in flight; in the finish
-// kernel two, so that it fits three CTAs an SM (kFinishBatch). Codes are decoded with one byte permute an
+// kernel two, so that it fits three CTAs an SM (kFinishBatch). A finish of at most two sources (two ranks, or
+// two nodes: the common jobs) keeps only 8 sums a thread live, not 32, and fits four CTAs an SM without spilling
+// (finishFewSources). Codes are decoded with one byte permute an
 // element into the operand that decodeCode builds, and a block whose scale cannot overflow skips
 // dequantizeValue's saturation check (dequantIsPlain), so an element costs 4 instructions per source.
 // Stores: the requantized codes leave as 16-byte vectors. Finished outputs pass through a per-warp staging
@@ -48,12 +50,21 @@ constexpr int codeWords() {
   return kElems * Bits / 32;
 }
 
+// Words of decodeCode operands a thread prepares from one source's code words (prepareCodes).
+template <int Bits>
+constexpr int preparedWords() {
+  return codeWords<Bits>() * (Bits == 4 ? 2 : 1);
+}
+
 // Sources whose loads are in flight together. The requantize kernel: 16 (int4) or 32 (int8) code registers; with
 // 128 registers a thread (two CTAs an SM) nothing spills. The finish kernel: two, so that three CTAs share an SM
 // (80 registers; ptxas spills 32 - 96 bytes a thread). Measured on H200, 35M elements of two sources, bf16 out:
 // int4 71.4 -> 63.1 - 64.3 us, int8 106 - 107 -> 98 - 100 us (ncu's clocks), occupancy 24 -> 35%.
 constexpr int kBatch = 4;
 constexpr int kFinishBatch = 2;
+// CTAs an SM for the finish kernel of at most kFinishBatch sources (finishFewSources), which keeps kFewGroup sums a
+// thread live instead of kElems: 62 - 64 registers, no spill (five CTAs, 48 registers, spill 42 - 114 bytes).
+constexpr int kFewSourcesCtas = 4;
 
 struct ReduceArgs {
   const unsigned char* base;  // segment 0's source 0
@@ -74,6 +85,10 @@ struct ReduceArgs {
   PeerSync sync;  // KernelStream::sync
 };
 
+// The segment of tile `work`: a 64-bit division is a call of ~70 instructions a tile, and most launches have one
+// segment (every tile of it below `tiles`).
+__device__ __forceinline__ size_t segmentOf(size_t work, size_t tiles) { return work < tiles ? 0 : work / tiles; }
+
 int log2Int(size_t v) {
   int s = 0;
   while ((size_t{1} << s) < v) ++s;
@@ -87,7 +102,7 @@ int log2Int(size_t v) {
 // ((code ^ 8) per byte). Element k's operand 0x4b000000 | (code ^ bias) is then one byte permute away.
 template <int Bits>
 __device__ __forceinline__ void prepareCodes(const uint32_t (&w)[codeWords<Bits>()],
-                                             uint32_t (&x)[codeWords<Bits>() * (Bits == 4 ? 2 : 1)]) {
+                                             uint32_t (&x)[preparedWords<Bits>()]) {
 #pragma unroll
   for (int i = 0; i < codeWords<Bits>(); ++i) {
     if constexpr (Bits == 8) {
@@ -102,8 +117,7 @@ __device__ __forceinline__ void prepareCodes(const uint32_t (&w)[codeWords<Bits>
 // decodeCode<Bits> of the thread's element k (a constant after unrolling), from the prepared words: the same
 // operand bits and the same fp32 add, so the same value.
 template <int Bits>
-__device__ __forceinline__ float codeValue(const uint32_t (&x)[codeWords<Bits>() * (Bits == 4 ? 2 : 1)], int k,
-                                           uint32_t high) {
+__device__ __forceinline__ float codeValue(const uint32_t (&x)[preparedWords<Bits>()], int k, uint32_t high) {
   constexpr float kBias = static_cast<float>(1 << (Bits - 1));
   // Byte 0: the prepared code byte; bytes 1, 2: zero; byte 3: 0x4b (bytes 4 to 7 of the permute's input: high).
   const uint32_t word = Bits == 8 ? x[k >> 2] : x[2 * (k >> 3) + (k & 1)];
@@ -111,28 +125,59 @@ __device__ __forceinline__ float codeValue(const uint32_t (&x)[codeWords<Bits>()
   return addRn(bitsFloat(__byte_perm(word, high, 0x7440u | byte)), -(8388608.0f + kBias));
 }
 
+// Element k's value in one source: the plain product when the block's scale is plain (dequantIsPlain: no code can
+// overflow, so dequantizeValue is the product alone), else dequantizeValue (NaN block, or a scale near FLT_MAX).
+template <int Bits, bool Plain>
+__device__ __forceinline__ float sourceValue(const uint32_t (&x)[preparedWords<Bits>()], int k, float scale,
+                                             uint32_t high) {
+  const float code = codeValue<Bits>(x, k, high);
+  return Plain ? mulRn(code, scale) : bitsFloat(dequantizeValue<Fp32Type>(code, scale));
+}
+
 // Adds one source (codes w, block scale) to the thread's sums, or starts them (First): acc = v for the first
 // source, acc + v after, as the host reference does. True when the block's scale is plain (every product finite).
 template <int Bits, bool First>
 __device__ __forceinline__ bool addSource(const uint32_t (&w)[codeWords<Bits>()], float scale, uint32_t high,
                                           float (&acc)[kElems]) {
-  uint32_t x[codeWords<Bits>() * (Bits == 4 ? 2 : 1)];
+  uint32_t x[preparedWords<Bits>()];
   prepareCodes<Bits>(w, x);
-  if (dequantIsPlain<Fp32Type, Bits>(scale)) {  // no code can overflow: dequantizeValue is the product alone
+  if (dequantIsPlain<Fp32Type, Bits>(scale)) {  // each case its own loop
 #pragma unroll
     for (int k = 0; k < kElems; ++k) {
-      const float v = mulRn(codeValue<Bits>(x, k, high), scale);
+      const float v = sourceValue<Bits, true>(x, k, scale, high);
       acc[k] = First ? v : addRn(acc[k], v);
     }
     return true;
   }
-  // NaN block, or a scale near FLT_MAX
 #pragma unroll
   for (int k = 0; k < kElems; ++k) {
-    const float v = bitsFloat(dequantizeValue<Fp32Type>(codeValue<Bits>(x, k, high), scale));
+    const float v = sourceValue<Bits, false>(x, k, scale, high);
     acc[k] = First ? v : addRn(acc[k], v);
   }
   return false;
+}
+
+// The codes of the thread's elements [elem, elem + valid) in one payload (codeOffset: where the first one is): 16-byte
+// vectors when all kElems exist, else only the bytes that hold elements < count (the payload's last, partial
+// group), zeros after.
+template <int Bits>
+__device__ __forceinline__ void loadCodes(const unsigned char* payload, size_t codeOffset, int valid,
+                                          uint32_t (&w)[codeWords<Bits>()]) {
+  if (valid == kElems) {
+#pragma unroll
+    for (int v = 0; v < codeWords<Bits>() / 4; ++v) {
+      const uint4 c = __ldg(reinterpret_cast<const uint4*>(payload + codeOffset) + v);
+      w[4 * v] = c.x, w[4 * v + 1] = c.y, w[4 * v + 2] = c.z, w[4 * v + 3] = c.w;
+    }
+    return;
+  }
+  const int bytes = (valid * Bits + 7) / 8;
+#pragma unroll
+  for (int i = 0; i < codeWords<Bits>(); ++i) w[i] = 0;
+#pragma unroll
+  for (int b = 0; b < 4 * codeWords<Bits>(); ++b) {
+    if (b < bytes) w[b >> 2] |= static_cast<uint32_t>(__ldg(payload + codeOffset + b)) << (8 * (b & 3));
+  }
 }
 
 // Sources [s0, s0 + Batch) (those that exist; s0 itself does): all loads first, then the sums in order. True
@@ -140,7 +185,6 @@ __device__ __forceinline__ bool addSource(const uint32_t (&w)[codeWords<Bits>()]
 template <int Bits, int Batch, bool First>
 __device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsigned char* seg, size_t block,
                                                size_t codeOffset, int s0, float (&acc)[kElems]) {
-  constexpr int kVecs = codeWords<Bits>() / 4;
   uint32_t w[Batch][codeWords<Bits>()];
   float scale[Batch];
 #pragma unroll
@@ -148,11 +192,7 @@ __device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsign
     if (u == 0 || s0 + u < a.sources) {
       const unsigned char* payload = seg + static_cast<size_t>(s0 + u) * a.sourceStride;
       scale[u] = __ldg(reinterpret_cast<const float*>(payload) + block);
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        const uint4 c = __ldg(reinterpret_cast<const uint4*>(payload + codeOffset) + v);
-        w[u][4 * v] = c.x, w[u][4 * v + 1] = c.y, w[u][4 * v + 2] = c.z, w[u][4 * v + 3] = c.w;
-      }
+      loadCodes<Bits>(payload, codeOffset, kElems, w[u]);
     }
   }
   bool plain = addSource<Bits, First>(w[0], scale[0], a.decodeHigh, acc);
@@ -181,19 +221,13 @@ __device__ __forceinline__ bool sumSources(const ReduceArgs& a, const unsigned c
     }
     return plain;
   }
-  // The last, partial group of codes of the payload: only the bytes that hold elements < count are read.
-  const int bytes = (valid * Bits + 7) / 8;
+  // The last, partial group of codes of the payload.
 #pragma unroll 1
   for (int s = 0; s < a.sources; ++s) {
     const unsigned char* payload = seg + static_cast<size_t>(s) * a.sourceStride;
     const float scale = __ldg(reinterpret_cast<const float*>(payload) + block);
     uint32_t w[codeWords<Bits>()];
-#pragma unroll
-    for (int i = 0; i < codeWords<Bits>(); ++i) w[i] = 0;
-#pragma unroll
-    for (int b = 0; b < 4 * codeWords<Bits>(); ++b) {
-      if (b < bytes) w[b >> 2] |= static_cast<uint32_t>(__ldg(payload + codeOffset + b)) << (8 * (b & 3));
-    }
+    loadCodes<Bits>(payload, codeOffset, valid, w);
     if (s == 0) {
       plain = addSource<Bits, true>(w, scale, a.decodeHigh, acc);
     } else {
@@ -285,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int parity = 0;
 #pragma unroll 1
   for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
-    const size_t seg = work / a.tiles;
+    const size_t seg = segmentOf(work, a.tiles);
     const size_t elem = (work - seg * a.tiles) * kTileElems + threadIdx.x * kElems;
     const int valid = elem < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - elem)) : 0;
     const size_t block = elem >> a.blockShift;
@@ -376,10 +410,10 @@ __device__ __forceinline__ Out chunkElement(const uint4& v, int r) {
   return static_cast<Out>(sizeof(Out) == 4 ? word : word >> (8 * (r & 2)));
 }
 
-// Word i of the thread's finished outputs when every sum is finite or +-Inf and the divisor is 1:
+// Word i of finished outputs from the fp32 sums `acc` when every sum is finite or +-Inf and the divisor is 1:
 // finishReduction is then Type::fromFloat alone, which the paired conversions round the same way.
-template <class Type>
-__device__ __forceinline__ uint32_t finishedWord(const float (&acc)[kElems], int i) {
+template <class Type, int N>
+__device__ __forceinline__ uint32_t finishedWord(const float (&acc)[N], int i) {
   if constexpr (sizeof(typename Type::Bits) == 4) {
     return floatBits(acc[i]);
   } else if constexpr (Type::kType == zpBfloat16) {
@@ -391,8 +425,112 @@ __device__ __forceinline__ uint32_t finishedWord(const float (&acc)[kElems], int
   }
 }
 
+// N finished outputs (finishReduction of each sum), packed into 16-byte chunks of the warp's stage from chunk
+// `first` on. `paired`: every sum is finite or +-Inf and the divisor is 1 (finishedWord).
+template <class Type, int N>
+__device__ __forceinline__ void stageFinished(const float (&acc)[N], bool paired, float divisor, uint4* stage,
+                                              int first) {
+  using Out = typename Type::Bits;
+  constexpr int kSize = sizeof(Out);
+  constexpr int kWords = N * kSize / 4;
+  uint32_t word[kWords];
+  if (paired) {
+    // The common case: no NaN to replace by the quiet one, and the conversions two at a time.
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) word[i] = finishedWord<Type>(acc, i);
+  } else {
+    Out o[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = finishReduction<Type>(acc[k], divisor);
+#pragma unroll
+    for (int i = 0; i < kWords; ++i)
+      word[i] = kSize == 4 ? o[i] : (o[2 * i] | (static_cast<uint32_t>(o[2 * i + 1]) << 16));
+  }
+#pragma unroll
+  for (int i = 0; i < kWords / 4; ++i) {
+    stage[swizzle(first + i)] = make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
+  }
+}
+
+// Elements a thread finishes at a time when a segment has few sources (finishFewSources): one 16-byte chunk of
+// fp16 or bf16 outputs, two of fp32.
+constexpr int kFewGroup = 8;
+
+// Sums over the (at most kFinishBatch) sources of elements [g * kFewGroup, (g + 1) * kFewGroup) of the thread's, in
+// source order, from the prepared codes x; Plain: every source's scale is plain (the product alone).
+template <int Bits, bool Plain>
+__device__ __forceinline__ void sumFewSources(const ReduceArgs& a,
+                                              const uint32_t (&x)[kFinishBatch][preparedWords<Bits>()],
+                                              const float (&scale)[kFinishBatch], int g, float (&acc)[kFewGroup]) {
+#pragma unroll
+  for (int s = 0; s < kFinishBatch; ++s) {
+    if (s > 0 && s >= a.sources) break;
+#pragma unroll
+    for (int k = 0; k < kFewGroup; ++k) {
+      const float v = sourceValue<Bits, Plain>(x[s], g * kFewGroup + k, scale[s], a.decodeHigh);
+      acc[k] = s == 0 ? v : addRn(acc[k], v);
+    }
+  }
+}
+
+// The thread's kElems sums, kFewGroup at a time, finished into the warp's stage from chunk `first` on.
+template <int Bits, class Type, bool Plain>
+__device__ __forceinline__ void finishGroups(const ReduceArgs& a,
+                                             const uint32_t (&x)[kFinishBatch][preparedWords<Bits>()],
+                                             const float (&scale)[kFinishBatch], bool paired, float divisor,
+                                             uint4* stage, int first) {
+  constexpr int kSize = sizeof(typename Type::Bits);
+#pragma unroll
+  for (int g = 0; g < kElems / kFewGroup; ++g) {
+    float acc[kFewGroup];
+    sumFewSources<Bits, Plain>(a, x, scale, g, acc);
+    stageFinished<Type>(acc, paired, divisor, stage, first + g * kFewGroup * kSize / 16);
+  }
+}
+
+// The finish of the thread's elements [elem, elem + valid) of a segment of at most kFinishBatch sources (two ranks,
+// or two nodes): every source's codes and scale are loaded first, then the sums are made, finished and staged
+// kFewGroup elements at a time, in source order per element as sumSources does. Only kFewGroup sums are live, not
+// kElems, so the kernel fits more CTAs an SM to hide its loads' latency.
 template <int Bits, class Type>
-__global__ void __launch_bounds__(kThreads, 3)
+__device__ __forceinline__ void finishFewSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
+                                                 float divisor, uint4* stage, int first) {
+  const size_t block = elem >> a.blockShift;
+  const size_t codeOffset = a.scaleBytes + elem * Bits / 8;
+  uint32_t w[kFinishBatch][codeWords<Bits>()];
+  float scale[kFinishBatch];
+#pragma unroll
+  for (int s = 0; s < kFinishBatch; ++s) {  // every load in flight before the first is used
+    if (s == 0 || s < a.sources) {
+      const unsigned char* payload = seg + static_cast<size_t>(s) * a.sourceStride;
+      scale[s] = __ldg(reinterpret_cast<const float*>(payload) + block);
+      loadCodes<Bits>(payload, codeOffset, valid, w[s]);
+    }
+  }
+  uint32_t x[kFinishBatch][preparedWords<Bits>()];
+  bool allPlain = true;
+#pragma unroll
+  for (int s = 0; s < kFinishBatch; ++s) {
+    if (s == 0 || s < a.sources) {
+      prepareCodes<Bits>(w[s], x[s]);
+      allPlain = allPlain && dequantIsPlain<Fp32Type, Bits>(scale[s]);
+    }
+  }
+  // Each case its own loop, as addSource's: the plain one without dequantizeValue's saturation check (both give
+  // the same values), the paired conversions when there is no NaN to replace and nothing to divide.
+  if (allPlain && divisor == 1.0f) {
+    finishGroups<Bits, Type, true>(a, x, scale, true, divisor, stage, first);
+  } else if (allPlain) {
+    finishGroups<Bits, Type, true>(a, x, scale, false, divisor, stage, first);
+  } else {
+    finishGroups<Bits, Type, false>(a, x, scale, false, divisor, stage, first);
+  }
+}
+
+// FewSources: the segments have at most kFinishBatch sources (finishFewSources); otherwise any number, summed
+// into kElems registers a thread (sumSources), which bounds the kernel to three CTAs an SM.
+template <int Bits, class Type, bool FewSources>
+__global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
     reduceFinishKernel(const ReduceArgs a, typename Type::Bits* out, size_t outputStride, float divisor) {
   using Out = typename Type::Bits;
   constexpr int kSize = sizeof(Out);
@@ -404,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (!peerEnter(a.sync)) return;
 #pragma unroll 1
   for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
-    const size_t seg = work / a.tiles;
+    const size_t seg = segmentOf(work, a.tiles);
     const size_t warpElem = (work - seg * a.tiles) * kTileElems + (threadIdx.x - lane) * kElems;
     if (warpElem >= a.count) continue;  // the whole warp: nothing of the payload left
     const size_t elem = warpElem + lane * kElems;
@@ -412,26 +550,13 @@ __global__ void __launch_bounds__(kThreads, 3)
 
     // step 1: sums, finished values (per element, as the host does), into the warp's stage.
     if (valid > 0) {
-      float acc[kElems];
-      const bool plain = sumSources<Bits, kFinishBatch>(a, a.base + seg * a.segmentStride, elem, valid, acc);
-      uint32_t word[kThreadChunks * 4];  // the thread's finished elements, packed
-      if (plain && divisor == 1.0f) {
-        // The common case: no NaN to replace by the quiet one, and the conversions two at a time.
-#pragma unroll
-        for (int i = 0; i < kThreadChunks * 4; ++i) word[i] = finishedWord<Type>(acc, i);
+      const unsigned char* segment = a.base + seg * a.segmentStride;
+      if constexpr (FewSources) {
+        finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, mine, lane * kThreadChunks);
       } else {
-        Out o[kElems];
-#pragma unroll
-        for (int k = 0; k < kElems; ++k) o[k] = finishReduction<Type>(acc[k], divisor);
-#pragma unroll
-        for (int i = 0; i < kThreadChunks * 4; ++i) {
-          word[i] = kSize == 4 ? o[i] : (o[2 * i] | (static_cast<uint32_t>(o[2 * i + 1]) << 16));
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kThreadChunks; ++i) {
-        mine[swizzle(lane * kThreadChunks + i)] =
-            make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
+        float acc[kElems];
+        const bool plain = sumSources<Bits, kFinishBatch>(a, segment, elem, valid, acc);
+        stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, mine, lane * kThreadChunks);
       }
     }
     __syncwarp();
@@ -526,13 +651,19 @@ zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payl
   return zpSuccess;
 }
 
-template <int Bits, class Type>
-zpResult_t launchFinish(const ReduceArgs& a, void* output, size_t stride, float divisor, KernelStream stream) {
-  constexpr auto kKernel = reduceFinishKernel<Bits, Type>;
+template <int Bits, class Type, bool FewSources>
+zpResult_t launchFinishKernel(const ReduceArgs& a, void* output, size_t stride, float divisor, KernelStream stream) {
+  constexpr auto kKernel = reduceFinishKernel<Bits, Type, FewSources>;
   unsigned grid = 0;
   ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
   return zpSuccess;
+}
+
+template <int Bits, class Type>
+zpResult_t launchFinish(const ReduceArgs& a, void* output, size_t stride, float divisor, KernelStream stream) {
+  return a.sources <= kFinishBatch ? launchFinishKernel<Bits, Type, true>(a, output, stride, divisor, stream)
+                                   : launchFinishKernel<Bits, Type, false>(a, output, stride, divisor, stream);
 }
 
 template <class Type>
