@@ -263,7 +263,9 @@ fi
 # With one GPU, the same cases run as two nodes sharing it (GpuSanitized.EachCollectiveAsTwoNodesOnOneGpu) and
 # four ranks as two nodes of two (GpuLayouts.TwoNodesOfTwoOnOneGpu: two-hop qgZ, its requantize kernel), over
 # sockets; ZP_OWN_SLOT_EARLY_BYTES=0 works the own slot early at every size on those slow-link paths.
-sanitizer_filter=${ZP_GPU_CHECK_SANITIZER_FILTER:-'GpuSanitized.EachCollectiveInTwoProcesses:GpuSanitized.EachCollectiveAsTwoNodesOnOneGpu:GpuLayouts.TwoNodesOfTwoOnOneGpu:GpuReduce.*:QuantGpu.BatchedSegmentsMatchHostReference'}
+default_sanitizer_filter='GpuSanitized.EachCollectiveInTwoProcesses:GpuSanitized.EachCollectiveAsTwoNodesOnOneGpu'
+default_sanitizer_filter+=':GpuLayouts.TwoNodesOfTwoOnOneGpu:GpuReduce.*:QuantGpu.BatchedSegmentsMatchHostReference'
+sanitizer_filter=${ZP_GPU_CHECK_SANITIZER_FILTER:-$default_sanitizer_filter}
 for tool in ${ZP_GPU_CHECK_SANITIZERS:-}; do
   log=$results/sanitizer_$tool.log
   if ! command -v compute-sanitizer >/dev/null; then
