@@ -35,8 +35,8 @@ std::vector<ncclComm_t> NcclComms::owned() const {
 }
 
 std::vector<ncclComm_t> NcclComms::ownedWorldFirst() const {
-  std::vector<ncclComm_t> out = owned();
-  if (ownsWorld && world != nullptr) std::rotate(out.begin(), out.end() - 1, out.end());
+  std::vector<ncclComm_t> out = all();  // world first
+  if (!ownsWorld) out.erase(std::remove(out.begin(), out.end(), world), out.end());
   return out;
 }
 

@@ -127,7 +127,8 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool gree
   const bool captured = status != cudaStreamCaptureStatusNone;
   if (!captured) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
   if (captured) {
-    for (ScratchBuffer& s : e.scratch) s.captured = s.captured || s.ptr != nullptr;  // the ones this call uses
+    // Every allocated buffer, whether or not this call uses it: one that is idle now costs only its memory.
+    for (ScratchBuffer& s : e.scratch) s.captured = s.captured || s.ptr != nullptr;
   }
   const GreenStreams& g = e.green;
   if (chunks <= 1) {

@@ -3,12 +3,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "include/zpccl.h"
+#include "src/cuda_exec.h"
 #include "tests/host_ranks.h"
 
 namespace {
@@ -318,6 +320,25 @@ TEST(HostAbort, AbortFromAnotherThreadWakesABlockedCollective) {
   EXPECT_EQ(async, zpRemoteError);
   EXPECT_EQ(zpQuantAllGather(send.data(), recv.data(), 256, zpFloat32, comms[1], nullptr), zpRemoteError);
   EXPECT_EQ(zpCommDestroy(comms[1]), zpSuccess);
+}
+
+// The orders in which the cuda backend ends its NCCL communicators (src/cuda_exec.h): destroyed split ones first
+// and world last, aborted world first (an abort of a split one waits for world's kernel), a caller's world never,
+// an alias of world once. Fake handles: nothing here calls NCCL.
+TEST(NcclCommsOrder, DestroyWorldLastAbortWorldFirst) {
+  const auto comm = [](uintptr_t v) { return reinterpret_cast<ncclComm_t>(v); };
+  using Comms = std::vector<ncclComm_t>;
+  zp::NcclComms c;
+  c.world = comm(1);
+  c.intra = comm(1);  // one node: the node's ranks are world's
+  c.inter = comm(2);
+  c.hpz = comm(3);
+  EXPECT_EQ(c.all(), (Comms{comm(1), comm(2), comm(3)}));
+  EXPECT_EQ(c.owned(), (Comms{comm(2), comm(3), comm(1)}));
+  EXPECT_EQ(c.ownedWorldFirst(), (Comms{comm(1), comm(2), comm(3)}));
+  c.ownsWorld = false;  // zpCommInitFromNccl: the caller's
+  EXPECT_EQ(c.owned(), (Comms{comm(2), comm(3)}));
+  EXPECT_EQ(c.ownedWorldFirst(), (Comms{comm(2), comm(3)}));
 }
 
 }  // namespace

@@ -317,16 +317,14 @@ perf_procs() {  # NAME LOG JSON CMD...
   local rdv start=$SECONDS limit i host pids=() rc=0 rcs=()
   limit=$(capped "$step_timeout")
   rdv=$(mktemp -d "${TMPDIR:-/tmp}/zp-rdv.XXXXXX")
+  local out json_flag
   for ((i = 0; i < procs; i++)); do
     host=zp-node-$i
     [ "$regime" = nvlink-procs ] && host=zp-node-0
-    if [ "$i" = 0 ]; then  # process 0 writes the table and the JSON
-      ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host timeout -k 5 "$limit" env "${regime_env[@]}" \
-        "$@" -P "$procs" -I 0 -D "$rdv" -t "$threads" "${layout[@]}" -R "$label" -J "$json" >"$log" 2>&1 &
-    else
-      ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host timeout -k 5 "$limit" env "${regime_env[@]}" \
-        "$@" -P "$procs" -I "$i" -D "$rdv" -t "$threads" "${layout[@]}" -R "$label" >"$log.proc$i" 2>&1 &
-    fi
+    out=$log.proc$i json_flag=()
+    [ "$i" = 0 ] && out=$log json_flag=(-J "$json")  # process 0 writes the table and the JSON
+    ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host timeout -k 5 "$limit" env "${regime_env[@]}" \
+      "$@" -P "$procs" -I "$i" -D "$rdv" -t "$threads" "${layout[@]}" -R "$label" "${json_flag[@]}" >"$out" 2>&1 &
     pids+=($!)
   done
   for i in "${pids[@]}"; do
