@@ -850,6 +850,10 @@ bool planOp(const Options& opt, bool host, const PerfOp& op, OpPlan* plan, std::
   plan->bits = op.defaultBits > 0 ? (opt.bits > 0 ? opt.bits : op.defaultBits) : 0;
   plan->block = op.defaultBits > 0 ? opt.blockSize : 0;
   plan->inPlace = op.hasInPlace && opt.inPlace != 0;
+  if (host && op.gpuOnly) {
+    *error = std::string(op.name) + " runs device kernels only: there is no host backend to run with -H";
+    return false;
+  }
   if (host && (op.uses & kUsesNccl)) {
     *error = std::string(op.name) + " runs NCCL and needs the cuda backend (drop -H 1)";
     return false;
@@ -949,8 +953,11 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
   if (!rt.host) {
     cudaError_t err = cudaGetDeviceCount(&mine.deviceCount);
     if (err != cudaSuccess || mine.deviceCount == 0) {
-      std::fprintf(stderr, "%s: process %d: no usable CUDA device (%s); -H 1 runs the host backend\n", program.c_str(),
-                   me, err != cudaSuccess ? cudaGetErrorString(err) : "none visible");
+      bool hostRuns = true;  // whether -H would run these ops
+      for (const PerfOp* op : ops) hostRuns = hostRuns && !op->gpuOnly;
+      std::fprintf(stderr, "%s: process %d: no usable CUDA device (%s)%s\n", program.c_str(), me,
+                   err != cudaSuccess ? cudaGetErrorString(err) : "none visible",
+                   hostRuns ? "; -H 1 runs the host backend" : "");
       mine.deviceCount = -1;
     }
   }

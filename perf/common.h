@@ -129,6 +129,7 @@ struct PerfOp {
   bool reduces = false;         // takes -o sum|avg
   bool hasInPlace = true;
   int defaultThreads = 0;  // 0: one rank per visible GPU; e.g. 1 for single-GPU ops
+  bool gpuOnly = false;    // device kernels with no host backend: -H is refused
   Fill fill = Fill::kSpread;
 
   CountsFn counts = nullptr;
@@ -208,6 +209,10 @@ void expectedAllToAll(const SizeArgs& size, const OpCounts& counts, const void* 
 
 // Elements of the data type (recvBytes / type size) whose bits differ.
 uint64_t compareBitwise(const SizeArgs& size, const OpCounts& counts, const void* got, const void* expected);
+// Wrong scales (one per block) plus wrong codes (one per element) of a payload of counts.count elements (size.bits,
+// size.blockSize). Padding is not compared: the format fixes only where scales and codes live; the high nibble
+// after an odd int4 count is padding too.
+uint64_t comparePayload(const SizeArgs& size, const OpCounts& counts, const void* got, const void* expected);
 
 // algbw = bytes / time; busbw = algbw * (n - 1) / n: all-gather, reduce-scatter and all-to-all.
 double busFactorCollective(int nranks);

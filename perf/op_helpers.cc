@@ -419,6 +419,28 @@ uint64_t compareBitwise(const SizeArgs& s, const OpCounts& c, const void* got, c
   return wrong;
 }
 
+uint64_t comparePayload(const SizeArgs& s, const OpCounts& c, const void* got, const void* expected) {
+  const size_t count = c.count;
+  if (count == 0) return 0;
+  const unsigned char* a = static_cast<const unsigned char*>(got);
+  const unsigned char* b = static_cast<const unsigned char*>(expected);
+  uint64_t wrong = 0;
+  const size_t blocks = quantBlockCount(count, s.blockSize);
+  for (size_t i = 0; i < blocks; ++i) wrong += std::memcmp(a + 4 * i, b + 4 * i, 4) != 0;
+  const size_t codes = quantScaleBytes(count, s.blockSize);
+  a += codes;
+  b += codes;
+  if (s.bits == 8) {
+    for (size_t i = 0; i < count; ++i) wrong += a[i] != b[i];
+  } else {
+    for (size_t i = 0; i < count; ++i) {
+      const int shift = (i & 1) ? 4 : 0;
+      wrong += ((a[i / 2] >> shift) & 0xf) != ((b[i / 2] >> shift) & 0xf);
+    }
+  }
+  return wrong;
+}
+
 // ---- bandwidth and wire bytes ------------------------------------------------------------------------------
 
 double busFactorCollective(int nranks) { return nranks > 0 ? double(nranks - 1) / double(nranks) : 0.0; }

@@ -46,30 +46,6 @@ void expectedDequantize(const SizeArgs& s, const OpCounts&, const void* payload,
   dequantizeRefParallel(payload, s.type, tensorCount(s), s.bits, s.blockSize, output);
 }
 
-// Wrong scales (one per block) plus wrong codes (one per element). Padding is not compared: the format fixes
-// only where scales and codes live; the high nibble after an odd int4 count is padding too.
-uint64_t comparePayload(const SizeArgs& s, const OpCounts&, const void* got, const void* expected) {
-  const size_t count = tensorCount(s);
-  if (count == 0) return 0;
-  const unsigned char* a = static_cast<const unsigned char*>(got);
-  const unsigned char* b = static_cast<const unsigned char*>(expected);
-  uint64_t wrong = 0;
-  const size_t blocks = quantBlockCount(count, s.blockSize);
-  for (size_t i = 0; i < blocks; ++i) wrong += std::memcmp(a + 4 * i, b + 4 * i, 4) != 0;
-  const size_t codes = quantScaleBytes(count, s.blockSize);
-  a += codes;
-  b += codes;
-  if (s.bits == 8) {
-    for (size_t i = 0; i < count; ++i) wrong += a[i] != b[i];
-  } else {
-    for (size_t i = 0; i < count; ++i) {
-      const int shift = (i & 1) ? 4 : 0;
-      wrong += ((a[i / 2] >> shift) & 0xf) != ((b[i / 2] >> shift) & 0xf);
-    }
-  }
-  return wrong;
-}
-
 bool runQuantize(const RunArgs& a) {
   const SizeArgs& s = *a.size;
   PERF_ZP(a.comm, zpQuantize(a.send, a.recv, a.counts->paramCount, s.type, s.bits, s.blockSize, a.comm, a.stream));

@@ -74,4 +74,26 @@ TEST(PerfBinaries, QwzOnGpusWithNcclSideBySide) {
   for (const auto& row : tableRows(run.output)) EXPECT_GT(std::stod(row.back()), 0.0) << "speedup\n" << run.output;
 }
 
+TEST(PerfBinaries, ReduceKernelsRefuseTheHostBackend) {
+  const BinaryRun run = runBinary("reduce_perf", "-H");
+  EXPECT_EQ(run.exitCode, 2) << run.output;
+  EXPECT_NE(run.output.find("no host backend"), std::string::npos) << run.output;
+}
+
+TEST(PerfBinaries, ReduceKernelsOnOneGpu) {
+  ZP_REQUIRE_GPUS(1);
+  const BinaryRun run = runBinary("reduce_perf", "-b 1M -e 4M -f 4 -n 3 -w 1 -B 4 -G 64");
+  EXPECT_EQ(run.exitCode, 0) << run.output;
+  const auto rows = tableRows(run.output);
+  ASSERT_EQ(rows.size(), 7u * 2u) << "seven kernels, two sizes\n" << run.output;
+  for (const auto& row : rows) {
+    // size count type redop bits | time algbw busbw #wrong | memcpy: time busbw | speedup (no in-place variant)
+    ASSERT_EQ(row.size(), 12u) << run.output;
+    EXPECT_EQ(row[8], "0") << "#wrong\n" << run.output;
+    EXPECT_GT(std::stod(row[5]), 0.0) << "time\n" << run.output;
+    EXPECT_GT(std::stod(row[9]), 0.0) << "memcpy time\n" << run.output;
+  }
+  EXPECT_EQ(run.output.find("FAILED"), std::string::npos) << run.output;
+}
+
 }  // namespace

@@ -11,7 +11,8 @@
 #           processes share the GPUs (perf -S, rows labelled 2x2-on2gpus / 2x2-on1gpu: outputs checked, times not
 #           the layout's): two processes of two ranks on two GPUs, or four of one rank (-N 2, all over sockets)
 #   nvlink-procs  as nvlink, but one process per GPU (as most jobs run), only when ZP_GPU_CHECK_REGIMES names it
-# quantize_perf uses one GPU and no link: it runs once per bit width, regime "local".
+# quantize_perf and reduce_perf use one GPU and no link: they run once per bit width, regime "local" (reduce_perf
+# up to 256M at most: its 8-source cases at 1G need ~10 GB of host memory and a slow host check).
 # JSON and logs go to build-gpu/results (one JSON per binary and regime, a log per step). When $OUT is set (the
 # GPU machine's folder of files that come back), it receives three files, refreshed after every step so that a run
 # cut short still leaves them: gpu-check.tar.gz (all logs and JSON), results.json (every JSON row of the run in
@@ -23,7 +24,7 @@
 #   ZP_GPU_CHECK_QUICK=1      1M..64M, 5 iterations, regimes nvlink and net (a quick look, ~2 minutes)
 #   ZP_GPU_CHECK_REGIMES      regimes to run, in order, default "nvlink net shm"
 #   ZP_GPU_CHECK_BINS         perf binaries (names), default every build-gpu/perf/*_perf
-#   ZP_GPU_CHECK_MIN/MAX/STEP sweep -b/-e/-f, default 1M / 1G / 4
+#   ZP_GPU_CHECK_MIN/MAX/STEP sweep -b/-e/-f, default 1M / 1G / 4 (reduce_perf: at most 256M)
 #   ZP_GPU_CHECK_ITERS/WARMUP -n/-w, default 20 / 5
 #   ZP_GPU_CHECK_NET_ITERS/NET_WARMUP/NET_MAX   for the net regime, default 5 / 2 / MAX
 #   ZP_GPU_CHECK_NET_ROUNDS   alternating rounds of zpccl and NCCL timing over net (-r), default 1; 3 makes the
@@ -343,10 +344,19 @@ bit_widths() { case $1 in nccl_*) echo "-" ;; *) echo "$bits_list" ;; esac; }
 is_multi_procs() { [ "$1" = net ] || [ "$1" = 2x2 ] || [ "$1" = nvlink-procs ]; }
 over_sockets() { [ "$1" = net ] || [ "$1" = 2x2 ]; }
 # Binaries on one GPU with no link run once, as regime "local".
-is_local() { [ "$1" = quantize_perf ]; }
+is_local() { [ "$1" = quantize_perf ] || [ "$1" = reduce_perf ]; }
+# A size as the perf flags spell it ("256M": K, M, G, T binary), in bytes.
+to_bytes() {
+  local num=${1%%[!0-9]*}
+  case ${1:${#num}:1} in
+    k | K) echo $((num << 10)) ;; m | M) echo $((num << 20)) ;; g | G) echo $((num << 30)) ;;
+    t | T) echo $((num << 40)) ;; *) echo "$num" ;;
+  esac
+}
+min_size() { [ "$(to_bytes "$1")" -gt "$(to_bytes "$2")" ] && echo "$2" || echo "$1"; }  # the smaller size
 
 run_perf() {  # REGIME BIN
-  local regime=$1 bin=$2 path=$build/perf/$2 bits flags tag file sweep
+  local regime=$1 bin=$2 path=$build/perf/$2 bits flags tag file sweep lo=$min hi=$max
   if [ ! -x "$path" ]; then
     note "$bin: not built"
     record "$bin" "$regime" perf missing 0 -
@@ -355,7 +365,9 @@ run_perf() {  # REGIME BIN
   if over_sockets "$regime"; then
     sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup" -r "$net_rounds")
   else
-    sweep=(-b "$min" -e "$max" -f "$step" -n "$iters" -w "$warmup")
+    # reduce_perf's host memory and check grow with its 8 sources: at most 256M, whatever the knobs say.
+    [ "$bin" = reduce_perf ] && lo=$(min_size "$min" 256M) hi=$(min_size "$max" 256M)
+    sweep=(-b "$lo" -e "$hi" -f "$step" -n "$iters" -w "$warmup")
   fi
   for bits in $(bit_widths "$bin"); do
     flags=() tag=$bin file=${regime}_${bin%_perf}

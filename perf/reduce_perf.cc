@@ -1,0 +1,183 @@
+// qgZ's two reduction kernels (device/reduce.h) on one GPU (per rank with -t > 1): the fixed-order fp32 sum of S
+// block-quantized payloads, either finished into the output type (reduce_finish_sS, qgZ's last step) or
+// requantized into one payload (reduce_requantize_sS, between its two hops); one segment, no divisor. Bandwidth
+// counts bytes read (S payloads) plus bytes written (the output), next to a cudaMemcpyAsync of the S payloads
+// (counted as read + write) in the same run: the speedup says how close a kernel comes to copying its input.
+// Size = the output tensor's bytes (count * type size), as qgZ's finish writes it. -B bits (default 8), -G block
+// size. Outputs are checked bit for bit against the host arithmetic the kernels share (host/reduce_math.h).
+// The kernels run only on a GPU: -H is refused.
+#include <vector>
+
+#include "device/reduce.h"
+#include "host/dtype.h"
+#include "host/quant_format.h"
+#include "host/quant_math.h"
+#include "host/reduce_math.h"
+#include "perf/common.h"
+
+namespace zp {
+namespace perf {
+namespace {
+
+size_t outputCount(const SizeArgs& s) { return s.bytes / typeSize(s.type); }
+size_t sourceBytes(const SizeArgs& s) { return quantPayloadBytes(outputCount(s), s.bits, s.blockSize); }
+
+template <int Sources, bool Finish>
+void countsReduce(const SizeArgs& s, OpCounts* c) {
+  const size_t count = outputCount(s);
+  *c = OpCounts();
+  c->bytes = count * typeSize(s.type);
+  c->count = c->paramCount = count;
+  c->sendBytes = Sources * sourceBytes(s);  // payload sizes are multiples of 16: every source stays aligned
+  c->recvBytes = Finish ? c->bytes : sourceBytes(s);
+  c->scratchBytes = c->sendBytes;  // the memcpy baseline's target
+}
+
+// Source k is the reference payload of the standard tensor of "rank" k, so that the sources differ.
+template <int Sources>
+void initSources(const SizeArgs& s, const OpCounts& c, void* payloads) {
+  std::vector<char> tensor(c.bytes);
+  for (int k = 0; k < Sources; ++k) {
+    fillData(s.type, Fill::kSpread, k, 0, c.count, tensor.data());
+    quantizeRefParallel(tensor.data(), s.type, c.count, s.bits, s.blockSize,
+                        static_cast<char*>(payloads) + size_t(k) * sourceBytes(s));
+  }
+}
+
+// The kernels' sums: element i of source 0, then source 1, 2, ... added in order with fp32 round-to-nearest.
+template <int Bits>
+void sumSources(const unsigned char* payloads, size_t stride, int sources, size_t count, int blockSize, float* sum) {
+  parallelFor(count, size_t(1) << 16, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float acc = payloadElement<Bits>(payloads, count, blockSize, i);
+      for (int k = 1; k < sources; ++k)
+        acc = addRn(acc, payloadElement<Bits>(payloads + k * stride, count, blockSize, i));
+      sum[i] = acc;
+    }
+  });
+}
+
+template <int Sources>
+std::vector<float> referenceSums(const SizeArgs& s, const OpCounts& c, const void* payloads) {
+  std::vector<float> sum(c.count);
+  const unsigned char* p = static_cast<const unsigned char*>(payloads);
+  if (s.bits == 8)
+    sumSources<8>(p, sourceBytes(s), Sources, c.count, s.blockSize, sum.data());
+  else
+    sumSources<4>(p, sourceBytes(s), Sources, c.count, s.blockSize, sum.data());
+  return sum;
+}
+
+template <class Type>
+void finishAll(const std::vector<float>& sum, void* output) {
+  auto* out = static_cast<typename Type::Bits*>(output);
+  parallelFor(sum.size(), size_t(1) << 20, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) out[i] = finishReduction<Type>(sum[i], 1.0f);
+  });
+}
+
+template <int Sources>
+void expectedFinish(const SizeArgs& s, const OpCounts& c, const void* payloads, void* output) {
+  const std::vector<float> sum = referenceSums<Sources>(s, c, payloads);
+  if (s.type == zpFloat32)
+    finishAll<Fp32Type>(sum, output);
+  else if (s.type == zpFloat16)
+    finishAll<Fp16Type>(sum, output);
+  else
+    finishAll<Bf16Type>(sum, output);
+}
+
+template <int Sources>
+void expectedRequantize(const SizeArgs& s, const OpCounts& c, const void* payloads, void* payload) {
+  const std::vector<float> sum = referenceSums<Sources>(s, c, payloads);
+  quantizeRefParallel(sum.data(), zpFloat32, c.count, s.bits, s.blockSize, payload);
+}
+
+template <int Sources>
+ReduceSources sourcesOf(const RunArgs& a) {
+  const size_t stride = sourceBytes(*a.size);
+  return ReduceSources{a.send, stride, Sources * stride, Sources, 1};
+}
+
+template <int Sources>
+bool runFinish(const RunArgs& a) {
+  const SizeArgs& s = *a.size;
+  const size_t count = a.counts->paramCount;
+  PERF_ZP(nullptr,
+          launchReduceFinish(sourcesOf<Sources>(a), count, s.bits, s.blockSize, s.type, 1.0f, a.recv, count, a.stream));
+  return true;
+}
+
+template <int Sources>
+bool runRequantize(const RunArgs& a) {
+  const SizeArgs& s = *a.size;
+  PERF_ZP(nullptr, launchReduceRequantize(sourcesOf<Sources>(a), a.counts->paramCount, s.bits, s.blockSize, a.recv,
+                                          a.counts->recvBytes, a.stream));
+  return true;
+}
+
+bool memcpySources(const RunArgs& a) {
+  PERF_CUDA(cudaMemcpyAsync(a.scratch, a.send, a.counts->sendBytes, cudaMemcpyDeviceToDevice, a.stream));
+  return true;
+}
+
+void bwMemcpySources(const SizeArgs&, const OpCounts& c, double seconds, double* algbw, double* busbw) {
+  *algbw = seconds > 0 ? 2.0 * double(c.sendBytes) / 1e9 / seconds : 0.0;
+  *busbw = *algbw;
+}
+
+PerfOp baseOp(const char* name) {
+  PerfOp op;
+  op.name = name;
+  op.runLabel = "zpccl";
+  op.uses = 0;  // the kernels need no communicator
+  op.defaultType = zpBfloat16;
+  op.quantTypesOnly = true;
+  op.defaultBits = 8;
+  op.hasInPlace = false;
+  op.defaultThreads = 1;
+  op.gpuOnly = true;
+  op.bw = bwLocal;  // sendBytes (S payloads read) + recvBytes (output written)
+  op.baselineName = "memcpy";
+  op.baseline = memcpySources;
+  op.baselineBw = bwMemcpySources;
+  return op;
+}
+
+template <int Sources>
+PerfOp finishOp(const char* name) {
+  PerfOp op = baseOp(name);
+  op.counts = countsReduce<Sources, true>;
+  op.init = initSources<Sources>;
+  op.expected = expectedFinish<Sources>;  // compared bitwise
+  op.run = runFinish<Sources>;
+  return op;
+}
+
+template <int Sources>
+PerfOp requantizeOp(const char* name) {
+  PerfOp op = baseOp(name);
+  op.counts = countsReduce<Sources, false>;
+  op.init = initSources<Sources>;
+  op.expected = expectedRequantize<Sources>;
+  op.compare = comparePayload;
+  op.run = runRequantize<Sources>;
+  return op;
+}
+
+}  // namespace
+}  // namespace perf
+}  // namespace zp
+
+int main(int argc, char** argv) {
+  using namespace zp::perf;
+  static const PerfOp ops[] = {
+      finishOp<2>("reduce_finish_s2"),         finishOp<3>("reduce_finish_s3"),
+      finishOp<4>("reduce_finish_s4"),         finishOp<8>("reduce_finish_s8"),
+      requantizeOp<2>("reduce_requantize_s2"), requantizeOp<4>("reduce_requantize_s4"),
+      requantizeOp<8>("reduce_requantize_s8"),
+  };
+  std::vector<const PerfOp*> list;
+  for (const PerfOp& op : ops) list.push_back(&op);
+  return perfMain(list, argc, argv);
+}
