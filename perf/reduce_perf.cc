@@ -126,7 +126,9 @@ void bwMemcpySources(const SizeArgs&, const OpCounts& c, double seconds, double*
   *busbw = *algbw;
 }
 
-PerfOp baseOp(const char* name) {
+// Finish: the sum finished into the -d type, compared bitwise; else requantized into a payload.
+template <int Sources, bool Finish>
+PerfOp reduceOp(const char* name) {
   PerfOp op;
   op.name = name;
   op.runLabel = "zpccl";
@@ -137,31 +139,15 @@ PerfOp baseOp(const char* name) {
   op.hasInPlace = false;
   op.defaultThreads = 1;
   op.gpuOnly = true;
+  op.counts = countsReduce<Sources, Finish>;
+  op.init = initSources<Sources>;
+  op.expected = Finish ? expectedFinish<Sources> : expectedRequantize<Sources>;
+  op.compare = Finish ? nullptr : comparePayload;
+  op.run = Finish ? runFinish<Sources> : runRequantize<Sources>;
   op.bw = bwLocal;  // sendBytes (S payloads read) + recvBytes (output written)
   op.baselineName = "memcpy";
   op.baseline = memcpySources;
   op.baselineBw = bwMemcpySources;
-  return op;
-}
-
-template <int Sources>
-PerfOp finishOp(const char* name) {
-  PerfOp op = baseOp(name);
-  op.counts = countsReduce<Sources, true>;
-  op.init = initSources<Sources>;
-  op.expected = expectedFinish<Sources>;  // compared bitwise
-  op.run = runFinish<Sources>;
-  return op;
-}
-
-template <int Sources>
-PerfOp requantizeOp(const char* name) {
-  PerfOp op = baseOp(name);
-  op.counts = countsReduce<Sources, false>;
-  op.init = initSources<Sources>;
-  op.expected = expectedRequantize<Sources>;
-  op.compare = comparePayload;
-  op.run = runRequantize<Sources>;
   return op;
 }
 
@@ -172,10 +158,10 @@ PerfOp requantizeOp(const char* name) {
 int main(int argc, char** argv) {
   using namespace zp::perf;
   static const PerfOp ops[] = {
-      finishOp<2>("reduce_finish_s2"),         finishOp<3>("reduce_finish_s3"),
-      finishOp<4>("reduce_finish_s4"),         finishOp<8>("reduce_finish_s8"),
-      requantizeOp<2>("reduce_requantize_s2"), requantizeOp<4>("reduce_requantize_s4"),
-      requantizeOp<8>("reduce_requantize_s8"),
+      reduceOp<2, true>("reduce_finish_s2"),      reduceOp<3, true>("reduce_finish_s3"),
+      reduceOp<4, true>("reduce_finish_s4"),      reduceOp<8, true>("reduce_finish_s8"),
+      reduceOp<2, false>("reduce_requantize_s2"), reduceOp<4, false>("reduce_requantize_s4"),
+      reduceOp<8, false>("reduce_requantize_s8"),
   };
   std::vector<const PerfOp*> list;
   for (const PerfOp& op : ops) list.push_back(&op);
