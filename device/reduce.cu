@@ -11,12 +11,11 @@
 // int8 takes 32 elements a thread too (two vectors, not one) so that one mapping serves every G: an 8192-element
 // block still fits the registers of one CTA, and even G = 32 keeps 16-byte loads.
 //
-// Loads: each thread issues the codes and scales of a batch of sources before summing them (in source order): in
-// the requantize kernel four, so that 64 (int4) or 128 (int8) bytes per thread are in flight; in the finish
-// kernel two, so that it fits three CTAs an SM (kFinishBatch). A finish of at most two sources (two ranks, or
-// two nodes: the common jobs) keeps only 8 sums a thread live, not 32, and fits four CTAs an SM without spilling
-// (finishFewSources). Codes are decoded with one byte permute an
-// element into the operand that decodeCode builds, and a block whose scale cannot overflow skips
+// Loads: each thread issues the codes and scales of a batch of two sources before summing them (in source order),
+// so that the requantize kernel and the finish of more sources fit three CTAs an SM (kBatch). A finish of at most
+// two sources (two ranks, or two nodes: the common jobs) keeps only 8 sums a thread live, not 32, and fits four
+// CTAs an SM without spilling (finishFewSources). Codes are decoded with one byte permute an element into the
+// operand that decodeCode builds, and a block whose scale cannot overflow skips
 // dequantizeValue's saturation check (dequantIsPlain), so an element costs 4 instructions per source.
 // Stores: the requantized codes leave as 16-byte vectors. Finished outputs pass through a per-warp staging
 // buffer in shared memory, so that the warp writes its 1024 contiguous elements as lane-consecutive aligned
@@ -56,13 +55,17 @@ constexpr int preparedWords() {
   return codeWords<Bits>() * (Bits == 4 ? 2 : 1);
 }
 
-// Sources whose loads are in flight together. The requantize kernel: 16 (int4) or 32 (int8) code registers; with
-// 128 registers a thread (two CTAs an SM) nothing spills. The finish kernel: two, so that three CTAs share an SM
-// (80 registers; ptxas spills 32 - 96 bytes a thread). Measured on H200, 35M elements of two sources, bf16 out:
-// int4 71.4 -> 63.1 - 64.3 us, int8 106 - 107 -> 98 - 100 us (ncu's clocks), occupancy 24 -> 35%.
-constexpr int kBatch = 4;
-constexpr int kFinishBatch = 2;
-// CTAs an SM for the finish kernel of at most kFinishBatch sources (finishFewSources), which keeps kFewGroup sums a
+// Sources whose loads are in flight together when a thread keeps all its kElems sums (sumSources: the requantize
+// kernel, and the finish of more than kFewSources sources): two, so that three CTAs share an SM (80 registers; int8
+// spills 28 - 96 bytes a thread). Measured on H200 (reduce_perf, bf16 G = 256, 64M / 256M): the requantize with four
+// in flight and two CTAs an SM (128 registers) took int4 46.1 / 166.3 us (2 sources), 88.9 / 380.6 (8), with two
+// and three CTAs 40.1 / 147.2 and 85.3 / 347.4; int8 47.0 / 164.7 -> 40.0 / 142.3 (2), 93.5 / 370.5 -> 89.2 / 342.5
+// (8). The finish of two sources with two in flight: int4 71.4 -> 63.1 - 64.3 us, int8 106 - 107 -> 98 - 100 us
+// (35M elements, ncu's clocks), occupancy 24 -> 35%.
+constexpr int kBatch = 2;
+// Sources of a segment up to which the finish keeps 8 sums a thread live (finishFewSources).
+constexpr int kFewSources = 2;
+// CTAs an SM for the finish kernel of at most kFewSources sources (finishFewSources), which keeps kFewGroup sums a
 // thread live instead of kElems: 62 - 64 registers, no spill (five CTAs, 48 registers, spill 42 - 114 bytes).
 constexpr int kFewSourcesCtas = 4;
 
@@ -180,15 +183,15 @@ __device__ __forceinline__ void loadCodes(const unsigned char* payload, size_t c
   }
 }
 
-// Sources [s0, s0 + Batch) (those that exist; s0 itself does): all loads first, then the sums in order. True
+// Sources [s0, s0 + kBatch) (those that exist; s0 itself does): all loads first, then the sums in order. True
 // when every one was plain.
-template <int Bits, int Batch, bool First>
+template <int Bits, bool First>
 __device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsigned char* seg, size_t block,
                                                size_t codeOffset, int s0, float (&acc)[kElems]) {
-  uint32_t w[Batch][codeWords<Bits>()];
-  float scale[Batch];
+  uint32_t w[kBatch][codeWords<Bits>()];
+  float scale[kBatch];
 #pragma unroll
-  for (int u = 0; u < Batch; ++u) {
+  for (int u = 0; u < kBatch; ++u) {
     if (u == 0 || s0 + u < a.sources) {
       const unsigned char* payload = seg + static_cast<size_t>(s0 + u) * a.sourceStride;
       scale[u] = __ldg(reinterpret_cast<const float*>(payload) + block);
@@ -197,7 +200,7 @@ __device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsign
   }
   bool plain = addSource<Bits, First>(w[0], scale[0], a.decodeHigh, acc);
 #pragma unroll
-  for (int u = 1; u < Batch; ++u) {
+  for (int u = 1; u < kBatch; ++u) {
     if (s0 + u < a.sources) plain &= addSource<Bits, false>(w[u], scale[u], a.decodeHigh, acc);
   }
   return plain;
@@ -206,18 +209,17 @@ __device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsign
 // Fixed-order fp32 sums over the segment's sources of the thread's elements [elem, elem + kElems), of which the
 // first `valid` (1..kElems) exist. Sums past `valid` are left over from zero codes and must not be used. True
 // when every source's block was plain: the sums are then finite or +-Inf, never NaN (no addend is infinite).
-// Batch: sources whose loads are in flight together.
-template <int Bits, int Batch>
+template <int Bits>
 __device__ __forceinline__ bool sumSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
                                            float (&acc)[kElems]) {
   const size_t block = elem >> a.blockShift;
   const size_t codeOffset = a.scaleBytes + elem * Bits / 8;
   bool plain = true;
   if (valid == kElems) {
-    plain = addSourceBatch<Bits, Batch, true>(a, seg, block, codeOffset, 0, acc);
+    plain = addSourceBatch<Bits, true>(a, seg, block, codeOffset, 0, acc);
 #pragma unroll 1
-    for (int s0 = Batch; s0 < a.sources; s0 += Batch) {
-      plain &= addSourceBatch<Bits, Batch, false>(a, seg, block, codeOffset, s0, acc);
+    for (int s0 = kBatch; s0 < a.sources; s0 += kBatch) {
+      plain &= addSourceBatch<Bits, false>(a, seg, block, codeOffset, s0, acc);
     }
     return plain;
   }
@@ -310,7 +312,7 @@ __device__ __forceinline__ void quantizeThread(const float (&acc)[kElems], int v
 }
 
 template <int Bits>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 3)
     reduceRequantizeKernel(const ReduceArgs a, unsigned char* out, size_t payloadStride) {
   __shared__ uint32_t warpMax[2][kThreads / 32];  // groups of several warps; two sets, so one barrier a tile
   const int groupThreads = 1 << a.groupShift;
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     float acc[kElems];
     uint32_t absMax = 0;
     if (valid > 0) {
-      sumSources<Bits, kBatch>(a, a.base + seg * a.segmentStride, elem, valid, acc);
+      sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
 #pragma unroll
       for (int k = 0; k < kElems; ++k) {
         if (k < valid) absMax = max(absMax, absBits(acc[k]));
@@ -456,14 +458,14 @@ __device__ __forceinline__ void stageFinished(const float (&acc)[N], bool paired
 // fp16 or bf16 outputs, two of fp32.
 constexpr int kFewGroup = 8;
 
-// Sums over the (at most kFinishBatch) sources of elements [g * kFewGroup, (g + 1) * kFewGroup) of the thread's, in
+// Sums over the (at most kFewSources) sources of elements [g * kFewGroup, (g + 1) * kFewGroup) of the thread's, in
 // source order, from the prepared codes x; Plain: every source's scale is plain (the product alone).
 template <int Bits, bool Plain>
 __device__ __forceinline__ void sumFewSources(const ReduceArgs& a,
-                                              const uint32_t (&x)[kFinishBatch][preparedWords<Bits>()],
-                                              const float (&scale)[kFinishBatch], int g, float (&acc)[kFewGroup]) {
+                                              const uint32_t (&x)[kFewSources][preparedWords<Bits>()],
+                                              const float (&scale)[kFewSources], int g, float (&acc)[kFewGroup]) {
 #pragma unroll
-  for (int s = 0; s < kFinishBatch; ++s) {
+  for (int s = 0; s < kFewSources; ++s) {
     if (s > 0 && s >= a.sources) break;
 #pragma unroll
     for (int k = 0; k < kFewGroup; ++k) {
@@ -476,8 +478,8 @@ __device__ __forceinline__ void sumFewSources(const ReduceArgs& a,
 // The thread's kElems sums, kFewGroup at a time, finished into the warp's stage from chunk `first` on.
 template <int Bits, class Type, bool Plain>
 __device__ __forceinline__ void finishGroups(const ReduceArgs& a,
-                                             const uint32_t (&x)[kFinishBatch][preparedWords<Bits>()],
-                                             const float (&scale)[kFinishBatch], bool paired, float divisor,
+                                             const uint32_t (&x)[kFewSources][preparedWords<Bits>()],
+                                             const float (&scale)[kFewSources], bool paired, float divisor,
                                              uint4* stage, int first) {
   constexpr int kSize = sizeof(typename Type::Bits);
 #pragma unroll
@@ -488,7 +490,7 @@ __device__ __forceinline__ void finishGroups(const ReduceArgs& a,
   }
 }
 
-// The finish of the thread's elements [elem, elem + valid) of a segment of at most kFinishBatch sources (two ranks,
+// The finish of the thread's elements [elem, elem + valid) of a segment of at most kFewSources sources (two ranks,
 // or two nodes): every source's codes and scale are loaded first, then the sums are made, finished and staged
 // kFewGroup elements at a time, in source order per element as sumSources does. Only kFewGroup sums are live, not
 // kElems, so the kernel fits more CTAs an SM to hide its loads' latency.
@@ -497,20 +499,20 @@ __device__ __forceinline__ void finishFewSources(const ReduceArgs& a, const unsi
                                                  float divisor, uint4* stage, int first) {
   const size_t block = elem >> a.blockShift;
   const size_t codeOffset = a.scaleBytes + elem * Bits / 8;
-  uint32_t w[kFinishBatch][codeWords<Bits>()];
-  float scale[kFinishBatch];
+  uint32_t w[kFewSources][codeWords<Bits>()];
+  float scale[kFewSources];
 #pragma unroll
-  for (int s = 0; s < kFinishBatch; ++s) {  // every load in flight before the first is used
+  for (int s = 0; s < kFewSources; ++s) {  // every load in flight before the first is used
     if (s == 0 || s < a.sources) {
       const unsigned char* payload = seg + static_cast<size_t>(s) * a.sourceStride;
       scale[s] = __ldg(reinterpret_cast<const float*>(payload) + block);
       loadCodes<Bits>(payload, codeOffset, valid, w[s]);
     }
   }
-  uint32_t x[kFinishBatch][preparedWords<Bits>()];
+  uint32_t x[kFewSources][preparedWords<Bits>()];
   bool allPlain = true;
 #pragma unroll
-  for (int s = 0; s < kFinishBatch; ++s) {
+  for (int s = 0; s < kFewSources; ++s) {
     if (s == 0 || s < a.sources) {
       prepareCodes<Bits>(w[s], x[s]);
       allPlain = allPlain && dequantIsPlain<Fp32Type, Bits>(scale[s]);
@@ -527,7 +529,7 @@ __device__ __forceinline__ void finishFewSources(const ReduceArgs& a, const unsi
   }
 }
 
-// FewSources: the segments have at most kFinishBatch sources (finishFewSources); otherwise any number, summed
+// FewSources: the segments have at most kFewSources sources (finishFewSources); otherwise any number, summed
 // into kElems registers a thread (sumSources), which bounds the kernel to three CTAs an SM.
 template <int Bits, class Type, bool FewSources>
 __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
@@ -555,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
         finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, mine, lane * kThreadChunks);
       } else {
         float acc[kElems];
-        const bool plain = sumSources<Bits, kFinishBatch>(a, segment, elem, valid, acc);
+        const bool plain = sumSources<Bits>(a, segment, elem, valid, acc);
         stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, mine, lane * kThreadChunks);
       }
     }
@@ -662,8 +664,8 @@ zpResult_t launchFinishKernel(const ReduceArgs& a, void* output, size_t stride, 
 
 template <int Bits, class Type>
 zpResult_t launchFinish(const ReduceArgs& a, void* output, size_t stride, float divisor, KernelStream stream) {
-  return a.sources <= kFinishBatch ? launchFinishKernel<Bits, Type, true>(a, output, stride, divisor, stream)
-                                   : launchFinishKernel<Bits, Type, false>(a, output, stride, divisor, stream);
+  return a.sources <= kFewSources ? launchFinishKernel<Bits, Type, true>(a, output, stride, divisor, stream)
+                                  : launchFinishKernel<Bits, Type, false>(a, output, stride, divisor, stream);
 }
 
 template <class Type>
