@@ -15,8 +15,8 @@
 // so that the requantize kernel and the finish of more sources fit three CTAs an SM (kBatch). A finish of at most
 // two sources (two ranks, or two nodes: the common jobs) keeps only 8 sums a thread live, not 32, and fits four
 // CTAs an SM without spilling (finishFewSources). Codes are decoded with one byte permute an element into the
-// operand that decodeCode builds, and a block whose scale cannot overflow skips
-// dequantizeValue's saturation check (dequantIsPlain), so an element costs 4 instructions per source.
+// operand that decodeCode builds, and a block whose scale cannot overflow skips dequantizeValue's saturation check
+// (dequantIsPlain), so an element costs 4 instructions per source.
 // Stores: the requantized codes leave as 16-byte vectors. Finished outputs pass through a per-warp staging
 // buffer in shared memory, so that the warp writes its 1024 contiguous elements as lane-consecutive aligned
 // 16-byte stores whatever the element alignment of the output (a misaligned output shifts each 16-byte window
@@ -60,8 +60,8 @@ constexpr int preparedWords() {
 // spills 28 - 96 bytes a thread). Measured on H200 (reduce_perf, bf16 G = 256, 64M / 256M): the requantize with four
 // in flight and two CTAs an SM (128 registers) took int4 46.1 / 166.3 us (2 sources), 88.9 / 380.6 (8), with two
 // and three CTAs 40.1 / 147.2 and 85.3 / 347.4; int8 47.0 / 164.7 -> 40.0 / 142.3 (2), 93.5 / 370.5 -> 89.2 / 342.5
-// (8). The finish of two sources with two in flight: int4 71.4 -> 63.1 - 64.3 us, int8 106 - 107 -> 98 - 100 us
-// (35M elements, ncu's clocks), occupancy 24 -> 35%.
+// (8). The finish kernel, before finishFewSources, went from four to two the same way: two sources, 35M elements,
+// int4 71.4 -> 63.1 - 64.3 us, int8 106 - 107 -> 98 - 100 us (ncu's clocks), occupancy 24 -> 35%.
 constexpr int kBatch = 2;
 // Sources of a segment up to which the finish keeps 8 sums a thread live (finishFewSources).
 constexpr int kFewSources = 2;
