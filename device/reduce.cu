@@ -571,20 +571,27 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
     Out* dst = out + seg * outputStride + warpElem;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(dst) & 15);
     const int n = static_cast<int>(min(static_cast<size_t>(kWarpElems), a.count - warpElem));
-    const int end = shift + n * kSize;
-    char* base = reinterpret_cast<char*>(dst) - shift;
-    for (int c = lane; 16 * c < end; c += 32) {
-      uint4 v;
-      if (shift == 0) {
-        v = mine[swizzle(c)];
-      } else {
-        v = byteWindow(mine[swizzle(max(c - 1, 0))], mine[swizzle(min(c, kWarpChunks - 1))], 16 - shift);
-      }
-      const int lo = max(16 * c, shift), hi = min(16 * c + 16, end);
-      if (hi - lo == 16) {
-        *reinterpret_cast<uint4*>(base + 16 * c) = v;
-      } else {
-        for (int b = lo; b < hi; b += kSize) *reinterpret_cast<Out*>(base + b) = chunkElement<Out>(v, b - 16 * c);
+    // The common case, a whole aligned range, without the per-chunk bounds: ~35 instructions a thread instead of
+    // ~185 (bf16), and the finish 4 - 11% faster (reduce_perf, thirteenth session).
+    if (shift == 0 && n == kWarpElems) {
+#pragma unroll
+      for (int c = lane; c < kWarpChunks; c += 32) reinterpret_cast<uint4*>(dst)[c] = mine[swizzle(c)];
+    } else {
+      const int end = shift + n * kSize;
+      char* base = reinterpret_cast<char*>(dst) - shift;
+      for (int c = lane; 16 * c < end; c += 32) {
+        uint4 v;
+        if (shift == 0) {
+          v = mine[swizzle(c)];
+        } else {
+          v = byteWindow(mine[swizzle(max(c - 1, 0))], mine[swizzle(min(c, kWarpChunks - 1))], 16 - shift);
+        }
+        const int lo = max(16 * c, shift), hi = min(16 * c + 16, end);
+        if (hi - lo == 16) {
+          *reinterpret_cast<uint4*>(base + 16 * c) = v;
+        } else {
+          for (int b = lo; b < hi; b += kSize) *reinterpret_cast<Out*>(base + b) = chunkElement<Out>(v, b - 16 * c);
+        }
       }
     }
     __syncwarp();  // the stage is rewritten by the next tile
