@@ -345,15 +345,8 @@ is_multi_procs() { [ "$1" = net ] || [ "$1" = 2x2 ] || [ "$1" = nvlink-procs ]; 
 over_sockets() { [ "$1" = net ] || [ "$1" = 2x2 ]; }
 # Binaries on one GPU with no link run once, as regime "local".
 is_local() { [ "$1" = quantize_perf ] || [ "$1" = reduce_perf ]; }
-# A size as the perf flags spell it ("256M": K, M, G, T binary), in bytes.
-to_bytes() {
-  local num=${1%%[!0-9]*}
-  case ${1:${#num}:1} in
-    k | K) echo $((num << 10)) ;; m | M) echo $((num << 20)) ;; g | G) echo $((num << 30)) ;;
-    t | T) echo $((num << 40)) ;; *) echo "$num" ;;
-  esac
-}
-min_size() { [ "$(to_bytes "$1")" -gt "$(to_bytes "$2")" ] && echo "$2" || echo "$1"; }  # the smaller size
+# The smaller of two sizes as the perf flags spell them ("256M": K, M, G, T binary, as numfmt's IEC suffixes).
+min_size() { [ "$(numfmt --from=iec "${1^^}")" -gt "$(numfmt --from=iec "${2^^}")" ] && echo "$2" || echo "$1"; }
 
 run_perf() {  # REGIME BIN
   local regime=$1 bin=$2 path=$build/perf/$2 bits flags tag file sweep lo=$min hi=$max
