@@ -7,45 +7,12 @@
 #include "host/qgz_plan.h"
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
-#include "host/reduce_math.h"
+#include "host/reduce_ref.h"
 #include "src/check.h"
 
 namespace zp {
 
 namespace {
-
-// fp32 sum, in the order given, of element range [0, count) of several payloads.
-void sumPayloads(const std::vector<const unsigned char*>& payloads, size_t count, int bits, int blockSize, float* sum) {
-  for (size_t i = 0; i < count; ++i) {
-    float acc = 0.0f;
-    for (size_t s = 0; s < payloads.size(); ++s) {
-      const float v = bits == 8 ? payloadElement<8>(payloads[s], count, blockSize, i)
-                                : payloadElement<4>(payloads[s], count, blockSize, i);
-      acc = s == 0 ? v : addRn(acc, v);
-    }
-    sum[i] = acc;
-  }
-}
-
-template <class Type>
-void finishTyped(const float* sum, size_t count, float divisor, void* out) {
-  auto* dst = static_cast<typename Type::Bits*>(out);
-  for (size_t i = 0; i < count; ++i) dst[i] = finishReduction<Type>(sum[i], divisor);
-}
-
-void finish(const float* sum, size_t count, zpDataType_t type, float divisor, void* out) {
-  switch (type) {
-    case zpFloat16:
-      finishTyped<Fp16Type>(sum, count, divisor, out);
-      break;
-    case zpBfloat16:
-      finishTyped<Bf16Type>(sum, count, divisor, out);
-      break;
-    default:
-      finishTyped<Fp32Type>(sum, count, divisor, out);
-      break;
-  }
-}
 
 class HostBackend final : public Backend {
  public:
@@ -144,8 +111,8 @@ class HostBackend final : public Backend {
     if (!qgz_.twoHop) {
       // One hop: slot `rank` of every rank, summed in rank order.
       for (int r = 0; r < topo_.nranks; ++r) sources.push_back(peerSlot(r, rank_, pb));
-      sumPayloads(sources, n, a.bits, a.blockSize, sum.data());
-      finish(sum.data(), n, a.type, divisor, a.recvbuff);
+      sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
+      finishRef(sum.data(), a.type, divisor, 0, n, a.recvbuff);
       return world_->barrier(a.opName);
     }
     // Step 2 (hop 1): from each local peer l, in local order, the N slots meant for this local rank; sum them
@@ -156,7 +123,7 @@ class HostBackend final : public Backend {
       sources.clear();
       for (int l = 0; l < L; ++l)
         sources.push_back(peerSlot(topo_.nodeRanks[topo_.node][l], topo_.localRank * N + b, pb));
-      sumPayloads(sources, n, a.bits, a.blockSize, sum.data());
+      sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
       quantizeRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, partial.data() + b * pb);
     }
     ZPCHECK(world_->barrier(a.opName));  // hop 1 done: every rank has read its slots
@@ -164,8 +131,8 @@ class HostBackend final : public Backend {
     // Step 3 (hop 2): from the rank of this local rank on each node a, in node order, its partial for our node.
     sources.clear();
     for (int node = 0; node < N; ++node) sources.push_back(peerSlot(topo_.interRanks[node], topo_.node, pb));
-    sumPayloads(sources, n, a.bits, a.blockSize, sum.data());
-    finish(sum.data(), n, a.type, divisor, a.recvbuff);
+    sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
+    finishRef(sum.data(), a.type, divisor, 0, n, a.recvbuff);
     return world_->barrier(a.opName);
   }
 

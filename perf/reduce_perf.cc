@@ -4,15 +4,15 @@
 // counts bytes read (S payloads) plus bytes written (the output), next to a cudaMemcpyAsync of the S payloads
 // (counted as read + write) in the same run: the speedup says how close a kernel comes to copying its input.
 // Size = the output tensor's bytes (count * type size), as qgZ's finish writes it. -B bits (default 8), -G block
-// size. Outputs are checked bit for bit against the host arithmetic the kernels share (host/reduce_math.h).
+// size. Outputs are checked bit for bit against the host reference (host/reduce_ref.h), whose arithmetic the
+// kernels share.
 // The kernels run only on a GPU: -H is refused.
 #include <vector>
 
 #include "device/reduce.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "host/quant_math.h"
-#include "host/reduce_math.h"
+#include "host/reduce_ref.h"
 #include "perf/common.h"
 
 namespace zp {
@@ -44,47 +44,23 @@ void initSources(const SizeArgs& s, const OpCounts& c, void* payloads) {
   }
 }
 
-// The kernels' sums: element i of source 0, then source 1, 2, ... added in order with fp32 round-to-nearest.
-template <int Bits>
-void sumSources(const unsigned char* payloads, size_t stride, int sources, size_t count, int blockSize, float* sum) {
-  parallelFor(count, size_t(1) << 16, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) {
-      float acc = payloadElement<Bits>(payloads, count, blockSize, i);
-      for (int k = 1; k < sources; ++k)
-        acc = addRn(acc, payloadElement<Bits>(payloads + k * stride, count, blockSize, i));
-      sum[i] = acc;
-    }
-  });
-}
-
+// The kernels' sums (host/reduce_ref.h): element i of source 0, then source 1, 2, ... in order.
 template <int Sources>
 std::vector<float> referenceSums(const SizeArgs& s, const OpCounts& c, const void* payloads) {
+  std::vector<const unsigned char*> sources;
+  for (int k = 0; k < Sources; ++k) sources.push_back(static_cast<const unsigned char*>(payloads) + k * sourceBytes(s));
   std::vector<float> sum(c.count);
-  const unsigned char* p = static_cast<const unsigned char*>(payloads);
-  if (s.bits == 8)
-    sumSources<8>(p, sourceBytes(s), Sources, c.count, s.blockSize, sum.data());
-  else
-    sumSources<4>(p, sourceBytes(s), Sources, c.count, s.blockSize, sum.data());
-  return sum;
-}
-
-template <class Type>
-void finishAll(const std::vector<float>& sum, void* output) {
-  auto* out = static_cast<typename Type::Bits*>(output);
-  parallelFor(sum.size(), size_t(1) << 20, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) out[i] = finishReduction<Type>(sum[i], 1.0f);
+  parallelFor(c.count, size_t(1) << 16, [&](size_t begin, size_t end) {
+    sumPayloadsRef(sources, c.count, s.bits, s.blockSize, begin, end, sum.data());
   });
+  return sum;
 }
 
 template <int Sources>
 void expectedFinish(const SizeArgs& s, const OpCounts& c, const void* payloads, void* output) {
   const std::vector<float> sum = referenceSums<Sources>(s, c, payloads);
-  if (s.type == zpFloat32)
-    finishAll<Fp32Type>(sum, output);
-  else if (s.type == zpFloat16)
-    finishAll<Fp16Type>(sum, output);
-  else
-    finishAll<Bf16Type>(sum, output);
+  parallelFor(c.count, size_t(1) << 20,
+              [&](size_t begin, size_t end) { finishRef(sum.data(), s.type, 1.0f, begin, end, output); });
 }
 
 template <int Sources>

@@ -14,9 +14,8 @@
 
 #include "device/reduce.h"
 #include "host/quant_format.h"
-#include "host/quant_math.h"
 #include "host/quant_ref.h"
-#include "host/reduce_math.h"
+#include "host/reduce_ref.h"
 #include "tests/gpu_util.h"
 
 namespace {
@@ -49,18 +48,6 @@ void makeSource(std::mt19937_64& rng, unsigned char* p, size_t count, int bits, 
     const float big = 3.0e38f;
     for (size_t b = 0; b < blocks; ++b)
       if (rng() & 1) std::memcpy(p + 4 * b, &big, 4);
-  }
-}
-
-void sumRef(const std::vector<const unsigned char*>& srcs, size_t count, int bits, int g, float* sum) {
-  for (size_t i = 0; i < count; ++i) {
-    float acc = 0.0f;
-    for (size_t s = 0; s < srcs.size(); ++s) {
-      const float v =
-          bits == 8 ? zp::payloadElement<8>(srcs[s], count, g, i) : zp::payloadElement<4>(srcs[s], count, g, i);
-      acc = s == 0 ? v : zp::addRn(acc, v);
-    }
-    sum[i] = acc;
   }
 }
 
@@ -108,7 +95,7 @@ void runCase(const Case& c, std::mt19937_64& rng) {
     std::vector<unsigned char> got(bytes), want(pb);
     CUDA_ASSERT(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
     for (int g = 0; g < c.batch; ++g) {
-      sumRef(segs[g], c.count, c.bits, c.g, sum.data());
+      zp::sumPayloadsRef(segs[g], c.count, c.bits, c.g, 0, c.count, sum.data());
       zp::quantizeRef(sum.data(), zpFloat32, c.count, c.bits, c.g, want.data());
       EXPECT_EQ(std::memcmp(got.data() + g * stride, want.data(), pb), 0) << "segment " << g;
       for (size_t i = g * stride + pb; i < (g + 1) * stride; ++i) ASSERT_EQ(got[i], kPoison) << "byte " << i;
@@ -126,22 +113,11 @@ void runCase(const Case& c, std::mt19937_64& rng) {
               zpSuccess);
     std::vector<unsigned char> got(bytes);
     CUDA_ASSERT(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
-    std::vector<unsigned char> want(bytes, kPoison);
+    std::vector<unsigned char> want(bytes, kPoison), finished(c.count * esz);
     for (int g = 0; g < c.batch; ++g) {
-      sumRef(segs[g], c.count, c.bits, c.g, sum.data());
-      for (size_t i = 0; i < c.count; ++i) {
-        unsigned char* w = want.data() + (c.misalign + g * stride + i) * esz;
-        if (c.type == zpFloat32) {
-          const uint32_t v = zp::finishReduction<zp::Fp32Type>(sum[i], c.divisor);
-          std::memcpy(w, &v, 4);
-        } else if (c.type == zpFloat16) {
-          const uint16_t v = zp::finishReduction<zp::Fp16Type>(sum[i], c.divisor);
-          std::memcpy(w, &v, 2);
-        } else {
-          const uint16_t v = zp::finishReduction<zp::Bf16Type>(sum[i], c.divisor);
-          std::memcpy(w, &v, 2);
-        }
-      }
+      zp::sumPayloadsRef(segs[g], c.count, c.bits, c.g, 0, c.count, sum.data());
+      zp::finishRef(sum.data(), c.type, c.divisor, 0, c.count, finished.data());
+      std::memcpy(want.data() + (c.misalign + g * stride) * esz, finished.data(), c.count * esz);
     }
     size_t first = bytes;
     for (size_t i = 0; i < bytes && first == bytes; ++i)
