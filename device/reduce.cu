@@ -14,9 +14,9 @@
 // Loads: each thread issues the codes and scales of a batch of two sources before summing them (in source order),
 // so that the requantize kernel and the finish of more sources fit three CTAs an SM (kBatch). A finish of at most
 // two sources (two ranks, or two nodes: the common jobs) keeps only 8 sums a thread live, not 32, and fits four
-// CTAs an SM without spilling (finishFewSources). Codes are decoded with one byte permute an element into the
-// operand that decodeCode builds, and a block whose scale cannot overflow skips dequantizeValue's saturation check
-// (dequantIsPlain), so an element costs 4 instructions per source.
+// CTAs an SM without spilling (finishFewSources). Codes are decoded with one byte permute an element into an
+// operand like decodeCode's (prepareCodes), and a block whose scale cannot overflow skips dequantizeValue's
+// saturation check (dequantIsPlain), so an element costs 4 instructions per source.
 // Stores: the requantized codes leave as 16-byte vectors. Finished outputs pass through a per-warp staging
 // buffer in shared memory, so that the warp writes its 1024 contiguous elements as lane-consecutive aligned
 // 16-byte stores whatever the element alignment of the output (a misaligned output shifts each 16-byte window
@@ -66,8 +66,22 @@ constexpr int kBatch = 2;
 // Sources of a segment up to which the finish keeps 8 sums a thread live (finishFewSources).
 constexpr int kFewSources = 2;
 // CTAs an SM for the finish kernel of at most kFewSources sources (finishFewSources), which keeps kFewGroup sums a
-// thread live instead of kElems: 62 - 64 registers, no spill (five CTAs, 48 registers, spill 42 - 114 bytes).
+// thread live instead of kElems: 62 - 64 registers, no spill but a loop counter's 8 bytes for int8 into fp16 or bf16
+// (five CTAs, 48 registers, spill 42 - 114 bytes).
 constexpr int kFewSourcesCtas = 4;
+
+// The constants of the code decoding (prepareCodes, codeValue), passed at run time so that the compiler keeps them
+// in registers: a byte permute then takes its selector as the immediate (with both as constants it moves the
+// selector into a register, one extra instruction an element), and a flip and a mask of int4 codes make one LOP3.
+// Against a mask and a flip for each even nibble, a shift more for each odd one (reduce_perf, bf16, 32M - 128M):
+// int4 requantize 1.5 - 5% faster, finish of two or eight sources 1 - 2.5%; int8, whose decoding is unchanged,
+// finish of three or four sources 1.5 - 2% slower (register allocation).
+struct DecodeConstants {
+  // Bytes 3 and 2: the high bytes of 2^23 (0x4b000000, decodeCode's operand) and of 2^19 (0x49000000, the operand
+  // of an odd int4 code, left in bits 4 - 7 of its byte); bytes 1 and 0: zero.
+  uint32_t magic;
+  uint32_t int4Flips;  // 0x88888888: the sign bits of both int4 codes of every byte
+};
 
 struct ReduceArgs {
   const unsigned char* base;  // segment 0's source 0
@@ -81,10 +95,7 @@ struct ReduceArgs {
   int sources;                // payloads summed per segment, >= 1
   int blockShift;             // log2(G)
   int groupShift;             // log2(G / kElems): threads per block
-  // 0x4b000000, the high byte of decodeCode's operand. Passed at run time so that the compiler keeps it in a
-  // register and gives the byte permutes their selector as the immediate: with both as constants it moves the
-  // selector into a register, one extra instruction an element.
-  uint32_t decodeHigh;
+  DecodeConstants decode;
   PeerSync sync;  // KernelStream::sync
 };
 
@@ -100,61 +111,67 @@ int log2Int(size_t v) {
 
 // ---- summing the sources ---------------------------------------------------------------------------------------
 
-// Operands of decodeCode, prepared once per word: int8 keeps the four codes of a word with their sign bits
-// flipped ((code ^ 0x80) per byte); int4 splits each word into its even and odd nibbles, one per byte, flipped
-// ((code ^ 8) per byte). Element k's operand 0x4b000000 | (code ^ bias) is then one byte permute away.
+// Operands of decodeCode, prepared once per word, one logic instruction each: int8 keeps the four codes of a word
+// with their sign bits flipped ((code ^ 0x80) per byte); int4 splits each word into its even codes, in place and
+// flipped ((code ^ 8) per byte), and its odd codes, in place (bits 4 - 7 of each byte) and flipped ((code ^ 8) << 4).
+// Element k's operand is then one byte permute away: 0x4b000000 | (code ^ bias), that is 2^23 + (code ^ bias), or
+// for an odd int4 code 0x49000000 | ((code ^ 8) << 4), that is 2^19 + (code ^ 8) (fp32 spaces 2^19 by 2^-4).
 template <int Bits>
-__device__ __forceinline__ void prepareCodes(const uint32_t (&w)[codeWords<Bits>()],
+__device__ __forceinline__ void prepareCodes(const uint32_t (&w)[codeWords<Bits>()], const DecodeConstants& d,
                                              uint32_t (&x)[preparedWords<Bits>()]) {
 #pragma unroll
   for (int i = 0; i < codeWords<Bits>(); ++i) {
     if constexpr (Bits == 8) {
       x[i] = w[i] ^ 0x80808080u;
     } else {
-      x[2 * i] = (w[i] & 0x0f0f0f0fu) ^ 0x08080808u;
-      x[2 * i + 1] = ((w[i] >> 4) & 0x0f0f0f0fu) ^ 0x08080808u;
+      x[2 * i] = (w[i] ^ d.int4Flips) & 0x0f0f0f0fu;
+      x[2 * i + 1] = (w[i] ^ d.int4Flips) & 0xf0f0f0f0u;
     }
   }
 }
 
-// decodeCode<Bits> of the thread's element k (a constant after unrolling), from the prepared words: the same
-// operand bits and the same fp32 add, so the same value.
+// decodeCode<Bits> of the thread's element k (a constant after unrolling), from the prepared words: the same value,
+// code ^ bias less the bias, exact in fp32 either way (both operands and their difference are exact).
 template <int Bits>
-__device__ __forceinline__ float codeValue(const uint32_t (&x)[preparedWords<Bits>()], int k, uint32_t high) {
+__device__ __forceinline__ float codeValue(const uint32_t (&x)[preparedWords<Bits>()], int k,
+                                           const DecodeConstants& d) {
   constexpr float kBias = static_cast<float>(1 << (Bits - 1));
-  // Byte 0: the prepared code byte; bytes 1, 2: zero; byte 3: 0x4b (bytes 4 to 7 of the permute's input: high).
+  const bool odd = Bits == 4 && (k & 1);
+  // Byte 0: the prepared code byte; bytes 1, 2: zero (byte 4 of the permute's input, magic's byte 0); byte 3:
+  // the exponent's byte (byte 7 or 6 of the input: magic's byte 3 or 2).
   const uint32_t word = Bits == 8 ? x[k >> 2] : x[2 * (k >> 3) + (k & 1)];
   const uint32_t byte = Bits == 8 ? (k & 3) : ((k >> 1) & 3);
-  return addRn(bitsFloat(__byte_perm(word, high, 0x7440u | byte)), -(8388608.0f + kBias));
+  const float magic = odd ? 524288.0f : 8388608.0f;
+  return addRn(bitsFloat(__byte_perm(word, d.magic, (odd ? 0x6440u : 0x7440u) | byte)), -(magic + kBias));
 }
 
 // Element k's value in one source: the plain product when the block's scale is plain (dequantIsPlain: no code can
 // overflow, so dequantizeValue is the product alone), else dequantizeValue (NaN block, or a scale near FLT_MAX).
 template <int Bits, bool Plain>
 __device__ __forceinline__ float sourceValue(const uint32_t (&x)[preparedWords<Bits>()], int k, float scale,
-                                             uint32_t high) {
-  const float code = codeValue<Bits>(x, k, high);
+                                             const DecodeConstants& d) {
+  const float code = codeValue<Bits>(x, k, d);
   return Plain ? mulRn(code, scale) : bitsFloat(dequantizeValue<Fp32Type>(code, scale));
 }
 
 // Adds one source (codes w, block scale) to the thread's sums, or starts them (First): acc = v for the first
 // source, acc + v after, as the host reference does. True when the block's scale is plain (every product finite).
 template <int Bits, bool First>
-__device__ __forceinline__ bool addSource(const uint32_t (&w)[codeWords<Bits>()], float scale, uint32_t high,
+__device__ __forceinline__ bool addSource(const uint32_t (&w)[codeWords<Bits>()], float scale, const DecodeConstants& d,
                                           float (&acc)[kElems]) {
   uint32_t x[preparedWords<Bits>()];
-  prepareCodes<Bits>(w, x);
+  prepareCodes<Bits>(w, d, x);
   if (dequantIsPlain<Fp32Type, Bits>(scale)) {  // each case its own loop
 #pragma unroll
     for (int k = 0; k < kElems; ++k) {
-      const float v = sourceValue<Bits, true>(x, k, scale, high);
+      const float v = sourceValue<Bits, true>(x, k, scale, d);
       acc[k] = First ? v : addRn(acc[k], v);
     }
     return true;
   }
 #pragma unroll
   for (int k = 0; k < kElems; ++k) {
-    const float v = sourceValue<Bits, false>(x, k, scale, high);
+    const float v = sourceValue<Bits, false>(x, k, scale, d);
     acc[k] = First ? v : addRn(acc[k], v);
   }
   return false;
@@ -198,10 +215,10 @@ __device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsign
       loadCodes<Bits>(payload, codeOffset, kElems, w[u]);
     }
   }
-  bool plain = addSource<Bits, First>(w[0], scale[0], a.decodeHigh, acc);
+  bool plain = addSource<Bits, First>(w[0], scale[0], a.decode, acc);
 #pragma unroll
   for (int u = 1; u < kBatch; ++u) {
-    if (s0 + u < a.sources) plain &= addSource<Bits, false>(w[u], scale[u], a.decodeHigh, acc);
+    if (s0 + u < a.sources) plain &= addSource<Bits, false>(w[u], scale[u], a.decode, acc);
   }
   return plain;
 }
@@ -231,9 +248,9 @@ __device__ __forceinline__ bool sumSources(const ReduceArgs& a, const unsigned c
     uint32_t w[codeWords<Bits>()];
     loadCodes<Bits>(payload, codeOffset, valid, w);
     if (s == 0) {
-      plain = addSource<Bits, true>(w, scale, a.decodeHigh, acc);
+      plain = addSource<Bits, true>(w, scale, a.decode, acc);
     } else {
-      plain &= addSource<Bits, false>(w, scale, a.decodeHigh, acc);
+      plain &= addSource<Bits, false>(w, scale, a.decode, acc);
     }
   }
   return plain;
@@ -377,10 +394,14 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 // ---- finish ------------------------------------------------------------------------------------------------------
 
-// Chunk c of a warp's staging buffer sits at chunk swizzle(c): the eight 16-byte chunks of a 128-byte row are
-// permuted by the row's index, so that neither the threads writing their 64 or 128 contiguous bytes nor the
-// lanes reading consecutive chunks hit the same banks.
-__device__ __forceinline__ int swizzle(int c) { return c ^ ((c >> 3) & 7); }
+// Chunk c of a warp's staging buffer sits at stagePos(c): one 16-byte pad after every row of eight chunks (128
+// bytes), so that neither the threads writing their 64 or 128 contiguous bytes (one row or half of one) nor the
+// lanes reading consecutive chunks hit the same banks. Unlike a permutation of each row, it keeps a thread's
+// chunks, and each lane's reads (chunk lane + 32 k at stagePos(lane) + 36 k), at constant offsets from one
+// address, ~35 instructions a tile fewer. Measured against the permutation (reduce_perf, bf16, 32M - 128M): the
+// finish of two int4 sources 1 - 2% faster, the other cases within 1.6% either way.
+constexpr int kRowChunks = 8;
+__host__ __device__ constexpr int stagePos(int c) { return c + c / kRowChunks; }
 
 // Words [Q, Q + 4) of w, each shifted right by `bits` (0 to 24) with the next word's low bytes coming in.
 template <int Q>
@@ -427,11 +448,10 @@ __device__ __forceinline__ uint32_t finishedWord(const float (&acc)[N], int i) {
   }
 }
 
-// N finished outputs (finishReduction of each sum), packed into 16-byte chunks of the warp's stage from chunk
-// `first` on. `paired`: every sum is finite or +-Inf and the divisor is 1 (finishedWord).
+// N finished outputs (finishReduction of each sum), packed into consecutive 16-byte chunks of the warp's stage
+// from `at` on (all in one row). `paired`: every sum is finite or +-Inf and the divisor is 1 (finishedWord).
 template <class Type, int N>
-__device__ __forceinline__ void stageFinished(const float (&acc)[N], bool paired, float divisor, uint4* stage,
-                                              int first) {
+__device__ __forceinline__ void stageFinished(const float (&acc)[N], bool paired, float divisor, uint4* at) {
   using Out = typename Type::Bits;
   constexpr int kSize = sizeof(Out);
   constexpr int kWords = N * kSize / 4;
@@ -450,7 +470,7 @@ __device__ __forceinline__ void stageFinished(const float (&acc)[N], bool paired
   }
 #pragma unroll
   for (int i = 0; i < kWords / 4; ++i) {
-    stage[swizzle(first + i)] = make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
+    at[i] = make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
   }
 }
 
@@ -469,24 +489,23 @@ __device__ __forceinline__ void sumFewSources(const ReduceArgs& a,
     if (s > 0 && s >= a.sources) break;
 #pragma unroll
     for (int k = 0; k < kFewGroup; ++k) {
-      const float v = sourceValue<Bits, Plain>(x[s], g * kFewGroup + k, scale[s], a.decodeHigh);
+      const float v = sourceValue<Bits, Plain>(x[s], g * kFewGroup + k, scale[s], a.decode);
       acc[k] = s == 0 ? v : addRn(acc[k], v);
     }
   }
 }
 
-// The thread's kElems sums, kFewGroup at a time, finished into the warp's stage from chunk `first` on.
+// The thread's kElems sums, kFewGroup at a time, finished into its chunks of the warp's stage, from `at` on.
 template <int Bits, class Type, bool Plain>
 __device__ __forceinline__ void finishGroups(const ReduceArgs& a,
                                              const uint32_t (&x)[kFewSources][preparedWords<Bits>()],
-                                             const float (&scale)[kFewSources], bool paired, float divisor,
-                                             uint4* stage, int first) {
+                                             const float (&scale)[kFewSources], bool paired, float divisor, uint4* at) {
   constexpr int kSize = sizeof(typename Type::Bits);
 #pragma unroll
   for (int g = 0; g < kElems / kFewGroup; ++g) {
     float acc[kFewGroup];
     sumFewSources<Bits, Plain>(a, x, scale, g, acc);
-    stageFinished<Type>(acc, paired, divisor, stage, first + g * kFewGroup * kSize / 16);
+    stageFinished<Type>(acc, paired, divisor, at + g * kFewGroup * kSize / 16);
   }
 }
 
@@ -496,7 +515,7 @@ __device__ __forceinline__ void finishGroups(const ReduceArgs& a,
 // kElems, so the kernel fits more CTAs an SM to hide its loads' latency.
 template <int Bits, class Type>
 __device__ __forceinline__ void finishFewSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
-                                                 float divisor, uint4* stage, int first) {
+                                                 float divisor, uint4* at) {
   const size_t block = elem >> a.blockShift;
   const size_t codeOffset = a.scaleBytes + elem * Bits / 8;
   uint32_t w[kFewSources][codeWords<Bits>()];
@@ -514,18 +533,18 @@ __device__ __forceinline__ void finishFewSources(const ReduceArgs& a, const unsi
 #pragma unroll
   for (int s = 0; s < kFewSources; ++s) {
     if (s == 0 || s < a.sources) {
-      prepareCodes<Bits>(w[s], x[s]);
+      prepareCodes<Bits>(w[s], a.decode, x[s]);
       allPlain = allPlain && dequantIsPlain<Fp32Type, Bits>(scale[s]);
     }
   }
   // Each case its own loop, as addSource's: the plain one without dequantizeValue's saturation check (both give
   // the same values), the paired conversions when there is no NaN to replace and nothing to divide.
   if (allPlain && divisor == 1.0f) {
-    finishGroups<Bits, Type, true>(a, x, scale, true, divisor, stage, first);
+    finishGroups<Bits, Type, true>(a, x, scale, true, divisor, at);
   } else if (allPlain) {
-    finishGroups<Bits, Type, true>(a, x, scale, false, divisor, stage, first);
+    finishGroups<Bits, Type, true>(a, x, scale, false, divisor, at);
   } else {
-    finishGroups<Bits, Type, false>(a, x, scale, false, divisor, stage, first);
+    finishGroups<Bits, Type, false>(a, x, scale, false, divisor, at);
   }
 }
 
@@ -538,7 +557,9 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
   constexpr int kSize = sizeof(Out);
   constexpr int kThreadChunks = kElems * kSize / 16;
   constexpr int kWarpChunks = kWarpElems * kSize / 16;
-  __shared__ uint4 stage[kThreads / 32][kWarpChunks];  // each warp's finished elements, in order
+  static_assert(kThreadChunks <= kRowChunks && kRowChunks % kThreadChunks == 0, "a thread's chunks share a row");
+  // Each warp's finished elements, in order, a pad after every row (stagePos).
+  __shared__ uint4 stage[kThreads / 32][stagePos(kWarpChunks)];
   uint4* mine = stage[threadIdx.x >> 5];
   const int lane = threadIdx.x & 31;
   if (!peerEnter(a.sync)) return;
@@ -553,12 +574,13 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
     // step 1: sums, finished values (per element, as the host does), into the warp's stage.
     if (valid > 0) {
       const unsigned char* segment = a.base + seg * a.segmentStride;
+      uint4* const staged = mine + stagePos(lane * kThreadChunks);  // this thread's chunks
       if constexpr (FewSources) {
-        finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, mine, lane * kThreadChunks);
+        finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, staged);
       } else {
         float acc[kElems];
         const bool plain = sumSources<Bits>(a, segment, elem, valid, acc);
-        stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, mine, lane * kThreadChunks);
+        stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, staged);
       }
     }
     __syncwarp();
@@ -574,17 +596,18 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
     // The common case, a whole aligned range, without the per-chunk bounds: ~35 instructions a thread instead of
     // ~185 (bf16), and the finish 4 - 11% faster (reduce_perf, thirteenth session).
     if (shift == 0 && n == kWarpElems) {
+      const uint4* const lanes = mine + stagePos(lane);  // chunk lane + 32 k at lanes[k * stagePos(32)]
 #pragma unroll
-      for (int c = lane; c < kWarpChunks; c += 32) reinterpret_cast<uint4*>(dst)[c] = mine[swizzle(c)];
+      for (int k = 0; k < kWarpChunks / 32; ++k) reinterpret_cast<uint4*>(dst)[lane + 32 * k] = lanes[k * stagePos(32)];
     } else {
       const int end = shift + n * kSize;
       char* base = reinterpret_cast<char*>(dst) - shift;
       for (int c = lane; 16 * c < end; c += 32) {
         uint4 v;
         if (shift == 0) {
-          v = mine[swizzle(c)];
+          v = mine[stagePos(c)];
         } else {
-          v = byteWindow(mine[swizzle(max(c - 1, 0))], mine[swizzle(min(c, kWarpChunks - 1))], 16 - shift);
+          v = byteWindow(mine[stagePos(max(c - 1, 0))], mine[stagePos(min(c, kWarpChunks - 1))], 16 - shift);
         }
         const int lo = max(16 * c, shift), hi = min(16 * c + 16, end);
         if (hi - lo == 16) {
@@ -623,7 +646,7 @@ ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const
   a.sources = s.sources;
   a.blockShift = log2Int(blockSize);
   a.groupShift = a.blockShift - log2Int(kElems);
-  a.decodeHigh = 0x4b000000u;
+  a.decode = DecodeConstants{0x4b490000u, 0x88888888u};
   a.sync = sync;
   return a;
 }
