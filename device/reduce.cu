@@ -202,6 +202,17 @@ __device__ __forceinline__ void loadCodes(const unsigned char* payload, size_t c
   }
 }
 
+// Source s of a segment (seg: its source 0): the scale of the thread's block (returned) and, into w, the codes of
+// the thread's elements as loadCodes reads them (codeOffset: where the first is; valid: how many exist).
+template <int Bits>
+__device__ __forceinline__ float loadSource(const ReduceArgs& a, const unsigned char* seg, int s, size_t block,
+                                            size_t codeOffset, int valid, uint32_t (&w)[codeWords<Bits>()]) {
+  const unsigned char* payload = seg + static_cast<size_t>(s) * a.sourceStride;
+  const float scale = __ldg(reinterpret_cast<const float*>(payload) + block);
+  loadCodes<Bits>(payload, codeOffset, valid, w);
+  return scale;
+}
+
 // Sources [s0, s0 + kBatch) (those that exist; s0 itself does): all loads first, then the sums in order. True
 // when every one was plain.
 template <int Bits, bool First>
@@ -211,11 +222,7 @@ __device__ __forceinline__ bool addSourceBatch(const ReduceArgs& a, const unsign
   float scale[kBatch];
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
-    if (u == 0 || s0 + u < a.sources) {
-      const unsigned char* payload = seg + static_cast<size_t>(s0 + u) * a.sourceStride;
-      scale[u] = __ldg(reinterpret_cast<const float*>(payload) + block);
-      loadCodes<Bits>(payload, codeOffset, kElems, w[u]);
-    }
+    if (u == 0 || s0 + u < a.sources) scale[u] = loadSource<Bits>(a, seg, s0 + u, block, codeOffset, kElems, w[u]);
   }
   bool plain = addSource<Bits, First>(w[0], scale[0], a.decode, acc);
 #pragma unroll
@@ -245,10 +252,8 @@ __device__ __forceinline__ bool sumSources(const ReduceArgs& a, const unsigned c
   // The last, partial group of codes of the payload.
 #pragma unroll 1
   for (int s = 0; s < a.sources; ++s) {
-    const unsigned char* payload = seg + static_cast<size_t>(s) * a.sourceStride;
-    const float scale = __ldg(reinterpret_cast<const float*>(payload) + block);
     uint32_t w[codeWords<Bits>()];
-    loadCodes<Bits>(payload, codeOffset, valid, w);
+    const float scale = loadSource<Bits>(a, seg, s, block, codeOffset, valid, w);
     if (s == 0) {
       plain = addSource<Bits, true>(w, scale, a.decode, acc);
     } else {
@@ -524,11 +529,7 @@ __device__ __forceinline__ void finishFewSources(const ReduceArgs& a, const unsi
   float scale[kFewSources];
 #pragma unroll
   for (int s = 0; s < kFewSources; ++s) {  // every load in flight before the first is used
-    if (s == 0 || s < a.sources) {
-      const unsigned char* payload = seg + static_cast<size_t>(s) * a.sourceStride;
-      scale[s] = __ldg(reinterpret_cast<const float*>(payload) + block);
-      loadCodes<Bits>(payload, codeOffset, valid, w[s]);
-    }
+    if (s == 0 || s < a.sources) scale[s] = loadSource<Bits>(a, seg, s, block, codeOffset, valid, w[s]);
   }
   uint32_t x[kFewSources][preparedWords<Bits>()];
   bool allPlain = true;
