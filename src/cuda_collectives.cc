@@ -93,13 +93,21 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   return zpSuccess;
 }
 
-// The direct-load window with room for `payloadBytes` after its flags (src/peer_window.h): grown, like scratch,
-// outside capture only.
-zpResult_t ensureWindow(CudaExec& e, size_t payloadBytes, cudaStream_t stream, const char* call) {
-  const size_t bytes = e.peers.payloadOffset() + payloadBytes;
-  if (e.peers.bytes >= bytes) return zpSuccess;
-  ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, e.peers.bytes));
-  return growPeerWindow(e.peers, e.comms.world, bytes, e.setupStream, call);
+// Whether a call moving logicalBytes takes the direct path (src/peer_window.h): direct loads are usable at its
+// size, and the window has room for `payloadBytes` after its flags, grown if needed (like scratch, outside capture
+// only) unless a captured graph froze it. Every rank answers the same: the window's size and freezing are agreed.
+zpResult_t takesDirectPath(CudaExec& e, size_t logicalBytes, size_t payloadBytes, cudaStream_t stream, const char* call,
+                           bool* direct) {
+  PeerWindow& w = e.peers;
+  *direct = false;
+  if (!useDirectLoads(w, logicalBytes)) return zpSuccess;
+  const size_t bytes = w.payloadOffset() + payloadBytes;
+  if (w.bytes < bytes && !w.frozen) {
+    ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, w.bytes));
+    ZPCHECK(growPeerWindow(w, e.comms.world, bytes, e.setupStream, call));
+  }
+  *direct = w.bytes >= bytes;
+  return zpSuccess;
 }
 
 // The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
@@ -357,9 +365,9 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
   // qgZ's pair layout receives into three slots a chunk (cudaQuantReduceScatter).
   ZPCHECK(
       ensureScratch(e, 1, ChunkRegion(plan, std::max(n, 3), bits, blockSize).bytes(), e.setupStream, "zpCommReserve"));
-  if (useDirectLoads(e.peers, maxBytes)) {  // qgZ's n slots of one call (qwZ needs one)
-    ZPCHECK(ensureWindow(e, n * quantPayloadBytes(count, bits, blockSize), e.setupStream, "zpCommReserve"));
-  }
+  bool direct = false;  // room for qgZ's n slots of one call (qwZ needs one)
+  ZPCHECK(takesDirectPath(e, maxBytes, n * quantPayloadBytes(count, bits, blockSize), e.setupStream, "zpCommReserve",
+                          &direct));
   return connectPeers(e, "zpCommReserve");
 }
 
@@ -367,16 +375,15 @@ namespace {
 
 // The direct path's frame (src/peer_window.h), around `write` (fills this rank's window's payload) and `read`
 // (reads every rank's payload into recvbuff), both on the caller's stream with every SM, after the previous
-// call's work. The kernels order themselves with the peers' through the window's flags (the KernelStream each
-// gets, and a wait before each, inside them for small calls); two events bracket them for an abort
-// (cancelPeerReads). No NCCL call: at 1 MB the whole call is two launches.
+// call's work; the window holds the payloads (takesDirectPath). The kernels order themselves with the peers' through
+// the window's flags (the KernelStream each gets, and a wait before each, inside them for small calls); two events
+// bracket them for an abort (cancelPeerReads). No NCCL call: at 1 MB the whole call is two launches.
 template <typename Write, typename Read>
-zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t logicalBytes, size_t payloadBytes, Write write,
-                       Read read) {
+zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t logicalBytes, Write write, Read read) {
   PeerWindow& w = e.peers;
-  ZPCHECK(ensureWindow(e, payloadBytes, a.stream, a.opName));
   Stages st;
   ZPCHECK(beginPipeline(e, a.stream, /*chunks=*/1, /*green=*/false, &st));
+  w.captured = w.captured || st.captured;  // a growth must then keep the window for the graph (growPeerWindow)
   KernelStream writeStream(a.stream), readStream(a.stream);
   writeStream.sync = w.sync(/*write=*/true);
   readStream.sync = w.sync(/*write=*/false);
@@ -405,11 +412,16 @@ zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t logicalBytes, size
 // by chunk. Finish: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
 zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
   const size_t esz = typeSize(a.type);
-  if (comm == e.comms.world && rank == e.topo.rank && useDirectLoads(e.peers, a.count * n * esz)) {
+  bool direct = false;
+  if (comm == e.comms.world && rank == e.topo.rank) {
+    ZPCHECK(takesDirectPath(e, a.count * n * esz, quantPayloadBytes(a.count, a.bits, a.blockSize), a.stream, a.opName,
+                            &direct));
+  }
+  if (direct) {
     // Each rank's window holds its quantized shard; one launch dequantizes the n windows, the peers' read over
     // NVLink, into recvbuff.
     return directLoads(
-        e, a, a.count * n * esz, quantPayloadBytes(a.count, a.bits, a.blockSize),
+        e, a, a.count * n * esz,
         [&](char* payload, KernelStream writeStream) {
           return launchQuantize(a.sendbuff, payload, a.count, a.type, a.bits, a.blockSize, writeStream);
         },
@@ -544,17 +556,19 @@ zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
   const int n = q.nranks, N = q.nodes, L = q.localSize;
   const size_t esz = typeSize(a.type);
   const float divisor = a.op == zpAvg ? static_cast<float>(n) : 1.0f;
-  if (!q.twoHop && useDirectLoads(e.peers, a.count * n * esz)) {
+  const size_t sliceBytes = quantPayloadBytes(a.count, a.bits, a.blockSize);  // a whole slice's payload
+  bool direct = false;
+  if (!q.twoHop) ZPCHECK(takesDirectPath(e, a.count * n * esz, n * sliceBytes, a.stream, a.opName, &direct));
+  if (direct) {
     // Slot s of each rank's window holds its quantized slice for rank s; one launch sums slot `rank` of every
     // window, the peers' read over NVLink, in rank order into recvbuff.
-    const size_t pb = quantPayloadBytes(a.count, a.bits, a.blockSize);
     return directLoads(
-        e, a, a.count * n * esz, n * pb,
+        e, a, a.count * n * esz,
         [&](char* payload, KernelStream writeStream) {
-          return quantizeSlots(a, q.sliceOfSlot.data(), n, a.count, 0, a.count, payload, pb, writeStream);
+          return quantizeSlots(a, q.sliceOfSlot.data(), n, a.count, 0, a.count, payload, sliceBytes, writeStream);
         },
         [&](const PeerWindow& w, KernelStream readStream) {
-          const ReduceSources sources{w.rankWindow(0) + e.topo.rank * pb, w.rankStride, 0, n, 1};
+          const ReduceSources sources{w.rankWindow(0) + e.topo.rank * sliceBytes, w.rankStride, 0, n, 1};
           return launchReduceFinish(sources, a.count, a.bits, a.blockSize, a.type, divisor, a.recvbuff, a.count,
                                     readStream);
         });

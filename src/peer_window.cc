@@ -25,6 +25,18 @@ zpResult_t ncclStatus(ncclResult_t r, const char* call, const char* what) {
                 call, what, ncclGetErrorString(r), ncclGetLastError(nullptr));
 }
 
+// The ranks' `mine` combined by `op` (ncclMin, ncclMax) into *all, through the vote word: collective over world,
+// and a host wait.
+zpResult_t agreeOnWord(const PeerWindow& w, ncclComm_t world, int mine, ncclRedOp_t op, cudaStream_t stream,
+                       const char* call, const char* what, int* all) {
+  int* vote = &w.words->vote;
+  CUDACHECK(cudaMemcpyAsync(vote, &mine, sizeof(int), cudaMemcpyHostToDevice, stream));
+  ZPCHECK(ncclStatus(ncclAllReduce(vote, vote, 1, ncclInt32, op, world, stream), call, what));
+  CUDACHECK(cudaMemcpyAsync(all, vote, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  CUDACHECK(cudaStreamSynchronize(stream));
+  return zpSuccess;
+}
+
 // The facts of this rank (directLoadsBlocker's input). NCCL's team is asked last, and only when nothing else
 // rules direct loads out: asking sets up NCCL's symmetric memory for the communicator.
 DirectLoadsFacts factsOf(ncclComm_t world, int nranks, int nodes) {
@@ -62,14 +74,9 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cud
   CUDACHECK(cudaMalloc(&w->words, wordsBytes));
   CUDACHECK(cudaMemsetAsync(w->words, 0, wordsBytes, setupStream));
   // Every rank must choose the same path: the minimum of the ranks' answers (1 = can).
-  int* vote = &w->words->vote;
-  const int mine = why == nullptr ? 1 : 0;
-  CUDACHECK(cudaMemcpyAsync(vote, &mine, sizeof(int), cudaMemcpyHostToDevice, setupStream));
-  ZPCHECK(ncclStatus(ncclAllReduce(vote, vote, 1, ncclInt32, ncclMin, world, setupStream), "zpCommInitRank",
-                     "ncclAllReduce of the direct-loads vote"));
   int all = 0;
-  CUDACHECK(cudaMemcpyAsync(&all, vote, sizeof(int), cudaMemcpyDeviceToHost, setupStream));
-  CUDACHECK(cudaStreamSynchronize(setupStream));
+  ZPCHECK(agreeOnWord(*w, world, why == nullptr ? 1 : 0, ncclMin, setupStream, "zpCommInitRank",
+                      "ncclAllReduce of the direct-loads vote", &all));
   w->usable = all == 1;
   if (w->usable) {
     CUDACHECK(cudaEventCreateWithFlags(&w->readStart, cudaEventDisableTiming));
@@ -107,10 +114,19 @@ zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t strea
 zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call) {
 #if ZP_HAVE_NCCL_DEVICE
   // No rank may still read the old window: this one's work is done (the caller waited), the others' once every
-  // rank has reached the barrier.
+  // rank has voted. Nor may a graph replay later: if any rank captured it, no rank frees it.
   if (w.handle != nullptr) {
-    ZPCHECK(peerBarrier(w, world, setupStream, call));
-    CUDACHECK(cudaStreamSynchronize(setupStream));
+    int anyCaptured = 0;
+    ZPCHECK(agreeOnWord(w, world, w.captured ? 1 : 0, ncclMax, setupStream, call,
+                        "ncclAllReduce of the window's captured vote", &anyCaptured));
+    if (anyCaptured != 0) {
+      w.frozen = true;
+      ZP_INFO(kSubsysAlloc,
+              "%s : direct-load window frozen at %zu bytes, not grown to %zu: a CUDA graph holds it; calls it cannot "
+              "hold take NCCL's path (zpCommReserve before the first capture sizes it)",
+              call, w.bytes, bytes);
+      return zpSuccess;
+    }
     ZPCHECK(ncclStatus(ncclCommWindowDeregister(world, w.handle), call, "ncclCommWindowDeregister"));
     ZPCHECK(ncclStatus(ncclMemFree(w.local), call, "ncclMemFree"));
     w.handle = nullptr;

@@ -47,7 +47,8 @@ namespace zp {
 // for the ranks' window addresses (windowRankAddresses).
 struct PeerWindowWords {
   int barrier;               // what peerBarrier all-reduces: always 0
-  int vote;                  // init: whether every rank can use direct loads
+  int vote;                  // what the ranks agree on (agreeOnWord): at init, whether every rank can use direct
+                             // loads; before a growth, whether any rank's graph holds the window
   int cancel;                // nonzero once the kernels are cancelled (cancelPeerReads)
   unsigned int arrived;      // PeerSync::arrived
   unsigned long long calls;  // PeerSync::calls
@@ -56,7 +57,9 @@ struct PeerWindowWords {
 struct PeerWindow {
   bool usable = false;               // decided once at init, the same on every rank
   void* local = nullptr;             // this rank's window (ncclMemAlloc), what its kernels write
-  size_t bytes = 0;                  // its size; only grows, never inside graph capture
+  size_t bytes = 0;                  // its size; only grows, never inside graph capture, never once frozen
+  bool captured = false;             // a call captured in a CUDA graph on this rank uses it (its payload, flags)
+  bool frozen = false;               // never grows again: some rank's graph holds it (growPeerWindow; every rank)
   ncclWindow_t handle = nullptr;     // its registration on the world communicator
   uintptr_t rank0 = 0;               // rank 0's window as mapped in this process
   size_t rankStride = 0;             // bytes from rank r's window to rank r + 1's, as mapped here
@@ -99,8 +102,10 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cud
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
 
 // Grows the window to at least `bytes`: collective over world, and a host rendezvous. The caller has made sure
-// that no work of this rank still uses the old window (src/cuda_collectives.cc, ensureWindow); a barrier makes
-// sure of the other ranks' before it is deregistered.
+// that no work of this rank still uses the old window (src/cuda_collectives.cc, takesDirectPath); an all-reduce makes
+// sure of the other ranks' before it is deregistered. That all-reduce is also a vote: when a call captured in a
+// CUDA graph on any rank uses the old window, a replay would read and write it after the growth freed it, so
+// every rank instead freezes the window at its size (w.frozen) and the calls it cannot hold take NCCL's path.
 zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call);
 
 // Every rank's `stream` has reached this point: an NCCL all-reduce of one word. Used when the window grows.

@@ -414,21 +414,24 @@ TEST(GpuGraphs, CapturedPipelinesReplayToTheSameBits) {
       nullptr, /*replays=*/2);
 }
 
-// A graph captured before a later call grows the scratch memory keeps replaying correctly: the growth retires the
-// buffers the capture used instead of freeing them. One rank on one GPU runs the same pipeline through scratch
-// (NCCL's exchange over one rank is a copy). Allocations made right after the growth are where a freed buffer
-// would be reused: the replay must leave them alone, and give the host backend's bits on new inputs.
-TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
-  ZP_REQUIRE_GPUS(1);
+// A graph captured before a later, larger call stays valid and replays to the host backend's bits on new inputs.
+// On one rank the larger call grows the scratch memory, which retires the buffers the capture used instead of
+// freeing them (NCCL's exchange over one rank is a copy, so the one-rank pipeline runs through scratch). On two
+// ranks of one node the captured call is a direct-load call (src/peer_window.h): the larger call would grow the
+// window, which is frozen instead, and it takes NCCL's path. Allocations made right after the larger call are where
+// a freed buffer would be reused: the replay must leave them alone. A call of the captured size after the replay
+// still takes the frozen window's direct path, whose flags the replay advanced.
+void replayAfterLargerCall(int nranks) {
   for (Op op : {Op::kQgz, Op::kQwz}) {
     const Case captured{op, zpBfloat16, 4, size_t{1} << 20, false};
-    Case grows = captured, replayed = captured;
-    grows.count = size_t{24} << 20;  // scratch 1 MiB -> 13 MiB and more
+    Case larger = captured, replayed = captured;
+    larger.count = size_t{24} << 20;  // scratch 1 MiB -> 13 MiB and more
     replayed.seed = 99;
     SCOPED_TRACE(describe(captured));
-    const std::vector<Buffer> expected = hostExpected(replayed, 1, nullptr);
-    const std::vector<Buffer> expectedGrown = hostExpected(grows, 1, nullptr);
-    runGpuRanks(1, nullptr, [&](int rank, zpComm_t comm) {
+    const std::vector<Buffer> expected = hostExpected(replayed, nranks, nullptr);
+    const std::vector<Buffer> expectedLarger = hostExpected(larger, nranks, nullptr);
+    const std::vector<Buffer> expectedAfter = hostExpected(captured, nranks, nullptr);
+    runGpuRanks(nranks, nullptr, [&](int rank, zpComm_t comm) {
       CaseBuffers b;
       prepareCase(captured, rank, comm, &b);
       cudaStream_t stream;
@@ -438,9 +441,9 @@ TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
       captureCase(captured, comm, b, b.recvBytes + b.sendBytes, stream, &graph, &exec);
       if (::testing::Test::HasFatalFailure()) return;
 
-      Buffer grown;
-      deviceRun(grows, rank, comm, &grown);  // grows the scratch the graph captured
-      EXPECT_TRUE(zpcheck::sameBits(grown.data(), expectedGrown[0].data(), grown.size(), 1));
+      Buffer output;
+      deviceRun(larger, rank, comm, &output);  // grows the scratch, or would grow the window, that the graph holds
+      EXPECT_TRUE(zpcheck::sameBits(output.data(), expectedLarger[rank].data(), output.size(), 1)) << "rank " << rank;
       std::vector<void*> squatters;
       for (size_t mib : kSquatterMiB) {
         void* p = nullptr;
@@ -454,22 +457,34 @@ TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
       CUDA_ASSERT(cudaMemcpy(b.send, input.data(), input.size(), cudaMemcpyHostToDevice));
       CUDA_ASSERT(cudaMemset(b.recv, 0xff, b.recvBytes));
       CUDA_ASSERT(cudaGraphLaunch(exec, stream));
-      Buffer output;
       collectCase(&b, stream, &output);
-      EXPECT_TRUE(zpcheck::sameBits(output.data(), expected[0].data(), output.size(), 1));
+      EXPECT_TRUE(zpcheck::sameBits(output.data(), expected[rank].data(), output.size(), 1)) << "rank " << rank;
       size_t i = 0;
       for (size_t mib : kSquatterMiB) {
         std::vector<unsigned char> bytes(mib << 20);
         CUDA_ASSERT(cudaMemcpy(bytes.data(), squatters[i], bytes.size(), cudaMemcpyDeviceToHost));
         EXPECT_EQ(std::count(bytes.begin(), bytes.end(), kSquatterByte), static_cast<long>(bytes.size()))
-            << "the replay wrote into memory allocated after the growth (allocation " << i << ")";
+            << "the replay wrote into memory allocated after the larger call (allocation " << i << ", rank " << rank
+            << ")";
         CUDA_ASSERT(cudaFree(squatters[i++]));
       }
+      deviceRun(captured, rank, comm, &output);
+      EXPECT_TRUE(zpcheck::sameBits(output.data(), expectedAfter[rank].data(), output.size(), 1)) << "rank " << rank;
       CUDA_ASSERT(cudaGraphExecDestroy(exec));
       CUDA_ASSERT(cudaGraphDestroy(graph));
       CUDA_ASSERT(cudaStreamDestroy(stream));
     });
   }
+}
+
+TEST(GpuGraphs, GrowthAfterCaptureKeepsTheCapturedScratch) {
+  ZP_REQUIRE_GPUS(1);
+  replayAfterLargerCall(1);
+}
+
+TEST(GpuGraphs, LargerCallAfterCaptureFreezesTheDirectLoadWindow) {
+  ZP_REQUIRE_GPUS(2);
+  replayAfterLargerCall(2);
 }
 
 // Two communicators of the same two GPUs, each driven by a thread of its own on its own stream, with both calls
