@@ -63,6 +63,21 @@ class HostBackend final : public Backend {
   }
 
  private:
+  // What the ranks of a collective must agree on before reading each other's data (see CallSignature). Every
+  // collective's first exchange carries it; later exchanges of the same call need not, as the ranks agreed.
+  static CallSignature signatureOf(const CollArgs& a) {
+    CallSignature s;
+    s.call = a.opName;
+    s.kind = a.kind;
+    s.countName = a.kind == CollKind::kQuantReduceScatter ? "recvcount" : "sendcount";
+    s.count = a.count;
+    s.type = a.type;
+    if (a.kind == CollKind::kQuantReduceScatter) s.op = a.op;
+    s.bits = a.bits;
+    if (a.bits != 0) s.blockSize = a.blockSize;  // exact hpZ ignores the block size
+    return s;
+  }
+
   // qwZ: quantize the own shard, let every rank read every payload, dequantize all of them in rank order.
   zpResult_t quantAllGather(const CollArgs& a) { return quantizedGather(a, allRanks_); }
 
@@ -72,7 +87,7 @@ class HostBackend final : public Backend {
     const size_t shardBytes = a.count * typeSize(a.type);
     std::vector<unsigned char>& mine = scratch(0, pb);
     quantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, mine.data());
-    ZPCHECK(world_->exchange(rank_, mine.data(), a.opName));
+    ZPCHECK(world_->exchangeAgreed(rank_, mine.data(), signatureOf(a)));
     for (size_t i = 0; i < group.size(); ++i) {
       dequantizeRef(world_->slot(group[i]), a.type, a.count, a.bits, a.blockSize,
                     static_cast<char*>(a.recvbuff) + i * shardBytes);
@@ -84,7 +99,7 @@ class HostBackend final : public Backend {
   zpResult_t hierAllGather(const CollArgs& a) {
     if (a.bits != 0) return quantizedGather(a, topo_.hpzRanks);
     const size_t shardBytes = a.count * typeSize(a.type);
-    ZPCHECK(world_->exchange(rank_, a.sendbuff, a.opName));
+    ZPCHECK(world_->exchangeAgreed(rank_, a.sendbuff, signatureOf(a)));
     for (int i = 0; i < topo_.hpzSize; ++i) {
       char* dst = static_cast<char*>(a.recvbuff) + i * shardBytes;
       const void* src = world_->slot(topo_.hpzRanks[i]);
@@ -105,7 +120,7 @@ class HostBackend final : public Backend {
       quantizeRef(static_cast<const char*>(a.sendbuff) + qgz_.sliceOfSlot[s] * sliceBytes, a.type, n, a.bits,
                   a.blockSize, send.data() + s * pb);
     }
-    ZPCHECK(world_->exchange(rank_, send.data(), a.opName));
+    ZPCHECK(world_->exchangeAgreed(rank_, send.data(), signatureOf(a)));
     std::vector<float> sum(n);
     std::vector<const unsigned char*> sources;
     if (!qgz_.twoHop) {

@@ -1,9 +1,11 @@
 #include "host/host_world.h"
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <string>
 
+#include "host/dtype.h"
 #include "src/check.h"
 #include "src/params.h"
 
@@ -17,9 +19,33 @@ std::map<std::string, std::shared_ptr<HostWorld>>& pendingWorlds() {
   static auto* worlds = new std::map<std::string, std::shared_ptr<HostWorld>>();
   return *worlds;
 }
+
+// The first field in which rank r's signature b differs from rank 0's a, as "<field>: rank 0 ... X, rank r
+// ... Y"; empty when they agree. The kind comes first: the other fields only mean the same for one collective.
+std::string disagreement(const CallSignature& a, const CallSignature& b, int r) {
+  char buf[256];
+  auto passed = [&](const char* field, const std::string& x, const std::string& y) {
+    snprintf(buf, sizeof(buf), "%s: rank 0 passed %s, rank %d passed %s", field, x.c_str(), r, y.c_str());
+    return std::string(buf);
+  };
+  if (a.kind != b.kind) {
+    snprintf(buf, sizeof(buf), "the collective: rank 0 called %s, rank %d called %s", a.call, r, b.call);
+    return buf;
+  }
+  if (a.count != b.count) return passed(a.countName, std::to_string(a.count), std::to_string(b.count));
+  if (a.type != b.type) return passed("datatype", typeName(a.type), typeName(b.type));
+  if (a.op != b.op) return passed("op", opName(a.op), opName(b.op));
+  // bits and blockSize come from options or, when left 0 there, from each rank's config.
+  if (a.bits != b.bits) return passed("bits", std::to_string(a.bits), std::to_string(b.bits));
+  if (a.blockSize != b.blockSize) {
+    return passed("blockSize", std::to_string(a.blockSize), std::to_string(b.blockSize));
+  }
+  return std::string();
+}
 }  // namespace
 
-HostWorld::HostWorld(int nranks) : nranks_(nranks), slots_(nranks, nullptr), joined_(nranks, false) {}
+HostWorld::HostWorld(int nranks)
+    : nranks_(nranks), slots_(nranks, nullptr), signatures_(nranks), joined_(nranks, false) {}
 
 zpResult_t HostWorld::join(const zpUniqueId& id, int nranks, int rank, const char* call,
                            std::shared_ptr<HostWorld>* world) {
@@ -78,6 +104,19 @@ zpResult_t HostWorld::wait(const char* call, int64_t timeoutMs) {
 zpResult_t HostWorld::exchange(int rank, const void* mine, const char* call) {
   slots_[rank] = mine;  // ordered before the peers' reads by the barrier's mutex
   return barrier(call);
+}
+
+zpResult_t HostWorld::exchangeAgreed(int rank, const void* mine, const CallSignature& sig) {
+  signatures_[rank] = sig;  // ordered before the peers' reads by the barrier's mutex, as the slot
+  ZPCHECK(exchange(rank, mine, sig.call));
+  for (int r = 1; r < nranks_; ++r) {
+    const std::string why = disagreement(signatures_[0], signatures_[r], r);
+    if (why.empty()) continue;
+    // Every rank compares the same signatures, so every rank is here, for the same r: leave together.
+    ZPCHECK(barrier(sig.call));
+    return ZP_ERR(zpInvalidUsage, "%s : ranks disagree on %s", sig.call, why.c_str());
+  }
+  return zpSuccess;
 }
 
 zpResult_t HostWorld::barrier(const char* call) {

@@ -5,14 +5,30 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "include/zpccl.h"
+#include "src/backend.h"
 
 namespace zp {
+
+// What every rank must have passed to a collective before any rank reads a peer's data: a rank that called
+// another collective, or passed another count, type, op, bits or block size, would read its peers' buffers
+// with the wrong sizes. Fields the collective ignores are left 0, so ranks compare field by field.
+struct CallSignature {
+  const char* call = nullptr;  // the ABI call, a string literal: peers name it in their messages
+  CollKind kind = CollKind::kQuantize;
+  const char* countName = nullptr;  // "sendcount" or "recvcount", as the call's messages name it
+  size_t count = 0;
+  int type = 0;       // zpDataType_t
+  int op = 0;         // zpRedOp_t, reduce-scatter only
+  int bits = 0;       // resolved (per-call option or config); 0 for exact hpZ
+  int blockSize = 0;  // resolved; 0 where bits is 0
+};
 
 class HostWorld {
  public:
@@ -30,6 +46,12 @@ class HostWorld {
   zpResult_t exchange(int rank, const void* mine, const char* call);
   const void* slot(int rank) const { return slots_[rank]; }
 
+  // exchange() for a collective: also publishes sig and, after the barrier, compares every rank's signature
+  // with rank 0's. On a difference every rank sees the same one, so all of them pass one more barrier (no rank
+  // may publish its next call's signature while a peer still reads this one) and return zpInvalidUsage naming
+  // the first differing field and both values; the world stays usable. On success, as exchange().
+  zpResult_t exchangeAgreed(int rank, const void* mine, const CallSignature& sig);
+
   // Waits for every rank (bounded by ZP_HOST_TIMEOUT_MS); zpRemoteError if the world was aborted or timed out.
   zpResult_t barrier(const char* call);
 
@@ -42,6 +64,7 @@ class HostWorld {
 
   const int nranks_;
   std::vector<const void*> slots_;
+  std::vector<CallSignature> signatures_;  // published beside slots_, under the same rules
   std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
