@@ -10,6 +10,9 @@ namespace zp {
 
 namespace {
 
+// ZPCCL_VERSION_CODE of 0.1.0, the first release, which introduced zpConfig_t.
+constexpr unsigned kFirstConfigVersion = 100;
+
 bool mulOverflows(size_t a, size_t b, size_t* out) { return __builtin_mul_overflow(a, b, out); }
 
 // [a, a+aBytes) and [b, b+bBytes) share a byte.
@@ -68,6 +71,22 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
   if (config->magic != ZP_CONFIG_MAGIC) {
     return ZP_ERR(zpInvalidArgument, "%s : config has a bad magic 0x%x: initialize it with ZP_CONFIG_INITIALIZER", call,
                   config->magic);
+  }
+  // version is the ZPCCL_VERSION_CODE of the zpccl.h the caller was built against. One above this library's may
+  // carry fields or meanings it does not know, so it is refused (before size: a newer header's larger struct is
+  // better explained by its version); one below 0.1.0, the first release with a zpConfig_t, is garbage. Older
+  // releases' configs are accepted as long as their layout (size) is this one's.
+  if (config->version > static_cast<unsigned>(ZPCCL_VERSION_CODE)) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : config->version %u is newer than this library's %d: rebuild against its zpccl.h or load a "
+                  "newer libzpccl",
+                  call, config->version, ZPCCL_VERSION_CODE);
+  }
+  if (config->version < kFirstConfigVersion) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : config->version %u is not a zpccl version (the first with zpConfig_t is %u): initialize the "
+                  "config with ZP_CONFIG_INITIALIZER",
+                  call, config->version, kFirstConfigVersion);
   }
   if (config->size != sizeof(zpConfig_t)) {
     return ZP_ERR(zpInvalidArgument,

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "src/debug.h"
 
@@ -25,13 +26,46 @@ int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, i
   return value;
 }
 
+int64_t parseWaitParam(const char* env, const char* text, int64_t def, int64_t lo) {
+  const int64_t value = parseParam(env, text, def, lo, INT64_MAX);
+  if (value <= kMaxWaitMs) return value;
+  ZP_INFO(kSubsysEnv, "%s=%lld is longer than the longest wait; waiting %lld ms (about 31 years) instead", env,
+          static_cast<long long>(value), static_cast<long long>(kMaxWaitMs));
+  return kMaxWaitMs;
+}
+
+bool readParam(const char* env, int64_t* value) {
+#define ZP_READ_WAIT_PARAM(name, var, def, lo, help)    \
+  if (strcmp(env, var) == 0) {                          \
+    *value = parseWaitParam(var, getenv(var), def, lo); \
+    return true;                                        \
+  }
+#define ZP_READ_PARAM(name, var, def, lo, hi, help)     \
+  if (strcmp(env, var) == 0) {                          \
+    *value = parseParam(var, getenv(var), def, lo, hi); \
+    return true;                                        \
+  }
+  ZP_WAIT_PARAMS(ZP_READ_WAIT_PARAM)
+  ZP_PARAMS(ZP_READ_PARAM)
+#undef ZP_READ_PARAM
+#undef ZP_READ_WAIT_PARAM
+  return false;
+}
+
+#define ZP_DEFINE_WAIT_PARAM(name, env, def, lo, help)                      \
+  int64_t param##name() {                                                   \
+    static const int64_t value = parseWaitParam(env, getenv(env), def, lo); \
+    return value;                                                           \
+  }
 #define ZP_DEFINE_PARAM(name, env, def, lo, hi, help)                       \
   int64_t param##name() {                                                   \
     static const int64_t value = parseParam(env, getenv(env), def, lo, hi); \
     return value;                                                           \
   }
+ZP_WAIT_PARAMS(ZP_DEFINE_WAIT_PARAM)
 ZP_PARAMS(ZP_DEFINE_PARAM)
 #undef ZP_DEFINE_PARAM
+#undef ZP_DEFINE_WAIT_PARAM
 
 bool ncclSwitchOn(const char* value) { return value != nullptr && std::atoi(value) != 0; }
 

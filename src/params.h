@@ -1,6 +1,7 @@
 // Every environment tunable of zpccl, declared once with its default, its valid range and a line of help. Each
 // is read on first use and cached; a value that is set is logged (INFO ENV); one that is not an integer or lies
-// outside the range is refused with a warning, and the default used.
+// outside the range is refused with a warning, and the default used. Waits in milliseconds are declared apart
+// (ZP_WAIT_PARAMS): any value from their lower bound up to INT64_MAX is taken, the largest clamped to kMaxWaitMs.
 #pragma once
 
 #include <cstdint>
@@ -8,14 +9,25 @@
 
 namespace zp {
 
+// The longest wait a millisecond tunable gives: 1e12 ms, about 31.7 years, i.e. "forever". A larger value (users
+// write INT64_MAX for "never time out") is taken as this one: waits compute steady_clock::now() +
+// milliseconds(value) in int64 nanoseconds, which overflows from INT64_MAX / 1e6 ms (about 9.2e12) and wraps to a
+// deadline in the past, so the wait would fail at once instead of lasting forever. 1e12 ms is 1e18 ns, which
+// leaves room for any clock's epoch offset (system_clock counts ~1.8e18 ns since 1970) before INT64_MAX.
+constexpr int64_t kMaxWaitMs = 1000000000000;
+
+// Waits in milliseconds: X(name, env, default, lo, help), valid in [lo, INT64_MAX], clamped to kMaxWaitMs.
+#define ZP_WAIT_PARAMS(X)                                                                            \
+  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000, 1,                                                  \
+    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")       \
+  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000, 1,                                                  \
+    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")     \
+  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000, 0,                                                           \
+    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog " \
+    "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)")
+
+// Every other tunable: X(name, env, default, lo, hi, help), valid in [lo, hi].
 #define ZP_PARAMS(X)                                                                                                 \
-  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000, 1, INT64_MAX,                                                       \
-    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")                       \
-  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000, 1, INT64_MAX,                                                       \
-    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")                     \
-  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000, 0, INT64_MAX,                                                                \
-    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog "                 \
-    "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)")            \
   X(PipelineChunkBytes, "ZP_CHUNK_BYTES", 0, 0, INT64_MAX,                                                           \
     "cuda backend: logical bytes per pipeline chunk of the quantized collectives (0: chosen by size)")               \
   X(PipelineMaxChunks, "ZP_MAX_CHUNKS", 8, 1, 16, "cuda backend: most pipeline chunks per collective call")          \
@@ -59,13 +71,20 @@ namespace zp {
     "never crosses the link is worked while the others travel: qwZ dequantizes its own shard during the gather, "    \
     "one-hop qgZ quantizes the slice it keeps during the exchange (-1: never)")
 
-#define ZP_DECLARE_PARAM(name, env, def, lo, hi, help) int64_t param##name();
+#define ZP_DECLARE_PARAM(name, ...) int64_t param##name();
+ZP_WAIT_PARAMS(ZP_DECLARE_PARAM)
 ZP_PARAMS(ZP_DECLARE_PARAM)
 #undef ZP_DECLARE_PARAM
 
 // The value of tunable `env` given its text (nullptr when unset): the integer, or `def` when unset, not an integer
 // (C syntax: decimal, 0x hex, 0 octal) or outside [lo, hi], the last two with a warning.
 int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi);
+// parseParam for a wait in milliseconds: valid in [lo, INT64_MAX] (below lo: refused, the default used), and a
+// value above kMaxWaitMs is taken as kMaxWaitMs (logged, INFO ENV).
+int64_t parseWaitParam(const char* env, const char* text, int64_t def, int64_t lo);
+// What tunable `env` reads from the environment now (param<Name>() caches this at its first call): true and
+// *value, or false when `env` names no tunable. For tests, which set a variable after the cache may be filled.
+bool readParam(const char* env, int64_t* value);
 
 // How NCCL reads its on/off variables (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE): set to a number other than 0.
 bool ncclSwitchOn(const char* value);

@@ -12,8 +12,8 @@
 // rows fail on another argument, never on "overflow", and never touch memory); misaligned buffers; send and
 // receive buffers overlapping other than in NCCL's in-place layout; a non-NULL stream; bits and block sizes out
 // of the format; hpZ on an uneven layout; reduction ops other than Sum and Avg; bad init arguments and config
-// fields. The cuda backend's own buffer checks (host pointers, another GPU's memory) are in
-// test_bad_input_gpu.cc.
+// fields (the size/magic/version header too). The cuda backend's own buffer checks (host pointers, another GPU's
+// memory) are in test_bad_input_gpu.cc.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -320,6 +320,12 @@ std::vector<ConfigEdit> configEdits() {
        "hpzSize"},
       {"blocking 0", [](zpConfig_t* c) { c->blocking = 0; }, zpInvalidUsage, "config->blocking"},
   };
+  // version: a newer header's (the next patch, minor, major), or garbage (below 0.1.0, the first release).
+  for (unsigned v : {ZPCCL_VERSION_CODE + 1u, ZPCCL_VERSION_CODE + 100u, ZPCCL_VERSION_CODE + 10000u, UINT_MAX, 0u, 1u,
+                     99u, 0x80000000u}) {
+    edits.push_back(
+        {"version " + std::to_string(v), [v](zpConfig_t* c) { c->version = v; }, zpInvalidArgument, "config->version"});
+  }
   struct IntField {
     const char* name;
     int zpConfig_t::*field;
@@ -911,6 +917,21 @@ TEST(BadInput, EveryCallEveryArgumentAndTheCommunicatorStaysUsable) {
   }
   EXPECT_EQ(static_cast<size_t>(ran), rows.size());
   std::printf("[ BadInput ] %zu rows, %d showing a known, reported defect\n", rows.size(), knownIssues);
+}
+
+// A config's version may be this library's (ZP_CONFIG_INITIALIZER) or an older release's with this layout: 0.1.0,
+// the first, is the only one so far. Checked beside the table's refused versions (configEdits).
+TEST(BadInput, ConfigVersionsOfThisLibraryAndOlderAreAccepted) {
+  for (unsigned v : {static_cast<unsigned>(ZPCCL_VERSION_CODE), 100u}) {
+    zpUniqueId id;
+    ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+    zpConfig_t config = ZP_CONFIG_INITIALIZER;
+    config.backend = zpBackendHost;
+    config.version = v;
+    zpComm_t comm = nullptr;
+    ASSERT_EQ(zpCommInitRankConfig(&comm, 1, id, 0, &config), zpSuccess) << v << ": " << zpGetLastError(nullptr);
+    EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  }
 }
 
 // The two calls that return strings: any value, any handle, never a crash.

@@ -1,12 +1,49 @@
-// The environment tunables' parsing (src/params.h): a bad value is refused and the default used, never taken.
+// The environment tunables' parsing (src/params.h): a bad value is refused and the default used, never taken;
+// a wait in milliseconds is clamped to one that std::chrono can add to now().
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "src/params.h"
 
 namespace zp {
 namespace {
+
+// Sets an environment variable for one scope and restores what was there (set or unset) at its end.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+bool endsWith(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+constexpr const char* kInt64Max = "9223372036854775807";
 
 TEST(Params, UnsetOrEmptyGivesTheDefault) {
   EXPECT_EQ(parseParam("ZP_T", nullptr, 7, 0, 10), 7);
@@ -28,6 +65,103 @@ TEST(Params, OutOfRangeOrNotAnIntegerGivesTheDefault) {
   EXPECT_EQ(parseParam("ZP_T", "yes", 7, 0, 10), 7);
   EXPECT_EQ(parseParam("ZP_T", "1.5", 7, 0, 10), 7);
   EXPECT_EQ(parseParam("ZP_T", "99999999999999999999999", 7, 0, INT64_MAX), 7);  // overflows
+}
+
+// A wait may be as long as the user likes ("never time out": INT64_MAX), but what the code waits is clamped to
+// kMaxWaitMs, which std::chrono can add to now() without overflowing. Negative or below-range values are refused
+// as any tunable's are.
+TEST(Params, WaitsTakeAnyLengthClampedToTheLongestSafeOne) {
+  EXPECT_EQ(parseWaitParam("ZP_T", kInt64Max, 7, 1), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "0x7fffffffffffffff", 7, 1), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "1000000000001", 7, 1), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "1000000000000", 7, 1), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "999999999999", 7, 1), 999999999999);
+  EXPECT_EQ(parseWaitParam("ZP_T", "30000", 7, 1), 30000);
+  EXPECT_EQ(parseWaitParam("ZP_T", nullptr, 7, 1), 7);
+  EXPECT_EQ(parseWaitParam("ZP_T", "0", 7, 1), 7);  // below lo
+  EXPECT_EQ(parseWaitParam("ZP_T", "0", 7, 0), 0);  // 0 where it means "never" (ZP_TIMEOUT_MS)
+  EXPECT_EQ(parseWaitParam("ZP_T", "-1", 7, 0), 7);
+  EXPECT_EQ(parseWaitParam("ZP_T", "-9223372036854775808", 7, 0), 7);
+  EXPECT_EQ(parseWaitParam("ZP_T", "99999999999999999999999", 7, 1), 7);  // not an int64: refused, not clamped
+}
+
+// Every tunable in milliseconds (its variable ends in _MS), as the library reads it from the environment: a
+// value past kMaxWaitMs is clamped, a negative one refused. A new _MS tunable declared in ZP_PARAMS instead of
+// ZP_WAIT_PARAMS fails here.
+TEST(Params, EveryMillisecondTunableFromTheEnvironmentIsClamped) {
+  struct Tunable {
+    const char* env;
+    int64_t def;
+  };
+  std::vector<Tunable> all;
+#define ZP_LIST_WAIT(name, env, def, ...) all.push_back({env, def});
+#define ZP_LIST(name, env, def, ...) all.push_back({env, def});
+  ZP_WAIT_PARAMS(ZP_LIST_WAIT)
+  ZP_PARAMS(ZP_LIST)
+#undef ZP_LIST
+#undef ZP_LIST_WAIT
+  int waits = 0;
+  for (const Tunable& t : all) {
+    if (!endsWith(t.env, "_MS")) continue;
+    ++waits;
+    SCOPED_TRACE(t.env);
+    int64_t value = 0;
+    {
+      ScopedEnv env(t.env, kInt64Max);
+      ASSERT_TRUE(readParam(t.env, &value));
+      EXPECT_EQ(value, kMaxWaitMs);
+    }
+    {
+      ScopedEnv env(t.env, "2000000000000");
+      ASSERT_TRUE(readParam(t.env, &value));
+      EXPECT_EQ(value, kMaxWaitMs);
+    }
+    {
+      ScopedEnv env(t.env, "-1");
+      ASSERT_TRUE(readParam(t.env, &value));
+      EXPECT_EQ(value, t.def);
+    }
+    {
+      ScopedEnv env(t.env, "45000");
+      ASSERT_TRUE(readParam(t.env, &value));
+      EXPECT_EQ(value, 45000);
+    }
+  }
+  EXPECT_GE(waits, 3);  // ZP_INIT_TIMEOUT_MS, ZP_HOST_TIMEOUT_MS, ZP_TIMEOUT_MS
+  int64_t value = 0;
+  EXPECT_FALSE(readParam("ZP_NO_SUCH_TUNABLE", &value));
+}
+
+// What the host backend does with ZP_HOST_TIMEOUT_MS (HostWorld::wait): a condition-variable wait_for of that
+// many milliseconds for a peer that comes 50 ms later. With INT64_MAX unclamped, now() + the wait overflows
+// and the wait ends at once, timed out.
+TEST(Params, TheLongestWaitReallyWaits) {
+  int64_t timeoutMs = 0;
+  {
+    ScopedEnv env("ZP_HOST_TIMEOUT_MS", kInt64Max);
+    ASSERT_TRUE(readParam("ZP_HOST_TIMEOUT_MS", &timeoutMs));
+  }
+  EXPECT_GT(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs), std::chrono::steady_clock::now());
+  EXPECT_GT(std::chrono::system_clock::now() + std::chrono::milliseconds(timeoutMs), std::chrono::system_clock::now());
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool arrived = false;
+  std::thread peer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(mutex);
+    arrived = true;
+    cv.notify_all();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  bool done = false;
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    done = cv.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] { return arrived; });
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  peer.join();
+  EXPECT_TRUE(done) << "the wait of " << timeoutMs << " ms timed out after "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms";
 }
 
 }  // namespace

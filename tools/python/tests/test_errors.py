@@ -126,6 +126,58 @@ class BadInput(unittest.TestCase):
         self.expect(lambda r, c: c.quant_reduce_scatter(x, op="mean"),
                     "quant_reduce_scatter: op 'mean' is not one of sum, prod, max, min, avg", ValueError)
 
+    def test_ints_that_do_not_fit_their_c_type(self) -> None:
+        # ctypes keeps an int's low bits: without the Python check, 2**64 + 5 would reach C as 5 and -1 as SIZE_MAX.
+        for count, why in ((2**64 + 5, "does not fit in a C size_t"), (2**64, "does not fit in a C size_t"),
+                           (-1, "is negative"), (np.int64(-5), "is negative")):
+            with self.subTest(count=count), self.assertRaises(ValueError) as cm:
+                zpccl.payload_size(count, 8, 256)
+            self.assertIsInstance(cm.exception, ZpcclError)
+            self.assertIn(f"payload_size: count {count} {why}", str(cm.exception))
+        with self.assertRaises(ZpcclError) as cm:  # SIZE_MAX fits: it reaches C unchanged, which refuses it
+            zpccl.payload_size(2**64 - 1, 8, 256)
+        self.assertIn("zpQuantPayloadSize : count 18446744073709551615 overflows", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            zpccl.payload_size(100, 2**32 + 8, 256)
+        self.assertIn("payload_size: bits 4294967304 does not fit in a C int", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            zpccl.payload_size(100, 8, -2**31 - 1)
+        self.assertIn("payload_size: block_size -2147483649 does not fit in a C int", str(cm.exception))
+
+        huge, x = 2**64 + 4, np.zeros(64, np.float32)
+        self.expect(lambda r, c: c.hier_secondary_shard(huge),
+                    f"hier_secondary_shard: full_count {huge} does not fit in a C size_t", ValueError)
+        self.expect(lambda r, c: c.hier_secondary_shard(-2), "hier_secondary_shard: full_count -2 is negative",
+                    ValueError)
+        self.expect(lambda r, c: c.reserve(2**64), "reserve: max_bytes 18446744073709551616 does not fit", ValueError,
+                    nranks=1)
+        self.expect(lambda r, c: c.reserve(-1), "reserve: max_bytes -1 is negative", ValueError, nranks=1)
+        self.expect(lambda r, c: c.dequantize(np.zeros(64, np.uint8), 2**64 + 8, "float32", 8, 32),
+                    "dequantize: count 18446744073709551624 does not fit in a C size_t", ValueError, nranks=1)
+        self.expect(lambda r, c: c.dequantize(np.zeros(64, np.uint8), -8, "float32", 8, 32),
+                    "dequantize: count -8 is negative", ValueError, nranks=1)
+        # 2**32 would be op 0, sum; 2**32 + 8 would be bits 8 and 2**32 + 256 block size 256.
+        self.expect(lambda r, c: c.quant_reduce_scatter(x, op=2**32),
+                    "quant_reduce_scatter: op 4294967296 does not fit in a C int", ValueError)
+        self.expect(lambda r, c: c.quant_all_gather(x, bits=2**32 + 8),
+                    "quant_all_gather: bits 4294967304 does not fit in a C int", ValueError)
+        self.expect(lambda r, c: c.quant_all_gather(x, block_size=2**32 + 256),
+                    "quant_all_gather: block_size 4294967552 does not fit in a C int", ValueError)
+
+    def test_init_ints_that_do_not_fit_their_c_type(self) -> None:
+        uid = zpccl.get_unique_id()
+        for nranks, rank, name in ((2**32 + 1, 0, "nranks"), (1, 2**32, "rank"), (1, -2**31 - 1, "rank")):
+            with self.subTest(nranks=nranks, rank=rank), self.assertRaises(ValueError) as cm:
+                zpccl.Comm(nranks, rank, uid, backend="host")
+            self.assertIn(f"Comm: {name} ", str(cm.exception))
+            self.assertIn("does not fit in a C int", str(cm.exception))
+        for ptr in (2**64 + 5, -1):
+            # backend="host" has the library refuse the config before it reads the pointer, were it to get there.
+            with self.subTest(ptr=ptr), self.assertRaises(ValueError) as cm:
+                zpccl.Comm.from_nccl_comm(ptr, backend="host")
+            self.assertIn("from_nccl_comm: nccl_comm", str(cm.exception))
+            self.assertIn("is not an address", str(cm.exception))
+
     def test_stream_on_the_host_backend(self) -> None:
         self.expect(lambda r, c: c.quant_all_gather(np.zeros(8, np.float32), stream=1234),
                     "quant_all_gather: stream must be None on the host backend", ValueError)

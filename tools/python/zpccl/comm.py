@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 import sys
 import warnings
-from ctypes import byref, c_int, c_size_t, c_void_p
+from ctypes import byref, c_int, c_size_t, c_void_p, sizeof
 from typing import Any
 
 from . import _arrays, _lib, _torch
@@ -47,8 +47,9 @@ def payload_size(count: int, bits: int, block_size: int) -> int:
     """``zpQuantPayloadSize``: bytes of the payload of ``count`` elements (fp32 scales of every block padded to
     16 bytes, then the packed codes padded to 16 bytes)."""
     out = c_size_t()
-    _lib.check(_lib.lib().zpQuantPayloadSize(_index(count, "payload_size", "count"), _index(bits, "payload_size",
-               "bits"), _index(block_size, "payload_size", "block_size"), byref(out)), "zpQuantPayloadSize")
+    call = "payload_size"
+    _lib.check(_lib.lib().zpQuantPayloadSize(_size_t(count, call, "count"), _c_int(bits, call, "bits"),
+                                             _c_int(block_size, call, "block_size"), byref(out)), "zpQuantPayloadSize")
     return out.value
 
 
@@ -58,13 +59,48 @@ def loaded_nccl_libraries() -> list[str]:
 
 
 def _index(value: Any, call: str, name: str) -> int:
-    """``value`` as a Python int (NumPy integers too; bools and floats refused)."""
+    """``value`` as a Python int (NumPy integers too; bools and floats refused). Range unchecked: an int bound for
+    C goes through :func:`_size_t`, :func:`_c_int` or :func:`_pointer`."""
     if isinstance(value, bool):
         raise ZpcclTypeError(f"{call}: {name} must be an int, got bool", call)
     try:
         return operator.index(value)
     except TypeError:
         raise ZpcclTypeError(f"{call}: {name} must be an int, got {type(value).__name__}", call) from None
+
+
+# ctypes converts a Python int to a C integer argument or struct field by keeping its low bits, silently: a count
+# of 2**64 + 5 would reach the library as 5, and -1 as SIZE_MAX. Every int bound for C is checked against its
+# C type here first, and refused with a message naming it.
+_SIZE_MAX = 2**(8 * sizeof(c_size_t)) - 1
+_POINTER_MAX = 2**(8 * sizeof(c_void_p)) - 1
+_INT_MIN, _INT_MAX = -2**(8 * sizeof(c_int) - 1), 2**(8 * sizeof(c_int) - 1) - 1
+
+
+def _size_t(value: Any, call: str, name: str) -> int:
+    """``value`` as a C ``size_t``: an int in [0, SIZE_MAX], else :class:`ZpcclValueError` naming ``name``."""
+    n = _index(value, call, name)
+    if n < 0:
+        raise ZpcclValueError(f"{call}: {name} {n} is negative (a C size_t)", call)
+    if n > _SIZE_MAX:
+        raise ZpcclValueError(f"{call}: {name} {n} does not fit in a C size_t (at most {_SIZE_MAX})", call)
+    return n
+
+
+def _c_int(value: Any, call: str, name: str) -> int:
+    """``value`` as a C ``int``: an int in [INT_MIN, INT_MAX] (what the library accepts is its to check)."""
+    n = _index(value, call, name)
+    if not _INT_MIN <= n <= _INT_MAX:
+        raise ZpcclValueError(f"{call}: {name} {n} does not fit in a C int ([{_INT_MIN}, {_INT_MAX}])", call)
+    return n
+
+
+def _pointer(value: Any, call: str, name: str) -> int:
+    """``value`` as an address (``c_void_p``): an int in [0, 2**64 - 1]."""
+    n = _index(value, call, name)
+    if not 0 <= n <= _POINTER_MAX:
+        raise ZpcclValueError(f"{call}: {name} {n:#x} is not an address (0 to {_POINTER_MAX:#x})", call)
+    return n
 
 
 def _check_quant_params(bits: Any, block_size: Any, call: str) -> tuple[int, int]:
@@ -86,7 +122,7 @@ def _parse_op(op: Any, call: str) -> int:
         except KeyError:
             names = ", ".join(o.name.lower() for o in RedOp)
             raise ZpcclValueError(f"{call}: op {op!r} is not one of {names}", call) from None
-    return _index(op, call, "op")
+    return _c_int(op, call, "op")
 
 
 class Comm:
@@ -119,8 +155,8 @@ class Comm:
                                   block_size=block_size, blocking=blocking)
         uid = _lib.UniqueId.from_bytes(unique_id, call)
         handle = c_void_p()
-        res = _lib.lib().zpCommInitRankConfig(byref(handle), _index(nranks, call, "nranks"),
-                                              uid, _index(rank, call, "rank"), byref(config))
+        res = _lib.lib().zpCommInitRankConfig(byref(handle), _c_int(nranks, call, "nranks"),
+                                              uid, _c_int(rank, call, "rank"), byref(config))
         _lib.check(res, "zpCommInitRankConfig")
         self._adopt(handle.value)
 
@@ -181,7 +217,7 @@ class Comm:
         ``group._get_backend(torch.device("cuda"))._comm_ptr()``.
         """
         call = "from_nccl_comm"
-        ptr = _index(nccl_comm, call, "nccl_comm")
+        ptr = _pointer(nccl_comm, call, "nccl_comm")
         L = _lib.lib()
         libs = _torch.loaded_nccl_libraries()
         if len(libs) > 1 and not allow_several_nccl:
@@ -272,7 +308,7 @@ class Comm:
         """``zpCommReserve``: sizes scratch memory for collectives of up to ``max_bytes`` logical output bytes,
         so that later calls allocate nothing (and can be captured in a CUDA graph)."""
         handle = self._live("reserve")
-        self._check(_lib.lib().zpCommReserve(handle, _index(max_bytes, "reserve", "max_bytes")), "zpCommReserve")
+        self._check(_lib.lib().zpCommReserve(handle, _size_t(max_bytes, "reserve", "max_bytes")), "zpCommReserve")
 
     def async_error(self) -> Result:
         """``zpCommGetAsyncError``: the first asynchronous error (a failed peer, an abort), ``SUCCESS`` if none."""
@@ -323,10 +359,10 @@ class Comm:
             torch = _arrays.torch_module()
             return int(torch.cuda.current_stream(buf.device).cuda_stream) if torch and buf.kind == "torch" else None
         if isinstance(stream, int) and not isinstance(stream, bool):
-            return stream
+            return _pointer(stream, call, "stream")
         for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
             if hasattr(stream, attr):
-                return int(getattr(stream, attr))
+                return _pointer(getattr(stream, attr), call, "stream")
         raise ZpcclTypeError(f"{call}: stream must be a torch.cuda.Stream or an int cudaStream_t, got "
                              f"{type(stream).__name__}", call)
 
@@ -337,11 +373,11 @@ class Comm:
             return None
         opts = _lib.QuantOptions(0, 0)
         if bits is not None:
-            opts.bits = _index(bits, call, "bits")
+            opts.bits = _c_int(bits, call, "bits")
             if opts.bits == 0:  # 0 means "the communicator's" in C: say None for that
                 raise ZpcclValueError(f"{call}: bits 0 must be 4 or 8 (None keeps the communicator's)", call)
         if block_size is not None:
-            opts.blockSize = _index(block_size, call, "block_size")
+            opts.blockSize = _c_int(block_size, call, "block_size")
             if opts.blockSize == 0:
                 raise ZpcclValueError(f"{call}: block_size 0 must be a power of two in [{MIN_BLOCK_SIZE}, "
                                       f"{MAX_BLOCK_SIZE}] (None keeps the communicator's)", call)
@@ -385,7 +421,7 @@ class Comm:
         call = "dequantize"
         handle = self._live(call)
         bits, block_size = _check_quant_params(bits, block_size, call)
-        count = _index(count, call, "count")
+        count = _size_t(count, call, "count")
         code = _arrays.resolve_dtype(dtype, call)
         pb = _arrays.as_buffer(payload, call, "payload")
         self._place(pb, call, "payload")
@@ -460,7 +496,7 @@ class Comm:
         call = "hier_secondary_shard"
         handle = self._live(call)
         offset, count = c_size_t(), c_size_t()
-        self._check(_lib.lib().zpHierSecondaryShard(_index(full_count, call, "full_count"), byref(offset),
+        self._check(_lib.lib().zpHierSecondaryShard(_size_t(full_count, call, "full_count"), byref(offset),
                                                     byref(count), handle), "zpHierSecondaryShard")
         return offset.value, count.value
 
