@@ -14,9 +14,6 @@ int defaultBits(const zpComm* comm, CollKind kind) {
 
 // The one enqueue path: resolve defaults, check everything, run.
 zpResult_t enqueue(zpComm* comm, const zpQuantOptions_t* options, CollArgs args) {
-  ZPCHECK(checkComm(comm, args.opName));
-  CommUse use(comm);  // a zpCommAbort from another thread waits for this call to leave
-  if (!use.held()) return checkComm(comm, args.opName);  // destroyed in between
   // Collectives take the communicator's settings; zpQuantize/zpDequantize name theirs explicitly.
   const bool standalone = args.kind == CollKind::kQuantize || args.kind == CollKind::kDequantize;
   if (!standalone) {
@@ -32,7 +29,8 @@ zpResult_t call(const char* opName, CollKind kind, const void* sendbuff, void* r
                 zpDataType_t type, zpRedOp_t op, int bits, int blockSize, const zpQuantOptions_t* options,
                 zpComm_t comm, cudaStream_t stream) {
   CollArgs args{opName, kind, sendbuff, recvbuff, count, type, op, bits, blockSize, stream};
-  return guardedCall(opName, &comm, [&] { return enqueue(comm, options, args); });
+  return guardedCall(opName, &comm,
+                     [&] { return whileInUse(comm, opName, [&] { return enqueue(comm, options, args); }); });
 }
 
 }  // namespace
@@ -92,18 +90,19 @@ ZP_EXPORT zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_
 ZP_EXPORT zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count, zpComm_t comm) {
   return zp::guardedCall("zpHierSecondaryShard", &comm, [&]() -> zpResult_t {
     const char* call = "zpHierSecondaryShard";
-    ZPCHECK(zp::checkComm(comm, call));
-    ZPCHECK(zp::checkNotNull(offset, call, "offset"));
-    ZPCHECK(zp::checkNotNull(count, call, "count"));
-    const zp::Topology& t = comm->topo;
-    if (!t.hpzUsable) return ZP_ERR(zpInvalidUsage, "%s : hpZ needs nodes of equal size", call);
-    if (fullCount % t.hpzSize != 0) {
-      return ZP_ERR(zpInvalidArgument, "%s : fullCount %zu is not a multiple of hpzSize %d", call, fullCount,
-                    t.hpzSize);
-    }
-    *count = fullCount / t.hpzSize;
-    *offset = *count * t.hpzRank;
-    return zpSuccess;
+    return zp::whileInUse(comm, call, [&]() -> zpResult_t {
+      ZPCHECK(zp::checkNotNull(offset, call, "offset"));
+      ZPCHECK(zp::checkNotNull(count, call, "count"));
+      const zp::Topology& t = comm->topo;
+      if (!t.hpzUsable) return ZP_ERR(zpInvalidUsage, "%s : hpZ needs nodes of equal size", call);
+      if (fullCount % t.hpzSize != 0) {
+        return ZP_ERR(zpInvalidArgument, "%s : fullCount %zu is not a multiple of hpzSize %d", call, fullCount,
+                      t.hpzSize);
+      }
+      *count = fullCount / t.hpzSize;
+      *offset = *count * t.hpzRank;
+      return zpSuccess;
+    });
   });
 }
 

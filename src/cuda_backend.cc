@@ -195,6 +195,9 @@ class CudaBackend final : public Backend {
     return res;
   }
 
+  // zpCommAbort from another thread: a call of this communicator waiting on the host gives up (src/host_wait.h).
+  void interrupt() override { exec_.stopHostWaits = true; }
+
   bool bufferUsable(const void* ptr, const char** why) override {
     if (ptr == nullptr) {
       *why = "is NULL";
@@ -233,6 +236,7 @@ class CudaBackend final : public Backend {
       }
       return lib != nullptr ? reinterpret_cast<RevokeFn>(dlsym(lib, "ncclCommRevoke")) : nullptr;
     }();
+    exec_.stopHostWaits = true;  // a call waiting on the host leaves (and releases ncclUse_)
     {
       DeviceGuard guard(exec_.device);  // the watchdog's thread
       cancelPeerReads(&exec_.peers);    // the direct-load kernels must not wait on, or touch, revoked peers' windows
@@ -393,6 +397,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   }
   e.qgz = makeQgzPlan(t);
   ZPCHECK(initPeerWindow(c.world, t.nranks, t.rank, t.nodes, e.setupStream, &e.peers));
+  e.peers.stopWaits = &e.stopHostWaits;
   created->startWatchdog();
   *topo = t;
   *cudaDev = e.device;

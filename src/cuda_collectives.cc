@@ -19,6 +19,7 @@
 #include "src/check.h"
 #include "src/cuda_exec.h"
 #include "src/debug.h"
+#include "src/host_wait.h"
 #include "src/params.h"
 
 namespace zp {
@@ -63,9 +64,8 @@ zpResult_t beforeGrowing(CudaExec& e, cudaStream_t stream, const char* call, con
                   "zpCommReserve (or this collective once) before capture",
                   call, need, what, have);
   }
-  if (stream != nullptr) CUDACHECK(cudaStreamSynchronize(stream));
-  CUDACHECK(cudaEventSynchronize(e.sideDone));
-  return zpSuccess;
+  if (stream != nullptr) ZPCHECK(waitOnHost(stream, &e.stopHostWaits, call, "the stream's work before a growth"));
+  return waitOnHost(e.sideDone, &e.stopHostWaits, call, "the previous call before a growth");
 }
 
 zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stream, const char* call) {
@@ -87,7 +87,7 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   // non-blocking setup stream: a plain cudaMemset would go to the legacy default stream and wait for every
   // blocking stream, including one where another communicator's NCCL kernel waits for a peer (a deadlock).
   CUDACHECK(cudaMemsetAsync(s.ptr, 0, rounded, e.setupStream));
-  CUDACHECK(cudaStreamSynchronize(e.setupStream));
+  ZPCHECK(waitOnHost(e.setupStream, &e.stopHostWaits, call, "zeroing scratch"));
   s.bytes = rounded;
   ZP_INFO(kSubsysAlloc, "%s : scratch %d grown to %zu bytes", call, which, rounded);
   return zpSuccess;
@@ -101,6 +101,12 @@ zpResult_t takesDirectPath(CudaExec& e, size_t logicalBytes, size_t payloadBytes
   PeerWindow& w = e.peers;
   *direct = false;
   if (!useDirectLoads(w, logicalBytes)) return zpSuccess;
+  if (w.broken) {
+    return ZP_ERR(zpInternalError,
+                  "%s : the direct-load window failed to grow in an earlier call (its error said why); "
+                  "abort the communicator",
+                  call);
+  }
   const size_t bytes = w.payloadOffset() + payloadBytes;
   if (w.bytes < bytes && !w.frozen) {
     ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, w.bytes));
@@ -206,9 +212,13 @@ zpResult_t handOver(CudaExec& e, const Stages& s, int c) {
 }
 
 // Joins the finish stage (which waited for every chunk's move, hence for the whole move stage) back into the
-// caller's stream.
+// caller's stream. A call of one chunk ran on the caller's stream: sideDone then only marks its end there, since
+// the next call may come on another stream and must not touch scratch before this one is done with it.
 zpResult_t endPipeline(CudaExec& e, const Stages& s) {
-  if (!s.pipelined()) return zpSuccess;
+  if (!s.pipelined()) {
+    if (!s.captured) CUDACHECK(cudaEventRecord(e.sideDone, s.caller));
+    return zpSuccess;
+  }
   cudaEvent_t done = s.captured ? e.capturedSideDone : e.sideDone;
   CUDACHECK(cudaEventRecord(done, s.finish.stream));
   CUDACHECK(cudaStreamWaitEvent(s.caller, done, 0));
@@ -337,6 +347,8 @@ zpResult_t quantizeSlots(const CollArgs& a, const int* sliceOfSlot, int n, size_
 zpResult_t connectPeers(CudaExec& e, const char* call) {
   if (e.peersConnected) return zpSuccess;
   ZPCHECK(ensureScratch(e, 0, 16 * (e.topo.nranks + 1), e.setupStream, call));
+  // Its bytes go through scratch 0, which the previous call may still use (on the caller's stream).
+  CUDACHECK(cudaStreamWaitEvent(e.setupStream, e.sideDone, 0));
   char* buf = static_cast<char*>(e.scratch[0].ptr);
   for (ncclComm_t comm : {e.comms.world, e.comms.intra, e.comms.inter}) {
     if (comm == nullptr) continue;
@@ -349,7 +361,7 @@ zpResult_t connectPeers(CudaExec& e, const char* call) {
     }
     ZPCHECK(ncclCheck(ncclGroupEnd(), call, "ncclGroupEnd"));
   }
-  CUDACHECK(cudaStreamSynchronize(e.setupStream));
+  ZPCHECK(waitOnHost(e.setupStream, &e.stopHostWaits, call, "the first exchange with every peer"));
   e.peersConnected = true;
   return zpSuccess;
 }

@@ -5,6 +5,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <vector>
 
 #include "host/chunk_plan.h"
@@ -78,7 +79,10 @@ struct CudaExec {
   PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/peer_window.h)
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
   bool peersConnected = false;           // every point-to-point peer connected (needed before graph capture)
-  bool shmChannels = false;              // one node over host shared memory, on ZP_SHM_MIN_CTAS channels
+  // Set when the communicator failed (the watchdog) or is being aborted: ends the host waits of a call
+  // (src/host_wait.h), so that the call leaves and lets the abort proceed.
+  std::atomic<bool> stopHostWaits{false};
+  bool shmChannels = false;  // one node over host shared memory, on ZP_SHM_MIN_CTAS channels
 };
 
 zpResult_t cudaExecInit(CudaExec* exec);

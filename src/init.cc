@@ -90,13 +90,14 @@ zpResult_t commFree(zpComm_t comm, bool abort, const char* call) {
   return zpSuccess;
 }
 
-// Reads a field only after the handle is known to be live.
+// Reads a field only after the handle is known to be live, and with the communicator in use (whileInUse).
 template <typename T, typename Get>
-zpResult_t query(const zpComm* comm, T* out, const char* call, Get get) {
-  ZPCHECK(checkComm(comm, call));
-  ZPCHECK(checkNotNull(out, call, "output pointer"));
-  *out = get(comm);
-  return zpSuccess;
+zpResult_t query(zpComm* comm, T* out, const char* call, Get get) {
+  return whileInUse(comm, call, [&]() -> zpResult_t {
+    ZPCHECK(checkNotNull(out, call, "output pointer"));
+    *out = get(comm);
+    return zpSuccess;
+  });
 }
 
 }  // namespace
@@ -154,7 +155,9 @@ ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclCom
     ZPCHECK(zp::checkNotNull(comm, call, "comm"));
     *comm = nullptr;
     ZPCHECK(zp::checkNotNull(ncclComm, call, "ncclComm"));
-    if (config != nullptr && config->magic == ZP_CONFIG_MAGIC && config->backend != ZP_CONFIG_UNDEF_INT &&
+    // Refused before NCCL is asked anything; a config of another size is refused by commInit, before any field of
+    // it is read.
+    if (config != nullptr && config->magic == ZP_CONFIG_MAGIC && config->size == sizeof(zpConfig_t) &&
         config->backend == zpBackendHost) {
       return ZP_ERR(zpInvalidArgument, "%s : config->backend host cannot wrap an NCCL communicator", call);
     }
@@ -178,16 +181,16 @@ ZP_EXPORT zpResult_t zpCommAbort(zpComm_t comm) {
 
 ZP_EXPORT zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   return guardedCall("zpCommGetAsyncError", &comm, [&]() -> zpResult_t {
-    ZPCHECK(zp::checkComm(comm, "zpCommGetAsyncError"));
-    ZPCHECK(zp::checkNotNull(asyncError, "zpCommGetAsyncError", "asyncError"));
-    return comm->backend->asyncError(asyncError);
+    return zp::whileInUse(comm, "zpCommGetAsyncError", [&]() -> zpResult_t {
+      ZPCHECK(zp::checkNotNull(asyncError, "zpCommGetAsyncError", "asyncError"));
+      return comm->backend->asyncError(asyncError);
+    });
   });
 }
 
 ZP_EXPORT zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes) {
   return guardedCall("zpCommReserve", &comm, [&]() -> zpResult_t {
-    ZPCHECK(zp::checkComm(comm, "zpCommReserve"));
-    return comm->backend->reserve(maxBytes);
+    return zp::whileInUse(comm, "zpCommReserve", [&] { return comm->backend->reserve(maxBytes); });
   });
 }
 

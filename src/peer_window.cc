@@ -1,14 +1,13 @@
 #include "src/peer_window.h"
 
-#include <chrono>
 #include <cstdlib>
-#include <thread>
 #include <vector>
 
 #include "device/peer_window.h"
 #include "host/quant_format.h"
 #include "src/check.h"
 #include "src/debug.h"
+#include "src/host_wait.h"
 #include "src/params.h"
 
 #if ZP_HAVE_NCCL_DEVICE
@@ -33,8 +32,7 @@ zpResult_t agreeOnWord(const PeerWindow& w, ncclComm_t world, int mine, ncclRedO
   CUDACHECK(cudaMemcpyAsync(vote, &mine, sizeof(int), cudaMemcpyHostToDevice, stream));
   ZPCHECK(ncclStatus(ncclAllReduce(vote, vote, 1, ncclInt32, op, world, stream), call, what));
   CUDACHECK(cudaMemcpyAsync(all, vote, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  CUDACHECK(cudaStreamSynchronize(stream));
-  return zpSuccess;
+  return waitOnHost(stream, w.stopWaits, call, what);
 }
 
 // The facts of this rank (directLoadsBlocker's input). NCCL's team is asked last, and only when nothing else
@@ -113,6 +111,9 @@ zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t strea
 
 zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call) {
 #if ZP_HAVE_NCCL_DEVICE
+  // A step that fails leaves the window broken: the other ranks may have grown theirs, so no rank can tell which
+  // path the next call takes. Its size is set last, once every rank's window is known and mapped.
+  w.broken = true;
   // No rank may still read the old window: this one's work is done (the caller waited), the others' once every
   // rank has voted. Nor may a graph replay later: if any rank captured it, no rank frees it.
   if (w.handle != nullptr) {
@@ -121,6 +122,7 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
                         "ncclAllReduce of the window's captured vote", &anyCaptured));
     if (anyCaptured != 0) {
       w.frozen = true;
+      w.broken = false;
       ZP_INFO(kSubsysAlloc,
               "%s : direct-load window frozen at %zu bytes, not grown to %zu: a CUDA graph holds it; calls it cannot "
               "hold take NCCL's path (zpCommReserve before the first capture sizes it)",
@@ -140,10 +142,9 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   CUDACHECK(cudaMemsetAsync(w.local, 0, rounded, setupStream));
   CUDACHECK(cudaMemsetAsync(&w.words->arrived, 0, sizeof(w.words->arrived), setupStream));
   CUDACHECK(cudaMemsetAsync(&w.words->calls, 0, sizeof(w.words->calls), setupStream));
-  CUDACHECK(cudaStreamSynchronize(setupStream));
+  ZPCHECK(waitOnHost(setupStream, w.stopWaits, call, "zeroing the direct-load window"));
   ZPCHECK(ncclStatus(ncclCommWindowRegister(world, w.local, rounded, &w.handle, NCCL_WIN_COLL_SYMMETRIC), call,
                      "ncclCommWindowRegister"));
-  w.bytes = rounded;
   std::vector<uintptr_t> at;
   ZPCHECK(windowRankAddresses(w.handle, w.nranks, w.words + 1, setupStream, &at));
   w.rank0 = at[0];
@@ -156,7 +157,9 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   }
   // Also connects the barrier's all-reduce outside capture.
   ZPCHECK(peerBarrier(w, world, setupStream, call));
-  CUDACHECK(cudaStreamSynchronize(setupStream));
+  ZPCHECK(waitOnHost(setupStream, w.stopWaits, call, "the peers' barrier after the window grew"));
+  w.bytes = rounded;
+  w.broken = false;
   ZP_INFO(kSubsysAlloc, "%s : direct-load window grown to %zu bytes (ranks %zu bytes apart)", call, rounded,
           w.rankStride);
   return zpSuccess;
@@ -173,16 +176,7 @@ namespace {
 // not hang on a stream that never drains.
 template <class Query>
 bool waitAtMost(double seconds, Query query) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  for (;;) {
-    const cudaError_t r = query();
-    if (r != cudaErrorNotReady) {
-      if (r != cudaSuccess) (void)cudaGetLastError();
-      return r == cudaSuccess;
-    }
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  return pollUntilDone(query, nullptr, seconds) == WaitEnd::kDone;
 }
 
 constexpr double kDrainSeconds = 5.0;

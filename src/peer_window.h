@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -60,6 +61,8 @@ struct PeerWindow {
   size_t bytes = 0;                  // its size; only grows, never inside graph capture, never once frozen
   bool captured = false;             // a call captured in a CUDA graph on this rank uses it (its payload, flags)
   bool frozen = false;               // never grows again: some rank's graph holds it (growPeerWindow; every rank)
+  bool broken = false;               // a growth failed part of the way: the ranks may disagree on the window, so
+                                     // every later call on the direct path fails (takesDirectPath)
   ncclWindow_t handle = nullptr;     // its registration on the world communicator
   uintptr_t rank0 = 0;               // rank 0's window as mapped in this process
   size_t rankStride = 0;             // bytes from rank r's window to rank r + 1's, as mapped here
@@ -68,6 +71,7 @@ struct PeerWindow {
   cudaEvent_t readDone = nullptr;    // and are done
   int nranks = 0;
   int rank = 0;
+  const std::atomic<bool>* stopWaits = nullptr;  // ends the host waits of a growth (src/host_wait.h)
 
   // Device word: nonzero once the kernels are cancelled (cancelPeerReads).
   int* cancelWord() const { return words != nullptr ? &words->cancel : nullptr; }

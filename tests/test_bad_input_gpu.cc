@@ -184,3 +184,44 @@ TEST(BadInputGpu, AnotherGpusMemoryIsRefused) {
 }
 
 }  // namespace
+
+#include <nccl.h>
+
+namespace {
+
+// zpCommInitFromNccl checks its config like every init (the whole of it, size and version included, before any
+// field is read), and a host backend cannot wrap an NCCL communicator; the caller's communicator stays usable.
+TEST(BadInputGpu, InitFromNcclRefusesABadOrHostConfig) {
+  ZP_REQUIRE_GPUS(1);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ncclComm_t nccl = nullptr;
+  int device = 0;
+  ASSERT_EQ(ncclCommInitAll(&nccl, 1, &device), ncclSuccess);
+  struct Row {
+    const char* what;
+    std::function<void(zpConfig_t*)> spoil;
+    const char* message;
+  };
+  const Row rows[] = {
+      {"host backend", [](zpConfig_t* c) { c->backend = zpBackendHost; },
+       "zpCommInitFromNccl : config->backend host cannot wrap an NCCL communicator"},
+      {"newer version", [](zpConfig_t* c) { c->version = ZPCCL_VERSION_CODE + 1; }, "config->version"},
+      {"wrong size", [](zpConfig_t* c) { c->size = sizeof(zpConfig_t) + 8; }, "config size"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.what);
+    zpConfig_t config = ZP_CONFIG_INITIALIZER;
+    row.spoil(&config);
+    zpComm_t comm = reinterpret_cast<zpComm_t>(0x1);  // poisoned: a failed init sets it to NULL
+    EXPECT_EQ(zpCommInitFromNccl(&comm, nccl, &config), zpInvalidArgument);
+    EXPECT_EQ(comm, nullptr);
+    const char* message = zpGetLastError(nullptr);
+    EXPECT_NE(strstr(message, row.message), nullptr) << message;
+  }
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitFromNccl(&comm, nccl, nullptr), zpSuccess) << zpGetLastError(nullptr);
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  EXPECT_EQ(ncclCommDestroy(nccl), ncclSuccess);
+}
+
+}  // namespace

@@ -1,11 +1,13 @@
 // GPU suites of the three collectives and of the cuda-backend lifecycle: every result is compared bit for bit
 // with the host backend run on the same inputs (the executable specification). Skips without GPUs.
+#include <cuda.h>  // types of cuStreamWaitValue32 only: the test reaches it through the runtime
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -536,6 +538,139 @@ TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
     EXPECT_TRUE(zpcheck::sameBits(a[r].data(), expected[r].data(), a[r].size(), 1));
     EXPECT_TRUE(zpcheck::sameBits(b[r].data(), expected[r].data(), b[r].size(), 1));
   }
+}
+
+// Holds a stream at a point until the test opens it: the stream waits (cuStreamWaitValue32, a stream memory
+// operation, reached through the runtime's driver entry points) for a device word that open() sets from a third
+// stream. Lets a test see what another stream does while the held one cannot move.
+class StreamGate {
+ public:
+  StreamGate() {
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait_), 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      wait_ = nullptr;
+    }
+    if (cudaMalloc(&word_, sizeof(*word_)) != cudaSuccess || cudaMemset(word_, 0, sizeof(*word_)) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&opener_, cudaStreamNonBlocking) != cudaSuccess) {
+      wait_ = nullptr;
+    }
+  }
+  ~StreamGate() {
+    open();
+    (void)cudaFree(word_);
+    (void)cudaStreamDestroy(opener_);
+  }
+  bool usable() const { return wait_ != nullptr; }
+  // `stream` stops here until open().
+  bool hold(cudaStream_t stream) {
+    return wait_(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(word_), 1,
+                 CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS;
+  }
+  void open() {
+    if (word_ == nullptr || opened_) return;
+    opened_ = cudaMemsetAsync(word_, 1, 1, opener_) == cudaSuccess && cudaStreamSynchronize(opener_) == cudaSuccess;
+  }
+
+ private:
+  using WaitFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  WaitFn wait_ = nullptr;
+  unsigned int* word_ = nullptr;
+  cudaStream_t opener_ = nullptr;
+  bool opened_ = false;
+};
+
+// One communicator, calls on two streams: a call on stream B starts only after the previous call on stream A (they
+// share the communicator's scratch), also when that one was a call of one chunk, which runs wholly on A. Stream A
+// is held before its qwZ; B's qgZ must still be pending after B had ample time, and both match the host.
+TEST(GpuConcurrency, OneCommunicatorOnTwoStreamsKeepsItsScratchInOrder) {
+  ZP_REQUIRE_GPUS(1);
+  const Case gather{Op::kQwz, zpBfloat16, 8, 4096, false}, reduce{Op::kQgz, zpBfloat16, 4, 4096, false};
+  const std::vector<Buffer> expectGather = hostExpected(gather, 1, nullptr),
+                            expectReduce = hostExpected(reduce, 1, nullptr);
+  runGpuRanks(1, nullptr, [&](int rank, zpComm_t comm) {
+    StreamGate gate;
+    if (!gate.usable()) GTEST_SKIP() << "cuStreamWaitValue32 not available";
+    // Scratch sized and peers connected first: those are host waits, which would wait for the held stream.
+    ASSERT_EQ(zpCommReserve(comm, 64 << 20), zpSuccess) << zpGetLastError(comm);
+    CaseBuffers a, b;
+    prepareCase(gather, rank, comm, &a);
+    prepareCase(reduce, rank, comm, &b);
+    cudaStream_t streamA, streamB;
+    CUDA_ASSERT(cudaStreamCreateWithFlags(&streamA, cudaStreamNonBlocking));
+    CUDA_ASSERT(cudaStreamCreateWithFlags(&streamB, cudaStreamNonBlocking));
+    ASSERT_TRUE(gate.hold(streamA));
+    ASSERT_EQ(runCase(gather, comm, a.send, a.recv, streamA), zpSuccess) << zpGetLastError(comm);
+    ASSERT_EQ(runCase(reduce, comm, b.send, b.recv, streamB), zpSuccess) << zpGetLastError(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(cudaStreamQuery(streamB), cudaErrorNotReady) << "stream B ran while the call before it on A waited";
+    gate.open();
+    Buffer gathered, reduced;
+    collectCase(&a, streamA, &gathered);
+    collectCase(&b, streamB, &reduced);
+    EXPECT_TRUE(zpcheck::sameBits(gathered.data(), expectGather[0].data(), gathered.size(), 1));
+    EXPECT_TRUE(zpcheck::sameBits(reduced.data(), expectReduce[0].data(), reduced.size(), 1));
+    CUDA_ASSERT(cudaStreamDestroy(streamA));
+    CUDA_ASSERT(cudaStreamDestroy(streamB));
+  });
+}
+
+// A call that must wait on the host (here: scratch grows, behind work on a stream that cannot move) gives up
+// once another thread aborts the communicator, instead of keeping the abort waiting for it forever (the abort
+// waits for running calls to leave; src/host_wait.h). The held stream is opened only after the call returned.
+TEST(GpuAbort, AbortEndsACallWaitingOnTheHost) {
+  ZP_REQUIRE_GPUS(1);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  zpConfig_t config = ZP_CONFIG_INITIALIZER;
+  config.backend = zpBackendCuda;
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitRankConfig(&comm, 1, id, 0, &config), zpSuccess) << zpGetLastError(nullptr);
+  StreamGate gate;
+  if (!gate.usable()) {
+    EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+    GTEST_SKIP() << "cuStreamWaitValue32 not available";
+  }
+  const size_t small = 4096, large = 8 << 20;  // bf16 elements: scratch for the first, then it must grow
+  char *send = nullptr, *recv = nullptr;
+  CUDA_ASSERT(cudaMalloc(&send, large * 2));
+  CUDA_ASSERT(cudaMalloc(&recv, large * 2));
+  CUDA_ASSERT(cudaMemset(send, 0, large * 2));
+  cudaStream_t stream;
+  CUDA_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ASSERT_EQ(zpQuantAllGather(send, recv, small, zpBfloat16, comm, stream), zpSuccess) << zpGetLastError(comm);
+  CUDA_ASSERT(cudaStreamSynchronize(stream));
+  ASSERT_TRUE(gate.hold(stream));
+  ASSERT_EQ(zpQuantAllGather(send, recv, small, zpBfloat16, comm, stream), zpSuccess) << zpGetLastError(comm);
+  // Should the call not give up, the gate opens anyway after a while (then the timing check below fails).
+  std::atomic<bool> returned{false};
+  std::thread safety([&] {
+    for (int i = 0; i < 200 && !returned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate.open();
+  });
+  std::atomic<int> aborted{-1};
+  std::thread abort([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    aborted = zpCommAbort(comm);  // returns once the held stream drains (freeing memory waits for the device)
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const zpResult_t res = zpQuantAllGather(send, recv, large, zpBfloat16, comm, stream);
+  const std::string message = zpGetLastError(nullptr);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  returned = true;
+  gate.open();
+  abort.join();
+  safety.join();
+  EXPECT_EQ(res, zpRemoteError);
+  EXPECT_NE(message.find("zpQuantAllGather : stopped waiting for"), std::string::npos) << message;
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_EQ(aborted.load(), zpSuccess);
+  CUDA_ASSERT(cudaStreamSynchronize(stream));
+  CUDA_ASSERT(cudaStreamDestroy(stream));
+  CUDA_ASSERT(cudaFree(send));
+  CUDA_ASSERT(cudaFree(recv));
 }
 
 // ---- a caller's NCCL communicator -----------------------------------------------------------------------------

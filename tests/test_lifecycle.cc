@@ -322,6 +322,42 @@ TEST(HostAbort, AbortFromAnotherThreadWakesABlockedCollective) {
   EXPECT_EQ(zpCommDestroy(comms[1]), zpSuccess);
 }
 
+// Queries, zpCommGetAsyncError, zpCommReserve and zpHierSecondaryShard racing a destroy from another thread either
+// see the live communicator (right answers) or refuse the dead handle: never a read of freed memory (the
+// sanitizer build, tools/run-sanitizers.sh, reports one), since each holds the communicator in use while it reads.
+TEST(HostAbort, CallsRacingDestroyNeverReadAFreedCommunicator) {
+  for (int round = 0; round < 200; ++round) {
+    zpConfig_t c = hostConfig();
+    zpComm_t comm = nullptr;
+    ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpSuccess);
+    std::atomic<bool> started{false};
+    int unexpected = 0, calls = 0;
+    std::thread caller([&] {
+      for (bool live = true; live; ++calls) {
+        started = true;
+        int count = -1;
+        zpResult_t async = zpInternalError;
+        size_t offset = 1, shard = 0;
+        const zpResult_t r[4] = {zpCommCount(comm, &count), zpCommGetAsyncError(comm, &async),
+                                 zpCommReserve(comm, 1 << 20), zpHierSecondaryShard(64, &offset, &shard, comm)};
+        for (zpResult_t x : r) {
+          if (x != zpSuccess && x != zpInvalidArgument) unexpected++;
+          if (x == zpInvalidArgument) live = false;
+        }
+        if (r[0] == zpSuccess && count != 1) unexpected++;
+        // An abort under way is what the communicator reports while the call still sees it.
+        if (r[1] == zpSuccess && async != zpSuccess && !(round % 2 == 1 && async == zpRemoteError)) unexpected++;
+        if (r[3] == zpSuccess && (offset != 0 || shard != 64)) unexpected++;
+      }
+    });
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(round % 50));
+    ASSERT_EQ(round % 2 == 0 ? zpCommDestroy(comm) : zpCommAbort(comm), zpSuccess);
+    caller.join();
+    EXPECT_EQ(unexpected, 0) << "round " << round << " after " << calls << " calls";
+  }
+}
+
 // The orders in which the cuda backend ends its NCCL communicators (src/cuda_exec.h): destroyed split ones first
 // and world last, aborted world first (an abort of a split one waits for world's kernel), a caller's world never,
 // an alias of world once. Fake handles: nothing here calls NCCL.
