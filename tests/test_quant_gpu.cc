@@ -1,11 +1,14 @@
 // Device quantization kernels (device/quantize.h) against the host reference (host/quant_ref.h), bit for bit:
 // payload bytes and dequantized output bits, over type x bits x block size x count x misalignment, with NaN,
-// Inf, zero, denormal and tie blocks in the data; outputs poisoned before every run; batched launches.
+// Inf, zero, denormal and tie blocks in the data; outputs poisoned before every run; batched launches; counts
+// that take the grid-stride loops round several times; more than 2^31 elements (GpuQuantLarge).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -42,6 +45,7 @@ class DeviceBuffer {
 
 // First differing byte of two buffers, or -1.
 long firstDiff(const unsigned char* a, const unsigned char* b, size_t n) {
+  if (n == 0 || std::memcmp(a, b, n) == 0) return -1;  // the common case, fast on the large buffers
   for (size_t i = 0; i < n; ++i) {
     if (a[i] != b[i]) return static_cast<long>(i);
   }
@@ -55,9 +59,82 @@ bool allBytes(const unsigned char* p, size_t n, unsigned char v) {
   return true;
 }
 
+// Page-locked host memory: the large test reads gigabytes back through it.
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes) : bytes_(bytes) {
+    if (cudaMallocHost(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  unsigned char* get() const { return static_cast<unsigned char*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
 std::string caseName(zpDataType_t type, int bits, int g, size_t count, size_t offset) {
   return std::string(zp::typeName(type)) + " bits=" + std::to_string(bits) + " G=" + std::to_string(g) +
          " count=" + std::to_string(count) + " offset=" + std::to_string(offset);
+}
+
+// Quantizes `count` elements of `type` (host `in`) on `stream` into a poisoned payload and dequantizes that into a
+// poisoned output, at each of `offsets` (elements past a 16-byte boundary, input and output alike): both must
+// equal the host reference bit for bit, and the kGuard bytes after each, like the output's bytes before the
+// offset, must keep the poison. The device buffers must hold the largest offset's case.
+void checkRoundTrips(zpDataType_t type, int bits, int g, size_t count, const unsigned char* in,
+                     std::initializer_list<size_t> offsets, zp::KernelStream stream, const DeviceBuffer& dIn,
+                     const DeviceBuffer& dPayload, const DeviceBuffer& dOut) {
+  const size_t esize = zptest::elemSize(type);
+  const size_t payloadBytes = zp::quantPayloadBytes(count, bits, g);
+  const size_t elemBytes = count * esize;
+  std::vector<unsigned char> refPayload(payloadBytes), refOut(elemBytes);
+  zp::quantizeRef(in, type, count, bits, g, refPayload.data());
+  zp::dequantizeRef(refPayload.data(), type, count, bits, g, refOut.data());
+  std::vector<unsigned char> payload(payloadBytes + kGuard), out(elemBytes + std::max(offsets) * esize + kGuard);
+  for (size_t offset : offsets) {
+    const std::string name = caseName(type, bits, g, count, offset) + " sms=" + std::to_string(stream.sms);
+    const size_t lead = offset * esize;  // bytes before the elements
+    ASSERT_LE(lead + elemBytes + kGuard, std::min(dIn.bytes(), dOut.bytes())) << name;
+    ASSERT_LE(payloadBytes + kGuard, dPayload.bytes()) << name;
+
+    // Quantize into a poisoned payload.
+    CUDA_ASSERT(cudaMemcpy(dIn.get() + lead, in, elemBytes, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemset(dPayload.get(), kPoison, payloadBytes + kGuard));
+    ASSERT_EQ(zp::launchQuantize(dIn.get() + lead, dPayload.get(), count, type, bits, g, stream), zpSuccess) << name;
+    CUDA_ASSERT(cudaMemcpy(payload.data(), dPayload.get(), payloadBytes + kGuard, cudaMemcpyDeviceToHost));
+    const long pd = firstDiff(payload.data(), refPayload.data(), payloadBytes);
+    ASSERT_EQ(pd, -1) << name << ": payload byte " << pd << " (scale region " << zp::quantScaleBytes(count, g)
+                      << " bytes): device " << int(payload[pd < 0 ? 0 : pd]) << " host "
+                      << int(refPayload[pd < 0 ? 0 : pd]);
+    ASSERT_TRUE(allBytes(payload.data() + payloadBytes, kGuard, kPoison)) << name << ": write past payload";
+
+    // Dequantize the device payload into a poisoned, equally misaligned output.
+    CUDA_ASSERT(cudaMemset(dOut.get(), kPoison, lead + elemBytes + kGuard));
+    ASSERT_EQ(zp::launchDequantize(dPayload.get(), dOut.get() + lead, count, type, bits, g, stream), zpSuccess) << name;
+    CUDA_ASSERT(cudaMemcpy(out.data(), dOut.get(), lead + elemBytes + kGuard, cudaMemcpyDeviceToHost));
+    ASSERT_TRUE(allBytes(out.data(), lead, kPoison)) << name << ": write before output";
+    const long od = firstDiff(out.data() + lead, refOut.data(), elemBytes);
+    ASSERT_EQ(od, -1) << name << ": output element " << (od < 0 ? 0 : od / esize) << ": device 0x" << std::hex
+                      << zptest::loadElemBits(type, out.data() + lead, od < 0 ? 0 : od / esize) << " host 0x"
+                      << zptest::loadElemBits(type, refOut.data(), od < 0 ? 0 : od / esize);
+    ASSERT_TRUE(allBytes(out.data() + lead + elemBytes, kGuard, kPoison)) << name << ": write past output";
+  }
+}
+
+// At most the elements one grid step of the quantize or of the dequantize kernel covers on `sms` SMs
+// (device/quantize.cu): the launchers' grid is one wave of resident CTAs (gridFor), at most `threadsPerSm`
+// threads an SM, and a thread holds kVecsPerThread = 4 vectors of 16 bytes of elements at a time, of its block
+// (quantize: a group of P threads owns a block of 64 P bytes, a CTA of 256 threads 256 / P blocks, or the CTA is
+// the group) or of its CTA's tile (dequantize: 256 x 4 vectors). Counts above take the grid-stride loops round
+// again.
+size_t gridStepElems(int sms, int threadsPerSm, zpDataType_t type) {
+  return static_cast<size_t>(sms) * threadsPerSm * 64 / zptest::elemSize(type);
 }
 
 TEST(QuantGpu, MatchesHostReferenceBitForBit) {
@@ -118,6 +195,78 @@ TEST(QuantGpu, MatchesHostReferenceBitForBit) {
           }
         }
       }
+    }
+  }
+  CUDA_ASSERT(cudaDeviceSynchronize());
+}
+
+// The grid-stride loops of the quantize and dequantize kernels coming round a second and a third time, on a
+// KernelStream limited to 1 or 3 SMs (the launchers size the grid to a stream's SMs, as for a green context's
+// streams): 2.5 grid steps (gridStepElems: at most 2048 x 64 bytes an SM on H100/H200, 64K bf16 elements) plus
+// 4097 elements, so every CTA takes at least two steps and the first CTAs a third or more, the last block's CTA
+// among them. That block is partial for every block size (count = 4097 mod 8192, 1 mod 4096 and below), and
+// its last vector too.
+// Every block size (each group size is its own kernel: warp-sized groups, and CTA-sized ones with the cp.async
+// pipeline when aligned, the direct loop when not), and offsets 0, 1, 2, 4, 6 elements: every access width of
+// the misaligned loads and stores (bf16/fp16: 2, 4, 8 bytes; fp32: 4, 8).
+TEST(QuantGpu, GridStrideLoopsOnFewSmsMatchHostReference) {
+  ZP_REQUIRE_GPUS(1);
+  int threadsPerSm = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&threadsPerSm, cudaDevAttrMaxThreadsPerMultiProcessor, 0));
+  uint32_t seed = 4242;
+  for (zpDataType_t type : zptest::kQuantTypes) {
+    const size_t esize = zptest::elemSize(type);
+    const size_t maxStep = gridStepElems(3, threadsPerSm, type);
+    const size_t maxCount = 2 * maxStep + maxStep / 2 + 4097;
+    const size_t maxElemBytes = (maxCount + 6) * esize + kGuard;
+    DeviceBuffer dIn(maxElemBytes), dPayload(zp::quantPayloadBytes(maxCount, 8, 32) + kGuard), dOut(maxElemBytes);
+    ASSERT_NE(dIn.get(), nullptr);
+    ASSERT_NE(dPayload.get(), nullptr);
+    ASSERT_NE(dOut.get(), nullptr);
+    std::vector<unsigned char> in(maxCount * esize);
+    zptest::fillData(type, in.data(), maxCount, 256, 8, seed++, /*specials=*/true);
+    for (int sms : {1, 3}) {
+      const size_t step = gridStepElems(sms, threadsPerSm, type);
+      const size_t count = 2 * step + step / 2 + 4097;
+      for (int bits : {4, 8}) {
+        for (int g : {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
+          checkRoundTrips(type, bits, g, count, in.data(), {0, 1, 2, 4, 6}, zp::KernelStream(nullptr, sms), dIn,
+                          dPayload, dOut);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  CUDA_ASSERT(cudaDeviceSynchronize());
+}
+
+// The same on the whole device (a plain stream): 1.5 grid steps of the largest grid the device can keep
+// resident (gridStepElems: 132 SMs x 2048 threads x 64 bytes = 16.5 MiB on H200, 8.65M bf16 elements) plus 4097
+// elements, so at least half the CTAs take a second step, the last block's among them. The default block size
+// (warp-sized groups) and the largest (a CTA a block), each with int4 for one type and int8 for the next, aligned
+// and misaligned by one element.
+TEST(QuantGpu, GridStrideLoopsOnWholeDeviceMatchHostReference) {
+  ZP_REQUIRE_GPUS(1);
+  int device = 0, sms = 0, threadsPerSm = 0;
+  CUDA_ASSERT(cudaGetDevice(&device));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&threadsPerSm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  for (int t = 0; t < 3; ++t) {
+    const zpDataType_t type = zptest::kQuantTypes[t];
+    const size_t esize = zptest::elemSize(type);
+    const size_t step = gridStepElems(sms, threadsPerSm, type);
+    const size_t count = step + step / 2 + 4097;
+    const size_t elemBytes = (count + 1) * esize + kGuard;
+    DeviceBuffer dIn(elemBytes), dPayload(zp::quantPayloadBytes(count, 8, 256) + kGuard), dOut(elemBytes);
+    ASSERT_NE(dIn.get(), nullptr);
+    ASSERT_NE(dPayload.get(), nullptr);
+    ASSERT_NE(dOut.get(), nullptr);
+    std::vector<unsigned char> in(count * esize);
+    zptest::fillData(type, in.data(), count, 256, 8, 9001 + t, /*specials=*/true);
+    for (int g : {256, 8192}) {
+      const int bits = (g == 256) == (t % 2 == 0) ? 8 : 4;  // fp16, fp32: int8 at G = 256; bf16: int4
+      checkRoundTrips(type, bits, g, count, in.data(), {0, 1}, nullptr, dIn, dPayload, dOut);
+      if (HasFatalFailure()) return;
     }
   }
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -236,6 +385,148 @@ TEST(QuantGpu, EmptyAndBadArguments) {
   EXPECT_EQ(zp::launchQuantize(dIn.get(), dPayload.get(), 100, zpFloat16, 8, 100, nullptr), zpInvalidArgument);
   EXPECT_EQ(zp::launchQuantize(dIn.get(), dPayload.get(), 100, zpFloat16, 8, 256, nullptr, 2, 0, 8), zpInvalidArgument);
   CUDA_ASSERT(cudaDeviceSynchronize());
+}
+
+// The device bytes [dev, dev + bytes) must be `period` (periodBytes long) repeated, the last repetition possibly
+// cut short. Read back through `scratch` a whole number of periods at a time.
+void expectPeriodic(const std::string& what, const unsigned char* dev, size_t bytes, const unsigned char* period,
+                    size_t periodBytes, const PinnedBuffer& scratch) {
+  ASSERT_LE(periodBytes, scratch.bytes()) << what;
+  const size_t chunk = scratch.bytes() / periodBytes * periodBytes;
+  for (size_t at = 0; at < bytes; at += chunk) {
+    const size_t n = std::min(chunk, bytes - at);
+    CUDA_ASSERT(cudaMemcpy(scratch.get(), dev + at, n, cudaMemcpyDeviceToHost));
+    for (size_t p = 0; p < n; p += periodBytes) {
+      const long d = firstDiff(scratch.get() + p, period, std::min(periodBytes, n - p));
+      if (d < 0) continue;
+      FAIL() << what << ": byte " << at + p + d << " (byte " << d << " of a " << periodBytes << "-byte period): device "
+             << int(scratch.get()[p + d]) << " host " << int(period[d]);
+    }
+  }
+}
+
+// The device bytes [dev, dev + want.size()) must be `want`.
+void expectBytes(const std::string& what, const unsigned char* dev, const std::vector<unsigned char>& want) {
+  if (want.empty()) return;
+  std::vector<unsigned char> got(want.size());
+  CUDA_ASSERT(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost));
+  const long d = firstDiff(got.data(), want.data(), want.size());
+  ASSERT_EQ(d, -1) << what << ": byte " << d << ": device " << int(got[d < 0 ? 0 : d]) << " host "
+                   << int(want[d < 0 ? 0 : d]);
+}
+
+// More than 2^31 elements (bf16: 2^31 + 257, 4 GiB), so that element indices, byte offsets (inputs and outputs
+// past 4 GiB, int8 codes past 2 GiB) and their products must not overflow 32 bits anywhere in the kernels or
+// launchers. The input repeats a period of P = 129 x 8192 elements, a multiple of every block size, so whole
+// blocks repeat with it; 2^31 mod P = 131072, so an index wrapped at 2^31 or 2^32 reads other data. Blocks are
+// quantized independently (host/quant_ref.cc: a block's scale and codes depend on its elements only;
+// host/quant_format.h: block b's scale at byte 4b, element i's code at scaleBytes + i * bits / 8): the payload's
+// scales and codes and the output repeat the host reference of one period, up to the last, partial block, whose
+// reference is that block quantized alone. The whole payload and output are read back and compared, padding
+// and guard bytes included. int8, G = 256, aligned (warp-sized groups, 16-byte loads and stores); int4,
+// G = 8192, misaligned by one element (CTA-sized groups' direct loop, 2-byte loads, windowed stores).
+TEST(GpuQuantLarge, MoreThan2To31ElementsMatchHostReference) {
+  ZP_REQUIRE_GPUS(1);
+  constexpr zpDataType_t kType = zpBfloat16;
+  constexpr size_t kEsize = 2;
+  constexpr size_t kPeriod = 129 * size_t{8192};
+  const size_t count = (size_t{1} << 31) + 257;
+  const size_t elemBytes = (count + 1) * kEsize + kGuard;                   // offsets 0 and 1
+  const size_t maxPayload = zp::quantPayloadBytes(count, 8, 256) + kGuard;  // the int8 case's
+  size_t freeBytes = 0, totalBytes = 0;
+  CUDA_ASSERT(cudaMemGetInfo(&freeBytes, &totalBytes));
+  if (freeBytes < 2 * elemBytes + maxPayload + (size_t{1} << 30)) {
+    GTEST_SKIP() << "needs " << ((2 * elemBytes + maxPayload) >> 30) + 1 << " GiB of free device memory, "
+                 << (freeBytes >> 30) << " GiB free";
+  }
+  DeviceBuffer dIn(elemBytes), dPayload(maxPayload), dOut(elemBytes);
+  ASSERT_NE(dIn.get(), nullptr);
+  ASSERT_NE(dPayload.get(), nullptr);
+  ASSERT_NE(dOut.get(), nullptr);
+  const PinnedBuffer scratch(size_t{256} << 20);
+  ASSERT_NE(scratch.get(), nullptr);
+  std::vector<unsigned char> period(kPeriod * kEsize);
+  zptest::fillData(kType, period.data(), kPeriod, 256, 8, 2031, /*specials=*/true);
+
+  struct LargeCase {
+    int bits, g;
+    size_t offset;
+  };
+  for (const LargeCase c : {LargeCase{8, 256, 0}, LargeCase{4, 8192, 1}}) {
+    const std::string name = caseName(kType, c.bits, c.g, count, c.offset);
+    SCOPED_TRACE(name);
+    const size_t payloadBytes = zp::quantPayloadBytes(count, c.bits, c.g);
+    const size_t scaleBytes = zp::quantScaleBytes(count, c.g);
+    const size_t whole = count / c.g * c.g, tail = count - whole;  // elements of whole blocks; of the last one
+    const size_t lead = c.offset * kEsize;
+
+    // Host references: one period, and the last block alone.
+    std::vector<unsigned char> refPayload(zp::quantPayloadBytes(kPeriod, c.bits, c.g)), refOut(kPeriod * kEsize);
+    zp::quantizeRef(period.data(), kType, kPeriod, c.bits, c.g, refPayload.data());
+    zp::dequantizeRef(refPayload.data(), kType, kPeriod, c.bits, c.g, refOut.data());
+    const unsigned char* refCodes = refPayload.data() + zp::quantScaleBytes(kPeriod, c.g);
+    std::vector<unsigned char> tailIn(tail * kEsize), tailPayload(zp::quantPayloadBytes(tail, c.bits, c.g));
+    std::vector<unsigned char> tailOut(tail * kEsize);
+    for (size_t i = 0; i < tail; ++i) {
+      std::memcpy(&tailIn[i * kEsize], &period[(whole + i) % kPeriod * kEsize], kEsize);
+    }
+    zp::quantizeRef(tailIn.data(), kType, tail, c.bits, c.g, tailPayload.data());
+    zp::dequantizeRef(tailPayload.data(), kType, tail, c.bits, c.g, tailOut.data());
+    // The premise, on the host: two periods quantize to the period's scales, then its codes, twice.
+    {
+      std::vector<unsigned char> twice(2 * period.size()),
+          twicePayload(zp::quantPayloadBytes(2 * kPeriod, c.bits, c.g));
+      std::memcpy(twice.data(), period.data(), period.size());
+      std::memcpy(twice.data() + period.size(), period.data(), period.size());
+      zp::quantizeRef(twice.data(), kType, 2 * kPeriod, c.bits, c.g, twicePayload.data());
+      const size_t periodScales = kPeriod / c.g * sizeof(float), periodCodes = kPeriod * c.bits / 8;
+      const unsigned char* twiceCodes = twicePayload.data() + zp::quantScaleBytes(2 * kPeriod, c.g);
+      for (int k = 0; k < 2; ++k) {
+        ASSERT_EQ(std::memcmp(twicePayload.data() + k * periodScales, refPayload.data(), periodScales), 0)
+            << "blocks are not quantized independently: period " << k << "'s scales";
+        ASSERT_EQ(std::memcmp(twiceCodes + k * periodCodes, refCodes, periodCodes), 0)
+            << "blocks are not quantized independently: period " << k << "'s codes";
+      }
+    }
+
+    // The input: the period, then the filled part copied after itself until `count` elements.
+    unsigned char* in = dIn.get() + lead;
+    CUDA_ASSERT(cudaMemcpy(in, period.data(), period.size(), cudaMemcpyHostToDevice));
+    for (size_t n = kPeriod; n < count;) {
+      const size_t k = std::min(n, count - n);
+      CUDA_ASSERT(cudaMemcpy(in + n * kEsize, in, k * kEsize, cudaMemcpyDeviceToDevice));
+      n += k;
+    }
+    CUDA_ASSERT(cudaMemset(dPayload.get(), kPoison, payloadBytes + kGuard));
+    CUDA_ASSERT(cudaMemset(dOut.get(), kPoison, lead + count * kEsize + kGuard));
+    ASSERT_EQ(zp::launchQuantize(in, dPayload.get(), count, kType, c.bits, c.g, nullptr), zpSuccess);
+    ASSERT_EQ(zp::launchDequantize(dPayload.get(), dOut.get() + lead, count, kType, c.bits, c.g, nullptr), zpSuccess);
+    CUDA_ASSERT(cudaDeviceSynchronize());
+
+    // Payload: the scales of whole blocks, then the last block's, zeros to the codes; the codes of whole blocks,
+    // then the last block's, zeros to the end of the payload, the guard.
+    const size_t wholeScales = whole / c.g * sizeof(float), wholeCodes = whole * c.bits / 8;
+    expectPeriodic("scales", dPayload.get(), wholeScales, refPayload.data(), kPeriod / c.g * sizeof(float), scratch);
+    if (HasFatalFailure()) return;
+    std::vector<unsigned char> scaleEnd(scaleBytes - wholeScales, 0);
+    if (tail > 0) std::memcpy(scaleEnd.data(), tailPayload.data(), sizeof(float));
+    expectBytes("scale region end", dPayload.get() + wholeScales, scaleEnd);
+    expectPeriodic("codes", dPayload.get() + scaleBytes, wholeCodes, refCodes, kPeriod * c.bits / 8, scratch);
+    if (HasFatalFailure()) return;
+    std::vector<unsigned char> codeEnd(payloadBytes - scaleBytes - wholeCodes, 0);
+    std::memcpy(codeEnd.data(), tailPayload.data() + zp::quantScaleBytes(tail, c.g), (tail * c.bits + 7) / 8);
+    codeEnd.insert(codeEnd.end(), kGuard, kPoison);
+    expectBytes("code region end and guard", dPayload.get() + scaleBytes + wholeCodes, codeEnd);
+
+    // Output: poison before it, whole blocks, the last block, the guard.
+    expectBytes("before output", dOut.get(), std::vector<unsigned char>(lead, kPoison));
+    expectPeriodic("output", dOut.get() + lead, whole * kEsize, refOut.data(), refOut.size(), scratch);
+    if (HasFatalFailure()) return;
+    std::vector<unsigned char> outEnd(tailOut);
+    outEnd.insert(outEnd.end(), kGuard, kPoison);
+    expectBytes("output end and guard", dOut.get() + lead + whole * kEsize, outEnd);
+    if (HasFatalFailure()) return;
+  }
 }
 
 }  // namespace

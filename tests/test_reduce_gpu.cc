@@ -59,12 +59,13 @@ struct Case {
   size_t misalign;  // output elements past a 16-byte boundary (finish)
   size_t gap;       // finish: extra elements between segment outputs; requantize: extra 16-byte units
   float divisor;
+  int sms = 0;  // SMs the launches may fill (KernelStream::sms); 0: the whole device
   std::string name() const {
     return std::string(finish ? "finish" : "requantize") + " count=" + std::to_string(count) +
            " bits=" + std::to_string(bits) + " G=" + std::to_string(g) + " sources=" + std::to_string(sources) +
            " batch=" + std::to_string(batch) + " type=" + std::to_string(type) +
            " misalign=" + std::to_string(misalign) + " gap=" + std::to_string(gap) +
-           " divisor=" + std::to_string(divisor);
+           " divisor=" + std::to_string(divisor) + " sms=" + std::to_string(sms);
   }
 };
 
@@ -85,13 +86,14 @@ void runCase(const Case& c, std::mt19937_64& rng) {
   CUDA_ASSERT(cudaMalloc(&src, host.size()));
   CUDA_ASSERT(cudaMemcpy(src, host.data(), host.size(), cudaMemcpyHostToDevice));
   const zp::ReduceSources sources{src, sourceStride, segmentStride, c.sources, c.batch};
+  const zp::KernelStream stream(nullptr, c.sms);
   std::vector<float> sum(c.count);
   if (!c.finish) {
     const size_t stride = pb + 16 * c.gap, bytes = stride * c.batch + 64;
     void* out = nullptr;
     CUDA_ASSERT(cudaMalloc(&out, bytes));
     CUDA_ASSERT(cudaMemset(out, kPoison, bytes));
-    ASSERT_EQ(zp::launchReduceRequantize(sources, c.count, c.bits, c.g, out, stride, nullptr), zpSuccess);
+    ASSERT_EQ(zp::launchReduceRequantize(sources, c.count, c.bits, c.g, out, stride, stream), zpSuccess);
     std::vector<unsigned char> got(bytes), want(pb);
     CUDA_ASSERT(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
     for (int g = 0; g < c.batch; ++g) {
@@ -109,8 +111,7 @@ void runCase(const Case& c, std::mt19937_64& rng) {
     CUDA_ASSERT(cudaMalloc(&out, bytes));
     CUDA_ASSERT(cudaMemset(out, kPoison, bytes));
     unsigned char* dst = out + c.misalign * esz;
-    ASSERT_EQ(zp::launchReduceFinish(sources, c.count, c.bits, c.g, c.type, c.divisor, dst, stride, nullptr),
-              zpSuccess);
+    ASSERT_EQ(zp::launchReduceFinish(sources, c.count, c.bits, c.g, c.type, c.divisor, dst, stride, stream), zpSuccess);
     std::vector<unsigned char> got(bytes);
     CUDA_ASSERT(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
     std::vector<unsigned char> want(bytes, kPoison), finished(c.count * esz);
@@ -167,6 +168,40 @@ TEST(GpuReduce, GridStrideLoopsMatchHostReference) {
       for (bool finish : {false, true}) {
         runCase(Case{count, bits, g, 2, 1, finish, zpBfloat16, finish ? 3u : 0u, 0, 1.0f}, rng);
         if (HasFatalFailure()) return;
+      }
+}
+
+// More than two sources (the finish's general kernel, sumSources: sources loaded two at a time, an odd last one
+// at 3 and 5; the requantize kernel the same way), fp32 outputs misaligned by 1, 2 or 3 elements (every word
+// offset of the finish's windowed stores), and enough tiles that both kernels' grid-stride loops come round a
+// third time. The launchers' grid is at most kWaves = 8 waves of resident CTAs on the stream's SMs (gridFor), and
+// an SM holds at most maxThreadsPerMultiProcessor / 256 CTAs (8 on H100/H200), so a KernelStream limited to one
+// SM (as a green context's streams are limited) gets at most 64 CTAs; 2 x 64 + 3 whole tiles of 8192 elements
+// and a partial one (77 or 6001 elements: a partial warp range and thread group), over one segment or two
+// (work then crosses a segment boundary inside the loop), make a CTA take at least three. Block sizes of one
+// thread, of a group of 8 and of the whole CTA; Sum and Avg.
+TEST(GpuReduce, ManySourcesGridStrideMatchHostReference) {
+  ZP_REQUIRE_GPUS(1);
+  int threadsPerSm = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&threadsPerSm, cudaDevAttrMaxThreadsPerMultiProcessor, 0));
+  const size_t maxGrid = static_cast<size_t>(threadsPerSm / 256) * 8;  // CTAs of a one-SM launch, at most
+  std::mt19937_64 rng(31337);
+  const int gs[] = {32, 256, 8192};
+  int n = 0;
+  for (int sources : {3, 5, 8})
+    for (int bits : {4, 8})
+      for (bool finish : {false, true}) {
+        // Choices spread so that each of finish and requantize meets one and two segments, every block size with
+        // both bits, and the finish every misalignment.
+        const int batch = 1 + (((n >> 1) ^ n) & 1);
+        const size_t count = (2 * maxGrid + 3) / batch * 8192 + (n % 3 == 0 ? 6001 : 77);  // tiles: 2 maxGrid + 4
+        const size_t misalign = 1 + (n >> 1) % 3;
+        const float divisor = n % 4 == 3 ? static_cast<float>(sources) : 1.0f;
+        runCase(Case{count, bits, gs[(n >> 1) % 3], sources, batch, finish, zpFloat32, misalign,
+                     batch > 1 ? misalign : 0, divisor, 1},
+                rng);
+        if (HasFatalFailure()) return;
+        ++n;
       }
 }
 
