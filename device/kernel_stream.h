@@ -5,6 +5,8 @@
 
 #include <cstddef>
 
+#include "include/zpccl.h"
+
 namespace zp {
 
 /**
@@ -68,7 +70,22 @@ struct KernelStream {
   cudaStream_t stream;
   int sms;        ///< SMs usable on `stream`; 0: every SM of the current device
   PeerSync sync;  ///< the kernels that take it (quantize, dequantize, the reduce kernels): see PeerSync
+  /// Launch nothing: only load the kernel that the call would launch (src/cuda_backend.cc, loadKernels).
+  bool loadOnly = false;
 };
+
+#ifdef __CUDACC__
+/// What a launcher does in place of a launch under KernelStream::loadOnly: loads Kernel (cudaFuncGetAttributes
+/// loads a lazily loaded kernel).
+template <auto Kernel>
+zpResult_t loadKernel() {
+  cudaFuncAttributes attributes;
+  const cudaError_t r = cudaFuncGetAttributes(&attributes, Kernel);
+  if (r == cudaSuccess) return zpSuccess;
+  (void)cudaGetLastError();
+  return zpUnhandledCudaError;
+}
+#endif
 
 #ifdef __CUDACC__
 __device__ __forceinline__ unsigned long long loadAcquireSystem(const unsigned long long* p) {

@@ -31,6 +31,13 @@ zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream) {
   return zpSuccess;
 }
 
+zpResult_t loadPeerKernels() {
+#if ZP_HAVE_NCCL_DEVICE
+  ZPCHECK(loadKernel<rankAddressesKernel>());
+#endif
+  return loadKernel<peerWaitKernel>();
+}
+
 zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScratch, cudaStream_t stream,
                                std::vector<uintptr_t>* addresses) {
 #if ZP_HAVE_NCCL_DEVICE

@@ -30,4 +30,7 @@ zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScrat
  */
 zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream);
 
+// Loads this file's kernels into the current device's context (see loadKernels, src/cuda_backend.cc).
+zpResult_t loadPeerKernels();
+
 }  // namespace zp

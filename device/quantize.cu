@@ -816,6 +816,7 @@ zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, c
 template <auto Kernel>
 zpResult_t launchQuantizeKernel(const QuantArgs& a, int threads, size_t smem, size_t ctasPerSegment,
                                 KernelStream stream) {
+  if (stream.loadOnly) return loadKernel<Kernel>();
   if (smem > 0) ZPCHECK(allowSharedMemory<Kernel>(smem));
   dim3 grid;
   ZPCHECK(gridFor<Kernel>(ctasPerSegment, a.batch, threads, smem, stream, &grid));
@@ -851,6 +852,7 @@ zpResult_t quantizeTyped(QuantArgs a, bool aligned, KernelStream stream) {
 template <class Type, int Bits, bool kAligned>
 zpResult_t launchDequantizeKernel(const DequantArgs& a, KernelStream stream) {
   constexpr auto kKernel = dequantizeKernel<Type, Bits, kAligned>;
+  if (stream.loadOnly) return loadKernel<kKernel>();
   dim3 grid;
   ZPCHECK(gridFor<kKernel>(a.tiles, a.batch, kCtaThreads, 0, stream, &grid));
   kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);

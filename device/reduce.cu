@@ -680,6 +680,7 @@ zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
 template <int Bits>
 zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payloadStride, KernelStream stream) {
   constexpr auto kKernel = reduceRequantizeKernel<Bits>;
+  if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
   ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, out, payloadStride);
@@ -689,6 +690,7 @@ zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payl
 template <int Bits, class Type, bool FewSources>
 zpResult_t launchFinishKernel(const ReduceArgs& a, void* output, size_t stride, float divisor, KernelStream stream) {
   constexpr auto kKernel = reduceFinishKernel<Bits, Type, FewSources>;
+  if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
   ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);

@@ -4,13 +4,18 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
 #include <vector>
 
+#include "device/peer_window.h"
 #include "device/quantize.h"
+#include "device/reduce.h"
+#include "host/dtype.h"
+#include "host/quant_format.h"
 #include "src/check.h"
 #include "src/cuda_exec.h"
 #include "src/params.h"
@@ -302,6 +307,46 @@ zpResult_t splitComm(ncclComm_t world, int color, int key, ncclComm_t* out, cons
   return zpSuccess;
 }
 
+// Loads every kernel of device/ into the current device's context, once per device and process: each launcher's
+// dispatch runs with KernelStream::loadOnly over every type, bits, block size and alignment, which loads the kernel it
+// would launch. CUDA loads kernels lazily by default (CUDA_MODULE_LOADING=LAZY), and loading one may wait for the
+// whole device: the first launch of a kernel while another stream waits (a kernel waiting for a peer in its window,
+// an NCCL kernel waiting for a peer, a stream the caller holds) would then wait with it, maybe forever.
+zpResult_t loadKernels(int device) {
+  static std::mutex mutex;
+  static std::vector<bool> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device < static_cast<int>(loaded.size()) && loaded[device]) return zpSuccess;
+  const auto start = std::chrono::steady_clock::now();
+  KernelStream load;
+  load.loadOnly = true;
+  // Any addresses aligned as the kernels need (nothing is launched); `+ esz` gives the misaligned variants.
+  char* const at = reinterpret_cast<char*>(uintptr_t{1} << 20);
+  for (zpDataType_t type : {zpFloat16, zpBfloat16, zpFloat32}) {
+    const size_t esz = typeSize(type);
+    for (int bits : {4, 8}) {
+      for (size_t offset : {size_t{0}, esz}) {
+        for (int blockSize = kMinBlockSize; blockSize <= kMaxBlockSize; blockSize *= 2) {
+          ZPCHECK(launchQuantize(at + offset, at, blockSize, type, bits, blockSize, load));
+        }
+        ZPCHECK(launchDequantize(at, at + offset, kMinBlockSize, type, bits, kMinBlockSize, load));
+      }
+      for (int sources : {1, 8}) {  // the few-sources finish and the general one
+        ZPCHECK(
+            launchReduceFinish({at, 16, 16, sources, 1}, kMinBlockSize, bits, kMinBlockSize, type, 1.0f, at, 0, load));
+      }
+    }
+  }
+  for (int bits : {4, 8})
+    ZPCHECK(launchReduceRequantize({at, 16, 16, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at, 16, load));
+  ZPCHECK(loadPeerKernels());
+  if (device >= static_cast<int>(loaded.size())) loaded.resize(device + 1, false);
+  loaded[device] = true;
+  ZP_INFO(kSubsysInit, "device/ kernels loaded on device %d in %.1f ms", device,
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  return zpSuccess;
+}
+
 // Asks NCCL for at least `channels` CTAs (channels) per collective. NCCL refuses a minimum without a maximum (its
 // "undefined" maximum fails the min <= max check), so the maximum is raised to at least NCCL's usual 32.
 void askForChannels(ncclConfig_t* config, int channels) {
@@ -366,6 +411,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     }
   }
   ZPCHECK(cudaExecInit(&e));
+  ZPCHECK(loadKernels(e.device));
   CUDACHECK(cudaDeviceGetAttribute(&e.sms, cudaDevAttrMultiProcessorCount, e.device));
   std::vector<uint64_t> keys;
   ZPCHECK(exchangeNodeKeys(c.world, nranks, rank, nodeKey, e.setupStream, &keys));

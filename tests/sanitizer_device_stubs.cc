@@ -26,5 +26,6 @@ zpResult_t launchReduceFinish(const ReduceSources&, size_t, int, int, zpDataType
 }
 
 zpResult_t launchPeerWait(const PeerSync&, cudaStream_t) { return zpInternalError; }
+zpResult_t loadPeerKernels() { return zpInternalError; }
 
 }  // namespace zp

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -569,6 +570,7 @@ class StreamGate {
                  CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS;
   }
   void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
     if (word_ == nullptr || opened_) return;
     opened_ = cudaMemsetAsync(word_, 1, 1, opener_) == cudaSuccess && cudaStreamSynchronize(opener_) == cudaSuccess;
   }
@@ -578,6 +580,7 @@ class StreamGate {
   WaitFn wait_ = nullptr;
   unsigned int* word_ = nullptr;
   cudaStream_t opener_ = nullptr;
+  std::mutex mutex_;  // open() may come from two threads
   bool opened_ = false;
 };
 
@@ -601,10 +604,23 @@ TEST(GpuConcurrency, OneCommunicatorOnTwoStreamsKeepsItsScratchInOrder) {
     CUDA_ASSERT(cudaStreamCreateWithFlags(&streamA, cudaStreamNonBlocking));
     CUDA_ASSERT(cudaStreamCreateWithFlags(&streamB, cudaStreamNonBlocking));
     ASSERT_TRUE(gate.hold(streamA));
-    ASSERT_EQ(runCase(gather, comm, a.send, a.recv, streamA), zpSuccess) << zpGetLastError(comm);
-    ASSERT_EQ(runCase(reduce, comm, b.send, b.recv, streamB), zpSuccess) << zpGetLastError(comm);
+    // Should an enqueue below wait for the held stream (it must not), the gate opens after a while: the test then
+    // fails instead of hanging.
+    std::atomic<bool> enqueued{false}, forced{false};
+    std::thread safety([&] {
+      for (int i = 0; i < 200 && !enqueued; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!enqueued) forced = true, gate.open();
+    });
+    const zpResult_t gatherRes = runCase(gather, comm, a.send, a.recv, streamA);
+    const zpResult_t reduceRes = runCase(reduce, comm, b.send, b.recv, streamB);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    EXPECT_EQ(cudaStreamQuery(streamB), cudaErrorNotReady) << "stream B ran while the call before it on A waited";
+    const cudaError_t bState = cudaStreamQuery(streamB);
+    enqueued = true;
+    safety.join();
+    EXPECT_FALSE(forced.load()) << "an enqueue waited for the held stream";
+    EXPECT_EQ(gatherRes, zpSuccess) << zpGetLastError(comm);
+    EXPECT_EQ(reduceRes, zpSuccess) << zpGetLastError(comm);
+    EXPECT_EQ(bState, cudaErrorNotReady) << "stream B ran while the call before it on A waited";
     gate.open();
     Buffer gathered, reduced;
     collectCase(&a, streamA, &gathered);
