@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "include/zpccl.h"
+#include "src/check.h"
 
 namespace zp {
 
@@ -80,10 +81,8 @@ struct KernelStream {
 template <auto Kernel>
 zpResult_t loadKernel() {
   cudaFuncAttributes attributes;
-  const cudaError_t r = cudaFuncGetAttributes(&attributes, Kernel);
-  if (r == cudaSuccess) return zpSuccess;
-  (void)cudaGetLastError();
-  return zpUnhandledCudaError;
+  CUDACHECK(cudaFuncGetAttributes(&attributes, Kernel));
+  return zpSuccess;
 }
 #endif
 

@@ -69,7 +69,6 @@ class HostBackend final : public Backend {
     CallSignature s;
     s.call = a.opName;
     s.kind = a.kind;
-    s.countName = a.kind == CollKind::kQuantReduceScatter ? "recvcount" : "sendcount";
     s.count = a.count;
     s.type = a.type;
     if (a.kind == CollKind::kQuantReduceScatter) s.op = a.op;

@@ -32,7 +32,10 @@ std::string disagreement(const CallSignature& a, const CallSignature& b, int r) 
     snprintf(buf, sizeof(buf), "the collective: rank 0 called %s, rank %d called %s", a.call, r, b.call);
     return buf;
   }
-  if (a.count != b.count) return passed(a.countName, std::to_string(a.count), std::to_string(b.count));
+  if (a.count != b.count) {
+    const char* name = a.kind == CollKind::kQuantReduceScatter ? "recvcount" : "sendcount";  // as the ABI names it
+    return passed(name, std::to_string(a.count), std::to_string(b.count));
+  }
   if (a.type != b.type) return passed("datatype", typeName(a.type), typeName(b.type));
   if (a.op != b.op) return passed("op", opName(a.op), opName(b.op));
   // bits and blockSize come from options or, when left 0 there, from each rank's config.

@@ -22,7 +22,6 @@ namespace zp {
 struct CallSignature {
   const char* call = nullptr;  // the ABI call, a string literal: peers name it in their messages
   CollKind kind = CollKind::kQuantize;
-  const char* countName = nullptr;  // "sendcount" or "recvcount", as the call's messages name it
   size_t count = 0;
   int type = 0;       // zpDataType_t
   int op = 0;         // zpRedOp_t, reduce-scatter only

@@ -10,6 +10,16 @@ namespace zp {
 
 // comm must be a live communicator (not NULL, not destroyed, not garbage).
 zpResult_t checkComm(const zpComm* comm, const char* call);
+// Runs fn() (returning zpResult_t) as a call on comm: refused unless comm is live, and marked in use meanwhile,
+// so that a zpCommAbort or zpCommDestroy from another thread waits for it instead of freeing comm under it.
+template <typename Fn>
+zpResult_t whileInUse(zpComm* comm, const char* call, Fn&& fn) {
+  zpResult_t res = checkComm(comm, call);
+  if (res != zpSuccess) return res;
+  CommUse use(comm);
+  if (!use.held()) return checkComm(comm, call);  // destroyed in between: says so
+  return fn();
+}
 zpResult_t checkNotNull(const void* ptr, const char* call, const char* arg);
 zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char* call);
 // Validates config (NULL means defaults) and resolves every default. nranks is for ranksPerNode.

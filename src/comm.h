@@ -72,17 +72,4 @@ class CommUse {
 // After unregisterComm: waits until no call runs on comm any more.
 void waitUnused(zpComm* comm);
 
-zpResult_t checkComm(const zpComm* comm, const char* call);  // src/argcheck.h
-
-// Runs fn() (returning zpResult_t) as a call on comm: refused unless comm is live, and marked in use meanwhile,
-// so that a zpCommAbort or zpCommDestroy from another thread waits for it instead of freeing comm under it.
-template <typename Fn>
-zpResult_t whileInUse(zpComm* comm, const char* call, Fn&& fn) {
-  zpResult_t res = checkComm(comm, call);
-  if (res != zpSuccess) return res;
-  CommUse use(comm);
-  if (!use.held()) return checkComm(comm, call);  // destroyed in between: says so
-  return fn();
-}
-
 }  // namespace zp

@@ -443,7 +443,6 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   }
   e.qgz = makeQgzPlan(t);
   ZPCHECK(initPeerWindow(c.world, t.nranks, t.rank, t.nodes, e.setupStream, &e.peers));
-  e.peers.stopWaits = &e.stopHostWaits;
   created->startWatchdog();
   *topo = t;
   *cudaDev = e.device;

@@ -110,7 +110,7 @@ zpResult_t takesDirectPath(CudaExec& e, size_t logicalBytes, size_t payloadBytes
   const size_t bytes = w.payloadOffset() + payloadBytes;
   if (w.bytes < bytes && !w.frozen) {
     ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, w.bytes));
-    ZPCHECK(growPeerWindow(w, e.comms.world, bytes, e.setupStream, call));
+    ZPCHECK(growPeerWindow(w, e.comms.world, bytes, e.setupStream, &e.stopHostWaits, call));
   }
   *direct = w.bytes >= bytes;
   return zpSuccess;

@@ -27,12 +27,12 @@ zpResult_t ncclStatus(ncclResult_t r, const char* call, const char* what) {
 // The ranks' `mine` combined by `op` (ncclMin, ncclMax) into *all, through the vote word: collective over world,
 // and a host wait.
 zpResult_t agreeOnWord(const PeerWindow& w, ncclComm_t world, int mine, ncclRedOp_t op, cudaStream_t stream,
-                       const char* call, const char* what, int* all) {
+                       const std::atomic<bool>* stop, const char* call, const char* what, int* all) {
   int* vote = &w.words->vote;
   CUDACHECK(cudaMemcpyAsync(vote, &mine, sizeof(int), cudaMemcpyHostToDevice, stream));
   ZPCHECK(ncclStatus(ncclAllReduce(vote, vote, 1, ncclInt32, op, world, stream), call, what));
   CUDACHECK(cudaMemcpyAsync(all, vote, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  return waitOnHost(stream, w.stopWaits, call, what);
+  return waitOnHost(stream, stop, call, what);
 }
 
 // The facts of this rank (directLoadsBlocker's input). NCCL's team is asked last, and only when nothing else
@@ -73,7 +73,7 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cud
   CUDACHECK(cudaMemsetAsync(w->words, 0, wordsBytes, setupStream));
   // Every rank must choose the same path: the minimum of the ranks' answers (1 = can).
   int all = 0;
-  ZPCHECK(agreeOnWord(*w, world, why == nullptr ? 1 : 0, ncclMin, setupStream, "zpCommInitRank",
+  ZPCHECK(agreeOnWord(*w, world, why == nullptr ? 1 : 0, ncclMin, setupStream, nullptr, "zpCommInitRank",
                       "ncclAllReduce of the direct-loads vote", &all));
   w->usable = all == 1;
   if (w->usable) {
@@ -109,7 +109,8 @@ zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t strea
                     "ncclAllReduce (barrier of the direct loads)");
 }
 
-zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call) {
+zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream,
+                          const std::atomic<bool>* stop, const char* call) {
 #if ZP_HAVE_NCCL_DEVICE
   // A step that fails leaves the window broken: the other ranks may have grown theirs, so no rank can tell which
   // path the next call takes. Its size is set last, once every rank's window is known and mapped.
@@ -118,7 +119,7 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   // rank has voted. Nor may a graph replay later: if any rank captured it, no rank frees it.
   if (w.handle != nullptr) {
     int anyCaptured = 0;
-    ZPCHECK(agreeOnWord(w, world, w.captured ? 1 : 0, ncclMax, setupStream, call,
+    ZPCHECK(agreeOnWord(w, world, w.captured ? 1 : 0, ncclMax, setupStream, stop, call,
                         "ncclAllReduce of the window's captured vote", &anyCaptured));
     if (anyCaptured != 0) {
       w.frozen = true;
@@ -142,7 +143,7 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   CUDACHECK(cudaMemsetAsync(w.local, 0, rounded, setupStream));
   CUDACHECK(cudaMemsetAsync(&w.words->arrived, 0, sizeof(w.words->arrived), setupStream));
   CUDACHECK(cudaMemsetAsync(&w.words->calls, 0, sizeof(w.words->calls), setupStream));
-  ZPCHECK(waitOnHost(setupStream, w.stopWaits, call, "zeroing the direct-load window"));
+  ZPCHECK(waitOnHost(setupStream, stop, call, "zeroing the direct-load window"));
   ZPCHECK(ncclStatus(ncclCommWindowRegister(world, w.local, rounded, &w.handle, NCCL_WIN_COLL_SYMMETRIC), call,
                      "ncclCommWindowRegister"));
   std::vector<uintptr_t> at;
@@ -157,14 +158,14 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   }
   // Also connects the barrier's all-reduce outside capture.
   ZPCHECK(peerBarrier(w, world, setupStream, call));
-  ZPCHECK(waitOnHost(setupStream, w.stopWaits, call, "the peers' barrier after the window grew"));
+  ZPCHECK(waitOnHost(setupStream, stop, call, "the peers' barrier after the window grew"));
   w.bytes = rounded;
   w.broken = false;
   ZP_INFO(kSubsysAlloc, "%s : direct-load window grown to %zu bytes (ranks %zu bytes apart)", call, rounded,
           w.rankStride);
   return zpSuccess;
 #else
-  (void)w, (void)world, (void)bytes, (void)setupStream;
+  (void)w, (void)world, (void)bytes, (void)setupStream, (void)stop;
   return ZP_ERR(zpInternalError, "%s : direct loads without NCCL's device API", call);
 #endif
 }

@@ -71,7 +71,6 @@ struct PeerWindow {
   cudaEvent_t readDone = nullptr;    // and are done
   int nranks = 0;
   int rank = 0;
-  const std::atomic<bool>* stopWaits = nullptr;  // ends the host waits of a growth (src/host_wait.h)
 
   // Device word: nonzero once the kernels are cancelled (cancelPeerReads).
   int* cancelWord() const { return words != nullptr ? &words->cancel : nullptr; }
@@ -110,7 +109,9 @@ bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
 // sure of the other ranks' before it is deregistered. That all-reduce is also a vote: when a call captured in a
 // CUDA graph on any rank uses the old window, a replay would read and write it after the growth freed it, so
 // every rank instead freezes the window at its size (w.frozen) and the calls it cannot hold take NCCL's path.
-zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream, const char* call);
+// `stop` ends its host waits (src/host_wait.h).
+zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream,
+                          const std::atomic<bool>* stop, const char* call);
 
 // Every rank's `stream` has reached this point: an NCCL all-reduce of one word. Used when the window grows.
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call);
