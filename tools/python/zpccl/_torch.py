@@ -1,26 +1,25 @@
 """What ``Comm.from_torch_group`` and ``Comm.from_nccl_comm`` need from torch and from the process, imported
 lazily (torch is optional).
 
-Why ``from_torch_group`` creates its own NCCL communicators instead of wrapping the process group's:
+An ``ncclComm_t`` is a private struct of one NCCL build, with its own global state (proxy threads, bootstrap,
+registrations): it may be handed only to the very NCCL library that made it. ``libzpccl.so`` needs
+``libnccl.so.2``; torch's ``ProcessGroupNCCL`` uses the NCCL of the ``nvidia-nccl`` wheel (loaded by path), or
+one linked into libtorch. The installed zpccl package links the wheel's NCCL through an ``$ORIGIN``-relative
+RPATH, so that the dynamic linker gives both the same file, whichever is imported first; a zpccl built
+elsewhere may still end up with a second NCCL in the process.
 
-* The ``ncclComm_t`` of a ``ProcessGroupNCCL`` belongs to the NCCL that torch loaded (the ``nvidia-nccl`` wheel's
-  ``libnccl.so.2``, preloaded with ``RTLD_GLOBAL``, or one linked into libtorch). ``libzpccl.so`` needs
-  ``libnccl.so.2`` too, and which file it gets depends on what the process loaded first: the dynamic linker
-  reuses an already loaded ``libnccl.so.2`` by soname, but torch loads its copy by path, so importing zpccl
-  before torch can leave two NCCLs in one process. An ``ncclComm`` is a private struct of one NCCL build, with
-  its own global state (proxy threads, bootstrap, registrations); handing it to another copy or version is
-  undefined behaviour (crashes, hangs, or silent corruption).
-* torch creates its communicators lazily (at the first collective on a device, unless
-  ``init_process_group(device_id=...)``), and exposes them only through a private, version-dependent call
-  (``group._get_backend(torch.device("cuda"))._comm_ptr()``). Its watchdog may also abort the communicator
-  under zpccl's feet, and zpccl's ``ncclCommSplit`` calls are collectives on it.
+:func:`same_nccl_as_torch` tells which case holds by comparing the address of ``ncclGetVersion`` as seen
+from libtorch_cuda and from libzpccl: one function, one library. When it holds, ``from_torch_group`` wraps the
+group's own communicator (``zpCommInitFromNccl``: no second bootstrap, zpccl's sub-communicators split from
+torch's); otherwise it broadcasts a zpccl unique id through the group and zpccl builds its own communicators.
 
-Broadcasting a zpccl unique id through the group costs one small broadcast and a second set of NCCL resources,
-and is safe whatever NCCL torch carries. Callers who know that the process has one NCCL can still wrap theirs
-with ``Comm.from_nccl_comm(ptr)``, which checks :func:`loaded_nccl_libraries` first.
+torch creates a group's communicator lazily (at the first collective on a device, unless
+``init_process_group(device_id=...)``), and exposes it only through a private, version-dependent call
+(``group._get_backend(device)._comm_ptr()``): :func:`nccl_comm_pointer` makes sure it exists first.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
@@ -67,3 +66,66 @@ def broadcast_bytes(data: bytes, nbytes: int, group: Any, device: Any) -> bytes:
         tensor.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     dist.broadcast(tensor, src=src, group=group)
     return bytes(tensor.cpu().tolist())
+
+
+def _torch_cuda_library() -> str | None:
+    """The libtorch_cuda file this process mapped (where ProcessGroupNCCL lives), or None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith("libtorch_cuda.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _function_address(library: Any, name: str) -> int | None:
+    """The address ``dlsym`` finds for ``name`` from ``library`` (the library and what it depends on), or None."""
+    try:
+        return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+
+
+def same_nccl_as_torch(zpccl_library: Any) -> bool:
+    """Whether torch's ProcessGroupNCCL and ``zpccl_library`` (a loaded ``ctypes.CDLL``) call the same NCCL.
+
+    ``dlsym`` through a library's handle searches the library and its dependencies, so two handles that give
+    ``ncclGetVersion`` the same address reach one NCCL. An NCCL linked into libtorch with hidden symbols is not
+    found from libtorch's handle, which correctly reads as "not the same".
+    """
+    path = _torch_cuda_library()
+    if path is None:
+        return False
+    try:
+        torch_library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False
+    ours = _function_address(zpccl_library, "ncclGetVersion")
+    return ours is not None and ours == _function_address(torch_library, "ncclGetVersion")
+
+
+def nccl_comm_pointer(group: Any, device: Any) -> int | None:
+    """The ``ncclComm_t`` of ``group`` on ``device`` as an int, created first if torch has not yet; None when
+    this torch does not expose it (private API) or the group's backend is not NCCL."""
+    import torch
+    import torch.distributed as dist
+
+    if "nccl" not in str(dist.get_backend(group)).lower():
+        return None
+    try:
+        backend = (group or dist.group.WORLD)._get_backend(device)
+        get = getattr(backend, "_comm_ptr", None) or getattr(backend, "comm_ptr", None)
+        if get is None:
+            return None
+        ptr = int(get())
+        if not ptr:
+            # The communicator is made at the group's first collective on this device.
+            dist.all_reduce(torch.zeros(1, device=device), group=group)
+            torch.cuda.current_stream(device).synchronize()
+            ptr = int(get())
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    return ptr or None

@@ -179,14 +179,23 @@ class Comm:
         self._hpz_size = self._query("zpCommHpzSize", "hpz_size")
 
     @classmethod
-    def from_torch_group(cls, group: Any = None, *, device: Any = None, **config: Any) -> "Comm":
+    def from_torch_group(cls, group: Any = None, *, device: Any = None, wrap: bool | None = None,
+                         **config: Any) -> "Comm":
         """A cuda-backend communicator over the ranks of a ``torch.distributed`` process group.
 
-        Collective over ``group`` (default: the world). Rank 0 of the group creates a unique id and broadcasts
-        it through the group as a uint8 tensor; every rank then inits on ``device`` (default: torch's current
-        CUDA device). The group's own NCCL communicator is not wrapped, because it may belong to another NCCL
-        library than zpccl's (see ``zpccl/_torch.py``); use :meth:`from_nccl_comm` for that. ``config`` takes
-        the keyword arguments of :class:`Comm` (``ranks_per_node``, ``hpz_size``, ``weight_bits``, ...).
+        Collective over ``group`` (default: the world), on ``device`` (default: torch's current CUDA device).
+        ``wrap`` chooses how zpccl meets the group's NCCL:
+
+        * ``None`` (default): wrap the group's own NCCL communicator when torch and zpccl call the same NCCL
+          library (:func:`zpccl._torch.same_nccl_as_torch`; the installed package links the NCCL wheel torch
+          loads), else build zpccl's own communicators from a unique id that rank 0 of the group broadcasts;
+        * ``True``: wrap it, or raise when the NCCL libraries differ or torch does not expose the communicator;
+        * ``False``: always build zpccl's own communicators (a separate NCCL communicator of the same ranks, e.g.
+          so that two zpccl communicators do not serialize on one NCCL communicator).
+
+        A wrapped communicator stays torch's: destroy the zpccl communicator before the process group.
+        ``config`` takes the keyword arguments of :class:`Comm` (``ranks_per_node``, ``hpz_size``,
+        ``weight_bits``, ...).
         """
         import torch
 
@@ -199,9 +208,21 @@ class Comm:
         if dev.type != "cuda":
             raise ZpcclValueError(f"{call}: device {dev} is not a CUDA device", call)
         index = dev.index if dev.index is not None else torch.cuda.current_device()
+        dev = torch.device("cuda", index)
+        if wrap is not False:
+            same = _torch.same_nccl_as_torch(_lib.lib())
+            ptr = _torch.nccl_comm_pointer(group, dev) if same else None
+            if ptr is not None:
+                with torch.cuda.device(index):
+                    return cls.from_nccl_comm(ptr, allow_several_nccl=True, **config)
+            if wrap:
+                why = ("torch and zpccl load different NCCL libraries (" + ", ".join(loaded_nccl_libraries()) + ")"
+                       if not same else "torch does not expose the group's NCCL communicator")
+                raise ZpcclError(Result.INVALID_USAGE, f"{call}: cannot wrap the group's communicator: {why}; "
+                                 "pass wrap=None or wrap=False to build zpccl's own", call)
         rank, nranks, _ = _torch.group_info(group)
         uid = get_unique_id() if rank == 0 else bytes(UNIQUE_ID_BYTES)
-        uid = _torch.broadcast_bytes(uid, UNIQUE_ID_BYTES, group, torch.device("cuda", index))
+        uid = _torch.broadcast_bytes(uid, UNIQUE_ID_BYTES, group, dev)
         with torch.cuda.device(index):
             return cls(nranks, rank, uid, **config)
 

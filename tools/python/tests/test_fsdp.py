@@ -1,0 +1,456 @@
+"""zpccl.fsdp on the CPU: FSDP2 on torch's threaded process group (ranks as threads), served by zpccl's host
+backend. Four ranks as two nodes of two with reshard_after_forward=2, so that forward gathers are qwZ, backward
+gathers hpZ (groups of two inside a node) and gradient reduce-scatters two-hop qgZ. Every collective's result is
+checked bit for bit against the NumPy model of the format, with blocks restarting at parameter boundaries;
+training steps are compared with FSDP2's own collectives. Skipped without torch 2.9 or later."""
+from __future__ import annotations
+
+import copy
+import logging
+import unittest
+from typing import Any
+
+import numpy as np
+
+import zpccl
+
+from . import _reference as ref
+from ._threaded import run_threaded, torch_with_fsdp2
+
+WORLD = 4
+NODE_OF_RANK = [0, 0, 1, 1]  # ranks_per_node=2
+BLOCK = 32  # small, so that every parameter spans several blocks and most boundaries fall inside one
+
+
+def build_model(torch: Any, d: int = 40, layers: int = 2, vocab: int = 64, dtype: Any = None) -> Any:
+    """A small residual MLP language model; sizes chosen so that no parameter's shard is a multiple of BLOCK."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = nn.LayerNorm(d)
+            self.fc1, self.fc2 = nn.Linear(d, 3 * d), nn.Linear(3 * d, d)
+
+        def forward(self, x: Any) -> Any:
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+        def forward(self, ids: Any) -> Any:
+            x = self.emb(ids)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.ln(x))
+
+    torch.manual_seed(0)
+    model = Net()
+    with torch.no_grad():  # LayerNorm weights away from 1 so that their quantization shows
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.1, 0.1)
+    return model.to(dtype) if dtype is not None else model
+
+
+def shard(torch: Any, model: Any, mesh: Any, reshard: Any, mp: Any = None) -> Any:
+    from torch.distributed.fsdp import fully_shard
+
+    kw = dict(mesh=mesh, reshard_after_forward=reshard)
+    if mp is not None:
+        kw["mp_policy"] = mp
+    for b in model.blocks:
+        fully_shard(b, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def batches(torch: Any, rank: int, steps: int, vocab: int = 64) -> list[Any]:
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [torch.randint(0, vocab, (4, 12), generator=g) for _ in range(steps)]
+
+
+def train(torch: Any, model: Any, data: list[Any], lr: float = 1e-2) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for ids in data:
+        logits = model(ids).float()
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def bits_of(t: Any) -> np.ndarray:
+    """A tensor's elements as NumPy, bf16 as its uint16 bits (the reference's convention)."""
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def ref_dtype(t: Any) -> str:
+    return {"torch.bfloat16": ref.BF16, "torch.float32": ref.F32, "torch.float16": ref.F16}[str(t.dtype)]
+
+
+def staged(parts: list[np.ndarray], block: int) -> np.ndarray:
+    """The parts laid out as blocks restarting at each: every part but the last padded with zeros to a block
+    multiple (an independent statement of zpccl.fsdp.BlockLayout)."""
+    out = []
+    for i, p in enumerate(parts):
+        out.append(p)
+        if i < len(parts) - 1 and p.size % block:
+            out.append(np.zeros(block - p.size % block, p.dtype))
+    return np.concatenate(out)
+
+
+def split(x: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    return np.split(x, np.cumsum(sizes)[:-1])
+
+
+class Recorder:
+    """Wraps a session's qwZ, hpZ and qgZ paths to keep each call's inputs and outputs (copies, on this rank)."""
+
+    def __init__(self, torch: Any, session: Any) -> None:
+        self.calls: list[tuple] = []
+        qwz, hpz, rs = session._qwz, session._hpz, session._reduce_scatter
+
+        def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
+            x = input.clone()
+            qwz(hook, g, output, input)
+            self.calls.append(("qwz", x, output.clone(), session._gather_sizes(hook, x.numel())))
+
+        def on_hpz(g: Any, output: Any, input: Any) -> None:
+            x = input.clone()
+            hpz(g, output, input)
+            exact = torch.empty_like(output)
+            torch.distributed.all_gather_into_tensor(exact, x, group=self.pf_group(session, g))
+            self.calls.append(("hpz", x, output.clone(), exact))
+
+        def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
+            x = input.clone()
+            result = rs(hook, output, input, group, op, *rest)
+            self.calls.append(("qgz", x, output.clone(), session._reduce_sizes(hook, output.numel()), op))
+            return result
+
+        session._qwz, session._hpz, session._reduce_scatter = on_qwz, on_hpz, on_rs
+
+    @staticmethod
+    def pf_group(session: Any, g: Any) -> Any:
+        import torch.distributed as dist
+
+        for m in session.model.modules():
+            for pg in session._fsdp.param_groups(m) if isinstance(m, session._fsdp.FSDPModule) else ():
+                info = pg.post_forward_mesh_info
+                if info is not None and tuple(dist.get_process_group_ranks(info.shard_process_group)) == \
+                        g.hpz_ranks:
+                    return info.shard_process_group
+        raise AssertionError("no post-forward group")
+
+
+class FsdpOnThreads(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.torch = torch_with_fsdp2()
+
+    def mesh(self, shape: tuple = (WORLD,), names: Any = None) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+    def run_pair(self, *, mp_dtype: Any, steps: int, weight_bits: int = 8, grad_bits: int = 4) -> list[Any]:
+        """Each rank trains a copy of one model twice, with FSDP's collectives and with zpccl's."""
+        torch = self.torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        base = build_model(torch)
+        mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32) if mp_dtype else None
+
+        def body(rank: int) -> Any:
+            data = batches(torch, rank, steps)
+            plain = train(torch, shard(torch, copy.deepcopy(base), self.mesh(), 2, mp), data)
+            model = shard(torch, copy.deepcopy(base), self.mesh(), 2, mp)
+            zp = zpccl.fsdp.enable(model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=BLOCK,
+                                   ranks_per_node=2)
+            rec = Recorder(torch, zp)
+            losses = train(torch, model, data)
+            summary = zp.summary()
+            zp.disable()
+            return plain, losses, summary, rec.calls
+
+        return run_threaded(WORLD, body)
+
+    def check_calls(self, results: list[Any], weight_bits: int, grad_bits: int) -> dict[str, int]:
+        """Every recorded call: outputs identical on every rank and equal to the NumPy model bit for bit."""
+        calls = [r[3] for r in results]
+        self.assertTrue(all(len(c) == len(calls[0]) for c in calls), "ranks made different numbers of calls")
+        seen: dict[str, int] = {}
+        for i, kind in enumerate(c[0] for c in calls[0]):
+            seen[kind] = seen.get(kind, 0) + 1
+            per_rank = [c[i] for c in calls]
+            if kind == "qwz":
+                sizes = per_rank[0][3]
+                self.assertIsNotNone(sizes, "qwZ did not know its parameters' boundaries")
+                dt = ref_dtype(per_rank[0][1])
+                expected = np.concatenate([
+                    np.concatenate([ref.round_trip(p, dt, weight_bits, BLOCK) for p in split(bits_of(x), sizes)])
+                    for _, x, _, _ in per_rank])
+                for rank, (_, _, out, _) in enumerate(per_rank):
+                    self.assertTrue(np.array_equal(bits_of(out), expected), f"qwZ call {i} rank {rank}")
+            elif kind == "hpz":
+                for rank, (_, _, out, exact) in enumerate(per_rank):
+                    self.assertTrue(np.array_equal(bits_of(out), bits_of(exact)), f"hpZ call {i} rank {rank} inexact")
+            else:
+                sizes, op = per_rank[0][3], per_rank[0][4]
+                self.assertIsNotNone(sizes, "qgZ did not know its parameters' boundaries")
+                dt = ref_dtype(per_rank[0][1])
+                sends = [np.concatenate([staged(split(row, sizes), BLOCK) for row in bits_of(x).reshape(WORLD, -1)])
+                         for _, x, _, _, _ in per_rank]
+                name = "avg" if op == self.torch.distributed.ReduceOp.AVG else "sum"
+                want = ref.quant_reduce_scatter(sends, dt, name, grad_bits, BLOCK, NODE_OF_RANK)
+                for rank, (_, _, out, _, _) in enumerate(per_rank):
+                    padded = split(want[rank], [s + (-s % BLOCK) for s in sizes[:-1]] + [sizes[-1]])
+                    expected = np.concatenate([p[:s] for p, s in zip(padded, sizes)])
+                    self.assertTrue(np.array_equal(bits_of(out), expected), f"qgZ call {i} rank {rank}")
+        return seen
+
+    def check_training(self, mp_dtype: Any, weight_bits: int, grad_bits: int, bound: float) -> None:
+        results = self.run_pair(mp_dtype=mp_dtype, steps=4, weight_bits=weight_bits, grad_bits=grad_bits)
+        seen = self.check_calls(results, weight_bits, grad_bits)
+        # 3 FSDP modules and 4 steps: each gathers forward (qwZ) and backward (hpZ), and reduces once (qgZ).
+        self.assertEqual(seen, {"qwz": 12, "hpz": 12, "qgz": 12})
+        for rank, (plain, losses, summary, _) in enumerate(results):
+            self.assertEqual({k: v["calls"] for k, v in summary.items()}, seen, f"rank {rank} counters")
+            self.assertLess(summary["qwz"]["wire_bytes"], summary["qwz"]["logical_bytes"])
+            self.assertLess(summary["qgz"]["wire_bytes"], summary["qgz"]["logical_bytes"] / 4)
+            for step, (a, b) in enumerate(zip(plain, losses)):
+                self.assertLess(abs(a - b) / a, bound, f"rank {rank} step {step}: loss {b} vs FSDP's {a}")
+
+    def test_fp32_training_matches_fsdp_within_the_quantization_bounds(self) -> None:
+        self.check_training(None, 8, 4, bound=0.01)
+
+    def test_bf16_mixed_precision_training_matches_fsdp(self) -> None:
+        self.check_training(self.torch.bfloat16, 8, 4, bound=0.01)
+
+    def test_int4_weights_int8_gradients(self) -> None:
+        self.check_training(self.torch.bfloat16, 4, 8, bound=0.03)
+
+    def test_blocks_restart_at_parameter_boundaries(self) -> None:
+        """A small parameter after a large one in the flat shard: its worst relative error, with and without
+        blocks restarting at parameter boundaries (the numbers are printed for perf/RESULTS.md)."""
+        torch = self.torch
+        nn = torch.nn
+        d = 40
+
+        class Pair(nn.Module):  # registration order puts the LayerNorm weight (~1) before the linear one (~0.02)
+            def __init__(self) -> None:
+                super().__init__()
+                self.norm = nn.Parameter(torch.empty(d).uniform_(0.9, 1.1))
+                self.small = nn.Parameter(torch.randn(d, d) * 0.02)
+
+            def forward(self, x: Any) -> Any:
+                return (x * self.norm) @ self.small
+
+        torch.manual_seed(1)
+        base = Pair()
+        worst: dict[tuple, float] = {}
+        for bits in (8, 4):
+            for restart in (True, False):
+                def body(rank: int) -> float:
+                    from torch.distributed.fsdp import fully_shard
+
+                    model = fully_shard(copy.deepcopy(base), mesh=self.mesh(), reshard_after_forward=True)
+                    zp = zpccl.fsdp.enable(model, weight_bits=bits, block_size=BLOCK, param_blocks=restart)
+                    got = {}
+                    handle = model.register_forward_pre_hook(
+                        lambda m, a: got.update(small=m.small.detach().clone()))
+                    model(torch.ones(1, d))
+                    handle.remove()
+                    zp.disable()
+                    exact = base.small.detach()
+                    return float((got["small"] - exact).abs().max() / exact.abs().max())
+
+                worst[bits, restart] = max(run_threaded(WORLD, body))
+        print(f"\nworst relative error of a 0.02-scale parameter after a 1-scale one (blocks of {BLOCK}): "
+              + ", ".join(f"int{b} {'restart' if r else 'shared'} {e:.4f}" for (b, r), e in sorted(worst.items())))
+        for bits, qmax in ((8, 127), (4, 7)):
+            self.assertLessEqual(worst[bits, True], 1 / (2 * qmax) + 1e-6)  # its own scale: half a step
+            self.assertGreater(worst[bits, False], 5 * worst[bits, True])
+
+    def test_fallbacks_stay_on_fsdp_collectives_and_say_so_once(self) -> None:
+        torch = self.torch
+        from torch.distributed.fsdp import fully_shard
+
+        base = build_model(torch)
+
+        def frozen_bf16(rank: int) -> Any:
+            # A frozen bf16 parameter in an fp32 module: FSDP gathers the group as uint8 bytes.
+            model = copy.deepcopy(base)
+            model.blocks[0].register_parameter("table", torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16),
+                                                                           requires_grad=False))
+            zp = zpccl.fsdp.enable(shard(torch, model, self.mesh(), True), block_size=BLOCK, ranks_per_node=2)
+            train(torch, model, batches(torch, rank, 2))
+            zp.disable()
+            return zp.summary()
+
+        def float64(rank: int) -> Any:
+            model = shard(torch, build_model(torch, dtype=torch.float64), self.mesh(), True)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK)
+            train(torch, model, batches(torch, rank, 1))
+            zp.disable()
+            return zp.summary()
+
+        def hpz_off(rank: int) -> Any:
+            model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz=False)
+            train(torch, model, batches(torch, rank, 2))
+            zp.disable()
+            return zp.summary()
+
+        def hsdp(rank: int) -> Any:
+            model = copy.deepcopy(base)
+            mesh = self.mesh((2, 2), ("replicate", "shard"))
+            for b in model.blocks:
+                fully_shard(b, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK)
+            train(torch, model, batches(torch, rank, 1))
+            zp.disable()
+            return zp.summary()
+
+        cases = ((frozen_bf16, "torch_all_gather_uint8", "mix dtypes", logging.WARNING, {"qwz", "qgz"}),
+                 (float64, "torch_all_gather_dtype", "float64 parameters", logging.WARNING, set()),
+                 (hpz_off, "torch_all_gather_hpz_off", "hpz=False", logging.WARNING, {"qwz", "qgz"}),
+                 (hsdp, None, "replicate dimension", logging.INFO, {"qwz", "qgz"}))
+        for body, kind, words, level, served in cases:
+            with self.subTest(body.__name__), self.assertLogs("zpccl.fsdp", level) as logs:
+                summaries = run_threaded(WORLD, body)
+            said = [r for r in logs.records if words in r.getMessage()]
+            self.assertEqual(len(said), WORLD, f"{body.__name__}: said once a rank: {logs.output}")
+            for s in summaries:
+                self.assertTrue(served <= set(s), f"{body.__name__}: {s}")
+                if kind:
+                    self.assertGreater(s[kind]["calls"], 0, f"{body.__name__}: {s}")
+            if body is float64:
+                self.assertGreater(summaries[0]["torch_reduce_scatter_dtype"]["calls"], 0)
+                self.assertNotIn("qwz", summaries[0])
+
+    def test_gradient_divide_factor(self) -> None:
+        torch = self.torch
+        base = build_model(torch)
+
+        def premul_at_enable(rank: int) -> None:
+            model = shard(torch, copy.deepcopy(base), self.mesh(), True)
+            model.set_gradient_divide_factor(3.0)
+            with self.assertRaisesRegex(ValueError, r"PreMulSum.*set_force_sum_reduction_for_comms\(True\)"):
+                zpccl.fsdp.enable(model)
+            self.assertIsNone(zpccl.fsdp.session_of(model))
+
+        def premul_after_enable(rank: int) -> None:
+            model = shard(torch, copy.deepcopy(base), self.mesh(), True)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK)
+            model.set_gradient_divide_factor(3.0)
+            with self.assertRaisesRegex(ValueError, r"PreMulSum.*set_force_sum_reduction_for_comms\(True\)"):
+                train(torch, model, batches(torch, rank, 1))
+            zp.disable()
+
+        def force_sum(rank: int) -> tuple:
+            data = batches(torch, rank, 3)
+            out = []
+            for use in (False, True):
+                model = shard(torch, copy.deepcopy(base), self.mesh(), True)
+                model.set_gradient_divide_factor(3.0)
+                model.set_force_sum_reduction_for_comms(True)
+                zp = zpccl.fsdp.enable(model, block_size=BLOCK) if use else None
+                out.append(train(torch, model, data))
+                if zp:
+                    out.append(zp.summary())
+                    zp.disable()
+            return tuple(out)
+
+        run_threaded(WORLD, premul_at_enable)
+        run_threaded(WORLD, premul_after_enable)
+        for plain, losses, summary in run_threaded(WORLD, force_sum):
+            self.assertEqual(summary["qgz"]["calls"], 9)
+            for a, b in zip(plain, losses):
+                self.assertLess(abs(a - b) / a, 0.01)
+
+    def test_refusals_say_what_to_change(self) -> None:
+        torch = self.torch
+        base = build_model(torch)
+
+        def mismatched_hpz(rank: int) -> None:
+            # Four nodes of one rank: FSDP's post-forward groups of 2 span two nodes.
+            model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
+            with self.assertRaisesRegex(ValueError, r"reshard_after_forward=2 .* ranks \[\d, \d\] .* on nodes"):
+                zpccl.fsdp.enable(model, ranks_per_node=1)
+
+        def arguments(rank: int) -> None:
+            with self.assertRaisesRegex(ValueError, "has no fully_shard-ed module"):
+                zpccl.fsdp.enable(copy.deepcopy(base))
+            model = shard(torch, copy.deepcopy(base), self.mesh(), True)
+            for kw, words in (({"weight_bits": 6}, "weight_bits 6 must be 4 or 8"),
+                              ({"grad_bits": 2}, "grad_bits 2 must be 4 or 8"),
+                              ({"block_size": 100}, "block_size 100 must be a power of two")):
+                with self.assertRaisesRegex(ValueError, words):
+                    zpccl.fsdp.enable(model, **kw)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK)
+            with self.assertRaisesRegex(zpccl.ZpcclError, "already serves this model"):
+                zpccl.fsdp.enable(model)
+            zp.disable()
+
+        run_threaded(WORLD, mismatched_hpz)
+        run_threaded(WORLD, arguments)
+
+    def test_older_torch_is_refused_with_the_version_needed(self) -> None:
+        torch = self.torch
+        saved = torch.__version__
+        try:
+            torch.__version__ = "2.8.0"
+            with self.assertRaisesRegex(zpccl.ZpcclError, r"needs torch 2\.9 or later .* this is torch 2\.8\.0"):
+                zpccl.fsdp.enable(torch.nn.Linear(2, 2))
+        finally:
+            torch.__version__ = saved
+
+    def test_checkpoint_round_trip_and_disable(self) -> None:
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> None:
+            data = batches(torch, rank, 3)
+            model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
+            train(torch, model, data[:2])
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            # A fresh model, loaded from the checkpoint, computes the same forward through zpccl.
+            other = shard(torch, build_model(torch), self.mesh(), 2)
+            zp2 = zpccl.fsdp.enable(other, block_size=BLOCK, ranks_per_node=2)
+            other.load_state_dict(state)
+            with torch.no_grad():
+                self.assertTrue(torch.equal(model(data[2]), other(data[2])))
+            zp2.disable()
+            # disable: FSDP's own collectives again, zpccl's counters stay still.
+            before = zp.summary()
+            groups = [pg for m in model.modules() if isinstance(m, zp._fsdp.FSDPModule)
+                      for pg in zp._fsdp.param_groups(m)]
+            zp.disable()
+            self.assertTrue(all(type(pg._all_gather_comm).__name__.startswith("Default") for pg in groups))
+            self.assertIsNone(zpccl.fsdp.session_of(model))
+            train(torch, model, data[2:])
+            self.assertEqual(zp.summary(), before)
+            zp.disable()  # idempotent
+
+        run_threaded(WORLD, body)
+
+
+if __name__ == "__main__":
+    unittest.main()

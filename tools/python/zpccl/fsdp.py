@@ -1,0 +1,771 @@
+"""ZeRO++ inside PyTorch FSDP2: one call switches a ``fully_shard``-ed model to zpccl's collectives.
+
+    from torch.distributed.fsdp import fully_shard
+    import zpccl.fsdp
+
+    for block in model.blocks:
+        fully_shard(block, reshard_after_forward=2)     # 2: keep a 1/2 slice after forward (hpZ groups of 2)
+    fully_shard(model)
+    zp = zpccl.fsdp.enable(model, weight_bits=8, grad_bits=4, block_size=256)
+    ...train as before...
+    zp.disable()                                        # back to FSDP's own collectives (NCCL)
+
+It goes through FSDP2's own hooks, ``FSDPModule.set_custom_all_gather`` and ``set_custom_reduce_scatter``
+(torch 2.9 and later):
+
+* all-gathers over the shard group (forward, prefetch, and backward with ``reshard_after_forward=True``): qwZ,
+  block-quantized weights (``weight_bits``); every rank's gathered weights are bit-identical;
+* the backward all-gather over FSDP's post-forward group (``reshard_after_forward=k``, k ranks of one node):
+  hpZ, exact, inside the node. FSDP's groups of k must be zpccl's hpZ groups (k consecutive ranks of one node,
+  in order): ``enable`` checks it on every rank and refuses otherwise;
+* gradient reduce-scatters: qgZ (``grad_bits``), Sum and Avg, fp32 or bf16 (FSDP's ``reduce_dtype``).
+  ``set_gradient_divide_factor(f)`` works with ``set_force_sum_reduction_for_comms(True)`` (FSDP then sums and
+  divides afterwards) or with f equal to the shard group's size (Avg); otherwise FSDP asks for NCCL's
+  PreMulSum, which qgZ does not do, and ``enable`` (or the call) says what to set instead.
+
+What zpccl does not serve stays on FSDP's collectives, and the ``zpccl.fsdp`` logger says so once per kind:
+groups FSDP gathers as uint8 (their parameters mix dtypes), element types other than fp16/bf16/fp32, groups
+other than the shard and hpZ groups (``hpz=False`` leaves the hpZ gather on NCCL too), and the replicate
+dimension of a 2-D (HSDP) mesh, whose all-reduce FSDP makes itself.
+
+Blocks and parameters: FSDP concatenates the padded shards of a module's parameters into one flat buffer per
+rank, so a quantization block could hold the end of a LayerNorm weight (values near 1) and the start of a
+linear weight (values near 0.02), whose small values would then keep few bits. With ``param_blocks=True``
+(default) blocks restart at every parameter boundary, as they restart at every rank's shard: the call copies
+the flat buffer into a staging buffer where each parameter's part starts on a block boundary (zeros between,
+which change no block's scale), runs the collective there, and copies the result back. Those buffers are
+reserved when ``enable`` runs, with the communicators' scratch, so that nothing allocates in the training
+loop (:attr:`ZeroPlusPlus.reserved_bytes`).
+
+Communicators are made from the model's own process groups (the user passes nothing else): one for the
+gathers and one for the reduce-scatters of each shard group, so that FSDP's all-gather and reduce-scatter
+streams really overlap (one communicator serializes its calls). On CUDA they are cuda-backend communicators
+(``Comm.from_torch_group``: the gathers' wraps the group's NCCL communicator when torch and zpccl share one
+NCCL library); with CPU parameters and torch's threaded process group (ranks as threads, as torch's own FSDP
+tests run), host-backend communicators, which is how the CPU tests exercise every path.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import _torch as _ztorch
+from .comm import Comm, get_unique_id, payload_size
+from .enums import UNIQUE_ID_BYTES, Backend, Result
+from .errors import ZpcclError, ZpcclValueError
+
+__all__ = ["ZeroPlusPlus", "enable", "disable", "session_of", "MIN_TORCH"]
+
+log = logging.getLogger("zpccl.fsdp")
+
+#: The first torch whose FSDP2 has the custom-communication hooks.
+MIN_TORCH = (2, 9)
+_CALL = "zpccl.fsdp.enable"
+_QUANT_DTYPES = ("float16", "bfloat16", "float32")
+
+
+# ---- torch's FSDP2, as this torch has it ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Fsdp:
+    """The pieces of torch's FSDP2 that this module uses, found in whatever torch is installed."""
+
+    torch: Any
+    dist: Any
+    FSDPModule: type
+    AllGather: type
+    ReduceScatter: type
+    ShardedState: Any
+
+    @staticmethod
+    def load() -> "_Fsdp":
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError as e:
+            raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl.fsdp needs PyTorch {MIN_TORCH[0]}."
+                             f"{MIN_TORCH[1]} or later, and torch is not importable ({e})", _CALL) from None
+        version = _torch_version(torch.__version__)
+        need = f"torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or later (FSDP2's FSDPModule.set_custom_all_gather)"
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except ImportError:
+            FSDPModule = None
+        api = _first_module("torch.distributed.fsdp._fully_shard._fsdp_api",
+                            "torch.distributed._composable.fsdp._fsdp_api")
+        param = _first_module("torch.distributed.fsdp._fully_shard._fsdp_param",
+                              "torch.distributed._composable.fsdp._fsdp_param")
+        if (version < MIN_TORCH or FSDPModule is None or not hasattr(FSDPModule, "set_custom_all_gather")
+                or api is None or not hasattr(api, "AllGather") or param is None):
+            raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl.fsdp needs {need}; this is torch "
+                             f"{torch.__version__}", _CALL)
+        return _Fsdp(torch, dist, FSDPModule, api.AllGather, api.ReduceScatter, param.ShardedState)
+
+    def param_groups(self, module: Any) -> list[Any]:
+        """The FSDPParamGroups of one FSDP module (a list in newer torch, one or None in older)."""
+        state = module._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            one = getattr(state, "_fsdp_param_group", None)
+            groups = [] if one is None else [one]
+        return list(groups)
+
+
+def _torch_version(text: str) -> tuple[int, int]:
+    parts = text.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def _first_module(*names: str) -> Any:
+    import importlib
+
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+# ---- block layout across parameter boundaries ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where each parameter's part of a flat per-rank buffer goes so that it starts on a block boundary.
+
+    ``sizes`` are the parts' element counts in buffer order; each part but the last is padded to a multiple of
+    ``block_size`` (the last one's partial block ends at the shard's end, where blocks restart anyway).
+    """
+
+    sizes: tuple[int, ...]
+    block_size: int
+    staged_offsets: tuple[int, ...] = field(init=False)
+    staged_count: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        offsets, at = [], 0
+        for i, n in enumerate(self.sizes):
+            offsets.append(at)
+            at += n if i == len(self.sizes) - 1 else -(-n // self.block_size) * self.block_size
+        object.__setattr__(self, "staged_offsets", tuple(offsets))
+        object.__setattr__(self, "staged_count", at)
+
+    @property
+    def count(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def identity(self) -> bool:
+        """Every part already starts on a block boundary: no staging needed."""
+        return self.staged_count == self.count
+
+    def pad(self, i: int) -> int:
+        return 0 if i == len(self.sizes) - 1 else self.staged_offsets[i + 1] - self.staged_offsets[i] - self.sizes[i]
+
+    def stage(self, torch: Any, src: Any, dst: Any, zeros: Any) -> None:
+        """``dst`` (rows x staged_count) <- ``src`` (rows x count), each part on a block boundary, zeros between."""
+        pieces, at = [], 0
+        for i, n in enumerate(self.sizes):
+            pieces.append(src.narrow(-1, at, n))
+            if self.pad(i):
+                pieces.append(zeros.narrow(-1, 0, self.pad(i)))
+            at += n
+        torch.cat(pieces, dim=-1, out=dst)
+
+    def unstage(self, torch: Any, src: Any, dst: Any) -> None:
+        """``dst`` (rows x count) <- the parts of ``src`` (rows x staged_count)."""
+        torch.cat([src.narrow(-1, o, n) for o, n in zip(self.staged_offsets, self.sizes)], dim=-1, out=dst)
+
+
+# ---- the hooks -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PathStats:
+    """What one path served: calls, logical (unquantized) bytes of the collective's output, and the bytes this
+    rank's data occupied on the wire ((n - 1) copies of its shard's or slices' payloads)."""
+
+    calls: int = 0
+    logical_bytes: int = 0
+    wire_bytes: int = 0
+
+    def add(self, logical: int, wire: int) -> None:
+        self.calls += 1
+        self.logical_bytes += logical
+        self.wire_bytes += wire
+
+
+@dataclass
+class _Group:
+    """zpccl's communicators for one shard group, and what its calls need."""
+
+    ranks: tuple[int, ...]  # global ranks, in group-rank order
+    gather: Comm  # qwZ and hpZ
+    reduce: Comm  # qgZ
+    hpz_ranks: tuple[int, ...] | None  # global ranks of this rank's hpZ group (FSDP's post-forward group)
+
+
+class _Staging:
+    """A reserved byte buffer handed out as typed views (one collective at a time: calls on one stream)."""
+
+    def __init__(self, torch: Any, device: Any, nbytes: int) -> None:
+        self.torch, self.device = torch, device
+        self.buffer = torch.empty(max(nbytes, 0), dtype=torch.uint8, device=device)
+        self.grown = False
+
+    def view(self, count: int, dtype: Any, offset_bytes: int = 0) -> Any:
+        esz = self.torch.empty((), dtype=dtype).element_size()
+        end = offset_bytes + count * esz
+        if end > self.buffer.numel():
+            self.buffer = self.torch.empty(end, dtype=self.torch.uint8, device=self.device)
+            self.grown = True
+        return self.buffer.narrow(0, offset_bytes, count * esz).view(dtype)
+
+
+class _Hook:
+    """State shared by one FSDP module's all-gather and reduce-scatter hooks."""
+
+    def __init__(self, session: "ZeroPlusPlus", param_group: Any) -> None:
+        self.session, self.param_group = session, param_group
+
+    def group_for(self, pg: Any) -> _Group | None:
+        return self.session._groups.get(tuple(self.session._fsdp.dist.get_process_group_ranks(pg)))
+
+
+def _make_all_gather(base: type) -> type:
+    class ZeroAllGather(base):  # type: ignore[misc, valid-type]
+        """qwZ over the shard group, hpZ over the post-forward group, FSDP's own all-gather otherwise."""
+
+        def __init__(self, hook: _Hook, fallback: Any) -> None:
+            self.hook, self.fallback = hook, fallback
+
+        def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+            return self.fallback.allocate(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
+            return self.hook.session._all_gather(self.hook, output_tensor, input_tensor, group, async_op,
+                                                 self.fallback)
+
+    return ZeroAllGather
+
+
+def _make_reduce_scatter(base: type) -> type:
+    class ZeroReduceScatter(base):  # type: ignore[misc, valid-type]
+        """qgZ over the shard group, FSDP's own reduce-scatter otherwise."""
+
+        def __init__(self, hook: _Hook, fallback: Any) -> None:
+            self.hook, self.fallback = hook, fallback
+
+        def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+            return self.fallback.allocate(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            return self.hook.session._reduce_scatter(self.hook, output_tensor, input_tensor, group, op, async_op,
+                                                     self.fallback)
+
+    return ZeroReduceScatter
+
+
+# ---- the session ---------------------------------------------------------------------------------------------
+
+
+class ZeroPlusPlus:
+    """zpccl serving one FSDP2 model: its communicators, staging buffers, hooks and counters.
+
+    Made by :func:`enable`; :meth:`disable` puts FSDP's previous collectives back and frees the communicators.
+    """
+
+    def __init__(self, fsdp: _Fsdp, model: Any, *, weight_bits: int, grad_bits: int, block_size: int,
+                 hpz: bool, param_blocks: bool, comm_config: dict[str, Any]) -> None:
+        self._fsdp, self.model = fsdp, model
+        self.weight_bits, self.grad_bits, self.block_size = weight_bits, grad_bits, block_size
+        self.hpz, self.param_blocks = hpz, param_blocks
+        self._config = dict(comm_config)
+        self._groups: dict[tuple[int, ...], _Group] = {}
+        self._modules: list[tuple[Any, Any, Any, Any]] = []  # (param group, its previous all-gather, reduce-scatter)
+        self._said: set[str] = set()
+        self.stats: dict[str, PathStats] = {}
+        self._layouts: dict[tuple[Any, ...], BlockLayout] = {}
+        self._gather_stage: _Staging | None = None
+        self._reduce_stage: _Staging | None = None
+        self._zeros: dict[tuple[Any, int], Any] = {}
+        self.reserved_bytes = 0
+        self.device: Any = None
+        self.backend: Backend | None = None
+        self._closed = False
+
+    # ---- reporting ----
+
+    def _count(self, path: str, logical: int, wire: int) -> None:
+        self.stats.setdefault(path, PathStats()).add(logical, wire)
+
+    def _say_once(self, kind: str, message: str, level: int = logging.WARNING) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            log.log(level, "zpccl.fsdp: %s", message)
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``."""
+        return {k: dict(calls=v.calls, logical_bytes=v.logical_bytes, wire_bytes=v.wire_bytes)
+                for k, v in sorted(self.stats.items())}
+
+    def reset_stats(self) -> None:
+        self.stats.clear()
+
+    # ---- lifecycle ----
+
+    def disable(self) -> None:
+        """Gives every module its previous collectives back and destroys zpccl's communicators. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for param_group, _module, all_gather, reduce_scatter in self._modules:
+            param_group._all_gather_comm = all_gather
+            param_group._reduce_scatter_comm = reduce_scatter
+        self._modules.clear()
+        if self.device is not None and self.device.type == "cuda":
+            self._fsdp.torch.cuda.synchronize(self.device)
+        for g in self._groups.values():
+            g.gather.close()
+            g.reduce.close()
+        self._groups.clear()
+        self._gather_stage = self._reduce_stage = None
+        _SESSIONS.pop(id(self.model), None)
+
+    def __enter__(self) -> "ZeroPlusPlus":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.disable()
+
+    # ---- the calls ----
+
+    def _fallback(self, kind: str, message: str, call: Callable[[], Any]) -> Any:
+        self._say_once(kind, message + "; it stays on FSDP's own collective")
+        self._count("torch_" + kind, 0, 0)
+        return call()
+
+    def _layout(self, sizes: list[int] | None, count: int) -> BlockLayout:
+        key = (tuple(sizes) if sizes else (count,), self.block_size)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = BlockLayout(key[0], self.block_size)
+        return layout
+
+    def _zeros_for(self, rows: int, dtype: Any) -> Any:
+        key = (dtype, rows)
+        z = self._zeros.get(key)
+        if z is None:
+            z = self._zeros[key] = self._fsdp.torch.zeros(rows, self.block_size, dtype=dtype, device=self.device)
+        return z
+
+    def _all_gather(self, hook: _Hook, output: Any, input: Any, group: Any, async_op: bool, fallback: Any) -> Any:
+        def nccl() -> Any:
+            return fallback(output_tensor=output, input_tensor=input, group=group, async_op=async_op)
+
+        dtype = str(output.dtype).replace("torch.", "")
+        ranks = tuple(self._fsdp.dist.get_process_group_ranks(group))
+        g = self._groups.get(ranks)
+        if g is not None:
+            if dtype not in _QUANT_DTYPES:
+                kind = "uint8" if dtype == "uint8" else "dtype"
+                why = ("a module whose parameters mix dtypes is gathered as uint8 bytes" if kind == "uint8"
+                       else f"{dtype} parameters are not quantized (qwZ takes fp16, bf16, fp32)")
+                return self._fallback("all_gather_" + kind, why, nccl)
+            return self._qwz(hook, g, output, input)
+        for g in self._groups.values():
+            if g.hpz_ranks == ranks:
+                return self._hpz(g, output, input)
+        kind = "all_gather_hpz_off" if self._is_post_forward_group(hook, ranks) else "all_gather_group"
+        why = (f"the backward all-gather over FSDP's post-forward group {list(ranks)} (hpz=False)"
+               if kind == "all_gather_hpz_off" else f"an all-gather over group {list(ranks)}, which zpccl has no "
+               "communicator for")
+        return self._fallback(kind, why, nccl)
+
+    def _is_post_forward_group(self, hook: _Hook, ranks: tuple[int, ...]) -> bool:
+        info = getattr(hook.param_group, "post_forward_mesh_info", None)
+        pg = getattr(info, "shard_process_group", None)
+        return pg is not None and tuple(self._fsdp.dist.get_process_group_ranks(pg)) == ranks
+
+    def _qwz(self, hook: _Hook, g: _Group, output: Any, input: Any) -> None:
+        torch, comm = self._fsdp.torch, g.gather
+        n, r, count = comm.nranks, comm.rank, input.numel()
+        layout = self._layout(self._gather_sizes(hook, count), count)
+        esz = output.element_size()
+        if layout.identity:
+            comm.quant_all_gather(input, output)
+        else:
+            sp = layout.staged_count
+            staged = self._gather_stage.view(n * sp, output.dtype)
+            own = staged.narrow(0, r * sp, sp)
+            layout.stage(torch, input, own, self._zeros_for(1, output.dtype)[0])
+            comm.quant_all_gather(own, staged)
+            layout.unstage(torch, staged.view(n, sp), output.view(n, count))
+        wire = (n - 1) * payload_size(layout.staged_count, self.weight_bits, self.block_size)
+        self._count("qwz", output.numel() * esz, wire)
+
+    def _hpz(self, g: _Group, output: Any, input: Any) -> None:
+        k = len(g.hpz_ranks or ())
+        g.gather.hier_all_gather(input, output)
+        self._count("hpz", output.numel() * output.element_size(), (k - 1) * input.numel() * input.element_size())
+
+    def _gather_sizes(self, hook: _Hook, count: int) -> list[int] | None:
+        """Each parameter's part of the flat shard being gathered, or None when it cannot be told."""
+        if not self.param_blocks:
+            return None
+        sizes = []
+        for p in getattr(hook.param_group, "fsdp_params", ()):
+            data = getattr(p, "_sharded_param_data", None)
+            if data is None:
+                return self._unknown_sizes("all-gather")
+            sizes.append(data.numel())
+        return sizes if sum(sizes) == count else self._unknown_sizes("all-gather")
+
+    def _reduce_sizes(self, hook: _Hook, count: int) -> list[int] | None:
+        """Each parameter's part of one rank's slice of the reduce-scatter input, or None when it cannot be told:
+        FSDP reduces the parameters that got a gradient, in order; padded shards as in the all-gather."""
+        if not self.param_blocks:
+            return None
+        params = list(getattr(hook.param_group, "fsdp_params", ()))
+        for subset in ([p for p in params if p.sharded_param.requires_grad], params):
+            try:
+                sizes = [p.padded_sharded_param_size.numel() for p in subset]
+            except AttributeError:
+                break
+            if sum(sizes) == count:
+                return sizes
+        return self._unknown_sizes("reduce-scatter")
+
+    def _unknown_sizes(self, what: str) -> None:
+        self._say_once("sizes_" + what, f"the parameter boundaries of a {what} input are not what FSDP's "
+                       "parameters say (an all-gather extension, or unused parameters): its blocks run across "
+                       "parameters", logging.INFO)
+        return None
+
+    def _reduce_scatter(self, hook: _Hook, output: Any, input: Any, group: Any, op: Any, async_op: bool,
+                        fallback: Any) -> Any:
+        def nccl() -> Any:
+            return fallback(output_tensor=output, input_tensor=input, group=group, op=op, async_op=async_op)
+
+        ranks = tuple(self._fsdp.dist.get_process_group_ranks(group))
+        g = self._groups.get(ranks)
+        if g is None:
+            return self._fallback("reduce_scatter_group", f"a reduce-scatter over group {list(ranks)}, which zpccl "
+                                  "has no communicator for", nccl)
+        dtype = str(output.dtype).replace("torch.", "")
+        if dtype not in _QUANT_DTYPES:
+            return self._fallback("reduce_scatter_dtype", f"{dtype} gradients are not quantized (qgZ takes fp16, "
+                                  "bf16, fp32)", nccl)
+        name = _op_name(self._fsdp.dist, op)
+        if name is None:
+            raise ZpcclValueError(_premul_message(op, len(ranks)), "zpccl.fsdp reduce-scatter")
+        torch, comm = self._fsdp.torch, g.reduce
+        n, count = comm.nranks, output.numel()
+        layout = self._layout(self._reduce_sizes(hook, count), count)
+        esz = output.element_size()
+        if layout.identity:
+            comm.quant_reduce_scatter(input, output, op=name)
+        else:
+            sp = layout.staged_count
+            staged_in = self._reduce_stage.view(n * sp, output.dtype)
+            staged_out = self._reduce_stage.view(sp, output.dtype, offset_bytes=_align(n * sp * esz))
+            layout.stage(torch, input.view(n, count), staged_in.view(n, sp), self._zeros_for(n, output.dtype))
+            comm.quant_reduce_scatter(staged_in, staged_out, op=name)
+            layout.unstage(torch, staged_out, output)
+        wire = (n - 1) * payload_size(layout.staged_count, self.grad_bits, self.block_size)
+        self._count("qgz", input.numel() * esz, wire)
+
+
+def _align(nbytes: int, to: int = 256) -> int:
+    return -(-nbytes // to) * to
+
+
+def _op_name(dist: Any, op: Any) -> str | None:
+    """"sum" or "avg" for FSDP's reduce op, None for anything else (PreMulSum)."""
+    for name, value in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
+        try:
+            if op == value:
+                return name
+        except (TypeError, RuntimeError):
+            continue
+    return None
+
+
+def _premul_message(what: Any, size: int) -> str:
+    return (f"zpccl.fsdp: FSDP asks for a reduce-scatter with {what} (set_gradient_divide_factor with a factor "
+            f"other than the shard group's size {size} makes it use NCCL's PreMulSum), which qgZ does not do; also "
+            "call model.set_force_sum_reduction_for_comms(True), so that FSDP sums and divides afterwards, or set "
+            f"the factor to {size} (an average)")
+
+
+_SESSIONS: dict[int, ZeroPlusPlus] = {}
+
+
+def session_of(model: Any) -> ZeroPlusPlus | None:
+    """The live :class:`ZeroPlusPlus` of ``model``, or None."""
+    return _SESSIONS.get(id(model))
+
+
+def disable(model: Any) -> None:
+    """Puts FSDP's own collectives back on ``model`` (undoes :func:`enable`); a no-op when not enabled."""
+    session = _SESSIONS.get(id(model))
+    if session is not None:
+        session.disable()
+
+
+# ---- enable --------------------------------------------------------------------------------------------------
+
+
+def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: int = 256, hpz: bool = True,
+           param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None) -> ZeroPlusPlus:
+    """Switches a ``fully_shard``-ed model to zpccl's collectives (see the module's docstring). Collective: every
+    rank of the model's process groups calls it, after ``fully_shard`` and before the first step.
+
+    * ``weight_bits`` (8 or 4): qwZ's codes; ``grad_bits`` (4 or 8): qgZ's; ``block_size``: elements per
+      quantization block, a power of two in [32, 8192].
+    * ``hpz``: serve the backward all-gather over FSDP's post-forward group (``reshard_after_forward=k``) with
+      hpZ; False leaves it on FSDP's collective.
+    * ``param_blocks``: blocks restart at each parameter boundary (costs two copies of each collective's data
+      on the device, and staging buffers of the largest module's gathered size).
+    * ``ranks_per_node`` / ``node_id``: emulate a node layout (otherwise a rank's node is its host, as NCCL
+      tells it: hostname or ``NCCL_HOSTID``).
+
+    Returns the :class:`ZeroPlusPlus` that serves the model (``.summary()``, ``.disable()``). Raises
+    :class:`~zpccl.ZpcclError` (or its ValueError/TypeError subclasses) with a message saying what to change.
+    """
+    fsdp = _Fsdp.load()
+    for name, value in (("weight_bits", weight_bits), ("grad_bits", grad_bits)):
+        if value not in (4, 8) or isinstance(value, bool):
+            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be 4 or 8", _CALL)
+    if (isinstance(block_size, bool) or not isinstance(block_size, int) or not 32 <= block_size <= 8192
+            or block_size & (block_size - 1)):
+        raise ZpcclValueError(f"{_CALL}: block_size {block_size!r} must be a power of two in [32, 8192]", _CALL)
+    if session_of(model) is not None:
+        raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl already serves this model; call disable() first", _CALL)
+    modules = [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
+    if not modules:
+        raise ZpcclValueError(f"{_CALL}: {type(model).__name__} has no fully_shard-ed module: call "
+                              "torch.distributed.fsdp.fully_shard on it (and its blocks) first", _CALL)
+    session = ZeroPlusPlus(fsdp, model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=block_size,
+                           hpz=hpz, param_blocks=param_blocks,
+                           comm_config=dict(ranks_per_node=ranks_per_node, node_id=node_id))
+    try:
+        _attach(session, modules)
+    except BaseException:
+        session.disable()
+        raise
+    _SESSIONS[id(model)] = session
+    return session
+
+
+def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
+    fsdp, dist = session._fsdp, session._fsdp.dist
+    groups = [(m, pg) for m in modules for pg in fsdp.param_groups(m)]
+    if not groups:
+        raise ZpcclValueError(f"{_CALL}: the model's FSDP modules hold no parameters", _CALL)
+    if any(len(fsdp.param_groups(m)) > 1 for m in modules):
+        raise ZpcclValueError(f"{_CALL}: a module has several parameter groups (shard_placement_fn with "
+                              "several meshes); FSDP's custom collectives take one group a module", _CALL)
+    session.device = groups[0][1].device
+    for _m, pg in groups:
+        _check_divide_factor(dist, pg)
+        mesh_info = pg.mesh_info
+        if getattr(mesh_info, "replicate_process_group", None) is not None:
+            session._say_once("hsdp", "the replicate dimension of a 2-D (HSDP) mesh: FSDP all-reduces gradients "
+                              "over it itself; that stays on NCCL", logging.INFO)
+    # One pair of communicators a shard group (and hpZ size), made in module order on every rank.
+    sizes_gather: list[int] = []
+    sizes_reduce: list[int] = []
+    for _m, pg in groups:
+        shard = pg.mesh_info.shard_process_group
+        ranks = tuple(dist.get_process_group_ranks(shard))
+        k = _hpz_size(session, pg)
+        if ranks not in session._groups:
+            session._groups[ranks] = _make_group(session, shard, ranks, k)
+        elif k is not None and session._groups[ranks].gather.hpz_size != k:
+            raise ZpcclValueError(f"{_CALL}: modules over one shard group use reshard_after_forward={k} and "
+                                  f"={session._groups[ranks].gather.hpz_size}; zpccl's hpZ takes one group size",
+                                  _CALL)
+        sizes_gather.append(_staged_bytes(session, pg, len(ranks), reduce=False))
+        sizes_reduce.append(_staged_bytes(session, pg, len(ranks), reduce=True))
+    _reserve(session, max(sizes_gather), max(sizes_reduce))
+    AllGatherHook, ReduceScatterHook = _make_all_gather(fsdp.AllGather), _make_reduce_scatter(fsdp.ReduceScatter)
+    for m, pg in groups:
+        hook = _Hook(session, pg)
+        session._modules.append((pg, m, pg._all_gather_comm, pg._reduce_scatter_comm))
+        m.set_custom_all_gather(AllGatherHook(hook, pg._all_gather_comm))
+        m.set_custom_reduce_scatter(ReduceScatterHook(hook, pg._reduce_scatter_comm))
+    log.info("zpccl.fsdp: %d modules on %s, %d shard group(s): qwZ int%d, qgZ int%d, blocks of %d%s%s",
+             len(groups), session.backend.name.lower() if session.backend else "?", len(session._groups),
+             session.weight_bits, session.grad_bits, session.block_size,
+             ", hpZ groups of %d" % next(iter(session._groups.values())).gather.hpz_size
+             if any(g.hpz_ranks for g in session._groups.values()) else "",
+             ", blocks restart at parameters" if session.param_blocks else "")
+
+
+def _check_divide_factor(dist: Any, pg: Any) -> None:
+    factor = getattr(pg, "gradient_divide_factor", None)
+    size = pg.mesh_info.shard_process_group.size()
+    if factor is None or getattr(pg, "force_sum_reduction_for_comms", False) or factor == size:
+        return
+    reduce_dtype = getattr(getattr(pg, "mp_policy", None), "reduce_dtype", None)
+    if reduce_dtype is not None and str(reduce_dtype) == "torch.float16":
+        return  # FSDP sums fp16 and divides before and after
+    raise ZpcclValueError(_premul_message(f"PreMulSum(1/{factor})", size).replace("zpccl.fsdp:", _CALL + ":"),
+                          _CALL)
+
+
+def _hpz_size(session: ZeroPlusPlus, pg: Any) -> int | None:
+    """k when FSDP gathers the backward weights over a post-forward group of k ranks and hpZ serves it."""
+    info = getattr(pg, "post_forward_mesh_info", None)
+    if info is None or info == pg.mesh_info or not session.hpz:
+        return None
+    size = info.shard_process_group.size()
+    return size if size > 1 else None
+
+
+def _make_group(session: ZeroPlusPlus, shard: Any, ranks: tuple[int, ...], k: int | None) -> _Group:
+    dist = session._fsdp.dist
+    config = dict(weight_bits=session.weight_bits, grad_bits=session.grad_bits, block_size=session.block_size,
+                  **{key: v for key, v in session._config.items() if v is not None})
+    device = session.device
+    if device.type == "cuda":
+        reduce = Comm.from_torch_group(shard, device=device, wrap=False, **config)
+        session.backend = Backend.CUDA
+    elif device.type == "cpu":
+        backend = str(dist.get_backend(shard)).lower()
+        if backend != "threaded":
+            raise ZpcclValueError(
+                f"{_CALL}: the model's parameters are on the CPU and its process group is {backend!r}: zpccl's "
+                "host backend runs ranks as threads of one process (torch's threaded process group); use CUDA "
+                "devices, or a threaded group", _CALL)
+        reduce = _host_comm(shard, config)
+        session.backend = Backend.HOST
+    else:
+        raise ZpcclValueError(f"{_CALL}: parameters on {device}: zpccl serves CUDA devices (and, on the host "
+                              "backend, the CPU)", _CALL)
+    try:
+        # The hpZ groups are checked against the node layout the reduce-scatters' communicator found, before the
+        # gathers' is made with them (an hpZ size that does not fit the nodes would fail its init).
+        hpz_ranks = _check_hpz_groups(session, shard, ranks, reduce, k) if k is not None else None
+        if device.type == "cuda":
+            gather = Comm.from_torch_group(shard, device=device, hpz_size=k, **config)
+        else:
+            gather = _host_comm(shard, dict(config, hpz_size=k))
+    except BaseException:
+        reduce.close()
+        raise
+    if hpz_ranks is not None and gather.hpz_rank != hpz_ranks.index(ranks[gather.rank]):
+        gather.close()
+        reduce.close()
+        raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: zpccl's hpZ rank {gather.hpz_rank} is not this rank's "
+                         f"place in FSDP's post-forward group {list(hpz_ranks)}", _CALL)
+    return _Group(ranks, gather, reduce, hpz_ranks)
+
+
+def _host_comm(group: Any, config: dict[str, Any]) -> Comm:
+    rank, nranks, _ = _ztorch.group_info(group)
+    uid = get_unique_id() if rank == 0 else bytes(UNIQUE_ID_BYTES)
+    uid = _ztorch.broadcast_bytes(uid, UNIQUE_ID_BYTES, group, "cpu")
+    return Comm(nranks, rank, uid, backend="host", **config)
+
+
+def _check_hpz_groups(session: ZeroPlusPlus, shard: Any, ranks: tuple[int, ...], comm: Comm, k: int) -> tuple:
+    """Checks, with every rank of the shard group, that each of FSDP's post-forward groups of k ranks is one of
+    zpccl's hpZ groups of size k (k consecutive local ranks of one node, from a multiple of k, in order); returns
+    this rank's, in global ranks. Every rank reaches the same verdict: all look at the same gathered facts."""
+    dist = session._fsdp.dist
+    pf = _post_forward_group_of(session, ranks)
+    mine = dict(node=comm.node_rank, local=comm.local_rank, local_size=comm.local_size,
+                pf=list(dist.get_process_group_ranks(pf)))
+    facts: list[Any] = [None] * len(ranks)
+    dist.all_gather_object(facts, mine, group=shard)
+    index = {g: i for i, g in enumerate(ranks)}
+    for f in facts:
+        members = [facts[index[g]] for g in f["pf"]]
+        nodes = sorted({m["node"] for m in members})
+        local = [m["local"] for m in members]
+        problem = None
+        if len(nodes) > 1:
+            problem = f"on nodes {nodes}"
+        elif members[0]["local_size"] % k:
+            problem = f"on a node of {members[0]['local_size']} ranks, which groups of {k} do not divide"
+        elif local != list(range(local[0], local[0] + k)) or local[0] % k:
+            problem = f"local ranks {local} of node {nodes[0]}, not {k} consecutive ones from a multiple of {k}"
+        if problem:
+            raise ZpcclValueError(
+                f"{_CALL}: reshard_after_forward={k} makes FSDP gather backward weights over ranks "
+                f"{[index[g] for g in f['pf']]} of the shard group, which are {problem}: hpZ keeps that gather "
+                f"inside one node, over {k} consecutive ranks of it. Use a reshard_after_forward that divides the "
+                "ranks per node (with ranks numbered node by node), or hpz=False to leave that gather on NCCL",
+                _CALL)
+    return tuple(mine["pf"])
+
+
+def _post_forward_group_of(session: ZeroPlusPlus, ranks: tuple[int, ...]) -> Any:
+    for m in session.model.modules():
+        if not isinstance(m, session._fsdp.FSDPModule):
+            continue
+        for pg in session._fsdp.param_groups(m):
+            info = getattr(pg, "post_forward_mesh_info", None)
+            if info is not None and tuple(session._fsdp.dist.get_process_group_ranks(
+                    pg.mesh_info.shard_process_group)) == ranks:
+                return info.shard_process_group
+    raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: no post-forward group for shard group {list(ranks)}", _CALL)
+
+
+def _staged_bytes(session: ZeroPlusPlus, pg: Any, n: int, reduce: bool) -> int:
+    """Bytes of staging one collective of this parameter group needs (0 when its parts need none)."""
+    if not session.param_blocks:
+        return 0
+    try:
+        sizes = [p.padded_sharded_param_size.numel() for p in pg.fsdp_params]
+        esz = max(_element_size(session, p, reduce) for p in pg.fsdp_params)
+    except AttributeError:
+        return 0
+    layout = BlockLayout(tuple(sizes), session.block_size)
+    if layout.identity:
+        return 0
+    sp = layout.staged_count
+    return _align(n * sp * esz) + (sp * esz if reduce else 0)
+
+
+def _element_size(session: ZeroPlusPlus, p: Any, reduce: bool) -> int:
+    """Bytes of an element of a parameter's all-gather (its param_dtype) or reduce-scatter (its reduce_dtype,
+    else param_dtype, else its own dtype)."""
+    dtype = (getattr(p, "reduce_dtype", None) if reduce else None) or getattr(p, "param_dtype", None)
+    dtype = dtype or p.sharded_param.dtype
+    return session._fsdp.torch.empty((), dtype=dtype).element_size()
+
+
+def _reserve(session: ZeroPlusPlus, gather_bytes: int, reduce_bytes: int) -> None:
+    torch = session._fsdp.torch
+    session._gather_stage = _Staging(torch, session.device, gather_bytes)
+    session._reduce_stage = _Staging(torch, session.device, reduce_bytes)
+    session.reserved_bytes = gather_bytes + reduce_bytes
+    if session.backend == Backend.CUDA:
+        largest = max(gather_bytes, reduce_bytes, _largest_collective(session))
+        for g in session._groups.values():
+            g.gather.reserve(largest)
+            g.reduce.reserve(largest)
+
+
+def _largest_collective(session: ZeroPlusPlus) -> int:
+    """Logical bytes of the largest collective the model's groups make (4-byte elements: the worst case)."""
+    largest = 0
+    for m in session.model.modules():
+        if isinstance(m, session._fsdp.FSDPModule):
+            for pg in session._fsdp.param_groups(m):
+                n = pg.mesh_info.shard_process_group.size()
+                count = sum(p.padded_sharded_param_size.numel() for p in pg.fsdp_params)
+                staged = BlockLayout(tuple(p.padded_sharded_param_size.numel() for p in pg.fsdp_params),
+                                     session.block_size).staged_count
+                largest = max(largest, n * max(count, staged) * 4)
+    return largest
