@@ -78,6 +78,12 @@ def main() -> int:
     if top not in sys.path:
         sys.path.insert(0, top)
 
+    # torch first, when installed: a zpccl built outside a wheel links whatever libnccl.so.2 its build found,
+    # and loaded first it would take that soname for torch's libraries too (README: import torch, then zpccl).
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     loader = unittest.TestLoader()
     if args.patterns:
         loader.testNamePatterns = [f"*{p}*" for p in args.patterns]
