@@ -247,6 +247,25 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   fi
 fi
 
+# ---- Python: the package's suite (its GPU tests: FSDP2 in spawned processes sharing the GPUs as emulated
+# nodes over sockets) and the FSDP2 training step (perf/fsdp_step.py: FSDP2 with NCCL against FSDP2 with zpccl
+# and the hand-rolled ZeRO-3 loop, alternating rounds). torch is the machine's.
+# ZP_GPU_CHECK_FSDP_ARGS replaces the step's arguments; ZP_GPU_CHECK_SKIP_PYTHON=1 skips both.
+if [ "${ZP_GPU_CHECK_SKIP_PYTHON:-0}" != 1 ]; then
+  if [ -f "$build/libzpccl.so" ] && python3 -c "import torch" 2>/dev/null; then
+    run_step "python suite" - test "$results/python.log" "" 300 \
+      env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --count "$results/python.count"
+    fsdp_regime=net-on$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')gpu
+    # shellcheck disable=SC2086
+    run_step "fsdp_step" "$fsdp_regime" perf "$results/fsdp_step.log" "$results/fsdp_step.json" 300 \
+      env ZPCCL_LIBRARY="$build/libzpccl.so" python3 perf/fsdp_step.py \
+      ${ZP_GPU_CHECK_FSDP_ARGS:---shape small --nproc 2 --nodes 2 --rounds 3} -J "$results/fsdp_step.json"
+  else
+    note "python: skipped (no $build/libzpccl.so or no torch)"
+    record "python suite" - test missing 0 -
+  fi
+fi
+
 # ---- compute-sanitizer -------------------------------------------------------------------------------------
 # Each tool over small calls of the three collectives on two GPUs (GpuSanitized) and the kernel suites (the
 # full sweeps, soak, replay and fault tests are left out: minutes each under instrumentation). NCCL's own kernels
@@ -425,6 +444,7 @@ def at(rows, size, get):
     return "{:.0f}".format(v) if v >= 100 else "{:.3g}".format(v)
 
 def gtest_counts(log):
+    """(passed, failed) from a GoogleTest log, or from the Python suite's last line."""
     passed = failed = None
     try:
         for line in open(log, errors="replace"):
@@ -432,9 +452,21 @@ def gtest_counts(log):
                 passed = line.split()[3]
             if line.startswith("[  FAILED  ]") and "listed below" in line:
                 failed = line.split()[3]
+            if line.startswith("python: ") and " passed, " in line:  # "python: N passed, M failed, K skipped"
+                words = line.split()
+                passed, failed = words[1], words[3]
     except OSError:
         pass
     return passed, failed
+
+def fsdp_rows(path):
+    """perf/fsdp_step.py's JSON: {"rows": [...], "losses": [...]}, or None for another file."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "rows" in data else None
 
 def sanitizer_errors(log):
     """The errors of every 'ERROR SUMMARY: N errors' line summed (one per instrumented process), or None when
@@ -495,6 +527,17 @@ for line in open(manifest):
             if san is not None:
                 extra = "{} errors, {}".format(san, extra.replace("passed", "p").replace("failed", "f"))
         print(fmt.format(name, regime, label, extra, "", ""))
+    elif any(fsdp_rows(j) for j in jsons):
+        data = next(fsdp_rows(j) for j in jsons if fsdp_rows(j))
+        ms = {r["config"]: r["median_ms"] for r in data["rows"]}
+        for r in data["rows"]:
+            vs = "/".join("{:.2f}".format(ms[b] / r["median_ms"]) if b in ms else "-"
+                          for b in ("nccl", "nccl-noreshard"))
+            print(fmt.format("fsdp " + r["config"], regime, label, "{:.1f} ms, {:.0f} MiB".format(
+                r["median_ms"], r["peak_mib"]), "x nccl/noreshard " + vs, ""))
+        for x in data.get("losses", []):
+            print("  loss {} {}: validation {:.4f} after {} steps".format(
+                x["comm"], "" if x["grad_bits"] is None else "int%d grads" % x["grad_bits"], x["valid"], x["steps"]))
     else:
         rows = [r for j in jsons for r in load(j)]
         ops = sorted({r.get("op") for r in rows}) or [None]

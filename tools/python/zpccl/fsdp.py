@@ -234,8 +234,6 @@ class _Hook:
     def __init__(self, session: "ZeroPlusPlus", param_group: Any) -> None:
         self.session, self.param_group = session, param_group
 
-    def group_for(self, pg: Any) -> _Group | None:
-        return self.session._groups.get(tuple(self.session._fsdp.dist.get_process_group_ranks(pg)))
 
 
 def _make_all_gather(base: type) -> type:
@@ -300,6 +298,14 @@ class ZeroPlusPlus:
         self.device: Any = None
         self.backend: Backend | None = None
         self._closed = False
+        self._ranks_of: dict[Any, tuple[int, ...]] = {}
+
+    def _ranks(self, group: Any) -> tuple[int, ...]:
+        """The global ranks of a process group, in group-rank order (looked up once a group)."""
+        ranks = self._ranks_of.get(group)
+        if ranks is None:
+            ranks = self._ranks_of[group] = tuple(self._fsdp.dist.get_process_group_ranks(group))
+        return ranks
 
     # ---- reporting ----
 
@@ -371,7 +377,7 @@ class ZeroPlusPlus:
             return fallback(output_tensor=output, input_tensor=input, group=group, async_op=async_op)
 
         dtype = str(output.dtype).replace("torch.", "")
-        ranks = tuple(self._fsdp.dist.get_process_group_ranks(group))
+        ranks = self._ranks(group)
         g = self._groups.get(ranks)
         if g is not None:
             if dtype not in _QUANT_DTYPES:
@@ -392,7 +398,7 @@ class ZeroPlusPlus:
     def _is_post_forward_group(self, hook: _Hook, ranks: tuple[int, ...]) -> bool:
         info = getattr(hook.param_group, "post_forward_mesh_info", None)
         pg = getattr(info, "shard_process_group", None)
-        return pg is not None and tuple(self._fsdp.dist.get_process_group_ranks(pg)) == ranks
+        return pg is not None and self._ranks(pg) == ranks
 
     def _qwz(self, hook: _Hook, g: _Group, output: Any, input: Any) -> None:
         torch, comm = self._fsdp.torch, g.gather
@@ -454,7 +460,7 @@ class ZeroPlusPlus:
         def nccl() -> Any:
             return fallback(output_tensor=output, input_tensor=input, group=group, op=op, async_op=async_op)
 
-        ranks = tuple(self._fsdp.dist.get_process_group_ranks(group))
+        ranks = self._ranks(group)
         g = self._groups.get(ranks)
         if g is None:
             return self._fallback("reduce_scatter_group", f"a reduce-scatter over group {list(ranks)}, which zpccl "
