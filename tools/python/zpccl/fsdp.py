@@ -212,12 +212,16 @@ class _Group:
 
 
 class _Staging:
-    """A reserved byte buffer handed out as typed views (one collective at a time: calls on one stream)."""
+    """A reserved byte buffer handed out as typed views, one collective at a time. FSDP makes its gathers on
+    one stream and its reduce-scatters on another, but an explicit ``unshard(async_op=True)`` gathers on the
+    caller's: a use on another stream than the last waits for the last one's work first."""
 
     def __init__(self, torch: Any, device: Any, nbytes: int) -> None:
         self.torch, self.device = torch, device
         self.buffer = torch.empty(max(nbytes, 0), dtype=torch.uint8, device=device)
         self.grown = False
+        self._cuda = device.type == "cuda"
+        self._last: tuple[Any, Any] | None = None  # (stream, event recorded after its use)
 
     def view(self, count: int, dtype: Any, offset_bytes: int = 0) -> Any:
         esz = self.torch.empty((), dtype=dtype).element_size()
@@ -226,6 +230,20 @@ class _Staging:
             self.buffer = self.torch.empty(end, dtype=self.torch.uint8, device=self.device)
             self.grown = True
         return self.buffer.narrow(0, offset_bytes, count * esz).view(dtype)
+
+    def begin(self) -> None:
+        """Orders this use after the previous one, when that was on another stream."""
+        if self._cuda and self._last is not None:
+            stream = self.torch.cuda.current_stream(self.device)
+            if stream != self._last[0]:
+                stream.wait_event(self._last[1])
+
+    def end(self) -> None:
+        if self._cuda:
+            stream = self.torch.cuda.current_stream(self.device)
+            event = self._last[1] if self._last is not None else self.torch.cuda.Event()
+            event.record(stream)
+            self._last = (stream, event)
 
 
 class _Hook:
@@ -409,11 +427,13 @@ class ZeroPlusPlus:
             comm.quant_all_gather(input, output)
         else:
             sp = layout.staged_count
+            self._gather_stage.begin()
             staged = self._gather_stage.view(n * sp, output.dtype)
             own = staged.narrow(0, r * sp, sp)
             layout.stage(torch, input, own, self._zeros_for(1, output.dtype)[0])
             comm.quant_all_gather(own, staged)
             layout.unstage(torch, staged.view(n, sp), output.view(n, count))
+            self._gather_stage.end()
         wire = (n - 1) * payload_size(layout.staged_count, self.weight_bits, self.block_size)
         self._count("qwz", output.numel() * esz, wire)
 
@@ -480,11 +500,13 @@ class ZeroPlusPlus:
             comm.quant_reduce_scatter(input, output, op=name)
         else:
             sp = layout.staged_count
+            self._reduce_stage.begin()
             staged_in = self._reduce_stage.view(n * sp, output.dtype)
             staged_out = self._reduce_stage.view(sp, output.dtype, offset_bytes=_align(n * sp * esz))
             layout.stage(torch, input.view(n, count), staged_in.view(n, sp), self._zeros_for(n, output.dtype))
             comm.quant_reduce_scatter(staged_in, staged_out, op=name)
             layout.unstage(torch, staged_out, output)
+            self._reduce_stage.end()
         wire = (n - 1) * payload_size(layout.staged_count, self.grad_bits, self.block_size)
         self._count("qgz", input.numel() * esz, wire)
 
