@@ -494,8 +494,8 @@ TEST(GpuGraphs, LargerCallAfterCaptureFreezesTheDirectLoadWindow) {
 // in flight at once. As NCCL requires of concurrent communicators, every rank enqueues them in the same order (A,
 // then B: B's thread waits until A's call is enqueued) and makes no device-synchronizing call (allocation, a
 // legacy-stream memset or copy) while they run: a GPU may otherwise wait inside such a call for a kernel that
-// waits for the other rank, which waits likewise (a hang seen in the sixth session, when each thread uploaded
-// its inputs while the other's collective ran).
+// waits for the other rank, which waits likewise (one thread uploading its inputs while the other's collective
+// runs hangs that way).
 TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
   ZP_REQUIRE_GPUS(2);
   const Case c{Op::kQwz, zpBfloat16, 8, 1 << 20, false};

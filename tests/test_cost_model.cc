@@ -1328,13 +1328,13 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   }
 }
 
-TEST(CostModelCalibration, MeasuredSessionTwoGivesTheDefaults) {
+TEST(CostModelCalibration, MeasuredNcclPipelineRowsGiveTheDefaults) {
   // The calibration that KernelParams' and PipelineParams' defaults come from (zpccl-model --calibrate with these
   // three files): the defaults are its values, rounded.
   std::vector<PerfRow> rows;
   std::string error;
-  for (const char* name :
-       {"2026-11-30-h200x2-session2.json", "2026-11-30-h200x2-net-session2.json", "2026-11-30-h200x2-baselines.json"})
+  for (const char* name : {"2026-11-30-h200x2-nvlink-shm-nccl-pipeline.json",
+                           "2026-11-30-h200x2-net-nccl-pipeline.json", "2026-11-30-h200x2-baselines.json"})
     ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
   ASSERT_EQ(rows.size(), 210u);
   const Calibration cal = calibrate(rows, KernelParams());
@@ -1386,14 +1386,15 @@ TEST(CostModelCalibration, MeasuredSessionTwoGivesTheDefaults) {
 }
 
 TEST(CostModelCalibration, MeasuredGreenContext) {
-  // The files of PipelineParams' defaults with the third session's green rows added (qwZ run with ZP_NCCL_SMS=32,
-  // the library's default now, over nvlink, shm and net): the green overlap is fitted from those 22 rows apart, and
+  // The files of PipelineParams' defaults with the green-context rows added (qwZ run with ZP_NCCL_SMS=32, the
+  // library's default, over nvlink, shm and net): the green overlap is fitted from those 22 rows apart, and
   // the default qwzGreenOverlap is its value, rounded; the overlap with every SM stays the default's.
   std::vector<PerfRow> rows;
   std::string error;
   for (const char* name :
-       {"2026-11-30-h200x2-session2.json", "2026-11-30-h200x2-net-session2.json", "2026-11-30-h200x2-baselines.json",
-        "2026-11-30-h200x2-session3-green.json", "2026-11-30-h200x2-net-session3-green.json"})
+       {"2026-11-30-h200x2-nvlink-shm-nccl-pipeline.json", "2026-11-30-h200x2-net-nccl-pipeline.json",
+        "2026-11-30-h200x2-baselines.json", "2026-11-30-h200x2-nvlink-shm-green-context.json",
+        "2026-11-30-h200x2-net-green-context.json"})
     ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
   ASSERT_EQ(rows.size(), 254u);
   const Calibration cal = calibrate(rows, KernelParams());
@@ -1423,12 +1424,12 @@ TEST(CostModelCalibration, MeasuredGreenContext) {
   EXPECT_EQ(green, 22);
   EXPECT_LT(sqGreen, 0.8 * sqEverySm);
 
-  // The fourth session's qgZ rows record ZP_NCCL_SMS=32 too: qgZ never uses the green context, so they are
+  // The qgZ rows of -qgz-channels.json record ZP_NCCL_SMS=32 too: qgZ never uses the green context, so they are
   // calibrated and checked as any qgZ row (8 rows and their 8 NCCL baselines). Only their configuration is asserted
   // here: this file is known-bad for absolute calibration (its machine ran NVLink at half speed, its rows are ~2.2x
   // slower in absolute time), so no fitted value or error of it is.
   std::vector<PerfRow> qgz;
-  ASSERT_TRUE(parsePerfJson(readPerfResult("2026-11-30-h200x2-session4-qgz-channels.json"), &qgz, &error)) << error;
+  ASSERT_TRUE(parsePerfJson(readPerfResult("2026-11-30-h200x2-qgz-channels.json"), &qgz, &error)) << error;
   ASSERT_EQ(qgz.size(), 8u);
   for (const PerfRow& r : qgz) {
     EXPECT_EQ(rowNcclSms(r), 32);
@@ -1444,22 +1445,24 @@ TEST(CostModelCalibration, MeasuredGreenContext) {
 }
 
 TEST(CostModelCalibration, MeasuredPairExchange) {
-  // The five files of one machine (MeasuredGreenContext's) and the fourth session's qgZ rows: -qgz-pair.json
-  // (ZP_PAIR_ALLGATHER=1: every two-rank exchange gathers, over net, shm and nvlink) and -qgz-final.json (=2, the
-  // default: the net rows, two nodes, gather; the nvlink rows, one node, send/recv). The fourth session ran on other
-  // machines, whose absolute speeds may differ. -session4-qgz-channels.json is left out: its machine ran NVLink at
-  // half speed and its rows are ~2.2x slower in absolute time (known-bad for absolute calibration).
+  // The five files of one machine (MeasuredGreenContext's) and the qgZ pair-exchange rows:
+  // -qgz-pair-gather-always.json (ZP_PAIR_ALLGATHER=1: every two-rank exchange gathers, over net, shm and nvlink)
+  // and -qgz-pair-gather-across-nodes.json (=2, the default: the net rows, two nodes, gather; the nvlink rows, one
+  // node, send/recv). These two ran on other machines, whose absolute speeds may differ. -qgz-channels.json is left
+  // out: its machine ran NVLink at half speed and its rows are ~2.2x slower in absolute time (known-bad for absolute
+  // calibration).
   std::vector<PerfRow> rows;
   std::string error;
-  const char* five[] = {"2026-11-30-h200x2-session2.json", "2026-11-30-h200x2-net-session2.json",
-                        "2026-11-30-h200x2-baselines.json", "2026-11-30-h200x2-session3-green.json",
-                        "2026-11-30-h200x2-net-session3-green.json"};
+  const char* five[] = {"2026-11-30-h200x2-nvlink-shm-nccl-pipeline.json", "2026-11-30-h200x2-net-nccl-pipeline.json",
+                        "2026-11-30-h200x2-baselines.json", "2026-11-30-h200x2-nvlink-shm-green-context.json",
+                        "2026-11-30-h200x2-net-green-context.json"};
   for (const char* name : five)
     ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
   ASSERT_EQ(rows.size(), 254u);
   const Calibration cal5 = calibrate(rows, KernelParams());
   const size_t first = rows.size();
-  for (const char* name : {"2026-11-30-h200x2-session4-qgz-pair.json", "2026-11-30-h200x2-session4-qgz-final.json"})
+  for (const char* name :
+       {"2026-11-30-h200x2-qgz-pair-gather-always.json", "2026-11-30-h200x2-qgz-pair-gather-across-nodes.json"})
     ASSERT_TRUE(parsePerfJson(readPerfResult(name), &rows, &error)) << name << ": " << error;
   ASSERT_EQ(rows.size(), first + 18 + 12);
   int gatherRows = 0;
@@ -1484,9 +1487,9 @@ TEST(CostModelCalibration, MeasuredPairExchange) {
     EXPECT_DOUBLE_EQ(a.smallBwGBs, b.smallBwGBs) << entry.first;
   }
 
-  // Each fourth-session qgZ row is within 15% but one: final net int4 1 GiB, 35.4 ms (+31%), where the pair file
-  // measured 44.5 ms for the same call (both gather over net) and NCCL's reduce-scatter next to it took 132.5 ms
-  // against 170.0: a fast run. Averaged, that point is +16%.
+  // Each pair-exchange qgZ row is within 15% but one: across-nodes net int4 1 GiB, 35.4 ms (+31%), where the
+  // gather-always file measured 44.5 ms for the same call (both gather over net) and NCCL's reduce-scatter next to
+  // it took 132.5 ms against 170.0: a fast run. Averaged, that point is +16%.
   const LinkParams& net = cal.regimes.at("net").link;
   for (const RowCheck& c : cal.checks) {
     if (c.row < first || c.baseline) continue;
@@ -1514,9 +1517,9 @@ TEST(CostModelCalibration, MeasuredPairExchange) {
   }
 
   // Together: 329 of 336 rows from 16 MiB up within 15%; the misses are net rows whose repeats disagree (the five
-  // files' three, the 1 GiB reduce-scatter of net-session3-green.json at -15.0%, and the final file's fast run: its
-  // qgZ int4 1 GiB row and its two large NCCL baselines). Averaged per measured point, 3 of 164 miss: NCCL's net
-  // all-to-all at 64 and 256 MiB (one measurement each in these files) and the fast run's point.
+  // files' three, the 1 GiB reduce-scatter of net-green-context.json at -15.0%, and the across-nodes file's fast
+  // run: its qgZ int4 1 GiB row and its two large NCCL baselines). Averaged per measured point, 3 of 164 miss:
+  // NCCL's net all-to-all at 64 and 256 MiB (one measurement each in these files) and the fast run's point.
   int large = 0;
   for (const RowCheck& c : cal.checks) large += c.size >= kCheckMinBytes;
   EXPECT_EQ(large, 336);

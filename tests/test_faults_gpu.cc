@@ -248,7 +248,7 @@ TEST(GpuFaults, PeerKilledMidCollective) {
 }
 
 // The same over NCCL's pipeline on one node (two chunks, each an NCCL kernel of its own, as over sockets below):
-// the watchdog's ncclCommRevoke ends them and the stream drains (3.1 s, ninth session).
+// the watchdog ends them (ncclCommRevoke where NCCL has it, else an abort) and the stream drains.
 TEST(GpuFaults, PeerKilledMidNcclPipeline) {
   ZP_REQUIRE_GPUS(2);
   if (getenv(kRoleEnv)) GTEST_SKIP();
@@ -256,22 +256,20 @@ TEST(GpuFaults, PeerKilledMidNcclPipeline) {
 }
 
 // Over sockets (two nodes of one GPU each, or of one shared GPU; hpZ's group is then the rank alone, with no peer
-// to lose). It hung until the eleventh session: the GPU machine's NCCL (2.28.3) has no ncclCommRevoke (2.28.7 and
-// later), so the watchdog aborts the communicators, and it aborted the split ones first. An abort frees device
-// memory, which waits for the device's kernels, world's among them, still waiting for the dead peer: the abort of
-// hpZ's one-rank communicator never returned (NCCL_DEBUG=INFO: "Abort START", no end). Aborting world first
-// (NcclComms::ownedWorldFirst) drains it: the stream drained 3.2 s after the call, against never before.
+// to lose). Without ncclCommRevoke (NCCL before 2.28.7) the watchdog aborts the communicators, and the order
+// matters: an abort frees device memory, which waits for the device's kernels, world's among them, still waiting
+// for the dead peer. Aborting a split communicator first (hpZ's one-rank group) never returns (NCCL_DEBUG=INFO:
+// "Abort START", no end); world is aborted first (NcclComms::ownedWorldFirst), and the survivor's stream drains.
 TEST(GpuFaults, PeerKilledOverSockets) {
   ZP_REQUIRE_GPUS(1);
   if (getenv(kRoleEnv)) GTEST_SKIP();
   for (int op : {kQwz, kQgz}) killCase(op, /*net=*/true, /*pending=*/true);
 }
 
-// The victim killed mid-transfer (without zpCommReserve, its calls size their scratch themselves). Until the
-// eleventh session its stream was stalled as in the pending case, but the call's growth waited out the stall, so
-// its part ran whole before it died ("drained after 5.02 s, async error 0", ninth session). Now it does not
-// stall, and dies as soon as both calls are enqueued; when the transfer still ends first, the survivor's next call
-// meets the dead peer, and must fail and drain the same way.
+// The victim killed mid-transfer (without zpCommReserve, its calls size their scratch themselves). Its stream is
+// not stalled as in the pending case: the call's scratch growth would wait the stall out, and its part would run
+// whole before it died. It dies as soon as both calls are enqueued; when the transfer still ends first, the
+// survivor's next call meets the dead peer, and must fail and drain the same way.
 TEST(GpuFaults, PeerKilledOverSocketsMidTransfer) {
   ZP_REQUIRE_GPUS(1);
   if (getenv(kRoleEnv)) GTEST_SKIP();

@@ -224,8 +224,8 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # ZP_SHM_MIN_CTAS channels, qgZ's pair exchange gathers), with the own slot worked early at every size
   # (ZP_OWN_SLOT_EARLY_BYTES=0; by default from 16 MiB, beyond most cases); qgZ's tests there again with its
   # point-to-point exchange, which then leaves the kept slot out (ZP_PAIR_ALLGATHER=0); and last, with a short
-  # limit of its own, GpuFromNccl there: it hung in the sixth session (the caller's communicator is no longer
-  # split; is it fixed?). The "other" step also works the own slot early: its two-node cases are slow-link ones.
+  # limit of its own, GpuFromNccl there (a caller's communicator is not split with ZP_SHM_MIN_CTAS: splitting it
+  # hung this test). The "other" step also works the own slot early: its two-node cases are slow-link ones.
   if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
     # ~30 s when it works: a short limit, so that a hang costs little device time (its backtraces are logged).
     collective_tests='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
