@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and round")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--loss-steps", type=int, default=0, help="also train this many steps per loss run")
+    p.add_argument("--loss-runs", default="nccl,zpccl:8:4,zpccl:8:8",
+                   help="the loss runs, in order: nccl, or zpccl:WEIGHT_BITS:GRAD_BITS")
     p.add_argument("--weight-bits", type=int, default=8)
     p.add_argument("--grad-bits", type=int, default=4)
     p.add_argument("--block-size", type=int, default=256)
@@ -147,14 +149,14 @@ class Bench:
         model = copy.deepcopy(self.base).to(self.where.device)
         return ex.shard_gpt(self.torch, model, self.mesh, reshard)
 
-    def enable(self, model: Any, grad_bits: int | None = None) -> tuple[Any, int]:
+    def enable(self, model: Any, grad_bits: int | None = None, weight_bits: int | None = None) -> tuple[Any, int]:
         """zpccl on the model; also the device memory the enable took on this rank (device-wide free memory
         before and after, between barriers, shared among the ranks on this device)."""
         torch = self.torch
         torch.cuda.synchronize()
         self.dist.barrier()
         free_before = torch.cuda.mem_get_info(self.where.device)[0]
-        zp = self.zpccl.fsdp.enable(model, weight_bits=self.args.weight_bits,
+        zp = self.zpccl.fsdp.enable(model, weight_bits=weight_bits or self.args.weight_bits,
                                     grad_bits=grad_bits or self.args.grad_bits, block_size=self.args.block_size,
                                     ranks_per_node=self.where.ranks_per_node)
         torch.cuda.synchronize()
@@ -227,10 +229,13 @@ class Bench:
             torch.cuda.synchronize()
         return dict(times=times[args.warmup:], peak=torch.cuda.max_memory_allocated(self.where.device))
 
-    def loss_run(self, comm: str, grad_bits: int) -> dict[str, Any]:
+    def loss_run(self, spec: str) -> dict[str, Any]:
+        """Trains a fresh model ``--loss-steps`` steps: ``nccl``, or ``zpccl:W:G`` (weight and gradient bits)."""
         torch, args = self.torch, self.args
+        comm, *bits = spec.split(":")
+        weight_bits, grad_bits = (int(b) for b in bits) if bits else (None, None)
         model = self.build(reshard_of("zpccl-hpz" if comm == "zpccl" else "nccl", self.rpn))
-        zp = self.enable(model, grad_bits)[0] if comm == "zpccl" else None
+        zp = self.enable(model, grad_bits, weight_bits)[0] if comm == "zpccl" else None
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
         curve = []
         for s in range(args.loss_steps):
@@ -246,7 +251,8 @@ class Bench:
         valid = ex.validation_loss(torch, model, self.data.validation())
         if zp is not None:
             zp.disable()
-        return dict(comm=comm, grad_bits=grad_bits if zp else None, steps=args.loss_steps, valid=valid, curve=curve)
+        return dict(comm=comm, weight_bits=weight_bits, grad_bits=grad_bits, steps=args.loss_steps, valid=valid,
+                    curve=curve)
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -291,12 +297,7 @@ def main(args: argparse.Namespace) -> None:
                         sent_mib={k: v / 2**20 for k, v in rows[n].get("sent", {}).items()},
                         calls=rows[n].get("calls"), enable_mib=rows[n].get("enable_bytes", 0) / 2**20,
                         staging_mib=rows[n].get("staging_bytes", 0) / 2**20))
-    if args.loss_steps:
-        losses = [bench.loss_run("nccl", 0), bench.loss_run("zpccl", args.grad_bits)]
-        if args.grad_bits != 8:
-            losses.append(bench.loss_run("zpccl", 8))
-    else:
-        losses = []
+    losses = [bench.loss_run(spec.strip()) for spec in args.loss_runs.split(",")] if args.loss_steps else []
     if where.rank == 0:
         report(out, losses)
         if args.json:
@@ -318,9 +319,9 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
               f"{r['min_ms']:7.1f}-{r['max_ms']:<7.1f} {r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} "
               f"{r['enable_mib']:10.0f} {sent:>30} {vs('nccl'):>8} {vs('nccl-noreshard'):>12}")
     if losses:
-        ref = losses[0]["valid"]
-        print("\nloss runs (%d steps): " % losses[0]["steps"] + "; ".join(
-            f"{x['comm']}{'' if x['grad_bits'] is None else ' int%d grads' % x['grad_bits']} valid "
+        ref = next((x["valid"] for x in losses if x["comm"] == "nccl"), losses[0]["valid"])
+        print("\nvalidation loss after %d steps (vs NCCL's): " % losses[0]["steps"] + "; ".join(
+            f"{x['comm']}{'' if x['grad_bits'] is None else ' w%d/g%d' % (x['weight_bits'], x['grad_bits'])} "
             f"{x['valid']:.4f} ({100 * (x['valid'] - ref) / ref:+.2f}%)" for x in losses))
 
 

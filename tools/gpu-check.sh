@@ -537,7 +537,8 @@ for line in open(manifest):
                 r["median_ms"], r["peak_mib"]), "x nccl/noreshard " + vs, ""))
         for x in data.get("losses", []):
             print("  loss {} {}: validation {:.4f} after {} steps".format(
-                x["comm"], "" if x["grad_bits"] is None else "int%d grads" % x["grad_bits"], x["valid"], x["steps"]))
+                x["comm"], "" if x.get("grad_bits") is None else "w%s/g%s" % (x.get("weight_bits"), x["grad_bits"]),
+                x["valid"], x["steps"]))
     else:
         rows = [r for j in jsons for r in load(j)]
         ops = sorted({r.get("op") for r in rows}) or [None]

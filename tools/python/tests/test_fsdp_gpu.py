@@ -12,6 +12,11 @@ import sys
 import unittest
 from typing import Any
 
+import numpy as np
+
+from . import _reference as ref
+from .test_fsdp import bits_of, ref_dtype, split, staged
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -21,12 +26,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, nodes: int, reshard: Any, port: int, failures: Any) -> None:
+def _worker(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, port: int, failures: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     sys.path.insert(0, str(EXAMPLES))
     try:
-        _check(rank, world, nodes, reshard)
+        _check(rank, world, nodes, reshard, grad_bits)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         import traceback
 
@@ -34,7 +39,56 @@ def _worker(rank: int, world: int, nodes: int, reshard: Any, port: int, failures
         raise exc
 
 
-def _check(rank: int, world: int, nodes: int, reshard: Any) -> None:
+class _Exact:
+    """Checks the first calls of each quantized path against the NumPy model of the format, bit for bit: every
+    rank's inputs gathered, the reference computed on each rank, compared with its output."""
+
+    def __init__(self, torch: Any, zp: Any, world: int, node_of_rank: list[int], grad_bits: int) -> None:
+        self.torch, self.zp, self.world, self.nodes, self.grad_bits = torch, zp, world, node_of_rank, grad_bits
+        self.checked = {"qwz": 0, "qgz": 0}
+        qwz, rs = zp._qwz, zp._reduce_scatter
+
+        def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
+            x = input.clone()
+            qwz(hook, g, output, input)
+            if self.checked["qwz"] < 4:
+                self.qwz(zp._gather_sizes(hook, x.numel()), x, output)
+
+        def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
+            x = input.clone()
+            result = rs(hook, output, input, group, op, *rest)
+            if self.checked["qgz"] < 4:
+                self.qgz(zp._reduce_sizes(hook, output.numel()), x, output, op)
+            return result
+
+        zp._qwz, zp._reduce_scatter = on_qwz, on_rs
+
+    def inputs(self, x: Any) -> list[Any]:
+        every = [self.torch.empty_like(x) for _ in range(self.world)]
+        self.torch.distributed.all_gather(every, x)
+        return [bits_of(t) for t in every]
+
+    def qwz(self, sizes: list[int], x: Any, output: Any) -> None:
+        dt = ref_dtype(x)
+        want = np.concatenate([np.concatenate([ref.round_trip(p, dt, self.zp.weight_bits, self.zp.block_size)
+                                               for p in split(xs, sizes)]) for xs in self.inputs(x)])
+        assert np.array_equal(bits_of(output), want), f"qwZ call {self.checked['qwz']} differs from the model"
+        self.checked["qwz"] += 1
+
+    def qgz(self, sizes: list[int], x: Any, output: Any, op: Any) -> None:
+        dt, block = ref_dtype(x), self.zp.block_size
+        sends = [np.concatenate([staged(split(row, sizes), block) for row in xs.reshape(self.world, -1)])
+                 for xs in self.inputs(x)]
+        name = "avg" if op == self.torch.distributed.ReduceOp.AVG else "sum"
+        mine = ref.quant_reduce_scatter(sends, dt, name, self.grad_bits, block, self.nodes)[
+            self.torch.distributed.get_rank()]
+        padded = split(mine, [s + (-s % block) for s in sizes[:-1]] + [sizes[-1]])
+        want = np.concatenate([p[:s] for p, s in zip(padded, sizes)])
+        assert np.array_equal(bits_of(output), want), f"qgZ call {self.checked['qgz']} differs from the model"
+        self.checked["qgz"] += 1
+
+
+def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> None:
     import copy
 
     import fsdp2_train as ex
@@ -54,7 +108,7 @@ def _check(rank: int, world: int, nodes: int, reshard: Any) -> None:
         hashes: list[int] = []
         inexact: list[int] = []
         if comm == "zpccl":
-            zp = zpccl.fsdp.enable(model, ranks_per_node=where.ranks_per_node)
+            zp = zpccl.fsdp.enable(model, grad_bits=grad_bits, ranks_per_node=where.ranks_per_node)
             qwz, hpz = zp._qwz, zp._hpz
 
             def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
@@ -67,12 +121,13 @@ def _check(rank: int, world: int, nodes: int, reshard: Any) -> None:
                 hpz(g, output, input)
                 exact = torch.empty_like(output)
                 group = next(pg.post_forward_mesh_info.shard_process_group
-                             for m in model.modules() if isinstance(m, zp._fsdp.FSDPModule)
+                             for m in zp.model.modules() if isinstance(m, zp._fsdp.FSDPModule)
                              for pg in zp._fsdp.param_groups(m))
                 dist.all_gather_into_tensor(exact, x, group=group)
                 inexact.append(int(not torch.equal(exact.view(torch.int16), output.view(torch.int16))))
 
             zp._qwz, zp._hpz = on_qwz, on_hpz
+            checker = _Exact(torch, zp, world, [r // (world // nodes) for r in range(world)], grad_bits)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         curve = []
         for s in range(steps):
@@ -93,18 +148,19 @@ def _check(rank: int, world: int, nodes: int, reshard: Any) -> None:
             want = {"qwz", "qgz"} | ({"hpz"} if isinstance(reshard, int) and reshard > 1 else set())
             assert set(summary) == want, f"paths {sorted(summary)}, expected {sorted(want)}"
             assert not any(inexact), f"hpZ differs from NCCL's all-gather in {sum(inexact)} calls"
+            assert checker.checked == {"qwz": 4, "qgz": 4}, checker.checked
             zp.disable()
         del model, opt
     gap = abs(losses["zpccl"] - losses["nccl"]) / losses["nccl"]
     assert gap < 0.02, f"mean loss of the last 10 steps: zpccl {losses['zpccl']:.4f}, NCCL {losses['nccl']:.4f}"
     if rank == 0:
-        print(f"\n{world} ranks as {nodes} nodes, reshard_after_forward={reshard}: last-10 loss NCCL "
-              f"{losses['nccl']:.4f}, zpccl {losses['zpccl']:.4f}", flush=True)
+        print(f"\n{world} ranks as {nodes} nodes, reshard_after_forward={reshard}, int{grad_bits} gradients: "
+              f"last-10 loss NCCL {losses['nccl']:.4f}, zpccl {losses['zpccl']:.4f}", flush=True)
     dist.destroy_process_group()
 
 
 class FsdpOnGpus(unittest.TestCase):
-    def spawn(self, world: int, nodes: int, reshard: Any) -> None:
+    def spawn(self, world: int, nodes: int, reshard: Any, grad_bits: int = 4) -> None:
         from ._threaded import torch_with_fsdp2
 
         torch = torch_with_fsdp2()
@@ -118,7 +174,8 @@ class FsdpOnGpus(unittest.TestCase):
         os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
         failures = mp.get_context("spawn").SimpleQueue()
         try:
-            mp.spawn(_worker, args=(world, nodes, reshard, _free_port(), failures), nprocs=world, join=True)
+            mp.spawn(_worker, args=(world, nodes, reshard, grad_bits, _free_port(), failures), nprocs=world,
+                     join=True)
         except Exception:
             messages = []
             while not failures.empty():
@@ -128,8 +185,14 @@ class FsdpOnGpus(unittest.TestCase):
     def test_two_nodes_of_one(self) -> None:
         self.spawn(2, 2, False)
 
+    def test_two_nodes_of_one_int8_gradients(self) -> None:
+        self.spawn(2, 2, False, grad_bits=8)
+
     def test_two_nodes_of_two_with_hpz(self) -> None:
         self.spawn(4, 2, 2)
+
+    def test_two_nodes_of_two_with_hpz_int8_gradients(self) -> None:
+        self.spawn(4, 2, 2, grad_bits=8)
 
 
 if __name__ == "__main__":
