@@ -4,8 +4,11 @@ The library is found, on first use, at:
 
 1. ``$ZPCCL_LIBRARY`` (a file, or a folder holding ``libzpccl.so`` or a versioned ``libzpccl.so.*``); when set,
    nothing else is tried;
-2. the build folder of the source tree this package sits in (``<repo>/build/libzpccl.so``);
-3. the system's library path (``ctypes.util.find_library("zpccl")``, then ``libzpccl.so.0``).
+2. inside this package (``zpccl/libzpccl.so``, where ``pip install .`` puts it; its RPATH finds NCCL in the
+   ``nvidia-nccl-cu13`` wheel, the one torch loads);
+3. the build folder of the source tree this package sits in (``<repo>/build/libzpccl.so``);
+4. the system's library path (``ctypes.util.find_library("zpccl")``, then ``libzpccl.so.0``, as ``meson install``
+   puts it).
 
 Handles and pointers are ``c_void_p`` (64-bit values survive), counts ``c_size_t``, enums ``c_int``. Every
 function gets ``argtypes`` and ``restype`` (see ``PROTOTYPES``), so a wrong Python argument fails in ctypes
@@ -144,8 +147,8 @@ def _candidates() -> list[str]:
             return [env]
         versioned = sorted(str(f) for f in p.glob("libzpccl.so.*") if f.name != "libzpccl.so.0")
         return [str(p / "libzpccl.so"), str(p / "libzpccl.so.0")] + versioned
-    out = []
     package = pathlib.Path(__file__).resolve().parent
+    out = [str(package / "libzpccl.so")]
     if package.parent.name == "python" and package.parent.parent.name == "tools":  # <repo>/tools/python/zpccl
         out.append(str(package.parents[2] / "build" / "libzpccl.so"))
     found = ctypes.util.find_library("zpccl")
@@ -190,8 +193,9 @@ def lib() -> ctypes.CDLL:
             else:
                 raise LibraryNotFoundError(
                     "zpccl: cannot load libzpccl.so; tried:\n  " + "\n  ".join(tried) +
-                    "\nSet ZPCCL_LIBRARY to the library file (e.g. <repo>/build/libzpccl.so), build it with "
-                    "`ninja -C build`, or install it where the dynamic linker finds it.")
+                    "\nInstall the package with the library inside (`pip install .` in the source tree), set "
+                    "ZPCCL_LIBRARY to the library file (e.g. <repo>/build/libzpccl.so), build it with "
+                    "`ninja -C build`, or install it where the dynamic linker finds it (`meson install`).")
     return _lib
 
 
