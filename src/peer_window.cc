@@ -57,16 +57,17 @@ int runningNcclVersion() {
 // The facts of this rank (directLoadsBlocker's input). NCCL's team is asked last, and only when nothing else
 // rules direct loads out: asking sets up NCCL's symmetric memory for the communicator.
 DirectLoadsFacts factsOf(ncclComm_t world, int nranks, int nodes) {
-  DirectLoadsFacts f{paramDirectMinBytes(), nranks, nodes, std::getenv("NCCL_P2P_DISABLE"), nranks,
-                     NCCL_VERSION_CODE, runningNcclVersion()};
+  DirectLoadsFacts f{paramDirectMinBytes(), nranks, nodes, std::getenv("NCCL_P2P_DISABLE"), nranks, NCCL_VERSION_CODE,
+                     runningNcclVersion()};
   const char* why = directLoadsBlocker(f);
   if (why != nullptr) {
     static std::atomic<bool> warned{false};  // once a process: every communicator has the same reason
     if (why == kNcclVersionMismatch && !warned.exchange(true)) {
-      ZP_WARN("direct loads off: built with NCCL %d.%d.%d's device API (nccl_device.h), running NCCL %d.%d.%d; "
-              "collectives take NCCL's path (build zpccl against the NCCL it runs with)",
-              f.ncclBuilt / 10000, f.ncclBuilt / 100 % 100, f.ncclBuilt % 100, f.ncclRun / 10000,
-              f.ncclRun / 100 % 100, f.ncclRun % 100);
+      ZP_WARN(
+          "direct loads off: built with NCCL %d.%d.%d's device API (nccl_device.h), running NCCL %d.%d.%d; "
+          "collectives take NCCL's path (build zpccl against the NCCL it runs with)",
+          f.ncclBuilt / 10000, f.ncclBuilt / 100 % 100, f.ncclBuilt % 100, f.ncclRun / 10000, f.ncclRun / 100 % 100,
+          f.ncclRun % 100);
     }
     return f;
   }
