@@ -2,15 +2,16 @@
 
 Prints the library's path and version, the NCCL it resolved (its file, found in ``/proc/self/maps`` from the
 address of ``ncclGetVersion`` looked up through libzpccl's handle, and that function's answer), any other NCCL
-copies mapped into the process, the backend a communicator gets by default, and the CUDA devices the driver
-shows. Exits 0 when the library loads (with or without a GPU), 1 when it does not.
+copies mapped into the process, for a wheel the NCCL headers it was built with (the direct loads need the same
+major.minor at run time), the backend a communicator gets by default, and the CUDA devices the driver shows. Exits 0 when the library loads (with or without a GPU), 1 when it does not.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
-from typing import Callable
+import types
+from typing import Any, Callable
 
 from . import _lib
 from .comm import loaded_nccl_libraries, version
@@ -55,6 +56,25 @@ def nccl_of_library(library: ctypes.CDLL) -> tuple[str | None, int | None, str]:
     if result != 0:
         return path, None, f"ncclGetVersion returned {result}"
     return path, code.value, ""
+
+
+def build_info() -> types.ModuleType | None:
+    """The wheel's ``_build_info`` module (meson.build writes it), or None in a source tree."""
+    try:
+        from . import _build_info
+    except ImportError:
+        return None
+    return _build_info
+
+
+def direct_loads_state(built: Any, nccl_code: int | None) -> str:
+    """Whether the direct loads can run, as src/peer_window.cc decides from the NCCL versions."""
+    if not built.DIRECT_LOADS:
+        return "not built (NCCL without its device API)"
+    if nccl_code is not None and nccl_code // 100 != built.NCCL_VERSION_CODE // 100:
+        return (f"off: NCCL {_version_text(nccl_code)} is another major.minor than the headers; "
+                "pip install --no-build-isolation . builds against the installed one")
+    return "built"
 
 
 def cuda_devices() -> tuple[list[str], str]:
@@ -102,6 +122,10 @@ def main(out: Callable[[str], None] = print) -> int:
     nccl_path, nccl_code, note = nccl_of_library(library)
     nccl_version = _version_text(nccl_code) if nccl_code is not None else "unknown"
     out(f"NCCL {nccl_version}: {nccl_path or 'file not found in /proc/self/maps'}" + (f" ({note})" if note else ""))
+    built = build_info()
+    if built is not None:
+        out(f"built with NCCL {_version_text(built.NCCL_VERSION_CODE)}'s headers; "
+            f"direct loads (one NVLink node) {direct_loads_state(built, nccl_code)}")
     others = [p for p in loaded_nccl_libraries() if p != nccl_path]
     if others:
         out("other NCCL copies in this process (an ncclComm_t must not cross them): " + ", ".join(others))

@@ -21,6 +21,7 @@ import ctypes
 import ctypes.util
 import os
 import pathlib
+import sys
 import threading
 from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint, c_void_p
 from typing import Any
@@ -158,6 +159,31 @@ def _candidates() -> list[str]:
     return out
 
 
+def nccl_wheel_library() -> str | None:
+    """The first ``nvidia/nccl/lib/libnccl.so.2`` of the nvidia-nccl-cu13 wheel on ``sys.path``, as torch looks
+    for it, or None."""
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.curdir, "nvidia", "nccl", "lib", "libnccl.so.2")
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _load(path: str) -> ctypes.CDLL:
+    """``ctypes.CDLL(path)``. The installed library's RUNPATH finds NCCL when the nvidia-nccl-cu13 wheel sits in the
+    same site-packages; when it sits in another one (a virtual environment over the system's torch) and no
+    libnccl.so.2 is loaded yet, the wheel's is loaded first, so that the soname is known and the one torch would
+    load is the one used."""
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        nccl = nccl_wheel_library()
+        if "libnccl.so.2" not in str(e) or nccl is None:
+            raise
+    ctypes.CDLL(nccl)
+    return ctypes.CDLL(path)
+
+
 def _bind(lib: ctypes.CDLL) -> None:
     for name, (restype, argtypes) in PROTOTYPES.items():
         fn = getattr(lib, name)  # AttributeError here means the library predates the header
@@ -178,7 +204,7 @@ def lib() -> ctypes.CDLL:
                     tried.append(f"{path} (no such file)")
                     continue
                 try:
-                    loaded = ctypes.CDLL(path)
+                    loaded = _load(path)
                 except OSError as e:
                     tried.append(f"{path} ({e})")
                     continue
