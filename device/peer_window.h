@@ -10,6 +10,12 @@
 #include "device/kernel_stream.h"
 #include "include/zpccl.h"
 
+// meson.build passes the version of the nccl.h it found: another NCCL's headers earlier on the include path (a CUDA
+// toolkit may carry its own) would compile the direct loads against other structs than those of the NCCL linked.
+#if defined(ZP_NCCL_VERSION_CODE) && NCCL_VERSION_CODE != ZP_NCCL_VERSION_CODE
+#error "the nccl.h included is not the one meson.build found: another NCCL's headers come first on the include path"
+#endif
+
 namespace zp {
 
 /**

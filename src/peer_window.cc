@@ -1,5 +1,6 @@
 #include "src/peer_window.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <vector>
 
@@ -11,7 +12,11 @@
 #include "src/params.h"
 
 #if ZP_HAVE_NCCL_DEVICE
+#if __has_include(<nccl_device/host.h>)
+#include <nccl_device/host.h>  // ncclTeamLsa, where the device API has a host half of its own
+#else
 #include <nccl_device/core.h>  // ncclTeamLsa
+#endif
 #endif
 
 namespace zp {
@@ -35,11 +40,37 @@ zpResult_t agreeOnWord(const PeerWindow& w, ncclComm_t world, int mine, ncclRedO
   return waitOnHost(stream, stop, call, what);
 }
 
+// nccl_device.h is inline code that reads NCCL's own structs: those of another major.minor may differ.
+constexpr char kNcclVersionMismatch[] = "the NCCL library run is another major.minor than the nccl.h built with";
+
+// The version of the NCCL library this process runs with, as far as the direct loads care: the built one when
+// they are not built (no device code of NCCL's to disagree with) or when NCCL cannot say.
+int runningNcclVersion() {
+  int version = 0;
+#if ZP_HAVE_NCCL_DEVICE
+  if (ncclGetVersion(&version) == ncclSuccess) return version;
+#endif
+  (void)version;
+  return NCCL_VERSION_CODE;
+}
+
 // The facts of this rank (directLoadsBlocker's input). NCCL's team is asked last, and only when nothing else
 // rules direct loads out: asking sets up NCCL's symmetric memory for the communicator.
 DirectLoadsFacts factsOf(ncclComm_t world, int nranks, int nodes) {
-  DirectLoadsFacts f{paramDirectMinBytes(), nranks, nodes, std::getenv("NCCL_P2P_DISABLE"), nranks};
-  if (directLoadsBlocker(f) != nullptr) return f;
+  DirectLoadsFacts f{paramDirectMinBytes(), nranks, nodes, std::getenv("NCCL_P2P_DISABLE"), nranks, NCCL_VERSION_CODE,
+                     runningNcclVersion()};
+  const char* why = directLoadsBlocker(f);
+  if (why != nullptr) {
+    static std::atomic<bool> warned{false};  // once a process: every communicator has the same reason
+    if (why == kNcclVersionMismatch && !warned.exchange(true)) {
+      ZP_WARN(
+          "direct loads off: built with NCCL %d.%d.%d's device API (nccl_device.h), running NCCL %d.%d.%d; "
+          "collectives take NCCL's path (build zpccl against the NCCL it runs with)",
+          f.ncclBuilt / 10000, f.ncclBuilt / 100 % 100, f.ncclBuilt % 100, f.ncclRun / 10000, f.ncclRun / 100 % 100,
+          f.ncclRun % 100);
+    }
+    return f;
+  }
 #if ZP_HAVE_NCCL_DEVICE
   f.lsaRanks = ncclTeamLsa(world).nRanks;
 #else
@@ -56,6 +87,7 @@ const char* directLoadsBlocker(const DirectLoadsFacts& f) {
   if (f.nranks < 2) return "one rank";
   if (f.nodes != 1) return "ranks on several nodes";
   if (ncclSwitchOn(f.p2pOff)) return "NCCL_P2P_DISABLE is set";
+  if (f.ncclBuilt / 100 != f.ncclRun / 100) return kNcclVersionMismatch;
   if (f.lsaRanks == 0) return "built without NCCL's device API (nccl_device.h)";
   if (f.lsaRanks != f.nranks) return "not every rank is in NCCL's load/store-accessible team";
   return nullptr;

@@ -93,6 +93,8 @@ struct DirectLoadsFacts {
   int nodes;           // nodes in zpccl's topology
   const char* p2pOff;  // NCCL_P2P_DISABLE, or nullptr when unset
   int lsaRanks;        // ranks in this rank's NCCL load/store-accessible team (0: NCCL's device API not built)
+  int ncclBuilt;       // NCCL_VERSION_CODE of the nccl.h built against (major * 10000 + minor * 100 + patch)
+  int ncclRun;         // ncclGetVersion of the NCCL library this process runs with
 };
 
 // Why a rank with these facts cannot use direct loads, or nullptr when it can.

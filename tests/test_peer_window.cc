@@ -12,7 +12,7 @@ namespace zp {
 namespace {
 
 // Two ranks of one node, all in NCCL's load/store-accessible team, NCCL's P2P on: direct loads.
-DirectLoadsFacts oneNvlinkNode() { return DirectLoadsFacts{16 << 20, 2, 1, nullptr, 2}; }
+DirectLoadsFacts oneNvlinkNode() { return DirectLoadsFacts{16 << 20, 2, 1, nullptr, 2, 22809, 22809}; }
 
 std::string blocker(const DirectLoadsFacts& f) {
   const char* why = directLoadsBlocker(f);
@@ -38,6 +38,19 @@ TEST(DirectLoads, EachMissingConditionRulesThemOutAndSaysWhich) {
   f = oneNvlinkNode();
   f.lsaRanks = 0;
   EXPECT_NE(blocker(f).find("device API"), std::string::npos);
+}
+
+TEST(DirectLoads, AnotherNcclMajorMinorThanBuiltWithRulesThemOut) {
+  // nccl_device.h's inline code must match the library's structs: a wheel of NCCL upgraded after the build.
+  DirectLoadsFacts f = oneNvlinkNode();
+  for (int run : {22900, 23203, 32809, 22709}) {
+    f.ncclRun = run;
+    EXPECT_NE(blocker(f).find("major.minor"), std::string::npos) << run;
+  }
+  for (int run : {22800, 22803, 22899}) {  // another patch release of the same major.minor
+    f.ncclRun = run;
+    EXPECT_EQ(blocker(f), "") << run;
+  }
 }
 
 TEST(DirectLoads, NcclP2pDisableIsRespectedAsNcclReadsIt) {

@@ -9,7 +9,8 @@ import json
 import pathlib
 import sys
 
-EXPECTED_REPORTS = ("zpccl_host_tests.json", "zpccl_gpu_tests.json", "c_abi.count")
+EXPECTED_REPORTS = ("zpccl_host_tests.json", "zpccl_gpu_tests.json", "c_abi.count", "pkgconfig.count",
+                    "wheel.count", "python.count")
 
 
 def main(folder: str) -> int:

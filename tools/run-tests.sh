@@ -1,46 +1,165 @@
 #!/usr/bin/env bash
 # README's test job: set up, build, run every suite (host-only suites everywhere; GPU suites skip without a
 # GPU), then print one line "N passed, N failed" counting every test that ran (skips are not passes).
+#
+# Besides the GoogleTest suites: the C ABI test; a C program built with pkg-config against a `meson install`
+# tree (tests/pkgconfig_consumer.c, on the host backend); the wheel (pip wheel .), installed with torch into a
+# virtual environment made anew each run, where the Python suite runs against the installed package (without
+# meson-python or the network, the wheel is skipped and the suite runs against the source tree); clang-format;
+# tools/run-sanitizers.sh (ZP_SKIP_SANITIZERS=1 skips it). Each step prints the seconds it took.
 set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZP_BUILD_DIR:-$top/build}
+SECONDS=0
 source "$top/tools/setup.sh" || { echo "0 passed, 1 failed"; exit 1; }
 set +e
 export NCCL_NVLS_ENABLE=0
 results=$build/test-results
 rm -rf "$results" && mkdir -p "$results"
 
+step_name="" step_start=$SECONDS
+step_done() { [ -z "$step_name" ] || echo "## $step_name: $((SECONDS - step_start)) s"; step_name=""; }
+step() { step_done; step_name=$1 step_start=$SECONDS; echo "## $step_name"; }  # the next step's title
+# count NAME PASSED FAILED [SKIPPED]: one *.count file for tools/count_results.py.
+count() { echo "{\"passed\": $2, \"failed\": $3, \"skipped\": ${4:-0}}" >"$results/$1.count"; }
+outcome() { if [ "$2" = 0 ]; then count "$1" 1 0; else count "$1" 0 1; fi; }
+
 for suite in zpccl_host_tests zpccl_gpu_tests; do
-  echo "## $suite"
+  step "$suite"
   "$build/tests/$suite" --gtest_output="json:$results/$suite.json" --gtest_brief=1
 done
-echo "## c_abi_test"
-if "$build/tests/c_abi_test"; then echo '{"passed": 1, "failed": 0}' >"$results/c_abi.count"
-else echo '{"passed": 0, "failed": 1}' >"$results/c_abi.count"; fi
+step c_abi_test
+"$build/tests/c_abi_test"
+outcome c_abi $?
+
+# ---- C users: meson install, then a program built with pkg-config against the installed tree ---------------
+step "pkg-config consumer (meson install, tests/pkgconfig_consumer.c)"
+install_root=$build/install-test
+consume() {
+  rm -rf "$install_root"
+  meson install -C "$build" --destdir "$install_root" --quiet >"$results/install.log" 2>&1 ||
+    { echo "meson install failed:"; tail -5 "$results/install.log"; return 1; }
+  local pc
+  pc=$(find "$install_root" -name zpccl.pc | head -1)
+  [ -n "$pc" ] || { echo "meson install wrote no zpccl.pc"; return 1; }
+  local flags
+  flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs zpccl) || return 1
+  local libdir
+  libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir zpccl) || return 1
+  echo "pkg-config --cflags --libs zpccl: $flags"
+  # shellcheck disable=SC2086  # the flags are words
+  cc -std=c11 -Wall -Wextra -Werror "$top/tests/pkgconfig_consumer.c" $flags -pthread -Wl,-rpath,"$libdir" \
+    -o "$install_root/pkgconfig_consumer" || return 1
+  ZP_BACKEND=host "$install_root/pkgconfig_consumer"
+}
+consume
+outcome pkgconfig $?
+
 # Style: every C/C++/CUDA file clang-formatted (.clang-format), counted as one test when clang-format exists.
 if command -v clang-format >/dev/null; then
-  echo "## clang-format"
+  step clang-format
   unformatted=$(cd "$top" && git ls-files '*.h' '*.c' '*.cc' '*.cu' '*.cuh' 2>/dev/null |
     while read -r f; do clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
-  if [ -z "$unformatted" ]; then echo '{"passed": 1, "failed": 0}' >"$results/format.count"
-  else echo "not clang-formatted: $unformatted"; echo '{"passed": 0, "failed": 1}' >"$results/format.count"; fi
+  [ -z "$unformatted" ] || echo "not clang-formatted: $unformatted"
+  outcome format "$([ -z "$unformatted" ]; echo $?)"
 fi
-if [ -d "$top/tools/python/tests" ]; then
-  echo "## python"
-  ZPCCL_LIBRARY=$build/libzpccl.so PYTHONPATH=$top/tools/python "$top/.venv/bin/python" \
+
+# ---- Python: the wheel, installed into a fresh virtual environment with torch -------------------------------
+# How the wheel can be built: against the build Python's own meson-python and nvidia-nccl-cu13 (pip install
+# --no-build-isolation, which needs no network), else in pip's isolated build environment (fetches them).
+step "wheel (pip wheel .)"
+wheel_dir=$build/wheel
+wheel_venv=$build/wheel-venv
+rm -rf "$wheel_dir"
+index_reachable() {
+  local probe
+  probe=$(mktemp -d)
+  "$ZP_PYTHON" -m pip download -q --no-deps --no-cache-dir --retries 0 --timeout 15 -d "$probe" meson-python \
+    >/dev/null 2>&1
+  local rc=$?
+  rm -rf "$probe"
+  return $rc
+}
+wheel_args=() wheel_skip=""
+if "$ZP_PYTHON" -c 'import mesonpy, nvidia.nccl' 2>/dev/null && command -v patchelf >/dev/null; then
+  wheel_args=(--no-build-isolation -Cbuild-dir="$build/wheel-build")
+  echo "building against $ZP_PYTHON's meson-python and nvidia-nccl-cu13 (--no-build-isolation)"
+elif index_reachable; then
+  rm -rf "$build/wheel-build"  # the isolated environment moves each run, and the NCCL headers with it
+  wheel_args=(-Cbuild-dir="$build/wheel-build")
+  echo "building in pip's isolated environment (meson-python, Meson, NCCL from the package index)"
+else
+  wheel_skip="meson-python (with nvidia-nccl-cu13 and patchelf) is not installed for $ZP_PYTHON and the package index cannot be reached"
+fi
+wheel=""
+if [ -z "$wheel_skip" ]; then
+  "$ZP_PYTHON" -m pip wheel "$top" --no-deps -w "$wheel_dir" "${wheel_args[@]}" >"$results/wheel.log" 2>&1
+  wheel_rc=$?
+  wheel=$(ls "$wheel_dir"/zpccl-*.whl 2>/dev/null | head -1)
+  if [ $wheel_rc -ne 0 ] || [ -z "$wheel" ]; then
+    echo "pip wheel failed (exit $wheel_rc; log $results/wheel.log):"
+    grep -E "ERROR|error:|FAILED" "$results/wheel.log" | head -10
+    wheel=""
+  else
+    echo "built $wheel"
+  fi
+fi
+python_under_test=$ZP_PYTHON
+if [ -n "$wheel" ]; then
+  step "virtual environment with the wheel and torch ($wheel_venv)"
+  rm -rf "$wheel_venv"
+  # The system's packages stay visible (a machine's own torch and NumPy, offline); the wheel goes on top.
+  installed=0
+  if "$ZP_PYTHON" -m venv --system-site-packages "$wheel_venv"; then
+    vpip=("$wheel_venv/bin/python" -m pip install -q --disable-pip-version-check --retries 2 --timeout 30)
+    if ! "$wheel_venv/bin/python" -c 'import torch' 2>/dev/null; then
+      "${vpip[@]}" torch || echo "pip could not install torch (no network?): the torch tests will skip"
+    fi
+    if "${vpip[@]}" "$wheel"; then
+      installed=1
+      python_under_test=$wheel_venv/bin/python
+    else
+      echo "pip could not install $wheel with its dependencies into $wheel_venv"
+    fi
+  fi
+  if [ $installed = 0 ] && ! index_reachable; then
+    echo "skipped: the wheel's dependencies (numpy, nvidia-nccl-cu13) are not installed system-wide and the" \
+      "package index cannot be reached; the Python suite runs against the source tree"
+    count wheel 0 0 1
+  else
+    outcome wheel $((1 - installed))
+  fi
+elif [ -n "$wheel_skip" ]; then
+  echo "skipped: $wheel_skip; the Python suite runs against the source tree"
+  count wheel 0 0 1
+else
+  outcome wheel 1
+fi
+
+step python
+if ! "$python_under_test" -c 'import numpy' 2>/dev/null; then
+  echo "skipped: NumPy is not installed for $python_under_test"
+  count python 0 0 1
+elif [ "$python_under_test" != "$ZP_PYTHON" ]; then
+  # From a copy of the suite, outside the source tree: nothing of tools/python is on sys.path.
+  suite_copy=$build/installed-suite
+  rm -rf "$suite_copy" && mkdir -p "$suite_copy" && cp -r "$top/tools/python/tests" "$suite_copy/"
+  (cd "$suite_copy" && env -u PYTHONPATH -u ZPCCL_LIBRARY "$python_under_test" "$suite_copy/tests/run.py" \
+    --installed "$top" --count "$results/python.count")
+else
+  ZPCCL_LIBRARY=$build/libzpccl.so PYTHONPATH=$top/tools/python "$python_under_test" \
     "$top/tools/python/tests/run.py" --count "$results/python.count"
 fi
 
 # Sanitizers: the host-only suites under ASan + UBSan (clang, no nvcc) and a bounded libFuzzer run over the
 # argument checks and the planners; counted as one test. ZP_SKIP_SANITIZERS=1 skips it (a quick local run).
 if [ "${ZP_SKIP_SANITIZERS:-0}" != 1 ]; then
-  echo "## sanitizers (tools/run-sanitizers.sh)"
-  if bash "$top/tools/run-sanitizers.sh" >"$results/sanitizers.log" 2>&1; then
-    echo '{"passed": 1, "failed": 0}' >"$results/sanitizers.count"
-  else
-    echo '{"passed": 0, "failed": 1}' >"$results/sanitizers.count"
-  fi
+  step "sanitizers (tools/run-sanitizers.sh)"
+  bash "$top/tools/run-sanitizers.sh" >"$results/sanitizers.log" 2>&1
+  outcome sanitizers $?
   tail -3 "$results/sanitizers.log"
 fi
+step_done
+echo "## total: $SECONDS s"
 
-exec "$top/.venv/bin/python" "$top/tools/count_results.py" "$results"
+exec "$ZP_PYTHON" "$top/tools/count_results.py" "$results"

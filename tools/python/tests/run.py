@@ -2,6 +2,11 @@
 """Runs the zpccl Python test suite (unittest) and writes {"passed": N, "failed": N, "skipped": N}.
 
     ZPCCL_LIBRARY=build/libzpccl.so PYTHONPATH=tools/python python tools/python/tests/run.py --count out.count
+    python <copy of tools/python/tests>/run.py --installed <source tree> --count out.count
+
+The first runs the package of the source tree; the second, from a copy of this folder (so that the source tree's
+zpccl is not on sys.path), the installed one: it refuses to run unless ``import zpccl`` finds an installed package
+with its library inside, and tells the tests where the source tree is (test_install.py compares the two).
 
 Counts are per test method: one whose subtests fail counts once as failed; a skipped test is not passed; an
 import error or a failing setUpClass counts as a failure. Exit status 0 when nothing failed.
@@ -63,12 +68,42 @@ class CountingResult(unittest.TextTestResult):
                 "skipped": len(self.skipped_ids - failed)}
 
 
+def installed_package_problem(source_tree: pathlib.Path) -> str:
+    """Why ``import zpccl`` here does not give an installed package with its library inside, or ""."""
+    if os.environ.get("ZPCCL_LIBRARY"):
+        return "ZPCCL_LIBRARY is set: the installed package must find its own library"
+    try:
+        import zpccl
+    except ImportError as e:
+        return f"import zpccl failed: {e}"
+    package = pathlib.Path(zpccl.__file__).resolve().parent
+    if package == source_tree / "tools" / "python" / "zpccl":
+        return f"zpccl is imported from the source tree ({package})"
+    try:
+        library = pathlib.Path(zpccl.library_path()).resolve()
+    except zpccl.LibraryNotFoundError as e:
+        return str(e)
+    if library.parent != package:
+        return f"the library loaded is {library}, not the one inside the package {package}"
+    return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", help="write the JSON counts here")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per test, library warnings on")
     parser.add_argument("-k", dest="patterns", action="append", help="only tests whose name contains this")
+    parser.add_argument("--installed", metavar="SOURCE_TREE",
+                        help="test the installed package (built from SOURCE_TREE), not a source tree's")
     args = parser.parse_args()
+    if args.installed:
+        problem = installed_package_problem(pathlib.Path(args.installed).resolve())
+        if problem:
+            print(f"run.py --installed: {problem}")
+            if args.count:
+                pathlib.Path(args.count).write_text(json.dumps({"passed": 0, "failed": 1, "skipped": 0}) + "\n")
+            return 1
+        os.environ["ZPCCL_TEST_SOURCE_TREE"] = str(pathlib.Path(args.installed).resolve())
 
     if not args.verbose:
         os.environ.setdefault("ZP_DEBUG", "NONE")

@@ -13,7 +13,9 @@ import zpccl
 from zpccl import _lib
 from zpccl.enums import CONFIG_MAGIC, CONFIG_UNDEF_INT, UNIQUE_ID_BYTES, VERSION_CODE
 
-HEADER = pathlib.Path(__file__).resolve().parents[3] / "include" / "zpccl.h"
+from . import SOURCE_TREE
+
+HEADER = SOURCE_TREE / "include" / "zpccl.h"
 
 
 def header_text() -> str:

@@ -14,7 +14,8 @@ With torch (one process per GPU, after torch.distributed.init_process_group and 
     comm = zpccl.Comm.from_torch_group()
     full = comm.quant_all_gather(shard_bf16)         # enqueued on torch's current stream
 
-The shared library is found through ``$ZPCCL_LIBRARY``, then ``<repo>/build/libzpccl.so``, then the system path.
+The shared library is found through ``$ZPCCL_LIBRARY``, then inside this package (``pip install .``), then
+``<repo>/build/libzpccl.so``, then the system path. ``python -m zpccl`` says which one loaded, and its NCCL.
 """
 from __future__ import annotations
 

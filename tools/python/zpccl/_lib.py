@@ -4,8 +4,11 @@ The library is found, on first use, at:
 
 1. ``$ZPCCL_LIBRARY`` (a file, or a folder holding ``libzpccl.so`` or a versioned ``libzpccl.so.*``); when set,
    nothing else is tried;
-2. the build folder of the source tree this package sits in (``<repo>/build/libzpccl.so``);
-3. the system's library path (``ctypes.util.find_library("zpccl")``, then ``libzpccl.so.0``).
+2. inside this package (``zpccl/libzpccl.so``, where ``pip install .`` puts it; its RPATH finds NCCL in the
+   ``nvidia-nccl-cu13`` wheel, the one torch loads);
+3. the build folder of the source tree this package sits in (``<repo>/build/libzpccl.so``);
+4. the system's library path (``ctypes.util.find_library("zpccl")``, then ``libzpccl.so.0``, as ``meson install``
+   puts it).
 
 Handles and pointers are ``c_void_p`` (64-bit values survive), counts ``c_size_t``, enums ``c_int``. Every
 function gets ``argtypes`` and ``restype`` (see ``PROTOTYPES``), so a wrong Python argument fails in ctypes
@@ -18,6 +21,7 @@ import ctypes
 import ctypes.util
 import os
 import pathlib
+import sys
 import threading
 from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint, c_void_p
 from typing import Any
@@ -144,8 +148,8 @@ def _candidates() -> list[str]:
             return [env]
         versioned = sorted(str(f) for f in p.glob("libzpccl.so.*") if f.name != "libzpccl.so.0")
         return [str(p / "libzpccl.so"), str(p / "libzpccl.so.0")] + versioned
-    out = []
     package = pathlib.Path(__file__).resolve().parent
+    out = [str(package / "libzpccl.so")]
     if package.parent.name == "python" and package.parent.parent.name == "tools":  # <repo>/tools/python/zpccl
         out.append(str(package.parents[2] / "build" / "libzpccl.so"))
     found = ctypes.util.find_library("zpccl")
@@ -153,6 +157,31 @@ def _candidates() -> list[str]:
         out.append(found)
     out.append("libzpccl.so.0")
     return out
+
+
+def nccl_wheel_library() -> str | None:
+    """The first ``nvidia/nccl/lib/libnccl.so.2`` of the nvidia-nccl-cu13 wheel on ``sys.path``, as torch looks
+    for it, or None."""
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.curdir, "nvidia", "nccl", "lib", "libnccl.so.2")
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _load(path: str) -> ctypes.CDLL:
+    """``ctypes.CDLL(path)``. The installed library's RUNPATH finds NCCL when the nvidia-nccl-cu13 wheel sits in the
+    same site-packages; when it sits in another one (a virtual environment over the system's torch) and no
+    libnccl.so.2 is loaded yet, the wheel's is loaded first, so that the soname is known and the one torch would
+    load is the one used."""
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        nccl = nccl_wheel_library()
+        if "libnccl.so.2" not in str(e) or nccl is None:
+            raise
+    ctypes.CDLL(nccl)
+    return ctypes.CDLL(path)
 
 
 def _bind(lib: ctypes.CDLL) -> None:
@@ -175,7 +204,7 @@ def lib() -> ctypes.CDLL:
                     tried.append(f"{path} (no such file)")
                     continue
                 try:
-                    loaded = ctypes.CDLL(path)
+                    loaded = _load(path)
                 except OSError as e:
                     tried.append(f"{path} ({e})")
                     continue
@@ -190,8 +219,9 @@ def lib() -> ctypes.CDLL:
             else:
                 raise LibraryNotFoundError(
                     "zpccl: cannot load libzpccl.so; tried:\n  " + "\n  ".join(tried) +
-                    "\nSet ZPCCL_LIBRARY to the library file (e.g. <repo>/build/libzpccl.so), build it with "
-                    "`ninja -C build`, or install it where the dynamic linker finds it.")
+                    "\nInstall the package with the library inside (`pip install .` in the source tree), set "
+                    "ZPCCL_LIBRARY to the library file (e.g. <repo>/build/libzpccl.so), build it with "
+                    "`ninja -C build`, or install it where the dynamic linker finds it (`meson install`).")
     return _lib
 
 

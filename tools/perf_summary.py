@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The short summary that ends tools/run-main.sh, from the perf binaries' JSON files (-J) given as arguments.
+
+Rows measured against NCCL (the cuda backend): per collective, bit width and regime, zpccl's speedup at each
+size (NCCL's time / zpccl's, out of place, both in the same run). Host-backend rows: per collective, bit width
+and size, the bytes one rank sends per call, by zpccl and by NCCL's ring for the same logical bytes (the
+binaries' formulas), in all and across nodes, and the share of the bytes across nodes that zpccl saves. Rows
+with neither (a kernel against memcpy) are counted, not shown. Exit status 1 when a row has wrong elements.
+
+    python3 tools/perf_summary.py build/main-results/*.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes with a binary suffix, as the perf flags spell sizes: 64K, 1M, 1.5G."""
+    for suffix, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g}{suffix}"
+    return f"{nbytes:.0f}"
+
+
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"# {path}: unreadable ({e})")
+            continue
+        if isinstance(data, list):
+            rows.extend(r for r in data if isinstance(r, dict))
+    return rows
+
+
+def wrong_elements(row: dict[str, Any]) -> int:
+    return sum(((row.get(variant) or {}).get("wrong") or 0) for variant in ("oop", "ip"))
+
+
+def group_key(row: dict[str, Any]) -> tuple[str, str, str]:
+    bits = row.get("bits")
+    return row.get("op") or "?", f"int{bits}" if bits else "-", row.get("regime") or row.get("backend") or "-"
+
+
+def speedup_table(rows: list[dict[str, Any]]) -> list[str]:
+    groups: dict[tuple[str, str, str], dict[int, float]] = {}
+    for r in rows:
+        groups.setdefault(group_key(r), {})[r["size"]] = r["speedup"]
+    sizes = sorted({size for cells in groups.values() for size in cells})
+    fmt = "{:<24} {:<5} {:<14}" + " {:>7}" * len(sizes)
+    lines = ["speedup over NCCL (NCCL's time / zpccl's, out of place, same run), by logical size:",
+             fmt.format("collective", "bits", "regime", *(size_text(s) for s in sizes))]
+    for (op, bits, regime), cells in groups.items():
+        lines.append(fmt.format(op, bits, regime, *(f"{cells[s]:.2f}x" if s in cells else "-" for s in sizes)))
+    return lines
+
+
+def wire_table(rows: list[dict[str, Any]]) -> list[str]:
+    fmt = "{:<20} {:<5} {:>8} {:>19} {:>19} {:>8}"
+    lines = ["bytes one rank sends per call (host backend: the plans' formulas), zpccl / NCCL's ring:",
+             fmt.format("collective", "bits", "logical", "in all", "across nodes", "saved")]
+    for r in sorted(rows, key=lambda r: (group_key(r), r["size"])):
+        zp, ring = r["wire_bytes_per_rank"]["zpccl"], r["wire_bytes_per_rank"]["nccl_ring"]
+        zp_all, ring_all = zp["intra"] + zp["inter"], ring["intra"] + ring["inter"]
+        saved = f"{100 * (1 - zp['inter'] / ring['inter']):.0f}%" if ring["inter"] else "-"
+        op, bits, _ = group_key(r)
+        lines.append(fmt.format(op, bits, size_text(r["size"]), f"{size_text(zp_all)} / {size_text(ring_all)}",
+                                f"{size_text(zp['inter'])} / {size_text(ring['inter'])}", saved))
+    lines.append("saved: the share of NCCL's bytes across nodes that zpccl does not send (the slow link's load)")
+    return lines
+
+
+def main(paths: list[str]) -> int:
+    rows = load(paths)
+    against_nccl = [r for r in rows if r.get("baseline") == "nccl" and r.get("speedup") is not None]
+    with_wire = [r for r in rows if r.get("wire_bytes_per_rank") and r.get("size")]
+    lines = []
+    if against_nccl:
+        lines += speedup_table(against_nccl)
+    if with_wire:
+        lines += ([""] if lines else []) + wire_table(with_wire)
+    shown = len({id(r) for r in against_nccl + with_wire})
+    if not lines:
+        lines.append("no rows with an NCCL baseline or wire bytes")
+    wrong = sum(wrong_elements(r) for r in rows)
+    lines.append(f"{len(rows)} rows ({len(rows) - shown} without an NCCL baseline or wire bytes, not shown); "
+                 f"wrong elements: {wrong}")
+    print("\n".join(lines))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
