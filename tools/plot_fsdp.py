@@ -60,8 +60,8 @@ def main():
     for ax, data in zip(axes[0][len(datas):], curves):
         for run in data["losses"]:
             steps, losses = zip(*run["curve"])
-            label = run["comm"] + ("" if run.get("grad_bits") is None else
-                                   f" w{run.get('weight_bits')}/g{run['grad_bits']}")
+            weight_bits = run.get("weight_bits") or data["rows"][0]["weight_bits"]
+            label = run["comm"] + ("" if run.get("grad_bits") is None else f" w{weight_bits}/g{run['grad_bits']}")
             ax.plot(steps, losses, label=f"{label}: valid {run['valid']:.4f}")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (mean over ranks)")

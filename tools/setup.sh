@@ -19,6 +19,13 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 export PATH=$venv/bin:$PATH
 ZP_PYTHON=$venv/bin/python
+# When python3 is itself a virtual environment (a machine's torch environment, say), --system-site-packages
+# reaches only its base interpreter's packages: a .pth file adds the environment's own, once.
+outer=$(python3 -c 'import sys, sysconfig; print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")')
+if [ -n "$outer" ]; then
+  inner=$("$ZP_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  [ "$outer" = "$inner" ] || echo "$outer" >"$inner/zpccl-outer-environment.pth"
+fi
 
 meson_min=$(sed -n "s/.*meson_version: *'>=\([0-9.]*\)'.*/\1/p" "$top/meson.build")
 # True when `meson --version` is at least $meson_min (sort -V orders version strings).

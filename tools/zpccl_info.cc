@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
   if (gpus == 0) host = true;
-  if (!host) ranks = gpus;
-  if (ranks <= 0 || nodes <= 0 || ranks % nodes != 0) {
+  if (!host) ranks = gpus;  // the cuda backend takes its layout from the hosts: -N is for emulated nodes only
+  if (host && (ranks <= 0 || nodes <= 0 || ranks % nodes != 0)) {
     fprintf(stderr, "ranks (%d) must be a positive multiple of nodes (%d)\n", ranks, nodes);
     return 2;
   }

@@ -70,6 +70,15 @@ class PerfSummary(unittest.TestCase):
         self.assertEqual(rows[0][-1], "100%")
         self.assertEqual(rows[1][-1], "85%")  # 1 - 132 / 896
 
+    def test_hpz_with_one_rank_a_node_is_not_shown_as_a_speedup(self) -> None:
+        copy = dict(gpu_row("hpz_all_gather", 0, 1 << 20, 10.0, 2000.0), ranks=2, nodes=2, bits=None)
+        pair = dict(gpu_row("qwz_hpz_gathers", 8, 1 << 20, 1000.0, 2000.0), ranks=2, nodes=2)
+        status, text = self.summarize([copy, pair])
+        self.assertEqual(status, 0, text)
+        self.assertFalse([line for line in text.splitlines() if line.startswith("hpz_all_gather ")], text)
+        self.assertIn("is a local copy", text)
+        self.assertIn("2.00x", text)  # the pair's row stays
+
     def test_wrong_elements_fail_the_summary(self) -> None:
         status, text = self.summarize([gpu_row("qwz_all_gather", 8, 1 << 20, 100.0, 150.0, wrong=3)])
         self.assertEqual(status, 1)
