@@ -54,7 +54,7 @@ uint64_t nodeKeyOf(const Settings& s, int rank) {
 
 zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUniqueId& id, int rank,
                     const zpConfig_t* config, const char* call) {
-  auto comm = std::make_unique<zpComm>();
+  auto comm = std::make_unique<Communicator>();
   ZPCHECK(resolveConfig(config, nranks, call, &comm->settings));
   ZPCHECK(resolveBackend(callerComm ? zpBackendCuda : comm->settings.backend, call, &comm->settings.backend));
   const Settings& s = comm->settings;
@@ -71,15 +71,15 @@ zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUn
     ZP_WARN("%s : nodes of uneven sizes (%s): hierarchical paths fall back to flat ones and hpZ is unavailable", call,
             t.describe().c_str());
   }
-  registerComm(comm.get());
-  *out = comm.release();
+  *out = registerComm(std::move(comm));
   return zpSuccess;
 }
 
-zpResult_t commFree(zpComm_t comm, bool abort, const char* call) {
-  ZPCHECK(checkComm(comm, call));
-  if (!unregisterComm(comm)) {
-    return ZP_ERR(zpInvalidArgument, "%s : comm %p was destroyed by another thread", call, static_cast<void*>(comm));
+zpResult_t commFree(zpComm_t handle, bool abort, const char* call) {
+  ZPCHECK(checkComm(handle, call));
+  Communicator* comm = unregisterComm(handle);
+  if (comm == nullptr) {
+    return ZP_ERR(zpInvalidArgument, "%s : comm %p was destroyed by another thread", call, static_cast<void*>(handle));
   }
   // No new call can start now; an abort wakes the calls already running, and both wait for them to leave.
   if (abort) comm->backend->interrupt();
@@ -92,10 +92,10 @@ zpResult_t commFree(zpComm_t comm, bool abort, const char* call) {
 
 // Reads a field only after the handle is known to be live, and with the communicator in use (whileInUse).
 template <typename T, typename Get>
-zpResult_t query(zpComm* comm, T* out, const char* call, Get get) {
-  return whileInUse(comm, call, [&]() -> zpResult_t {
+zpResult_t query(zpComm_t comm, T* out, const char* call, Get get) {
+  return whileInUse(comm, call, [&](const Communicator* live) -> zpResult_t {
     ZPCHECK(checkNotNull(out, call, "output pointer"));
-    *out = get(comm);
+    *out = get(live);
     return zpSuccess;
   });
 }
@@ -181,25 +181,25 @@ ZP_EXPORT zpResult_t zpCommAbort(zpComm_t comm) {
 
 ZP_EXPORT zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   return guardedCall("zpCommGetAsyncError", &comm, [&]() -> zpResult_t {
-    return zp::whileInUse(comm, "zpCommGetAsyncError", [&]() -> zpResult_t {
+    return zp::whileInUse(comm, "zpCommGetAsyncError", [&](zp::Communicator* c) -> zpResult_t {
       ZPCHECK(zp::checkNotNull(asyncError, "zpCommGetAsyncError", "asyncError"));
-      return comm->backend->asyncError(asyncError);
+      return c->backend->asyncError(asyncError);
     });
   });
 }
 
 ZP_EXPORT zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes) {
   return guardedCall("zpCommReserve", &comm, [&]() -> zpResult_t {
-    return zp::whileInUse(comm, "zpCommReserve", [&] { return comm->backend->reserve(maxBytes); });
+    return zp::whileInUse(comm, "zpCommReserve", [&](zp::Communicator* c) { return c->backend->reserve(maxBytes); });
   });
 }
 
-#define ZP_QUERY(fn, type, arg, field)                                                                           \
-  ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                                      \
-    zpComm* c = comm;                                                                                            \
-    return guardedCall(#fn, &c, [&] {                                                                            \
-      return zp::query<type>(comm, arg, #fn, [](const zpComm* live) { return static_cast<type>(live->field); }); \
-    });                                                                                                          \
+#define ZP_QUERY(fn, type, arg, field)                                                                     \
+  ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                                \
+    return guardedCall(#fn, &comm, [&] {                                                                   \
+      return zp::query<type>(comm, arg, #fn,                                                               \
+                             [](const zp::Communicator* live) { return static_cast<type>(live->field); }); \
+    });                                                                                                    \
   }
 ZP_QUERY(zpCommCount, int, count, topo.nranks)
 ZP_QUERY(zpCommUserRank, int, rank, topo.rank)

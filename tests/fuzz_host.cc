@@ -435,18 +435,19 @@ void fuzzBadHandle(Reader& in) {
   alignas(64) unsigned char garbage[1024];
   std::memset(garbage, in.byte(), sizeof(garbage));
   zpComm_t comm = nullptr;
+  zpComm_t successor = nullptr;  // created after `comm` was destroyed, likely in its memory: must stay untouched
   switch (in.byte() % 4) {
     case 0:
       break;
     case 1:
       comm = destroyedComm();
+      successor = makeComm(8, 4, 256);
       break;
     case 2:
       comm = reinterpret_cast<zpComm_t>(garbage + (in.byte() % 64));
       break;
-    default:
-      std::memcpy(garbage, &zp::kCommMagic, sizeof(zp::kCommMagic));  // forged: a live comm's first bytes
-      comm = reinterpret_cast<zpComm_t>(garbage);
+    default:  // forged: shaped like a live handle (comms()'s first), far ahead in the series, never handed out
+      comm = reinterpret_cast<zpComm_t>(reinterpret_cast<uintptr_t>(comms()[0].comm) + (uintptr_t{1} << 40));
       break;
   }
   unsigned char* a = arena(0);
@@ -499,6 +500,10 @@ void fuzzBadHandle(Reader& in) {
   }
   FUZZ_CHECK(res == zpInvalidArgument, "a bad handle returned %d '%s'", res, zpGetLastError(nullptr));
   FUZZ_CHECK(mentions(zpGetLastError(nullptr), "comm"), "'%s'", zpGetLastError(nullptr));
+  if (successor != nullptr) {
+    FUZZ_CHECK(zpCommDestroy(successor) == zpSuccess, "the destroyed handle's successor: '%s'",
+               zpGetLastError(nullptr));
+  }
 }
 
 // ---- init --------------------------------------------------------------------------------------------------

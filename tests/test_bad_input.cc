@@ -205,9 +205,17 @@ zpResult_t withHandle(Handle h, const std::function<zpResult_t(zpComm_t)>& f) {
     case Handle::kGarbage:
       return f(reinterpret_cast<zpComm_t>(garbage));
     case Handle::kForged: {
-      // The first bytes of a live zpComm: only the registry of live handles can tell this one apart.
-      std::memcpy(garbage, &zp::kCommMagic, sizeof(zp::kCommMagic));
-      return f(reinterpret_cast<zpComm_t>(garbage));
+      // Shaped like the handles the registry hands out (a live one's, far ahead in the series), never handed out.
+      static const zpComm_t live = [] {
+        zpUniqueId id;
+        zpConfig_t config = ZP_CONFIG_INITIALIZER;
+        config.backend = zpBackendHost;
+        zpComm_t comm = nullptr;
+        EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+        EXPECT_EQ(zpCommInitRankConfig(&comm, 1, id, 0, &config), zpSuccess) << zpGetLastError(nullptr);
+        return comm;  // kept for the whole run
+      }();
+      return f(reinterpret_cast<zpComm_t>(reinterpret_cast<uintptr_t>(live) + (uintptr_t{1} << 40)));
     }
   }
   return zpInternalError;

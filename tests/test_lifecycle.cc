@@ -1,6 +1,7 @@
 // Communicator lifecycle on the host backend, the last-error contract, and bad input to the lifecycle calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -224,6 +225,34 @@ TEST(LifecycleBadInput, UseAfterDestroyAndDoubleDestroy) {
   EXPECT_EQ(zpCommAbort(comm), zpInvalidArgument);
   zpResult_t async = zpSuccess;
   EXPECT_EQ(zpCommGetAsyncError(comm, &async), zpInvalidArgument);
+}
+
+// The allocator hands a destroyed communicator's memory to the next one; its handle must stay dead all the same:
+// refused by every call, and a second destroy must not reach the communicator that now lives there.
+TEST(LifecycleBadInput, DestroyedHandleStaysDeadWhenANewCommunicatorTakesItsPlace) {
+  zpConfig_t c = hostConfig();
+  std::vector<zpComm_t> seen;
+  for (int round = 0; round < 50; ++round) {
+    zpComm_t old = nullptr, next = nullptr;
+    ASSERT_EQ(zpCommInitRankConfig(&old, 1, newId(), 0, &c), zpSuccess);
+    ASSERT_EQ(zpCommDestroy(old), zpSuccess);
+    ASSERT_EQ(zpCommInitRankConfig(&next, 1, newId(), 0, &c), zpSuccess);
+    EXPECT_NE(old, next) << "round " << round;
+    int count = -1;
+    EXPECT_EQ(zpCommCount(old, &count), zpInvalidArgument) << "round " << round;
+    EXPECT_EQ(count, -1);
+    EXPECT_EQ(zpCommDestroy(old), zpInvalidArgument) << "round " << round;
+    EXPECT_TRUE(mentions(zpGetLastError(nullptr), "not a live communicator")) << zpGetLastError(nullptr);
+    // `next` was not destroyed by that: it answers, and its own destroy succeeds.
+    EXPECT_EQ(zpCommCount(next, &count), zpSuccess) << zpGetLastError(next);
+    EXPECT_EQ(count, 1);
+    EXPECT_EQ(zpCommDestroy(next), zpSuccess) << zpGetLastError(nullptr);
+    seen.push_back(old);
+    seen.push_back(next);
+  }
+  // No handle is ever handed out twice.
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
 }
 
 TEST(LifecycleBadInput, GarbageAndNullHandles) {

@@ -120,6 +120,18 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(count.value, -1)
         self.assertIn("not a live communicator", _lib.last_error(handle))
 
+    def test_destroyed_handle_stays_dead_after_new_communicators(self) -> None:
+        L = _lib.lib()
+        for _ in range(20):
+            old = one_rank()
+            stale = old.handle
+            old.close()
+            with one_rank() as new:  # often in the memory the old one had
+                self.assertNotEqual(new.handle, stale)
+                self.assertEqual(L.zpCommDestroy(stale), Result.INVALID_ARGUMENT)
+                self.assertIn("zpCommDestroy", _lib.last_error(None))
+                self.assertEqual(new.nranks, 1)  # the second destroy did not reach it
+
     def test_closed_communicator_names_the_call(self) -> None:
         import numpy as np
 
