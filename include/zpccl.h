@@ -164,7 +164,9 @@ zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int ran
 
 /* As zpCommInitRank, with a config (NULL: defaults). The node layout is found here: host hashes (hostname,
  * or NCCL_HOSTID when set, as NCCL does) are exchanged, or taken from config->ranksPerNode / nodeId.
- * Uneven nodes are allowed; hierarchical paths then fall back to flat ones, and the log says so. */
+ * Uneven nodes are allowed; hierarchical paths then fall back to flat ones, and the log says so. The settings
+ * that shape the communicator (how nodes are given, ranksPerNode, hpzSize, weightBits, gradBits, blockSize) must
+ * be the same on every rank: a difference is zpInvalidUsage on every rank, naming the field and both values. */
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank, zpConfig_t* config);
 
 /* Wraps a caller's NCCL communicator (e.g. PyTorch's) in a cuda-backend zpccl communicator. Collective over

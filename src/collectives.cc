@@ -21,7 +21,7 @@ zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, CollArgs
     args.blockSize = comm->settings.blockSize;
   }
   ZPCHECK(checkCollArgs(comm, options, &args));
-  if (args.count == 0) return zpSuccess;
+  if (args.count == 0) return standalone ? zpSuccess : comm->backend->runEmpty(args);
   return comm->backend->run(args);
 }
 

@@ -29,6 +29,8 @@ zpResult_t setError(zpResult_t code, const char* file, int line, const char* fmt
 
 void clearPendingError() { tPendingError.clear(); }
 
+const std::string& pendingError() { return tPendingError; }
+
 zpResult_t finishCall(zpComm_t comm, zpResult_t result) {
   if (result != zpSuccess && tPendingError.empty()) tPendingError = "unspecified error";
   const std::string message = result == zpSuccess ? std::string() : tPendingError;

@@ -44,12 +44,26 @@ zpResult_t resolveBackend(zpBackend_t requested, const char* call, zpBackend_t* 
   return zpSuccess;
 }
 
-// The key that puts ranks on one node: an explicit node id, an emulated block of ranks, or the host hash.
-// Tags keep the three kinds of key apart.
-uint64_t nodeKeyOf(const Settings& s, int rank) {
-  if (s.nodeId >= 0) return 0x4e4f444500000000ull | static_cast<uint32_t>(s.nodeId);
-  if (s.ranksPerNode > 0) return 0x424c4f4b00000000ull | static_cast<uint32_t>(rank / s.ranksPerNode);
-  return hostHash();
+// What this rank brings to init (host/rank_init.h). The node key puts ranks on one node: an explicit node id, an
+// emulated block of ranks, or the host hash; tags keep the three kinds of key apart.
+RankInit rankInitOf(const Settings& s, int rank) {
+  RankInit r;
+  if (s.nodeId >= 0) {
+    r.layout = kLayoutNodeId;
+    r.nodeKey = 0x4e4f444500000000ull | static_cast<uint32_t>(s.nodeId);
+  } else if (s.ranksPerNode > 0) {
+    r.layout = kLayoutRanksPerNode;
+    r.nodeKey = 0x424c4f4b00000000ull | static_cast<uint32_t>(rank / s.ranksPerNode);
+  } else {
+    r.layout = kLayoutHostHash;
+    r.nodeKey = hostHash();
+  }
+  r.ranksPerNode = s.ranksPerNode;
+  r.hpzSize = s.hpzSize;
+  r.weightBits = s.weightBits;
+  r.gradBits = s.gradBits;
+  r.blockSize = s.blockSize;
+  return r;
 }
 
 zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUniqueId& id, int rank,
@@ -58,12 +72,11 @@ zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUn
   ZPCHECK(resolveConfig(config, nranks, call, &comm->settings));
   ZPCHECK(resolveBackend(callerComm ? zpBackendCuda : comm->settings.backend, call, &comm->settings.backend));
   const Settings& s = comm->settings;
-  const uint64_t key = nodeKeyOf(s, rank);
+  const RankInit mine = rankInitOf(s, rank);
   if (s.backend == zpBackendHost) {
-    ZPCHECK(hostBackendCreate(id, nranks, rank, key, s.hpzSize, call, &comm->topo, &comm->backend));
+    ZPCHECK(hostBackendCreate(id, nranks, rank, mine, call, &comm->topo, &comm->backend));
   } else {
-    ZPCHECK(cudaBackendCreate(callerComm, id, nranks, rank, key, s.hpzSize, call, &comm->topo, &comm->cudaDev,
-                              &comm->backend));
+    ZPCHECK(cudaBackendCreate(callerComm, id, nranks, rank, mine, call, &comm->topo, &comm->cudaDev, &comm->backend));
   }
   const Topology& t = comm->topo;
   ZP_INFO(kSubsysInit, "%s : %s backend, %s", call, s.backend == zpBackendHost ? "host" : "cuda", t.describe().c_str());

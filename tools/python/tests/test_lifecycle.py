@@ -65,6 +65,28 @@ class ConfigFields(unittest.TestCase):
                 self.assertIn(mention, ctx.exception.message)
                 self.assertIn(ctx.exception.code, (Result.INVALID_ARGUMENT, Result.INVALID_USAGE))
 
+    def test_settings_must_match_across_ranks(self) -> None:
+        uid = zpccl.get_unique_id()
+        errors: list = [None] * 4
+
+        def rank(r: int) -> None:
+            try:
+                zpccl.Comm(4, r, uid, backend="host", hpz_size=2 if r < 2 else 4).close()
+            except ZpcclError as e:
+                errors[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r, e in enumerate(errors):
+            with self.subTest(rank=r):
+                self.assertIsInstance(e, ZpcclError)
+                self.assertEqual(e.code, Result.INVALID_USAGE)
+                self.assertEqual(e.message,
+                                 "zpCommInitRankConfig : ranks disagree on config->hpzSize: 2 on rank 0, 4 on rank 2")
+
     def test_header_fields_are_checked(self) -> None:
         L = _lib.lib()
         for field, value, mention in (("magic", 0x1234, "magic"), ("size", 8, "size")):
