@@ -100,7 +100,8 @@ typedef struct zpComm* zpComm_t;
 /* NCCL's communicator (ncclComm_t is a struct ncclComm*), for zpCommInitFromNccl without including nccl.h. */
 struct ncclComm;
 
-/* Value of an integer config field left to its default. */
+/* Value of an integer config field left to its default. It is a marker, not a value: a field holding it (INT_MIN)
+ * is unset, whoever wrote it there. No field takes a negative value as a setting, so none is lost. */
 #define ZP_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define ZP_CONFIG_MAGIC 0x7a70636fu /* "zpco" */
 

@@ -244,7 +244,7 @@ zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, Co
     return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call, recvName, a->recvbuff, recvAlign);
   }
 
-  // Overlap: only NCCL's in-place layouts.
+  // Overlap: only NCCL's in-place layouts (the collectives'; zpQuantize and zpDequantize have none).
   const char* sendChar = static_cast<const char*>(a->sendbuff);
   const char* recvChar = static_cast<const char*>(a->recvbuff);
   size_t sendBytes = localBytes, recvBytes = localBytes;
@@ -270,6 +270,10 @@ zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, Co
       break;
   }
   if (overlaps(a->sendbuff, sendBytes, a->recvbuff, recvBytes) && sendChar != inPlaceSend) {
+    if (inPlaceSend == nullptr) {  // zpQuantize, zpDequantize
+      return ZP_ERR(zpInvalidArgument, "%s : %s %p and %s %p overlap (%s has no in-place form)", call, sendName,
+                    a->sendbuff, recvName, a->recvbuff, call);
+    }
     return ZP_ERR(zpInvalidArgument, "%s : %s %p and %s %p overlap without being in NCCL's in-place layout", call,
                   sendName, a->sendbuff, recvName, a->recvbuff);
   }

@@ -647,18 +647,19 @@ std::vector<Row> table() {
     // Overlaps that are not NCCL's in-place layout.
     if (standalone(call)) {
       // The payload inside the elements (or the elements inside the payload), both aligned.
+      // These calls have no in-place form: the message must not send the reader to NCCL's.
       addEdit("payload overlapping", one,
               [call](const Ctx& c, Args* a) {
                 a->send = c.area;
                 a->recv = c.area + (call == Call::kQuantize ? 64 : 4);
               },
-              bad, {sn, rv, "overlap"});
+              bad, {sn, rv, "overlap", "has no in-place form"}, {"NCCL"});
       addEdit("payload overlapping from below", one,
               [call](const Ctx& c, Args* a) {
                 a->send = c.area + (call == Call::kQuantize ? 4 : 64);
                 a->recv = c.area;
               },
-              bad, {sn, rv, "overlap"});
+              bad, {sn, rv, "overlap", "has no in-place form"}, {"NCCL"});
     } else {
       // One element off the in-place position, on one rank and on two.
       for (Layout layout : {one, two}) {

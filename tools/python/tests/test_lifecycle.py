@@ -120,6 +120,18 @@ class ConfigFields(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "Comm: unknown config field 'bits'"):
             _lib.make_config("Comm", bits=4)
 
+    def test_the_unset_marker_is_not_a_value(self) -> None:
+        # C reads INT_MIN in a field as "unset": passed explicitly, it would silently mean the default.
+        for field in ("node_id", "ranks_per_node", "hpz_size", "weight_bits", "grad_bits", "block_size", "blocking",
+                      "backend"):
+            with self.subTest(field=field):
+                with self.assertRaises(ValueError) as ctx:
+                    zpccl.Comm(1, 0, zpccl.get_unique_id(), **{"backend": "host", field: -2**31})
+                self.assertEqual(ctx.exception.message, f"Comm: {field} -2147483648 is ZP_CONFIG_UNDEF_INT, which "
+                                 "means unset (no field takes it as a value); pass None for the default")
+        with one_rank(node_id=None, hpz_size=None) as comm:  # None is how to leave a field unset
+            self.assertEqual(comm.hpz_size, 1)
+
     def test_rank_errors_come_from_c(self) -> None:
         with self.assertRaises(ZpcclError) as ctx:
             zpccl.Comm(4, 4, zpccl.get_unique_id(), backend="host")
