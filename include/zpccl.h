@@ -213,10 +213,11 @@ zpResult_t zpCommHpzSize(const zpComm_t comm, int* hpzSize);     /* ranks of the
 /*
  * Blocks of blockSize contiguous elements (the last one may be partial). Per block, in fp32:
  *   scale = absmax / qmax (qmax = 127 for int8, 7 for int4);  q = clamp(rint(x / scale), -qmax, qmax);
- *   x' = q * scale, rounded to the output type to nearest even.
- * The block maximum is never clipped. An all-zero block has scale 0 and dequantizes to zeros. A block holding
- * NaN or +-Inf dequantizes to all NaN. int4 packs two codes a byte, element 2i in the low nibble, two's
- * complement.
+ *   x' = q * scale, rounded to the output type to nearest even; a product beyond the type's largest finite
+ *   value (only when absmax is within a rounding of it, e.g. FLT_MAX in fp32) gives that value, of its sign.
+ * The block maximum is never clipped, and a finite block never dequantizes to Inf. An all-zero block has scale 0
+ * and dequantizes to zeros. A block holding NaN or +-Inf dequantizes to all NaN. int4 packs two codes a byte,
+ * element 2i in the low nibble, two's complement.
  * A payload is one contiguous region, 16-byte aligned: the fp32 scales of all blocks, padded to 16 bytes,
  * then the packed codes, padded to 16 bytes. Its size is zpQuantPayloadSize's.
  */
@@ -264,7 +265,9 @@ zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count,
 /* qgZ: quantized reduce-scatter by all-to-all (the gradient reduce-scatter). As ncclReduceScatter: sendbuff
  * holds nranks*recvcount elements, rank r receives the reduction of the r-th block; in place when
  * recvbuff == sendbuff + rank*recvcount. op is zpSum or zpAvg (divides by the rank count). Codes use the
- * communicator's gradBits and blockSize. Deterministic. */
+ * communicator's gradBits and blockSize. Deterministic. Sums are fp32: a block of the output in which a sum
+ * overflows fp32 (or a rank's input block held NaN or Inf) is all NaN, with one hop as with two; a finite sum
+ * beyond the output type's range (fp16, bf16) is +-Inf. */
 zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
                                    zpRedOp_t op, zpComm_t comm, cudaStream_t stream);
 zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
