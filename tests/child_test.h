@@ -14,20 +14,13 @@
 namespace zptest {
 
 struct ChildRun {
-  int exitCode = -1;
-  std::string output;  // stdout and stderr
+  int exitCode = -1;   // -1: it did not exit normally, or could not start
+  std::string output;  // what it printed
 };
 
-// Runs test `name` ("Suite.DISABLED_Test") of this binary with `env` ("NAME=value") added.
-inline ChildRun runTestInChild(const std::string& name, const std::vector<std::string>& env) {
+// Runs a shell command line and collects what it prints on stdout (add 2>&1 for stderr too).
+inline ChildRun runCommand(const std::string& command) {
   ChildRun run;
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return run;
-  self[n] = '\0';
-  std::string command = "env";
-  for (const std::string& e : env) command += " '" + e + "'";
-  command += std::string(" '") + self + "' --gtest_also_run_disabled_tests --gtest_filter='" + name + "' 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
   char buffer[4096];
@@ -35,6 +28,18 @@ inline ChildRun runTestInChild(const std::string& name, const std::vector<std::s
   const int status = pclose(pipe);
   run.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+// Runs test `name` ("Suite.DISABLED_Test") of this binary with `env` ("NAME=value") added; stdout and stderr.
+inline ChildRun runTestInChild(const std::string& name, const std::vector<std::string>& env) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return ChildRun();
+  self[n] = '\0';
+  std::string command = "env";
+  for (const std::string& e : env) command += " '" + e + "'";
+  command += std::string(" '") + self + "' --gtest_also_run_disabled_tests --gtest_filter='" + name + "' 2>&1";
+  return runCommand(command);
 }
 
 // The child ran that one test, and it passed.

@@ -181,14 +181,20 @@ const char* handleName(Handle h) {
   }
 }
 
-// A communicator created and destroyed at once: its handle dangles.
-zpComm_t destroyedComm() {
+// A live one-rank host communicator.
+zpComm_t oneRankComm() {
   zpUniqueId id;
   zpConfig_t config = ZP_CONFIG_INITIALIZER;
   config.backend = zpBackendHost;
   zpComm_t comm = nullptr;
   EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
   EXPECT_EQ(zpCommInitRankConfig(&comm, 1, id, 0, &config), zpSuccess) << zpGetLastError(nullptr);
+  return comm;
+}
+
+// A communicator created and destroyed at once: its handle dangles.
+zpComm_t destroyedComm() {
+  zpComm_t comm = oneRankComm();
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
   return comm;
 }
@@ -206,15 +212,7 @@ zpResult_t withHandle(Handle h, const std::function<zpResult_t(zpComm_t)>& f) {
       return f(reinterpret_cast<zpComm_t>(garbage));
     case Handle::kForged: {
       // Shaped like the handles the registry hands out (a live one's, far ahead in the series), never handed out.
-      static const zpComm_t live = [] {
-        zpUniqueId id;
-        zpConfig_t config = ZP_CONFIG_INITIALIZER;
-        config.backend = zpBackendHost;
-        zpComm_t comm = nullptr;
-        EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
-        EXPECT_EQ(zpCommInitRankConfig(&comm, 1, id, 0, &config), zpSuccess) << zpGetLastError(nullptr);
-        return comm;  // kept for the whole run
-      }();
+      static const zpComm_t live = oneRankComm();  // kept for the whole run
       return f(reinterpret_cast<zpComm_t>(reinterpret_cast<uintptr_t>(live) + (uintptr_t{1} << 40)));
     }
   }
