@@ -175,11 +175,13 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, i
  * keep it alive until then. Sub-communicators are split from it. config may be NULL. */
 zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclComm, zpConfig_t* config);
 
-/* Frees a communicator after the work enqueued on it has completed. The handle is invalid afterwards;
- * passing it again returns zpInvalidArgument. */
+/* Frees a communicator after the work enqueued on it has completed. The handle is invalid afterwards, for good
+ * (handles are never reused): passing it again returns zpInvalidArgument. */
 zpResult_t zpCommDestroy(zpComm_t comm);
 
-/* Frees a communicator at once, aborting any work in flight (e.g. after a peer failed). */
+/* Frees a communicator at once, aborting any work in flight (e.g. after a peer failed). On the host backend a
+ * peer's call that is still copying from this rank's memory finishes its copy first; nothing waits for a peer
+ * that does not come. */
 zpResult_t zpCommAbort(zpComm_t comm);
 
 /* Writes the first asynchronous error seen by comm (a failed peer, an aborted communicator) to *asyncError,
