@@ -481,6 +481,68 @@ __device__ __forceinline__ void stageFinished(const float (&acc)[N], bool paired
   }
 }
 
+// ---- the block rule of host/reduce_math.h: a block of which some sum is not finite (an fp32 overflow) is NaN in
+// every element. The sums are not kept for it (the finish stages them as it goes, and its registers are spent):
+// a thread whose block scales let its sums overflow at all (sumsMayOverflow, rare: scales near FLT_MAX / 2^Bits)
+// sums its elements again to see (sumsNotFinite), and the threads of the block vote (blockAny).
+
+// Whether the sums of the thread's block in this segment may be beyond fp32: an addend is at most 2^(Bits-1) times
+// its block's |scale| (the largest code, a corrupt payload's -128 or -8 included; a corrupt scale may be negative),
+// so sources whose bounds total less than 2^127 (half of FLT_MAX's order: a margin far above this estimate's
+// rounding) give finite sums. A NaN scale (a source block that held NaN or Inf) says yes too: its sums are NaN.
+template <int Bits>
+__device__ __forceinline__ bool sumsMayOverflow(const ReduceArgs& a, const unsigned char* seg, size_t block) {
+  constexpr float kMaxCode = static_cast<float>(1 << (Bits - 1));
+  float bound = 0.0f;
+  for (int s = 0; s < a.sources; ++s) {
+    const float* scales = reinterpret_cast<const float*>(seg + static_cast<size_t>(s) * a.sourceStride);
+    bound = fmaRn(kMaxCode, fabsf(__ldg(scales + block)), bound);
+  }
+  return !(bound < 0x1p127f);
+}
+
+// Whether some of the thread's sums [elem, elem + valid) is not finite, summed again element by element in the
+// finish's order (host/reduce_math.h's payloadElement: few registers, for the rare path). x * 0 is +-0 for a finite
+// x and NaN for NaN or +-Inf.
+template <int Bits>
+__device__ __noinline__ bool sumsNotFinite(const unsigned char* seg, size_t sourceStride, int sources, size_t count,
+                                           int blockSize, size_t elem, int valid) {
+  float probe = 0.0f;
+#pragma unroll 1
+  for (int k = 0; k < valid; ++k) {
+    float acc = payloadElement<Bits>(seg, count, blockSize, elem + k);
+#pragma unroll 1
+    for (int s = 1; s < sources; ++s) {
+      acc = addRn(acc, payloadElement<Bits>(seg + static_cast<size_t>(s) * sourceStride, count, blockSize, elem + k));
+    }
+    probe = fmaRn(acc, 0.0f, probe);
+  }
+  return !isFiniteBits(floatBits(probe));
+}
+
+// Whether any of the `threads` (a power of two) threads of this thread's aligned group said `mine`. Every thread
+// of the CTA calls it, with the same `threads`. Groups of up to a warp vote by shuffles, only in a warp where some
+// thread said yes; larger ones at a barrier of the CTA, and through `warps` (a flag per warp) only in a CTA where
+// some thread said yes.
+__device__ __forceinline__ bool blockAny(bool mine, int threads, int* warps) {
+  if (threads <= 32) {
+    if (!__any_sync(kFullMask, mine)) return false;
+    if (threads == 32) return true;
+    unsigned v = mine ? 1u : 0u;
+    for (int s = threads >> 1; s > 0; s >>= 1) v |= __shfl_xor_sync(kFullMask, v, s);
+    return v != 0;
+  }
+  if (!__syncthreads_or(mine)) return false;
+  const bool warp = __any_sync(kFullMask, mine);
+  if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = warp ? 1 : 0;
+  __syncthreads();
+  const int first = (threadIdx.x >> 5) & ~((threads >> 5) - 1);
+  int any = 0;
+  for (int k = 0; k < (threads >> 5); ++k) any |= warps[first + k];
+  __syncthreads();  // read before a later vote rewrites them
+  return any != 0;
+}
+
 // Elements a thread finishes at a time when a segment has few sources (finishFewSources): one 16-byte chunk of
 // fp16 or bf16 outputs, two of fp32.
 constexpr int kFewGroup = 8;
@@ -563,6 +625,7 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
   static_assert(kThreadChunks <= kRowChunks && kRowChunks % kThreadChunks == 0, "a thread's chunks share a row");
   // Each warp's finished elements, in order, a pad after every row (stagePos).
   __shared__ uint4 stage[kThreads / 32][stagePos(kWarpChunks)];
+  __shared__ int warpVotes[kThreads / 32];  // blockAny's, for blocks held by several warps
   uint4* mine = stage[threadIdx.x >> 5];
   const int lane = threadIdx.x & 31;
   if (!peerEnter(a.sync)) return;
@@ -570,57 +633,78 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
   for (size_t work = blockIdx.x; work < a.work; work += gridDim.x) {
     const size_t seg = segmentOf(work, a.tiles);
     const size_t warpElem = (work - seg * a.tiles) * kTileElems + (threadIdx.x - lane) * kElems;
-    if (warpElem >= a.count) continue;  // the whole warp: nothing of the payload left
+    // A warp with nothing of the payload left skips the tile, unless its block spans several warps, which vote at a
+    // barrier of the CTA (step 3) where every warp must be.
+    const bool warpHas = warpElem < a.count;
+    if (!warpHas && a.groupShift <= 5) continue;
     const size_t elem = warpElem + lane * kElems;
     const int valid = elem < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - elem)) : 0;
-
-    // step 1: sums, finished values (per element, as the host does), into the warp's stage.
-    if (valid > 0) {
-      const unsigned char* segment = a.base + seg * a.segmentStride;
-      uint4* const staged = mine + stagePos(lane * kThreadChunks);  // this thread's chunks
-      if constexpr (FewSources) {
-        finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, staged);
-      } else {
-        float acc[kElems];
-        const bool plain = sumSources<Bits>(a, segment, elem, valid, acc);
-        stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, staged);
+    if (warpHas) {
+      // step 1: sums, finished values (per element, as the host does), into the warp's stage.
+      if (valid > 0) {
+        const unsigned char* segment = a.base + seg * a.segmentStride;
+        uint4* const staged = mine + stagePos(lane * kThreadChunks);  // this thread's chunks
+        if constexpr (FewSources) {
+          finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, staged);
+        } else {
+          float acc[kElems];
+          const bool plain = sumSources<Bits>(a, segment, elem, valid, acc);
+          stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, staged);
+        }
       }
-    }
-    __syncwarp();
+      __syncwarp();
 
-    // step 2: the warp's n elements, as the aligned 16-byte chunks c of the output that they touch (bytes
-    // [shift, end) from the 16-byte boundary `base` below the first one). Chunk c is stage bytes
-    // [16c - shift, 16c - shift + 16): the end of stage chunk c - 1 and the start of chunk c; clamping c - 1 and c
-    // to the stage only ever replaces bytes outside [shift, end). A first or last chunk that is only partly the
-    // warp's is written element by element.
-    Out* dst = out + seg * outputStride + warpElem;
-    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(dst) & 15);
-    const int n = static_cast<int>(min(static_cast<size_t>(kWarpElems), a.count - warpElem));
-    // The common case, a whole aligned range, without the per-chunk bounds: ~35 instructions a thread instead of
-    // ~185 (bf16), and the finish 4 - 11% faster (reduce_perf, thirteenth session).
-    if (shift == 0 && n == kWarpElems) {
-      const uint4* const lanes = mine + stagePos(lane);  // chunk lane + 32 k at lanes[k * stagePos(32)]
+      // step 2: the warp's n elements, as the aligned 16-byte chunks c of the output that they touch (bytes
+      // [shift, end) from the 16-byte boundary `base` below the first one). Chunk c is stage bytes
+      // [16c - shift, 16c - shift + 16): the end of stage chunk c - 1 and the start of chunk c; clamping c - 1 and c
+      // to the stage only ever replaces bytes outside [shift, end). A first or last chunk that is only partly the
+      // warp's is written element by element.
+      Out* dst = out + seg * outputStride + warpElem;
+      const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(dst) & 15);
+      const int n = static_cast<int>(min(static_cast<size_t>(kWarpElems), a.count - warpElem));
+      // The common case, a whole aligned range, without the per-chunk bounds: ~35 instructions a thread instead of
+      // ~185 (bf16), and the finish 4 - 11% faster (reduce_perf, thirteenth session).
+      if (shift == 0 && n == kWarpElems) {
+        const uint4* const lanes = mine + stagePos(lane);  // chunk lane + 32 k at lanes[k * stagePos(32)]
 #pragma unroll
-      for (int k = 0; k < kWarpChunks / 32; ++k) reinterpret_cast<uint4*>(dst)[lane + 32 * k] = lanes[k * stagePos(32)];
-    } else {
-      const int end = shift + n * kSize;
-      char* base = reinterpret_cast<char*>(dst) - shift;
-      for (int c = lane; 16 * c < end; c += 32) {
-        uint4 v;
-        if (shift == 0) {
-          v = mine[stagePos(c)];
-        } else {
-          v = byteWindow(mine[stagePos(max(c - 1, 0))], mine[stagePos(min(c, kWarpChunks - 1))], 16 - shift);
-        }
-        const int lo = max(16 * c, shift), hi = min(16 * c + 16, end);
-        if (hi - lo == 16) {
-          *reinterpret_cast<uint4*>(base + 16 * c) = v;
-        } else {
-          for (int b = lo; b < hi; b += kSize) *reinterpret_cast<Out*>(base + b) = chunkElement<Out>(v, b - 16 * c);
+        for (int k = 0; k < kWarpChunks / 32; ++k)
+          reinterpret_cast<uint4*>(dst)[lane + 32 * k] = lanes[k * stagePos(32)];
+      } else {
+        const int end = shift + n * kSize;
+        char* base = reinterpret_cast<char*>(dst) - shift;
+        for (int c = lane; 16 * c < end; c += 32) {
+          uint4 v;
+          if (shift == 0) {
+            v = mine[stagePos(c)];
+          } else {
+            v = byteWindow(mine[stagePos(max(c - 1, 0))], mine[stagePos(min(c, kWarpChunks - 1))], 16 - shift);
+          }
+          const int lo = max(16 * c, shift), hi = min(16 * c + 16, end);
+          if (hi - lo == 16) {
+            *reinterpret_cast<uint4*>(base + 16 * c) = v;
+          } else {
+            for (int b = lo; b < hi; b += kSize) *reinterpret_cast<Out*>(base + b) = chunkElement<Out>(v, b - 16 * c);
+          }
         }
       }
+      __syncwarp();  // the stage is rewritten by the next tile; the stores are ordered before step 3's
     }
-    __syncwarp();  // the stage is rewritten by the next tile
+
+    // step 3: the block rule (see sumsMayOverflow): the outputs of a block of which some sum is not finite become
+    // NaN, each thread its own. Sums past the payload's end are not the block's: they are left out. The thread's
+    // range is derived again (fewer registers live through steps 1 and 2).
+    const size_t first = warpElem + lane * kElems;
+    const int have = first < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - first)) : 0;
+    bool notFinite = false;
+    if (have > 0) {
+      const unsigned char* segment = a.base + seg * a.segmentStride;
+      notFinite = sumsMayOverflow<Bits>(a, segment, first >> a.blockShift) &&
+                  sumsNotFinite<Bits>(segment, a.sourceStride, a.sources, a.count, 1 << a.blockShift, first, have);
+    }
+    if (blockAny(notFinite, 1 << a.groupShift, warpVotes) && have > 0) {
+      Out* const mineOut = out + seg * outputStride + first;
+      for (int k = 0; k < have; ++k) mineOut[k] = Type::kQuietNaN;
+    }
   }
   peerLeave(a.sync);
 }

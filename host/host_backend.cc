@@ -1,6 +1,7 @@
 #include "host/host_backend.h"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "host/dtype.h"
@@ -22,7 +23,66 @@ class HostBackend final : public Backend {
   }
 
   zpResult_t run(const CollArgs& a) override {
-    if (world_->aborted()) return ZP_ERR(zpRemoteError, "%s : the communicator was aborted", a.opName);
+    return guarded(a, [&] { return dispatch(a); });
+  }
+
+  // Count 0: the ranks meet only to agree on the call.
+  zpResult_t runEmpty(const CollArgs& a) override {
+    return guarded(a, [&]() -> zpResult_t {
+      ZPCHECK(world_->exchangeAgreed(rank_, nullptr, signatureOf(a)));
+      world_->endReads(rank_);
+      return world_->barrier(rank_, a.opName);
+    });
+  }
+
+  zpResult_t reserve(size_t) override { return zpSuccess; }
+
+  zpResult_t asyncError(zpResult_t* error) override {
+    *error = world_->failed() ? zpRemoteError : zpSuccess;
+    return zpSuccess;
+  }
+
+  void interrupt() override { world_->abort(rank_); }
+
+  zpResult_t finalize(bool abort) override {
+    if (abort) world_->abort(rank_);
+    return zpSuccess;
+  }
+
+  bool bufferUsable(const void* ptr, const char** why) override {
+    if (ptr == nullptr) {
+      *why = "is NULL";
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  // Runs a call's body so that what this rank published stays valid while a peer may read it: the body ends its
+  // reads, and a call that fails (or throws) waits until no rank reads before it returns and the caller may free
+  // its buffers or the communicator its scratch. A body that throws leaves its peers waiting for it: it fails the
+  // world, so that they wake.
+  template <class Body>
+  zpResult_t guarded(const CollArgs& a, Body&& body) {
+    if (world_->failed()) return ZP_ERR(zpRemoteError, "%s : the communicator %s", a.opName, world_->failure().c_str());
+    struct Exit {
+      HostWorld& world;
+      int rank;
+      const char* call;
+      bool returned = false;
+      zpResult_t res = zpInternalError;
+      ~Exit() {
+        world.endReads(rank);
+        if (!returned) world.fail("failed: rank " + std::to_string(rank) + "'s " + call + " ended with an exception");
+        if (!returned || res != zpSuccess) world.waitForReaders();
+      }
+    } exit{*world_, rank_, a.opName};
+    exit.res = body();
+    exit.returned = true;
+    return exit.res;
+  }
+
+  zpResult_t dispatch(const CollArgs& a) {
     switch (a.kind) {
       case CollKind::kQuantize:
         quantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, a.recvbuff);
@@ -40,29 +100,6 @@ class HostBackend final : public Backend {
     return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
 
-  zpResult_t reserve(size_t) override { return zpSuccess; }
-
-  zpResult_t asyncError(zpResult_t* error) override {
-    *error = world_->aborted() ? zpRemoteError : zpSuccess;
-    return zpSuccess;
-  }
-
-  void interrupt() override { world_->abort(); }
-
-  zpResult_t finalize(bool abort) override {
-    if (abort) world_->abort();
-    return zpSuccess;
-  }
-
-  bool bufferUsable(const void* ptr, const char** why) override {
-    if (ptr == nullptr) {
-      *why = "is NULL";
-      return false;
-    }
-    return true;
-  }
-
- private:
   // What the ranks of a collective must agree on before reading each other's data (see CallSignature). Every
   // collective's first exchange carries it; later exchanges of the same call need not, as the ranks agreed.
   static CallSignature signatureOf(const CollArgs& a) {
@@ -91,7 +128,8 @@ class HostBackend final : public Backend {
       dequantizeRef(world_->slot(group[i]), a.type, a.count, a.bits, a.blockSize,
                     static_cast<char*>(a.recvbuff) + i * shardBytes);
     }
-    return world_->barrier(a.opName);  // peers may still read our payload until here
+    world_->endReads(rank_);
+    return world_->barrier(rank_, a.opName);  // peers may still read our payload until here
   }
 
   // hpZ: copy every hpZ peer's shard, as it is, into its place (or gather them quantized when asked).
@@ -104,7 +142,8 @@ class HostBackend final : public Backend {
       const void* src = world_->slot(topo_.hpzRanks[i]);
       if (dst != src) memcpy(dst, src, shardBytes);
     }
-    return world_->barrier(a.opName);
+    world_->endReads(rank_);
+    return world_->barrier(rank_, a.opName);
   }
 
   // qgZ, following qgz_plan.h step by step.
@@ -119,20 +158,21 @@ class HostBackend final : public Backend {
       quantizeRef(static_cast<const char*>(a.sendbuff) + qgz_.sliceOfSlot[s] * sliceBytes, a.type, n, a.bits,
                   a.blockSize, send.data() + s * pb);
     }
-    ZPCHECK(world_->exchangeAgreed(rank_, send.data(), signatureOf(a)));
+    const int N = qgz_.nodes, L = qgz_.localSize;
+    std::vector<unsigned char>& partial = scratch(1, qgz_.twoHop ? pb * N : 0);
     std::vector<float> sum(n);
     std::vector<const unsigned char*> sources;
+    ZPCHECK(world_->exchangeAgreed(rank_, send.data(), signatureOf(a)));
     if (!qgz_.twoHop) {
       // One hop: slot `rank` of every rank, summed in rank order.
       for (int r = 0; r < topo_.nranks; ++r) sources.push_back(peerSlot(r, rank_, pb));
       sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
+      world_->endReads(rank_);
       finishRef(sum.data(), a.type, divisor, 0, n, a.recvbuff);
-      return world_->barrier(a.opName);
+      return world_->barrier(rank_, a.opName);
     }
     // Step 2 (hop 1): from each local peer l, in local order, the N slots meant for this local rank; sum them
     // per destination node b and requantize each partial sum into slot b.
-    const int N = qgz_.nodes, L = qgz_.localSize;
-    std::vector<unsigned char>& partial = scratch(1, pb * N);
     for (int b = 0; b < N; ++b) {
       sources.clear();
       for (int l = 0; l < L; ++l)
@@ -140,14 +180,16 @@ class HostBackend final : public Backend {
       sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
       quantizeRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, partial.data() + b * pb);
     }
-    ZPCHECK(world_->barrier(a.opName));  // hop 1 done: every rank has read its slots
+    world_->endReads(rank_);
+    ZPCHECK(world_->barrier(rank_, a.opName));  // hop 1 done: every rank has read its slots
     ZPCHECK(world_->exchange(rank_, partial.data(), a.opName));
     // Step 3 (hop 2): from the rank of this local rank on each node a, in node order, its partial for our node.
     sources.clear();
     for (int node = 0; node < N; ++node) sources.push_back(peerSlot(topo_.interRanks[node], topo_.node, pb));
     sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
+    world_->endReads(rank_);
     finishRef(sum.data(), a.type, divisor, 0, n, a.recvbuff);
-    return world_->barrier(a.opName);
+    return world_->barrier(rank_, a.opName);
   }
 
   const unsigned char* peerSlot(int peer, int slot, size_t slotBytes) const {
@@ -170,17 +212,26 @@ class HostBackend final : public Backend {
 
 }  // namespace
 
-zpResult_t hostBackendCreate(const zpUniqueId& id, int nranks, int rank, uint64_t nodeKey, int hpzRequest,
-                             const char* call, Topology* topo, std::unique_ptr<Backend>* backend) {
+zpResult_t hostBackendCreate(const zpUniqueId& id, int nranks, int rank, const RankInit& mine, const char* call,
+                             Topology* topo, std::unique_ptr<Backend>* backend) {
   std::shared_ptr<HostWorld> world;
-  ZPCHECK(HostWorld::join(id, nranks, rank, call, &world));
-  // Every rank reads every rank's key between the two barriers.
-  ZPCHECK(world->exchange(rank, &nodeKey, call));
-  std::vector<uint64_t> keys(nranks);
-  for (int r = 0; r < nranks; ++r) keys[r] = *static_cast<const uint64_t*>(world->slot(r));
-  ZPCHECK(world->barrier(call));
-  ZPCHECK(buildTopology(keys, rank, hpzRequest, call, topo));
-  *backend = std::make_unique<HostBackend>(std::move(world), *topo);
+  ZPCHECK(HostWorld::join(id, nranks, rank, mine, call, WorldTimeouts::fromParams(), &world));
+  // Every rank judges the same RankInits the same way; agreeOnInit makes sure that a step failing on one rank
+  // only (out of memory) fails them all.
+  zpResult_t res = zpSuccess;
+  Topology t;
+  std::unique_ptr<Backend> created;
+  try {
+    const std::string why = initDisagreement(world->inits());
+    if (!why.empty()) res = ZP_ERR(zpInvalidUsage, "%s : ranks disagree on %s", call, why.c_str());
+    if (res == zpSuccess) res = buildTopology(nodeKeysOf(world->inits()), rank, mine.hpzSize, call, &t);
+    if (res == zpSuccess) created = std::make_unique<HostBackend>(world, t);
+  } catch (const std::bad_alloc&) {
+    res = ZP_ERR(zpSystemError, "%s : out of host memory", call);
+  }
+  ZPCHECK(world->agreeOnInit(rank, res, res == zpSuccess ? std::string() : pendingError(), call));
+  *topo = std::move(t);
+  *backend = std::move(created);
   return zpSuccess;
 }
 

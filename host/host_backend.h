@@ -11,8 +11,11 @@
 
 namespace zp {
 
-// Joins the world of `id` and exchanges node keys; on success *topo holds the layout seen by `rank`.
-zpResult_t hostBackendCreate(const zpUniqueId& id, int nranks, int rank, uint64_t nodeKey, int hpzRequest,
-                             const char* call, Topology* topo, std::unique_ptr<Backend>* backend);
+// Joins the world of `id` with this rank's RankInit and compares every rank's; on success *topo holds the layout
+// seen by `rank`. Every rank leaves with the same verdict: when the ranks' settings differ, all of them return
+// zpInvalidUsage naming the setting and both values, and when one rank's init fails after they met, the others
+// return its error.
+zpResult_t hostBackendCreate(const zpUniqueId& id, int nranks, int rank, const RankInit& mine, const char* call,
+                             Topology* topo, std::unique_ptr<Backend>* backend);
 
 }  // namespace zp

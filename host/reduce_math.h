@@ -17,6 +17,13 @@ ZP_HD float payloadElement(const unsigned char* payload, size_t count, int block
   return bitsFloat(dequantizeValue<Fp32Type>(decodeCode<Bits>(code), scales[i / blockSize]));
 }
 
+// The block rule of qgZ's sums: a block of which some fp32 sum is not finite is NaN in every element. A sum is
+// not finite when a source block held NaN or Inf (then every sum of the block is NaN already) or when the sum
+// overflows fp32. The rule makes an overflow give the same on every layout: with two hops an overflowing partial
+// sum requantizes to a NaN block (its scale is NaN), and with one hop the finished block is made NaN likewise, so
+// a loss scaler sees the overflow either way. A sum that is finite in fp32 but beyond the output type's range
+// (fp16, bf16) rounds to +-Inf in finishReduction, after the last hop, on every layout alike.
+//
 // The last step of a reduction: Avg divides the fp32 sum by the rank count (IEEE division), then the value is
 // rounded to the output type (to nearest even; Inf stays Inf, as an NCCL reduction would give). Every NaN leaves
 // as the type's quiet NaN: the bits of a NaN made by arithmetic differ between host and GPU (x86 keeps an

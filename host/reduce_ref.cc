@@ -11,14 +11,25 @@
 namespace zp {
 namespace {
 
+// Whole blocks at a time, those that [begin, end) touches, so that a block's verdict (blockSumsFinite) holds for
+// any range.
 template <int Bits>
 void sumPayloadsBits(const std::vector<const unsigned char*>& payloads, size_t count, int blockSize, size_t begin,
                      size_t end, float* sum) {
-  for (size_t i = begin; i < end; ++i) {
-    float acc = payloadElement<Bits>(payloads[0], count, blockSize, i);
-    for (size_t s = 1; s < payloads.size(); ++s)
-      acc = addRn(acc, payloadElement<Bits>(payloads[s], count, blockSize, i));
-    sum[i] = acc;
+  std::vector<float> block(blockSize);
+  for (size_t first = begin / blockSize * blockSize; first < end; first += blockSize) {
+    const size_t last = first + blockSize < count ? first + blockSize : count;
+    bool finite = true;
+    for (size_t i = first; i < last; ++i) {
+      float acc = payloadElement<Bits>(payloads[0], count, blockSize, i);
+      for (size_t s = 1; s < payloads.size(); ++s)
+        acc = addRn(acc, payloadElement<Bits>(payloads[s], count, blockSize, i));
+      block[i - first] = acc;
+      finite = finite && isFiniteBits(floatBits(acc));
+    }
+    for (size_t i = first < begin ? begin : first; i < last && i < end; ++i) {
+      sum[i] = finite ? block[i - first] : bitsFloat(kF32QuietNaN);
+    }
   }
 }
 

@@ -10,8 +10,10 @@
 namespace zp {
 
 // sum[i] for i in [begin, end): element i of payloads[0], then of payloads[1], 2, ... added in that order in fp32
-// with round to nearest, the kernels' order. Every payload holds `count` elements of the given bits and
-// blockSize (host/quant_format.h). A range lets callers split one reduction over threads.
+// with round to nearest, the kernels' order; a block of which some sum is not finite (an overflow, or a source
+// block that held NaN or Inf) is NaN in every element (reduce_math.h, the block rule). Every payload holds `count`
+// elements of the given bits and blockSize (host/quant_format.h). A range (any, whole blocks or not) lets callers
+// split one reduction over threads.
 void sumPayloadsRef(const std::vector<const unsigned char*>& payloads, size_t count, int bits, int blockSize,
                     size_t begin, size_t end, float* sum);
 

@@ -100,7 +100,8 @@ typedef struct zpComm* zpComm_t;
 /* NCCL's communicator (ncclComm_t is a struct ncclComm*), for zpCommInitFromNccl without including nccl.h. */
 struct ncclComm;
 
-/* Value of an integer config field left to its default. */
+/* Value of an integer config field left to its default. It is a marker, not a value: a field holding it (INT_MIN)
+ * is unset, whoever wrote it there. No field takes a negative value as a setting, so none is lost. */
 #define ZP_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define ZP_CONFIG_MAGIC 0x7a70636fu /* "zpco" */
 
@@ -164,7 +165,9 @@ zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int ran
 
 /* As zpCommInitRank, with a config (NULL: defaults). The node layout is found here: host hashes (hostname,
  * or NCCL_HOSTID when set, as NCCL does) are exchanged, or taken from config->ranksPerNode / nodeId.
- * Uneven nodes are allowed; hierarchical paths then fall back to flat ones, and the log says so. */
+ * Uneven nodes are allowed; hierarchical paths then fall back to flat ones, and the log says so. The settings
+ * that shape the communicator (how nodes are given, ranksPerNode, hpzSize, weightBits, gradBits, blockSize) must
+ * be the same on every rank: a difference is zpInvalidUsage on every rank, naming the field and both values. */
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank, zpConfig_t* config);
 
 /* Wraps a caller's NCCL communicator (e.g. PyTorch's) in a cuda-backend zpccl communicator. Collective over
@@ -172,11 +175,13 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, i
  * keep it alive until then. Sub-communicators are split from it. config may be NULL. */
 zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclComm, zpConfig_t* config);
 
-/* Frees a communicator after the work enqueued on it has completed. The handle is invalid afterwards;
- * passing it again returns zpInvalidArgument. */
+/* Frees a communicator after the work enqueued on it has completed. The handle is invalid afterwards, for good
+ * (handles are never reused): passing it again returns zpInvalidArgument. */
 zpResult_t zpCommDestroy(zpComm_t comm);
 
-/* Frees a communicator at once, aborting any work in flight (e.g. after a peer failed). */
+/* Frees a communicator at once, aborting any work in flight (e.g. after a peer failed). On the host backend a
+ * peer's call that is still copying from this rank's memory finishes its copy first; nothing waits for a peer
+ * that does not come. */
 zpResult_t zpCommAbort(zpComm_t comm);
 
 /* Writes the first asynchronous error seen by comm (a failed peer, an aborted communicator) to *asyncError,
@@ -210,10 +215,11 @@ zpResult_t zpCommHpzSize(const zpComm_t comm, int* hpzSize);     /* ranks of the
 /*
  * Blocks of blockSize contiguous elements (the last one may be partial). Per block, in fp32:
  *   scale = absmax / qmax (qmax = 127 for int8, 7 for int4);  q = clamp(rint(x / scale), -qmax, qmax);
- *   x' = q * scale, rounded to the output type to nearest even.
- * The block maximum is never clipped. An all-zero block has scale 0 and dequantizes to zeros. A block holding
- * NaN or +-Inf dequantizes to all NaN. int4 packs two codes a byte, element 2i in the low nibble, two's
- * complement.
+ *   x' = q * scale, rounded to the output type to nearest even; a product beyond the type's largest finite
+ *   value (only when absmax is within a rounding of it, e.g. FLT_MAX in fp32) gives that value, of its sign.
+ * The block maximum is never clipped, and a finite block never dequantizes to Inf. An all-zero block has scale 0
+ * and dequantizes to zeros. A block holding NaN or +-Inf dequantizes to all NaN. int4 packs two codes a byte,
+ * element 2i in the low nibble, two's complement.
  * A payload is one contiguous region, 16-byte aligned: the fp32 scales of all blocks, padded to 16 bytes,
  * then the packed codes, padded to 16 bytes. Its size is zpQuantPayloadSize's.
  */
@@ -261,7 +267,9 @@ zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count,
 /* qgZ: quantized reduce-scatter by all-to-all (the gradient reduce-scatter). As ncclReduceScatter: sendbuff
  * holds nranks*recvcount elements, rank r receives the reduction of the r-th block; in place when
  * recvbuff == sendbuff + rank*recvcount. op is zpSum or zpAvg (divides by the rank count). Codes use the
- * communicator's gradBits and blockSize. Deterministic. */
+ * communicator's gradBits and blockSize. Deterministic. Sums are fp32: a block of the output in which a sum
+ * overflows fp32 (or a rank's input block held NaN or Inf) is all NaN, with one hop as with two; a finite sum
+ * beyond the output type's range (fp16, bf16) is +-Inf. */
 zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
                                    zpRedOp_t op, zpComm_t comm, cudaStream_t stream);
 zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,

@@ -10,17 +10,15 @@
 
 #define ZP_EXPORT extern "C" __attribute__((visibility("default")))
 
-struct zpComm;
-
 namespace zp {
 
 // Stores the outcome of an ABI call where zpGetLastError finds it and returns result.
-zpResult_t finishCall(zpComm* comm, zpResult_t result);
+zpResult_t finishCall(zpComm_t comm, zpResult_t result);
 
 // Runs body (returning zpResult_t) with the pending error cleared, exceptions caught, and the outcome recorded
 // on *commSlot (read after body, so an init can record on the communicator it created).
 template <typename Body>
-zpResult_t guardedCall(const char* call, zpComm* const* commSlot, Body&& body) {
+zpResult_t guardedCall(const char* call, const zpComm_t* commSlot, Body&& body) {
   clearPendingError();
   zpResult_t result;
   try {

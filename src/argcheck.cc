@@ -21,7 +21,7 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   return aBytes != 0 && bBytes != 0 && x < y + bBytes && y < x + aBytes;
 }
 
-zpResult_t checkBuffer(zpComm* comm, const void* ptr, const char* call, const char* arg) {
+zpResult_t checkBuffer(Communicator* comm, const void* ptr, const char* call, const char* arg) {
   const char* why = nullptr;
   if (!comm->backend->bufferUsable(ptr, &why)) return ZP_ERR(zpInvalidArgument, "%s : %s %s", call, arg, why);
   return zpSuccess;
@@ -29,8 +29,13 @@ zpResult_t checkBuffer(zpComm* comm, const void* ptr, const char* call, const ch
 
 }  // namespace
 
-zpResult_t checkComm(const zpComm* comm, const char* call) {
+zpResult_t checkNotNullComm(zpComm_t comm, const char* call) {
   if (comm == nullptr) return ZP_ERR(zpInvalidArgument, "%s : comm is NULL", call);
+  return zpSuccess;
+}
+
+zpResult_t checkComm(zpComm_t comm, const char* call) {
+  ZPCHECK(checkNotNullComm(comm, call));
   if (!isLiveComm(comm)) {
     return ZP_ERR(zpInvalidArgument, "%s : comm %p is not a live communicator (destroyed or garbage)", call,
                   static_cast<const void*>(comm));
@@ -149,7 +154,7 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
   return zpSuccess;
 }
 
-zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs* a) {
+zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, CollArgs* a) {
   const char* call = a->opName;
   const Topology& topo = comm->topo;
   // hpZ moves its shards exactly unless the call asks for bits (its optional quantized mode).
@@ -239,7 +244,7 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
     return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to %zu bytes", call, recvName, a->recvbuff, recvAlign);
   }
 
-  // Overlap: only NCCL's in-place layouts.
+  // Overlap: only NCCL's in-place layouts (the collectives'; zpQuantize and zpDequantize have none).
   const char* sendChar = static_cast<const char*>(a->sendbuff);
   const char* recvChar = static_cast<const char*>(a->recvbuff);
   size_t sendBytes = localBytes, recvBytes = localBytes;
@@ -265,6 +270,10 @@ zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs
       break;
   }
   if (overlaps(a->sendbuff, sendBytes, a->recvbuff, recvBytes) && sendChar != inPlaceSend) {
+    if (inPlaceSend == nullptr) {  // zpQuantize, zpDequantize
+      return ZP_ERR(zpInvalidArgument, "%s : %s %p and %s %p overlap (%s has no in-place form)", call, sendName,
+                    a->sendbuff, recvName, a->recvbuff, call);
+    }
     return ZP_ERR(zpInvalidArgument, "%s : %s %p and %s %p overlap without being in NCCL's in-place layout", call,
                   sendName, a->sendbuff, recvName, a->recvbuff);
   }

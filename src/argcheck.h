@@ -4,21 +4,23 @@
 
 #include "include/zpccl.h"
 #include "src/backend.h"
+#include "src/check.h"
 #include "src/comm.h"
 
 namespace zp {
 
-// comm must be a live communicator (not NULL, not destroyed, not garbage).
-zpResult_t checkComm(const zpComm* comm, const char* call);
-// Runs fn() (returning zpResult_t) as a call on comm: refused unless comm is live, and marked in use meanwhile,
-// so that a zpCommAbort or zpCommDestroy from another thread waits for it instead of freeing comm under it.
+// comm must be a live communicator's handle (not NULL, not destroyed, not garbage).
+zpResult_t checkComm(zpComm_t comm, const char* call);
+zpResult_t checkNotNullComm(zpComm_t comm, const char* call);
+// Runs fn(Communicator*) (returning zpResult_t) as a call on the handle's communicator: refused unless the handle
+// is live, and marked in use meanwhile, so that a zpCommAbort or zpCommDestroy from another thread waits for it
+// instead of freeing the communicator under it.
 template <typename Fn>
-zpResult_t whileInUse(zpComm* comm, const char* call, Fn&& fn) {
-  zpResult_t res = checkComm(comm, call);
-  if (res != zpSuccess) return res;
+zpResult_t whileInUse(zpComm_t comm, const char* call, Fn&& fn) {
+  ZPCHECK(checkNotNullComm(comm, call));
   CommUse use(comm);
-  if (!use.held()) return checkComm(comm, call);  // destroyed in between: says so
-  return fn();
+  if (use.get() == nullptr) return checkComm(comm, call);  // says why
+  return fn(use.get());
 }
 zpResult_t checkNotNull(const void* ptr, const char* call, const char* arg);
 zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char* call);
@@ -29,6 +31,6 @@ zpResult_t checkBlockSize(int blockSize, const char* call, const char* arg);
 // Resolves bits and block size from comm and an optional per-call override, then checks a whole request:
 // type, op, counts (no size_t overflow of any derived size), buffers (usable by the backend, aligned, not
 // overlapping except in NCCL's in-place layout), stream, and that the layout can serve the collective.
-zpResult_t checkCollArgs(zpComm* comm, const zpQuantOptions_t* options, CollArgs* args);
+zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, CollArgs* args);
 
 }  // namespace zp

@@ -28,8 +28,15 @@ struct CollArgs {
 class Backend {
  public:
   virtual ~Backend() = default;
-  // Runs one request (already checked). Collectives not yet implemented return zpInvalidUsage.
+  // Runs one request (already checked, count > 0). Collectives not yet implemented return zpInvalidUsage.
   virtual zpResult_t run(const CollArgs& args) = 0;
+  // A collective of count 0 (already checked): nothing to move. The cuda backend, like NCCL, does nothing; the
+  // host backend still meets its peers and compares the arguments, so that a count of 0 against a peer's nonzero
+  // count is a mismatch on every rank, not a rank that returns while its peers wait for it.
+  virtual zpResult_t runEmpty(const CollArgs& args) {
+    (void)args;
+    return zpSuccess;
+  }
   // Sizes scratch memory for collectives of up to maxBytes logical output bytes.
   virtual zpResult_t reserve(size_t maxBytes) = 0;
   virtual zpResult_t asyncError(zpResult_t* error) = 0;

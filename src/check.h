@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "include/zpccl.h"
 #include "src/debug.h"
 
@@ -16,6 +18,8 @@ zpResult_t setError(zpResult_t code, const char* file, int line, const char* fmt
 
 // Resets this thread's pending error (the ABI boundary does, at the start of every call).
 void clearPendingError();
+// This thread's pending error message ("" when none).
+const std::string& pendingError();
 
 }  // namespace zp
 

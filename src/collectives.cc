@@ -8,12 +8,12 @@
 namespace zp {
 namespace {
 
-int defaultBits(const zpComm* comm, CollKind kind) {
+int defaultBits(const Communicator* comm, CollKind kind) {
   return kind == CollKind::kQuantReduceScatter ? comm->settings.gradBits : comm->settings.weightBits;
 }
 
 // The one enqueue path: resolve defaults, check everything, run.
-zpResult_t enqueue(zpComm* comm, const zpQuantOptions_t* options, CollArgs args) {
+zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, CollArgs args) {
   // Collectives take the communicator's settings; zpQuantize/zpDequantize name theirs explicitly.
   const bool standalone = args.kind == CollKind::kQuantize || args.kind == CollKind::kDequantize;
   if (!standalone) {
@@ -21,7 +21,7 @@ zpResult_t enqueue(zpComm* comm, const zpQuantOptions_t* options, CollArgs args)
     args.blockSize = comm->settings.blockSize;
   }
   ZPCHECK(checkCollArgs(comm, options, &args));
-  if (args.count == 0) return zpSuccess;
+  if (args.count == 0) return standalone ? zpSuccess : comm->backend->runEmpty(args);
   return comm->backend->run(args);
 }
 
@@ -29,8 +29,9 @@ zpResult_t call(const char* opName, CollKind kind, const void* sendbuff, void* r
                 zpDataType_t type, zpRedOp_t op, int bits, int blockSize, const zpQuantOptions_t* options,
                 zpComm_t comm, cudaStream_t stream) {
   CollArgs args{opName, kind, sendbuff, recvbuff, count, type, op, bits, blockSize, stream};
-  return guardedCall(opName, &comm,
-                     [&] { return whileInUse(comm, opName, [&] { return enqueue(comm, options, args); }); });
+  return guardedCall(opName, &comm, [&] {
+    return whileInUse(comm, opName, [&](Communicator* c) { return enqueue(c, options, args); });
+  });
 }
 
 }  // namespace
@@ -90,10 +91,10 @@ ZP_EXPORT zpResult_t zpHierAllGather(const void* sendbuff, void* recvbuff, size_
 ZP_EXPORT zpResult_t zpHierSecondaryShard(size_t fullCount, size_t* offset, size_t* count, zpComm_t comm) {
   return zp::guardedCall("zpHierSecondaryShard", &comm, [&]() -> zpResult_t {
     const char* call = "zpHierSecondaryShard";
-    return zp::whileInUse(comm, call, [&]() -> zpResult_t {
+    return zp::whileInUse(comm, call, [&](zp::Communicator* c) -> zpResult_t {
       ZPCHECK(zp::checkNotNull(offset, call, "offset"));
       ZPCHECK(zp::checkNotNull(count, call, "count"));
-      const zp::Topology& t = comm->topo;
+      const zp::Topology& t = c->topo;
       if (!t.hpzUsable) return ZP_ERR(zpInvalidUsage, "%s : hpZ needs nodes of equal size", call);
       if (fullCount % t.hpzSize != 0) {
         return ZP_ERR(zpInvalidArgument, "%s : fullCount %zu is not a multiple of hpzSize %d", call, fullCount,

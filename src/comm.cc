@@ -1,61 +1,73 @@
 #include "src/comm.h"
 
-#include <condition_variable>
-#include <unordered_set>
+#include <unordered_map>
 
 namespace zp {
 
 namespace {
+
+// Handles are kHandleTag + serial * kHandleStep: never NULL, never reused (2^52 serials), and far from the
+// addresses a process maps, so that a handle mistaken for a pointer faults instead of reading someone's data.
+constexpr uintptr_t kHandleTag = uintptr_t{0x7a70} << 48;  // "zp"
+constexpr uintptr_t kHandleStep = 16;
+static_assert(sizeof(uintptr_t) == 8, "handles are 64-bit serial numbers");
+
 std::mutex gRegistryMutex;
-std::unordered_set<const zpComm*>& registry() {
-  static auto* live = new std::unordered_set<const zpComm*>();  // never destroyed: safe in atexit paths
+uint64_t gLastSerial = 0;  // under gRegistryMutex
+std::unordered_map<uintptr_t, Communicator*>& registry() {
+  static auto* live = new std::unordered_map<uintptr_t, Communicator*>();  // never destroyed: safe in atexit paths
   return *live;
 }
-bool liveLocked(const zpComm* comm) {
-  return comm != nullptr && registry().count(comm) != 0 && comm->magic == kCommMagic;
+
+Communicator* liveLocked(zpComm_t handle) {
+  if (handle == nullptr) return nullptr;
+  auto it = registry().find(reinterpret_cast<uintptr_t>(handle));
+  return it == registry().end() ? nullptr : it->second;
 }
+
 }  // namespace
 
-void registerComm(zpComm* comm) {
+zpComm_t registerComm(std::unique_ptr<Communicator> comm) {
   std::lock_guard<std::mutex> lock(gRegistryMutex);
-  registry().insert(comm);
+  const uintptr_t id = kHandleTag + ++gLastSerial * kHandleStep;
+  registry().emplace(id, comm.release());
+  return reinterpret_cast<zpComm_t>(id);
 }
 
-bool unregisterComm(zpComm* comm) {
+Communicator* unregisterComm(zpComm_t handle) {
   std::lock_guard<std::mutex> lock(gRegistryMutex);
-  if (!liveLocked(comm)) return false;
-  registry().erase(comm);
-  comm->magic = kCommDeadMagic;
-  return true;
+  Communicator* comm = liveLocked(handle);
+  if (comm != nullptr) registry().erase(reinterpret_cast<uintptr_t>(handle));
+  return comm;
 }
 
-bool isLiveComm(const zpComm* comm) {
+bool isLiveComm(zpComm_t handle) {
   std::lock_guard<std::mutex> lock(gRegistryMutex);
-  return liveLocked(comm);
+  return liveLocked(handle) != nullptr;
 }
 
-bool storeLastError(zpComm* comm, const std::string& message) {
+bool storeLastError(zpComm_t handle, const std::string& message) {
   std::lock_guard<std::mutex> lock(gRegistryMutex);
-  if (!liveLocked(comm)) return false;
+  Communicator* comm = liveLocked(handle);
+  if (comm == nullptr) return false;
   std::lock_guard<std::mutex> errorLock(comm->errorMutex);
   comm->lastError = message;
   return true;
 }
 
-bool copyLastError(zpComm* comm, std::string* message) {
+bool copyLastError(zpComm_t handle, std::string* message) {
   std::lock_guard<std::mutex> lock(gRegistryMutex);
-  if (!liveLocked(comm)) return false;
+  Communicator* comm = liveLocked(handle);
+  if (comm == nullptr) return false;
   std::lock_guard<std::mutex> errorLock(comm->errorMutex);
   *message = comm->lastError;
   return true;
 }
 
-CommUse::CommUse(zpComm* comm) : comm_(nullptr) {
+CommUse::CommUse(zpComm_t handle) : comm_(nullptr) {
   std::lock_guard<std::mutex> lock(gRegistryMutex);
-  if (liveLocked(comm)) {
-    comm_ = comm;
-    comm_->users++;
-  }
+  comm_ = liveLocked(handle);
+  if (comm_ != nullptr) comm_->users++;
 }
 
 CommUse::~CommUse() {
@@ -64,7 +76,7 @@ CommUse::~CommUse() {
   if (--comm_->users == 0) comm_->usersDone.notify_all();
 }
 
-void waitUnused(zpComm* comm) {
+void waitUnused(Communicator* comm) {
   std::unique_lock<std::mutex> lock(gRegistryMutex);
   comm->usersDone.wait(lock, [comm] { return comm->users == 0; });
 }

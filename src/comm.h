@@ -1,4 +1,4 @@
-// The communicator behind a zpComm_t handle.
+// The communicator behind a zpComm_t handle, and the registry that maps handles to live communicators.
 #pragma once
 
 #include <condition_variable>
@@ -13,9 +13,6 @@
 
 namespace zp {
 
-constexpr uint64_t kCommMagic = 0x7a70636f6d6d2121ull;      // "zpcomm!!"
-constexpr uint64_t kCommDeadMagic = 0x646561642d636f6dull;  // "dead-com", written at destroy
-
 // A config with every default resolved.
 struct Settings {
   zpBackend_t backend = zpBackendDefault;
@@ -28,14 +25,11 @@ struct Settings {
   int blocking = 1;
 };
 
-}  // namespace zp
-
-struct zpComm {
-  uint64_t magic = zp::kCommMagic;
-  zp::Settings settings;
-  zp::Topology topo;
+struct Communicator {
+  Settings settings;
+  Topology topo;
   int cudaDev = -1;
-  std::unique_ptr<zp::Backend> backend;
+  std::unique_ptr<Backend> backend;
   std::mutex errorMutex;
   std::string lastError;
   // Calls running on this communicator: zpCommAbort from another thread waits for them (after waking them)
@@ -44,32 +38,35 @@ struct zpComm {
   std::condition_variable usersDone;  // under the registry lock
 };
 
-namespace zp {
+// Live-handle registry. A zpComm_t is not the communicator's address but an id that the registry hands out once
+// and never again (a 64-bit serial number behind a tag), so a destroyed handle stays refused whatever the allocator
+// does with the freed communicator's memory, and a garbage or forged handle is refused without being dereferenced.
 
-// Live-handle registry: a handle is valid only between registerComm and unregisterComm, so a destroyed or
-// garbage handle is refused without being dereferenced.
-void registerComm(zpComm* comm);
-bool unregisterComm(zpComm* comm);
-bool isLiveComm(const zpComm* comm);
-// Under the registry lock (so a concurrent destroy cannot free comm meanwhile); false if comm is not live.
-bool storeLastError(zpComm* comm, const std::string& message);
-bool copyLastError(zpComm* comm, std::string* message);
+// Takes ownership of comm and returns its new handle.
+zpComm_t registerComm(std::unique_ptr<Communicator> comm);
+// Ends the handle: later calls refuse it. Returns the communicator (nullptr when the handle was not live), which
+// the caller frees once no call uses it (waitUnused).
+Communicator* unregisterComm(zpComm_t handle);
+bool isLiveComm(zpComm_t handle);
+// Under the registry lock (so a concurrent destroy cannot free the communicator meanwhile); false if not live.
+bool storeLastError(zpComm_t handle, const std::string& message);
+bool copyLastError(zpComm_t handle, std::string* message);
 
-// Marks a call as running on comm, if comm is live, so that a concurrent zpCommAbort does not free it under the
-// call; the mark ends with the object.
+// Marks a call as running on the handle's communicator, if the handle is live, so that a concurrent zpCommAbort
+// does not free it under the call; the mark ends with the object.
 class CommUse {
  public:
-  explicit CommUse(zpComm* comm);
+  explicit CommUse(zpComm_t handle);
   ~CommUse();
   CommUse(const CommUse&) = delete;
   CommUse& operator=(const CommUse&) = delete;
-  bool held() const { return comm_ != nullptr; }
+  Communicator* get() const { return comm_; }
 
  private:
-  zpComm* comm_;
+  Communicator* comm_;
 };
 
 // After unregisterComm: waits until no call runs on comm any more.
-void waitUnused(zpComm* comm);
+void waitUnused(Communicator* comm);
 
 }  // namespace zp

@@ -274,23 +274,24 @@ class CudaBackend final : public Backend {
   bool finalized_ = false;
 };
 
-// All-gathers one 64-bit key per rank through the world communicator.
-zpResult_t exchangeNodeKeys(ncclComm_t world, int nranks, int rank, uint64_t key, cudaStream_t stream,
-                            std::vector<uint64_t>* keys) {
-  uint64_t* dev = nullptr;
-  CUDACHECK(cudaMalloc(&dev, sizeof(uint64_t) * nranks));
+// All-gathers every rank's RankInit through the world communicator, as raw bytes.
+zpResult_t exchangeRankInits(ncclComm_t world, int nranks, int rank, const RankInit& mine, cudaStream_t stream,
+                             std::vector<RankInit>* all) {
+  constexpr size_t kBytes = sizeof(RankInit);
+  unsigned char* dev = nullptr;
+  CUDACHECK(cudaMalloc(&dev, kBytes * nranks));
   zpResult_t res = zpSuccess;
-  keys->assign(nranks, 0);
+  all->assign(nranks, RankInit());
   // Zeroed first, so that the copy back never reads bytes that only NCCL wrote (compute-sanitizer initcheck
   // does not see them).
-  CUDACHECKGOTO(cudaMemsetAsync(dev, 0, sizeof(uint64_t) * nranks, stream), res, done);
-  CUDACHECKGOTO(cudaMemcpyAsync(dev + rank, &key, sizeof(key), cudaMemcpyHostToDevice, stream), res, done);
-  if (ncclAllGather(dev + rank, dev, 1, ncclUint64, world, stream) != ncclSuccess) {
-    res = ZP_ERR(zpSystemError, "node-key all-gather failed: %s", ncclGetLastError(world));
+  CUDACHECKGOTO(cudaMemsetAsync(dev, 0, kBytes * nranks, stream), res, done);
+  CUDACHECKGOTO(cudaMemcpyAsync(dev + rank * kBytes, &mine, kBytes, cudaMemcpyHostToDevice, stream), res, done);
+  if (ncclAllGather(dev + rank * kBytes, dev, kBytes, ncclUint8, world, stream) != ncclSuccess) {
+    res = ZP_ERR(zpSystemError, "exchange of the ranks' init settings (ncclAllGather) failed: %s",
+                 ncclGetLastError(world));
     goto done;
   }
-  CUDACHECKGOTO(cudaMemcpyAsync(keys->data(), dev, sizeof(uint64_t) * nranks, cudaMemcpyDeviceToHost, stream), res,
-                done);
+  CUDACHECKGOTO(cudaMemcpyAsync(all->data(), dev, kBytes * nranks, cudaMemcpyDeviceToHost, stream), res, done);
   CUDACHECKGOTO(cudaStreamSynchronize(stream), res, done);
 done:
   (void)cudaFree(dev);
@@ -378,9 +379,8 @@ int shmChannelsFor(const ShmChannelFacts& f) {
   return static_cast<int>(std::min<int64_t>(f.shmMinCtas, 32));
 }
 
-zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nranks, int rank, uint64_t nodeKey,
-                             int hpzRequest, const char* call, Topology* topo, int* cudaDev,
-                             std::unique_ptr<Backend>* backend) {
+zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nranks, int rank, const RankInit& mine,
+                             const char* call, Topology* topo, int* cudaDev, std::unique_ptr<Backend>* backend) {
   int deviceCount = 0;
   if (cudaGetDeviceCount(&deviceCount) != cudaSuccess || deviceCount == 0) {
     (void)cudaGetLastError();
@@ -413,9 +413,13 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   ZPCHECK(cudaExecInit(&e));
   ZPCHECK(loadKernels(e.device));
   CUDACHECK(cudaDeviceGetAttribute(&e.sms, cudaDevAttrMultiProcessorCount, e.device));
-  std::vector<uint64_t> keys;
-  ZPCHECK(exchangeNodeKeys(c.world, nranks, rank, nodeKey, e.setupStream, &keys));
-  ZPCHECK(buildTopology(keys, rank, hpzRequest, call, &e.topo));
+  // Every rank sees the same RankInits: all of them refuse a disagreement, or build the same layout, before any
+  // collective split that a rank leaving here would leave its peers waiting in.
+  std::vector<RankInit> inits;
+  ZPCHECK(exchangeRankInits(c.world, nranks, rank, mine, e.setupStream, &inits));
+  const std::string why = initDisagreement(inits);
+  if (!why.empty()) return ZP_ERR(zpInvalidUsage, "%s : ranks disagree on %s", call, why.c_str());
+  ZPCHECK(buildTopology(nodeKeysOf(inits), rank, mine.hpzSize, call, &e.topo));
   const Topology& t = e.topo;
   const int shmChannels =
       shmChannelsFor({t.nodes, t.nranks, paramShmMinCtas(), paramNcclMinCtas(), std::getenv("NCCL_P2P_DISABLE"),

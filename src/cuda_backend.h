@@ -5,17 +5,18 @@
 
 #include <memory>
 
+#include "host/rank_init.h"
 #include "host/topology.h"
 #include "src/backend.h"
 
 namespace zp {
 
 // Brings up the NCCL side of a communicator on the current CUDA device: the world communicator (created from
-// id, or the caller's `callerComm`, which stays the caller's), the node-key exchange that gives *topo, and the
+// id, or the caller's `callerComm`, which stays the caller's), the exchange of every rank's RankInit that gives
+// *topo (settings that differ between ranks are zpInvalidUsage on every rank, before anything is split), and the
 // intra-node, inter-node and hpZ sub-communicators split from the world.
-zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nranks, int rank, uint64_t nodeKey,
-                             int hpzRequest, const char* call, Topology* topo, int* cudaDev,
-                             std::unique_ptr<Backend>* backend);
+zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nranks, int rank, const RankInit& mine,
+                             const char* call, Topology* topo, int* cudaDev, std::unique_ptr<Backend>* backend);
 
 // What decides whether zpccl's NCCL communicators get more channels than NCCL would pick: one node whose GPUs
 // reach each other only through host shared memory (NCCL's SHM transport). zpccl's payloads are a half to a

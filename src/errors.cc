@@ -29,7 +29,9 @@ zpResult_t setError(zpResult_t code, const char* file, int line, const char* fmt
 
 void clearPendingError() { tPendingError.clear(); }
 
-zpResult_t finishCall(zpComm* comm, zpResult_t result) {
+const std::string& pendingError() { return tPendingError; }
+
+zpResult_t finishCall(zpComm_t comm, zpResult_t result) {
   if (result != zpSuccess && tPendingError.empty()) tPendingError = "unspecified error";
   const std::string message = result == zpSuccess ? std::string() : tPendingError;
   if (comm == nullptr || !storeLastError(comm, message)) tNoCommError = message;

@@ -44,26 +44,39 @@ zpResult_t resolveBackend(zpBackend_t requested, const char* call, zpBackend_t* 
   return zpSuccess;
 }
 
-// The key that puts ranks on one node: an explicit node id, an emulated block of ranks, or the host hash.
-// Tags keep the three kinds of key apart.
-uint64_t nodeKeyOf(const Settings& s, int rank) {
-  if (s.nodeId >= 0) return 0x4e4f444500000000ull | static_cast<uint32_t>(s.nodeId);
-  if (s.ranksPerNode > 0) return 0x424c4f4b00000000ull | static_cast<uint32_t>(rank / s.ranksPerNode);
-  return hostHash();
+// What this rank brings to init (host/rank_init.h). The node key puts ranks on one node: an explicit node id, an
+// emulated block of ranks, or the host hash; tags keep the three kinds of key apart.
+RankInit rankInitOf(const Settings& s, int rank) {
+  RankInit r;
+  if (s.nodeId >= 0) {
+    r.layout = kLayoutNodeId;
+    r.nodeKey = 0x4e4f444500000000ull | static_cast<uint32_t>(s.nodeId);
+  } else if (s.ranksPerNode > 0) {
+    r.layout = kLayoutRanksPerNode;
+    r.nodeKey = 0x424c4f4b00000000ull | static_cast<uint32_t>(rank / s.ranksPerNode);
+  } else {
+    r.layout = kLayoutHostHash;
+    r.nodeKey = hostHash();
+  }
+  r.ranksPerNode = s.ranksPerNode;
+  r.hpzSize = s.hpzSize;
+  r.weightBits = s.weightBits;
+  r.gradBits = s.gradBits;
+  r.blockSize = s.blockSize;
+  return r;
 }
 
 zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUniqueId& id, int rank,
                     const zpConfig_t* config, const char* call) {
-  auto comm = std::make_unique<zpComm>();
+  auto comm = std::make_unique<Communicator>();
   ZPCHECK(resolveConfig(config, nranks, call, &comm->settings));
   ZPCHECK(resolveBackend(callerComm ? zpBackendCuda : comm->settings.backend, call, &comm->settings.backend));
   const Settings& s = comm->settings;
-  const uint64_t key = nodeKeyOf(s, rank);
+  const RankInit mine = rankInitOf(s, rank);
   if (s.backend == zpBackendHost) {
-    ZPCHECK(hostBackendCreate(id, nranks, rank, key, s.hpzSize, call, &comm->topo, &comm->backend));
+    ZPCHECK(hostBackendCreate(id, nranks, rank, mine, call, &comm->topo, &comm->backend));
   } else {
-    ZPCHECK(cudaBackendCreate(callerComm, id, nranks, rank, key, s.hpzSize, call, &comm->topo, &comm->cudaDev,
-                              &comm->backend));
+    ZPCHECK(cudaBackendCreate(callerComm, id, nranks, rank, mine, call, &comm->topo, &comm->cudaDev, &comm->backend));
   }
   const Topology& t = comm->topo;
   ZP_INFO(kSubsysInit, "%s : %s backend, %s", call, s.backend == zpBackendHost ? "host" : "cuda", t.describe().c_str());
@@ -71,15 +84,15 @@ zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUn
     ZP_WARN("%s : nodes of uneven sizes (%s): hierarchical paths fall back to flat ones and hpZ is unavailable", call,
             t.describe().c_str());
   }
-  registerComm(comm.get());
-  *out = comm.release();
+  *out = registerComm(std::move(comm));
   return zpSuccess;
 }
 
-zpResult_t commFree(zpComm_t comm, bool abort, const char* call) {
-  ZPCHECK(checkComm(comm, call));
-  if (!unregisterComm(comm)) {
-    return ZP_ERR(zpInvalidArgument, "%s : comm %p was destroyed by another thread", call, static_cast<void*>(comm));
+zpResult_t commFree(zpComm_t handle, bool abort, const char* call) {
+  ZPCHECK(checkComm(handle, call));
+  Communicator* comm = unregisterComm(handle);
+  if (comm == nullptr) {
+    return ZP_ERR(zpInvalidArgument, "%s : comm %p was destroyed by another thread", call, static_cast<void*>(handle));
   }
   // No new call can start now; an abort wakes the calls already running, and both wait for them to leave.
   if (abort) comm->backend->interrupt();
@@ -92,10 +105,10 @@ zpResult_t commFree(zpComm_t comm, bool abort, const char* call) {
 
 // Reads a field only after the handle is known to be live, and with the communicator in use (whileInUse).
 template <typename T, typename Get>
-zpResult_t query(zpComm* comm, T* out, const char* call, Get get) {
-  return whileInUse(comm, call, [&]() -> zpResult_t {
+zpResult_t query(zpComm_t comm, T* out, const char* call, Get get) {
+  return whileInUse(comm, call, [&](const Communicator* live) -> zpResult_t {
     ZPCHECK(checkNotNull(out, call, "output pointer"));
-    *out = get(comm);
+    *out = get(live);
     return zpSuccess;
   });
 }
@@ -181,25 +194,25 @@ ZP_EXPORT zpResult_t zpCommAbort(zpComm_t comm) {
 
 ZP_EXPORT zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) {
   return guardedCall("zpCommGetAsyncError", &comm, [&]() -> zpResult_t {
-    return zp::whileInUse(comm, "zpCommGetAsyncError", [&]() -> zpResult_t {
+    return zp::whileInUse(comm, "zpCommGetAsyncError", [&](zp::Communicator* c) -> zpResult_t {
       ZPCHECK(zp::checkNotNull(asyncError, "zpCommGetAsyncError", "asyncError"));
-      return comm->backend->asyncError(asyncError);
+      return c->backend->asyncError(asyncError);
     });
   });
 }
 
 ZP_EXPORT zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes) {
   return guardedCall("zpCommReserve", &comm, [&]() -> zpResult_t {
-    return zp::whileInUse(comm, "zpCommReserve", [&] { return comm->backend->reserve(maxBytes); });
+    return zp::whileInUse(comm, "zpCommReserve", [&](zp::Communicator* c) { return c->backend->reserve(maxBytes); });
   });
 }
 
-#define ZP_QUERY(fn, type, arg, field)                                                                           \
-  ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                                      \
-    zpComm* c = comm;                                                                                            \
-    return guardedCall(#fn, &c, [&] {                                                                            \
-      return zp::query<type>(comm, arg, #fn, [](const zpComm* live) { return static_cast<type>(live->field); }); \
-    });                                                                                                          \
+#define ZP_QUERY(fn, type, arg, field)                                                                     \
+  ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                                \
+    return guardedCall(#fn, &comm, [&] {                                                                   \
+      return zp::query<type>(comm, arg, #fn,                                                               \
+                             [](const zp::Communicator* live) { return static_cast<type>(live->field); }); \
+    });                                                                                                    \
   }
 ZP_QUERY(zpCommCount, int, count, topo.nranks)
 ZP_QUERY(zpCommUserRank, int, rank, topo.rank)

@@ -1,6 +1,7 @@
 #include "src/params.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,26 +9,41 @@
 
 namespace zp {
 
-int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi) {
-  if (text == nullptr || *text == '\0') return def;
+ParamReading readParamText(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi) {
+  if (text == nullptr || *text == '\0') return {def, std::string()};
+  char buf[512];
   char* end = nullptr;
   errno = 0;
   const long long value = strtoll(text, &end, 0);
-  if (end == text || *end != '\0' || errno == ERANGE) {
-    ZP_WARN("%s='%s' is not an integer; using the default %lld", env, text, static_cast<long long>(def));
-    return def;
+  if (end == text || *end != '\0') {
+    snprintf(buf, sizeof(buf), "%s='%s' is not an integer; using the default %lld", env, text,
+             static_cast<long long>(def));
+    return {def, buf};
   }
-  if (value < lo || value > hi) {
-    ZP_WARN("%s=%lld is outside [%lld, %lld]; using the default %lld", env, value, static_cast<long long>(lo),
-            static_cast<long long>(hi), static_cast<long long>(def));
-    return def;
+  if (errno == ERANGE || value < lo || value > hi) {  // strtoll's ERANGE: beyond int64, so beyond [lo, hi] too
+    snprintf(buf, sizeof(buf), "%s=%s is outside [%lld, %lld]; using the default %lld", env, text,
+             static_cast<long long>(lo), static_cast<long long>(hi), static_cast<long long>(def));
+    return {def, buf};
   }
-  ZP_INFO(kSubsysEnv, "%s set by environment to %lld", env, value);
-  return value;
+  return {value, std::string()};
 }
 
-int64_t parseWaitParam(const char* env, const char* text, int64_t def, int64_t lo) {
-  const int64_t value = parseParam(env, text, def, lo, INT64_MAX);
+int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi) {
+  const ParamReading r = readParamText(env, text, def, lo, hi);
+  if (!r.warning.empty()) {
+    ZP_WARN("%s", r.warning.c_str());
+  } else if (text != nullptr && *text != '\0') {
+    ZP_INFO(kSubsysEnv, "%s set by environment to %lld", env, static_cast<long long>(r.value));
+  }
+  return r.value;
+}
+
+int64_t parseWaitParam(const char* env, const char* text, int64_t def) {
+  const int64_t value = parseParam(env, text, def, 0, INT64_MAX);
+  if (value == 0) {
+    ZP_INFO(kSubsysEnv, "%s=0: never times out", env);
+    return kMaxWaitMs;
+  }
   if (value <= kMaxWaitMs) return value;
   ZP_INFO(kSubsysEnv, "%s=%lld is longer than the longest wait; waiting %lld ms (about 31 years) instead", env,
           static_cast<long long>(value), static_cast<long long>(kMaxWaitMs));
@@ -35,10 +51,10 @@ int64_t parseWaitParam(const char* env, const char* text, int64_t def, int64_t l
 }
 
 bool readParam(const char* env, int64_t* value) {
-#define ZP_READ_WAIT_PARAM(name, var, def, lo, help)    \
-  if (strcmp(env, var) == 0) {                          \
-    *value = parseWaitParam(var, getenv(var), def, lo); \
-    return true;                                        \
+#define ZP_READ_WAIT_PARAM(name, var, def, help)    \
+  if (strcmp(env, var) == 0) {                      \
+    *value = parseWaitParam(var, getenv(var), def); \
+    return true;                                    \
   }
 #define ZP_READ_PARAM(name, var, def, lo, hi, help)     \
   if (strcmp(env, var) == 0) {                          \
@@ -52,10 +68,10 @@ bool readParam(const char* env, int64_t* value) {
   return false;
 }
 
-#define ZP_DEFINE_WAIT_PARAM(name, env, def, lo, help)                      \
-  int64_t param##name() {                                                   \
-    static const int64_t value = parseWaitParam(env, getenv(env), def, lo); \
-    return value;                                                           \
+#define ZP_DEFINE_WAIT_PARAM(name, env, def, help)                      \
+  int64_t param##name() {                                               \
+    static const int64_t value = parseWaitParam(env, getenv(env), def); \
+    return value;                                                       \
   }
 #define ZP_DEFINE_PARAM(name, env, def, lo, hi, help)                       \
   int64_t param##name() {                                                   \

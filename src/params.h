@@ -1,7 +1,8 @@
 // Every environment tunable of zpccl, declared once with its default, its valid range and a line of help. Each
 // is read on first use and cached; a value that is set is logged (INFO ENV); one that is not an integer or lies
-// outside the range is refused with a warning, and the default used. Waits in milliseconds are declared apart
-// (ZP_WAIT_PARAMS): any value from their lower bound up to INT64_MAX is taken, the largest clamped to kMaxWaitMs.
+// outside the range is refused with a warning saying which, and the default used. Waits in milliseconds are
+// declared apart (ZP_WAIT_PARAMS) and read alike: any value from 0 to INT64_MAX is taken, 0 meaning "never time
+// out", and the longest (0 included) are clamped to kMaxWaitMs.
 #pragma once
 
 #include <cstdint>
@@ -16,15 +17,16 @@ namespace zp {
 // leaves room for any clock's epoch offset (system_clock counts ~1.8e18 ns since 1970) before INT64_MAX.
 constexpr int64_t kMaxWaitMs = 1000000000000;
 
-// Waits in milliseconds: X(name, env, default, lo, help), valid in [lo, INT64_MAX], clamped to kMaxWaitMs.
-#define ZP_WAIT_PARAMS(X)                                                                            \
-  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000, 1,                                                  \
-    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing")       \
-  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000, 1,                                                  \
-    "Host backend: how long a collective waits for its peers before failing with zpRemoteError")     \
-  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000, 0,                                                           \
-    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog " \
-    "stops the communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)")
+// Waits in milliseconds: X(name, env, default, help), valid in [0, INT64_MAX], 0 meaning never, clamped to
+// kMaxWaitMs.
+#define ZP_WAIT_PARAMS(X)                                                                                      \
+  X(InitTimeoutMs, "ZP_INIT_TIMEOUT_MS", 120000,                                                               \
+    "Host backend: how long zpCommInitRank waits for all thread-ranks to join before failing (0: never)")      \
+  X(HostTimeoutMs, "ZP_HOST_TIMEOUT_MS", 600000,                                                               \
+    "Host backend: how long a collective waits for its peers before failing with zpRemoteError (0: never)")    \
+  X(TimeoutMs, "ZP_TIMEOUT_MS", 600000,                                                                        \
+    "cuda backend: how long a collective may stay unfinished after its enqueue before the watchdog stops the " \
+    "communicator's work and reports zpRemoteError (0: never; NCCL errors are still reported)")
 
 // Every other tunable: X(name, env, default, lo, hi, help), valid in [lo, hi].
 #define ZP_PARAMS(X)                                                                                                 \
@@ -76,12 +78,19 @@ ZP_WAIT_PARAMS(ZP_DECLARE_PARAM)
 ZP_PARAMS(ZP_DECLARE_PARAM)
 #undef ZP_DECLARE_PARAM
 
+// What a tunable's text gives: its value, and the warning when the text was refused ("" when taken or unset).
+struct ParamReading {
+  int64_t value;
+  std::string warning;
+};
 // The value of tunable `env` given its text (nullptr when unset): the integer, or `def` when unset, not an integer
-// (C syntax: decimal, 0x hex, 0 octal) or outside [lo, hi], the last two with a warning.
+// (C syntax: decimal, 0x hex, 0 octal) or outside [lo, hi] (also beyond int64), the last two with a warning.
+ParamReading readParamText(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi);
+// readParamText's value, its warning logged.
 int64_t parseParam(const char* env, const char* text, int64_t def, int64_t lo, int64_t hi);
-// parseParam for a wait in milliseconds: valid in [lo, INT64_MAX] (below lo: refused, the default used), and a
-// value above kMaxWaitMs is taken as kMaxWaitMs (logged, INFO ENV).
-int64_t parseWaitParam(const char* env, const char* text, int64_t def, int64_t lo);
+// parseParam for a wait in milliseconds: valid in [0, INT64_MAX] (negative: refused, the default used); 0 and
+// every value above kMaxWaitMs are taken as kMaxWaitMs (logged, INFO ENV).
+int64_t parseWaitParam(const char* env, const char* text, int64_t def);
 // What tunable `env` reads from the environment now (param<Name>() caches this at its first call): true and
 // *value, or false when `env` names no tunable. For tests, which set a variable after the cache may be filled.
 bool readParam(const char* env, int64_t* value);

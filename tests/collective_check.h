@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,6 +134,17 @@ inline bool isNaNBits(zpDataType_t type, uint32_t b) {
 }
 
 // ---- comparisons ------------------------------------------------------------------------------------------
+
+// qgZ's block rule (host/reduce_math.h), written again for the tests' own references: every sum of a block of
+// blockSize elements of which one is not finite (an fp32 overflow, or NaN) becomes NaN.
+inline void applyBlockRule(std::vector<float>* sum, int blockSize) {
+  for (size_t first = 0; first < sum->size(); first += blockSize) {
+    const size_t last = std::min(sum->size(), first + blockSize);
+    bool finite = true;
+    for (size_t i = first; i < last; ++i) finite = finite && std::isfinite((*sum)[i]);
+    if (!finite) std::fill(sum->begin() + first, sum->begin() + last, std::numeric_limits<float>::quiet_NaN());
+  }
+}
 
 inline std::string hexBytes(const unsigned char* p, size_t n) {
   std::string s = "0x";

@@ -17,6 +17,9 @@
 //     or forged handle, which must fail with zpInvalidArgument;
 //   - zpCommInitRankConfig with random nranks, rank and config fields (only combinations that cannot wait for
 //     absent peers), against an oracle of the config rules;
+//   - the tunables' parser (src/params.h, readParamText) on random texts and ranges, against strtoll: text that is
+//     no integer is refused as such, an integer outside the range (beyond int64 too) as outside it, with the
+//     default; an integer in range is taken, without a warning;
 //   - the pure planners: buildTopology (host/topology.h) on random node-key vectors of 1..64 ranks and random
 //     hpZ requests, for every rank, checking that every rank is in exactly one node, nodes are numbered by their
 //     lowest rank, local ranks, hpZ groups (a partition into consecutive local ranks) and inter-node groups are
@@ -28,6 +31,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -42,6 +46,7 @@
 #include "host/topology.h"
 #include "include/zpccl.h"
 #include "src/comm.h"
+#include "src/params.h"
 
 namespace {
 
@@ -435,18 +440,19 @@ void fuzzBadHandle(Reader& in) {
   alignas(64) unsigned char garbage[1024];
   std::memset(garbage, in.byte(), sizeof(garbage));
   zpComm_t comm = nullptr;
+  zpComm_t successor = nullptr;  // created after `comm` was destroyed, likely in its memory: must stay untouched
   switch (in.byte() % 4) {
     case 0:
       break;
     case 1:
       comm = destroyedComm();
+      successor = makeComm(8, 4, 256);
       break;
     case 2:
       comm = reinterpret_cast<zpComm_t>(garbage + (in.byte() % 64));
       break;
-    default:
-      std::memcpy(garbage, &zp::kCommMagic, sizeof(zp::kCommMagic));  // forged: a live comm's first bytes
-      comm = reinterpret_cast<zpComm_t>(garbage);
+    default:  // forged: shaped like a live handle (comms()'s first), far ahead in the series, never handed out
+      comm = reinterpret_cast<zpComm_t>(reinterpret_cast<uintptr_t>(comms()[0].comm) + (uintptr_t{1} << 40));
       break;
   }
   unsigned char* a = arena(0);
@@ -499,6 +505,10 @@ void fuzzBadHandle(Reader& in) {
   }
   FUZZ_CHECK(res == zpInvalidArgument, "a bad handle returned %d '%s'", res, zpGetLastError(nullptr));
   FUZZ_CHECK(mentions(zpGetLastError(nullptr), "comm"), "'%s'", zpGetLastError(nullptr));
+  if (successor != nullptr) {
+    FUZZ_CHECK(zpCommDestroy(successor) == zpSuccess, "the destroyed handle's successor: '%s'",
+               zpGetLastError(nullptr));
+  }
 }
 
 // ---- init --------------------------------------------------------------------------------------------------
@@ -564,6 +574,38 @@ void fuzzInit(Reader& in) {
   } else {
     FUZZ_CHECK(res == zpInvalidArgument || res == zpInvalidUsage, "init returned %d", res);
     FUZZ_CHECK(mentions(zpGetLastError(nullptr), "zpCommInitRankConfig"), "'%s'", zpGetLastError(nullptr));
+  }
+}
+
+// ---- tunables ----------------------------------------------------------------------------------------------
+
+void fuzzParamText(Reader& in) {
+  static const char kChars[] = "0123456789-+x xXaf9.eM\t";
+  std::string text;
+  const int length = in.byte() % 24;
+  for (int i = 0; i < length; ++i) text += in.byte() % 4 == 0 ? static_cast<char>(in.byte()) : kChars[in.byte() % 24];
+  text = text.c_str();  // up to a NUL, as getenv gives it
+  static const int64_t kBounds[] = {0, 1, -1, 2, 16, 1024, INT64_MAX, INT64_MIN + 1};
+  int64_t lo = in.pick(kBounds), hi = in.pick(kBounds);
+  if (lo > hi) std::swap(lo, hi);
+  const int64_t def = lo;
+  const zp::ParamReading r = zp::readParamText("ZP_FUZZ", text.c_str(), def, lo, hi);
+  char* end = nullptr;
+  errno = 0;
+  const long long parsed = std::strtoll(text.c_str(), &end, 0);
+  const bool integer = !text.empty() && end != text.c_str() && *end == '\0';
+  const bool inRange = integer && errno != ERANGE && parsed >= lo && parsed <= hi;
+  if (text.empty()) {
+    FUZZ_CHECK(r.value == def && r.warning.empty(), "'' gave %lld '%s'", static_cast<long long>(r.value),
+               r.warning.c_str());
+  } else if (inRange) {
+    FUZZ_CHECK(r.value == parsed && r.warning.empty(), "'%s' gave %lld '%s'", text.c_str(),
+               static_cast<long long>(r.value), r.warning.c_str());
+  } else {
+    FUZZ_CHECK(r.value == def, "'%s' gave %lld, not the default", text.c_str(), static_cast<long long>(r.value));
+    const char* why = integer ? "is outside [" : "is not an integer";
+    FUZZ_CHECK(r.warning.find(why) != std::string::npos && r.warning.find("ZP_FUZZ") == 0, "'%s': '%s'", text.c_str(),
+               r.warning.c_str());
   }
 }
 
@@ -774,6 +816,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 7:
         fuzzChunkPlan(in);
+        break;
+      case 8:
+        fuzzParamText(in);
         break;
       default:
         fuzzBufferCall(in);

@@ -1,6 +1,8 @@
 // Communicator lifecycle on the host backend, the last-error contract, and bad input to the lifecycle calls.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include "include/zpccl.h"
 #include "src/cuda_exec.h"
 #include "tests/host_ranks.h"
+#include "tests/stall_page.h"
 
 namespace {
 
@@ -226,6 +229,34 @@ TEST(LifecycleBadInput, UseAfterDestroyAndDoubleDestroy) {
   EXPECT_EQ(zpCommGetAsyncError(comm, &async), zpInvalidArgument);
 }
 
+// The allocator hands a destroyed communicator's memory to the next one; its handle must stay dead all the same:
+// refused by every call, and a second destroy must not reach the communicator that now lives there.
+TEST(LifecycleBadInput, DestroyedHandleStaysDeadWhenANewCommunicatorTakesItsPlace) {
+  zpConfig_t c = hostConfig();
+  std::vector<zpComm_t> seen;
+  for (int round = 0; round < 50; ++round) {
+    zpComm_t old = nullptr, next = nullptr;
+    ASSERT_EQ(zpCommInitRankConfig(&old, 1, newId(), 0, &c), zpSuccess);
+    ASSERT_EQ(zpCommDestroy(old), zpSuccess);
+    ASSERT_EQ(zpCommInitRankConfig(&next, 1, newId(), 0, &c), zpSuccess);
+    EXPECT_NE(old, next) << "round " << round;
+    int count = -1;
+    EXPECT_EQ(zpCommCount(old, &count), zpInvalidArgument) << "round " << round;
+    EXPECT_EQ(count, -1);
+    EXPECT_EQ(zpCommDestroy(old), zpInvalidArgument) << "round " << round;
+    EXPECT_TRUE(mentions(zpGetLastError(nullptr), "not a live communicator")) << zpGetLastError(nullptr);
+    // `next` was not destroyed by that: it answers, and its own destroy succeeds.
+    EXPECT_EQ(zpCommCount(next, &count), zpSuccess) << zpGetLastError(next);
+    EXPECT_EQ(count, 1);
+    EXPECT_EQ(zpCommDestroy(next), zpSuccess) << zpGetLastError(nullptr);
+    seen.push_back(old);
+    seen.push_back(next);
+  }
+  // No handle is ever handed out twice.
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
+}
+
 TEST(LifecycleBadInput, GarbageAndNullHandles) {
   alignas(64) unsigned char garbage[512];
   memset(garbage, 0xab, sizeof(garbage));
@@ -320,6 +351,57 @@ TEST(HostAbort, AbortFromAnotherThreadWakesABlockedCollective) {
   EXPECT_EQ(async, zpRemoteError);
   EXPECT_EQ(zpQuantAllGather(send.data(), recv.data(), 256, zpFloat32, comms[1], nullptr), zpRemoteError);
   EXPECT_EQ(zpCommDestroy(comms[1]), zpSuccess);
+}
+
+// Two host-backend ranks of one communicator, created on threads.
+void initTwo(zpComm_t comms[2]) {
+  zpUniqueId id;
+  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+  std::vector<std::thread> init;
+  for (int r = 0; r < 2; ++r) {
+    init.emplace_back([&, r] {
+      zpConfig_t c = hostConfig();
+      ASSERT_EQ(zpCommInitRankConfig(&comms[r], 2, id, r, &c), zpSuccess);
+    });
+  }
+  for (auto& t : init) t.join();
+  ASSERT_NE(comms[0], nullptr);
+  ASSERT_NE(comms[1], nullptr);
+}
+
+// An abort ends the aborted rank's call while a peer may still be dequantizing the payload that rank published in
+// its scratch memory: the abort must not free it under the peer. Rank 1 is held in the middle of reading rank 0's
+// payload (its recvbuff stalls) while rank 0 waits for it and another thread aborts rank 0: the abort returns only
+// once rank 1 has read on, and rank 1's output holds rank 0's shard.
+TEST(HostAbort, AbortNeverFreesWhatAPeerStillReads) {
+  // Blocks from 64 KiB up are mapped apart and unmapped when freed (glibc; the sanitizers' allocator reports the
+  // read itself), so that a read of freed scratch memory faults instead of passing unseen.
+  mallopt(M_MMAP_THRESHOLD, 64 << 10);
+  const size_t count = size_t{1} << 18;                                              // payloads of ~256 KiB
+  std::vector<float> send0(count, 127.0f), send1(count, -254.0f), recv0(2 * count);  // dequantized exactly
+  zpComm_t comms[2] = {nullptr, nullptr};
+  initTwo(comms);
+  zptest::StallPage recv1(2 * count * sizeof(float), count / 2 * sizeof(float), 300);
+  zpResult_t res[2] = {zpInternalError, zpInternalError};
+  std::thread rank0(
+      [&] { res[0] = zpQuantAllGather(send0.data(), recv0.data(), count, zpFloat32, comms[0], nullptr); });
+  std::thread rank1(
+      [&] { res[1] = zpQuantAllGather(send1.data(), recv1.data(), count, zpFloat32, comms[1], nullptr); });
+  while (!recv1.stalled()) std::this_thread::yield();
+  EXPECT_EQ(zpCommAbort(comms[0]), zpSuccess) << zpGetLastError(nullptr);
+  const int64_t abortReturned = zptest::StallPage::nowNs();
+  rank0.join();
+  rank1.join();
+  EXPECT_GT(recv1.resumedNs(), 0);
+  EXPECT_GE(abortReturned, recv1.resumedNs()) << "the abort returned while rank 1 still read rank 0's payload";
+  EXPECT_EQ(res[0], zpRemoteError);
+  EXPECT_EQ(res[1], zpRemoteError);  // its closing barrier saw the abort
+  const float* out = static_cast<const float*>(recv1.data());
+  EXPECT_EQ(out[0], 127.0f);
+  EXPECT_EQ(out[count - 1], 127.0f);
+  EXPECT_EQ(out[count], -254.0f);
+  EXPECT_EQ(zpCommDestroy(comms[1]), zpSuccess) << zpGetLastError(nullptr);
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);  // glibc's default
 }
 
 // Queries, zpCommGetAsyncError, zpCommReserve and zpHierSecondaryShard racing a destroy from another thread either

@@ -1,9 +1,10 @@
-// Collectives whose ranks disagree on the call, on the host backend: different collectives, counts, datatypes,
-// ops, bits or block sizes (per-call options or config) make every rank return zpInvalidUsage with the same
-// reason, "<call> : ranks disagree on <argument>: rank 0 passed X, rank r passed Y", without touching any
-// recvbuff; the communicator stays usable: matching calls right after are bit-equal to the host reference.
-// Calls that differ only in what the collective ignores (plain vs Ex with the same settings, exact hpZ with
-// other block sizes) still agree.
+// Collectives whose ranks disagree on the call, on the host backend: different collectives, counts (0 against a
+// nonzero one too), datatypes, ops, bits or block sizes (per-call options) make every rank return zpInvalidUsage
+// with the same reason, "<call> : ranks disagree on <argument>: rank 0 passed X, rank r passed Y", without
+// touching any recvbuff; the communicator stays usable: matching calls right after are bit-equal to the host
+// reference. Calls that differ only in what the collective ignores (plain vs Ex with the same settings, exact hpZ
+// with and without a block size) still agree. Settings of the config that differ are refused at init
+// (tests/test_init_host.cc).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -200,6 +201,10 @@ const Mismatch kMismatches[] = {
      "zpQuantAllGather",
      "zpQuantReduceScatterA2A"},
     {"count_and_type", {Api::kQwz, 100, zpFloat32}, {Api::kQwz, 101, zpFloat16}, "sendcount", "100", "101"},
+    // Count 0 is a no-op only when every rank passes it: the rank with 0 still meets its peers and is refused too.
+    {"qwz_count_zero", {Api::kQwz, 256}, {Api::kQwz, 0}, "sendcount", "256", "0"},
+    {"qgz_count_zero", {Api::kQgz, 0}, {Api::kQgz, 64}, "recvcount", "0", "64"},
+    {"hpz_count_zero", {Api::kHpz, 0, zpInt8}, {Api::kHpz, 5, zpInt8}, "sendcount", "0", "5"},
 };
 
 std::string expectedMessage(const Mismatch& m, int rank, int odd) {
@@ -245,19 +250,18 @@ TEST_P(MismatchHost, EveryRankRefusesThenMatchingCallsWork) {
       });
 }
 
-// bits from the config: rank `odd` was created with weightBits 4, the others with the default 8.
-TEST_P(MismatchHost, ConfigBitsDisagree) {
+// Count 0 on every rank is a successful no-op that writes nothing; matching calls work after it.
+TEST_P(MismatchHost, CountZeroOnEveryRankIsANoOp) {
   const Shape s = GetParam();
-  const Mismatch m{"qwz_bits_config", {Api::kQwz, 512}, {Api::kQwz, 512}, "bits", "8", "4"};
   runHostRanks(
-      s.nranks,
-      [&](int rank, zpConfig_t* c) {
-        c->nodeId = 0;
-        if (rank == s.odd) c->weightBits = 4;
-      },
+      s.nranks, [](int, zpConfig_t* c) { c->nodeId = 0; },
       [&](int rank, zpComm_t comm) {
-        expectRefused(m, rank, s.nranks, s.odd, 77, comm);
-        expectMatchingCallsWork(rank, s.nranks, 78, comm);  // explicit settings agree
+        for (Api api : {Api::kQwz, Api::kHpz, Api::kQgzEx}) {
+          Buffer recv;
+          EXPECT_EQ(invoke({api, 0}, rank, s.nranks, 5, comm, &recv), zpSuccess) << zpGetLastError(comm);
+          EXPECT_EQ(zpQuantAllGather(nullptr, nullptr, 0, zpFloat16, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+        }
+        expectMatchingCallsWork(rank, s.nranks, 6, comm);
       });
 }
 
@@ -267,25 +271,23 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MismatchHost, ::testing::Values(Shape{2, 1}, Sh
                          });
 
 // Calls that differ only in what the collective does not use agree: zpQuantAllGather and zpQuantAllGatherEx with
-// the communicator's own settings, and exact hpZ on ranks whose configs have other block sizes.
+// the communicator's own settings, and exact hpZ with and without a block size in its options.
 TEST(MismatchHost, EquivalentCallsAgree) {
   for (int nranks : {2, 3}) {
     runHostRanks(
-        nranks,
-        [](int rank, zpConfig_t* c) {
-          c->nodeId = 0;
-          if (rank == 1) c->blockSize = 1024;
-        },
+        nranks, [](int, zpConfig_t* c) { c->nodeId = 0; },
         [&](int rank, zpComm_t comm) {
           Buffer recv, same;
           const Call plain{Api::kQwz, 700, zpFloat32};
           const Call ex{Api::kQwzEx, 700, zpFloat32, zpSum, {8, 256}};
           const Call exact{Api::kHpz, 333, zpUint8};
-          // Rank 1's config has blockSize 1024: it names 256 explicitly, the others take their default 256.
+          const Call exactEx{Api::kHpzEx, 333, zpUint8, zpSum, {0, 1024}};
+          // Rank 1 names the config's settings (8 bits, 256) explicitly, the others take them from the config.
           EXPECT_EQ(invoke(rank == 1 ? ex : plain, rank, nranks, 5, comm, &recv), zpSuccess) << zpGetLastError(comm);
           EXPECT_EQ(invoke(ex, rank, nranks, 5, comm, &same), zpSuccess) << zpGetLastError(comm);
           EXPECT_TRUE(sameBits(recv.data(), same.data(), nranks * 700, zpFloat32));
-          EXPECT_EQ(invoke(exact, rank, nranks, 6, comm, &recv), zpSuccess) << zpGetLastError(comm);
+          EXPECT_EQ(invoke(rank == 1 ? exactEx : exact, rank, nranks, 6, comm, &recv), zpSuccess)
+              << zpGetLastError(comm);
           Buffer expected(nranks * 333);
           for (int r = 0; r < nranks; ++r) zpcheck::fillBytes(expected.data() + r * 333, 333, 6, r);
           EXPECT_TRUE(sameBits(recv.data(), expected.data(), nranks * 333, size_t{1}));

@@ -67,27 +67,44 @@ TEST(Params, OutOfRangeOrNotAnIntegerGivesTheDefault) {
   EXPECT_EQ(parseParam("ZP_T", "99999999999999999999999", 7, 0, INT64_MAX), 7);  // overflows
 }
 
-// A wait may be as long as the user likes ("never time out": INT64_MAX), but what the code waits is clamped to
-// kMaxWaitMs, which std::chrono can add to now() without overflowing. Negative or below-range values are refused
-// as any tunable's are.
+// The warning says why a value was refused: text that is no integer, or an integer outside the range (one beyond
+// int64 too: it is an integer, only a large one).
+TEST(Params, TheWarningSaysWhyAValueWasRefused) {
+  EXPECT_EQ(readParamText("ZP_T", "yes", 7, 0, 10).warning, "ZP_T='yes' is not an integer; using the default 7");
+  EXPECT_EQ(readParamText("ZP_T", "16M", 7, 0, 10).warning, "ZP_T='16M' is not an integer; using the default 7");
+  EXPECT_EQ(readParamText("ZP_PAIR_ALLGATHER", "3", 2, 0, 2).warning,
+            "ZP_PAIR_ALLGATHER=3 is outside [0, 2]; using the default 2");
+  EXPECT_EQ(readParamText("ZP_T", "99999999999999999999999", 7, 0, INT64_MAX).warning,
+            "ZP_T=99999999999999999999999 is outside [0, 9223372036854775807]; using the default 7");
+  EXPECT_EQ(readParamText("ZP_T", "-99999999999999999999999", 7, -1, 10).warning,
+            "ZP_T=-99999999999999999999999 is outside [-1, 10]; using the default 7");
+  const ParamReading taken = readParamText("ZP_T", "0x10", 7, 0, 100);
+  EXPECT_EQ(taken.value, 16);
+  EXPECT_EQ(taken.warning, "");
+  EXPECT_EQ(readParamText("ZP_T", nullptr, 7, 0, 100).warning, "");
+}
+
+// A wait may be as long as the user likes ("never time out": 0, or INT64_MAX), but what the code waits is
+// clamped to kMaxWaitMs, which std::chrono can add to now() without overflowing. 0 means never for every wait.
+// Negative values are refused as any tunable's are.
 TEST(Params, WaitsTakeAnyLengthClampedToTheLongestSafeOne) {
-  EXPECT_EQ(parseWaitParam("ZP_T", kInt64Max, 7, 1), kMaxWaitMs);
-  EXPECT_EQ(parseWaitParam("ZP_T", "0x7fffffffffffffff", 7, 1), kMaxWaitMs);
-  EXPECT_EQ(parseWaitParam("ZP_T", "1000000000001", 7, 1), kMaxWaitMs);
-  EXPECT_EQ(parseWaitParam("ZP_T", "1000000000000", 7, 1), kMaxWaitMs);
-  EXPECT_EQ(parseWaitParam("ZP_T", "999999999999", 7, 1), 999999999999);
-  EXPECT_EQ(parseWaitParam("ZP_T", "30000", 7, 1), 30000);
-  EXPECT_EQ(parseWaitParam("ZP_T", nullptr, 7, 1), 7);
-  EXPECT_EQ(parseWaitParam("ZP_T", "0", 7, 1), 7);  // below lo
-  EXPECT_EQ(parseWaitParam("ZP_T", "0", 7, 0), 0);  // 0 where it means "never" (ZP_TIMEOUT_MS)
-  EXPECT_EQ(parseWaitParam("ZP_T", "-1", 7, 0), 7);
-  EXPECT_EQ(parseWaitParam("ZP_T", "-9223372036854775808", 7, 0), 7);
-  EXPECT_EQ(parseWaitParam("ZP_T", "99999999999999999999999", 7, 1), 7);  // not an int64: refused, not clamped
+  EXPECT_EQ(parseWaitParam("ZP_T", kInt64Max, 7), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "0x7fffffffffffffff", 7), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "1000000000001", 7), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "1000000000000", 7), kMaxWaitMs);
+  EXPECT_EQ(parseWaitParam("ZP_T", "999999999999", 7), 999999999999);
+  EXPECT_EQ(parseWaitParam("ZP_T", "30000", 7), 30000);
+  EXPECT_EQ(parseWaitParam("ZP_T", "1", 7), 1);
+  EXPECT_EQ(parseWaitParam("ZP_T", nullptr, 7), 7);
+  EXPECT_EQ(parseWaitParam("ZP_T", "0", 7), kMaxWaitMs);  // never
+  EXPECT_EQ(parseWaitParam("ZP_T", "-1", 7), 7);
+  EXPECT_EQ(parseWaitParam("ZP_T", "-9223372036854775808", 7), 7);
+  EXPECT_EQ(parseWaitParam("ZP_T", "99999999999999999999999", 7), 7);  // not an int64: refused, not clamped
 }
 
 // Every tunable in milliseconds (its variable ends in _MS), as the library reads it from the environment: a
-// value past kMaxWaitMs is clamped, a negative one refused. A new _MS tunable declared in ZP_PARAMS instead of
-// ZP_WAIT_PARAMS fails here.
+// value past kMaxWaitMs is clamped, 0 is never (kMaxWaitMs), a negative one refused. A new _MS tunable declared in
+// ZP_PARAMS instead of ZP_WAIT_PARAMS fails here.
 TEST(Params, EveryMillisecondTunableFromTheEnvironmentIsClamped) {
   struct Tunable {
     const char* env;
@@ -120,6 +137,11 @@ TEST(Params, EveryMillisecondTunableFromTheEnvironmentIsClamped) {
       ScopedEnv env(t.env, "-1");
       ASSERT_TRUE(readParam(t.env, &value));
       EXPECT_EQ(value, t.def);
+    }
+    {
+      ScopedEnv env(t.env, "0");  // never, for every wait alike
+      ASSERT_TRUE(readParam(t.env, &value));
+      EXPECT_EQ(value, kMaxWaitMs);
     }
     {
       ScopedEnv env(t.env, "45000");

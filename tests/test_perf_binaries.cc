@@ -1,32 +1,20 @@
 // The perf binaries end to end: one short sweep, then its exit code and its table. The host-backend run works
 // everywhere (CI included); the GPU run (NCCL side by side) skips without a GPU.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/child_test.h"
 #include "tests/gpu_util.h"
 
 namespace {
 
-struct BinaryRun {
-  int exitCode = -1;
-  std::string output;
-};
+using BinaryRun = zptest::ChildRun;
 
 BinaryRun runBinary(const std::string& name, const std::string& flags) {
-  const std::string command = std::string(ZP_PERF_DIR) + "/" + name + " " + flags + " 2>&1";
-  BinaryRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  while (fgets(buffer, sizeof(buffer), pipe)) run.output += buffer;
-  const int status = pclose(pipe);
-  run.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return zptest::runCommand(std::string(ZP_PERF_DIR) + "/" + name + " " + flags + " 2>&1");
 }
 
 // The table's data rows (lines starting with a size), split into columns.

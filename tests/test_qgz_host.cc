@@ -166,7 +166,7 @@ Expected reference(const RefTopo& topo, const Spec& s, int d) {
     }
   }
   e.sum.assign(count, 0.0f);
-  // Sums `terms` (payloads, in the order given) element by element in fp32.
+  // Sums `terms` (payloads, in the order given) element by element in fp32, with the block rule.
   auto sumPayloads = [&](const std::vector<const unsigned char*>& terms, std::vector<float>* out) {
     out->assign(count, 0.0f);
     for (size_t i = 0; i < count; ++i) {
@@ -174,6 +174,7 @@ Expected reference(const RefTopo& topo, const Spec& s, int d) {
       for (size_t k = 1; k < terms.size(); ++k) acc = zp::addRn(acc, element(terms[k], s, i));
       (*out)[i] = acc;
     }
+    zpcheck::applyBlockRule(out, s.blockSize);
   };
   if (!topo.twoHop) {
     // One hop: slot d of every rank, summed in rank order.
@@ -505,6 +506,73 @@ INSTANTIATE_TEST_SUITE_P(Qgz, QgzSpecials,
                                            Layout{"interleaved2x3", 6, 0, labels(6, 2)},
                                            Layout{"uneven3p1", 4, 0, {0, 0, 0, 1}}),
                          layoutName);
+
+// ---- overflow
+// ----------------------------------------------------------------------------------------------------------
+
+// Sums that overflow fp32 give the same on every layout, one hop or two: the block that holds the overflowing
+// element is NaN as a whole on its destination (with two hops the overflowing partial sum requantizes to a NaN
+// block; with one hop the block rule of host/reduce_math.h does the same), every other output element is finite.
+// A sum finite in fp32 but beyond fp16's range is +Inf in that element alone, on every layout.
+TEST(QgzOverflow, AnOverflowingSumMakesItsBlockNaNOnEveryLayout) {
+  struct Shape {
+    const char* name;
+    int nranks, ranksPerNode;
+    bool twoHop;
+  };
+  const Shape shapes[] = {{"one hop, 1 node of 4", 4, 4, false},
+                          {"one hop, 4 nodes of 1", 4, 1, false},
+                          {"two hops, 2 nodes of 2", 4, 2, true},
+                          {"two hops, 2 nodes of 4", 8, 4, true}};
+  const size_t count = 600, hot = 300;  // element `hot` of destination `dst`'s slice overflows
+  const int dst = 1, blockSize = 256;
+  struct Kind {
+    zpDataType_t type;
+    float big;      // every rank's value at `hot`: two of them sum beyond the output's range
+    bool nanBlock;  // an fp32 overflow; otherwise only fp16's range is exceeded
+  };
+  const Kind kinds[] = {{zpFloat32, 3e38f, true}, {zpBfloat16, 3e38f, true}, {zpFloat16, 60000.0f, false}};
+  for (const Shape& sh : shapes) {
+    for (const Kind& k : kinds) {
+      for (int bits : {4, 8}) {
+        SCOPED_TRACE(std::string(sh.name) + ", " + zp::typeName(k.type) + ", int" + std::to_string(bits));
+        int layoutsChecked = 0;
+        runHostRanks(
+            sh.nranks, [&](int, zpConfig_t* c) { c->ranksPerNode = sh.ranksPerNode; },
+            [&](int rank, zpComm_t comm) {
+              int nodes = 0;
+              ASSERT_EQ(zpCommNodeCount(comm, &nodes), zpSuccess);
+              EXPECT_EQ(nodes > 1 && sh.ranksPerNode > 1, sh.twoHop);
+              const size_t es = bytesOf(k.type);
+              Buffer send(sh.nranks * count * es), recv(count * es);
+              for (size_t i = 0; i < sh.nranks * count; ++i) {
+                const float small = 0.01f * static_cast<float>((i + rank) % 7) - 0.03f;
+                zpcheck::storeValue(k.type, send.data(), i, i == dst * count + hot ? k.big : small);
+              }
+              const zpQuantOptions_t options{bits, blockSize};
+              ASSERT_EQ(
+                  zpQuantReduceScatterA2AEx(send.data(), recv.data(), count, k.type, zpSum, &options, comm, nullptr),
+                  zpSuccess)
+                  << zpGetLastError(comm);
+              const size_t begin = hot / blockSize * blockSize, end = begin + blockSize;
+              for (size_t i = 0; i < count; ++i) {
+                const uint32_t b = zpcheck::loadBits(k.type, recv.data(), i);
+                const double v = zpcheck::loadValue(k.type, recv.data(), i);
+                if (rank == dst && k.nanBlock && i >= begin && i < end) {
+                  ASSERT_TRUE(zpcheck::isNaNBits(k.type, b)) << "element " << i << " of the overflowed block";
+                } else if (rank == dst && !k.nanBlock && i == hot) {
+                  ASSERT_TRUE(std::isinf(v) && v > 0) << "element " << i << " is " << v;
+                } else {
+                  ASSERT_TRUE(std::isfinite(v)) << "rank " << rank << " element " << i << " is " << v;
+                }
+              }
+              if (rank == dst) layoutsChecked++;
+            });
+        EXPECT_EQ(layoutsChecked, 1);
+      }
+    }
+  }
+}
 
 // ---- count 0
 // -----------------------------------------------------------------------------------------------------------

@@ -67,3 +67,33 @@ TEST(ReduceRef, SumsInTheOrderGivenOverAnyRange) {
   EXPECT_EQ(fp32[0], 0.75f);
   EXPECT_EQ(fp32[1], -1.25f);
 }
+
+// The block rule (host/reduce_math.h): element 40 of two sources sums beyond FLT_MAX, so its block [32, 64) is NaN
+// in every element, whatever range the sum is asked for; the blocks around it keep their finite sums.
+TEST(ReduceRef, ABlockWithAnOverflowingSumIsNaNOverAnyRange) {
+  constexpr size_t kCount = 100;
+  constexpr int kBlock = 32;
+  // Small integers, and 127 first in every other block: those blocks have the scale 1 and dequantize exactly.
+  auto value = [](size_t i) { return i % kBlock == 0 ? 127.0f : static_cast<float>(static_cast<int>(i % 9) - 4); };
+  std::vector<std::vector<unsigned char>> payloads;
+  for (int s = 0; s < 2; ++s) {
+    std::vector<float> x(kCount);
+    for (size_t i = 0; i < kCount; ++i) x[i] = value(i);
+    x[40] = 3e38f;
+    payloads.emplace_back(zp::quantPayloadBytes(kCount, 8, kBlock));
+    zp::quantizeRef(x.data(), zpFloat32, kCount, 8, kBlock, payloads.back().data());
+  }
+  const std::vector<const unsigned char*> sources{payloads[0].data(), payloads[1].data()};
+  for (size_t split : {size_t(0), size_t(33), size_t(40), size_t(41), size_t(64), size_t(100)}) {
+    std::vector<float> sum(kCount, -1.0f);
+    zp::sumPayloadsRef(sources, kCount, 8, kBlock, 0, split, sum.data());
+    zp::sumPayloadsRef(sources, kCount, 8, kBlock, split, kCount, sum.data());
+    for (size_t i = 0; i < kCount; ++i) {
+      if (i >= 32 && i < 64) {
+        ASSERT_EQ(zp::floatBits(sum[i]), zp::kF32QuietNaN) << "split " << split << " element " << i;
+      } else {
+        ASSERT_EQ(sum[i], 2.0f * value(i)) << "split " << split << " element " << i;
+      }
+    }
+  }
+}

@@ -290,7 +290,7 @@ float element(const Iter& it, const unsigned char* payload, size_t i) {
                       : zp::payloadElement<4>(payload, it.count, it.blockSize, i);
 }
 
-// fp32 sums, in the order given, of the payloads' elements.
+// fp32 sums, in the order given, of the payloads' elements, with the block rule.
 std::vector<float> sumInOrder(const Iter& it, const std::vector<const unsigned char*>& terms) {
   std::vector<float> sum(it.count);
   for (size_t i = 0; i < it.count; ++i) {
@@ -298,6 +298,7 @@ std::vector<float> sumInOrder(const Iter& it, const std::vector<const unsigned c
     for (size_t k = 1; k < terms.size(); ++k) acc = zp::addRn(acc, element(it, terms[k], i));
     sum[i] = acc;
   }
+  zpcheck::applyBlockRule(&sum, it.blockSize);
   return sum;
 }
 

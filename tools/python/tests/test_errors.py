@@ -54,6 +54,27 @@ class BadInput(unittest.TestCase):
         self.expect(lambda r, c: c.hier_all_gather(np.zeros(8, np.int8), dtype="float16"),
                     "hier_all_gather: dtype float16 does not match send's element type int8", ValueError)
 
+    def test_arrays_of_python_objects_are_refused(self) -> None:
+        objects = np.array([object(), "text", 3, None], dtype=object)
+        holding = np.zeros(4, dtype=[("weight", np.float32), ("tag", object)])  # a structured dtype with objects
+        for send, label in ((objects, "object"), (holding, str(holding.dtype))):
+            with self.subTest(dtype=label):
+                recv = np.empty(2 * send.size, dtype=send.dtype)
+                self.expect(lambda r, c: c.hier_all_gather(send, recv),
+                            f"hier_all_gather: send has dtype {label}, which holds Python objects", TypeError)
+                # As an output too, and in every method that takes arrays.
+                self.expect(lambda r, c: c.hier_all_gather(np.zeros(4, np.float64), recv),
+                            "hier_all_gather: recv has dtype", TypeError)
+                self.expect(lambda r, c: c.quant_all_gather(send), "quant_all_gather: send has dtype", TypeError)
+                self.expect(lambda r, c: c.quant_reduce_scatter(send), "quant_reduce_scatter: send has dtype",
+                            TypeError)
+                self.expect(lambda r, c: c.quantize(send, 8, 256), "quantize: x has dtype", TypeError, nranks=1)
+                self.expect(lambda r, c: c.dequantize(send, 4, "float32", 8, 256), "dequantize: payload has dtype",
+                            TypeError, nranks=1)
+        # The objects are untouched and still counted: the interpreter can use and free them.
+        self.assertEqual(objects[1], "text")
+        self.assertEqual(sum(1 for o in objects if o is None), 1)
+
     def test_c_checks_the_type_too(self) -> None:
         # The same call straight through ctypes, past the Python check: the library refuses it as well.
         x, y = np.zeros(8, np.int64), np.zeros(16, np.int64)

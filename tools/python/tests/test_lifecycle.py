@@ -65,6 +65,28 @@ class ConfigFields(unittest.TestCase):
                 self.assertIn(mention, ctx.exception.message)
                 self.assertIn(ctx.exception.code, (Result.INVALID_ARGUMENT, Result.INVALID_USAGE))
 
+    def test_settings_must_match_across_ranks(self) -> None:
+        uid = zpccl.get_unique_id()
+        errors: list = [None] * 4
+
+        def rank(r: int) -> None:
+            try:
+                zpccl.Comm(4, r, uid, backend="host", hpz_size=2 if r < 2 else 4).close()
+            except ZpcclError as e:
+                errors[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r, e in enumerate(errors):
+            with self.subTest(rank=r):
+                self.assertIsInstance(e, ZpcclError)
+                self.assertEqual(e.code, Result.INVALID_USAGE)
+                self.assertEqual(e.message,
+                                 "zpCommInitRankConfig : ranks disagree on config->hpzSize: 2 on rank 0, 4 on rank 2")
+
     def test_header_fields_are_checked(self) -> None:
         L = _lib.lib()
         for field, value, mention in (("magic", 0x1234, "magic"), ("size", 8, "size")):
@@ -98,6 +120,18 @@ class ConfigFields(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "Comm: unknown config field 'bits'"):
             _lib.make_config("Comm", bits=4)
 
+    def test_the_unset_marker_is_not_a_value(self) -> None:
+        # C reads INT_MIN in a field as "unset": passed explicitly, it would silently mean the default.
+        for field in ("node_id", "ranks_per_node", "hpz_size", "weight_bits", "grad_bits", "block_size", "blocking",
+                      "backend"):
+            with self.subTest(field=field):
+                with self.assertRaises(ValueError) as ctx:
+                    zpccl.Comm(1, 0, zpccl.get_unique_id(), **{"backend": "host", field: -2**31})
+                self.assertEqual(ctx.exception.message, f"Comm: {field} -2147483648 is ZP_CONFIG_UNDEF_INT, which "
+                                 "means unset (no field takes it as a value); pass None for the default")
+        with one_rank(node_id=None, hpz_size=None) as comm:  # None is how to leave a field unset
+            self.assertEqual(comm.hpz_size, 1)
+
     def test_rank_errors_come_from_c(self) -> None:
         with self.assertRaises(ZpcclError) as ctx:
             zpccl.Comm(4, 4, zpccl.get_unique_id(), backend="host")
@@ -119,6 +153,18 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(_lib.lib().zpCommCount(handle, ctypes.byref(count)), Result.INVALID_ARGUMENT)
         self.assertEqual(count.value, -1)
         self.assertIn("not a live communicator", _lib.last_error(handle))
+
+    def test_destroyed_handle_stays_dead_after_new_communicators(self) -> None:
+        L = _lib.lib()
+        for _ in range(20):
+            old = one_rank()
+            stale = old.handle
+            old.close()
+            with one_rank() as new:  # often in the memory the old one had
+                self.assertNotEqual(new.handle, stale)
+                self.assertEqual(L.zpCommDestroy(stale), Result.INVALID_ARGUMENT)
+                self.assertIn("zpCommDestroy", _lib.last_error(None))
+                self.assertEqual(new.nranks, 1)  # the second destroy did not reach it
 
     def test_closed_communicator_names_the_call(self) -> None:
         import numpy as np

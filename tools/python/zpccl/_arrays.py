@@ -7,6 +7,7 @@ Data types map by name to ``zpDataType_t`` (``float16`` -> 6, ``float32`` -> 7, 
 ...). NumPy has no bfloat16 of its own: use ``ml_dtypes.bfloat16`` arrays when ml_dtypes is installed, or hold
 the bits in a ``uint16`` array and pass ``dtype="bfloat16"`` to the call. An explicit ``dtype`` never converts:
 it reinterprets the bits of an integer array of the same item size (a float array must be of that very type).
+Arrays holding Python objects (``dtype=object``, or structured dtypes with an object field) are refused.
 """
 from __future__ import annotations
 
@@ -112,6 +113,11 @@ def as_buffer(obj: Any, call: str, name: str, *, dtype: Any = None, writable: bo
                                   f"pass numpy.ascontiguousarray({name})", call)
         if writable and not obj.flags.writeable:
             raise ZpcclValueError(f"{call}: {name} is read-only", call)
+        if obj.dtype.hasobject:
+            # Object arrays hold PyObject pointers: copying their bytes to another array makes references that
+            # nobody counts, and the interpreter later frees or reads objects through them.
+            raise ZpcclTypeError(f"{call}: {name} has dtype {obj.dtype}, which holds Python objects; zpccl moves "
+                                 "raw bytes and cannot move object references", call)
         if not obj.dtype.isnative:
             raise ZpcclValueError(f"{call}: {name} has non-native byte order ({obj.dtype.str})", call)
         label, itemsize = obj.dtype.name, obj.dtype.itemsize

@@ -264,7 +264,8 @@ def make_config(call: str, **fields: Any) -> Config:
 
     Keys are the Python names: ``backend`` (a :class:`Backend`, its name or value), ``ranks_per_node``,
     ``node_id``, ``hpz_size``, ``weight_bits``, ``grad_bits``, ``block_size``, ``blocking``. Values are checked
-    by the library at init; here only their Python type.
+    by the library at init; here only their Python type, that they fit a C int, and that none is ``-2**31``
+    (``ZP_CONFIG_UNDEF_INT``, which C reads as "unset").
     """
     names = {"backend": "backend", "ranks_per_node": "ranksPerNode", "node_id": "nodeId", "hpz_size": "hpzSize",
              "weight_bits": "weightBits", "grad_bits": "gradBits", "block_size": "blockSize",
@@ -281,6 +282,9 @@ def make_config(call: str, **fields: Any) -> Config:
             raise ZpcclTypeError(f"{call}: {key} must be an int, got {type(value).__name__}", call)
         if not -2**31 <= int(value) < 2**31:
             raise ZpcclValueError(f"{call}: {key} {value} does not fit in a C int", call)
+        if int(value) == CONFIG_UNDEF_INT:  # C cannot tell this value from a field left unset
+            raise ZpcclValueError(f"{call}: {key} {value} is ZP_CONFIG_UNDEF_INT, which means unset (no field takes "
+                                  "it as a value); pass None for the default", call)
         setattr(config, names[key], int(value))
     return config
 

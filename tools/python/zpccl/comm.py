@@ -491,7 +491,8 @@ class Comm:
         """hpZ (``zpHierAllGather``): gathers the secondary shards of this rank's hpZ group, exactly, into
         ``recv`` of ``hpz_size * send.size`` elements in hpZ-rank order (traffic stays inside the node).
 
-        Any element type: one without a ``zpDataType_t`` (int16, bool, complex, ...) travels as bytes.
+        Any element type: one without a ``zpDataType_t`` (int16, bool, complex, ...) travels as bytes. Arrays that
+        hold Python objects (``dtype=object``, structured dtypes with object fields) are refused.
         With ``bits`` (8 or 4; float16/bfloat16/float32 only) the shards travel block-quantized as in
         :meth:`quant_all_gather` (``zpHierAllGatherEx``, DeepSpeed's behaviour); the default is exact.
         """

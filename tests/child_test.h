@@ -1,0 +1,53 @@
+// Runs one test of this binary in a child process with more environment variables. Tunables are read once per
+// process (src/params.h), so a test of a short ZP_INIT_TIMEOUT_MS or ZP_HOST_TIMEOUT_MS needs a process of its
+// own: its body is a DISABLED_ test, which the normal run skips and the child runs alone.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace zptest {
+
+struct ChildRun {
+  int exitCode = -1;   // -1: it did not exit normally, or could not start
+  std::string output;  // what it printed
+};
+
+// Runs a shell command line and collects what it prints on stdout (add 2>&1 for stderr too).
+inline ChildRun runCommand(const std::string& command) {
+  ChildRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  while (fgets(buffer, sizeof(buffer), pipe)) run.output += buffer;
+  const int status = pclose(pipe);
+  run.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+// Runs test `name` ("Suite.DISABLED_Test") of this binary with `env` ("NAME=value") added; stdout and stderr.
+inline ChildRun runTestInChild(const std::string& name, const std::vector<std::string>& env) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return ChildRun();
+  self[n] = '\0';
+  std::string command = "env";
+  for (const std::string& e : env) command += " '" + e + "'";
+  command += std::string(" '") + self + "' --gtest_also_run_disabled_tests --gtest_filter='" + name + "' 2>&1";
+  return runCommand(command);
+}
+
+// The child ran that one test, and it passed.
+inline void expectChildPassed(const std::string& name, const std::vector<std::string>& env) {
+  const ChildRun run = runTestInChild(name, env);
+  EXPECT_EQ(run.exitCode, 0) << run.output;
+  EXPECT_NE(run.output.find("[       OK ] " + name), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("[  PASSED  ] 1 test."), std::string::npos) << run.output;
+}
+
+}  // namespace zptest
