@@ -139,7 +139,35 @@ struct CaseBuffers {
   void* recv = nullptr;
   size_t sendBytes = 0, recvBytes = 0;
   bool inPlace = false;
+  Buffer input;  // what `send` held before the call: an out-of-place call must leave it as it was
 };
+
+// Every device buffer of a case lies between two poisoned guards. A collective that writes past its output (or
+// before it) leaves that output exact and corrupts a neighbour, which in a framework's caching allocator is
+// another live tensor: the guards catch it where the comparison with the host cannot.
+constexpr size_t kGuardBytes = 512;
+constexpr unsigned char kGuardByte = 0x5c;
+
+char* guardedMalloc(size_t bytes) {
+  char* base = nullptr;
+  if (cudaMalloc(&base, bytes + 2 * kGuardBytes) != cudaSuccess) return nullptr;
+  if (cudaMemset(base, kGuardByte, bytes + 2 * kGuardBytes) != cudaSuccess) return nullptr;
+  return base + kGuardBytes;
+}
+
+// Checks both guards of a guardedMalloc buffer of `bytes`, then frees it.
+void guardedFree(char* p, size_t bytes, const char* what) {
+  if (p == nullptr) return;
+  std::vector<unsigned char> before(kGuardBytes), after(kGuardBytes);
+  CUDA_ASSERT(cudaMemcpy(before.data(), p - kGuardBytes, kGuardBytes, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaMemcpy(after.data(), p + bytes, kGuardBytes, cudaMemcpyDeviceToHost));
+  CUDA_ASSERT(cudaFree(p - kGuardBytes));
+  const auto touched = [](const std::vector<unsigned char>& g) {
+    return std::count_if(g.begin(), g.end(), [](unsigned char v) { return v != kGuardByte; });
+  };
+  EXPECT_EQ(touched(before), 0) << what << ": bytes written before the buffer";
+  EXPECT_EQ(touched(after), 0) << what << ": bytes written past the end of the buffer (" << bytes << " bytes)";
+}
 
 void prepareCase(const Case& c, int rank, zpComm_t comm, CaseBuffers* b) {
   int nranks = 0, group = 0, groupRank = 0;
@@ -154,7 +182,8 @@ void prepareCase(const Case& c, int rank, zpComm_t comm, CaseBuffers* b) {
   Buffer hostSend(b->sendBytes);
   fillInput(c, rank, sendElems, hostSend.data());
   const size_t big = std::max(b->sendBytes, b->recvBytes);
-  CUDA_ASSERT(cudaMalloc(&b->devBig, big));
+  b->devBig = guardedMalloc(big);
+  ASSERT_NE(b->devBig, nullptr);
   CUDA_ASSERT(cudaMemset(b->devBig, 0xff, big));
   const long off = inPlaceOffset(c, rank, groupRank);
   b->inPlace = off >= 0;
@@ -167,7 +196,8 @@ void prepareCase(const Case& c, int rank, zpComm_t comm, CaseBuffers* b) {
       b->send = b->devBig + off * esz;
     }
   } else {
-    CUDA_ASSERT(cudaMalloc(&b->devOther, c.op == Op::kQgz ? b->recvBytes : b->sendBytes));
+    b->devOther = guardedMalloc(c.op == Op::kQgz ? b->recvBytes : b->sendBytes);
+    ASSERT_NE(b->devOther, nullptr);
     if (c.op == Op::kQgz) {
       b->send = b->devBig;
       b->recv = b->devOther;
@@ -178,6 +208,7 @@ void prepareCase(const Case& c, int rank, zpComm_t comm, CaseBuffers* b) {
     }
   }
   CUDA_ASSERT(cudaMemcpy(b->send, hostSend.data(), b->sendBytes, cudaMemcpyHostToDevice));
+  b->input = std::move(hostSend);
   // The streams below do not wait for the legacy default stream, and a pageable cudaMemcpy may return before
   // its DMA lands: without this the collective could read the tail of its input before it arrives (seen once:
   // a qgZ rank's output wrong from one block to the end).
@@ -189,8 +220,15 @@ void collectCase(CaseBuffers* b, cudaStream_t stream, Buffer* result) {
   CUDA_ASSERT(cudaStreamSynchronize(stream));
   result->resize(b->recvBytes);
   CUDA_ASSERT(cudaMemcpy(result->data(), b->recv, b->recvBytes, cudaMemcpyDeviceToHost));
-  CUDA_ASSERT(cudaFree(b->devBig));
-  if (b->devOther) CUDA_ASSERT(cudaFree(b->devOther));
+  if (!b->inPlace && b->sendBytes > 0) {
+    Buffer input(b->sendBytes);
+    CUDA_ASSERT(cudaMemcpy(input.data(), b->send, b->sendBytes, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::memcmp(input.data(), b->input.data(), b->sendBytes) == 0) << "the call changed its input";
+  }
+  const size_t big = std::max(b->sendBytes, b->recvBytes);
+  guardedFree(b->devBig, big, b->devOther == nullptr ? "in-place buffer" : b->send == b->devBig ? "send" : "recv");
+  guardedFree(b->devOther, b->devBig == b->send ? b->recvBytes : b->sendBytes,
+              b->devBig == b->send ? "recv" : "send");
   *b = CaseBuffers();
 }
 
