@@ -496,6 +496,7 @@ void replayAfterLargerCall(int nranks) {
       Buffer input(b.sendBytes);
       fillInput(replayed, rank, b.sendBytes / zp::typeSize(replayed.type), input.data());
       CUDA_ASSERT(cudaMemcpy(b.send, input.data(), input.size(), cudaMemcpyHostToDevice));
+      b.input = std::move(input);  // what the replay must leave in place
       CUDA_ASSERT(cudaMemset(b.recv, 0xff, b.recvBytes));
       CUDA_ASSERT(cudaGraphLaunch(exec, stream));
       collectCase(&b, stream, &output);
