@@ -15,7 +15,7 @@ import numpy as np
 import zpccl
 
 from . import _reference as ref
-from ._threaded import run_threaded, torch_with_fsdp2
+from ._threaded import run_threaded, serial, torch_with_fsdp2
 
 WORLD = 4
 NODE_OF_RANK = [0, 0, 1, 1]  # ranks_per_node=2
@@ -64,7 +64,7 @@ def shard(torch: Any, model: Any, mesh: Any, reshard: Any, mp: Any = None) -> An
     kw = dict(mesh=mesh, reshard_after_forward=reshard)
     if mp is not None:
         kw["mp_policy"] = mp
-    for b in model.blocks:
+    for b in model.blocks:  # not under `serial`: an int reshard_after_forward makes a process group (collective)
         fully_shard(b, **kw)
     fully_shard(model, **kw)
     return model
@@ -82,7 +82,8 @@ def train(torch: Any, model: Any, data: list[Any], lr: float = 1e-2) -> list[flo
         logits = model(ids).float()
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
         loss.backward()
-        opt.step()
+        with serial:
+            opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     return losses
@@ -430,11 +431,13 @@ class FsdpOnThreads(unittest.TestCase):
             model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
             zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
             train(torch, model, data[:2])
-            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            with serial:
+                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             # A fresh model, loaded from the checkpoint, computes the same forward through zpccl.
             other = shard(torch, build_model(torch), self.mesh(), 2)
             zp2 = zpccl.fsdp.enable(other, block_size=BLOCK, ranks_per_node=2)
-            other.load_state_dict(state)
+            with serial:
+                other.load_state_dict(state)
             with torch.no_grad():
                 self.assertTrue(torch.equal(model(data[2]), other(data[2])))
             zp2.disable()
