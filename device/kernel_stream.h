@@ -6,7 +6,7 @@
 #include <cstddef>
 
 #include "include/zpccl.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 

@@ -27,7 +27,7 @@
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 namespace {

@@ -33,7 +33,7 @@
 #include "host/quant_format.h"
 #include "host/quant_math.h"
 #include "host/reduce_math.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "host/host_world.h"
 #include "host/topology.h"
-#include "src/backend.h"
+#include "src/include/backend.h"
 
 namespace zp {
 

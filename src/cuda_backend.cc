@@ -16,9 +16,9 @@
 #include "device/reduce.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/check.h"
 #include "src/cuda_exec.h"
-#include "src/params.h"
+#include "src/include/check.h"
+#include "src/include/params.h"
 #include "src/watchdog.h"
 
 namespace zp {

@@ -7,7 +7,7 @@
 
 #include "host/rank_init.h"
 #include "host/topology.h"
-#include "src/backend.h"
+#include "src/include/backend.h"
 
 namespace zp {
 

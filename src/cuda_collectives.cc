@@ -16,11 +16,11 @@
 #include "host/chunk_plan.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/check.h"
 #include "src/cuda_exec.h"
-#include "src/debug.h"
 #include "src/host_wait.h"
-#include "src/params.h"
+#include "src/include/check.h"
+#include "src/include/debug.h"
+#include "src/include/params.h"
 
 namespace zp {
 

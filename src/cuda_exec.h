@@ -11,8 +11,8 @@
 #include "host/chunk_plan.h"
 #include "host/qgz_plan.h"
 #include "host/topology.h"
-#include "src/backend.h"
 #include "src/green_context.h"
+#include "src/include/backend.h"
 #include "src/peer_window.h"
 
 namespace zp {

@@ -7,8 +7,8 @@
 #include <map>
 #include <mutex>
 
-#include "src/check.h"
-#include "src/debug.h"
+#include "src/include/check.h"
+#include "src/include/debug.h"
 
 namespace zp {
 

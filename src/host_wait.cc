@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 

@@ -8,10 +8,10 @@
 #include "host/host_backend.h"
 #include "src/api_guard.h"
 #include "src/argcheck.h"
-#include "src/check.h"
 #include "src/comm.h"
 #include "src/cuda_backend.h"
-#include "src/params.h"
+#include "src/include/check.h"
+#include "src/include/params.h"
 
 namespace zp {
 

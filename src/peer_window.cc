@@ -6,10 +6,10 @@
 
 #include "device/peer_window.h"
 #include "host/quant_format.h"
-#include "src/check.h"
-#include "src/debug.h"
 #include "src/host_wait.h"
-#include "src/params.h"
+#include "src/include/check.h"
+#include "src/include/debug.h"
+#include "src/include/params.h"
 
 #if ZP_HAVE_NCCL_DEVICE
 #if __has_include(<nccl_device/host.h>)

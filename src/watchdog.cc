@@ -4,7 +4,7 @@
 #include <cstdarg>
 #include <cstdio>
 
-#include "src/debug.h"
+#include "src/include/debug.h"
 
 namespace zp {
 

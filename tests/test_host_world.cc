@@ -15,7 +15,7 @@
 
 #include "host/host_world.h"
 #include "include/zpccl.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace {
 

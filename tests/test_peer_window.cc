@@ -5,7 +5,7 @@
 #include <string>
 
 #include "src/cuda_backend.h"
-#include "src/params.h"
+#include "src/include/params.h"
 #include "src/peer_window.h"
 
 namespace zp {

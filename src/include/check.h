@@ -8,7 +8,7 @@
 #include <string>
 
 #include "include/zpccl.h"
-#include "src/debug.h"
+#include "src/include/debug.h"
 
 namespace zp {
 
