@@ -11,7 +11,7 @@
 namespace zp {
 
 /**
- * @brief How the kernels of a direct-load call (src/peer_window.h) order themselves with the other ranks' kernels,
+ * @brief How the kernels of a direct-load call (src/cuda/peer_window.h) order themselves with the other ranks' kernels,
  *        without any NCCL call: through flags in the ranks' windows, which NCCL maps into this process over
  *        NVLink. A call is four kernels on each rank:
  *          a wait (launchPeerWait, one thread): until every peer has finished reading this rank's window in the
@@ -60,7 +60,7 @@ struct PeerSync {
 /**
  * @brief A stream plus the number of SMs that kernels launched on it can use, and optionally how its kernels take
  *        part in a direct-load call (`sync`). Streams of a green context (the chunk pipelines' quantize and finish
- *        stages, src/green_context.h) see only part of the device; their grids are sized to that part, since a
+ *        stages, src/cuda/green_context.h) see only part of the device; their grids are sized to that part, since a
  *        grid sized for the whole device would leave its last wave on few SMs. Converts implicitly from a plain
  *        stream, which sees the whole device.
  */
@@ -71,7 +71,7 @@ struct KernelStream {
   cudaStream_t stream;
   int sms;        ///< SMs usable on `stream`; 0: every SM of the current device
   PeerSync sync;  ///< the kernels that take it (quantize, dequantize, the reduce kernels): see PeerSync
-  /// Launch nothing: only load the kernel that the call would launch (src/cuda_backend.cc, loadKernels).
+  /// Launch nothing: only load the kernel that the call would launch (src/cuda/cuda_backend.cc, loadKernels).
   bool loadOnly = false;
 };
 

@@ -1,4 +1,4 @@
-// Where NCCL maps the ranks' symmetric windows in this process: the device side of src/peer_window.h.
+// Where NCCL maps the ranks' symmetric windows in this process: the device side of src/cuda/peer_window.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,7 +36,7 @@ zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScrat
  */
 zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream);
 
-// Loads this file's kernels into the current device's context (see loadKernels, src/cuda_backend.cc).
+// Loads this file's kernels into the current device's context (see loadKernels, src/cuda/cuda_backend.cc).
 zpResult_t loadPeerKernels();
 
 }  // namespace zp

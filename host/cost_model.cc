@@ -142,7 +142,7 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //       elements: its time follows the elements it decodes, not the bytes, so work = s * k element-sources
 //       (whatever the bits), rate in G element-sources/s, fitted from the qgZ rows; launchUs = dequantize's.
 //
-//   Chunk pipelines (qwZ, qgZ; src/cuda_collectives.cc). The shard (qwZ) or every slice (qgZ) is cut into
+//   Chunk pipelines (qwZ, qgZ; src/cuda/pipeline.h). The shard (qwZ) or every slice (qgZ) is cut into
 //     C = min(max(1, logical bytes / 64 MiB), 8) chunks of whole blocks (host/chunk_plan.h); three stages run
 //     chunk after chunk on three streams: quantize (Q), move (M: NCCL on the caller's stream), finish (F). Q, M,
 //     F are each stage's time summed over the chunks (every chunk's kernels and NCCL calls with their own

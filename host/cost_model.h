@@ -1,7 +1,7 @@
 // Cost model of one training step's communication: ZeRO-3 (bf16 ring all-gather forward and backward, bf16 ring
 // reduce-scatter of gradients) against ZeRO++ (qwZ forward gather, hpZ backward gather, qgZ gradient
 // reduce-scatter, each on or off), on a layout of nodes x GPUs. It describes what this implementation does
-// (src/cuda_collectives.cc): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy
+// (src/cuda/pipeline.h): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy
 // kernels each at its own speed, and the three-stage chunk pipeline of qwZ and qgZ with the share of its overlap
 // that the implementation achieves. Also the calibration of all of it from the perf binaries' JSON (-J).
 // Pure host C++17: the tool tools/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
@@ -93,7 +93,7 @@ struct KernelParams {
   KernelCost& quantizeCost(int bits) { return bits == 4 ? quantizeInt4 : quantizeInt8; }
 };
 
-// The chunk pipeline of qwZ and qgZ (src/cuda_collectives.cc, host/chunk_plan.h): chunks of chunkBytes logical
+// The chunk pipeline of qwZ and qgZ (src/cuda/pipeline.h, host/chunk_plan.h): chunks of chunkBytes logical
 // bytes, at most maxChunks (the library's defaults, ZP_CHUNK_BYTES and ZP_MAX_CHUNKS), and the share of an ideal
 // pipeline's overlap that the implementation achieves, per op (0: the stages' times add up; 1: an ideal pipeline).
 //
@@ -109,7 +109,7 @@ struct KernelParams {
 //
 // qgZ's exchange between exactly two ranks (one hop on two GPUs; the inter-node hop of two hops over two nodes; the
 // intra-node hop over two GPUs a node) may run as one NCCL all-gather of the slot each rank sends the other, plus a
-// local copy of the slot it keeps (src/cuda_collectives.cc exchangeSlots; ZP_PAIR_ALLGATHER): the same bytes on
+// local copy of the slot it keeps (src/cuda/qgz.cc exchangeSlots; ZP_PAIR_ALLGATHER): the same bytes on
 // the wire, priced on the all-gather line instead of the all-to-all one (NCCL's sockets run the ring at ~3/2 the
 // speed of their point-to-point). pairAllGather is the library's mode: 0 never, 1 always, 2 (the default) only when
 // the two ranks are on different nodes.

@@ -9,7 +9,7 @@
 #include "src/api_guard.h"
 #include "src/argcheck.h"
 #include "src/comm.h"
-#include "src/cuda_backend.h"
+#include "src/cuda/cuda_backend.h"
 #include "src/include/check.h"
 #include "src/include/params.h"
 

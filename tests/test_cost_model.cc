@@ -427,7 +427,7 @@ TEST(CostModelTime, QuantizePerBits) {
   EXPECT_NEAR(qwzAllGatherCost(c, 1 << 20, 2, 8, 256).kernelUs, 3.162112 + 5 + 12.648448 + 1, 1e-9);
 
   // qgZ int4 over one node of 2 GPUs, 16 MiB logical (recvcount 2^22): one chunk, so it all runs on the caller's
-  // stream (src/cuda_collectives.cc beginPipeline): quantize, the all-to-all, the reduce, back to back, whatever
+  // stream (src/cuda/pipeline.h beginPipeline): quantize, the all-to-all, the reduce, back to back, whatever
   // the overlap. Payload 65536 + 2097152 = 2162688 a slice; all-to-all 300 GB/s + 30 us a step.
   //   quantize 2 slices: 16777216 + 2 * 2162688 = 21102592 B at 500 GB/s = 42.205184 us + 3
   //   all-to-all: 2162688 B to the peer at 300 GB/s = 7.20896 us + 30

@@ -63,7 +63,7 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
     "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "             \
     "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not "          \
     "disabled), instead of moving them with NCCL (default 0, every size: measured faster from 1 MiB up, "            \
-    "perf/RESULTS.md); -1: never (src/peer_window.h)")                                                               \
+    "perf/RESULTS.md); -1: never (src/cuda/peer_window.h)")                                                               \
   X(DirectInlineWaitBytes, "ZP_DIRECT_INLINE_WAIT_BYTES", 4 << 20, 0, INT64_MAX,                                     \
     "cuda backend: direct-load calls up to this many logical bytes wait for the peers inside their two "             \
     "kernels, on grids of a quarter of the device, instead of in two extra one-thread kernels: two launches fewer, " \

@@ -107,11 +107,11 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cud
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
 
 // Grows the window to at least `bytes`: collective over world, and a host rendezvous. The caller has made sure
-// that no work of this rank still uses the old window (src/cuda_collectives.cc, takesDirectPath); an all-reduce makes
+// that no work of this rank still uses the old window (src/cuda/pipeline.h, takesDirectPath); an all-reduce makes
 // sure of the other ranks' before it is deregistered. That all-reduce is also a vote: when a call captured in a
 // CUDA graph on any rank uses the old window, a replay would read and write it after the growth freed it, so
 // every rank instead freezes the window at its size (w.frozen) and the calls it cannot hold take NCCL's path.
-// `stop` ends its host waits (src/host_wait.h).
+// `stop` ends its host waits (src/cuda/host_wait.h).
 zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream,
                           const std::atomic<bool>* stop, const char* call);
 

@@ -1,4 +1,4 @@
-#include "src/watchdog.h"
+#include "src/cuda/watchdog.h"
 
 #include <algorithm>
 #include <cstdarg>

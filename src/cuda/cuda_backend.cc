@@ -1,5 +1,5 @@
 // The cuda backend's lifecycle (NCCL communicators, streams, events, scratch) and its dispatch.
-#include "src/cuda_backend.h"
+#include "src/cuda/cuda_backend.h"
 
 #include <dlfcn.h>
 
@@ -16,10 +16,10 @@
 #include "device/reduce.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/cuda_exec.h"
+#include "src/cuda/cuda_exec.h"
+#include "src/cuda/watchdog.h"
 #include "src/include/check.h"
 #include "src/include/params.h"
-#include "src/watchdog.h"
 
 namespace zp {
 
@@ -200,7 +200,7 @@ class CudaBackend final : public Backend {
     return res;
   }
 
-  // zpCommAbort from another thread: a call of this communicator waiting on the host gives up (src/host_wait.h).
+  // zpCommAbort from another thread: a call of this communicator waiting on the host gives up (src/cuda/host_wait.h).
   void interrupt() override { exec_.stopHostWaits = true; }
 
   bool bufferUsable(const void* ptr, const char** why) override {

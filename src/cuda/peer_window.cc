@@ -1,4 +1,4 @@
-#include "src/peer_window.h"
+#include "src/cuda/peer_window.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 
 #include "device/peer_window.h"
 #include "host/quant_format.h"
-#include "src/host_wait.h"
+#include "src/cuda/host_wait.h"
 #include "src/include/check.h"
 #include "src/include/debug.h"
 #include "src/include/params.h"

@@ -1,4 +1,4 @@
-#include "src/green_context.h"
+#include "src/cuda/green_context.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>

@@ -1,4 +1,4 @@
-#include "src/host_wait.h"
+#include "src/cuda/host_wait.h"
 
 #include <limits>
 
