@@ -5,7 +5,7 @@
 #include <cstring>
 #include <random>
 
-#include "host/host_backend.h"
+#include "host/backend/host_backend.h"
 #include "src/api_guard.h"
 #include "src/argcheck.h"
 #include "src/comm.h"

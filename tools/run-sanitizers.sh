@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The host-only pieces of zpccl under AddressSanitizer + UndefinedBehaviorSanitizer, built with clang and
 # without nvcc (a machine without a GPU is enough):
-#   1. builds into ${ZP_SAN_BUILD_DIR:-build-sanitizers} (ninja, incremental): src/*.cc and host/*.cc (the
+#   1. builds into ${ZP_SAN_BUILD_DIR:-build-sanitizers} (ninja, incremental): src/, src/cuda/, host/ and host/backend/ (the
 #      library, with coverage instrumentation for the fuzzer), tests/sanitizer_device_stubs.cc in place of the
 #      CUDA kernels, the perf harness's host-side library, and the host-only GoogleTest suites of
 #      tests/meson.build (host_test_sources, plus test_perf_common.cc) into zpccl_san_tests;
@@ -63,7 +63,7 @@ done
 
 # ---- build.ninja -------------------------------------------------------------------------------------------
 mkdir -p "$build/obj" "$build/fuzz-corpus" "$build/fuzz-artifacts"
-lib_sources=$(cd "$top" && ls src/*.cc host/*.cc)
+lib_sources=$(cd "$top" && ls src/*.cc src/cuda/*.cc host/*.cc host/backend/*.cc)
 perf_sources=$(sed -n "/static_library('perf_common'/,/)/p" "$top/perf/meson.build" | grep -o "'[a-z_]*\.cc'" |
   tr -d "'" | sed 's|^|perf/|')
 test_sources=$(sed -n "/^host_test_sources = files(/,/^)/p" "$top/tests/meson.build" | grep -o "'[^']*\.cc'" |

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "host/host_world.h"
+#include "host/backend/host_world.h"
 #include "host/topology.h"
 #include "src/include/backend.h"
 

@@ -1,4 +1,4 @@
-#include "host/host_world.h"
+#include "host/backend/host_world.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "host/host_backend.h"
+#include "host/backend/host_backend.h"
 
 #include <cstring>
 #include <string>
