@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The host-only pieces of zpccl under AddressSanitizer + UndefinedBehaviorSanitizer, built with clang and
 # without nvcc (a machine without a GPU is enough):
-#   1. builds into ${ZP_SAN_BUILD_DIR:-build-sanitizers} (ninja, incremental): src/, src/cuda/, host/ and host/backend/ (the
-#      library, with coverage instrumentation for the fuzzer), tests/sanitizer_device_stubs.cc in place of the
-#      CUDA kernels, the perf harness's host-side library, and the host-only GoogleTest suites of
+#   1. builds into ${ZP_SAN_BUILD_DIR:-build-sanitizers} (ninja, incremental): src/, src/cuda/, host/ and
+#      host/backend/ (the library, with coverage instrumentation for the fuzzer), tests/sanitizer_device_stubs.cc
+#      in place of the CUDA kernels, the perf harness's host-side library, and the host-only GoogleTest suites of
 #      tests/meson.build (host_test_sources, plus test_perf_common.cc) into zpccl_san_tests;
 #      tests/fuzz_host.cc into the libFuzzer target fuzz_host;
 #   2. runs zpccl_san_tests (host backend, ZP_SOAK_ITERS=${ZP_SOAK_ITERS:-1000}); every UBSan report counts as a
