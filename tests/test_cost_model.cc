@@ -1,4 +1,4 @@
-// The cost model (host/cost_model.h): bytes and times of each collective against numbers worked out by hand
+// The cost model (tools/model/cost_model.h): bytes and times of each collective against numbers worked out by hand
 // here from the formulas' definitions (links, kernels per kind and quantize per code width, the chunk pipeline's
 // overlap, one-chunk calls as the plain sum of their stages), the paper's 3M -> 0.75M cross-node claim (exact in
 // the paper's accounting, approximate with block scales), single-node, one-GPU-per-node and uneven layouts
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "host/cost_model.h"
+#include "tools/model/cost_model.h"
 
 namespace zp {
 namespace {
@@ -1269,7 +1269,7 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   EXPECT_EQ(cal.checks.size(), 330u);  // every row, and every zpccl row's NCCL baseline
   EXPECT_EQ(large, 220);
 
-  // What the calibration finds (host/cost_model.cc, "the formulas"), loosely: a change of the model that moves
+  // What the calibration finds (tools/model/cost_model.cc, "the formulas"), loosely: a change of the model that moves
   // these should be a deliberate one.
   const RegimeFit& nv = cal.regimes.at("nvlink");
   EXPECT_NEAR(nv.link.allGather.bwGBs, 260, 10);

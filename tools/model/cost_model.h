@@ -4,8 +4,8 @@
 // (src/cuda/pipeline.h): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy
 // kernels each at its own speed, and the three-stage chunk pipeline of qwZ and qgZ with the share of its overlap
 // that the implementation achieves. Also the calibration of all of it from the perf binaries' JSON (-J).
-// Pure host C++17: the tool tools/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
-// host/cost_model.cc, section "the formulas".
+// Pure host C++17: the tool tools/model/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
+// tools/model/cost_model.cc, section "the formulas".
 //
 // Units: bytes, microseconds, GB/s (1e9 bytes per second). M = model parameters x element bytes (bf16: 2).
 //
@@ -21,6 +21,8 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "perf/json_in.h"
 
 namespace zp {
 
@@ -247,17 +249,9 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
 
 // ---- calibration from the perf binaries' JSON --------------------------------------------------------------
 
-// One row of a perf JSON file (perf/json_out.h), with whatever fields it had. Missing numbers are -1 (times)
-// or 0 (counts).
-struct PerfRow {
-  std::string op, regime, type, backend;
-  double size = 0;  // logical bytes, nccl-tests' meaning for the op
-  int ranks = 0, nodes = 0, bits = 0, block = 0;
-  double timeUs = -1;      // out of place
-  double ncclTimeUs = -1;  // the NCCL baseline measured in the same run
-  long long wrong = -1;
-  std::map<std::string, std::string> env;  // the ZP_* tunables the run set ("env"; numbers as written)
-};
+// Rows as perf/json_in.h reads them.
+using perf::parsePerfJson;
+using perf::PerfRow;
 
 enum class RowKind {
   kUnknown,
@@ -285,11 +279,6 @@ bool usesPairGather(const PerfRow& row);
 // A row of a quantized gather (qwZ, the qwZ gather of qwz_hpz_gathers, hpZ with bits) run in a green context
 // (rowNcclSms non-zero). Every other row (NCCL's, qgZ's, the kernels') runs the same whatever its ZP_NCCL_SMS.
 bool isGreenContextRow(const PerfRow& row);
-
-// Reads rows from JSON text: an array of rows, several arrays one after the other, one row per line, or an
-// object holding an array. Tolerant of unknown and missing fields and of nulls. False (with *error) only when
-// the text is not JSON.
-bool parsePerfJson(const std::string& text, std::vector<PerfRow>* rows, std::string* error);
 
 // A least-squares fit of time = latency * steps + bytes / bw.
 struct FitPoint {
