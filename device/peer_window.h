@@ -31,7 +31,7 @@ zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScrat
 
 /**
  * @brief Enqueues on `stream` a kernel of one thread that waits until every peer's flag `sync.waitFor` in this
- *        rank's window has reached this rank's count of calls (device/kernel_stream.h, PeerSync), or until the
+ *        rank's window has reached this rank's count of calls (device/peer_sync.h), or until the
  *        cancel word is set.
  */
 zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream);

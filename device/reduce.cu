@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "device/launch_geometry.h"
 #include "device/reduce.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
@@ -104,12 +105,6 @@ struct ReduceArgs {
 // The segment of tile `work`: a 64-bit division is a call of ~70 instructions a tile, and most launches have one
 // segment (every tile of it below `tiles`).
 __device__ __forceinline__ size_t segmentOf(size_t work, size_t tiles) { return work < tiles ? 0 : work / tiles; }
-
-int log2Int(size_t v) {
-  int s = 0;
-  while ((size_t{1} << s) < v) ++s;
-  return s;
-}
 
 // ---- summing the sources ---------------------------------------------------------------------------------------
 
@@ -738,27 +733,14 @@ ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const
   return a;
 }
 
-// CTAs for `work` tiles: a few waves of resident CTAs (the hardware balances CTAs that finish at different
-// times, and a pipeline's finish kernel shares the SMs with NCCL's), a grid-stride loop for the rest. A direct-load
-// kernel gets one wave: each of its CTAs ends with a system-scope fence and an arrival (peerLeave), and over NVLink
-// qgZ int4 at 64 MB went from 1.47x to 1.80x NCCL with one wave instead of eight (1 GB: 1.91x -> 1.99x); its CTAs
-// that wait for the peers inside (PeerSync::waitInKernel) must all be resident anyway. The occupancy is cached per
-// kernel: it is a sizing hint only.
-template <auto Kernel>
-zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
-  static std::atomic<int> cached{0};
-  int perSm = cached.load(std::memory_order_relaxed);
-  if (perSm == 0) {
-    CUDACHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, Kernel, kThreads, 0));
-    if (perSm < 1) perSm = 1;
-    cached.store(perSm, std::memory_order_relaxed);
-  }
-  int sms = 0;
-  CUDACHECK(kernelStreamSms(stream, &sms));
+// Waves of resident CTAs for a grid on `stream` (gridFor, device/launch_geometry.h): a few (the hardware
+// balances CTAs that finish at different times, and a pipeline's finish kernel shares the SMs with NCCL's). A
+// direct-load kernel gets one wave: each of its CTAs ends with a system-scope fence and an arrival (peerLeave),
+// which more waves multiply (perf/RESULTS.md, qgZ over nvlink); its CTAs that wait for the peers inside
+// (PeerSync::waitInKernel) must all be resident anyway.
+int wavesFor(const KernelStream& stream) {
   const bool oneWave = stream.sync.waitInKernel || stream.sync.raise != PeerSync::kNone;
-  const size_t cap = static_cast<size_t>(sms) * perSm * (oneWave ? 1 : kWaves);
-  *grid = static_cast<unsigned>(work < cap ? work : cap);
-  return zpSuccess;
+  return oneWave ? 1 : kWaves;
 }
 
 template <int Bits>
@@ -766,7 +748,7 @@ zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payl
   constexpr auto kKernel = reduceRequantizeKernel<Bits>;
   if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
-  ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
+  ZPCHECK(gridFor<kKernel>(a.work, kThreads, wavesFor(stream), stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, out, payloadStride);
   return zpSuccess;
 }
@@ -776,7 +758,7 @@ zpResult_t launchFinishKernel(const ReduceArgs& a, void* output, size_t stride, 
   constexpr auto kKernel = reduceFinishKernel<Bits, Type, FewSources>;
   if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
-  ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
+  ZPCHECK(gridFor<kKernel>(a.work, kThreads, wavesFor(stream), stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
   return zpSuccess;
 }

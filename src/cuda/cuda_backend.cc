@@ -19,6 +19,7 @@
 #include "src/cuda/cuda_exec.h"
 #include "src/cuda/watchdog.h"
 #include "src/include/check.h"
+#include "src/include/nccl_check.h"
 #include "src/include/params.h"
 
 namespace zp {
@@ -163,7 +164,7 @@ class CudaBackend final : public Backend {
     if (watchdog_ && (*error = watchdog_->failure()) != zpSuccess) return zpSuccess;
     for (ncclComm_t comm : exec_.comms.all()) {
       ncclResult_t state = ncclSuccess;
-      NCCLCHECK(ncclCommGetAsyncError(comm, &state));
+      ZPCHECK(ncclCheck(ncclCommGetAsyncError(comm, &state), "zpCommGetAsyncError", "ncclCommGetAsyncError"));
       if (state != ncclSuccess) {
         *error = static_cast<zpResult_t>(state);
         return zpSuccess;
@@ -391,7 +392,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   CudaExec& e = created->exec();
   NcclComms& c = e.comms;
   if (callerComm != nullptr) {
-    NCCLCHECK(ncclCommCuDevice(callerComm, &e.device));
+    ZPCHECK(ncclCheck(ncclCommCuDevice(callerComm, &e.device), call, "ncclCommCuDevice"));
     CUDACHECK(cudaSetDevice(e.device));
     c.world = callerComm;
     c.ownsWorld = false;

@@ -11,6 +11,7 @@
 #include "src/cuda/pipeline.h"
 #include "src/cuda/pipeline_trace.h"
 #include "src/include/check.h"
+#include "src/include/nccl_check.h"
 
 namespace zp {
 

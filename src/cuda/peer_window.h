@@ -13,7 +13,7 @@
 // payloads of a call are one strided batch for the existing kernels.
 //
 // Ordering across ranks needs no NCCL call: the two kernels of a call wait for and raise flags in the windows
-// (device/kernel_stream.h, PeerSync). A call runs, on the caller's stream,
+// (device/peer_sync.h). A call runs, on the caller's stream,
 //   the write: waits until every peer has read this rank's window of the previous call, quantizes into it, and
 //     raises "written" in every peer's window;
 //   the read: waits until every peer has raised "written" for this call, reads every rank's window, and raises

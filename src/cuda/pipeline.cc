@@ -157,12 +157,6 @@ zpResult_t endPipeline(CudaExec& e, const Stages& s) {
   return zpSuccess;
 }
 
-zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what) {
-  if (r == ncclSuccess || r == ncclInProgress) return zpSuccess;
-  return ZP_ERR(static_cast<zpResult_t>(r), "%s : %s failed: %s (%s)", call, what, ncclGetErrorString(r),
-                ncclGetLastError(nullptr));
-}
-
 zpResult_t connectPeers(CudaExec& e, const char* call) {
   if (e.peersConnected) return zpSuccess;
   ZPCHECK(ensureScratch(e, 0, 16 * (e.topo.nranks + 1), e.setupStream, call));

@@ -19,6 +19,7 @@
 #include "src/cuda/cuda_exec.h"
 #include "src/include/backend.h"
 #include "src/include/check.h"
+#include "src/include/nccl_check.h"
 #include "src/include/params.h"
 
 namespace zp {
@@ -40,9 +41,6 @@ zpResult_t takesDirectPath(CudaExec& e, size_t logicalBytes, size_t payloadBytes
 // NCCL connects point-to-point peers on first use, which cannot happen inside graph capture: one tiny exchange
 // with every peer of each communicator that qgZ's all-to-alls use, outside capture, connects them all.
 zpResult_t connectPeers(CudaExec& e, const char* call);
-
-// An NCCL call's result as zpccl's, with a message naming the call; ncclInProgress counts as enqueued.
-zpResult_t ncclCheck(ncclResult_t r, const char* call, const char* what);
 
 // The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
 // caller's stream, which saves the events' latency on small messages; only its own slot, when worked early

@@ -22,6 +22,7 @@
 #include "src/cuda/pipeline.h"
 #include "src/cuda/pipeline_trace.h"
 #include "src/include/check.h"
+#include "src/include/nccl_check.h"
 #include "src/include/params.h"
 
 namespace zp {

@@ -63,11 +63,11 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
     "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "             \
     "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not "          \
     "disabled), instead of moving them with NCCL (default 0, every size: measured faster from 1 MiB up, "            \
-    "perf/RESULTS.md); -1: never (src/cuda/peer_window.h)")                                                               \
+    "perf/RESULTS.md); -1: never (src/cuda/peer_window.h)")                                                          \
   X(DirectInlineWaitBytes, "ZP_DIRECT_INLINE_WAIT_BYTES", 4 << 20, 0, INT64_MAX,                                     \
     "cuda backend: direct-load calls up to this many logical bytes wait for the peers inside their two "             \
     "kernels, on grids of a quarter of the device, instead of in two extra one-thread kernels: two launches fewer, " \
-    "which is most of a small call's time (device/kernel_stream.h, PeerSync)")                                       \
+    "which is most of a small call's time (device/peer_sync.h)")                                                     \
   X(OwnSlotEarlyBytes, "ZP_OWN_SLOT_EARLY_BYTES", 16 << 20, -1, INT64_MAX,                                           \
     "cuda backend: over slow links (host shared memory, sockets), from this many logical bytes the slot that "       \
     "never crosses the link is worked while the others travel: qwZ dequantizes its own shard during the gather, "    \
