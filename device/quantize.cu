@@ -610,8 +610,8 @@ __global__ void __launch_bounds__(kCtaThreads, 4) quantizeWarpKernel(const Quant
 // Blocks of a whole CTA (1 << kShift threads, 64 to 512), one block at a time per CTA: a pipeline of kStages
 // blocks in shared memory (cp.async), the copies of kStages - 1 of them in flight, not holding registers, while
 // one is quantized and the CTA meets at its barrier. Blocks with a tail, and misaligned segments, take the
-// direct loop. Measured on H200: the pipeline pays for blocks of a whole CTA; for warp-sized groups direct
-// loads are as fast or faster.
+// direct loop. The pipeline pays for blocks of a whole CTA; for warp-sized groups direct loads are as fast or
+// faster (quantize_perf; perf/RESULTS.md, Kernels).
 template <class Type, int Bits, int kShift, bool kAligned>
 __global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel(const QuantArgs a) {
   using Elem = typename Type::Bits;

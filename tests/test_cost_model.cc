@@ -1281,9 +1281,9 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   EXPECT_LT(cal.kernel.quantizeInt4.rate, cal.kernel.quantizeInt8.rate);
   EXPECT_NEAR(cal.kernel.dequantize.rate, 3530, 150);
   EXPECT_NEAR(cal.kernel.copy.rate, 4130, 200);
-  // G element-sources/s, ~7x slower per element than dequantize (the old reduce kernel). With the links' small-
-  // message lines, the one-chunk 16 MiB qgZ rows no longer over-price their ~4 MiB all-to-all: 370 and 0.39 (420 and
-  // 0.25 before, the reduce term paying that back).
+  // G element-sources/s, ~7x slower per element than dequantize (the reduce kernel these files were recorded
+  // with). With the links' small-message lines, the one-chunk 16 MiB qgZ rows do not over-price their ~4 MiB
+  // all-to-all, which the reduce term would otherwise pay back.
   EXPECT_NEAR(cal.kernel.reduce.rate, 370, 40);
   EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.41, 0.05);
   EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.39, 0.05);

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "src/cuda/cuda_backend.h"
-#include "src/include/params.h"
 #include "src/cuda/peer_window.h"
+#include "src/include/params.h"
 
 namespace zp {
 namespace {
@@ -144,7 +144,7 @@ TEST(ShmChannels, OtherLinksAndSettingsKeepNcclsChoice) {
   f.p2pDisable = "0";
   EXPECT_EQ(shmChannelsFor(f), 0);
   f = shm;
-  f.shmDisable = "1";  // sockets, where 16 channels were slower
+  f.shmDisable = "1";  // sockets, where more channels do not help
   EXPECT_EQ(shmChannelsFor(f), 0);
   f = shm;
   f.nodes = 2;

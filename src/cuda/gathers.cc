@@ -46,8 +46,8 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
   const bool ownEarly = ownSlotEarly(overSlowLink(e, comm), a.count * n * esz);
   Stages st;
   // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
-  // CTAs cannot start on an SM that our CTAs occupy (src/cuda/green_context.h). Measured over NVLink, int8 at 1 GB:
-  // 1.21x NCCL with every SM, 1.30x with 32 SMs left to NCCL.
+  // CTAs cannot start on an SM that our CTAs occupy (src/cuda/green_context.h); leaving them shortens
+  // the gather (perf/RESULTS.md, qwZ).
   ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/true, &st, ownEarly));
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   char* region = static_cast<char*>(e.scratch[0].ptr);

@@ -19,8 +19,8 @@
 //   the read: waits until every peer has raised "written" for this call, reads every rank's window, and raises
 //     "read done" in every peer's window.
 // The flags hold call counts, kept in device memory, so graphs replay the protocol too. The first bytes of each
-// window hold the flags (PeerSync::flagBytes), the payload follows. An earlier version ordered the call with two
-// NCCL all-reduces of one word (barriers), which cost ~20 us a call: at 1 MB more than the whole transfer.
+// window hold the flags (PeerSync::flagBytes), the payload follows. Flags, not NCCL all-reduces of one word
+// (barriers): a barrier costs more than a small call's whole transfer.
 //
 // Aborting the communicator unmaps the peers' windows, maybe while a call's kernels wait for a peer that will
 // never come, or are still queued: they would then fault, and a fault ends the whole CUDA context. So the kernels

@@ -49,7 +49,7 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
   X(ShmMinCtas, "ZP_SHM_MIN_CTAS", 16, 0, 64,                                                                        \
     "cuda backend: on one node whose GPUs talk through host shared memory (NCCL_P2P_DISABLE set, "                   \
     "NCCL_SHM_DISABLE not), the fewest CTAs (channels) NCCL uses for zpccl's transfers (0: NCCL's "                  \
-    "choice). More channels move the quantized payloads faster: qwZ int8 at 256 MB 1.83x -> 1.97x NCCL")             \
+    "choice). More channels move the quantized payloads faster (perf/RESULTS.md)")                                   \
   X(PairAllGather, "ZP_PAIR_ALLGATHER", 2, 0, 2,                                                                     \
     "cuda backend: how qgZ exchanges slots between two ranks: 2 (default) as one ncclAllGather when they "           \
     "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3) or share host "            \

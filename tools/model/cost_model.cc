@@ -134,8 +134,8 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //
 //   Kernels, each kind at its own speed: time = launches * launchUs + work / rate.
 //     quantize (k*e -> pb(k)), dequantize (pb(k) -> k*e): work = bytes read + written, rate in GB/s. Quantize has
-//       a cost per code width, Q_b (quantizeCost(bits)), wherever it runs (qwZ, qgZ, the quantize rows): two H200,
-//       bf16: int8 ~2600, int4 ~2250 GB/s. Dequantize one for both (~3570; its widths within 3%).
+//       a cost per code width, Q_b (quantizeCost(bits)), wherever it runs (qwZ, qgZ, the quantize rows).
+//       Dequantize one for both (its widths agree within the fit's error).
 //     copy (NCCL's all-gather over one rank, out of place): work = 2 * bytes (read + written), GB/s.
 //     reduce (device/reduce.cu: dequantize + fp32 sum of s sources of k elements, then finish or requantize): one
 //       CTA per quantization block, each thread loading one 16- or 32-bit word of codes per source per 4
@@ -150,15 +150,15 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //     ideal = sum / C + (C-1)/C * max(Q, M, F); the stages share the GPU's memory bandwidth and SMs (NVLink
 //     traffic is memory traffic too), so the implementation hides only a share w of that:
 //       time = sum - hidden,  hidden = w * (sum - ideal)   (C = 1: one stream, time = sum)
-//     with w fitted per op from its rows (two H200: qwZ ~0.43, qgZ ~0.60), and for qwZ per configuration: its
-//     kernels on every SM (ZP_NCCL_SMS=0, ~0.43) or in a green context that leaves SMs to NCCL (the library's
-//     default, ZP_NCCL_SMS=32, ~0.62), with the same kernel rates (PipelineParams). Where the link dominates
+//     with w fitted per op from its rows (perf/RESULTS.md, Cost model), and for qwZ per configuration: its
+//     kernels on every SM (ZP_NCCL_SMS=0) or in a green context that leaves SMs to NCCL (the library's
+//     default, ZP_NCCL_SMS=32), with the same kernel rates (PipelineParams). Where the link dominates
 //     (max = M or the second hop), sum - ideal is small against the time and w barely matters. A call of one chunk
 //     runs all of it on the caller's stream, back to back, without events (beginPipeline): time = Q + M + F
 //     exactly. Its NCCL call moves payloads, a quarter (int4) or half (int8) of the logical bytes: at 16 MiB
 //     logical that is below the 16 MiB from which the large lines are fitted, where the small-message line
-//     applies where it is lower (two H200, NVLink: qgZ int4's 4 MiB all-to-all 24.6 us against 35.5 by the large
-//     line; NCCL measured 24.3).
+//     applies where it is lower (over NVLink, qgZ int4's 4 MiB all-to-all is priced far closer to what NCCL
+//     runs by the small line than by the large one).
 //   qwZ (count k per rank), per chunk of k_c elements:
 //     Q: quantize k_c*e -> pb(k_c) (1 launch);  M: ring all-gather of n*pb(k_c) bytes;
 //     F: dequantize n*pb(k_c) -> n*k_c*e (1 launch).
@@ -176,7 +176,7 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //       NCCL all-gather of the slot each rank sends the other: the same bytes and steps, priced on the all-gather
 //       line of that link instead of the all-to-all one, plus a copy of the p-byte slot the rank keeps (2p read +
 //       written, one launch, KernelParams::copy) on the same stream. Over sockets the gather runs at the ring's
-//       speed, ~3/2 of the point-to-point's (two H200, net: 3.1 against 2.2 GB/s).
+//       speed, faster than the point-to-point's (perf/RESULTS.md, qgZ net).
 //   hpZ (full tensor of T*e bytes), groups of h ranks of one node: ring all-gather of T*e inside the group:
 //     (h-1)/h * T*e intra per GPU, (h-1) intra steps, nothing across nodes, no kernel. h = 1 (one GPU per node,
 //     or hpzSize 1): the secondary shard is the whole tensor and NCCL's one-rank all-gather copies it: a copy of

@@ -32,12 +32,11 @@ namespace zp {
 // times (n-1)/n over the time) and a cost per step (a ring step, or a peer of an all-to-all). A step of x bytes
 // takes latencyUs + x / bw: the same as a bandwidth that grows with the message, bw * x / (x + latencyUs * bw),
 // half of it at x = latencyUs * bw. Calibrated from 16 MiB up, latencyUs is that ramp, not the small-message
-// latency (two H200 over NVLink: ~23 us and 260 GB/s, half speed at 6 MB a step; the emulated net regime, two
-// processes over NCCL's sockets: ~320 us and 3.06 GB/s). A ring of n ranks pays it on each of its n-1 steps, a
+// latency (perf/RESULTS.md, Cost model, has the fitted lines). A ring of n ranks pays it on each of its n-1 steps, a
 // pipelined call once per chunk; zpccl-model keeps it when a flag changes the bandwidth.
 //
 // Below that range NCCL switches protocols (LL, LL128) and the line extrapolated from 16 MiB up over-predicts it
-// (two H200 over NVLink: a 4 MiB all-to-all measures 24.3 us where the large line gives 35.5). So a link may carry a
+// (over NVLink, a 4 MiB all-to-all runs well below the large line). So a link may carry a
 // second line, fitted the same way from the NCCL rows below the large line's smallest size (smallBelowBytes). A
 // collective below that size (its size as nccl-tests gives it: an all-gather's gathered tensor, a reduce-scatter's
 // input, an all-to-all's n x bytes per peer) costs the lower of the two lines: NCCL runs the protocol its tuning
@@ -57,7 +56,7 @@ struct LinkCost {
 };
 
 // A class of link (intra-node: per GPU; inter-node: per node, all NICs together), per kind of collective, since
-// NCCL reaches different speeds on each (two H200: all-to-all at 1.9 GB/s where all-gather reaches 3.1 on net).
+// NCCL reaches different speeds on each (over net, the all-to-all runs well below the all-gather).
 struct LinkParams {
   LinkCost allGather;
   LinkCost reduceScatter;
@@ -74,13 +73,12 @@ struct KernelCost {
 };
 
 // The kernels of this implementation, each at its own speed. Quantize has one cost per code width (quantizeCost):
-// per byte read + written, int4 codes run slower than int8 (two H200: 2250 against 2630 GB/s); dequantize's widths
-// differ by ~3%, within its fit's error, and share one cost. Defaults: the calibration of two H200 (bf16,
-// zpccl-model --calibrate perf/results/2026-11-30-h200x2-session2.json, -net-session2.json and -baselines.json:
-// the second session's kernels), rounded. The reduce rate (and qgZ's overlap, PipelineParams) fell from 2890 (0.45)
-// to 1380 (0.60) when the links got their small-message lines: the one-chunk 16 MiB qgZ rows had carried the large
-// line's over-price of their 4 MiB all-to-all, which the reduce term paid back (their sum of measured parts: 13.7 us
-// quantize + 24.3 us all-to-all + ~6.5 us reduce = 44.5 us, a reduce of ~1300-1600 G element-sources/s).
+// per byte read + written, int4 codes run slower than int8; dequantize's widths differ within its fit's error and
+// share one cost. Defaults: the calibration of two H200 (bf16, zpccl-model --calibrate
+// perf/results/2026-11-30-h200x2-nvlink-shm-nccl-pipeline.json, -net-nccl-pipeline.json and -baselines.json;
+// perf/RESULTS.md, Cost model), rounded. The reduce rate is fitted with the links' small-message lines: without
+// them the one-chunk 16 MiB qgZ rows would carry the large line's over-price of their 4 MiB all-to-all, which the
+// reduce term would pay back.
 struct KernelParams {
   KernelCost quantizeInt8{2630, 4.2};  // device/quantize.cu, int8 codes, GB/s of bytes read + written
   KernelCost quantizeInt4{2250, 4.7};  // device/quantize.cu, int4 codes, GB/s of bytes read + written
@@ -101,13 +99,13 @@ struct KernelParams {
 //
 // The quantized gathers (qwZ, and hpZ with bits) run their quantize and dequantize kernels in a green context that
 // leaves ncclSms SMs to NCCL (ZP_NCCL_SMS; the library's default, 32), so NCCL's CTAs can start beside them and the
-// stages overlap far better (perf/RESULTS.md's trace: 0.87 of the ideal against ~0.43 with every SM): two
+// stages overlap far better (perf/RESULTS.md, Cost model): two
 // configurations, each with its own overlap. Only whether ncclSms is zero matters to the model. The kernel rates
 // are the same in both (fitted from the quantize and dequantize rows, which run on every SM): the green overlap,
 // fitted from the green rows, absorbs what the smaller SM share and the shared HBM cost the stages, which is why
-// it comes out at ~0.62 rather than the traced 0.87. qgZ never uses the green context (it quantizes all n slices
+// it comes out below the traced overlap. qgZ never uses the green context (it quantizes all n slices
 // and needs every SM). Default overlaps: the calibration of KernelParams' defaults, rounded; the green one with
-// the green rows of perf/results/*-session3-green.json added (tests/test_cost_model.cc, MeasuredGreenContext).
+// the green rows of perf/results/*-green-context.json added (tests/test_cost_model.cc, MeasuredGreenContext).
 //
 // qgZ's exchange between exactly two ranks (one hop on two GPUs; the inter-node hop of two hops over two nodes; the
 // intra-node hop over two GPUs a node) may run as one NCCL all-gather of the slot each rank sends the other, plus a
