@@ -176,8 +176,8 @@ ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclCom
       return ZP_ERR(zpInvalidArgument, "%s : config->backend host cannot wrap an NCCL communicator", call);
     }
     int nranks = 0, rank = 0;
-    ZPCHECK(ncclCheck(ncclCommCount(ncclComm, &nranks), call, "ncclCommCount"));
-    ZPCHECK(ncclCheck(ncclCommUserRank(ncclComm, &rank), call, "ncclCommUserRank"));
+    ZPCHECK(zp::ncclCheck(ncclCommCount(ncclComm, &nranks), call, "ncclCommCount"));
+    ZPCHECK(zp::ncclCheck(ncclCommUserRank(ncclComm, &rank), call, "ncclCommUserRank"));
     zpUniqueId unused;
     memset(&unused, 0, sizeof(unused));
     return zp::commInit(comm, ncclComm, nranks, unused, rank, config, call);
