@@ -101,9 +101,7 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     }
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
   }
-  ZPCHECK(endPipeline(e, st));
-  trace.report();
-  return zpSuccess;
+  return endPipeline(e, st, trace);
 }
 
 }  // namespace

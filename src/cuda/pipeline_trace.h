@@ -8,6 +8,8 @@
 
 #include "host/chunk_plan.h"
 #include "src/cuda/cuda_exec.h"
+#include "src/cuda/pipeline.h"
+#include "src/include/check.h"
 
 namespace zp {
 
@@ -50,5 +52,12 @@ class PipelineTrace {
   bool on_ = false;
   std::bitset<kEvents> marked_;  // the events recorded in this call (the others may hold an earlier call's time)
 };
+
+// Ends a traced call: joins its stages back into the caller's stream (endPipeline), then reports the trace.
+inline zpResult_t endPipeline(CudaExec& e, const Stages& s, PipelineTrace& trace) {
+  ZPCHECK(endPipeline(e, s));
+  trace.report();
+  return zpSuccess;
+}
 
 }  // namespace zp

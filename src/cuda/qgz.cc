@@ -85,6 +85,13 @@ zpResult_t quantizeSlots(const CollArgs& a, const int* sliceOfSlot, int n, size_
   return zpSuccess;
 }
 
+// Sums `sources` (chunk c's elements of each), in their order, into chunk c of recvbuff, divided by `divisor`.
+zpResult_t sumIntoRecv(const CollArgs& a, const ChunkPlan& plan, int c, const ReduceSources& sources, float divisor,
+                       KernelStream stream) {
+  auto* recv = static_cast<char*>(a.recvbuff) + plan.offset(c) * typeSize(a.type);
+  return launchReduceFinish(sources, plan.elems(c), a.bits, a.blockSize, a.type, divisor, recv, plan.elems(c), stream);
+}
+
 // The direct path: slot s of each rank's window holds its quantized slice for rank s; one launch sums slot
 // `rank` of every window, the peers' read over NVLink, in rank order into recvbuff.
 zpResult_t qgzDirect(CudaExec& e, const CollArgs& a, float divisor, size_t sliceBytes) {
@@ -155,7 +162,6 @@ zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
   ZPCHECK(beginQgzPipeline(e, a, keptLate, &p));
   const Stages& st = p.st;
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
-  auto* recv = static_cast<char*>(a.recvbuff);
   const int* slices = e.qgz.sliceOfSlot.data();
   // Quantizes chunk c of slots [first, first + count) into `slots` (slot `first` at its start).
   auto quantizeRun = [&](int c, int first, int count, char* slots, KernelStream stream) {
@@ -194,7 +200,6 @@ zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
     }
   }
   for (int c = 0; c < plan.chunks; ++c) {
-    const size_t cc = plan.elems(c);
     const size_t pb = p.sendAt.slotBytes(c);
     char* received = p.recvRegion + p.recvAt.offset(c);
     ZPCHECK(waitQuantized(e, st, c));
@@ -213,13 +218,10 @@ zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
     // Step 3 (finish): the slot from rank j (j-th source) summed in rank order.
     const ReduceSources sources{received, pairLayout ? 2 * pb : pb, 0, n, 1};
-    ZPCHECK(launchReduceFinish(sources, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
-                               st.finish));
+    ZPCHECK(sumIntoRecv(a, plan, c, sources, divisor, st.finish));
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
   }
-  ZPCHECK(endPipeline(e, st));
-  trace.report();
-  return zpSuccess;
+  return endPipeline(e, st, trace);
 }
 
 // Two hops (N nodes of L ranks each): the intra-node all-to-all gives each local rank the N slices of its
@@ -234,7 +236,6 @@ zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
   ZPCHECK(beginQgzPipeline(e, a, /*ownEarly=*/false, &p));
   const Stages& st = p.st;
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
-  auto* recv = static_cast<char*>(a.recvbuff);
 
   // Step 1 (quantize stage): chunk c of every slice into its send slot, in the plan's node-major order. In place
   // is safe: the finish stage of chunk c' writes only chunk c' of recvbuff, and chunk c' of every slice is
@@ -269,13 +270,10 @@ zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
                           a.opName));
     // Step 5 (finish): node a's partial, summed in node order, into recvbuff.
     const ReduceSources finals{received, pb, 0, N, 1};
-    ZPCHECK(launchReduceFinish(finals, cc, a.bits, a.blockSize, a.type, divisor, recv + plan.offset(c) * esz, cc,
-                               st.finish));
+    ZPCHECK(sumIntoRecv(a, plan, c, finals, divisor, st.finish));
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
   }
-  ZPCHECK(endPipeline(e, st));
-  trace.report();
-  return zpSuccess;
+  return endPipeline(e, st, trace);
 }
 
 }  // namespace
