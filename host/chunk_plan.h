@@ -1,6 +1,6 @@
 // How a pipelined collective cuts its elements into chunks: whole quantization blocks, so that chunking never
 // changes a result (every block is quantized exactly as without chunks), and few enough chunks that each one
-// still moves enough bytes to run at full link speed.
+// still moves enough bytes to run at full link speed; and where each chunk's payloads lie in scratch (ChunkRegion).
 #pragma once
 
 #include <algorithm>

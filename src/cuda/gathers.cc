@@ -17,37 +17,33 @@ namespace zp {
 
 namespace {
 
-// The quantized gather over `comm` (n ranks, this one `rank`): qwZ over the world, hpZ's quantized mode over the
-// hpZ group. Quantize: the own shard into its slot of every chunk's region. Move: all-gather the regions chunk
-// by chunk. Finish: dequantize each gathered chunk (all ranks' slots in one launch) into recvbuff.
-zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
+// The direct path (qwZ over the world's n ranks): each rank's window holds its quantized shard; one launch
+// dequantizes the n windows, the peers' read over NVLink, into recvbuff.
+zpResult_t gatherDirect(CudaExec& e, const CollArgs& a, int n) {
+  return directLoads(
+      e, a, a.count * n * typeSize(a.type),
+      [&](char* payload, KernelStream writeStream) {
+        return launchQuantize(a.sendbuff, payload, a.count, a.type, a.bits, a.blockSize, writeStream);
+      },
+      [&](const PeerWindow& w, KernelStream readStream) {
+        return launchDequantize(w.rankWindow(0), a.recvbuff, a.count, a.type, a.bits, a.blockSize, readStream, n,
+                                w.rankStride, a.count);
+      });
+}
+
+// The pipelined gather over `comm` (n ranks, this one `rank`). Quantize: the own shard into its slot of every
+// chunk's region. Move: all-gather the regions chunk by chunk. Finish: dequantize each gathered chunk (all ranks'
+// slots in one launch) into recvbuff.
+zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
   const size_t esz = typeSize(a.type);
-  bool direct = false;
-  if (comm == e.comms.world && rank == e.topo.rank) {
-    ZPCHECK(takesDirectPath(e, a.count * n * esz, quantPayloadBytes(a.count, a.bits, a.blockSize), a.stream, a.opName,
-                            &direct));
-  }
-  if (direct) {
-    // Each rank's window holds its quantized shard; one launch dequantizes the n windows, the peers' read over
-    // NVLink, into recvbuff.
-    return directLoads(
-        e, a, a.count * n * esz,
-        [&](char* payload, KernelStream writeStream) {
-          return launchQuantize(a.sendbuff, payload, a.count, a.type, a.bits, a.blockSize, writeStream);
-        },
-        [&](const PeerWindow& w, KernelStream readStream) {
-          return launchDequantize(w.rankWindow(0), a.recvbuff, a.count, a.type, a.bits, a.blockSize, readStream, n,
-                                  w.rankStride, a.count);
-        });
-  }
   const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
   const ChunkRegion at(plan, n, a.bits, a.blockSize);  // chunk c: every rank's slot, in rank order
   ZPCHECK(ensureScratch(e, 0, at.bytes(), a.stream, a.opName));
   const bool ownEarly = ownSlotEarly(overSlowLink(e, comm), a.count * n * esz);
   Stages st;
   // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
-  // CTAs cannot start on an SM that our CTAs occupy (src/cuda/green_context.h); leaving them shortens
-  // the gather (perf/RESULTS.md, qwZ).
+  // CTAs cannot start on an SM that our CTAs occupy (src/cuda/green_context.h); leaving them shortens the gather
+  // (perf/RESULTS.md, qwZ).
   ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/true, &st, ownEarly));
   PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
   char* region = static_cast<char*>(e.scratch[0].ptr);
@@ -102,6 +98,17 @@ zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int 
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
   }
   return endPipeline(e, st, trace);
+}
+
+// The quantized gather over `comm` (n ranks, this one `rank`): qwZ over the world, hpZ's quantized mode over the
+// hpZ group; direct loads for the world only.
+zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
+  bool direct = false;
+  if (comm == e.comms.world && rank == e.topo.rank) {
+    ZPCHECK(takesDirectPath(e, a.count * n * typeSize(a.type), quantPayloadBytes(a.count, a.bits, a.blockSize),
+                            a.stream, a.opName, &direct));
+  }
+  return direct ? gatherDirect(e, a, n) : gatherPipeline(e, a, comm, n, rank);
 }
 
 }  // namespace
