@@ -1,4 +1,4 @@
-// Where NCCL maps the ranks' symmetric windows in this process: the device side of src/peer_window.h.
+// Where NCCL maps the ranks' symmetric windows in this process: the device side of src/cuda/peer_window.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,12 +31,12 @@ zpResult_t windowRankAddresses(ncclWindow_t window, int ranks, void* deviceScrat
 
 /**
  * @brief Enqueues on `stream` a kernel of one thread that waits until every peer's flag `sync.waitFor` in this
- *        rank's window has reached this rank's count of calls (device/kernel_stream.h, PeerSync), or until the
+ *        rank's window has reached this rank's count of calls (device/peer_sync.h), or until the
  *        cancel word is set.
  */
 zpResult_t launchPeerWait(const PeerSync& sync, cudaStream_t stream);
 
-// Loads this file's kernels into the current device's context (see loadKernels, src/cuda_backend.cc).
+// Loads this file's kernels into the current device's context (see loadKernels, src/cuda/cuda_backend.cc).
 zpResult_t loadPeerKernels();
 
 }  // namespace zp

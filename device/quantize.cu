@@ -23,11 +23,12 @@
 #include <cstring>
 #include <type_traits>
 
+#include "device/launch_geometry.h"
 #include "device/quantize.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 namespace {
@@ -75,12 +76,6 @@ struct DequantArgs {
   int blockShift;  // log2(blockSize)
   PeerSync sync;   // KernelStream::sync
 };
-
-int log2Int(size_t v) {
-  int s = 0;
-  while ((size_t{1} << s) < v) ++s;
-  return s;
-}
 
 // ---- vector access -------------------------------------------------------------------------------------------
 
@@ -615,8 +610,8 @@ __global__ void __launch_bounds__(kCtaThreads, 4) quantizeWarpKernel(const Quant
 // Blocks of a whole CTA (1 << kShift threads, 64 to 512), one block at a time per CTA: a pipeline of kStages
 // blocks in shared memory (cp.async), the copies of kStages - 1 of them in flight, not holding registers, while
 // one is quantized and the CTA meets at its barrier. Blocks with a tail, and misaligned segments, take the
-// direct loop. Measured on H200: the pipeline pays for blocks of a whole CTA; for warp-sized groups direct
-// loads are as fast or faster.
+// direct loop. The pipeline pays for blocks of a whole CTA; for warp-sized groups direct loads are as fast or
+// faster (quantize_perf; perf/RESULTS.md, Kernels).
 template <class Type, int Bits, int kShift, bool kAligned>
 __global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel(const QuantArgs a) {
   using Elem = typename Type::Bits;
@@ -767,22 +762,6 @@ __global__ void __launch_bounds__(kCtaThreads) dequantizeKernel(const DequantArg
 
 // ---- launchers -----------------------------------------------------------------------------------------------
 
-// CTAs of `threads` threads of Kernel that fit on one SM, cached per kernel and CTA size. A sizing hint only:
-// any grid is correct.
-template <auto Kernel>
-zpResult_t residentCtas(int threads, size_t smem, int* perSm) {
-  static std::atomic<int> cache[32];
-  const int slot = log2Int(threads);
-  int n = cache[slot].load(std::memory_order_relaxed);
-  if (n == 0) {
-    CUDACHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, smem));
-    if (n < 1) n = 1;
-    cache[slot].store(n, std::memory_order_relaxed);
-  }
-  *perSm = n;
-  return zpSuccess;
-}
-
 // Lets Kernel take up to `bytes` of dynamic shared memory (beside its static shared memory, the total may pass
 // the default 48 KB), once per device.
 template <auto Kernel>
@@ -794,22 +773,6 @@ zpResult_t allowSharedMemory(size_t bytes) {
   if (done.load(std::memory_order_relaxed) & bit) return zpSuccess;
   CUDACHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   done.fetch_or(bit, std::memory_order_relaxed);
-  return zpSuccess;
-}
-
-// One wave of resident CTAs on the stream's SMs (grid-stride loops do the rest: an extra partial wave would idle
-// most SMs at the end), split over the segments; never more CTAs than a segment has work for.
-template <auto Kernel>
-zpResult_t gridFor(size_t ctasPerSegment, int batch, int threads, size_t smem, const KernelStream& stream, dim3* grid) {
-  int sms = 0, perSm = 0;
-  CUDACHECK(kernelStreamSms(stream, &sms));
-  ZPCHECK(residentCtas<Kernel>(threads, smem, &perSm));
-  const int gy = batch < 65535 ? batch : 65535;
-  const size_t resident = static_cast<size_t>(sms) * perSm;
-  size_t gx = resident / gy;
-  if (gx > ctasPerSegment) gx = ctasPerSegment;
-  if (gx < 1) gx = 1;
-  *grid = dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
   return zpSuccess;
 }
 

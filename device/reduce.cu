@@ -22,18 +22,19 @@
 // 16-byte stores whatever the element alignment of the output (a misaligned output shifts each 16-byte window
 // out of two staged chunks; element stores only at both ends of the warp's range). Even for an aligned output the
 // stage pays: each thread storing its own 64 or 128 contiguous bytes (16-byte stores 64 or 128 bytes apart across
-// the warp) made the finish 1.6 - 2.9x slower (reduce_perf, fourteenth session).
+// the warp) makes the finish much slower (reduce_perf; perf/RESULTS.md, Kernels).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <atomic>
 #include <cstdint>
 
+#include "device/launch_geometry.h"
 #include "device/reduce.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
 #include "host/reduce_math.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 namespace {
@@ -59,11 +60,9 @@ constexpr int preparedWords() {
 
 // Sources whose loads are in flight together when a thread keeps all its kElems sums (sumSources: the requantize
 // kernel, and the finish of more than kFewSources sources): two, so that three CTAs share an SM (80 registers; int8
-// spills 28 - 96 bytes a thread). Measured on H200 (reduce_perf, bf16 G = 256, 64M / 256M): the requantize with four
-// in flight and two CTAs an SM (128 registers) took int4 46.1 / 166.3 us (2 sources), 88.9 / 380.6 (8), with two
-// and three CTAs 40.1 / 147.2 and 85.3 / 347.4; int8 47.0 / 164.7 -> 40.0 / 142.3 (2), 93.5 / 370.5 -> 89.2 / 342.5
-// (8). The finish kernel, before finishFewSources, went from four to two the same way: two sources, 35M elements,
-// int4 71.4 -> 63.1 - 64.3 us, int8 106 - 107 -> 98 - 100 us (ncu's clocks), occupancy 24 -> 35%.
+// spills 28 - 96 bytes a thread). Three CTAs an SM hide the loads' latency better than four sources in flight on
+// two CTAs an SM (128 registers), for the requantize and the finish alike, at both code widths (reduce_perf;
+// perf/RESULTS.md, Kernels).
 constexpr int kBatch = 2;
 // Sources of a segment up to which the finish keeps 8 sums a thread live (finishFewSources).
 constexpr int kFewSources = 2;
@@ -75,9 +74,8 @@ constexpr int kFewSourcesCtas = 4;
 // The constants of the code decoding (prepareCodes, codeValue), passed at run time so that the compiler keeps them
 // in registers: a byte permute then takes its selector as the immediate (with both as constants it moves the
 // selector into a register, one extra instruction an element), and a flip and a mask of int4 codes make one LOP3.
-// Against a mask and a flip for each even nibble, a shift more for each odd one (reduce_perf, bf16, 32M - 128M):
-// int4 requantize 1.5 - 5% faster, finish of two or eight sources 1 - 2.5%; int8, whose decoding is unchanged,
-// finish of three or four sources 1.5 - 2% slower (register allocation).
+// That is fewer instructions for int4 than a mask and a flip for each even nibble and a shift more for each odd
+// one; int8's decoding is the same either way, and its register allocation may differ (reduce_perf).
 struct DecodeConstants {
   // Bytes 3 and 2: the high bytes of 2^23 (0x4b000000, decodeCode's operand) and of 2^19 (0x49000000, the operand
   // of an odd int4 code, left in bits 4 - 7 of its byte); bytes 1 and 0: zero.
@@ -104,12 +102,6 @@ struct ReduceArgs {
 // The segment of tile `work`: a 64-bit division is a call of ~70 instructions a tile, and most launches have one
 // segment (every tile of it below `tiles`).
 __device__ __forceinline__ size_t segmentOf(size_t work, size_t tiles) { return work < tiles ? 0 : work / tiles; }
-
-int log2Int(size_t v) {
-  int s = 0;
-  while ((size_t{1} << s) < v) ++s;
-  return s;
-}
 
 // ---- summing the sources ---------------------------------------------------------------------------------------
 
@@ -405,8 +397,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 // bytes), so that neither the threads writing their 64 or 128 contiguous bytes (one row or half of one) nor the
 // lanes reading consecutive chunks hit the same banks. Unlike a permutation of each row, it keeps a thread's
 // chunks, and each lane's reads (chunk lane + 32 k at stagePos(lane) + 36 k), at constant offsets from one
-// address, ~35 instructions a tile fewer. Measured against the permutation (reduce_perf, bf16, 32M - 128M): the
-// finish of two int4 sources 1 - 2% faster, the other cases within 1.6% either way.
+// address, ~35 instructions a tile fewer; the finish is as fast as with a permutation, or faster (reduce_perf).
 constexpr int kRowChunks = 8;
 __host__ __device__ constexpr int stagePos(int c) { return c + c / kRowChunks; }
 
@@ -663,7 +654,7 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
       const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(dst) & 15);
       const int n = static_cast<int>(min(static_cast<size_t>(kWarpElems), a.count - warpElem));
       // The common case, a whole aligned range, without the per-chunk bounds: ~35 instructions a thread instead of
-      // ~185 (bf16), and the finish 4 - 11% faster (reduce_perf, thirteenth session).
+      // ~185 (bf16), which the finish's time shows (reduce_perf).
       if (shift == 0 && n == kWarpElems) {
         const uint4* const lanes = mine + stagePos(lane);  // chunk lane + 32 k at lanes[k * stagePos(32)]
 #pragma unroll
@@ -738,27 +729,14 @@ ReduceArgs reduceArgs(const ReduceSources& s, size_t count, int blockSize, const
   return a;
 }
 
-// CTAs for `work` tiles: a few waves of resident CTAs (the hardware balances CTAs that finish at different
-// times, and a pipeline's finish kernel shares the SMs with NCCL's), a grid-stride loop for the rest. A direct-load
-// kernel gets one wave: each of its CTAs ends with a system-scope fence and an arrival (peerLeave), and over NVLink
-// qgZ int4 at 64 MB went from 1.47x to 1.80x NCCL with one wave instead of eight (1 GB: 1.91x -> 1.99x); its CTAs
-// that wait for the peers inside (PeerSync::waitInKernel) must all be resident anyway. The occupancy is cached per
-// kernel: it is a sizing hint only.
-template <auto Kernel>
-zpResult_t gridFor(size_t work, const KernelStream& stream, unsigned* grid) {
-  static std::atomic<int> cached{0};
-  int perSm = cached.load(std::memory_order_relaxed);
-  if (perSm == 0) {
-    CUDACHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, Kernel, kThreads, 0));
-    if (perSm < 1) perSm = 1;
-    cached.store(perSm, std::memory_order_relaxed);
-  }
-  int sms = 0;
-  CUDACHECK(kernelStreamSms(stream, &sms));
+// Waves of resident CTAs for a grid on `stream` (gridFor, device/launch_geometry.h): a few (the hardware
+// balances CTAs that finish at different times, and a pipeline's finish kernel shares the SMs with NCCL's). A
+// direct-load kernel gets one wave: each of its CTAs ends with a system-scope fence and an arrival (peerLeave),
+// which more waves multiply (perf/RESULTS.md, qgZ over nvlink); its CTAs that wait for the peers inside
+// (PeerSync::waitInKernel) must all be resident anyway.
+int wavesFor(const KernelStream& stream) {
   const bool oneWave = stream.sync.waitInKernel || stream.sync.raise != PeerSync::kNone;
-  const size_t cap = static_cast<size_t>(sms) * perSm * (oneWave ? 1 : kWaves);
-  *grid = static_cast<unsigned>(work < cap ? work : cap);
-  return zpSuccess;
+  return oneWave ? 1 : kWaves;
 }
 
 template <int Bits>
@@ -766,7 +744,7 @@ zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payl
   constexpr auto kKernel = reduceRequantizeKernel<Bits>;
   if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
-  ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
+  ZPCHECK(gridFor<kKernel>(a.work, kThreads, wavesFor(stream), stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, out, payloadStride);
   return zpSuccess;
 }
@@ -776,7 +754,7 @@ zpResult_t launchFinishKernel(const ReduceArgs& a, void* output, size_t stride, 
   constexpr auto kKernel = reduceFinishKernel<Bits, Type, FewSources>;
   if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
-  ZPCHECK(gridFor<kKernel>(a.work, stream, &grid));
+  ZPCHECK(gridFor<kKernel>(a.work, kThreads, wavesFor(stream), stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, static_cast<typename Type::Bits*>(output), stride, divisor);
   return zpSuccess;
 }

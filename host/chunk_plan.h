@@ -1,6 +1,6 @@
 // How a pipelined collective cuts its elements into chunks: whole quantization blocks, so that chunking never
 // changes a result (every block is quantized exactly as without chunks), and few enough chunks that each one
-// still moves enough bytes to run at full link speed.
+// still moves enough bytes to run at full link speed; and where each chunk's payloads lie in scratch (ChunkRegion).
 #pragma once
 
 #include <algorithm>
@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "host/quant_format.h"
+
 namespace zp {
 
-// The most chunks a pipeline has (its events are per chunk, src/cuda_exec.h).
+// The most chunks a pipeline has (its events are per chunk, src/cuda/cuda_exec.h).
 constexpr int kMaxPipelineChunks = 16;
 
 // A fixed array, so that planning a call allocates nothing.
@@ -56,5 +58,25 @@ inline ChunkPlan makeChunkPlan(size_t count, int blockSize, size_t logicalBytes,
   }
   return p;
 }
+
+// A scratch region of `slots` payloads a chunk, chunk after chunk: where chunk c's slots lie (the cuda backend's
+// pipelines lay out their scratch so, src/cuda/pipeline.h).
+class ChunkRegion {
+ public:
+  ChunkRegion(const ChunkPlan& plan, int slots, int bits, int blockSize) : chunks_(plan.chunks) {
+    for (int c = 0; c < plan.chunks; ++c) {
+      slotBytes_[c] = quantPayloadBytes(plan.elems(c), bits, blockSize);
+      offset_[c + 1] = offset_[c] + slots * slotBytes_[c];
+    }
+  }
+  size_t slotBytes(int c) const { return slotBytes_[c]; }  // one payload: chunk c's elements, quantized
+  size_t offset(int c) const { return offset_[c]; }        // chunk c's first slot, from the region's start
+  size_t bytes() const { return offset_[chunks_]; }
+
+ private:
+  int chunks_;
+  std::array<size_t, kMaxPipelineChunks> slotBytes_{};
+  std::array<size_t, kMaxPipelineChunks + 1> offset_{};
+};
 
 }  // namespace zp

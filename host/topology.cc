@@ -7,7 +7,7 @@
 #include <map>
 #include <sstream>
 
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 

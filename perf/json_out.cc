@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "src/params.h"
+#include "src/include/params.h"
 
 namespace zp {
 namespace perf {

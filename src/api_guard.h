@@ -6,7 +6,7 @@
 #include <exception>
 #include <new>
 
-#include "src/check.h"
+#include "src/include/check.h"
 
 #define ZP_EXPORT extern "C" __attribute__((visibility("default")))
 

@@ -4,7 +4,7 @@
 
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 

@@ -3,9 +3,9 @@
 #pragma once
 
 #include "include/zpccl.h"
-#include "src/backend.h"
-#include "src/check.h"
 #include "src/comm.h"
+#include "src/include/backend.h"
+#include "src/include/check.h"
 
 namespace zp {
 

@@ -2,8 +2,8 @@
 #include "host/quant_format.h"
 #include "src/api_guard.h"
 #include "src/argcheck.h"
-#include "src/check.h"
 #include "src/comm.h"
+#include "src/include/check.h"
 
 namespace zp {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "host/topology.h"
 #include "include/zpccl.h"
-#include "src/backend.h"
+#include "src/include/backend.h"
 
 namespace zp {
 

@@ -1,4 +1,4 @@
-#include "src/debug.h"
+#include "src/include/debug.h"
 
 #include <unistd.h>
 

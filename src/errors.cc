@@ -4,8 +4,8 @@
 #include <string>
 
 #include "src/api_guard.h"
-#include "src/check.h"
 #include "src/comm.h"
+#include "src/include/check.h"
 
 namespace zp {
 

@@ -5,13 +5,14 @@
 #include <cstring>
 #include <random>
 
-#include "host/host_backend.h"
+#include "host/backend/host_backend.h"
 #include "src/api_guard.h"
 #include "src/argcheck.h"
-#include "src/check.h"
 #include "src/comm.h"
-#include "src/cuda_backend.h"
-#include "src/params.h"
+#include "src/cuda/cuda_backend.h"
+#include "src/include/check.h"
+#include "src/include/nccl_check.h"
+#include "src/include/params.h"
 
 namespace zp {
 
@@ -175,8 +176,8 @@ ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclCom
       return ZP_ERR(zpInvalidArgument, "%s : config->backend host cannot wrap an NCCL communicator", call);
     }
     int nranks = 0, rank = 0;
-    NCCLCHECK(ncclCommCount(ncclComm, &nranks));
-    NCCLCHECK(ncclCommUserRank(ncclComm, &rank));
+    ZPCHECK(zp::ncclCheck(ncclCommCount(ncclComm, &nranks), call, "ncclCommCount"));
+    ZPCHECK(zp::ncclCheck(ncclCommUserRank(ncclComm, &rank), call, "ncclCommUserRank"));
     zpUniqueId unused;
     memset(&unused, 0, sizeof(unused));
     return zp::commInit(comm, ncclComm, nranks, unused, rank, config, call);

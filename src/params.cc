@@ -1,11 +1,11 @@
-#include "src/params.h"
+#include "src/include/params.h"
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#include "src/debug.h"
+#include "src/include/debug.h"
 
 namespace zp {
 

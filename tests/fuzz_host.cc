@@ -17,7 +17,8 @@
 //     or forged handle, which must fail with zpInvalidArgument;
 //   - zpCommInitRankConfig with random nranks, rank and config fields (only combinations that cannot wait for
 //     absent peers), against an oracle of the config rules;
-//   - the tunables' parser (src/params.h, readParamText) on random texts and ranges, against strtoll: text that is
+//   - the tunables' parser (src/include/params.h, readParamText) on random texts and ranges, against strtoll: text that
+//   is
 //     no integer is refused as such, an integer outside the range (beyond int64 too) as outside it, with the
 //     default; an integer in range is taken, without a warning;
 //   - the pure planners: buildTopology (host/topology.h) on random node-key vectors of 1..64 ranks and random
@@ -46,7 +47,7 @@
 #include "host/topology.h"
 #include "include/zpccl.h"
 #include "src/comm.h"
-#include "src/params.h"
+#include "src/include/params.h"
 
 namespace {
 

@@ -458,7 +458,7 @@ TEST(GpuGraphs, CapturedPipelinesReplayToTheSameBits) {
 // A graph captured before a later, larger call stays valid and replays to the host backend's bits on new inputs.
 // On one rank the larger call grows the scratch memory, which retires the buffers the capture used instead of
 // freeing them (NCCL's exchange over one rank is a copy, so the one-rank pipeline runs through scratch). On two
-// ranks of one node the captured call is a direct-load call (src/peer_window.h): the larger call would grow the
+// ranks of one node the captured call is a direct-load call (src/cuda/peer_window.h): the larger call would grow the
 // window, which is frozen instead, and it takes NCCL's path. Allocations made right after the larger call are where
 // a freed buffer would be reused: the replay must leave them alone. A call of the captured size after the replay
 // still takes the frozen window's direct path, whose flags the replay advanced.
@@ -673,7 +673,7 @@ TEST(GpuConcurrency, OneCommunicatorOnTwoStreamsKeepsItsScratchInOrder) {
 
 // A call that must wait on the host (here: scratch grows, behind work on a stream that cannot move) gives up
 // once another thread aborts the communicator, instead of keeping the abort waiting for it forever (the abort
-// waits for running calls to leave; src/host_wait.h). The held stream is opened only after the call returned.
+// waits for running calls to leave; src/cuda/host_wait.h). The held stream is opened only after the call returned.
 TEST(GpuAbort, AbortEndsACallWaitingOnTheHost) {
   ZP_REQUIRE_GPUS(1);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);

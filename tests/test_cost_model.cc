@@ -1,4 +1,4 @@
-// The cost model (host/cost_model.h): bytes and times of each collective against numbers worked out by hand
+// The cost model (tools/model/cost_model.h): bytes and times of each collective against numbers worked out by hand
 // here from the formulas' definitions (links, kernels per kind and quantize per code width, the chunk pipeline's
 // overlap, one-chunk calls as the plain sum of their stages), the paper's 3M -> 0.75M cross-node claim (exact in
 // the paper's accounting, approximate with block scales), single-node, one-GPU-per-node and uneven layouts
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "host/cost_model.h"
+#include "tools/model/cost_model.h"
 
 namespace zp {
 namespace {
@@ -427,7 +427,7 @@ TEST(CostModelTime, QuantizePerBits) {
   EXPECT_NEAR(qwzAllGatherCost(c, 1 << 20, 2, 8, 256).kernelUs, 3.162112 + 5 + 12.648448 + 1, 1e-9);
 
   // qgZ int4 over one node of 2 GPUs, 16 MiB logical (recvcount 2^22): one chunk, so it all runs on the caller's
-  // stream (src/cuda_collectives.cc beginPipeline): quantize, the all-to-all, the reduce, back to back, whatever
+  // stream (src/cuda/pipeline.h beginPipeline): quantize, the all-to-all, the reduce, back to back, whatever
   // the overlap. Payload 65536 + 2097152 = 2162688 a slice; all-to-all 300 GB/s + 30 us a step.
   //   quantize 2 slices: 16777216 + 2 * 2162688 = 21102592 B at 500 GB/s = 42.205184 us + 3
   //   all-to-all: 2162688 B to the peer at 300 GB/s = 7.20896 us + 30
@@ -1269,7 +1269,7 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   EXPECT_EQ(cal.checks.size(), 330u);  // every row, and every zpccl row's NCCL baseline
   EXPECT_EQ(large, 220);
 
-  // What the calibration finds (host/cost_model.cc, "the formulas"), loosely: a change of the model that moves
+  // What the calibration finds (tools/model/cost_model.cc, "the formulas"), loosely: a change of the model that moves
   // these should be a deliberate one.
   const RegimeFit& nv = cal.regimes.at("nvlink");
   EXPECT_NEAR(nv.link.allGather.bwGBs, 260, 10);
@@ -1281,9 +1281,9 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   EXPECT_LT(cal.kernel.quantizeInt4.rate, cal.kernel.quantizeInt8.rate);
   EXPECT_NEAR(cal.kernel.dequantize.rate, 3530, 150);
   EXPECT_NEAR(cal.kernel.copy.rate, 4130, 200);
-  // G element-sources/s, ~7x slower per element than dequantize (the old reduce kernel). With the links' small-
-  // message lines, the one-chunk 16 MiB qgZ rows no longer over-price their ~4 MiB all-to-all: 370 and 0.39 (420 and
-  // 0.25 before, the reduce term paying that back).
+  // G element-sources/s, ~7x slower per element than dequantize (the reduce kernel these files were recorded
+  // with). With the links' small-message lines, the one-chunk 16 MiB qgZ rows do not over-price their ~4 MiB
+  // all-to-all, which the reduce term would otherwise pay back.
   EXPECT_NEAR(cal.kernel.reduce.rate, 370, 40);
   EXPECT_NEAR(cal.pipeline.qwzOverlap, 0.41, 0.05);
   EXPECT_NEAR(cal.pipeline.qgzOverlap, 0.39, 0.05);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "include/zpccl.h"
-#include "src/cuda_exec.h"
+#include "src/cuda/cuda_exec.h"
 #include "tests/host_ranks.h"
 #include "tests/stall_page.h"
 
@@ -440,7 +440,7 @@ TEST(HostAbort, CallsRacingDestroyNeverReadAFreedCommunicator) {
   }
 }
 
-// The orders in which the cuda backend ends its NCCL communicators (src/cuda_exec.h): destroyed split ones first
+// The orders in which the cuda backend ends its NCCL communicators (src/cuda/cuda_exec.h): destroyed split ones first
 // and world last, aborted world first (an abort of a split one waits for world's kernel), a caller's world never,
 // an alias of world once. Fake handles: nothing here calls NCCL.
 TEST(NcclCommsOrder, DestroyWorldLastAbortWorldFirst) {

@@ -1,12 +1,12 @@
-// When a communicator uses direct loads (src/peer_window.h): the decision every rank votes on at init, and the
+// When a communicator uses direct loads (src/cuda/peer_window.h): the decision every rank votes on at init, and the
 // size threshold of each call. Host-only: the facts are given, not read from NCCL.
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "src/cuda_backend.h"
-#include "src/params.h"
-#include "src/peer_window.h"
+#include "src/cuda/cuda_backend.h"
+#include "src/cuda/peer_window.h"
+#include "src/include/params.h"
 
 namespace zp {
 namespace {
@@ -144,7 +144,7 @@ TEST(ShmChannels, OtherLinksAndSettingsKeepNcclsChoice) {
   f.p2pDisable = "0";
   EXPECT_EQ(shmChannelsFor(f), 0);
   f = shm;
-  f.shmDisable = "1";  // sockets, where 16 channels were slower
+  f.shmDisable = "1";  // sockets, where more channels do not help
   EXPECT_EQ(shmChannelsFor(f), 0);
   f = shm;
   f.nodes = 2;

@@ -22,7 +22,7 @@
 #include "perf/json_out.h"
 #include "perf/options.h"
 #include "perf/proc_group.h"
-#include "src/params.h"
+#include "src/include/params.h"
 
 namespace zp {
 namespace perf {

@@ -218,7 +218,7 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # through NCCL and the pipelines).
   # Then every collective test with direct loads whose waits are kernels of their own at every size
   # (ZP_DIRECT_INLINE_WAIT_BYTES=0; by default calls up to 4 MiB, most test cases, wait inside their kernels), in
-  # one process and in two (src/peer_window.h); GpuFaults.PeerKilledMidNcclPipeline left out there, since it sets
+  # one process and in two (src/cuda/peer_window.h); GpuFaults.PeerKilledMidNcclPipeline left out there, since it sets
   # ZP_DIRECT_MIN_BYTES=-1 for its processes and would repeat the first pass's run.
   # Then the collective tests over host shared memory (NCCL_P2P_DISABLE=1: the world is split with
   # ZP_SHM_MIN_CTAS channels, qgZ's pair exchange gathers), with the own slot worked early at every size

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The host-only pieces of zpccl under AddressSanitizer + UndefinedBehaviorSanitizer, built with clang and
 # without nvcc (a machine without a GPU is enough):
-#   1. builds into ${ZP_SAN_BUILD_DIR:-build-sanitizers} (ninja, incremental): src/*.cc and host/*.cc (the
-#      library, with coverage instrumentation for the fuzzer), tests/sanitizer_device_stubs.cc in place of the
-#      CUDA kernels, the perf harness's host-side library, and the host-only GoogleTest suites of
-#      tests/meson.build (host_test_sources, plus test_perf_common.cc) into zpccl_san_tests;
+#   1. builds into ${ZP_SAN_BUILD_DIR:-build-sanitizers} (ninja, incremental): src/, src/cuda/, host/ and
+#      host/backend/ (the library, with coverage instrumentation for the fuzzer), tests/sanitizer_device_stubs.cc
+#      in place of the CUDA kernels, the perf harness's host-side library, the cost model's library, and the
+#      host-only GoogleTest suites of tests/meson.build (host_test_sources, plus test_perf_common.cc) into
+#      zpccl_san_tests;
 #      tests/fuzz_host.cc into the libFuzzer target fuzz_host;
 #   2. runs zpccl_san_tests (host backend, ZP_SOAK_ITERS=${ZP_SOAK_ITERS:-1000}); every UBSan report counts as a
 #      failure;
@@ -63,9 +64,14 @@ done
 
 # ---- build.ninja -------------------------------------------------------------------------------------------
 mkdir -p "$build/obj" "$build/fuzz-corpus" "$build/fuzz-artifacts"
-lib_sources=$(cd "$top" && ls src/*.cc host/*.cc)
-perf_sources=$(sed -n "/static_library('perf_common'/,/)/p" "$top/perf/meson.build" | grep -o "'[a-z_]*\.cc'" |
-  tr -d "'" | sed 's|^|perf/|')
+lib_sources=$(cd "$top" && ls src/*.cc src/cuda/*.cc host/*.cc host/backend/*.cc)
+# The sources of the static library $2 of $1/meson.build, as paths from the top.
+library_sources() {
+  sed -n "/static_library('$2'/,/)/p" "$top/$1/meson.build" | grep -o "'[a-z_]*\.cc'" | tr -d "'" | sed "s|^|$1/|"
+}
+# The harness's library and its JSON reader, and the cost model's library (tests/test_cost_model.cc).
+perf_sources="$(library_sources perf perf_common) $(library_sources perf perf_json)
+  $(library_sources tools/model zpccl_model)"
 test_sources=$(sed -n "/^host_test_sources = files(/,/^)/p" "$top/tests/meson.build" | grep -o "'[^']*\.cc'" |
   tr -d "'" | sed 's|^|tests/|')
 [ -f "$top/tests/test_perf_common.cc" ] && test_sources="$test_sources tests/test_perf_common.cc"

@@ -68,7 +68,7 @@ def build_info() -> types.ModuleType | None:
 
 
 def direct_loads_state(built: Any, nccl_code: int | None) -> str:
-    """Whether the direct loads can run, as src/peer_window.cc decides from the NCCL versions."""
+    """Whether the direct loads can run, as src/cuda/peer_window.cc decides from the NCCL versions."""
     if not built.DIRECT_LOADS:
         return "not built (NCCL without its device API)"
     if nccl_code is not None and nccl_code // 100 != built.NCCL_VERSION_CODE // 100:

@@ -22,7 +22,7 @@
 
 #include "host/rank_init.h"
 #include "include/zpccl.h"
-#include "src/backend.h"
+#include "src/include/backend.h"
 
 namespace zp {
 

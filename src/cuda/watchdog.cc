@@ -1,10 +1,10 @@
-#include "src/watchdog.h"
+#include "src/cuda/watchdog.h"
 
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 
-#include "src/debug.h"
+#include "src/include/debug.h"
 
 namespace zp {
 

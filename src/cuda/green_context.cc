@@ -1,4 +1,4 @@
-#include "src/green_context.h"
+#include "src/cuda/green_context.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -7,8 +7,8 @@
 #include <map>
 #include <mutex>
 
-#include "src/check.h"
-#include "src/debug.h"
+#include "src/include/check.h"
+#include "src/include/debug.h"
 
 namespace zp {
 
@@ -69,8 +69,8 @@ bool splitOff(const GreenApi& api, const CUdevResource& all, int leaveFree, CUde
 }
 
 // The device's green context: one for the whole process, made on first use and kept until exit, in which every
-// communicator on the device makes its own streams. (With a context per communicator, GpuConcurrency, two
-// communicators in flight on one device, hung; sharing one context is the remedy tried first, perf/RESULTS.md.)
+// communicator on the device makes its own streams: two communicators in flight on one device, each with a green
+// context of its own, can hang (GpuConcurrency), so they share this one.
 // Null when none can be made.
 struct DeviceGreenContext {
   CUgreenCtx context = nullptr;

@@ -5,9 +5,9 @@
 
 #include <memory>
 
-#include "host/host_world.h"
+#include "host/backend/host_world.h"
 #include "host/topology.h"
-#include "src/backend.h"
+#include "src/include/backend.h"
 
 namespace zp {
 

@@ -7,7 +7,7 @@
 
 #include "host/rank_init.h"
 #include "host/topology.h"
-#include "src/backend.h"
+#include "src/include/backend.h"
 
 namespace zp {
 
@@ -20,8 +20,8 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
 
 // What decides whether zpccl's NCCL communicators get more channels than NCCL would pick: one node whose GPUs
 // reach each other only through host shared memory (NCCL's SHM transport). zpccl's payloads are a half to a
-// quarter of the bf16 baseline's bytes, and NCCL gives them fewer channels than that transport can use: qwZ int8
-// over shm at 256 MB ran at 1.83x NCCL on NCCL's channels and 1.97x on 16; over sockets 16 were slower.
+// quarter of the bf16 baseline's bytes, and NCCL gives them fewer channels than that transport can use: more
+// channels move them faster over shm (perf/RESULTS.md, qwZ shm), not over sockets.
 struct ShmChannelFacts {
   int nodes;  // in zpccl's topology
   int nranks;
@@ -33,8 +33,8 @@ struct ShmChannelFacts {
 };
 
 // The fewest channels to ask NCCL for, or 0 to leave NCCL's choice. Not for a caller's communicator: with NCCL's
-// P2P disabled, GpuFromNccl hung in its first run on the GPUs (sixth session) while zpccl used a widened split of
-// the caller's communicator; the cause is not known, and the caller's NCCL settings are the caller's choice.
+// P2P disabled, a widened split of the caller's communicator can hang (GpuFromNccl), for a cause not known, and
+// the caller's NCCL settings are the caller's choice.
 int shmChannelsFor(const ShmChannelFacts& f);
 
 }  // namespace zp

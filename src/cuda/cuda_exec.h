@@ -1,6 +1,6 @@
 // What the cuda backend's collectives work with: the NCCL communicators, the side stream and events of the
-// chunk pipelines, and the communicator's scratch memory. Lifecycle in cuda_backend.cc; the collectives in
-// cuda_collectives.cc.
+// chunk pipelines, and the communicator's scratch memory. Lifecycle in cuda_backend.cc; the pipelines in
+// pipeline.h, the collectives in gathers.cc and qgz.cc.
 #pragma once
 
 #include <nccl.h>
@@ -11,9 +11,9 @@
 #include "host/chunk_plan.h"
 #include "host/qgz_plan.h"
 #include "host/topology.h"
-#include "src/backend.h"
-#include "src/green_context.h"
-#include "src/peer_window.h"
+#include "src/cuda/green_context.h"
+#include "src/cuda/peer_window.h"
+#include "src/include/backend.h"
 
 namespace zp {
 
@@ -59,9 +59,9 @@ struct CudaExec {
   // the stages overlap over NVLink: the green context below did).
   //
   // The quantized gathers (qwZ, hpZ's quantized mode) run their quantize and finish stages on the green
-  // context's streams when there is one (an SM share that leaves ZP_NCCL_SMS SMs free, src/green_context.h):
+  // context's streams when there is one (an SM share that leaves ZP_NCCL_SMS SMs free, src/cuda/green_context.h):
   // NCCL's CTAs each need a nearly empty SM, which priorities alone cannot give them while our grids fill every
-  // SM. qgZ keeps every SM (cuda_collectives.cc says why).
+  // SM. qgZ keeps every SM (qgz.cc says why).
   cudaStream_t quantStream = nullptr;
   cudaStream_t moveStream = nullptr;
   cudaStream_t sideStream = nullptr;
@@ -73,14 +73,14 @@ struct CudaExec {
   // The same join inside graph capture: sideDone is never recorded there, since an event last recorded in a
   // capture cannot be waited for or synchronized outside it (the next call and zpCommDestroy do both).
   cudaEvent_t capturedSideDone = nullptr;
-  cudaEvent_t ownSlotDone = nullptr;  // a one-chunk call's own slot worked on a side stream (cuda_collectives.cc)
+  cudaEvent_t ownSlotDone = nullptr;  // a one-chunk call's own slot worked on a side stream (pipeline.h)
   ScratchBuffer scratch[2];
   std::vector<void*> retiredScratch;     // grown out of after a capture used them; freed with the communicator
-  PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/peer_window.h)
+  PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/cuda/peer_window.h)
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
   bool peersConnected = false;           // every point-to-point peer connected (needed before graph capture)
   // Set when the communicator failed (the watchdog) or is being aborted: ends the host waits of a call
-  // (src/host_wait.h), so that the call leaves and lets the abort proceed.
+  // (src/cuda/host_wait.h), so that the call leaves and lets the abort proceed.
   std::atomic<bool> stopHostWaits{false};
   bool shmChannels = false;  // one node over host shared memory, on ZP_SHM_MIN_CTAS channels
 };

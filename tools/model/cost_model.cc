@@ -1,4 +1,4 @@
-#include "host/cost_model.h"
+#include "tools/model/cost_model.h"
 
 #include <algorithm>
 #include <cctype>
@@ -108,7 +108,7 @@ bool qgzPairGathers(const ClusterSpec& c) {
 
 // ===========================================================================================================
 // The formulas. Every time and byte count of the model comes from this section; calibrate() fits its parameters
-// (steps in host/cost_model.h).
+// (steps in tools/model/cost_model.h).
 //
 //   n ranks on N nodes, node a holding L_a GPUs (L when even); S the logical bytes of a collective; e the bytes
 //   per element; pb(k) = quantPayloadBytes(k, bits, G): fp32 scales of ceil(k/G) blocks padded to 16 bytes, then
@@ -134,15 +134,15 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //
 //   Kernels, each kind at its own speed: time = launches * launchUs + work / rate.
 //     quantize (k*e -> pb(k)), dequantize (pb(k) -> k*e): work = bytes read + written, rate in GB/s. Quantize has
-//       a cost per code width, Q_b (quantizeCost(bits)), wherever it runs (qwZ, qgZ, the quantize rows): two H200,
-//       bf16: int8 ~2600, int4 ~2250 GB/s. Dequantize one for both (~3570; its widths within 3%).
+//       a cost per code width, Q_b (quantizeCost(bits)), wherever it runs (qwZ, qgZ, the quantize rows).
+//       Dequantize one for both (its widths agree within the fit's error).
 //     copy (NCCL's all-gather over one rank, out of place): work = 2 * bytes (read + written), GB/s.
 //     reduce (device/reduce.cu: dequantize + fp32 sum of s sources of k elements, then finish or requantize): one
 //       CTA per quantization block, each thread loading one 16- or 32-bit word of codes per source per 4
 //       elements: its time follows the elements it decodes, not the bytes, so work = s * k element-sources
 //       (whatever the bits), rate in G element-sources/s, fitted from the qgZ rows; launchUs = dequantize's.
 //
-//   Chunk pipelines (qwZ, qgZ; src/cuda_collectives.cc). The shard (qwZ) or every slice (qgZ) is cut into
+//   Chunk pipelines (qwZ, qgZ; src/cuda/pipeline.h). The shard (qwZ) or every slice (qgZ) is cut into
 //     C = min(max(1, logical bytes / 64 MiB), 8) chunks of whole blocks (host/chunk_plan.h); three stages run
 //     chunk after chunk on three streams: quantize (Q), move (M: NCCL on the caller's stream), finish (F). Q, M,
 //     F are each stage's time summed over the chunks (every chunk's kernels and NCCL calls with their own
@@ -150,15 +150,15 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //     ideal = sum / C + (C-1)/C * max(Q, M, F); the stages share the GPU's memory bandwidth and SMs (NVLink
 //     traffic is memory traffic too), so the implementation hides only a share w of that:
 //       time = sum - hidden,  hidden = w * (sum - ideal)   (C = 1: one stream, time = sum)
-//     with w fitted per op from its rows (two H200: qwZ ~0.43, qgZ ~0.60), and for qwZ per configuration: its
-//     kernels on every SM (ZP_NCCL_SMS=0, ~0.43) or in a green context that leaves SMs to NCCL (the library's
-//     default, ZP_NCCL_SMS=32, ~0.62), with the same kernel rates (PipelineParams). Where the link dominates
+//     with w fitted per op from its rows (perf/RESULTS.md, Cost model), and for qwZ per configuration: its
+//     kernels on every SM (ZP_NCCL_SMS=0) or in a green context that leaves SMs to NCCL (the library's
+//     default, ZP_NCCL_SMS=32), with the same kernel rates (PipelineParams). Where the link dominates
 //     (max = M or the second hop), sum - ideal is small against the time and w barely matters. A call of one chunk
 //     runs all of it on the caller's stream, back to back, without events (beginPipeline): time = Q + M + F
 //     exactly. Its NCCL call moves payloads, a quarter (int4) or half (int8) of the logical bytes: at 16 MiB
 //     logical that is below the 16 MiB from which the large lines are fitted, where the small-message line
-//     applies where it is lower (two H200, NVLink: qgZ int4's 4 MiB all-to-all 24.6 us against 35.5 by the large
-//     line; NCCL measured 24.3).
+//     applies where it is lower (over NVLink, qgZ int4's 4 MiB all-to-all is priced far closer to what NCCL
+//     runs by the small line than by the large one).
 //   qwZ (count k per rank), per chunk of k_c elements:
 //     Q: quantize k_c*e -> pb(k_c) (1 launch);  M: ring all-gather of n*pb(k_c) bytes;
 //     F: dequantize n*pb(k_c) -> n*k_c*e (1 launch).
@@ -176,7 +176,7 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //       NCCL all-gather of the slot each rank sends the other: the same bytes and steps, priced on the all-gather
 //       line of that link instead of the all-to-all one, plus a copy of the p-byte slot the rank keeps (2p read +
 //       written, one launch, KernelParams::copy) on the same stream. Over sockets the gather runs at the ring's
-//       speed, ~3/2 of the point-to-point's (two H200, net: 3.1 against 2.2 GB/s).
+//       speed, faster than the point-to-point's (perf/RESULTS.md, qgZ net).
 //   hpZ (full tensor of T*e bytes), groups of h ranks of one node: ring all-gather of T*e inside the group:
 //     (h-1)/h * T*e intra per GPU, (h-1) intra steps, nothing across nodes, no kernel. h = 1 (one GPU per node,
 //     or hpzSize 1): the secondary shard is the whole tensor and NCCL's one-rank all-gather copies it: a copy of
@@ -536,254 +536,6 @@ Comparison compareStep(const ClusterSpec& c, const StepConfig& s, const ZeroppOp
   }
   if (z.hpz && c.isEven()) out.hpzSecondaryBytes = out.modelBytes / layoutFacts(c, z.hpzSize).hpzSize;
   return out;
-}
-
-// ---- JSON --------------------------------------------------------------------------------------------------
-
-namespace {
-
-struct Json {
-  enum Type { kNull, kBool, kNumber, kString, kArray, kObject } type = kNull;
-  double number = 0;
-  std::string text;
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
-
-  const Json* get(const char* key) const {
-    if (type != kObject) return nullptr;
-    for (const auto& m : members)
-      if (m.first == key) return &m.second;
-    return nullptr;
-  }
-};
-
-// A small recursive-descent reader: enough for the perf files, strict about structure, lenient about NaN and
-// Infinity (read as null).
-class JsonReader {
- public:
-  explicit JsonReader(const std::string& s) : s_(s) {}
-
-  bool atEnd() {
-    skipSpace();
-    return i_ >= s_.size();
-  }
-  bool value(Json* out, int depth = 0) {
-    skipSpace();
-    if (depth > 64) return fail("nested too deep");
-    if (i_ >= s_.size()) return fail("unexpected end");
-    const char ch = s_[i_];
-    if (ch == '{') return object(out, depth);
-    if (ch == '[') return array(out, depth);
-    if (ch == '"') {
-      out->type = Json::kString;
-      return string(&out->text);
-    }
-    if (word("null") || word("NaN") || word("Infinity") || word("-Infinity")) {
-      out->type = Json::kNull;
-      return true;
-    }
-    if (word("true") || word("false")) {
-      out->type = Json::kBool;
-      return true;
-    }
-    return number(out);
-  }
-  // Skips commas between top-level values (rows written one per line with a trailing comma).
-  void skipSeparators() {
-    skipSpace();
-    while (i_ < s_.size() && s_[i_] == ',') {
-      ++i_;
-      skipSpace();
-    }
-  }
-  const std::string& error() const { return error_; }
-
- private:
-  void skipSpace() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  bool fail(const char* what) {
-    error_ = std::string("JSON: ") + what + " at offset " + std::to_string(i_);
-    return false;
-  }
-  bool word(const char* w) {
-    const size_t len = std::strlen(w);
-    if (s_.compare(i_, len, w) != 0) return false;
-    i_ += len;
-    return true;
-  }
-  bool expect(char ch) {
-    skipSpace();
-    if (i_ < s_.size() && s_[i_] == ch) {
-      ++i_;
-      return true;
-    }
-    return fail((std::string("expected '") + ch + "'").c_str());
-  }
-  bool number(Json* out) {
-    const char* begin = s_.c_str() + i_;
-    char* end = nullptr;
-    const double v = std::strtod(begin, &end);
-    if (end == begin) return fail("unexpected character");
-    i_ += static_cast<size_t>(end - begin);
-    out->type = Json::kNumber;
-    out->number = v;
-    return true;
-  }
-  bool string(std::string* out) {
-    ++i_;  // opening quote
-    while (i_ < s_.size() && s_[i_] != '"') {
-      char ch = s_[i_++];
-      if (ch == '\\') {
-        if (i_ >= s_.size()) break;
-        const char esc = s_[i_++];
-        switch (esc) {
-          case 'n':
-            ch = '\n';
-            break;
-          case 't':
-            ch = '\t';
-            break;
-          case 'r':
-            ch = '\r';
-            break;
-          case 'b':
-            ch = '\b';
-            break;
-          case 'f':
-            ch = '\f';
-            break;
-          case 'u': {
-            if (i_ + 4 > s_.size()) return fail("bad \\u escape");
-            const unsigned code = static_cast<unsigned>(std::strtoul(s_.substr(i_, 4).c_str(), nullptr, 16));
-            i_ += 4;
-            ch = code < 0x80 ? static_cast<char>(code) : '?';  // names in these files are ASCII
-            break;
-          }
-          default:
-            ch = esc;
-        }
-      }
-      out->push_back(ch);
-    }
-    if (i_ >= s_.size()) return fail("unterminated string");
-    ++i_;
-    return true;
-  }
-  bool array(Json* out, int depth) {
-    ++i_;
-    out->type = Json::kArray;
-    skipSpace();
-    if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
-    for (;;) {
-      out->items.emplace_back();
-      if (!value(&out->items.back(), depth + 1)) return false;
-      skipSpace();
-      if (i_ < s_.size() && s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      return expect(']');
-    }
-  }
-  bool object(Json* out, int depth) {
-    ++i_;
-    out->type = Json::kObject;
-    skipSpace();
-    if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
-    for (;;) {
-      skipSpace();
-      if (i_ >= s_.size() || s_[i_] != '"') return fail("expected a key");
-      std::string key;
-      if (!string(&key) || !expect(':')) return false;
-      out->members.emplace_back(std::move(key), Json());
-      if (!value(&out->members.back().second, depth + 1)) return false;
-      skipSpace();
-      if (i_ < s_.size() && s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      return expect('}');
-    }
-  }
-
-  const std::string& s_;
-  size_t i_ = 0;
-  std::string error_;
-};
-
-double numberOf(const Json* j, double fallback) { return j && j->type == Json::kNumber ? j->number : fallback; }
-std::string numberText(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.15g", v);
-  return buf;
-}
-std::string textOf(const Json* j) { return j && j->type == Json::kString ? j->text : std::string(); }
-const Json* firstOf(const Json& o, std::initializer_list<const char*> keys) {
-  for (const char* k : keys)
-    if (const Json* j = o.get(k)) return j;
-  return nullptr;
-}
-
-// The time of a measured variant: {"time_us": t, ...}, or a bare number.
-double timeOf(const Json* m) {
-  if (m == nullptr) return -1;
-  if (m->type == Json::kNumber) return m->number;
-  const double t = numberOf(m->get("time_us"), -1);
-  return t > 0 ? t : -1;
-}
-
-PerfRow rowOf(const Json& o) {
-  PerfRow r;
-  r.op = textOf(firstOf(o, {"op", "name", "collective"}));
-  r.regime = textOf(o.get("regime"));
-  r.type = textOf(firstOf(o, {"type", "dtype"}));
-  r.backend = textOf(o.get("backend"));
-  r.size = numberOf(firstOf(o, {"size", "bytes"}), 0);
-  r.ranks = static_cast<int>(numberOf(firstOf(o, {"ranks", "nranks"}), 0));
-  r.nodes = static_cast<int>(numberOf(o.get("nodes"), 0));
-  r.bits = static_cast<int>(numberOf(o.get("bits"), 0));
-  r.block = static_cast<int>(numberOf(firstOf(o, {"block", "block_size"}), 0));
-  const Json* oop = o.get("oop");
-  r.timeUs = oop ? timeOf(oop) : timeOf(o.get("time_us"));
-  if (oop && oop->type == Json::kObject) r.wrong = static_cast<long long>(numberOf(oop->get("wrong"), -1));
-  r.ncclTimeUs = timeOf(o.get("nccl"));
-  if (const Json* env = o.get("env")) {
-    for (const auto& m : env->members) {
-      if (m.second.type == Json::kString) r.env[m.first] = m.second.text;
-      if (m.second.type == Json::kNumber) r.env[m.first] = numberText(m.second.number);
-    }
-  }
-  return r;
-}
-
-void collectRows(const Json& v, std::vector<PerfRow>* rows) {
-  if (v.type == Json::kArray) {
-    for (const Json& item : v.items) collectRows(item, rows);
-  } else if (v.type == Json::kObject) {
-    if (v.get("op") || v.get("name") || v.get("collective")) {
-      rows->push_back(rowOf(v));
-      return;
-    }
-    for (const auto& m : v.members)
-      if (m.second.type == Json::kArray) collectRows(m.second, rows);
-  }
-}
-
-}  // namespace
-
-bool parsePerfJson(const std::string& text, std::vector<PerfRow>* rows, std::string* error) {
-  JsonReader reader(text);
-  while (!reader.atEnd()) {
-    Json v;
-    if (!reader.value(&v)) {
-      if (error) *error = reader.error();
-      return false;
-    }
-    collectRows(v, rows);
-    reader.skipSeparators();
-  }
-  return true;
 }
 
 // ---- calibration -------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-#include "src/peer_window.h"
+#include "src/cuda/peer_window.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -6,10 +6,11 @@
 
 #include "device/peer_window.h"
 #include "host/quant_format.h"
-#include "src/check.h"
-#include "src/debug.h"
-#include "src/host_wait.h"
-#include "src/params.h"
+#include "src/cuda/host_wait.h"
+#include "src/include/check.h"
+#include "src/include/debug.h"
+#include "src/include/nccl_check.h"
+#include "src/include/params.h"
 
 #if ZP_HAVE_NCCL_DEVICE
 #if __has_include(<nccl_device/host.h>)
@@ -23,10 +24,10 @@ namespace zp {
 
 namespace {
 
+// The window's NCCL calls: their results are used on the host at once (the vote read back, the memory and its
+// registration), so ncclInProgress is an error here; the message says how to do without direct loads.
 zpResult_t ncclStatus(ncclResult_t r, const char* call, const char* what) {
-  if (r == ncclSuccess) return zpSuccess;
-  return ZP_ERR(static_cast<zpResult_t>(r), "%s : %s failed: %s (%s); ZP_DIRECT_MIN_BYTES=-1 turns direct loads off",
-                call, what, ncclGetErrorString(r), ncclGetLastError(nullptr));
+  return ncclCheck(r, call, what, NcclInProgress::kMustComplete, "; ZP_DIRECT_MIN_BYTES=-1 turns direct loads off");
 }
 
 // The ranks' `mine` combined by `op` (ncclMin, ncclMax) into *all, through the vote word: collective over world,

@@ -1,11 +1,11 @@
 // Cost model of one training step's communication: ZeRO-3 (bf16 ring all-gather forward and backward, bf16 ring
 // reduce-scatter of gradients) against ZeRO++ (qwZ forward gather, hpZ backward gather, qgZ gradient
 // reduce-scatter, each on or off), on a layout of nodes x GPUs. It describes what this implementation does
-// (src/cuda_collectives.cc): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy
+// (src/cuda/pipeline.h): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy
 // kernels each at its own speed, and the three-stage chunk pipeline of qwZ and qgZ with the share of its overlap
 // that the implementation achieves. Also the calibration of all of it from the perf binaries' JSON (-J).
-// Pure host C++17: the tool tools/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
-// host/cost_model.cc, section "the formulas".
+// Pure host C++17: the tool tools/model/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
+// tools/model/cost_model.cc, section "the formulas".
 //
 // Units: bytes, microseconds, GB/s (1e9 bytes per second). M = model parameters x element bytes (bf16: 2).
 //
@@ -22,6 +22,8 @@
 #include <tuple>
 #include <vector>
 
+#include "perf/json_in.h"
+
 namespace zp {
 
 // ---- parameters --------------------------------------------------------------------------------------------
@@ -30,12 +32,11 @@ namespace zp {
 // times (n-1)/n over the time) and a cost per step (a ring step, or a peer of an all-to-all). A step of x bytes
 // takes latencyUs + x / bw: the same as a bandwidth that grows with the message, bw * x / (x + latencyUs * bw),
 // half of it at x = latencyUs * bw. Calibrated from 16 MiB up, latencyUs is that ramp, not the small-message
-// latency (two H200 over NVLink: ~23 us and 260 GB/s, half speed at 6 MB a step; the emulated net regime, two
-// processes over NCCL's sockets: ~320 us and 3.06 GB/s). A ring of n ranks pays it on each of its n-1 steps, a
+// latency (perf/RESULTS.md, Cost model, has the fitted lines). A ring of n ranks pays it on each of its n-1 steps, a
 // pipelined call once per chunk; zpccl-model keeps it when a flag changes the bandwidth.
 //
 // Below that range NCCL switches protocols (LL, LL128) and the line extrapolated from 16 MiB up over-predicts it
-// (two H200 over NVLink: a 4 MiB all-to-all measures 24.3 us where the large line gives 35.5). So a link may carry a
+// (over NVLink, a 4 MiB all-to-all runs well below the large line). So a link may carry a
 // second line, fitted the same way from the NCCL rows below the large line's smallest size (smallBelowBytes). A
 // collective below that size (its size as nccl-tests gives it: an all-gather's gathered tensor, a reduce-scatter's
 // input, an all-to-all's n x bytes per peer) costs the lower of the two lines: NCCL runs the protocol its tuning
@@ -55,7 +56,7 @@ struct LinkCost {
 };
 
 // A class of link (intra-node: per GPU; inter-node: per node, all NICs together), per kind of collective, since
-// NCCL reaches different speeds on each (two H200: all-to-all at 1.9 GB/s where all-gather reaches 3.1 on net).
+// NCCL reaches different speeds on each (over net, the all-to-all runs well below the all-gather).
 struct LinkParams {
   LinkCost allGather;
   LinkCost reduceScatter;
@@ -72,13 +73,12 @@ struct KernelCost {
 };
 
 // The kernels of this implementation, each at its own speed. Quantize has one cost per code width (quantizeCost):
-// per byte read + written, int4 codes run slower than int8 (two H200: 2250 against 2630 GB/s); dequantize's widths
-// differ by ~3%, within its fit's error, and share one cost. Defaults: the calibration of two H200 (bf16,
-// zpccl-model --calibrate perf/results/2026-11-30-h200x2-session2.json, -net-session2.json and -baselines.json:
-// the second session's kernels), rounded. The reduce rate (and qgZ's overlap, PipelineParams) fell from 2890 (0.45)
-// to 1380 (0.60) when the links got their small-message lines: the one-chunk 16 MiB qgZ rows had carried the large
-// line's over-price of their 4 MiB all-to-all, which the reduce term paid back (their sum of measured parts: 13.7 us
-// quantize + 24.3 us all-to-all + ~6.5 us reduce = 44.5 us, a reduce of ~1300-1600 G element-sources/s).
+// per byte read + written, int4 codes run slower than int8; dequantize's widths differ within its fit's error and
+// share one cost. Defaults: the calibration of two H200 (bf16, zpccl-model --calibrate
+// perf/results/2026-11-30-h200x2-nvlink-shm-nccl-pipeline.json, -net-nccl-pipeline.json and -baselines.json;
+// perf/RESULTS.md, Cost model), rounded. The reduce rate is fitted with the links' small-message lines: without
+// them the one-chunk 16 MiB qgZ rows would carry the large line's over-price of their 4 MiB all-to-all, which the
+// reduce term would pay back.
 struct KernelParams {
   KernelCost quantizeInt8{2630, 4.2};  // device/quantize.cu, int8 codes, GB/s of bytes read + written
   KernelCost quantizeInt4{2250, 4.7};  // device/quantize.cu, int4 codes, GB/s of bytes read + written
@@ -93,23 +93,23 @@ struct KernelParams {
   KernelCost& quantizeCost(int bits) { return bits == 4 ? quantizeInt4 : quantizeInt8; }
 };
 
-// The chunk pipeline of qwZ and qgZ (src/cuda_collectives.cc, host/chunk_plan.h): chunks of chunkBytes logical
+// The chunk pipeline of qwZ and qgZ (src/cuda/pipeline.h, host/chunk_plan.h): chunks of chunkBytes logical
 // bytes, at most maxChunks (the library's defaults, ZP_CHUNK_BYTES and ZP_MAX_CHUNKS), and the share of an ideal
 // pipeline's overlap that the implementation achieves, per op (0: the stages' times add up; 1: an ideal pipeline).
 //
 // The quantized gathers (qwZ, and hpZ with bits) run their quantize and dequantize kernels in a green context that
 // leaves ncclSms SMs to NCCL (ZP_NCCL_SMS; the library's default, 32), so NCCL's CTAs can start beside them and the
-// stages overlap far better (perf/RESULTS.md's trace: 0.87 of the ideal against ~0.43 with every SM): two
+// stages overlap far better (perf/RESULTS.md, Cost model): two
 // configurations, each with its own overlap. Only whether ncclSms is zero matters to the model. The kernel rates
 // are the same in both (fitted from the quantize and dequantize rows, which run on every SM): the green overlap,
 // fitted from the green rows, absorbs what the smaller SM share and the shared HBM cost the stages, which is why
-// it comes out at ~0.62 rather than the traced 0.87. qgZ never uses the green context (it quantizes all n slices
+// it comes out below the traced overlap. qgZ never uses the green context (it quantizes all n slices
 // and needs every SM). Default overlaps: the calibration of KernelParams' defaults, rounded; the green one with
-// the green rows of perf/results/*-session3-green.json added (tests/test_cost_model.cc, MeasuredGreenContext).
+// the green rows of perf/results/*-green-context.json added (tests/test_cost_model.cc, MeasuredGreenContext).
 //
 // qgZ's exchange between exactly two ranks (one hop on two GPUs; the inter-node hop of two hops over two nodes; the
 // intra-node hop over two GPUs a node) may run as one NCCL all-gather of the slot each rank sends the other, plus a
-// local copy of the slot it keeps (src/cuda_collectives.cc exchangeSlots; ZP_PAIR_ALLGATHER): the same bytes on
+// local copy of the slot it keeps (src/cuda/qgz.cc exchangeSlots; ZP_PAIR_ALLGATHER): the same bytes on
 // the wire, priced on the all-gather line instead of the all-to-all one (NCCL's sockets run the ring at ~3/2 the
 // speed of their point-to-point). pairAllGather is the library's mode: 0 never, 1 always, 2 (the default) only when
 // the two ranks are on different nodes.
@@ -247,17 +247,9 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
 
 // ---- calibration from the perf binaries' JSON --------------------------------------------------------------
 
-// One row of a perf JSON file (perf/json_out.h), with whatever fields it had. Missing numbers are -1 (times)
-// or 0 (counts).
-struct PerfRow {
-  std::string op, regime, type, backend;
-  double size = 0;  // logical bytes, nccl-tests' meaning for the op
-  int ranks = 0, nodes = 0, bits = 0, block = 0;
-  double timeUs = -1;      // out of place
-  double ncclTimeUs = -1;  // the NCCL baseline measured in the same run
-  long long wrong = -1;
-  std::map<std::string, std::string> env;  // the ZP_* tunables the run set ("env"; numbers as written)
-};
+// Rows as perf/json_in.h reads them.
+using perf::parsePerfJson;
+using perf::PerfRow;
 
 enum class RowKind {
   kUnknown,
@@ -285,11 +277,6 @@ bool usesPairGather(const PerfRow& row);
 // A row of a quantized gather (qwZ, the qwZ gather of qwz_hpz_gathers, hpZ with bits) run in a green context
 // (rowNcclSms non-zero). Every other row (NCCL's, qgZ's, the kernels') runs the same whatever its ZP_NCCL_SMS.
 bool isGreenContextRow(const PerfRow& row);
-
-// Reads rows from JSON text: an array of rows, several arrays one after the other, one row per line, or an
-// object holding an array. Tolerant of unknown and missing fields and of nulls. False (with *error) only when
-// the text is not JSON.
-bool parsePerfJson(const std::string& text, std::vector<PerfRow>* rows, std::string* error);
 
 // A least-squares fit of time = latency * steps + bytes / bw.
 struct FitPoint {

@@ -3,9 +3,9 @@
 //
 // Why: an NCCL kernel's CTA takes 512-640 threads of 96 registers each, nearly a whole SM's register file, so it
 // can only start on an SM that none of our CTAs occupy. The quantize and dequantize kernels fill every SM with one
-// wave of long-lived CTAs, so a chunk's all-gather used to wait for the next chunk's quantization to finish: the
-// stages ran one after another. Kernels on the streams below see only the green context's SMs; the others stay
-// free for NCCL, which runs on ordinary streams.
+// wave of long-lived CTAs, so on the whole device a chunk's all-gather waits for the next chunk's quantization to
+// finish: the stages run one after another. Kernels on the streams below see only the green context's SMs; the others
+// stay free for NCCL, which runs on ordinary streams.
 #pragma once
 
 #include <cuda_runtime.h>

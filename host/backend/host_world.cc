@@ -1,4 +1,4 @@
-#include "host/host_world.h"
+#include "host/backend/host_world.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,8 +6,8 @@
 #include <string>
 
 #include "host/dtype.h"
-#include "src/check.h"
-#include "src/params.h"
+#include "src/include/check.h"
+#include "src/include/params.h"
 
 namespace zp {
 

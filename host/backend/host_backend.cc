@@ -1,4 +1,4 @@
-#include "host/host_backend.h"
+#include "host/backend/host_backend.h"
 
 #include <cstring>
 #include <string>
@@ -9,7 +9,7 @@
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
 #include "host/reduce_ref.h"
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 

@@ -49,7 +49,7 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
   X(ShmMinCtas, "ZP_SHM_MIN_CTAS", 16, 0, 64,                                                                        \
     "cuda backend: on one node whose GPUs talk through host shared memory (NCCL_P2P_DISABLE set, "                   \
     "NCCL_SHM_DISABLE not), the fewest CTAs (channels) NCCL uses for zpccl's transfers (0: NCCL's "                  \
-    "choice). More channels move the quantized payloads faster: qwZ int8 at 256 MB 1.83x -> 1.97x NCCL")             \
+    "choice). More channels move the quantized payloads faster (perf/RESULTS.md)")                                   \
   X(PairAllGather, "ZP_PAIR_ALLGATHER", 2, 0, 2,                                                                     \
     "cuda backend: how qgZ exchanges slots between two ranks: 2 (default) as one ncclAllGather when they "           \
     "are on different nodes (NCCL's sockets run it at ring speed, point-to-point at ~2/3) or share host "            \
@@ -63,11 +63,11 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
     "cuda backend: logical bytes from which qwZ and one-hop qgZ read the peers' payloads straight from "             \
     "their memory when every rank can (one NVLink domain: NCCL's load/store-accessible team, NCCL P2P not "          \
     "disabled), instead of moving them with NCCL (default 0, every size: measured faster from 1 MiB up, "            \
-    "perf/RESULTS.md); -1: never (src/peer_window.h)")                                                               \
+    "perf/RESULTS.md); -1: never (src/cuda/peer_window.h)")                                                          \
   X(DirectInlineWaitBytes, "ZP_DIRECT_INLINE_WAIT_BYTES", 4 << 20, 0, INT64_MAX,                                     \
     "cuda backend: direct-load calls up to this many logical bytes wait for the peers inside their two "             \
     "kernels, on grids of a quarter of the device, instead of in two extra one-thread kernels: two launches fewer, " \
-    "which is most of a small call's time (device/kernel_stream.h, PeerSync)")                                       \
+    "which is most of a small call's time (device/peer_sync.h)")                                                     \
   X(OwnSlotEarlyBytes, "ZP_OWN_SLOT_EARLY_BYTES", 16 << 20, -1, INT64_MAX,                                           \
     "cuda backend: over slow links (host shared memory, sockets), from this many logical bytes the slot that "       \
     "never crosses the link is worked while the others travel: qwZ dequantizes its own shard during the gather, "    \

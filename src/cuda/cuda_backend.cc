@@ -1,5 +1,5 @@
 // The cuda backend's lifecycle (NCCL communicators, streams, events, scratch) and its dispatch.
-#include "src/cuda_backend.h"
+#include "src/cuda/cuda_backend.h"
 
 #include <dlfcn.h>
 
@@ -16,10 +16,11 @@
 #include "device/reduce.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/check.h"
-#include "src/cuda_exec.h"
-#include "src/params.h"
-#include "src/watchdog.h"
+#include "src/cuda/cuda_exec.h"
+#include "src/cuda/watchdog.h"
+#include "src/include/check.h"
+#include "src/include/nccl_check.h"
+#include "src/include/params.h"
 
 namespace zp {
 
@@ -163,7 +164,7 @@ class CudaBackend final : public Backend {
     if (watchdog_ && (*error = watchdog_->failure()) != zpSuccess) return zpSuccess;
     for (ncclComm_t comm : exec_.comms.all()) {
       ncclResult_t state = ncclSuccess;
-      NCCLCHECK(ncclCommGetAsyncError(comm, &state));
+      ZPCHECK(ncclCheck(ncclCommGetAsyncError(comm, &state), "zpCommGetAsyncError", "ncclCommGetAsyncError"));
       if (state != ncclSuccess) {
         *error = static_cast<zpResult_t>(state);
         return zpSuccess;
@@ -200,7 +201,7 @@ class CudaBackend final : public Backend {
     return res;
   }
 
-  // zpCommAbort from another thread: a call of this communicator waiting on the host gives up (src/host_wait.h).
+  // zpCommAbort from another thread: a call of this communicator waiting on the host gives up (src/cuda/host_wait.h).
   void interrupt() override { exec_.stopHostWaits = true; }
 
   bool bufferUsable(const void* ptr, const char** why) override {
@@ -391,7 +392,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   CudaExec& e = created->exec();
   NcclComms& c = e.comms;
   if (callerComm != nullptr) {
-    NCCLCHECK(ncclCommCuDevice(callerComm, &e.device));
+    ZPCHECK(ncclCheck(ncclCommCuDevice(callerComm, &e.device), call, "ncclCommCuDevice"));
     CUDACHECK(cudaSetDevice(e.device));
     c.world = callerComm;
     c.ownsWorld = false;

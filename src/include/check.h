@@ -8,7 +8,7 @@
 #include <string>
 
 #include "include/zpccl.h"
-#include "src/debug.h"
+#include "src/include/debug.h"
 
 namespace zp {
 
@@ -63,12 +63,4 @@ const std::string& pendingError();
     }                                                                                                       \
   } while (0)
 
-// ncclResult_t and zpResult_t share their values.
-#define NCCLCHECK(call)                                                                                         \
-  do {                                                                                                          \
-    ncclResult_t ncclRes_ = (call);                                                                             \
-    if (ncclRes_ != ncclSuccess && ncclRes_ != ncclInProgress) {                                                \
-      return ZP_ERR(static_cast<zpResult_t>(ncclRes_), "NCCL failure '%s' in %s", ncclGetErrorString(ncclRes_), \
-                    #call);                                                                                     \
-    }                                                                                                           \
-  } while (0)
+// NCCL calls: ncclCheck (src/include/nccl_check.h).

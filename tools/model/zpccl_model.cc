@@ -1,9 +1,9 @@
 // zpccl-model: what ZeRO++'s collectives save against ZeRO-3 on a layout, from the cost model of
-// host/cost_model.h (formulas in host/cost_model.cc). Prints per collective the bytes per GPU on each link class,
-// the cross-node volume, the time, then the step time and the speedup; --sweep runs 1..128 nodes at several
-// inter-node bandwidths and writes a CSV for tools/plot_model.py; --calibrate fits the links, the kernels and the
-// pipelines' overlap to perf JSON files (-J of the perf binaries), reports predicted against measured time for
-// every row, and models the layout with what it fitted.
+// tools/model/cost_model.h (formulas in tools/model/cost_model.cc). Prints per collective the bytes per GPU on
+// each link class, the cross-node volume, the time, then the step time and the speedup; --sweep runs 1..128 nodes
+// at several inter-node bandwidths and writes a CSV for tools/plot_model.py; --calibrate fits the links, the
+// kernels and the pipelines' overlap to perf JSON files (-J of the perf binaries), reports predicted against
+// measured time for every row, and models the layout with what it fitted.
 //
 //   zpccl-model --nodes 16 --gpus 8 --params 20B --inter-gbps 100
 //   zpccl-model --params 20B --sweep --sweep-inter-gbps 100,800 --csv sweep.csv
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "host/cost_model.h"
+#include "tools/model/cost_model.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
-#include "src/host_wait.h"
+#include "src/cuda/host_wait.h"
 
 #include <limits>
 
-#include "src/check.h"
+#include "src/include/check.h"
 
 namespace zp {
 

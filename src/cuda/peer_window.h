@@ -13,14 +13,14 @@
 // payloads of a call are one strided batch for the existing kernels.
 //
 // Ordering across ranks needs no NCCL call: the two kernels of a call wait for and raise flags in the windows
-// (device/kernel_stream.h, PeerSync). A call runs, on the caller's stream,
+// (device/peer_sync.h). A call runs, on the caller's stream,
 //   the write: waits until every peer has read this rank's window of the previous call, quantizes into it, and
 //     raises "written" in every peer's window;
 //   the read: waits until every peer has raised "written" for this call, reads every rank's window, and raises
 //     "read done" in every peer's window.
 // The flags hold call counts, kept in device memory, so graphs replay the protocol too. The first bytes of each
-// window hold the flags (PeerSync::flagBytes), the payload follows. An earlier version ordered the call with two
-// NCCL all-reduces of one word (barriers), which cost ~20 us a call: at 1 MB more than the whole transfer.
+// window hold the flags (PeerSync::flagBytes), the payload follows. Flags, not NCCL all-reduces of one word
+// (barriers): a barrier costs more than a small call's whole transfer.
 //
 // Aborting the communicator unmaps the peers' windows, maybe while a call's kernels wait for a peer that will
 // never come, or are still queued: they would then fault, and a fault ends the whole CUDA context. So the kernels
@@ -107,11 +107,11 @@ zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cud
 bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
 
 // Grows the window to at least `bytes`: collective over world, and a host rendezvous. The caller has made sure
-// that no work of this rank still uses the old window (src/cuda_collectives.cc, takesDirectPath); an all-reduce makes
+// that no work of this rank still uses the old window (src/cuda/pipeline.h, takesDirectPath); an all-reduce makes
 // sure of the other ranks' before it is deregistered. That all-reduce is also a vote: when a call captured in a
 // CUDA graph on any rank uses the old window, a replay would read and write it after the growth freed it, so
 // every rank instead freezes the window at its size (w.frozen) and the calls it cannot hold take NCCL's path.
-// `stop` ends its host waits (src/host_wait.h).
+// `stop` ends its host waits (src/cuda/host_wait.h).
 zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream,
                           const std::atomic<bool>* stop, const char* call);
 

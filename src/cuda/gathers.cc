@@ -1,0 +1,129 @@
+// The gathers of the cuda backend: qwZ (the quantized gather over the world) and hpZ (the secondary shards over
+// the hpZ group, as they are or quantized), on the pipeline of pipeline.h or, among the ranks of one NVLink
+// domain, by direct loads of the peers' payloads.
+#include <nccl.h>
+
+#include "device/quantize.h"
+#include "host/chunk_plan.h"
+#include "host/dtype.h"
+#include "host/quant_format.h"
+#include "src/cuda/cuda_exec.h"
+#include "src/cuda/pipeline.h"
+#include "src/cuda/pipeline_trace.h"
+#include "src/include/check.h"
+#include "src/include/nccl_check.h"
+
+namespace zp {
+
+namespace {
+
+// The direct path (qwZ over the world's n ranks): each rank's window holds its quantized shard; one launch
+// dequantizes the n windows, the peers' read over NVLink, into recvbuff.
+zpResult_t gatherDirect(CudaExec& e, const CollArgs& a, int n) {
+  return directLoads(
+      e, a, a.count * n * typeSize(a.type),
+      [&](char* payload, KernelStream writeStream) {
+        return launchQuantize(a.sendbuff, payload, a.count, a.type, a.bits, a.blockSize, writeStream);
+      },
+      [&](const PeerWindow& w, KernelStream readStream) {
+        return launchDequantize(w.rankWindow(0), a.recvbuff, a.count, a.type, a.bits, a.blockSize, readStream, n,
+                                w.rankStride, a.count);
+      });
+}
+
+// The pipelined gather over `comm` (n ranks, this one `rank`). Quantize: the own shard into its slot of every
+// chunk's region. Move: all-gather the regions chunk by chunk. Finish: dequantize each gathered chunk (all ranks'
+// slots in one launch) into recvbuff.
+zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
+  const size_t esz = typeSize(a.type);
+  const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
+  const ChunkRegion at(plan, n, a.bits, a.blockSize);  // chunk c: every rank's slot, in rank order
+  ZPCHECK(ensureScratch(e, 0, at.bytes(), a.stream, a.opName));
+  const bool ownEarly = ownSlotEarly(overSlowLink(e, comm), a.count * n * esz);
+  Stages st;
+  // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
+  // CTAs cannot start on an SM that our CTAs occupy (src/cuda/green_context.h); leaving them shortens the gather
+  // (perf/RESULTS.md, qwZ).
+  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/true, &st, ownEarly));
+  PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
+  char* region = static_cast<char*>(e.scratch[0].ptr);
+  const auto* send = static_cast<const char*>(a.sendbuff);
+  auto* recv = static_cast<char*>(a.recvbuff);
+
+  // Step 1 (quantize stage): chunk c of the shard into this rank's slot of chunk c's region. In place is safe:
+  // the finish stage of chunk c' writes only chunk c' of each shard, and chunk c' is quantized before.
+  for (int c = 0; c < plan.chunks; ++c) {
+    const size_t pb = at.slotBytes(c);
+    trace.mark(PipelineTrace::kQuantize, c, false, st.quant.stream);
+    ZPCHECK(launchQuantize(send + plan.offset(c) * esz, region + at.offset(c) + rank * pb, plan.elems(c), a.type,
+                           a.bits, a.blockSize, st.quant));
+    trace.mark(PipelineTrace::kQuantize, c, true, st.quant.stream);
+    ZPCHECK(quantized(e, st, c));
+  }
+  // Dequantizes slots [first, first + count) of chunk c into their shards of recvbuff.
+  auto dequantizeSlots = [&](int c, int first, int count, KernelStream stream) {
+    if (count <= 0) return zpSuccess;
+    const size_t pb = at.slotBytes(c);
+    return launchDequantize(region + at.offset(c) + first * pb, recv + (first * a.count + plan.offset(c)) * esz,
+                            plan.elems(c), a.type, a.bits, a.blockSize, stream, count, pb, a.count);
+  };
+  if (ownEarly) {
+    // Step 1b (while the first chunk travels): this rank's slot of every chunk into its own shard. In place, the
+    // shard is the send buffer, which every chunk's quantization has read by then.
+    ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
+    for (int c = 0; c < plan.chunks; ++c) {
+      trace.mark(PipelineTrace::kOwn, c, false, st.own.stream);
+      ZPCHECK(dequantizeSlots(c, rank, 1, st.own));
+      trace.mark(PipelineTrace::kOwn, c, true, st.own.stream);
+    }
+  }
+  // Step 2 (move stage): gather chunk c while chunk c+1 is quantized and chunk c-1 dequantized.
+  for (int c = 0; c < plan.chunks; ++c) {
+    const size_t pb = at.slotBytes(c);
+    char* chunk = region + at.offset(c);
+    ZPCHECK(waitQuantized(e, st, c));
+    trace.mark(PipelineTrace::kMove, c, false, st.move);
+    ZPCHECK(
+        ncclCheck(ncclAllGather(chunk + rank * pb, chunk, pb, ncclUint8, comm, st.move), a.opName, "ncclAllGather"));
+    trace.mark(PipelineTrace::kMove, c, true, st.move);
+    ZPCHECK(handOver(e, st, c));
+    if (c == 0) ZPCHECK(joinOwnSlots(e, st));
+    trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
+    if (ownEarly) {  // the peers' slots, before and after this rank's
+      ZPCHECK(dequantizeSlots(c, 0, rank, st.finish));
+      ZPCHECK(dequantizeSlots(c, rank + 1, n - rank - 1, st.finish));
+    } else {
+      ZPCHECK(dequantizeSlots(c, 0, n, st.finish));
+    }
+    trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
+  }
+  return endPipeline(e, st, trace);
+}
+
+// The quantized gather over `comm` (n ranks, this one `rank`): qwZ over the world, hpZ's quantized mode over the
+// hpZ group; direct loads for the world only.
+zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
+  bool direct = false;
+  if (comm == e.comms.world && rank == e.topo.rank) {
+    ZPCHECK(takesDirectPath(e, a.count * n * typeSize(a.type), quantPayloadBytes(a.count, a.bits, a.blockSize),
+                            a.stream, a.opName, &direct));
+  }
+  return direct ? gatherDirect(e, a, n) : gatherPipeline(e, a, comm, n, rank);
+}
+
+}  // namespace
+
+zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
+  return quantizedGather(e, a, e.comms.world, e.topo.nranks, e.topo.rank);
+}
+
+// hpZ moves the secondary shards as they are: one all-gather over the hpZ group's communicator (or, when the
+// call asks for bits, the quantized gather over that group).
+zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
+  if (a.bits != 0) return quantizedGather(e, a, e.comms.hpz, e.topo.hpzSize, e.topo.hpzRank);
+  const size_t bytes = a.count * typeSize(a.type);
+  return ncclCheck(ncclAllGather(a.sendbuff, a.recvbuff, bytes, ncclUint8, e.comms.hpz, a.stream), a.opName,
+                   "ncclAllGather over the hpZ group");
+}
+
+}  // namespace zp

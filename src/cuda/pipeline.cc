@@ -1,0 +1,197 @@
+// The cuda backend's pipeline plumbing (pipeline.h): chunk plans, scratch and window growth, the stages' streams
+// and events, the first exchange with every peer, and zpCommReserve.
+#include "src/cuda/pipeline.h"
+
+#include <algorithm>
+
+#include "host/quant_format.h"
+#include "src/cuda/host_wait.h"
+#include "src/include/debug.h"
+
+namespace zp {
+
+ChunkPlan chunkPlanFor(size_t count, int blockSize, size_t logicalBytes) {
+  const int maxChunks = static_cast<int>(std::min<int64_t>(paramPipelineMaxChunks(), kMaxPipelineChunks));
+  return makeChunkPlan(count, blockSize, logicalBytes, paramPipelineChunkBytes(), maxChunks,
+                       paramPipelineChunkRamp() != 0);
+}
+
+namespace {
+
+// Before one of the communicator's buffers grows: refused inside graph capture (growing allocates), then waits
+// for the work that may still use the old buffer: the caller's stream and the previous call (its finish stage, or
+// a direct-load call on another stream).
+zpResult_t beforeGrowing(CudaExec& e, cudaStream_t stream, const char* call, const char* what, size_t need,
+                         size_t have) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (stream != nullptr) CUDACHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone) {
+    return ZP_ERR(zpInvalidUsage,
+                  "%s : needs %zu bytes of %s, the communicator holds %zu, and the stream is being captured: call "
+                  "zpCommReserve (or this collective once) before capture",
+                  call, need, what, have);
+  }
+  if (stream != nullptr) ZPCHECK(waitOnHost(stream, &e.stopHostWaits, call, "the stream's work before a growth"));
+  return waitOnHost(e.sideDone, &e.stopHostWaits, call, "the previous call before a growth");
+}
+
+}  // namespace
+
+zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stream, const char* call) {
+  ScratchBuffer& s = e.scratch[which];
+  if (s.bytes >= bytes) return zpSuccess;
+  ZPCHECK(beforeGrowing(e, stream, call, "scratch memory", bytes, s.bytes));
+  if (s.ptr != nullptr && s.captured) {
+    e.retiredScratch.push_back(s.ptr);  // a graph may still replay with it
+    ZP_INFO(kSubsysAlloc, "%s : scratch %d (%zu bytes) retired, not freed: a captured call uses it", call, which,
+            s.bytes);
+  } else if (s.ptr != nullptr) {
+    CUDACHECK(cudaFree(s.ptr));
+  }
+  s = ScratchBuffer();
+  const size_t rounded = alignUp(bytes, size_t{1} << 20);
+  CUDACHECK(cudaMalloc(&s.ptr, rounded));
+  // Zeroed once, so that no byte of scratch is ever undefined (compute-sanitizer initcheck, which does not see
+  // the writes of the NCCL kernels it is told to skip, then reports nothing from our kernels' reads). On the
+  // non-blocking setup stream: a plain cudaMemset would go to the legacy default stream and wait for every
+  // blocking stream, including one where another communicator's NCCL kernel waits for a peer (a deadlock).
+  CUDACHECK(cudaMemsetAsync(s.ptr, 0, rounded, e.setupStream));
+  ZPCHECK(waitOnHost(e.setupStream, &e.stopHostWaits, call, "zeroing scratch"));
+  s.bytes = rounded;
+  ZP_INFO(kSubsysAlloc, "%s : scratch %d grown to %zu bytes", call, which, rounded);
+  return zpSuccess;
+}
+
+zpResult_t takesDirectPath(CudaExec& e, size_t logicalBytes, size_t payloadBytes, cudaStream_t stream, const char* call,
+                           bool* direct) {
+  PeerWindow& w = e.peers;
+  *direct = false;
+  if (!useDirectLoads(w, logicalBytes)) return zpSuccess;
+  if (w.broken) {
+    return ZP_ERR(zpInternalError,
+                  "%s : the direct-load window failed to grow in an earlier call (its error said why); "
+                  "abort the communicator",
+                  call);
+  }
+  const size_t bytes = w.payloadOffset() + payloadBytes;
+  if (w.bytes < bytes && !w.frozen) {
+    ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, w.bytes));
+    ZPCHECK(growPeerWindow(w, e.comms.world, bytes, e.setupStream, &e.stopHostWaits, call));
+  }
+  *direct = w.bytes >= bytes;
+  return zpSuccess;
+}
+
+zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool green, Stages* stages, bool ownSlotEarly) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDACHECK(cudaStreamIsCapturing(stream, &status));
+  const bool captured = status != cudaStreamCaptureStatusNone;
+  if (!captured) CUDACHECK(cudaStreamWaitEvent(stream, e.sideDone, 0));
+  if (captured) {
+    // Every allocated buffer, whether or not this call uses it: one that is idle now costs only its memory.
+    for (ScratchBuffer& s : e.scratch) s.captured = s.captured || s.ptr != nullptr;
+  }
+  const GreenStreams& g = e.green;
+  if (chunks <= 1) {
+    *stages = Stages{stream, stream, stream, stream, captured, stream};
+    if (ownSlotEarly) stages->own = g.active() ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
+    return zpSuccess;
+  }
+  const bool useGreen = green && g.active();
+  const KernelStream quant = useGreen ? KernelStream(g.quant, g.sms) : KernelStream(e.quantStream);
+  const KernelStream finish = useGreen ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
+  *stages = Stages{stream, e.moveStream, quant, finish, captured, finish};
+  CUDACHECK(cudaEventRecord(e.callStart, stream));
+  CUDACHECK(cudaStreamWaitEvent(stages->quant.stream, e.callStart, 0));
+  CUDACHECK(cudaStreamWaitEvent(e.moveStream, e.callStart, 0));
+  return zpSuccess;
+}
+
+bool overSlowLink(const CudaExec& e, ncclComm_t comm) {
+  return e.shmChannels || (comm == e.comms.world && e.topo.nodes > 1);
+}
+
+bool ownSlotEarly(bool slowLink, size_t logicalBytes) {
+  const int64_t from = paramOwnSlotEarlyBytes();
+  return slowLink && from >= 0 && logicalBytes >= static_cast<size_t>(from);
+}
+
+zpResult_t afterQuantizeStage(CudaExec& e, const Stages& s, int chunks) {
+  if (s.ownOnSide()) CUDACHECK(cudaEventRecord(e.quantReady[chunks - 1], s.quant.stream));
+  if (s.pipelined() || s.ownOnSide()) CUDACHECK(cudaStreamWaitEvent(s.own.stream, e.quantReady[chunks - 1], 0));
+  return zpSuccess;
+}
+zpResult_t joinOwnSlots(CudaExec& e, const Stages& s) {
+  if (!s.ownOnSide()) return zpSuccess;
+  CUDACHECK(cudaEventRecord(e.ownSlotDone, s.own.stream));
+  CUDACHECK(cudaStreamWaitEvent(s.finish.stream, e.ownSlotDone, 0));
+  return zpSuccess;
+}
+
+zpResult_t quantized(CudaExec& e, const Stages& s, int c) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaEventRecord(e.quantReady[c], s.quant.stream));
+  return zpSuccess;
+}
+zpResult_t waitQuantized(CudaExec& e, const Stages& s, int c) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaStreamWaitEvent(s.move, e.quantReady[c], 0));
+  return zpSuccess;
+}
+
+zpResult_t handOver(CudaExec& e, const Stages& s, int c) {
+  if (!s.pipelined()) return zpSuccess;
+  CUDACHECK(cudaEventRecord(e.chunkReady[c], s.move));
+  CUDACHECK(cudaStreamWaitEvent(s.finish.stream, e.chunkReady[c], 0));
+  return zpSuccess;
+}
+
+zpResult_t endPipeline(CudaExec& e, const Stages& s) {
+  if (!s.pipelined()) {
+    if (!s.captured) CUDACHECK(cudaEventRecord(e.sideDone, s.caller));
+    return zpSuccess;
+  }
+  cudaEvent_t done = s.captured ? e.capturedSideDone : e.sideDone;
+  CUDACHECK(cudaEventRecord(done, s.finish.stream));
+  CUDACHECK(cudaStreamWaitEvent(s.caller, done, 0));
+  return zpSuccess;
+}
+
+zpResult_t connectPeers(CudaExec& e, const char* call) {
+  if (e.peersConnected) return zpSuccess;
+  ZPCHECK(ensureScratch(e, 0, 16 * (e.topo.nranks + 1), e.setupStream, call));
+  // Its bytes go through scratch 0, which the previous call may still use (on the caller's stream).
+  CUDACHECK(cudaStreamWaitEvent(e.setupStream, e.sideDone, 0));
+  char* buf = static_cast<char*>(e.scratch[0].ptr);
+  for (ncclComm_t comm : {e.comms.world, e.comms.intra, e.comms.inter}) {
+    if (comm == nullptr) continue;
+    int peers = 0;
+    ZPCHECK(ncclCheck(ncclCommCount(comm, &peers), call, "ncclCommCount"));
+    ZPCHECK(ncclCheck(ncclGroupStart(), call, "ncclGroupStart"));
+    for (int p = 0; p < peers; ++p) {
+      ZPCHECK(ncclCheck(ncclSend(buf, 1, ncclUint8, p, comm, e.setupStream), call, "ncclSend"));
+      ZPCHECK(ncclCheck(ncclRecv(buf + 16 * (p + 1), 1, ncclUint8, p, comm, e.setupStream), call, "ncclRecv"));
+    }
+    ZPCHECK(ncclCheck(ncclGroupEnd(), call, "ncclGroupEnd"));
+  }
+  ZPCHECK(waitOnHost(e.setupStream, &e.stopHostWaits, call, "the first exchange with every peer"));
+  e.peersConnected = true;
+  return zpSuccess;
+}
+
+zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
+  // Size for the worst settings a call may ask for: 8 bits, the smallest block, 2-byte types.
+  const int bits = 8, blockSize = kMinBlockSize, n = e.topo.nranks;
+  const size_t count = maxBytes / (2 * n);  // elements per rank (qwZ shard, qgZ slice)
+  const ChunkPlan plan = chunkPlanFor(count, blockSize, maxBytes);
+  ZPCHECK(ensureScratch(e, 0, ChunkRegion(plan, n, bits, blockSize).bytes(), e.setupStream, "zpCommReserve"));
+  // qgZ's pair layout receives into three slots a chunk (cudaQuantReduceScatter).
+  ZPCHECK(
+      ensureScratch(e, 1, ChunkRegion(plan, std::max(n, 3), bits, blockSize).bytes(), e.setupStream, "zpCommReserve"));
+  bool direct = false;  // room for qgZ's n slots of one call (qwZ needs one)
+  ZPCHECK(takesDirectPath(e, maxBytes, n * quantPayloadBytes(count, bits, blockSize), e.setupStream, "zpCommReserve",
+                          &direct));
+  return connectPeers(e, "zpCommReserve");
+}
+
+}  // namespace zp
