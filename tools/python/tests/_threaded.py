@@ -31,34 +31,6 @@ def torch_with_fsdp2() -> Any:
     return torch
 
 
-#: Held around the local steps of thread-ranks that update DTensors (an optimizer step, state dicts): torch
-#: before 2.12 runs DTensor's sharding propagation under a FakeTensorMode that other threads' tensor operations
-#: then see (segfaults, with ranks as threads). Those steps make no collective, so taking them one rank at a time
-#: cannot keep ranks from meeting; fully_shard may (it makes the post-forward group), so it is never held.
-serial = threading.RLock()
-
-
-def _serialize_sharding_propagation() -> None:
-    """DTensor's sharding propagation enters a FakeTensorMode of its own, which torch before 2.12 does not guard
-    against threads entering theirs at once (a segfault in fully_shard or the first optimizer step, with ranks as
-    threads); newer torch has a lock for it. One more lock around it, once a process, costs nothing."""
-    try:
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    except ImportError:
-        return
-    original = ShardingPropagator._propagate_tensor_meta_non_cached
-    if getattr(original, "zpccl_serialized", False):
-        return
-    lock = threading.Lock()
-
-    def serialized(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with lock:
-            return original(self, *args, **kwargs)
-
-    serialized.zpccl_serialized = True  # type: ignore[attr-defined]
-    ShardingPropagator._propagate_tensor_meta_non_cached = serialized
-
-
 def run_threaded(world_size: int, fn: Callable[[int], T], timeout: float = 300.0) -> list[T]:
     """Runs ``fn(rank)`` on ``world_size`` threads, each with ``torch.distributed`` initialized on the threaded
     backend; returns the results in rank order, or re-raises the first rank's exception (with the rank noted)."""
@@ -67,7 +39,6 @@ def run_threaded(world_size: int, fn: Callable[[int], T], timeout: float = 300.0
     from torch.testing._internal.distributed.multi_threaded_pg import (ProcessLocalGroup, _install_threaded_pg,
                                                                        _uninstall_threaded_pg)
 
-    _serialize_sharding_propagation()
     isolate = getattr(torch._C._distributed_c10d, "_set_thread_isolation_mode", None)
     results: list[Any] = [None] * world_size
     failures: list[tuple[int, BaseException]] = []
@@ -85,10 +56,7 @@ def run_threaded(world_size: int, fn: Callable[[int], T], timeout: float = 300.0
                 failures.append((rank, exc))
                 ProcessLocalGroup.exception_handle(exc)  # wakes peers waiting in the threaded group
             finally:
-                try:
-                    dist.destroy_process_group()
-                except AttributeError:
-                    pass  # torch 2.11's destroy reads a field its threaded world lacks; the world goes below
+                dist.destroy_process_group()
 
         threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in range(world_size)]
         try:

@@ -15,7 +15,7 @@ import numpy as np
 import zpccl
 
 from . import _reference as ref
-from ._threaded import run_threaded, serial, torch_with_fsdp2
+from ._threaded import run_threaded, torch_with_fsdp2
 
 WORLD = 4
 NODE_OF_RANK = [0, 0, 1, 1]  # ranks_per_node=2
@@ -64,7 +64,7 @@ def shard(torch: Any, model: Any, mesh: Any, reshard: Any, mp: Any = None) -> An
     kw = dict(mesh=mesh, reshard_after_forward=reshard)
     if mp is not None:
         kw["mp_policy"] = mp
-    for b in model.blocks:  # not under `serial`: an int reshard_after_forward makes a process group (collective)
+    for b in model.blocks:
         fully_shard(b, **kw)
     fully_shard(model, **kw)
     return model
@@ -82,8 +82,7 @@ def train(torch: Any, model: Any, data: list[Any], lr: float = 1e-2) -> list[flo
         logits = model(ids).float()
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
         loss.backward()
-        with serial:
-            opt.step()
+        opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     return losses
@@ -162,6 +161,12 @@ class FsdpOnThreads(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         cls.torch = torch_with_fsdp2()
+        version = tuple(int(x) for x in cls.torch.__version__.split("+")[0].split(".")[:2])
+        if version < (2, 12):
+            # DTensor's sharding propagation there enters a FakeTensorMode whose global state ranks run as threads
+            # corrupt (a segfault in fully_shard, with or without a lock around the propagation).
+            raise unittest.SkipTest(f"torch {cls.torch.__version__} crashes with FSDP2 ranks as threads; the "
+                                    "spawned-process tests (test_fsdp_gpu) run zpccl.fsdp on this torch")
 
     def mesh(self, shape: tuple = (WORLD,), names: Any = None) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
@@ -431,13 +436,11 @@ class FsdpOnThreads(unittest.TestCase):
             model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
             zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
             train(torch, model, data[:2])
-            with serial:
-                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             # A fresh model, loaded from the checkpoint, computes the same forward through zpccl.
             other = shard(torch, build_model(torch), self.mesh(), 2)
             zp2 = zpccl.fsdp.enable(other, block_size=BLOCK, ranks_per_node=2)
-            with serial:
-                other.load_state_dict(state)
+            other.load_state_dict(state)
             with torch.no_grad():
                 self.assertTrue(torch.equal(model(data[2]), other(data[2])))
             zp2.disable()
