@@ -230,20 +230,20 @@ class Bench:
         return dict(times=times[args.warmup:], peak=torch.cuda.max_memory_allocated(self.where.device))
 
     def loss_run(self, spec: str) -> dict[str, Any]:
-        """Trains a fresh model ``--loss-steps`` steps: ``nccl``, or ``zpccl:W:G`` (weight and gradient bits)."""
+        """Trains a fresh model ``--loss-steps`` steps: ``nccl``, or ``zpccl:W:G`` (weight and gradient bits),
+        with the example's warmup and gradient clipping (make_optimizer, optimizer_step)."""
         torch, args = self.torch, self.args
         comm, *bits = spec.split(":")
         weight_bits, grad_bits = (int(b) for b in bits) if bits else (None, None)
         model = self.build(reshard_of("zpccl-hpz" if comm == "zpccl" else "nccl", self.rpn))
         zp = self.enable(model, grad_bits, weight_bits)[0] if comm == "zpccl" else None
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+        opt, schedule = ex.make_optimizer(torch, model, args.lr, args.loss_steps)
         curve = []
         for s in range(args.loss_steps):
             ids, targets = self.data.step(s)
             loss = ex.loss_of(torch, model, ids, targets)
             loss.backward()
-            opt.step()
-            opt.zero_grad()
+            ex.optimizer_step(torch, model, opt, schedule)
             if s % 10 == 0 or s == args.loss_steps - 1:
                 mean = loss.detach().clone()
                 self.dist.all_reduce(mean, op=self.dist.ReduceOp.AVG)

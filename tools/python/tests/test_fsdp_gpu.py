@@ -149,7 +149,7 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> N
 
             zp._qwz, zp._hpz = on_qwz, on_hpz
             checker = _Exact(torch, zp, world, [r // (world // nodes) for r in range(world)], grad_bits)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt, schedule = ex.make_optimizer(torch, model, 1e-3, steps)
         curve = []
         for s in range(steps):
             if checker is not None:
@@ -157,8 +157,7 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> N
             ids, targets = data.step(s)
             loss = ex.loss_of(torch, model, ids, targets)
             loss.backward()
-            opt.step()
-            opt.zero_grad()
+            ex.optimizer_step(torch, model, opt, schedule)
             curve.append(loss.detach())
         mean = torch.stack(curve[-10:]).mean()
         dist.all_reduce(mean, op=dist.ReduceOp.AVG)
