@@ -227,8 +227,7 @@ void collectCase(CaseBuffers* b, cudaStream_t stream, Buffer* result) {
   }
   const size_t big = std::max(b->sendBytes, b->recvBytes);
   guardedFree(b->devBig, big, b->devOther == nullptr ? "in-place buffer" : b->send == b->devBig ? "send" : "recv");
-  guardedFree(b->devOther, b->devBig == b->send ? b->recvBytes : b->sendBytes,
-              b->devBig == b->send ? "recv" : "send");
+  guardedFree(b->devOther, b->devBig == b->send ? b->recvBytes : b->sendBytes, b->devBig == b->send ? "recv" : "send");
   *b = CaseBuffers();
 }
 
