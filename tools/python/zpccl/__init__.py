@@ -27,7 +27,7 @@ from .enums import Backend, DataType, RedOp, Result
 from .errors import LibraryNotFoundError, ZpcclError, ZpcclTypeError, ZpcclValueError
 from .host import run_host_ranks
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Backend", "Comm", "Config", "DataType", "LibraryNotFoundError", "QuantOptions", "RedOp", "Result",

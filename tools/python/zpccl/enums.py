@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 
 #: ``ZPCCL_MAJOR``, ``ZPCCL_MINOR``, ``ZPCCL_PATCH`` of the header these bindings were written against.
-MAJOR, MINOR, PATCH = 0, 1, 0
+MAJOR, MINOR, PATCH = 0, 2, 0
 #: ``ZPCCL_VERSION_CODE``: what ``Config.version`` carries.
 VERSION_CODE = MAJOR * 10000 + MINOR * 100 + PATCH
 #: ``ZP_UNIQUE_ID_BYTES``.
