@@ -336,12 +336,16 @@ typedef struct {
   void* hopResidual;       /* error feedback of the intermediate hop: NULL (none) or hopResidualCount elements */
   size_t hopResidualCount; /* elements of hopResidual: zpGradHopResidualCount's (0 on one-hop layouts: then
                               hopResidual is not used) */
+  int sequence;            /* >= 0: the sequence number of this call's draws, in place of the communicator's (which
+                              advances all the same): for a job resumed from a checkpoint, or draws that must not
+                              depend on earlier calls. The caller keeps it equal on every rank.
+                              ZP_CONFIG_UNDEF_INT: the communicator's */
 } zpGradOptions_t;
 
 #define ZP_GRAD_OPTIONS_INITIALIZER                                                                                    \
   {                                                                                                                    \
     sizeof(zpGradOptions_t), ZP_GRAD_OPTIONS_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT,      \
-        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, 0, zpBfloat16, NULL, 0                                         \
+        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, 0, zpBfloat16, NULL, 0, ZP_CONFIG_UNDEF_INT                    \
   }
 
 /* As zpQuantReduceScatterA2A, with gradient options (NULL: as zpQuantReduceScatterA2A): bits and block size,

@@ -392,6 +392,9 @@ zpResult_t checkGradArgs(Communicator* comm, const zpGradOptions_t* g, CollArgs*
       if (g->seed < 0) return ZP_ERR(zpInvalidArgument, "%s : options->seed %d is negative", call, g->seed);
       seed = g->seed;
     }
+    if (g->sequence != ZP_CONFIG_UNDEF_INT && g->sequence < 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : options->sequence %d is negative", call, g->sequence);
+    }
     const Topology& t = comm->topo;
     const size_t full = a->count * t.nranks;
     if (g->residual != nullptr) {
@@ -421,6 +424,7 @@ zpResult_t checkGradArgs(Communicator* comm, const zpGradOptions_t* g, CollArgs*
   }
   a->grad.stochastic = rounding == zpRoundStochastic;
   a->grad.seed = static_cast<uint32_t>(seed);
+  a->grad.sequenceOverride = g != nullptr && g->sequence != ZP_CONFIG_UNDEF_INT ? g->sequence : -1;
   return zpSuccess;
 }
 

@@ -26,7 +26,8 @@ zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, const zp
   if (args.kind == CollKind::kQuantReduceScatter) {
     ZPCHECK(checkGradArgs(comm, gradOptions, &args));
     // Every qgZ call that passed its checks takes the next number, on every rank alike (include/zpccl.h).
-    args.grad.sequence = comm->gradSequence.fetch_add(1, std::memory_order_relaxed);
+    const uint32_t next = comm->gradSequence.fetch_add(1, std::memory_order_relaxed);
+    args.grad.sequence = args.grad.sequenceOverride >= 0 ? static_cast<uint32_t>(args.grad.sequenceOverride) : next;
   }
   if (args.count == 0) return standalone ? zpSuccess : comm->backend->runEmpty(args);
   return comm->backend->run(args);

@@ -49,6 +49,7 @@ std::vector<Edit> edits() {
       {"rounding -1", [](zpGradOptions_t* o, Bufs*) { o->rounding = -1; }, "options->rounding"},
       {"rounding INT_MAX", [](zpGradOptions_t* o, Bufs*) { o->rounding = INT_MAX; }, "options->rounding"},
       {"seed negative", [](zpGradOptions_t* o, Bufs*) { o->seed = -5; }, "options->seed"},
+      {"sequence negative", [](zpGradOptions_t* o, Bufs*) { o->sequence = -1; }, "options->sequence"},
       {"residual count short", [](zpGradOptions_t* o, Bufs*) { o->residualCount -= 1; }, "options->residualCount"},
       {"residual count of one slice", [](zpGradOptions_t* o, Bufs*) { o->residualCount = kCount; },
        "options->residualCount"},

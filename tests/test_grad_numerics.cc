@@ -455,7 +455,8 @@ TEST(GradQgzHost, PlainCallsAreTheNearestRoundingWithoutResidual) {
 }
 
 // Runs `calls` stochastic qgZ calls of the same input on a fresh 2 x 2 communicator; returns rank 0's outputs.
-std::vector<std::vector<unsigned char>> stochasticRun(int configSeed, int callSeed, bool configRounding, int calls) {
+std::vector<std::vector<unsigned char>> stochasticRun(int configSeed, int callSeed, bool configRounding, int calls,
+                                                      int sequence = ZP_CONFIG_UNDEF_INT) {
   const GradLayout& L = kLayouts[1];
   const int n = L.nranks;
   constexpr size_t kCount = 2048;
@@ -479,6 +480,7 @@ std::vector<std::vector<unsigned char>> stochasticRun(int configSeed, int callSe
             zpGradOptions_t o = ZP_GRAD_OPTIONS_INITIALIZER;
             o.rounding = zpRoundStochastic;
             if (callSeed >= 0) o.seed = callSeed;
+            o.sequence = sequence;
             res = zpQuantReduceScatterA2AEx2(in.data(), out.data(), kCount, zpBfloat16, zpSum, &o, comm, nullptr);
           }
           ASSERT_EQ(res, zpSuccess) << zpGetLastError(comm);
@@ -499,6 +501,9 @@ TEST(GradQgzHost, DeterministicPerSeedAndSequence) {
   // The per-call seed overrides the config's; the config's rounding serves plain zpQuantReduceScatterA2A.
   EXPECT_EQ(stochasticRun(99, 11, false, 3), a);
   EXPECT_EQ(stochasticRun(11, -1, true, 3), a);
+  // A per-call sequence number replaces the communicator's: every call draws as the one it names.
+  const auto fixed = stochasticRun(11, -1, false, 3, 1);
+  for (const auto& out : fixed) EXPECT_EQ(out, a[1]);
 }
 
 }  // namespace

@@ -39,10 +39,10 @@ class StructLayout(unittest.TestCase):
         ctypes_of = {"size_t": ctypes.c_size_t, "unsigned int": ctypes.c_uint, "int": ctypes.c_int,
                      "void*": ctypes.c_void_p}
         self.assertEqual([(n, ctypes_of[t]) for t, n in c_fields], list(zpccl.GradOptions._fields_))
-        self.assertEqual(ctypes.sizeof(zpccl.GradOptions), 72)
+        self.assertEqual(ctypes.sizeof(zpccl.GradOptions), 80)
         g = zpccl.GradOptions.initializer()
         self.assertEqual((g.size, g.version, g.bits, g.rounding, g.seed, g.residual, g.residualType),
-                         (72, VERSION_CODE, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 9))
+                         (80, VERSION_CODE, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 9))
         self.assertIn("#define ZP_GRAD_OPTIONS_MAGIC 0x7a70676fu", header_text())
 
     def test_config_fields_match_the_header(self) -> None:

@@ -114,13 +114,14 @@ class GradOptions(ctypes.Structure):
         ("residualType", c_int),
         ("hopResidual", c_void_p),
         ("hopResidualCount", c_size_t),
+        ("sequence", c_int),
     ]
 
     @classmethod
     def initializer(cls) -> "GradOptions":
         """The equivalent of ``zpGradOptions_t o = ZP_GRAD_OPTIONS_INITIALIZER;``."""
         return cls(ctypes.sizeof(cls), GRAD_OPTIONS_MAGIC, VERSION_CODE, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT,
-                   CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 0, int(DataType.BFLOAT16), None, 0)
+                   CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 0, int(DataType.BFLOAT16), None, 0, CONFIG_UNDEF_INT)
 
 
 _INT_P = POINTER(c_int)

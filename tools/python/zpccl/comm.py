@@ -530,7 +530,8 @@ class Comm:
     def quant_reduce_scatter(self, send: Any, recv: Any = None, op: str | RedOp | int = "sum",
                              bits: int | None = None, block_size: int | None = None, *, dtype: Any = None,
                              stream: Any = None, rounding: str | Rounding | int | None = None,
-                             seed: int | None = None, residual: Any = None, hop_residual: Any = None) -> Any:
+                             seed: int | None = None, residual: Any = None, hop_residual: Any = None,
+                             sequence: int | None = None) -> Any:
         """qgZ (``zpQuantReduceScatterA2A``): ``send`` holds ``nranks`` slices of ``send.size / nranks``
         elements; rank r receives the reduction (``"sum"`` or ``"avg"``, which divides by ``nranks``) of every
         rank's slice r, with two quantization round trips at most. Deterministic. In place when ``recv`` is
@@ -541,7 +542,8 @@ class Comm:
         (bfloat16, ``send.size`` elements: a bf16 tensor, or a NumPy ``uint16`` array of bf16 bits, zeroed before
         the first call) turns on error feedback and is rewritten by the call; ``hop_residual`` (the same type,
         :meth:`grad_hop_residual_count` elements) keeps the intermediate hop's error on two-hop layouts (ignored,
-        and may be None, where qgZ takes one hop).
+        and may be None, where qgZ takes one hop); ``sequence`` (>= 0, equal on every rank) replaces the
+        communicator's call number in the random draws (a run resumed from a checkpoint).
         """
         call = "quant_reduce_scatter"
         handle = self._live(call)
@@ -554,8 +556,10 @@ class Comm:
         opts = self._options(bits, block_size, call)
         st = self._stream(sb, stream, call)
         L = _lib.lib()
-        if rounding is not None or seed is not None or residual is not None or hop_residual is not None:
+        if any(v is not None for v in (rounding, seed, residual, hop_residual, sequence)):
             g = self._grad_options(opts, rounding, seed, residual, hop_residual, rb.count, call)
+            if sequence is not None:
+                g.sequence = _c_int(sequence, call, "sequence")
             res = L.zpQuantReduceScatterA2AEx2(sb.ptr, rb.ptr, rb.count, int(sb.dtype), opcode, byref(g), handle, st)
             self._check(res, "zpQuantReduceScatterA2AEx2")
             return rb.obj
