@@ -1063,7 +1063,8 @@ zpResult_t launchQuantizeGrad(const void* input, void* payload, size_t count, zp
                               size_t inputStrideElems, size_t payloadStrideBytes) {
   const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
   if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
-  ZPCHECK(checkCommon("quantize (gradient rounding)", input, payload, payloadStrideBytes, type, bits, blockSize, batch));
+  ZPCHECK(
+      checkCommon("quantize (gradient rounding)", input, payload, payloadStrideBytes, type, bits, blockSize, batch));
   if (batch > 1 && payloadStrideBytes < payloadBytes) {
     return ZP_ERR(zpInvalidArgument, "quantize : payload stride %zu is below the payload size %zu", payloadStrideBytes,
                   payloadBytes);
@@ -1088,11 +1089,14 @@ zpResult_t launchQuantizeGrad(const void* input, void* payload, size_t count, zp
   a.sync = stream.sync;
   switch (type) {
     case zpFloat16:
-      return bits == 8 ? launchQuantizeGradTyped<Fp16Type, 8>(a, stream) : launchQuantizeGradTyped<Fp16Type, 4>(a, stream);
+      return bits == 8 ? launchQuantizeGradTyped<Fp16Type, 8>(a, stream)
+                       : launchQuantizeGradTyped<Fp16Type, 4>(a, stream);
     case zpBfloat16:
-      return bits == 8 ? launchQuantizeGradTyped<Bf16Type, 8>(a, stream) : launchQuantizeGradTyped<Bf16Type, 4>(a, stream);
+      return bits == 8 ? launchQuantizeGradTyped<Bf16Type, 8>(a, stream)
+                       : launchQuantizeGradTyped<Bf16Type, 4>(a, stream);
     default:
-      return bits == 8 ? launchQuantizeGradTyped<Fp32Type, 8>(a, stream) : launchQuantizeGradTyped<Fp32Type, 4>(a, stream);
+      return bits == 8 ? launchQuantizeGradTyped<Fp32Type, 8>(a, stream)
+                       : launchQuantizeGradTyped<Fp32Type, 4>(a, stream);
   }
 }
 

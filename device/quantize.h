@@ -73,9 +73,9 @@ struct GradQuantLaunch {
   GradRandomKey key;
   uint32_t slice0 = 0;
   int sliceStride = 1;
-  size_t firstElem = 0;             ///< a multiple of 8 (chunks start at whole blocks)
-  uint16_t* residual = nullptr;     ///< device pointer, 2-byte aligned; nullptr: none
-  size_t residualStrideElems = 0;   ///< elements between segments' residuals
+  size_t firstElem = 0;            ///< a multiple of 8 (chunks start at whole blocks)
+  uint16_t* residual = nullptr;    ///< device pointer, 2-byte aligned; nullptr: none
+  size_t residualStrideElems = 0;  ///< elements between segments' residuals
 };
 
 /**

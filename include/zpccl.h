@@ -342,10 +342,10 @@ typedef struct {
                               ZP_CONFIG_UNDEF_INT: the communicator's */
 } zpGradOptions_t;
 
-#define ZP_GRAD_OPTIONS_INITIALIZER                                                                                    \
-  {                                                                                                                    \
-    sizeof(zpGradOptions_t), ZP_GRAD_OPTIONS_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT,      \
-        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, 0, zpBfloat16, NULL, 0, ZP_CONFIG_UNDEF_INT                    \
+#define ZP_GRAD_OPTIONS_INITIALIZER                                                                               \
+  {                                                                                                               \
+    sizeof(zpGradOptions_t), ZP_GRAD_OPTIONS_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, \
+        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, 0, zpBfloat16, NULL, 0, ZP_CONFIG_UNDEF_INT               \
   }
 
 /* As zpQuantReduceScatterA2A, with gradient options (NULL: as zpQuantReduceScatterA2A): bits and block size,

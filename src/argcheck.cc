@@ -325,8 +325,9 @@ zpResult_t checkGradOptionsHeader(const zpGradOptions_t* g, const char* call, zp
                   call, g->version, kGradConfigVersion);
   }
   if (g->size != sizeof(zpGradOptions_t)) {
-    return ZP_ERR(zpInvalidArgument, "%s : options size %zu differs from this library's %zu: rebuild against its zpccl.h",
-                  call, g->size, sizeof(zpGradOptions_t));
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : options size %zu differs from this library's %zu: rebuild against its zpccl.h", call, g->size,
+                  sizeof(zpGradOptions_t));
   }
   auto keep = [](int v) { return v == 0 || v == ZP_CONFIG_UNDEF_INT; };
   // A value that is neither kept nor valid reaches checkCollArgs, which names it options->bits / ->blockSize.

@@ -1,8 +1,7 @@
-#include "tests/grad_gpu_kernels.h"
-
 #include <curand_kernel.h>
 
 #include "host/philox.h"
+#include "tests/grad_gpu_kernels.h"
 
 namespace zptest {
 namespace {

@@ -60,16 +60,18 @@ std::vector<Edit> edits() {
          o->hopResidualCount = 0;
        },
        "options->residualCount"},
-      {"residual type float32", [](zpGradOptions_t* o, Bufs*) { o->residualType = zpFloat32; }, "residualType float is not supported"},
-      {"residual type float16", [](zpGradOptions_t* o, Bufs*) { o->residualType = zpFloat16; }, "residualType half is not supported"},
+      {"residual type float32", [](zpGradOptions_t* o, Bufs*) { o->residualType = zpFloat32; },
+       "residualType float is not supported"},
+      {"residual type float16", [](zpGradOptions_t* o, Bufs*) { o->residualType = zpFloat16; },
+       "residualType half is not supported"},
       {"residual type 99", [](zpGradOptions_t* o, Bufs*) { o->residualType = 99; }, "options->residualType 99"},
       {"residual misaligned",
        [](zpGradOptions_t* o, Bufs* b) { o->residual = reinterpret_cast<char*>(b->spare.data()) + 1; },
        "options->residual"},
       {"residual overlaps sendbuff", [](zpGradOptions_t* o, Bufs* b) { o->residual = b->send.data(); },
        "overlaps sendbuff"},
-      {"residual overlaps recvbuff",
-       [](zpGradOptions_t* o, Bufs* b) { o->residual = b->recv.data() + 2 * kCount - 2; }, "overlaps"},
+      {"residual overlaps recvbuff", [](zpGradOptions_t* o, Bufs* b) { o->residual = b->recv.data() + 2 * kCount - 2; },
+       "overlaps"},
       {"hop residual count without hop residual",
        [](zpGradOptions_t* o, Bufs*) {
          o->hopResidual = nullptr;
@@ -121,8 +123,8 @@ std::vector<uint16_t> run(int nranks, int ranksPerNode, bool withBad, int goodCa
               e.edit(&o, &b);
               std::memset(b.recv.data(), 0xa5, kCount * 2);
               const std::vector<uint16_t> resBefore = b.res, hopBefore = b.hop;
-              const zpResult_t r =
-                  zpQuantReduceScatterA2AEx2(b.send.data(), b.recv.data(), kCount, zpBfloat16, zpSum, &o, comm, nullptr);
+              const zpResult_t r = zpQuantReduceScatterA2AEx2(b.send.data(), b.recv.data(), kCount, zpBfloat16, zpSum,
+                                                              &o, comm, nullptr);
               EXPECT_EQ(r, zpInvalidArgument) << e.name;
               const char* msg = zpGetLastError(comm);
               EXPECT_TRUE(mentions(msg, kCall) && mentions(msg, e.mention)) << e.name << ": " << msg;
@@ -134,9 +136,9 @@ std::vector<uint16_t> run(int nranks, int ranksPerNode, bool withBad, int goodCa
           }
           zpGradOptions_t o = goodOptions(&b, nranks, hopCount);
           std::memset(b.recv.data(), 0xa5, kCount * 2);
-          ASSERT_EQ(zpQuantReduceScatterA2AEx2(b.send.data(), b.recv.data(), kCount, zpBfloat16, zpSum, &o, comm,
-                                               nullptr),
-                    zpSuccess)
+          ASSERT_EQ(
+              zpQuantReduceScatterA2AEx2(b.send.data(), b.recv.data(), kCount, zpBfloat16, zpSum, &o, comm, nullptr),
+              zpSuccess)
               << zpGetLastError(comm);
           EXPECT_STREQ(zpGetLastError(comm), "");
         }

@@ -67,15 +67,13 @@ TEST(GradPhilox, ElementBitsFollowTheDocumentedCounter) {
 
 // ---- stochastic rounding of one value ----------------------------------------------------------------------------
 
-double decoded(uint32_t code, int bits) {
-  return bits == 8 ? zp::decodeCode<8>(code) : zp::decodeCode<4>(code);
-}
+double decoded(uint32_t code, int bits) { return bits == 8 ? zp::decodeCode<8>(code) : zp::decodeCode<4>(code); }
 
 // Over all 2^16 draws the mean code is v up to the threshold grid: |E[q] - v| <= 2^-17 (a step is 1 at scale 1), and
 // each code is floor(v) or ceil(v) (in magnitude), integers exact.
 TEST(GradRounding, StochasticCodeIsUnbiasedOverEveryDraw) {
-  const float values[] = {0.0f,   0.3f,      -0.3f,   0.5f,   -2.75f,  6.999f,   -6.999f, 7.0f,   -7.0f, 3.0f,
-                          1e-30f, -1.5e-7f,  0.1f,    5.123456f, 126.7f, -126.01f, 42.5f,  1.0f / 3.0f};
+  const float values[] = {0.0f, 0.3f,   -0.3f,    0.5f, -2.75f,    6.999f, -6.999f,  7.0f,  -7.0f,
+                          3.0f, 1e-30f, -1.5e-7f, 0.1f, 5.123456f, 126.7f, -126.01f, 42.5f, 1.0f / 3.0f};
   for (int bits : {4, 8}) {
     const float qmax = static_cast<float>(zp::quantMax(bits));
     for (float x : values) {
@@ -267,9 +265,12 @@ struct GradLayout {
 };
 
 const GradLayout kLayouts[] = {
-    {"one node of 4", 4, 4, {}},          {"2 nodes x 2", 4, 2, {}},
-    {"3 nodes x 2", 6, 2, {}},            {"2 nodes x 3", 6, 3, {}},
-    {"interleaved 2 x 2", 4, 0, {0, 1, 0, 1}}, {"uneven 3 + 1 (one hop)", 4, 0, {0, 0, 0, 1}},
+    {"one node of 4", 4, 4, {}},
+    {"2 nodes x 2", 4, 2, {}},
+    {"3 nodes x 2", 6, 2, {}},
+    {"2 nodes x 3", 6, 3, {}},
+    {"interleaved 2 x 2", 4, 0, {0, 1, 0, 1}},
+    {"uneven 3 + 1 (one hop)", 4, 0, {0, 0, 0, 1}},
     {"one rank a node", 3, 1, {}},
 };
 
@@ -418,9 +419,9 @@ void checkLayout(const GradLayout& L, const GradCase& c, int calls) {
 
 TEST(GradQgzHost, BackendEqualsModelBitForBitOnEveryLayout) {
   const GradCase cases[] = {
-      {zpBfloat16, 4, 256, zpSum, true, true, 1000},  {zpBfloat16, 4, 256, zpSum, true, false, 700},
-      {zpBfloat16, 4, 256, zpAvg, false, true, 700},  {zpFloat32, 8, 64, zpSum, true, true, 333},
-      {zpFloat16, 4, 32, zpAvg, true, true, 257},     {zpFloat32, 4, 8192, zpSum, true, true, 9000},
+      {zpBfloat16, 4, 256, zpSum, true, true, 1000}, {zpBfloat16, 4, 256, zpSum, true, false, 700},
+      {zpBfloat16, 4, 256, zpAvg, false, true, 700}, {zpFloat32, 8, 64, zpSum, true, true, 333},
+      {zpFloat16, 4, 32, zpAvg, true, true, 257},    {zpFloat32, 4, 8192, zpSum, true, true, 9000},
   };
   for (const GradLayout& L : kLayouts) {
     for (const GradCase& c : cases) {
@@ -448,8 +449,9 @@ TEST(GradQgzHost, PlainCallsAreTheNearestRoundingWithoutResidual) {
         std::memset(ex2[rank].data(), 0x5a, c.count * 2);
         ASSERT_EQ(zpQuantReduceScatterA2A(in.data(), plain[rank].data(), c.count, c.type, zpSum, comm, nullptr),
                   zpSuccess);
-        ASSERT_EQ(zpQuantReduceScatterA2AEx2(in.data(), ex2[rank].data(), c.count, c.type, zpSum, nullptr, comm, nullptr),
-                  zpSuccess);
+        ASSERT_EQ(
+            zpQuantReduceScatterA2AEx2(in.data(), ex2[rank].data(), c.count, c.type, zpSum, nullptr, comm, nullptr),
+            zpSuccess);
       });
   for (int r = 0; r < n; ++r) EXPECT_TRUE(sameBits(plain[r].data(), ex2[r].data(), c.count, c.type)) << r;
 }

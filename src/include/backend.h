@@ -16,10 +16,10 @@ enum class CollKind { kQuantize, kDequantize, kQuantAllGather, kHierAllGather, k
 struct GradArgs {
   bool stochastic = false;
   uint32_t seed = 0;
-  uint32_t sequence = 0;              // the call's number among the communicator's qgZ calls (or the caller's)
-  int64_t sequenceOverride = -1;      // zpGradOptions_t.sequence, -1 when unset (resolved into sequence)
-  uint16_t* residual = nullptr;       // bf16, nranks * count, the sendbuff's layout; nullptr: none
-  uint16_t* hopResidual = nullptr;    // bf16, nodes * count (two hops only); nullptr: none
+  uint32_t sequence = 0;            // the call's number among the communicator's qgZ calls (or the caller's)
+  int64_t sequenceOverride = -1;    // zpGradOptions_t.sequence, -1 when unset (resolved into sequence)
+  uint16_t* residual = nullptr;     // bf16, nranks * count, the sendbuff's layout; nullptr: none
+  uint16_t* hopResidual = nullptr;  // bf16, nodes * count (two hops only); nullptr: none
   bool any() const { return stochastic || residual != nullptr || hopResidual != nullptr; }
 };
 
