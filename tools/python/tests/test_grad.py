@@ -131,3 +131,42 @@ class GradRounding(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class GradNumericsScript(unittest.TestCase):
+    """perf/grad_numerics.py's plumbing on the CPU (ranks as threads, the host backend), a few steps: every
+    configuration runs, the JSON holds its runs, gaps and the residuals' memory."""
+
+    def test_runs_on_the_cpu(self) -> None:
+        import json
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        from . import SOURCE_TREE
+        from ._threaded import torch_with_fsdp2
+
+        torch_with_fsdp2()
+        script = SOURCE_TREE / "perf" / "grad_numerics.py"
+        if not script.exists():
+            raise unittest.SkipTest(f"{script} not found")
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "g.json")
+            env = dict(os.environ, ZP_DEBUG="NONE")
+            env.setdefault("ZPCCL_LIBRARY", str(zpccl.library_path()))
+            run = subprocess.run([sys.executable, str(script), "--cpu", "--steps", "2", "--seeds", "0,1",
+                                  "--configs", "exact,int4,int4-sr-ef", "-J", out], env=env, capture_output=True,
+                                 text=True, timeout=600)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            data = json.load(open(out))
+        self.assertEqual([(r["config"], r["seed"]) for r in data["runs"]],
+                         [(c, s) for s in (0, 1) for c in ("exact", "int4", "int4-sr-ef")])
+        for r in data["runs"]:
+            self.assertEqual(len(r["losses"]), 2)
+            self.assertTrue(all(np.isfinite(r["losses"])) and np.isfinite(r["valid"]))
+        ef = [r for r in data["runs"] if r["config"] == "int4-sr-ef"][0]["summary"]["grad_residuals"]
+        self.assertGreater(ef["residual_bytes"], 0)
+        self.assertGreater(ef["hop_residual_bytes"], 0)  # two nodes of two: the intermediate hop's too
+        self.assertEqual(set(data["gaps"]), {"exact", "int4", "int4-sr-ef"})
+        self.assertEqual(data["gaps"]["exact"]["mean"], 0.0)
