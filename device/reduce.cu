@@ -337,10 +337,10 @@ __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], i
   constexpr int kPerWord = 32 / Bits;
   const float qmax = static_cast<float>(quantMax(Bits));
   const size_t j0 = grad.firstElem + elem;  // a multiple of 32
+  Philox4x32 r{};  // group (j0 + e) / 8's bits: int8 packs 4 codes a word, so a group spans two words
 #pragma unroll
   for (int i = 0; i < codeWords<Bits>(); ++i) {
     uint32_t c[kPerWord];
-    Philox4x32 r{};
 #pragma unroll
     for (int k = 0; k < kPerWord; ++k) {
       const int e = kPerWord * i + k;
