@@ -783,19 +783,9 @@ zpResult_t allowSharedMemory(size_t bytes) {
 // pass 2: x again (from L1/L2), codes by quantizeCode or quantizeCodeStochastic, new residuals, packed codes. The
 // arithmetic is quant_math.h's, element by element, so it equals host/quant_ref.cc's quantizeGradTyped.
 
-struct GradArgsDev {
-  const char* input;
-  char* payload;
-  size_t count;
-  size_t inputStride;    // bytes
-  size_t payloadStride;  // bytes
-  size_t blocks;
-  size_t scaleBytes;
-  size_t codeBytes;
-  int batch;
+struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupShift unused
   int blockSize;
   GradQuantLaunch grad;
-  PeerSync sync;
 };
 
 constexpr int kGradGroup = 8;  // elements a lane takes at a time: one Philox call
@@ -1002,33 +992,44 @@ zpResult_t checkCommon(const char* call, const void* elems, const void* payload,
   return zpSuccess;
 }
 
+// The checks and the geometry shared by both quantize launchers; *empty when there is nothing to launch.
+zpResult_t quantArgsOf(const char* call, const void* input, void* payload, size_t count, zpDataType_t type, int bits,
+                       int blockSize, KernelStream stream, int batch, size_t inputStrideElems,
+                       size_t payloadStrideBytes, QuantArgs* a, bool* empty) {
+  const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
+  if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
+  ZPCHECK(checkCommon(call, input, payload, payloadStrideBytes, type, bits, blockSize, batch));
+  if (batch > 1 && payloadStrideBytes < payloadBytes) {
+    return ZP_ERR(zpInvalidArgument, "%s : payload stride %zu is below the payload size %zu", call, payloadStrideBytes,
+                  payloadBytes);
+  }
+  *empty = count == 0 || batch == 0;
+  a->input = static_cast<const char*>(input);
+  a->payload = static_cast<char*>(payload);
+  a->count = count;
+  a->inputStride = (inputStrideElems == 0 ? count : inputStrideElems) * typeSize(type);
+  a->payloadStride = payloadStrideBytes;
+  a->blocks = quantBlockCount(count, blockSize);
+  a->scaleBytes = quantScaleBytes(count, blockSize);
+  a->codeBytes = quantCodeBytes(count, bits);
+  a->batch = batch;
+  a->sync = stream.sync;
+  return zpSuccess;
+}
+
 }  // namespace
 
 zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpDataType_t type, int bits, int blockSize,
                           KernelStream stream, int batch, size_t inputStrideElems, size_t payloadStrideBytes) {
-  const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
-  if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
-  ZPCHECK(checkCommon("quantize", input, payload, payloadStrideBytes, type, bits, blockSize, batch));
-  if (batch > 1 && payloadStrideBytes < payloadBytes) {
-    return ZP_ERR(zpInvalidArgument, "quantize : payload stride %zu is below the payload size %zu", payloadStrideBytes,
-                  payloadBytes);
-  }
-  if (count == 0 || batch == 0) return zpSuccess;
   QuantArgs a;
-  a.input = static_cast<const char*>(input);
-  a.payload = static_cast<char*>(payload);
-  a.count = count;
-  a.inputStride = (inputStrideElems == 0 ? count : inputStrideElems) * typeSize(type);
-  a.payloadStride = payloadStrideBytes;
-  a.blocks = quantBlockCount(count, blockSize);
-  a.scaleBytes = quantScaleBytes(count, blockSize);
-  a.codeBytes = quantCodeBytes(count, bits);
-  a.batch = batch;
+  bool empty = false;
+  ZPCHECK(quantArgsOf("quantize", input, payload, count, type, bits, blockSize, stream, batch, inputStrideElems,
+                      payloadStrideBytes, &a, &empty));
+  if (empty) return zpSuccess;
   a.blockShift = log2Int(blockSize);
   // Each thread holds kVecsPerThread vectors: 16 (fp32) or 32 (fp16/bf16) elements of its block.
   const int perThread = kVecsPerThread * kVecBytes / static_cast<int>(typeSize(type));
   a.groupShift = a.blockShift - log2Int(perThread);
-  a.sync = stream.sync;
   return dispatch<QuantizeLaunch>(type, bits, a, segmentsAligned(input, a.inputStride, batch), stream);
 }
 
@@ -1061,32 +1062,18 @@ zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpD
 zpResult_t launchQuantizeGrad(const void* input, void* payload, size_t count, zpDataType_t type, int bits,
                               int blockSize, const GradQuantLaunch& grad, KernelStream stream, int batch,
                               size_t inputStrideElems, size_t payloadStrideBytes) {
-  const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
-  if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
-  ZPCHECK(
-      checkCommon("quantize (gradient rounding)", input, payload, payloadStrideBytes, type, bits, blockSize, batch));
-  if (batch > 1 && payloadStrideBytes < payloadBytes) {
-    return ZP_ERR(zpInvalidArgument, "quantize : payload stride %zu is below the payload size %zu", payloadStrideBytes,
-                  payloadBytes);
-  }
   if (grad.firstElem % kGradGroup != 0 || reinterpret_cast<uintptr_t>(grad.residual) % 2 != 0) {
     return ZP_ERR(zpInvalidArgument, "quantize : first element %zu is not a multiple of 8 or residual %p misaligned",
                   grad.firstElem, static_cast<const void*>(grad.residual));
   }
-  if (count == 0 || batch == 0) return zpSuccess;
   GradArgsDev a;
-  a.input = static_cast<const char*>(input);
-  a.payload = static_cast<char*>(payload);
-  a.count = count;
-  a.inputStride = (inputStrideElems == 0 ? count : inputStrideElems) * typeSize(type);
-  a.payloadStride = payloadStrideBytes;
-  a.blocks = quantBlockCount(count, blockSize);
-  a.scaleBytes = quantScaleBytes(count, blockSize);
-  a.codeBytes = quantCodeBytes(count, bits);
-  a.batch = batch;
+  bool empty = false;
+  ZPCHECK(quantArgsOf("quantize (gradient rounding)", input, payload, count, type, bits, blockSize, stream, batch,
+                      inputStrideElems, payloadStrideBytes, &a, &empty));
+  if (empty) return zpSuccess;
+  a.blockShift = a.groupShift = 0;
   a.blockSize = blockSize;
   a.grad = grad;
-  a.sync = stream.sync;
   switch (type) {
     case zpFloat16:
       return bits == 8 ? launchQuantizeGradTyped<Fp16Type, 8>(a, stream)

@@ -7,8 +7,6 @@
 // the host backend's. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -27,12 +25,11 @@
 #include "host/quant_ref.h"
 #include "host/reduce_ref.h"
 #include "include/zpccl.h"
+#include "tests/child_test.h"
 #include "tests/collective_check.h"
 #include "tests/gpu_util.h"
 #include "tests/grad_gpu_kernels.h"
 #include "tests/host_ranks.h"
-
-extern char** environ;
 
 namespace {
 
@@ -418,30 +415,15 @@ void runGradProcesses(const char* nodes) {
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
   const std::string idFile = "/tmp/zpccl-grad-test-id-" + std::to_string(getpid());
   std::ofstream(idFile, std::ios::binary).write(id.internal, sizeof(id.internal));
-  std::vector<pid_t> children;
-  for (int k = 0; k < nranks; ++k) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.push_back(*e);
-    env.push_back(std::string(kChildEnv) + "=" + std::to_string(k));
-    env.push_back(std::string(kIdFileEnv) + "=" + idFile);
-    env.push_back(std::string(kNodesEnv) + "=" + nodes);
-    env.push_back("NCCL_HOSTID=zpccl-grad-test-node-" + std::to_string(k));
-    env.push_back("CUDA_VISIBLE_DEVICES=0");
-    env.push_back("ZP_CHUNK_BYTES=262144");  // the first case's pipeline: several chunks, each starting in a slice
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string self = "/proc/self/exe", filter = "--gtest_filter=GpuGradQgz.Child";
-    char* argv[] = {self.data(), filter.data(), nullptr};
-    pid_t pid;
-    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-    children.push_back(pid);
-  }
-  for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exited with status " << status;
-  }
+  zptest::runConcurrentChildren("GpuGradQgz.Child", nranks, [&](int k) {
+    return std::vector<std::string>{
+        std::string(kChildEnv) + "=" + std::to_string(k),
+        std::string(kIdFileEnv) + "=" + idFile,
+        std::string(kNodesEnv) + "=" + nodes,
+        "NCCL_HOSTID=zpccl-grad-test-node-" + std::to_string(k),
+        "CUDA_VISIBLE_DEVICES=0",
+        "ZP_CHUNK_BYTES=262144"};  // the first case's pipeline: several chunks, each starting inside a slice
+  });
   unlink(idFile.c_str());
 }
 
