@@ -8,6 +8,7 @@
 
 #include "device/kernel_stream.h"
 #include "host/philox.h"
+#include "host/quant_ref.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -77,6 +78,19 @@ struct GradQuantLaunch {
   uint16_t* residual = nullptr;    ///< device pointer, 2-byte aligned; nullptr: none
   size_t residualStrideElems = 0;  ///< elements between segments' residuals
 };
+
+/// The launch that draws as the host reference's GradQuant g (its rounding, key, slice and first element), with
+/// the residual in device memory (g.residual is the host's).
+inline GradQuantLaunch gradLaunchOf(const GradQuant& g, uint16_t* residual, size_t residualStrideElems) {
+  GradQuantLaunch launch;
+  launch.stochastic = g.stochastic;
+  launch.key = g.key;
+  launch.slice0 = g.slice;
+  launch.firstElem = g.firstElem;
+  launch.residual = residual;
+  launch.residualStrideElems = residualStrideElems;
+  return launch;
+}
 
 /**
  * @brief launchQuantize with gradient rounding (stochastic rounding, error feedback), same arguments otherwise.

@@ -107,12 +107,7 @@ void expectedQuantizeGrad(const SizeArgs& s, const OpCounts& c, const void* tens
 
 bool runQuantizeGrad(const RunArgs& a) {
   const SizeArgs& s = *a.size;
-  const GradQuant g = gradOf(s);
-  GradQuantLaunch launch;
-  launch.stochastic = g.stochastic;
-  launch.key = g.key;
-  launch.residual = s.feedback ? residualOf(a) : nullptr;
-  launch.residualStrideElems = a.counts->count;
+  const GradQuantLaunch launch = gradLaunchOf(gradOf(s), s.feedback ? residualOf(a) : nullptr, a.counts->count);
   PERF_ZP(nullptr, launchQuantizeGrad(a.send, a.recv, a.counts->count, s.type, s.bits, s.blockSize, launch, a.stream));
   return true;
 }

@@ -113,12 +113,7 @@ template <int Sources>
 bool runRequantize(const RunArgs& a) {
   const SizeArgs& s = *a.size;
   if (s.stochastic || s.feedback) {
-    const GradQuant g = gradOf(s);
-    GradQuantLaunch launch;
-    launch.stochastic = g.stochastic;
-    launch.key = g.key;
-    launch.residual = s.feedback ? residualOf(a) : nullptr;
-    launch.residualStrideElems = a.counts->paramCount;
+    const GradQuantLaunch launch = gradLaunchOf(gradOf(s), s.feedback ? residualOf(a) : nullptr, a.counts->paramCount);
     PERF_ZP(nullptr, launchReduceRequantizeGrad(sourcesOf<Sources>(a), a.counts->paramCount, s.bits, s.blockSize,
                                                 a.recv, a.counts->recvBytes, launch, a.stream));
     return true;

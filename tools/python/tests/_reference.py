@@ -134,6 +134,16 @@ def node_layout(node_of_rank: list[int]) -> list[list[int]]:
     return [[r for r, n in enumerate(node_of_rank) if n == key] for key in order]
 
 
+def finish(parts: list[np.ndarray], op: str, nranks: int, dtype: str) -> np.ndarray:
+    """qgZ's last step: the fp32 parts summed in order, avg divided by nranks, rounded once to the output type."""
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = (acc + p).astype(np.float32)
+    if op == "avg":
+        acc = (acc / np.float32(nranks)).astype(np.float32)
+    return from_f32(acc, dtype)
+
+
 def quant_reduce_scatter(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int,
                          node_of_rank: list[int]) -> list[np.ndarray]:
     """qgZ's result on every rank, following the plan in DESIGN.md: one hop (sum of every rank's quantized
@@ -157,12 +167,7 @@ def quant_reduce_scatter(sends: list[np.ndarray], dtype: str, op: str, bits: int
                     v = round_trip_f32(slices[r][dest], bits, block)
                     acc = v if acc is None else (acc + v).astype(np.float32)
                 parts.append(round_trip_f32(acc, bits, block))
-        acc = parts[0]
-        for p in parts[1:]:
-            acc = (acc + p).astype(np.float32)
-        if op == "avg":
-            acc = (acc / np.float32(nranks)).astype(np.float32)
-        results.append(from_f32(acc, dtype))
+        results.append(finish(parts, op, nranks, dtype))
     return results
 
 
@@ -284,10 +289,5 @@ def quant_reduce_scatter_grad(sends: list[np.ndarray], dtype: str, op: str, bits
                     acc = (acc + sent[r][dest]).astype(np.float32)
                 inter = group[m]
                 parts.append(grad_quantize(acc, bits, block, rnd(inter, 1, b), res(hop_residuals, inter, b)))
-        acc = parts[0]
-        for p in parts[1:]:
-            acc = (acc + p).astype(np.float32)
-        if op == "avg":
-            acc = (acc / np.float32(nranks)).astype(np.float32)
-        results.append(from_f32(acc, dtype))
+        results.append(finish(parts, op, nranks, dtype))
     return results
