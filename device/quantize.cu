@@ -776,6 +776,118 @@ zpResult_t allowSharedMemory(size_t bytes) {
   return zpSuccess;
 }
 
+// ---- quantize with gradient rounding (stochastic rounding, error feedback) -----------------------------------
+//
+// One warp a quantization block; lane l takes the block's groups of 8 elements l, l + 32, ... (a group is one
+// Philox call, host/philox.h, and 4 or 8 bytes of codes). Pass 1: x (+ residual) and the absmax over the warp;
+// pass 2: x again (from L1/L2), codes by quantizeCode or quantizeCodeStochastic, new residuals, packed codes. The
+// arithmetic is quant_math.h's, element by element, so it equals host/quant_ref.cc's quantizeGradTyped.
+
+struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupShift unused
+  int blockSize;
+  GradQuantLaunch grad;
+};
+
+constexpr int kGradGroup = 8;  // elements a lane takes at a time: one Philox call
+
+template <class Type>
+__device__ __forceinline__ void loadGradGroup(const GradArgsDev& a, const char* in, const uint16_t* res, size_t e,
+                                              float (&x)[kGradGroup]) {
+  using Bits = typename Type::Bits;
+#pragma unroll
+  for (int k = 0; k < kGradGroup; ++k) {
+    x[k] = 0.0f;
+    if (e + k < a.count) {
+      x[k] = Type::toFloat(__ldg(reinterpret_cast<const Bits*>(in) + e + k));
+      if (res != nullptr) x[k] = withResidual(x[k], res[e + k]);
+    }
+  }
+}
+
+template <class Type, int Bits>
+__global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgsDev a) {
+  constexpr int kWarps = kCtaThreads / 32;
+  const int lane = threadIdx.x & 31;
+  const float qmax = static_cast<float>(quantMax(Bits));
+  if (!peerEnter(a.sync)) return;
+  for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
+    const char* in = a.input + seg * a.inputStride;
+    char* payload = a.payload + seg * a.payloadStride;
+    float* scales = reinterpret_cast<float*>(payload);
+    unsigned char* codes = reinterpret_cast<unsigned char*>(payload + a.scaleBytes);
+    uint16_t* res = a.grad.residual != nullptr ? a.grad.residual + seg * a.grad.residualStrideElems : nullptr;
+    const uint32_t slice = a.grad.slice0 + static_cast<uint32_t>(seg * a.grad.sliceStride);
+    for (size_t block = static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); block < a.blocks;
+         block += static_cast<size_t>(gridDim.x) * kWarps) {
+      const size_t first = block * a.blockSize;
+      const size_t end = min(first + a.blockSize, a.count);
+      // step 1: absmax of x (+ residual) over the block.
+      uint32_t absMax = 0;
+      for (size_t e = first + lane * kGradGroup; e < end; e += 32 * kGradGroup) {
+        float x[kGradGroup];
+        loadGradGroup<Type>(a, in, res, e, x);
+#pragma unroll
+        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
+      }
+#if __CUDA_ARCH__ >= 800
+      absMax = __reduce_max_sync(kFullMask, absMax);
+#else
+      for (int s = 16; s > 0; s >>= 1) absMax = max(absMax, __shfl_xor_sync(kFullMask, absMax, s));
+#endif
+      const float scale = blockScale(absMax, Bits);
+      if (lane == 0) {
+        scales[block] = scale;
+        if (block == a.blocks - 1) {  // the scales' padding
+          for (size_t k = a.blocks; k < a.scaleBytes / sizeof(float); ++k) scales[k] = 0.0f;
+        }
+      }
+      // step 2: codes (zeros past the end) and residuals.
+      for (size_t e = first + lane * kGradGroup; e < end; e += 32 * kGradGroup) {
+        float x[kGradGroup];
+        loadGradGroup<Type>(a, in, res, e, x);
+        Philox4x32 r{};
+        const size_t j = a.grad.firstElem + e;
+        if (a.grad.stochastic) r = gradRandomGroup(a.grad.key, slice, j >> 3);
+        uint32_t c[kGradGroup];
+#pragma unroll
+        for (int k = 0; k < kGradGroup; ++k) {
+          c[k] = a.grad.stochastic ? quantizeCodeStochastic(x[k], scale, qmax, gradRandom16(r, j + k))
+                                   : quantizeCode(x[k], scale, qmax);
+          if (e + k >= a.count) {
+            c[k] = 0;
+          } else if (res != nullptr) {
+            res[e + k] = residualAfter<Bits>(x[k], c[k], scale);
+          }
+        }
+        const uint2 packed = packCodes<Bits, kGradGroup>(c);
+        if constexpr (Bits == 8) {
+          *reinterpret_cast<uint2*>(codes + e) = packed;
+        } else {
+          *reinterpret_cast<uint32_t*>(codes + e / 2) = packed.x;
+        }
+      }
+      // The codes' padding, after the last group, up to the end of the code region.
+      if (block == a.blocks - 1) {
+        const size_t used = (a.count + kGradGroup - 1) / kGradGroup * kGradGroup * Bits / 8;
+        for (size_t b = used + lane; b < a.codeBytes; b += 32) codes[b] = 0;
+      }
+    }
+  }
+  peerLeave(a.sync);
+}
+
+template <class Type, int Bits>
+zpResult_t launchQuantizeGradTyped(const GradArgsDev& a, KernelStream stream) {
+  constexpr auto kKernel = quantizeGradKernel<Type, Bits>;
+  if (stream.loadOnly) return loadKernel<kKernel>();
+  constexpr size_t kWarps = kCtaThreads / 32;
+  dim3 grid;
+  ZPCHECK(gridFor<kKernel>((a.blocks + kWarps - 1) / kWarps, a.batch, kCtaThreads, 0, stream, &grid));
+  kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);
+  CUDACHECK(cudaGetLastError());
+  return zpSuccess;
+}
+
 template <auto Kernel>
 zpResult_t launchQuantizeKernel(const QuantArgs& a, int threads, size_t smem, size_t ctasPerSegment,
                                 KernelStream stream) {
@@ -880,33 +992,44 @@ zpResult_t checkCommon(const char* call, const void* elems, const void* payload,
   return zpSuccess;
 }
 
+// The checks and the geometry shared by both quantize launchers; *empty when there is nothing to launch.
+zpResult_t quantArgsOf(const char* call, const void* input, void* payload, size_t count, zpDataType_t type, int bits,
+                       int blockSize, KernelStream stream, int batch, size_t inputStrideElems,
+                       size_t payloadStrideBytes, QuantArgs* a, bool* empty) {
+  const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
+  if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
+  ZPCHECK(checkCommon(call, input, payload, payloadStrideBytes, type, bits, blockSize, batch));
+  if (batch > 1 && payloadStrideBytes < payloadBytes) {
+    return ZP_ERR(zpInvalidArgument, "%s : payload stride %zu is below the payload size %zu", call, payloadStrideBytes,
+                  payloadBytes);
+  }
+  *empty = count == 0 || batch == 0;
+  a->input = static_cast<const char*>(input);
+  a->payload = static_cast<char*>(payload);
+  a->count = count;
+  a->inputStride = (inputStrideElems == 0 ? count : inputStrideElems) * typeSize(type);
+  a->payloadStride = payloadStrideBytes;
+  a->blocks = quantBlockCount(count, blockSize);
+  a->scaleBytes = quantScaleBytes(count, blockSize);
+  a->codeBytes = quantCodeBytes(count, bits);
+  a->batch = batch;
+  a->sync = stream.sync;
+  return zpSuccess;
+}
+
 }  // namespace
 
 zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpDataType_t type, int bits, int blockSize,
                           KernelStream stream, int batch, size_t inputStrideElems, size_t payloadStrideBytes) {
-  const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
-  if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
-  ZPCHECK(checkCommon("quantize", input, payload, payloadStrideBytes, type, bits, blockSize, batch));
-  if (batch > 1 && payloadStrideBytes < payloadBytes) {
-    return ZP_ERR(zpInvalidArgument, "quantize : payload stride %zu is below the payload size %zu", payloadStrideBytes,
-                  payloadBytes);
-  }
-  if (count == 0 || batch == 0) return zpSuccess;
   QuantArgs a;
-  a.input = static_cast<const char*>(input);
-  a.payload = static_cast<char*>(payload);
-  a.count = count;
-  a.inputStride = (inputStrideElems == 0 ? count : inputStrideElems) * typeSize(type);
-  a.payloadStride = payloadStrideBytes;
-  a.blocks = quantBlockCount(count, blockSize);
-  a.scaleBytes = quantScaleBytes(count, blockSize);
-  a.codeBytes = quantCodeBytes(count, bits);
-  a.batch = batch;
+  bool empty = false;
+  ZPCHECK(quantArgsOf("quantize", input, payload, count, type, bits, blockSize, stream, batch, inputStrideElems,
+                      payloadStrideBytes, &a, &empty));
+  if (empty) return zpSuccess;
   a.blockShift = log2Int(blockSize);
   // Each thread holds kVecsPerThread vectors: 16 (fp32) or 32 (fp16/bf16) elements of its block.
   const int perThread = kVecsPerThread * kVecBytes / static_cast<int>(typeSize(type));
   a.groupShift = a.blockShift - log2Int(perThread);
-  a.sync = stream.sync;
   return dispatch<QuantizeLaunch>(type, bits, a, segmentsAligned(input, a.inputStride, batch), stream);
 }
 
@@ -934,6 +1057,34 @@ zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpD
   a.blockShift = log2Int(blockSize);
   a.sync = stream.sync;
   return dispatch<DequantizeLaunch>(type, bits, a, segmentsAligned(output, a.outputStride, batch), stream);
+}
+
+zpResult_t launchQuantizeGrad(const void* input, void* payload, size_t count, zpDataType_t type, int bits,
+                              int blockSize, const GradQuantLaunch& grad, KernelStream stream, int batch,
+                              size_t inputStrideElems, size_t payloadStrideBytes) {
+  if (grad.firstElem % kGradGroup != 0 || reinterpret_cast<uintptr_t>(grad.residual) % 2 != 0) {
+    return ZP_ERR(zpInvalidArgument, "quantize : first element %zu is not a multiple of 8 or residual %p misaligned",
+                  grad.firstElem, static_cast<const void*>(grad.residual));
+  }
+  GradArgsDev a;
+  bool empty = false;
+  ZPCHECK(quantArgsOf("quantize (gradient rounding)", input, payload, count, type, bits, blockSize, stream, batch,
+                      inputStrideElems, payloadStrideBytes, &a, &empty));
+  if (empty) return zpSuccess;
+  a.blockShift = a.groupShift = 0;
+  a.blockSize = blockSize;
+  a.grad = grad;
+  switch (type) {
+    case zpFloat16:
+      return bits == 8 ? launchQuantizeGradTyped<Fp16Type, 8>(a, stream)
+                       : launchQuantizeGradTyped<Fp16Type, 4>(a, stream);
+    case zpBfloat16:
+      return bits == 8 ? launchQuantizeGradTyped<Bf16Type, 8>(a, stream)
+                       : launchQuantizeGradTyped<Bf16Type, 4>(a, stream);
+    default:
+      return bits == 8 ? launchQuantizeGradTyped<Fp32Type, 8>(a, stream)
+                       : launchQuantizeGradTyped<Fp32Type, 4>(a, stream);
+  }
 }
 
 }  // namespace zp

@@ -7,6 +7,8 @@
 #include <cstddef>
 
 #include "device/kernel_stream.h"
+#include "host/philox.h"
+#include "host/quant_ref.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -59,5 +61,44 @@ zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpData
 zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpDataType_t type, int bits, int blockSize,
                             KernelStream stream, int batch = 1, size_t payloadStrideBytes = 0,
                             size_t outputStrideElems = 0);
+
+/**
+ * @brief What qgZ's gradient rounding (include/zpccl.h, "Gradient rounding") adds to a quantization: stochastic
+ *        rounding, drawn (host/philox.h) for element j = firstElem + i of the slice `slice0 + seg * sliceStride`
+ *        (segment seg, element i of it), and a bf16 residual read and rewritten beside the input (segment seg's at
+ *        `residual + seg * residualStrideElems` elements). Launches with it match host/quant_ref.h's
+ *        quantizeGradRef bit for bit.
+ */
+struct GradQuantLaunch {
+  bool stochastic = false;
+  GradRandomKey key;
+  uint32_t slice0 = 0;
+  int sliceStride = 1;
+  size_t firstElem = 0;            ///< a multiple of 8 (chunks start at whole blocks)
+  uint16_t* residual = nullptr;    ///< device pointer, 2-byte aligned; nullptr: none
+  size_t residualStrideElems = 0;  ///< elements between segments' residuals
+};
+
+/// The launch that draws as the host reference's GradQuant g (its rounding, key, slice and first element), with
+/// the residual in device memory (g.residual is the host's).
+inline GradQuantLaunch gradLaunchOf(const GradQuant& g, uint16_t* residual, size_t residualStrideElems) {
+  GradQuantLaunch launch;
+  launch.stochastic = g.stochastic;
+  launch.key = g.key;
+  launch.slice0 = g.slice;
+  launch.firstElem = g.firstElem;
+  launch.residual = residual;
+  launch.residualStrideElems = residualStrideElems;
+  return launch;
+}
+
+/**
+ * @brief launchQuantize with gradient rounding (stochastic rounding, error feedback), same arguments otherwise.
+ *        A separate kernel: one warp a quantization block, 8 elements a lane at a time (one Philox call), two
+ *        passes over the block (absmax, then codes and residuals); the plain launchQuantize is left as it is.
+ */
+zpResult_t launchQuantizeGrad(const void* input, void* payload, size_t count, zpDataType_t type, int bits,
+                              int blockSize, const GradQuantLaunch& grad, KernelStream stream, int batch = 1,
+                              size_t inputStrideElems = 0, size_t payloadStrideBytes = 0);
 
 }  // namespace zp

@@ -327,9 +327,39 @@ __device__ __forceinline__ void quantizeThread(const float (&acc)[kElems], int v
   }
 }
 
+// quantizeThread with gradient rounding: the codes of quantizeCode or quantizeCodeStochastic (drawn for element
+// j = grad.firstElem + elem + k of slice `slice`), by division as host/quant_ref.cc does, and each element's new
+// residual (res: the thread's 32, or nullptr). Elements >= valid get code 0.
 template <int Bits>
+__device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], int valid, float scale,
+                                                   const GradQuantLaunch& grad, uint32_t slice, size_t elem,
+                                                   uint16_t* res, uint32_t (&packed)[codeWords<Bits>()]) {
+  constexpr int kPerWord = 32 / Bits;
+  const float qmax = static_cast<float>(quantMax(Bits));
+  const size_t j0 = grad.firstElem + elem;  // a multiple of 32
+  Philox4x32 r{};  // group (j0 + e) / 8's bits: int8 packs 4 codes a word, so a group spans two words
+#pragma unroll
+  for (int i = 0; i < codeWords<Bits>(); ++i) {
+    uint32_t c[kPerWord];
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) {
+      const int e = kPerWord * i + k;
+      if (grad.stochastic && (e & 7) == 0) r = gradRandomGroup(grad.key, slice, (j0 + e) >> 3);
+      c[k] = grad.stochastic ? quantizeCodeStochastic(acc[e], scale, qmax, gradRandom16(r, j0 + e))
+                             : quantizeCode(acc[e], scale, qmax);
+      if (e >= valid) {
+        c[k] = 0;
+      } else if (res != nullptr) {
+        res[e] = residualAfter<Bits>(acc[e], c[k], scale);
+      }
+    }
+    packed[i] = packWord<Bits>(c);
+  }
+}
+
+template <int Bits, bool kGrad>
 __global__ void __launch_bounds__(kThreads, 3)
-    reduceRequantizeKernel(const ReduceArgs a, unsigned char* out, size_t payloadStride) {
+    reduceRequantizeKernel(const ReduceArgs a, unsigned char* out, size_t payloadStride, const GradQuantLaunch grad) {
   __shared__ uint32_t warpMax[2][kThreads / 32];  // groups of several warps; two sets, so one barrier a tile
   const int groupThreads = 1 << a.groupShift;
   const int lane = threadIdx.x & (groupThreads - 1);  // in the group
@@ -347,6 +377,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     uint32_t absMax = 0;
     if (valid > 0) {
       sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
+      if constexpr (kGrad) {
+        if (grad.residual != nullptr) {
+          const uint16_t* res = grad.residual + seg * grad.residualStrideElems + elem;
+#pragma unroll
+          for (int k = 0; k < kElems; ++k) {
+            if (k < valid) acc[k] = withResidual(acc[k], res[k]);
+          }
+        }
+      }
 #pragma unroll
       for (int k = 0; k < kElems; ++k) {
         if (k < valid) absMax = max(absMax, absBits(acc[k]));
@@ -379,7 +418,13 @@ __global__ void __launch_bounds__(kThreads, 3)
     // step 4: the codes, as 16-byte vectors. A vector that holds the last code also holds the zero padding up to
     // the end of the code region (a multiple of 16 bytes); vectors wholly past the last code are not written.
     uint32_t packed[codeWords<Bits>()];
-    quantizeThread<Bits>(acc, valid, scale, packed);
+    if constexpr (kGrad) {
+      uint16_t* res = grad.residual != nullptr ? grad.residual + seg * grad.residualStrideElems + elem : nullptr;
+      quantizeThreadGrad<Bits>(acc, valid, scale, grad, grad.slice0 + static_cast<uint32_t>(seg * grad.sliceStride),
+                               elem, res, packed);
+    } else {
+      quantizeThread<Bits>(acc, valid, scale, packed);
+    }
     uint4* codes = reinterpret_cast<uint4*>(payload + a.scaleBytes + elem * Bits / 8);
 #pragma unroll
     for (int v = 0; v < codeWords<Bits>() / 4; ++v) {
@@ -702,13 +747,14 @@ int wavesFor(const KernelStream& stream) {
   return oneWave ? 1 : kWaves;
 }
 
-template <int Bits>
-zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payloadStride, KernelStream stream) {
-  constexpr auto kKernel = reduceRequantizeKernel<Bits>;
+template <int Bits, bool kGrad>
+zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payloadStride, const GradQuantLaunch& grad,
+                            KernelStream stream) {
+  constexpr auto kKernel = reduceRequantizeKernel<Bits, kGrad>;
   if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
   ZPCHECK(gridFor<kKernel>(a.work, kThreads, wavesFor(stream), stream, &grid));
-  kKernel<<<grid, kThreads, 0, stream.stream>>>(a, out, payloadStride);
+  kKernel<<<grid, kThreads, 0, stream.stream>>>(a, out, payloadStride, grad);
   return zpSuccess;
 }
 
@@ -747,8 +793,27 @@ zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bi
   }
   const ReduceArgs a = reduceArgs(src, count, blockSize, stream.sync);
   auto* out = static_cast<unsigned char*>(payload);
-  ZPCHECK(bits == 8 ? launchRequantize<8>(a, out, payloadStride, stream)
-                    : launchRequantize<4>(a, out, payloadStride, stream));
+  const GradQuantLaunch none;
+  ZPCHECK((bits == 8 ? launchRequantize<8, false>(a, out, payloadStride, none, stream)
+                     : launchRequantize<4, false>(a, out, payloadStride, none, stream)));
+  CUDACHECK(cudaGetLastError());
+  return zpSuccess;
+}
+
+zpResult_t launchReduceRequantizeGrad(const ReduceSources& src, size_t count, int bits, int blockSize, void* payload,
+                                      size_t payloadStride, const GradQuantLaunch& grad, KernelStream stream) {
+  if (count == 0 || src.batch == 0) return zpSuccess;
+  ZPCHECK(checkSources(src, bits, blockSize, "launchReduceRequantizeGrad"));
+  if (reinterpret_cast<uintptr_t>(payload) % kPayloadAlign != 0 || payloadStride % kPayloadAlign != 0 ||
+      grad.firstElem % kElems != 0 || reinterpret_cast<uintptr_t>(grad.residual) % 2 != 0) {
+    return ZP_ERR(zpInternalError,
+                  "launchReduceRequantizeGrad : payload %p, stride %zu, first element %zu or residual %p misaligned",
+                  payload, payloadStride, grad.firstElem, static_cast<const void*>(grad.residual));
+  }
+  const ReduceArgs a = reduceArgs(src, count, blockSize, stream.sync);
+  auto* out = static_cast<unsigned char*>(payload);
+  ZPCHECK((bits == 8 ? launchRequantize<8, true>(a, out, payloadStride, grad, stream)
+                     : launchRequantize<4, true>(a, out, payloadStride, grad, stream)));
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
 }

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "device/kernel_stream.h"
+#include "device/quantize.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -33,6 +34,15 @@ struct ReduceSources {
  */
 zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bits, int blockSize, void* payload,
                                   size_t payloadStride, KernelStream stream);
+
+/**
+ * @brief launchReduceRequantize with gradient rounding (include/zpccl.h): each segment's fp32 sums plus its
+ *        residual (`grad.residual + g * grad.residualStrideElems`, bf16) are requantized, stochastically when
+ *        grad.stochastic (segment g draws as slice grad.slice0 + g * grad.sliceStride, element j = firstElem + i),
+ *        and the residual rewritten. Equal to host/quant_ref.h's quantizeGradRef of the sums (as fp32) bit for bit.
+ */
+zpResult_t launchReduceRequantizeGrad(const ReduceSources& src, size_t count, int bits, int blockSize, void* payload,
+                                      size_t payloadStride, const GradQuantLaunch& grad, KernelStream stream);
 
 /**
  * @brief Sums each segment's sources, divides by `divisor` when it is not 1 (Avg), and writes `count` elements

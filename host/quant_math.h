@@ -261,6 +261,57 @@ ZP_HD bool dequantIsPlain(float scale) {
   return static_cast<typename Type::Bits>(b & ~Type::kSign) != Type::kInf;
 }
 
+// ---- qgZ's gradient rounding: stochastic rounding and error feedback ----------------------------------------
+
+ZP_HD float absFloat(float v) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(v);
+#else
+  return std::fabs(v);
+#endif
+}
+
+ZP_HD float floorFloat(float v) {
+#if defined(__CUDA_ARCH__)
+  return floorf(v);
+#else
+  return std::floor(v);
+#endif
+}
+
+// quantizeCode with stochastic rounding: the quotient v = clamp(x / scale, -qmax, qmax) (IEEE division, as
+// quantizeCode) rounds away from zero, to floor(|v|) + 1 in magnitude, with probability frac(|v|), else toward it.
+// rand16 (16 random bits, host/philox.h) sets the threshold t = (2 rand16 + 1) / 2^17, the midpoints of 2^16 equal
+// steps of [0, 1): |v| rounds up when frac(|v|) > t. Every operation is exact (floor, |v| - floor(|v|) by
+// Sterbenz's lemma, a 17-bit integer times 2^-17, an integer plus 1), so host and device agree bit for bit.
+// Unbiased up to the threshold grid: E[q] - v = (round(frac * 2^16) / 2^16 - frac) * sign(v), at most 2^-17 of a
+// quantization step in magnitude, and 0 whenever frac is a multiple of 2^-16. Integers (frac 0) never move; the
+// result stays in [-qmax, qmax]. Scale 0 or NaN gives code 0, as quantizeCode.
+ZP_HD uint32_t quantizeCodeStochastic(float x, float scale, float qmax, uint32_t rand16) {
+  if (!(scale > 0.0f)) return 0;
+  const float v = clampFloat(divRn(x, scale), -qmax, qmax);
+  const float a = absFloat(v);
+  const float whole = floorFloat(a);
+  const float frac = addRn(a, -whole);
+  const float threshold = mulRn(static_cast<float>(2u * rand16 + 1u), 0x1p-17f);
+  const float q = frac > threshold ? addRn(whole, 1.0f) : whole;
+  return floatBits(addRn(v < 0.0f ? -q : q, kRoundMagic));
+}
+
+// Error feedback: the value the sender quantizes is its element plus the residual it kept, in fp32.
+ZP_HD float withResidual(float x, uint16_t residualBf16) { return addRn(x, bf16BitsToFloat(residualBf16)); }
+
+// The new residual of an element: what its quantization lost, v - q * scale (the fp32 value a receiver
+// dequantizes, payloadElement), rounded to bf16 to nearest even. A block whose scale is not finite (it held NaN or
+// Inf, or its sum overflowed) keeps no residual (0): the NaN reaches the output, and feedback restarts from zero
+// instead of carrying a NaN into every later call.
+template <int Bits>
+ZP_HD uint16_t residualAfter(float v, uint32_t code, float scale) {
+  if (!isFiniteBits(floatBits(scale))) return 0;
+  const float dq = bitsFloat(dequantizeValue<Fp32Type>(decodeCode<Bits>(code), scale));
+  return floatToBf16BitsRn(addRn(v, -dq));
+}
+
 // ---- int4 / int8 packing -------------------------------------------------------------------------------------
 
 // Two int4 codes a byte: element 2i in the low nibble, element 2i+1 in the high one.

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "host/quant_format.h"
 #include "host/quant_math.h"
@@ -50,6 +51,58 @@ void quantizeTyped(const unsigned char* in, size_t count, int bits, int blockSiz
   }
 }
 
+// Blocks start at multiples of blockSize from element 0; a chunk of a slice starts at a whole block, so its blocks
+// are the slice's.
+template <class Type, int Bits>
+void quantizeGradTyped(const unsigned char* in, size_t count, int blockSize, const GradQuant& g,
+                       unsigned char* payload) {
+  std::memset(payload, 0, quantPayloadBytes(count, Bits, blockSize));
+  unsigned char* codes = payload + quantScaleBytes(count, blockSize);
+  const float qmax = static_cast<float>(quantMax(Bits));
+  std::vector<float> v(blockSize);
+  for (size_t first = 0; first < count; first += blockSize) {
+    const size_t end = first + blockSize < count ? first + blockSize : count;
+    uint32_t absMax = 0;
+    for (size_t i = first; i < end; ++i) {
+      float x = Type::toFloat(loadBits<Type>(in, i));
+      if (g.residual != nullptr) x = withResidual(x, g.residual[i]);
+      v[i - first] = x;
+      const uint32_t a = absBits(x);
+      absMax = a > absMax ? a : absMax;
+    }
+    const float scale = blockScale(absMax, Bits);
+    std::memcpy(payload + first / blockSize * sizeof(float), &scale, sizeof(float));
+    Philox4x32 bits{};
+    for (size_t i = first; i < end; ++i) {
+      const float x = v[i - first];
+      uint32_t code;
+      if (g.stochastic) {
+        const size_t j = g.firstElem + i;
+        if (i == first || (j & 7) == 0) bits = gradRandomGroup(g.key, g.slice, j >> 3);
+        code = quantizeCodeStochastic(x, scale, qmax, gradRandom16(bits, j));
+      } else {
+        code = quantizeCode(x, scale, qmax);
+      }
+      if (g.residual != nullptr) g.residual[i] = residualAfter<Bits>(x, code, scale);
+      if (Bits == 8) {
+        codes[i] = static_cast<unsigned char>(code);
+      } else {
+        codes[i / 2] |= static_cast<unsigned char>((code & 0xfu) << (4 * (i & 1)));
+      }
+    }
+  }
+}
+
+template <class Type>
+void quantizeGradBits(const unsigned char* in, size_t count, int bits, int blockSize, const GradQuant& g,
+                      unsigned char* out) {
+  if (bits == 8) {
+    quantizeGradTyped<Type, 8>(in, count, blockSize, g, out);
+  } else {
+    quantizeGradTyped<Type, 4>(in, count, blockSize, g, out);
+  }
+}
+
 template <class Type, int Bits>
 void dequantizeTyped(const unsigned char* payload, size_t count, int blockSize, unsigned char* out) {
   const unsigned char* codes = payload + quantScaleBytes(count, blockSize);
@@ -89,6 +142,26 @@ void quantizeRef(const void* input, zpDataType_t type, size_t count, int bits, i
       break;
     default:
       break;  // the caller's argument checks admit no other type
+  }
+}
+
+void quantizeGradRef(const void* input, zpDataType_t type, size_t count, int bits, int blockSize, const GradQuant& g,
+                     void* payload) {
+  if (count == 0) return;
+  const auto* in = static_cast<const unsigned char*>(input);
+  auto* out = static_cast<unsigned char*>(payload);
+  switch (type) {
+    case zpFloat16:
+      quantizeGradBits<Fp16Type>(in, count, bits, blockSize, g, out);
+      break;
+    case zpBfloat16:
+      quantizeGradBits<Bf16Type>(in, count, bits, blockSize, g, out);
+      break;
+    case zpFloat32:
+      quantizeGradBits<Fp32Type>(in, count, bits, blockSize, g, out);
+      break;
+    default:
+      break;
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "host/philox.h"
 #include "include/zpccl.h"
 
 namespace zp {
@@ -15,5 +16,21 @@ void quantizeRef(const void* input, zpDataType_t type, size_t count, int bits, i
 
 // Dequantizes a payload made with the same count, bits and blockSize into count elements of output.
 void dequantizeRef(const void* payload, zpDataType_t type, size_t count, int bits, int blockSize, void* output);
+
+// What qgZ's quantizations add to the format (include/zpccl.h, "Gradient rounding"): stochastic rounding and
+// error feedback. The default is the plain quantizeRef.
+struct GradQuant {
+  bool stochastic = false;  // round by quantizeCodeStochastic, drawing from key (host/philox.h)
+  GradRandomKey key;
+  uint32_t slice = 0;            // the counter's slice (destination rank, or node for the intermediate hop)
+  size_t firstElem = 0;          // index in the slice of element 0 (a chunk may start inside its slice)
+  uint16_t* residual = nullptr;  // bf16, `count` elements: added before, rewritten after; nullptr: none
+};
+
+// quantizeRef with qgZ's rounding and residual: element i is x_i (+ residual_i), the block's scale is that of
+// these sums, codes are rounded to nearest or stochastically (element j = firstElem + i of the slice draws
+// gradRandom16), and residual_i becomes residualAfter. With a default GradQuant it equals quantizeRef.
+void quantizeGradRef(const void* input, zpDataType_t type, size_t count, int bits, int blockSize, const GradQuant& g,
+                     void* payload);
 
 }  // namespace zp

@@ -25,7 +25,7 @@
 #include <stddef.h>
 
 #define ZPCCL_MAJOR 0
-#define ZPCCL_MINOR 1
+#define ZPCCL_MINOR 2
 #define ZPCCL_PATCH 0
 #define ZPCCL_VERSION_CODE (ZPCCL_MAJOR * 10000 + ZPCCL_MINOR * 100 + ZPCCL_PATCH)
 
@@ -80,6 +80,13 @@ typedef enum ZP_ENUM_INT {
 /* Reduction operations: numerically equal to ncclRedOp_t. zpQuantReduceScatterA2A takes zpSum and zpAvg. */
 typedef enum ZP_ENUM_INT { zpSum = 0, zpProd = 1, zpMax = 2, zpMin = 3, zpAvg = 4, zpNumOps = 5 } zpRedOp_t;
 
+/* How qgZ (zpQuantReduceScatterA2A) rounds gradients to their codes; see "Gradient rounding" below. */
+typedef enum ZP_ENUM_INT {
+  zpRoundNearest = 0,    /* to nearest, ties to even: the block format's rule */
+  zpRoundStochastic = 1, /* stochastically, unbiased: up with probability equal to the fraction */
+  zpNumRoundings = 2
+} zpRounding_t;
+
 /* Where a communicator runs its collectives. */
 typedef enum ZP_ENUM_INT {
   zpBackendDefault = 0, /* cuda when a CUDA device is visible, else host (overridden by ZP_BACKEND) */
@@ -122,13 +129,18 @@ typedef struct {
   int gradBits;         /* bits of zpQuantReduceScatterA2A's codes, 4 or 8. Default 4 */
   int blockSize;        /* elements per quantization block, a power of two in [32, 8192]. Default 256 */
   int blocking;         /* 1: calls block until done (the only mode supported today). Default 1 */
+  /* Since 0.2.0 (a 0.1 config, without these fields, is still accepted; they then take their defaults): */
+  int gradRounding; /* zpRounding_t of zpQuantReduceScatterA2A's quantizations. Default ZP_GRAD_ROUNDING, else
+                       zpRoundNearest. May differ between ranks */
+  int gradSeed;     /* key of stochastic rounding, >= 0. Default ZP_GRAD_SEED, else 0. Ranks with the same seed and
+                       layout draw reproducible bits; the seed may differ between ranks */
 } zpConfig_t;
 
 #define ZP_CONFIG_INITIALIZER                                                                                    \
   {                                                                                                              \
     sizeof(zpConfig_t), ZP_CONFIG_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT,           \
         ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, \
-        ZP_CONFIG_UNDEF_INT                                                                                      \
+        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT                                            \
   }
 
 /* Per-call override of the communicator's quantization settings. A field left at 0 keeps the
@@ -274,6 +286,78 @@ zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuff, size_t 
                                    zpRedOp_t op, zpComm_t comm, cudaStream_t stream);
 zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
                                      zpRedOp_t op, const zpQuantOptions_t* options, zpComm_t comm, cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Gradient rounding: stochastic rounding and error feedback for qgZ                                          */
+/*
+ * Stochastic rounding (zpRoundStochastic) replaces the format's round-to-nearest in both of qgZ's quantizations,
+ * the sender's and the intermediate requantize of two hops: with v = clamp(x / scale, -qmax, qmax), |v| rounds up
+ * when frac(|v|) > (2u + 1) / 2^17 for 16 random bits u, so E[code] = v up to 2^-17 of a step (exact when frac is a
+ * multiple of 2^-16). The bits are counter-based, Philox4x32-10 (Random123, cuRAND's curand_Philox4x32_10):
+ *   key = (seed, sequence), counter = (j / 8 mod 2^32, (j / 8) >> 32 | hop << 31, slice, rank),
+ * for element j of a slice; hop 0 (the sender: slice = destination rank) or 1 (the intermediate rank of two hops:
+ * slice = destination node); rank = the quantizing rank; one Philox output gives 8 consecutive elements 16 bits
+ * each (element j: bits 16 (j % 2) of word (j % 8) / 2). sequence is the call's number among the communicator's
+ * qgZ calls (zpQuantReduceScatterA2A, ...Ex and ...Ex2 alike, every rounding, count 0 included; a call refused by
+ * its argument checks does not count), from 0, mod 2^32: every rank calls collectives in the same order, so it is
+ * equal on every rank. Results are deterministic: the same seed, layout and call order give the same bits, on the
+ * host backend and the GPU alike; a resumed job that wants fresh draws passes a per-call seed (say, seed + step).
+ *
+ * Error feedback: the caller keeps, per gradient tensor, a residual of what the last quantization lost and passes
+ * it to each call. The sender quantizes x + residual (fp32) and stores residual = (x + residual) - dequantized,
+ * rounded to bf16. Layout: the sendbuff's, nranks * recvcount bfloat16 elements, element i for sendbuff[i]; zero
+ * it before the first call. bf16 because its 8 significant bits keep every element's error to 2^-8 relative (an
+ * int8 residual with a block scale, as LoCo, costs half the bytes but rounds small errors next to a large one to
+ * zero), and the kernels read and write it in the pass that reads the gradient, with no second scale.
+ * The intermediate requantize of two hops loses a second error, on the rank that sums the node's partials: it is
+ * kept there, in a second residual of zpGradHopResidualCount elements (nodes * recvcount, bf16; element
+ * b * recvcount + j for element j of destination node b's partial), added to the partial sums before they are
+ * requantized. It cannot be folded into the senders' residuals: it belongs to a sum of several senders.
+ * Memory: 2 bytes x nranks * recvcount per rank for the residual (the reduce-scatter's input, in bf16), plus
+ * 2 bytes x nranks * recvcount / localSize for the hop residual on two-hop layouts.
+ * A block that held NaN or Inf (or whose partial sum overflowed) stores a zero residual.
+ */
+
+#define ZP_GRAD_OPTIONS_MAGIC 0x7a70676fu /* "zpgo" */
+
+/* Per-call options of zpQuantReduceScatterA2AEx2. Start from ZP_GRAD_OPTIONS_INITIALIZER; a field left as the
+ * initializer set it takes the communicator's value or does nothing. size, magic and version as in zpConfig_t. */
+typedef struct {
+  size_t size;             /* sizeof(zpGradOptions_t), set by the initializer */
+  unsigned int magic;      /* ZP_GRAD_OPTIONS_MAGIC, set by the initializer */
+  unsigned int version;    /* ZPCCL_VERSION_CODE, set by the initializer */
+  int bits;                /* 4 or 8; 0 or ZP_CONFIG_UNDEF_INT: the communicator's gradBits */
+  int blockSize;           /* power of two in [32, 8192]; 0 or ZP_CONFIG_UNDEF_INT: the communicator's */
+  int rounding;            /* zpRounding_t; ZP_CONFIG_UNDEF_INT: the communicator's gradRounding */
+  int seed;                /* >= 0; ZP_CONFIG_UNDEF_INT: the communicator's gradSeed */
+  void* residual;          /* error feedback of the sender: NULL (none) or residualCount elements, see above */
+  size_t residualCount;    /* elements of residual: nranks * recvcount */
+  int residualType;        /* zpBfloat16 (the only type); the initializer sets it */
+  void* hopResidual;       /* error feedback of the intermediate hop: NULL (none) or hopResidualCount elements */
+  size_t hopResidualCount; /* elements of hopResidual: zpGradHopResidualCount's (0 on one-hop layouts: then
+                              hopResidual is not used) */
+  int sequence;            /* >= 0: the sequence number of this call's draws, in place of the communicator's (which
+                              advances all the same): for a job resumed from a checkpoint, or draws that must not
+                              depend on earlier calls. The caller keeps it equal on every rank.
+                              ZP_CONFIG_UNDEF_INT: the communicator's */
+} zpGradOptions_t;
+
+#define ZP_GRAD_OPTIONS_INITIALIZER                                                                               \
+  {                                                                                                               \
+    sizeof(zpGradOptions_t), ZP_GRAD_OPTIONS_MAGIC, ZPCCL_VERSION_CODE, ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, \
+        ZP_CONFIG_UNDEF_INT, ZP_CONFIG_UNDEF_INT, NULL, 0, zpBfloat16, NULL, 0, ZP_CONFIG_UNDEF_INT               \
+  }
+
+/* As zpQuantReduceScatterA2A, with gradient options (NULL: as zpQuantReduceScatterA2A): bits and block size,
+ * rounding and seed, and the residuals of error feedback (read and rewritten by the call; on the cuda backend
+ * device memory of the communicator's GPU, on the host backend host memory). Residuals must not overlap each other,
+ * sendbuff or recvbuff. Bad options are zpInvalidArgument naming the field; the communicator stays usable. */
+zpResult_t zpQuantReduceScatterA2AEx2(const void* sendbuff, void* recvbuff, size_t recvcount, zpDataType_t datatype,
+                                      zpRedOp_t op, const zpGradOptions_t* options, zpComm_t comm, cudaStream_t stream);
+
+/* Elements of the intermediate hop's residual for a call of recvcount: nodes * recvcount on a two-hop layout
+ * (several nodes of several ranks, all of equal size), 0 where qgZ takes one hop. */
+zpResult_t zpGradHopResidualCount(size_t recvcount, size_t* count, zpComm_t comm);
 
 #ifdef __cplusplus
 }

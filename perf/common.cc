@@ -283,6 +283,8 @@ SizeArgs makeSizeArgs(const Runtime& rt, const PerfOp& op, const OpPlan& plan, s
   s.nranks = rt.nranks;
   s.nodes = rt.nodes;
   s.nodeOf = rt.nodeOf.data();
+  s.stochastic = rt.opt.stochastic != 0;
+  s.feedback = rt.opt.feedback != 0;
   return s;
 }
 
@@ -366,6 +368,7 @@ void expectedOnHostBackend(Runtime& rt, const PerfOp& op, const OpPlan& plan, si
       a.scratch = scratch.get();
       a.backend = zpBackendHost;
       a.comm = comm;
+      if (op.reset && !op.reset(a)) die();
       if (!op.run(a)) die();
       if (r >= rt.rankBase && r < rt.rankBase + rt.localRanks)
         std::memcpy(rt.expected[size_t(r - rt.rankBase)]->get(), recv.get(), c.recvBytes);
@@ -412,6 +415,10 @@ void printTableHeader(const Runtime& rt, const PerfOp& op, const OpPlan& plan) {
   std::printf("#\n# %s: type %s%s%s", op.name, typeName(plan.type), op.reduces ? ", op " : "",
               op.reduces ? opName(plan.redOp) : "");
   if (plan.bits > 0) std::printf(", bits %d, block %d", plan.bits, plan.block);
+  if (rt.opt.stochastic || rt.opt.feedback) {
+    std::printf(", gradient rounding: %s%s", rt.opt.stochastic ? "stochastic" : "nearest",
+                rt.opt.feedback ? " + error feedback" : "");
+  }
   std::printf(", runs %s, baseline %s, check %s\n", op.runLabel, plan.baseline ? op.baselineName : "none",
               plan.check ? "host reference" : (rt.opt.check ? "none available" : "off (-c 0)"));
   // Group titles, right-aligned over their columns.
@@ -529,6 +536,9 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
   ResultRow row;
   row.op = op.name;
   row.regime = rt.opt.regime;
+  if (rt.opt.stochastic || rt.opt.feedback) {
+    row.grad = rt.opt.stochastic && rt.opt.feedback ? "sr+ef" : rt.opt.stochastic ? "sr" : "ef";
+  }
   row.backend = rt.host ? "host" : "cuda";
   row.size = c.bytes;
   row.count = c.count;
@@ -655,6 +665,12 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
     poison(rt, st, st.recv, c.recvBytes);
     const RunArgs oop = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
     result.seconds[0] = timeRun(rt, st, op.run, oop, &result.enqueue[0]);
+    if (plan.check && op.reset) {  // state carried across the timed calls: check one fresh call instead
+      poison(rt, st, st.recv, c.recvBytes);
+      fullBarrier(rt, st.t);
+      if (!op.reset(oop) || !op.run(oop)) die();
+      if (!rt.host) H_CUDA(cudaStreamSynchronize(st.stream));
+    }
     if (plan.check) {
       download(rt, st, st.hostRecv.get(), st.recv, c.recvBytes);
       result.wrong[0] = compare(s, c, st.hostRecv.get(), st.hostExpected.get());
@@ -671,6 +687,7 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
         poison(rt, st, base, inPlaceBytes(c));
         upload(rt, st, base + c.ipSendOffset, st.hostSend.get(), c.sendBytes);
         fullBarrier(rt, st.t);
+        if (op.reset && !op.reset(ip)) die();
         if (!op.run(ip)) die();
         if (!rt.host) H_CUDA(cudaStreamSynchronize(st.stream));
         download(rt, st, st.hostRecv.get(), base + c.ipRecvOffset, c.recvBytes);

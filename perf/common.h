@@ -67,6 +67,8 @@ struct SizeArgs {
   int nranks = 1;
   int nodes = 1;
   const int* nodeOf = nullptr;  // nodeOf[r]: node index of rank r (nranks entries)
+  bool stochastic = false;      // -s: gradient ops round stochastically
+  bool feedback = false;        // -E: gradient ops keep error-feedback residuals (in scratch)
 };
 
 // Buffer sizes of one rank for one point of the sweep.
@@ -108,6 +110,9 @@ typedef uint64_t (*CompareFn)(const SizeArgs& size, const OpCounts& counts, cons
 typedef void (*BwFn)(const SizeArgs& size, const OpCounts& counts, double seconds, double* algbw, double* busbw);
 // Enqueues one call (returns once enqueued on cuda, once done on host). False after reporting a failure.
 typedef bool (*RunFn)(const RunArgs& args);
+// Resets what an op's calls carry from call to call (qgZ's error-feedback residuals, in scratch), before a call
+// whose output is checked; enqueued on args.stream (cuda) or done at once (host).
+typedef bool (*ResetFn)(const RunArgs& args);
 // Bytes one rank sends per call inside and across nodes, averaged over ranks (host-backend table).
 typedef WireBytes (*WireFn)(const SizeArgs& size, const OpCounts& counts);
 
@@ -143,6 +148,9 @@ struct PerfOp {
   CompareFn compare = nullptr;  // null: compareBitwise
   BwFn bw = nullptr;
   RunFn run = nullptr;
+  // Optional: state carried from call to call. Then the output checked is that of one fresh call after the timed
+  // ones, reset first, as the host-backend reference's (which is reset too).
+  ResetFn reset = nullptr;
 
   // Optional baseline, measured out of place on the same buffers right after `run` (skipped on the host
   // backend when it needs NCCL).

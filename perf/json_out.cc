@@ -152,6 +152,7 @@ std::string rowToJson(const ResultRow& row) {
   w.beginObject();
   w.key("op").string(row.op);
   w.key("regime").string(row.regime);
+  if (!row.grad.empty()) w.key("grad").string(row.grad);
   w.key("backend").string(row.backend);
   w.key("size").integer(static_cast<long long>(row.size));
   w.key("count").integer(static_cast<long long>(row.count));

@@ -53,6 +53,7 @@ struct WireBytes {
 struct ResultRow {
   std::string op;
   std::string regime;
+  std::string grad;     // gradient rounding of the run (-s, -E): "sr", "ef", "sr+ef"; empty (no key): neither
   std::string backend;  // "cuda" or "host"
   size_t size = 0;      // logical bytes
   size_t count = 0;     // elements of the logical size

@@ -135,6 +135,8 @@ const std::vector<Flag>& flags() {
       {'N', "nodes", [](const char* v, Options* o) { return intFlag(v, &o->nodes, 1, 1 << 20, "-N"); }},
       {'p', "inplace", [](const char* v, Options* o) { return intFlag(v, &o->inPlace, 0, 1, "-p"); }},
       {'S', "sharegpus", [](const char* v, Options* o) { return intFlag(v, &o->shareGpus, 0, 1, "-S"); }, "1"},
+      {'s', "stochastic", [](const char* v, Options* o) { return intFlag(v, &o->stochastic, 0, 1, "-s"); }, "1"},
+      {'E', "feedback", [](const char* v, Options* o) { return intFlag(v, &o->feedback, 0, 1, "-E"); }, "1"},
       {'P', "nprocs", [](const char* v, Options* o) { return intFlag(v, &o->nprocs, 1, 4096, "-P"); }},
       {'I', "procindex", [](const char* v, Options* o) { return intFlag(v, &o->procIndex, 0, 4095, "-I"); }},
       {'D', "rendezvous",
@@ -358,6 +360,8 @@ void printUsage(FILE* out, const char* program) {
                "  -P, --nprocs N        processes meeting through a rendezvous directory (no MPI needed)\n"
                "  -I, --procindex I     this process's index in [0, N)\n"
                "  -D, --rendezvous DIR  a fresh directory shared by the -P processes ($ZP_PERF_RENDEZVOUS)\n"
+               "  -s, --stochastic [0|1] gradient ops (qgZ, its requantize, quantize_grad): stochastic rounding\n"
+               "  -E, --feedback [0|1]  gradient ops: error feedback with bf16 residuals (include/zpccl.h)\n"
                "  -h, --help            this text\n"
                "Exit status: 0 all good, 1 a wrong element or a failed call, 2 bad flags.\n",
                program);

@@ -34,6 +34,8 @@ struct Options {
   int procIndex = -1;                  // -I: this process's index in [0, nprocs)
   std::string rendezvousDir;           // -D (or $ZP_PERF_RENDEZVOUS)
   int shareGpus = 0;                   // -S: every process of a host numbers its ranks' GPUs from 0
+  int stochastic = 0;                  // -s: qgZ's stochastic rounding (include/zpccl.h, Gradient rounding)
+  int feedback = 0;                    // -E: qgZ's error feedback (residuals in the op's scratch)
 };
 
 enum class ParseResult { kOk, kHelp, kError };

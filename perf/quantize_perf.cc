@@ -2,12 +2,17 @@
 // written, next to a cudaMemcpyAsync of the logical tensor (counted as read + write) measured in the same
 // run. Payloads and outputs are checked bit for bit against the host reference (host/quant_ref.h).
 // Size = logical tensor bytes (count * type size). -B bits (default 8), -G block size.
+// quantize_grad: qgZ's sender quantization with gradient rounding (device/quantize.h launchQuantizeGrad): -s
+// stochastic, -E error feedback (a bf16 residual after the memcpy target in scratch, rewritten by every timed call,
+// zeroed before the checked one), against quantizeGradRef; with neither, the same kernel rounding to nearest.
 #include <cstring>
 #include <utility>
 #include <vector>
 
+#include "device/quantize.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
+#include "host/quant_ref.h"
 #include "perf/common.h"
 
 namespace zp {
@@ -75,6 +80,44 @@ void bwMemcpy(const SizeArgs&, const OpCounts& c, double seconds, double* algbw,
   *busbw = *algbw;
 }
 
+// ---- quantize_grad ----
+
+GradQuant gradOf(const SizeArgs& s) {
+  GradQuant g;
+  g.stochastic = s.stochastic;
+  g.key = GradRandomKey{12345u, 0u, static_cast<uint32_t>(s.rank), 0u};
+  return g;
+}
+
+void countsQuantizeGrad(const SizeArgs& s, OpCounts* c) {
+  countsQuantize(s, c);
+  if (s.feedback) c->scratchBytes += 2 * c->count;  // the residual after the memcpy target
+}
+
+uint16_t* residualOf(const RunArgs& a) {
+  return reinterpret_cast<uint16_t*>(static_cast<char*>(a.scratch) + a.counts->bytes);
+}
+
+void expectedQuantizeGrad(const SizeArgs& s, const OpCounts& c, const void* tensor, void* payload) {
+  GradQuant g = gradOf(s);
+  std::vector<uint16_t> residual(s.feedback ? c.count : 0, 0);
+  g.residual = s.feedback ? residual.data() : nullptr;
+  quantizeGradRef(tensor, s.type, c.count, s.bits, s.blockSize, g, payload);
+}
+
+bool runQuantizeGrad(const RunArgs& a) {
+  const SizeArgs& s = *a.size;
+  const GradQuantLaunch launch = gradLaunchOf(gradOf(s), s.feedback ? residualOf(a) : nullptr, a.counts->count);
+  PERF_ZP(nullptr, launchQuantizeGrad(a.send, a.recv, a.counts->count, s.type, s.bits, s.blockSize, launch, a.stream));
+  return true;
+}
+
+bool resetResidual(const RunArgs& a) {
+  if (!a.size->feedback) return true;
+  PERF_CUDA(cudaMemsetAsync(residualOf(a), 0, 2 * a.counts->count, a.stream));
+  return true;
+}
+
 PerfOp baseOp() {
   PerfOp op;
   op.runLabel = "zpccl";
@@ -114,6 +157,21 @@ PerfOp dequantizeOp() {
   return op;
 }
 
+PerfOp quantizeGradOp() {
+  PerfOp op = baseOp();
+  op.name = "quantize_grad";
+  op.uses = 0;  // a kernel launch: no communicator
+  op.gpuOnly = true;
+  op.counts = countsQuantizeGrad;
+  op.init = initStandard;
+  op.expected = expectedQuantizeGrad;
+  op.compare = comparePayload;
+  op.run = runQuantizeGrad;
+  op.reset = resetResidual;
+  op.baseline = memcpyQuantize;
+  return op;
+}
+
 }  // namespace
 }  // namespace perf
 }  // namespace zp
@@ -121,5 +179,13 @@ PerfOp dequantizeOp() {
 int main(int argc, char** argv) {
   static const zp::perf::PerfOp quantize = zp::perf::quantizeOp();
   static const zp::perf::PerfOp dequantize = zp::perf::dequantizeOp();
-  return zp::perf::perfMain({&quantize, &dequantize}, argc, argv);
+  static const zp::perf::PerfOp quantizeGrad = zp::perf::quantizeGradOp();
+  // quantize_grad launches a kernel directly: the host backend (-H) runs the other two only.
+  for (int i = 1; i < argc; ++i) {
+    const bool hostFlag = std::strcmp(argv[i], "-H") == 0 || std::strcmp(argv[i], "--host") == 0;
+    if (hostFlag && (i + 1 >= argc || std::strcmp(argv[i + 1], "0") != 0)) {
+      return zp::perf::perfMain({&quantize, &dequantize}, argc, argv);
+    }
+  }
+  return zp::perf::perfMain({&quantize, &dequantize, &quantizeGrad}, argc, argv);
 }

@@ -6,12 +6,17 @@
 // Size = the output tensor's bytes (count * type size), as qgZ's finish writes it. -B bits (default 8), -G block
 // size. Outputs are checked bit for bit against the host reference (host/reduce_ref.h), whose arithmetic the
 // kernels share.
+// -s / -E (requantize ops): the requantize with stochastic rounding / error feedback (launchReduceRequantizeGrad,
+// bf16 residual after the memcpy baseline's target in scratch, zeroed before the checked call), against
+// quantizeGradRef of the sums.
 // The kernels run only on a GPU: -H is refused.
+#include <cstring>
 #include <vector>
 
 #include "device/reduce.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
+#include "host/quant_ref.h"
 #include "host/reduce_ref.h"
 #include "perf/common.h"
 
@@ -30,7 +35,16 @@ void countsReduce(const SizeArgs& s, OpCounts* c) {
   c->count = c->paramCount = count;
   c->sendBytes = Sources * sourceBytes(s);  // payload sizes are multiples of 16: every source stays aligned
   c->recvBytes = Finish ? c->bytes : sourceBytes(s);
-  c->scratchBytes = c->sendBytes;  // the memcpy baseline's target
+  c->scratchBytes = c->sendBytes;                           // the memcpy baseline's target
+  if (!Finish && s.feedback) c->scratchBytes += 2 * count;  // the requantize's residual after it
+}
+
+// The requantize's gradient rounding under -s / -E: one fixed key, so that every call draws alike.
+GradQuant gradOf(const SizeArgs& s) {
+  GradQuant g;
+  g.stochastic = s.stochastic;
+  g.key = GradRandomKey{12345u, 0u, 0u, 1u};
+  return g;
 }
 
 // Source k is the reference payload of the standard tensor of "rank" k, so that the sources differ.
@@ -66,7 +80,14 @@ void expectedFinish(const SizeArgs& s, const OpCounts& c, const void* payloads, 
 template <int Sources>
 void expectedRequantize(const SizeArgs& s, const OpCounts& c, const void* payloads, void* payload) {
   const std::vector<float> sum = referenceSums<Sources>(s, c, payloads);
-  quantizeRefParallel(sum.data(), zpFloat32, c.count, s.bits, s.blockSize, payload);
+  if (!s.stochastic && !s.feedback) {
+    quantizeRefParallel(sum.data(), zpFloat32, c.count, s.bits, s.blockSize, payload);
+    return;
+  }
+  GradQuant g = gradOf(s);
+  std::vector<uint16_t> residual(s.feedback ? c.count : 0, 0);
+  g.residual = s.feedback ? residual.data() : nullptr;
+  quantizeGradRef(sum.data(), zpFloat32, c.count, s.bits, s.blockSize, g, payload);
 }
 
 template <int Sources>
@@ -84,11 +105,27 @@ bool runFinish(const RunArgs& a) {
   return true;
 }
 
+uint16_t* residualOf(const RunArgs& a) {
+  return reinterpret_cast<uint16_t*>(static_cast<char*>(a.scratch) + a.counts->sendBytes);
+}
+
 template <int Sources>
 bool runRequantize(const RunArgs& a) {
   const SizeArgs& s = *a.size;
+  if (s.stochastic || s.feedback) {
+    const GradQuantLaunch launch = gradLaunchOf(gradOf(s), s.feedback ? residualOf(a) : nullptr, a.counts->paramCount);
+    PERF_ZP(nullptr, launchReduceRequantizeGrad(sourcesOf<Sources>(a), a.counts->paramCount, s.bits, s.blockSize,
+                                                a.recv, a.counts->recvBytes, launch, a.stream));
+    return true;
+  }
   PERF_ZP(nullptr, launchReduceRequantize(sourcesOf<Sources>(a), a.counts->paramCount, s.bits, s.blockSize, a.recv,
                                           a.counts->recvBytes, a.stream));
+  return true;
+}
+
+bool resetResidual(const RunArgs& a) {
+  if (!a.size->feedback) return true;
+  PERF_CUDA(cudaMemsetAsync(residualOf(a), 0, 2 * a.counts->paramCount, a.stream));
   return true;
 }
 
@@ -120,6 +157,7 @@ PerfOp reduceOp(const char* name) {
   op.expected = Finish ? expectedFinish<Sources> : expectedRequantize<Sources>;
   op.compare = Finish ? nullptr : comparePayload;
   op.run = Finish ? runFinish<Sources> : runRequantize<Sources>;
+  if (!Finish) op.reset = resetResidual;
   op.bw = bwLocal;  // sendBytes (S payloads read) + recvBytes (output written)
   op.baselineName = "memcpy";
   op.baseline = memcpySources;

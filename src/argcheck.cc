@@ -1,5 +1,6 @@
 #include "src/argcheck.h"
 
+#include <cstddef>
 #include <cstdint>
 
 #include "host/dtype.h"
@@ -12,6 +13,9 @@ namespace {
 
 // ZPCCL_VERSION_CODE of 0.1.0, the first release, which introduced zpConfig_t.
 constexpr unsigned kFirstConfigVersion = 100;
+// 0.2.0 appended gradRounding and gradSeed to zpConfig_t and introduced zpGradOptions_t.
+constexpr unsigned kGradConfigVersion = 200;
+constexpr size_t kConfigSize01 = offsetof(zpConfig_t, gradRounding);
 
 bool mulOverflows(size_t a, size_t b, size_t* out) { return __builtin_mul_overflow(a, b, out); }
 
@@ -93,10 +97,14 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
                   "config with ZP_CONFIG_INITIALIZER",
                   call, config->version, kFirstConfigVersion);
   }
-  if (config->size != sizeof(zpConfig_t)) {
+  // A 0.1 config ends before gradRounding: its size is that layout's, and the later fields are not read.
+  const bool config01 = config->version < kGradConfigVersion;
+  const size_t expected = config01 ? kConfigSize01 : sizeof(zpConfig_t);
+  if (config->size != expected) {
     return ZP_ERR(zpInvalidArgument,
-                  "%s : config size %zu differs from this library's %zu: rebuild against its zpccl.h", call,
-                  config->size, sizeof(zpConfig_t));
+                  "%s : config size %zu differs from the %zu of a version %u config: rebuild against this library's "
+                  "zpccl.h",
+                  call, config->size, expected, config->version);
   }
   auto set = [](int value) { return value != ZP_CONFIG_UNDEF_INT; };
   if (set(config->backend)) {
@@ -150,6 +158,23 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
       return ZP_ERR(zpInvalidUsage, "%s : config->blocking 0 (nonblocking communicators) is not implemented yet", call);
     }
     s->blocking = config->blocking;
+  }
+  if (!config01 && set(config->gradRounding)) {
+    ZPCHECK(checkRounding(config->gradRounding, call, "config->gradRounding"));
+    s->gradRounding = config->gradRounding;
+  }
+  if (!config01 && set(config->gradSeed)) {
+    if (config->gradSeed < 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->gradSeed %d is negative", call, config->gradSeed);
+    }
+    s->gradSeed = config->gradSeed;
+  }
+  return zpSuccess;
+}
+
+zpResult_t checkRounding(int rounding, const char* call, const char* arg) {
+  if (rounding != zpRoundNearest && rounding != zpRoundStochastic) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %d is not a zpRounding_t (0 nearest, 1 stochastic)", call, arg, rounding);
   }
   return zpSuccess;
 }
@@ -277,6 +302,130 @@ zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, Co
     return ZP_ERR(zpInvalidArgument, "%s : %s %p and %s %p overlap without being in NCCL's in-place layout", call,
                   sendName, a->sendbuff, recvName, a->recvbuff);
   }
+  return zpSuccess;
+}
+
+zpResult_t checkGradOptionsHeader(const zpGradOptions_t* g, const char* call, zpQuantOptions_t* quant) {
+  *quant = zpQuantOptions_t{0, 0};
+  if (g == nullptr) return zpSuccess;
+  if (g->magic != ZP_GRAD_OPTIONS_MAGIC) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : options has a bad magic 0x%x: initialize it with ZP_GRAD_OPTIONS_INITIALIZER", call, g->magic);
+  }
+  if (g->version > static_cast<unsigned>(ZPCCL_VERSION_CODE)) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : options->version %u is newer than this library's %d: rebuild against its zpccl.h or load a "
+                  "newer libzpccl",
+                  call, g->version, ZPCCL_VERSION_CODE);
+  }
+  if (g->version < kGradConfigVersion) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : options->version %u is not a zpccl version with zpGradOptions_t (the first is %u): "
+                  "initialize the options with ZP_GRAD_OPTIONS_INITIALIZER",
+                  call, g->version, kGradConfigVersion);
+  }
+  if (g->size != sizeof(zpGradOptions_t)) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : options size %zu differs from this library's %zu: rebuild against its zpccl.h", call, g->size,
+                  sizeof(zpGradOptions_t));
+  }
+  auto keep = [](int v) { return v == 0 || v == ZP_CONFIG_UNDEF_INT; };
+  // A value that is neither kept nor valid reaches checkCollArgs, which names it options->bits / ->blockSize.
+  quant->bits = keep(g->bits) ? 0 : g->bits;
+  quant->blockSize = keep(g->blockSize) ? 0 : g->blockSize;
+  if (quant->bits < 0) return checkBits(quant->bits, call, "options->bits");
+  if (quant->blockSize < 0) return checkBlockSize(quant->blockSize, call, "options->blockSize");
+  return zpSuccess;
+}
+
+namespace {
+
+// One residual of zpGradOptions_t: its type, count, buffer, alignment and overlaps with the call's buffers.
+zpResult_t checkResidual(Communicator* comm, const CollArgs& a, const void* ptr, size_t count, size_t expected,
+                         int type, const char* name, const char* countName, const void* other, size_t otherBytes,
+                         const char* otherName) {
+  const char* call = a.opName;
+  if (type != zpBfloat16) {
+    if (!isValidType(static_cast<zpDataType_t>(type))) {
+      return ZP_ERR(zpInvalidArgument, "%s : options->residualType %d is not a type", call, type);
+    }
+    return ZP_ERR(zpInvalidArgument, "%s : options->residualType %s is not supported (bfloat16 is)", call,
+                  typeName(static_cast<zpDataType_t>(type)));
+  }
+  if (count != expected) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %zu must be %zu for recvcount %zu on %d ranks", call, countName, count,
+                  expected, a.count, comm->topo.nranks);
+  }
+  if (a.count == 0) return zpSuccess;
+  ZPCHECK(checkBuffer(comm, ptr, call, name));
+  if (reinterpret_cast<uintptr_t>(ptr) % 2 != 0) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %p is not aligned to 2 bytes", call, name, ptr);
+  }
+  const size_t bytes = count * 2;
+  const size_t elemBytes = typeSize(a.type);
+  const struct {
+    const void* p;
+    size_t bytes;
+    const char* name;
+  } others[] = {{a.sendbuff, a.count * comm->topo.nranks * elemBytes, "sendbuff"},
+                {a.recvbuff, a.count * elemBytes, "recvbuff"},
+                {other, otherBytes, otherName}};
+  for (const auto& o : others) {
+    if (o.p != nullptr && overlaps(ptr, bytes, o.p, o.bytes)) {
+      return ZP_ERR(zpInvalidArgument, "%s : %s %p overlaps %s %p", call, name, ptr, o.name, o.p);
+    }
+  }
+  return zpSuccess;
+}
+
+}  // namespace
+
+zpResult_t checkGradArgs(Communicator* comm, const zpGradOptions_t* g, CollArgs* a) {
+  const char* call = a->opName;
+  int rounding = comm->settings.gradRounding;
+  int seed = comm->settings.gradSeed;
+  if (g != nullptr) {
+    if (g->rounding != ZP_CONFIG_UNDEF_INT) {
+      ZPCHECK(checkRounding(g->rounding, call, "options->rounding"));
+      rounding = g->rounding;
+    }
+    if (g->seed != ZP_CONFIG_UNDEF_INT) {
+      if (g->seed < 0) return ZP_ERR(zpInvalidArgument, "%s : options->seed %d is negative", call, g->seed);
+      seed = g->seed;
+    }
+    if (g->sequence != ZP_CONFIG_UNDEF_INT && g->sequence < 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : options->sequence %d is negative", call, g->sequence);
+    }
+    const Topology& t = comm->topo;
+    const size_t full = a->count * t.nranks;
+    if (g->residual != nullptr) {
+      ZPCHECK(checkResidual(comm, *a, g->residual, g->residualCount, full, g->residualType, "options->residual",
+                            "options->residualCount", nullptr, 0, ""));
+    } else if (g->residualCount != 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : options->residualCount %zu without options->residual", call,
+                    g->residualCount);
+    }
+    const size_t hopCount = t.hierarchical() ? a->count * t.nodes : 0;
+    if (g->hopResidual != nullptr && hopCount != 0) {
+      ZPCHECK(checkResidual(comm, *a, g->hopResidual, g->hopResidualCount, hopCount, g->residualType,
+                            "options->hopResidual", "options->hopResidualCount", g->residual,
+                            g->residual != nullptr ? full * 2 : 0, "options->residual"));
+    } else if (g->hopResidualCount != 0 && g->hopResidual == nullptr) {
+      return ZP_ERR(zpInvalidArgument, "%s : options->hopResidualCount %zu without options->hopResidual", call,
+                    g->hopResidualCount);
+    } else if (g->hopResidualCount != 0) {
+      return ZP_ERR(zpInvalidArgument,
+                    "%s : options->hopResidualCount %zu must be 0: qgZ takes one hop on this layout (%s)", call,
+                    g->hopResidualCount, t.describe().c_str());
+    }
+    if (a->count > 0) {
+      a->grad.residual = static_cast<uint16_t*>(g->residual);
+      a->grad.hopResidual = hopCount != 0 ? static_cast<uint16_t*>(g->hopResidual) : nullptr;
+    }
+  }
+  a->grad.stochastic = rounding == zpRoundStochastic;
+  a->grad.seed = static_cast<uint32_t>(seed);
+  a->grad.sequenceOverride = g != nullptr && g->sequence != ZP_CONFIG_UNDEF_INT ? g->sequence : -1;
   return zpSuccess;
 }
 

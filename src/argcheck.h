@@ -28,9 +28,16 @@ zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char*
 zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call, Settings* settings);
 zpResult_t checkBits(int bits, const char* call, const char* arg);
 zpResult_t checkBlockSize(int blockSize, const char* call, const char* arg);
+zpResult_t checkRounding(int rounding, const char* call, const char* arg);
 // Resolves bits and block size from comm and an optional per-call override, then checks a whole request:
 // type, op, counts (no size_t overflow of any derived size), buffers (usable by the backend, aligned, not
 // overlapping except in NCCL's in-place layout), stream, and that the layout can serve the collective.
 zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, CollArgs* args);
+// The header of zpQuantReduceScatterA2AEx2's options (NULL: none), and their bits and block size as the
+// zpQuantOptions_t override that checkCollArgs takes (*quant).
+zpResult_t checkGradOptionsHeader(const zpGradOptions_t* options, const char* call, zpQuantOptions_t* quant);
+// After checkCollArgs: the rest of the gradient options (rounding, seed, residuals: type, count, buffer, alignment,
+// overlap), resolved into args->grad with the communicator's defaults. The sequence number is the caller's.
+zpResult_t checkGradArgs(Communicator* comm, const zpGradOptions_t* options, CollArgs* args);
 
 }  // namespace zp

@@ -12,8 +12,10 @@ int defaultBits(const Communicator* comm, CollKind kind) {
   return kind == CollKind::kQuantReduceScatter ? comm->settings.gradBits : comm->settings.weightBits;
 }
 
-// The one enqueue path: resolve defaults, check everything, run.
-zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, CollArgs args) {
+// The one enqueue path: resolve defaults, check everything, run. gradOptions: zpQuantReduceScatterA2AEx2's (its
+// bits and block size then come in `options`).
+zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, const zpGradOptions_t* gradOptions,
+                   CollArgs args) {
   // Collectives take the communicator's settings; zpQuantize/zpDequantize name theirs explicitly.
   const bool standalone = args.kind == CollKind::kQuantize || args.kind == CollKind::kDequantize;
   if (!standalone) {
@@ -21,16 +23,27 @@ zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, CollArgs
     args.blockSize = comm->settings.blockSize;
   }
   ZPCHECK(checkCollArgs(comm, options, &args));
+  if (args.kind == CollKind::kQuantReduceScatter) {
+    ZPCHECK(checkGradArgs(comm, gradOptions, &args));
+    // Every qgZ call that passed its checks takes the next number, on every rank alike (include/zpccl.h).
+    const uint32_t next = comm->gradSequence.fetch_add(1, std::memory_order_relaxed);
+    args.grad.sequence = args.grad.sequenceOverride >= 0 ? static_cast<uint32_t>(args.grad.sequenceOverride) : next;
+  }
   if (args.count == 0) return standalone ? zpSuccess : comm->backend->runEmpty(args);
   return comm->backend->run(args);
 }
 
 zpResult_t call(const char* opName, CollKind kind, const void* sendbuff, void* recvbuff, size_t count,
                 zpDataType_t type, zpRedOp_t op, int bits, int blockSize, const zpQuantOptions_t* options,
-                zpComm_t comm, cudaStream_t stream) {
-  CollArgs args{opName, kind, sendbuff, recvbuff, count, type, op, bits, blockSize, stream};
+                zpComm_t comm, cudaStream_t stream, const zpGradOptions_t* gradOptions = nullptr) {
+  CollArgs args{opName, kind, sendbuff, recvbuff, count, type, op, bits, blockSize, stream, GradArgs()};
   return guardedCall(opName, &comm, [&] {
-    return whileInUse(comm, opName, [&](Communicator* c) { return enqueue(c, options, args); });
+    return whileInUse(comm, opName, [&](Communicator* c) -> zpResult_t {
+      if (gradOptions == nullptr) return enqueue(c, options, nullptr, args);
+      zpQuantOptions_t quant;
+      ZPCHECK(checkGradOptionsHeader(gradOptions, opName, &quant));
+      return enqueue(c, &quant, gradOptions, args);
+    });
   });
 }
 
@@ -118,4 +131,26 @@ ZP_EXPORT zpResult_t zpQuantReduceScatterA2A(const void* sendbuff, void* recvbuf
                                              zpDataType_t datatype, zpRedOp_t op, zpComm_t comm, cudaStream_t stream) {
   return zp::call("zpQuantReduceScatterA2A", CollKind::kQuantReduceScatter, sendbuff, recvbuff, recvcount, datatype, op,
                   0, 0, nullptr, comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpQuantReduceScatterA2AEx2(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                zpDataType_t datatype, zpRedOp_t op, const zpGradOptions_t* options,
+                                                zpComm_t comm, cudaStream_t stream) {
+  return zp::call("zpQuantReduceScatterA2AEx2", CollKind::kQuantReduceScatter, sendbuff, recvbuff, recvcount, datatype,
+                  op, 0, 0, nullptr, comm, stream, options);
+}
+
+ZP_EXPORT zpResult_t zpGradHopResidualCount(size_t recvcount, size_t* count, zpComm_t comm) {
+  return zp::guardedCall("zpGradHopResidualCount", &comm, [&]() -> zpResult_t {
+    const char* call = "zpGradHopResidualCount";
+    return zp::whileInUse(comm, call, [&](zp::Communicator* c) -> zpResult_t {
+      ZPCHECK(zp::checkNotNull(count, call, "count"));
+      const zp::Topology& t = c->topo;
+      if (t.hierarchical() && recvcount > SIZE_MAX / 2 / static_cast<size_t>(t.nodes)) {
+        return ZP_ERR(zpInvalidArgument, "%s : recvcount %zu x %d nodes overflows size_t", call, recvcount, t.nodes);
+      }
+      *count = t.hierarchical() ? recvcount * t.nodes : 0;
+      return zpSuccess;
+    });
+  });
 }

@@ -1,6 +1,7 @@
 // The communicator behind a zpComm_t handle, and the registry that maps handles to live communicators.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -23,6 +24,8 @@ struct Settings {
   int gradBits = 4;
   int blockSize = 256;
   int blocking = 1;
+  int gradRounding = -1;  // zpRounding_t; -1 until resolved: ZP_GRAD_ROUNDING
+  int gradSeed = -1;      // -1 until resolved: ZP_GRAD_SEED
 };
 
 struct Communicator {
@@ -30,6 +33,8 @@ struct Communicator {
   Topology topo;
   int cudaDev = -1;
   std::unique_ptr<Backend> backend;
+  // qgZ calls that passed their argument checks: the sequence number of stochastic rounding (include/zpccl.h).
+  std::atomic<uint32_t> gradSequence{0};
   std::mutex errorMutex;
   std::string lastError;
   // Calls running on this communicator: zpCommAbort from another thread waits for them (after waking them)

@@ -71,6 +71,9 @@ zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUn
                     const zpConfig_t* config, const char* call) {
   auto comm = std::make_unique<Communicator>();
   ZPCHECK(resolveConfig(config, nranks, call, &comm->settings));
+  // qgZ's rounding and seed: the config's, else the environment's (ZP_GRAD_ROUNDING, ZP_GRAD_SEED).
+  if (comm->settings.gradRounding < 0) comm->settings.gradRounding = static_cast<int>(paramGradRounding());
+  if (comm->settings.gradSeed < 0) comm->settings.gradSeed = static_cast<int>(paramGradSeed());
   ZPCHECK(resolveBackend(callerComm ? zpBackendCuda : comm->settings.backend, call, &comm->settings.backend));
   const Settings& s = comm->settings;
   const RankInit mine = rankInitOf(s, rank);

@@ -4,12 +4,16 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
+
+extern char** environ;
 
 namespace zptest {
 
@@ -48,6 +52,32 @@ inline void expectChildPassed(const std::string& name, const std::vector<std::st
   EXPECT_EQ(run.exitCode, 0) << run.output;
   EXPECT_NE(run.output.find("[       OK ] " + name), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("[  PASSED  ] 1 test."), std::string::npos) << run.output;
+}
+
+// Starts `processes` copies of this binary at once, each running the tests of `filter`, child k with this process's
+// environment plus envOf(k) ("NAME=value"), and waits for all of them; each must exit 0. For tests whose children
+// meet each other (the ranks of one communicator in processes of their own).
+inline void runConcurrentChildren(const std::string& filter, int processes,
+                                  const std::function<std::vector<std::string>(int)>& envOf) {
+  std::vector<pid_t> children;
+  for (int k = 0; k < processes; ++k) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.push_back(*e);
+    for (std::string& e : envOf(k)) env.push_back(std::move(e));
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string self = "/proc/self/exe", filterFlag = "--gtest_filter=" + filter;
+    char* argv[] = {self.data(), filterFlag.data(), nullptr};
+    pid_t pid;
+    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exited with status " << status;
+  }
 }
 
 }  // namespace zptest

@@ -320,6 +320,9 @@ std::vector<ConfigEdit> configEdits() {
       {"size 0", [](zpConfig_t* c) { c->size = 0; }, zpInvalidArgument, "size"},
       {"size +8", [](zpConfig_t* c) { c->size = sizeof(zpConfig_t) + 8; }, zpInvalidArgument, "size"},
       {"size SIZE_MAX", [](zpConfig_t* c) { c->size = SIZE_MAX; }, zpInvalidArgument, "size"},
+      // A 0.2 config of the 0.1 layout's size (and the reverse) is a caller built against another header.
+      {"size of 0.1", [](zpConfig_t* c) { c->size = offsetof(zpConfig_t, gradRounding); }, zpInvalidArgument, "size"},
+      {"version 100 with this size", [](zpConfig_t* c) { c->version = 100; }, zpInvalidArgument, "size"},
       {"ranksPerNode and nodeId", [](zpConfig_t* c) { c->ranksPerNode = 1, c->nodeId = 0; }, zpInvalidArgument,
        "nodeId"},
       {"hpzSize 2 over ranksPerNode 1", [](zpConfig_t* c) { c->ranksPerNode = 1, c->hpzSize = 2; }, zpInvalidArgument,
@@ -347,6 +350,8 @@ std::vector<ConfigEdit> configEdits() {
       {"gradBits", &zpConfig_t::gradBits, {0, 3, 16, -8}, "config->gradBits"},
       {"blockSize", &zpConfig_t::blockSize, {0, 16, 48, 16384, -256, INT_MAX}, "config->blockSize"},
       {"blocking", &zpConfig_t::blocking, {2, -1}, "config->blocking"},
+      {"gradRounding", &zpConfig_t::gradRounding, {2, -1, 99, INT_MAX}, "config->gradRounding"},
+      {"gradSeed", &zpConfig_t::gradSeed, {-1, INT_MIN + 1}, "config->gradSeed"},
   };
   for (const IntField& f : fields) {
     for (int v : f.bad) {
@@ -926,15 +931,20 @@ TEST(BadInput, EveryCallEveryArgumentAndTheCommunicatorStaysUsable) {
   std::printf("[ BadInput ] %zu rows, %d showing a known, reported defect\n", rows.size(), knownIssues);
 }
 
-// A config's version may be this library's (ZP_CONFIG_INITIALIZER) or an older release's with this layout: 0.1.0,
-// the first, is the only one so far. Checked beside the table's refused versions (configEdits).
+// A config's version may be this library's (ZP_CONFIG_INITIALIZER) or an older release's with its layout: 0.1.x
+// configs end before gradRounding (a 0.1 caller's struct is that much shorter: the fields after it are not read).
+// Checked beside the table's refused versions (configEdits).
 TEST(BadInput, ConfigVersionsOfThisLibraryAndOlderAreAccepted) {
-  for (unsigned v : {static_cast<unsigned>(ZPCCL_VERSION_CODE), 100u}) {
+  for (unsigned v : {static_cast<unsigned>(ZPCCL_VERSION_CODE), 100u, 101u}) {
     zpUniqueId id;
     ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
     zpConfig_t config = ZP_CONFIG_INITIALIZER;
     config.backend = zpBackendHost;
     config.version = v;
+    if (v < 200) {
+      config.size = offsetof(zpConfig_t, gradRounding);
+      config.gradRounding = 12345;  // beyond a 0.1 struct: garbage there, never read
+    }
     zpComm_t comm = nullptr;
     ASSERT_EQ(zpCommInitRankConfig(&comm, 1, id, 0, &config), zpSuccess) << v << ": " << zpGetLastError(nullptr);
     EXPECT_EQ(zpCommDestroy(comm), zpSuccess);

@@ -1,7 +1,6 @@
 // GPU suites of the three collectives and of the cuda-backend lifecycle: every result is compared bit for bit
 // with the host backend run on the same inputs (the executable specification). Skips without GPUs.
 #include <cuda.h>  // types of cuStreamWaitValue32 only: the test reaches it through the runtime
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,11 +20,10 @@
 
 #include "host/dtype.h"
 #include "include/zpccl.h"
+#include "tests/child_test.h"
 #include "tests/collective_check.h"
 #include "tests/gpu_util.h"
 #include "tests/host_ranks.h"
-
-extern char** environ;
 
 namespace {
 
@@ -828,31 +826,15 @@ void runNodeProcesses(const char* filter, int processes, int gpus, Placement pla
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
   const std::string idFile = "/tmp/zpccl-test-id-" + std::to_string(getpid());
   std::ofstream(idFile, std::ios::binary).write(id.internal, sizeof(id.internal));
-  std::vector<pid_t> children;
-  for (int k = 0; k < processes; ++k) {
+  zptest::runConcurrentChildren(filter, processes, [&](int k) {
     const int firstGpu = placement == Placement::kSharedGpus ? 0 : k * gpus;
     std::string visible;
     for (int g = 0; g < gpus; ++g) visible += (g ? "," : "") + std::to_string(firstGpu + g);
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.push_back(*e);
-    env.push_back(std::string(kChildEnv) + "=" + std::to_string(k));
-    env.push_back(std::string(kIdFileEnv) + "=" + idFile);
+    std::vector<std::string> env = {std::string(kChildEnv) + "=" + std::to_string(k),
+                                    std::string(kIdFileEnv) + "=" + idFile, "CUDA_VISIBLE_DEVICES=" + visible};
     if (placement != Placement::kOneHost) env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(k));
-    env.push_back("CUDA_VISIBLE_DEVICES=" + visible);
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string self = "/proc/self/exe", filterFlag = std::string("--gtest_filter=") + filter;
-    char* argv[] = {self.data(), filterFlag.data(), nullptr};
-    pid_t pid;
-    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-    children.push_back(pid);
-  }
-  for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child exited with status " << status;
-  }
+    return env;
+  });
   unlink(idFile.c_str());
 }
 

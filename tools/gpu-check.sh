@@ -31,6 +31,10 @@
 #                             sockets' drift (NCCL's own time moves 10 - 20% between runs) hit both alike
 #   ZP_GPU_CHECK_BITS         bit widths of the quantized binaries, default "8 4"
 #   ZP_GPU_CHECK_EXTRA        extra flags for every perf binary
+#   ZP_GPU_CHECK_GRAD         gradient-rounding variants of qgz_perf, reduce_perf and quantize_perf, each also run
+#                             beside today's rows (issue 33: within 5% of today's qgZ): "sr" (-s), "ef" (-E),
+#                             "sr+ef" (-s -E); default "sr ef"; "" runs none. Their JSON rows carry "grad", their
+#                             files a _sr / _ef / _sr+ef suffix
 #   ZP_GPU_CHECK_BUDGET       no step starts after this many seconds, default 450
 #   ZP_GPU_CHECK_DEADLINE     no step runs past this many seconds (its time limit shrinks), default 540, so
 #                             that the summary prints within a 10-minute call
@@ -73,6 +77,7 @@ net_rounds=${ZP_GPU_CHECK_NET_ROUNDS:-1}
 net_max=${ZP_GPU_CHECK_NET_MAX:-$max}
 bits_list=${ZP_GPU_CHECK_BITS:-8 4}
 extra=${ZP_GPU_CHECK_EXTRA:-}
+grad_list=${ZP_GPU_CHECK_GRAD-sr ef}
 budget=${ZP_GPU_CHECK_BUDGET:-450}
 deadline=${ZP_GPU_CHECK_DEADLINE:-540}
 step_timeout=${ZP_GPU_CHECK_STEP_TIMEOUT:-150}
@@ -362,6 +367,8 @@ bit_widths() { case $1 in nccl_*) echo "-" ;; *) echo "$bits_list" ;; esac; }
 # Regimes run as several processes (perf_procs); those with sockets between them take the net iterations.
 is_multi_procs() { [ "$1" = net ] || [ "$1" = 2x2 ] || [ "$1" = nvlink-procs ]; }
 over_sockets() { [ "$1" = net ] || [ "$1" = 2x2 ]; }
+# The gradient-rounding variants (ZP_GPU_CHECK_GRAD) of the binaries that have them.
+grad_variants() { case $1 in qgz_perf | reduce_perf | quantize_perf) echo "$grad_list" ;; esac; }
 # Binaries on one GPU with no link run once, as regime "local".
 is_local() { [ "$1" = quantize_perf ] || [ "$1" = reduce_perf ]; }
 # The smaller of two sizes as the perf flags spell them ("256M": K, M, G, T binary, as numfmt's IEC suffixes).
@@ -386,12 +393,22 @@ run_perf() {  # REGIME BIN
     if [ "$bits" != - ]; then
       flags=(-B "$bits") tag="$bin int$bits" file=${file}_int$bits
     fi
-    if is_multi_procs "$regime"; then
-      perf_procs "$tag" "$results/$file.log" "$results/$file.json" "$path" "${sweep[@]}" "${flags[@]}" $extra
-    else
-      run_step "$tag" "$regime" perf "$results/$file.log" "$results/$file.json" "$step_timeout" \
-        env "${regime_env[@]}" "$path" "${sweep[@]}" "${flags[@]}" -R "$regime" -J "$results/$file.json" $extra
-    fi
+    local variant gflags gtag gfile
+    for variant in - $(grad_variants "$bin"); do
+      gflags=() gtag=$tag gfile=$file
+      if [ "$variant" != - ]; then
+        gtag="$tag $variant" gfile=${file}_$variant
+        case $variant in sr) gflags=(-s 1) ;; ef) gflags=(-E 1) ;; sr+ef) gflags=(-s 1 -E 1) ;; esac
+      fi
+      if is_multi_procs "$regime"; then
+        perf_procs "$gtag" "$results/$gfile.log" "$results/$gfile.json" "$path" "${sweep[@]}" "${flags[@]}" \
+          "${gflags[@]}" $extra
+      else
+        run_step "$gtag" "$regime" perf "$results/$gfile.log" "$results/$gfile.json" "$step_timeout" \
+          env "${regime_env[@]}" "$path" "${sweep[@]}" "${flags[@]}" "${gflags[@]}" -R "$regime" \
+          -J "$results/$gfile.json" $extra
+      fi
+    done
     # hpZ's backward gather over shared memory as two emulated nodes of one GPU (zpccl's -N 2; NCCL still
     # moves the forward gather through shm): the two-node ratio of the shm regime.
     if [ "$regime" = shm ] && [ "$bin" = hpz_perf ]; then

@@ -44,7 +44,8 @@ def wrong_elements(row: dict[str, Any]) -> int:
 
 def group_key(row: dict[str, Any]) -> tuple[str, str, str]:
     bits = row.get("bits")
-    return row.get("op") or "?", f"int{bits}" if bits else "-", row.get("regime") or row.get("backend") or "-"
+    op = (row.get("op") or "?") + (f" {row['grad']}" if row.get("grad") else "")  # gradient rounding: its own row
+    return op, f"int{bits}" if bits else "-", row.get("regime") or row.get("backend") or "-"
 
 
 def local_copy(row: dict[str, Any]) -> bool:

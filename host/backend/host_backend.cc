@@ -154,9 +154,17 @@ class HostBackend final : public Backend {
     const float divisor = a.op == zpAvg ? static_cast<float>(topo_.nranks) : 1.0f;
     // Step 1: every destination slice quantized into its send slot.
     std::vector<unsigned char>& send = scratch(0, pb * qgz_.nranks);
+    // With gradient rounding (stochastic, error feedback: include/zpccl.h), slice d draws as slice d of hop 0 and
+    // owns elements [d n, d n + n) of the residual.
     for (int s = 0; s < qgz_.nranks; ++s) {
-      quantizeRef(static_cast<const char*>(a.sendbuff) + qgz_.sliceOfSlot[s] * sliceBytes, a.type, n, a.bits,
-                  a.blockSize, send.data() + s * pb);
+      const int d = qgz_.sliceOfSlot[s];
+      const char* slice = static_cast<const char*>(a.sendbuff) + d * sliceBytes;
+      if (a.grad.any()) {
+        quantizeGradRef(slice, a.type, n, a.bits, a.blockSize, gradQuant(a, 0, d, a.grad.residual),
+                        send.data() + s * pb);
+      } else {
+        quantizeRef(slice, a.type, n, a.bits, a.blockSize, send.data() + s * pb);
+      }
     }
     const int N = qgz_.nodes, L = qgz_.localSize;
     std::vector<unsigned char>& partial = scratch(1, qgz_.twoHop ? pb * N : 0);
@@ -178,7 +186,12 @@ class HostBackend final : public Backend {
       for (int l = 0; l < L; ++l)
         sources.push_back(peerSlot(topo_.nodeRanks[topo_.node][l], topo_.localRank * N + b, pb));
       sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
-      quantizeRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, partial.data() + b * pb);
+      if (a.grad.any()) {
+        quantizeGradRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, gradQuant(a, 1, b, a.grad.hopResidual),
+                        partial.data() + b * pb);
+      } else {
+        quantizeRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, partial.data() + b * pb);
+      }
     }
     world_->endReads(rank_);
     ZPCHECK(world_->barrier(rank_, a.opName));  // hop 1 done: every rank has read its slots
@@ -190,6 +203,17 @@ class HostBackend final : public Backend {
     world_->endReads(rank_);
     finishRef(sum.data(), a.type, divisor, 0, n, a.recvbuff);
     return world_->barrier(rank_, a.opName);
+  }
+
+  // The GradQuant of slice `slice` of hop `hop` (0: sender, slice = destination rank; 1: intermediate, slice =
+  // destination node): its random stream and its part of `residual` (slice * count on, as the residuals' layouts).
+  GradQuant gradQuant(const CollArgs& a, uint32_t hop, int slice, uint16_t* residual) const {
+    GradQuant g;
+    g.stochastic = a.grad.stochastic;
+    g.key = GradRandomKey{a.grad.seed, a.grad.sequence, static_cast<uint32_t>(rank_), hop};
+    g.slice = static_cast<uint32_t>(slice);
+    g.residual = residual != nullptr ? residual + static_cast<size_t>(slice) * a.count : nullptr;
+    return g;
   }
 
   const unsigned char* peerSlot(int peer, int slot, size_t slotBytes) const {

@@ -341,6 +341,14 @@ zpResult_t loadKernels(int device) {
   }
   for (int bits : {4, 8})
     ZPCHECK(launchReduceRequantize({at, 16, 16, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at, 16, load));
+  // qgZ's gradient rounding (one kernel per type and bits whatever the alignment, block size and options).
+  const GradQuantLaunch grad;
+  for (int bits : {4, 8}) {
+    for (zpDataType_t type : {zpFloat16, zpBfloat16, zpFloat32}) {
+      ZPCHECK(launchQuantizeGrad(at, at, kMinBlockSize, type, bits, kMinBlockSize, grad, load));
+    }
+    ZPCHECK(launchReduceRequantizeGrad({at, 16, 16, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at, 16, grad, load));
+  }
   ZPCHECK(loadPeerKernels());
   if (device >= static_cast<int>(loaded.size())) loaded.resize(device + 1, false);
   loaded[device] = true;

@@ -63,10 +63,27 @@ zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int pee
 
 namespace {
 
+// Gradient rounding (include/zpccl.h): the launch of hop `hop` on this rank, for segment 0 of slice `slice` at
+// element `offset` of it, segments `sliceStride` slices apart, its residual (the sendbuff's layout for hop 0, the
+// hop residual's for hop 1: slice * count + offset on) `residualStride` elements apart.
+GradQuantLaunch gradLaunch(const CollArgs& a, int rank, uint32_t hop, int slice, int sliceStride, size_t offset,
+                           uint16_t* residual, size_t residualStride) {
+  GradQuantLaunch g;
+  g.stochastic = a.grad.stochastic;
+  g.key = GradRandomKey{a.grad.seed, a.grad.sequence, static_cast<uint32_t>(rank), hop};
+  g.slice0 = static_cast<uint32_t>(slice);
+  g.sliceStride = sliceStride;
+  g.firstElem = offset;
+  g.residual = residual != nullptr ? residual + static_cast<size_t>(slice) * a.count + offset : nullptr;
+  g.residualStrideElems = residualStride;
+  return g;
+}
+
 // Quantizes count elements of sendbuff's slices into n send slots of one chunk: slot s holds slice
 // sliceOfSlot[s] (elements [offset, offset+count) of it). Runs of slots whose slices are evenly spaced go in
-// one launch (every slot for one hop; one launch per local peer for node-major two-hop layouts).
-zpResult_t quantizeSlots(const CollArgs& a, const int* sliceOfSlot, int n, size_t sliceElems, size_t offset,
+// one launch (every slot for one hop; one launch per local peer for node-major two-hop layouts). With gradient
+// rounding, each slice draws as slice d of hop 0 of `rank` and feeds back through its part of the residual.
+zpResult_t quantizeSlots(const CollArgs& a, int rank, const int* sliceOfSlot, int n, size_t sliceElems, size_t offset,
                          size_t count, char* slots, size_t slotBytes, KernelStream stream) {
   const size_t esz = typeSize(a.type);
   const auto* send = static_cast<const char*>(a.sendbuff);
@@ -78,8 +95,16 @@ zpResult_t quantizeSlots(const CollArgs& a, const int* sliceOfSlot, int n, size_
     KernelStream launch = stream;
     if (s > 0) launch.sync.waitFor = PeerSync::kNone;
     if (s + run < n) launch.sync.raise = PeerSync::kNone;
-    ZPCHECK(launchQuantize(send + (sliceOfSlot[s] * sliceElems + offset) * esz, slots + s * slotBytes, count, a.type,
-                           a.bits, a.blockSize, launch, run, stride * sliceElems, slotBytes));
+    const char* in = send + (sliceOfSlot[s] * sliceElems + offset) * esz;
+    if (a.grad.any()) {
+      const GradQuantLaunch g = gradLaunch(a, rank, 0, sliceOfSlot[s], static_cast<int>(stride), offset,
+                                           a.grad.residual, stride * sliceElems);
+      ZPCHECK(launchQuantizeGrad(in, slots + s * slotBytes, count, a.type, a.bits, a.blockSize, g, launch, run,
+                                 stride * sliceElems, slotBytes));
+    } else {
+      ZPCHECK(launchQuantize(in, slots + s * slotBytes, count, a.type, a.bits, a.blockSize, launch, run,
+                             stride * sliceElems, slotBytes));
+    }
     s += run;
   }
   return zpSuccess;
@@ -100,7 +125,8 @@ zpResult_t qgzDirect(CudaExec& e, const CollArgs& a, float divisor, size_t slice
   return directLoads(
       e, a, a.count * n * typeSize(a.type),
       [&](char* payload, KernelStream writeStream) {
-        return quantizeSlots(a, q.sliceOfSlot.data(), n, a.count, 0, a.count, payload, sliceBytes, writeStream);
+        return quantizeSlots(a, e.topo.rank, q.sliceOfSlot.data(), n, a.count, 0, a.count, payload, sliceBytes,
+                             writeStream);
       },
       [&](const PeerWindow& w, KernelStream readStream) {
         const ReduceSources sources{w.rankWindow(0) + e.topo.rank * sliceBytes, w.rankStride, 0, n, 1};
@@ -166,8 +192,8 @@ zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
   // Quantizes chunk c of slots [first, first + count) into `slots` (slot `first` at its start).
   auto quantizeRun = [&](int c, int first, int count, char* slots, KernelStream stream) {
     if (count <= 0) return zpSuccess;
-    return quantizeSlots(a, slices + first, count, a.count, plan.offset(c), plan.elems(c), slots, p.sendAt.slotBytes(c),
-                         stream);
+    return quantizeSlots(a, self, slices + first, count, a.count, plan.offset(c), plan.elems(c), slots,
+                         p.sendAt.slotBytes(c), stream);
   };
 
   // Step 1 (quantize stage): chunk c of every slice into its send slot (with keptLate, of every slice but the
@@ -242,7 +268,7 @@ zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
   // quantized before.
   for (int c = 0; c < plan.chunks; ++c) {
     trace.mark(PipelineTrace::kQuantize, c, false, st.quant.stream);
-    ZPCHECK(quantizeSlots(a, q.sliceOfSlot.data(), n, a.count, plan.offset(c), plan.elems(c),
+    ZPCHECK(quantizeSlots(a, e.topo.rank, q.sliceOfSlot.data(), n, a.count, plan.offset(c), plan.elems(c),
                           p.sendRegion + p.sendAt.offset(c), p.sendAt.slotBytes(c), st.quant));
     trace.mark(PipelineTrace::kQuantize, c, true, st.quant.stream);
     ZPCHECK(quantized(e, st, c));
@@ -260,8 +286,15 @@ zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
                           a.opName));
     // Step 3 (move): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
     // into the front of this chunk's send region (its slots have left).
+    // With gradient rounding, partial b draws as slice b of hop 1 of this rank and feeds back through its part
+    // of the hop residual (b * count + offset on).
     const ReduceSources partials{received, peerBytes, pb, L, N};
-    ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, st.move));
+    if (a.grad.any()) {
+      const GradQuantLaunch g = gradLaunch(a, e.topo.rank, 1, 0, 1, plan.offset(c), a.grad.hopResidual, a.count);
+      ZPCHECK(launchReduceRequantizeGrad(partials, cc, a.bits, a.blockSize, slots, pb, g, st.move));
+    } else {
+      ZPCHECK(launchReduceRequantize(partials, cc, a.bits, a.blockSize, slots, pb, st.move));
+    }
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);

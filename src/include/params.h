@@ -71,7 +71,12 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
   X(OwnSlotEarlyBytes, "ZP_OWN_SLOT_EARLY_BYTES", 16 << 20, -1, INT64_MAX,                                           \
     "cuda backend: over slow links (host shared memory, sockets), from this many logical bytes the slot that "       \
     "never crosses the link is worked while the others travel: qwZ dequantizes its own shard during the gather, "    \
-    "one-hop qgZ quantizes the slice it keeps during the exchange (-1: never)")
+    "one-hop qgZ quantizes the slice it keeps during the exchange (-1: never)")                                      \
+  X(GradRounding, "ZP_GRAD_ROUNDING", 0, 0, 1,                                                                       \
+    "qgZ's rounding where the config leaves zpConfig_t.gradRounding unset: 0 to nearest (default), 1 stochastic "    \
+    "(include/zpccl.h, Gradient rounding)")                                                                          \
+  X(GradSeed, "ZP_GRAD_SEED", 0, 0, INT32_MAX,                                                                       \
+    "the seed of qgZ's stochastic rounding where the config leaves zpConfig_t.gradSeed unset (default 0)")
 
 #define ZP_DECLARE_PARAM(name, ...) int64_t param##name();
 ZP_WAIT_PARAMS(ZP_DECLARE_PARAM)

@@ -11,6 +11,8 @@ bfloat16 arrays are uint16 arrays of bits here, so the model needs nothing beyon
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 QMAX = {8: 127, 4: 7}
@@ -132,6 +134,16 @@ def node_layout(node_of_rank: list[int]) -> list[list[int]]:
     return [[r for r, n in enumerate(node_of_rank) if n == key] for key in order]
 
 
+def finish(parts: list[np.ndarray], op: str, nranks: int, dtype: str) -> np.ndarray:
+    """qgZ's last step: the fp32 parts summed in order, avg divided by nranks, rounded once to the output type."""
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = (acc + p).astype(np.float32)
+    if op == "avg":
+        acc = (acc / np.float32(nranks)).astype(np.float32)
+    return from_f32(acc, dtype)
+
+
 def quant_reduce_scatter(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int,
                          node_of_rank: list[int]) -> list[np.ndarray]:
     """qgZ's result on every rank, following the plan in DESIGN.md: one hop (sum of every rank's quantized
@@ -155,12 +167,7 @@ def quant_reduce_scatter(sends: list[np.ndarray], dtype: str, op: str, bits: int
                     v = round_trip_f32(slices[r][dest], bits, block)
                     acc = v if acc is None else (acc + v).astype(np.float32)
                 parts.append(round_trip_f32(acc, bits, block))
-        acc = parts[0]
-        for p in parts[1:]:
-            acc = (acc + p).astype(np.float32)
-        if op == "avg":
-            acc = (acc / np.float32(nranks)).astype(np.float32)
-        results.append(from_f32(acc, dtype))
+        results.append(finish(parts, op, nranks, dtype))
     return results
 
 
@@ -182,3 +189,105 @@ def reduce_scatter_bound(sends: list[np.ndarray], dtype: str, bits: int, block: 
         hops = 0.5 + (0.5 * (1 + 1 / (2 * qmax)) if two_hop else 0.0)
         bounds.append(scale_sum * hops + mag * 2.0**-20 + 1e-30)
     return bounds
+
+
+# ---- gradient rounding (include/zpccl.h, "Gradient rounding"): stochastic rounding and error feedback -------------
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(ctr: list[Any], key: tuple[int, int]) -> list[np.ndarray]:
+    """Philox4x32-10 (Random123) of counters given as four uint32 arrays (or scalars) under one key."""
+    c = [np.asarray(x, dtype=np.uint64) & _M32 for x in ctr]
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    m0, m1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        p0, p1 = m0 * c[0], m1 * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _M32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _M32]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & _M32, (k1 + np.uint64(0xBB67AE85)) & _M32
+    return [x.astype(np.uint32) for x in c]
+
+
+def grad_random16(n: int, seed: int, seq: int, rank: int, hop: int, slice_: int) -> np.ndarray:
+    """The 16 random bits of elements 0..n-1 of a slice: one Philox call per 8 elements, counter
+    (j / 8 low, j / 8 high | hop << 31, slice, rank), key (seed, sequence); element j takes bits 16 (j % 2) of word
+    (j % 8) / 2."""
+    groups = np.arange(-(-n // 8), dtype=np.uint64)
+    words = philox4x32_10([groups & _M32, (groups >> np.uint64(32)) | np.uint64(hop << 31),
+                           np.full(groups.size, slice_, np.uint64), np.full(groups.size, rank, np.uint64)],
+                          (seed, seq & 0xFFFFFFFF))
+    j = np.arange(n)
+    w = np.stack(words, axis=1)[j // 8, (j % 8) // 2]
+    return ((w >> (16 * (j % 2)).astype(np.uint32)) & 0xFFFF).astype(np.uint32)
+
+
+def grad_quantize(x32: np.ndarray, bits: int, block: int, rand16: np.ndarray | None,
+                  residual: np.ndarray | None) -> np.ndarray:
+    """fp32 values as qgZ's quantization with gradient rounding sends them (dequantized to fp32): x plus the bf16
+    residual (fp32 add), block scales of those sums, codes rounded to nearest (rand16 None) or stochastically:
+    |v| up when frac(|v|) > (2u + 1) / 2^17. The residual (uint16 bf16 bits) is rewritten in place with
+    bf16(v - dequantized), 0 in blocks whose scale is not finite."""
+    if residual is not None:
+        x32 = (x32 + to_f32(residual, BF16)).astype(np.float32)
+    qmax = QMAX[bits]
+    if rand16 is None:
+        scales, codes = quantize(x32, bits, block)
+    else:
+        scales, _ = quantize(x32, bits, block)
+        s = np.repeat(scales, block)[:x32.size]
+        with np.errstate(all="ignore"):
+            v = np.clip((x32 / s).astype(np.float32), -qmax, qmax).astype(np.float32)
+            a = np.abs(v)
+            whole = np.floor(a)
+            frac = (a - whole).astype(np.float32)
+            thr = (2 * rand16.astype(np.float32) + 1).astype(np.float32) * np.float32(2.0**-17)
+            q = np.where(frac > thr, whole + np.float32(1), whole)
+            q = np.where(v < 0, -q, q)
+        q[~(s > 0)] = 0
+        codes = q.astype(np.int32)
+    dq = dequantize(scales, codes, block, F32)
+    if residual is not None:
+        with np.errstate(all="ignore"):
+            new = from_f32((x32 - dq).astype(np.float32), BF16)
+        new[~np.isfinite(np.repeat(scales, block)[:x32.size])] = 0
+        residual[:] = new
+    return dq
+
+
+def quant_reduce_scatter_grad(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int,
+                              node_of_rank: list[int], stochastic: bool, seed: int, seq: int,
+                              residuals: list[np.ndarray] | None, hop_residuals: list[np.ndarray] | None
+                              ) -> list[np.ndarray]:
+    """quant_reduce_scatter with gradient rounding: the sender's quantization of slice d on rank r draws as
+    (rank r, hop 0, slice d) and keeps its residual in residuals[r][d n:(d + 1) n]; on two hops the intermediate
+    rank (a, m) requantizes destination node b's partial drawing as (rank (a, m), hop 1, slice b), its residual in
+    hop_residuals[(a, m)][b n:(b + 1) n]."""
+    nranks = len(sends)
+    n = sends[0].size // nranks
+
+    def rnd(rank: int, hop: int, slice_: int) -> np.ndarray | None:
+        return grad_random16(n, seed, seq, rank, hop, slice_) if stochastic else None
+
+    def res(arrays: list[np.ndarray] | None, rank: int, index: int) -> np.ndarray | None:
+        return None if arrays is None or arrays[rank].size == 0 else arrays[rank][index * n:(index + 1) * n]
+
+    sent = [[grad_quantize(to_f32(s[d * n:(d + 1) * n], dtype), bits, block, rnd(r, 0, d), res(residuals, r, d))
+             for d in range(nranks)] for r, s in enumerate(sends)]
+    nodes = node_layout(node_of_rank)
+    two_hop = len(nodes) > 1 and len(nodes[0]) > 1 and all(len(g) == len(nodes[0]) for g in nodes)
+    results = []
+    for dest in range(nranks):
+        if not two_hop:
+            parts = [sent[r][dest] for r in range(nranks)]
+        else:
+            b = next(i for i, g in enumerate(nodes) if dest in g)
+            m = nodes[b].index(dest)
+            parts = []
+            for group in nodes:
+                acc = sent[group[0]][dest]
+                for r in group[1:]:
+                    acc = (acc + sent[r][dest]).astype(np.float32)
+                inter = group[m]
+                parts.append(grad_quantize(acc, bits, block, rnd(inter, 1, b), res(hop_residuals, inter, b)))
+        results.append(finish(parts, op, nranks, dtype))
+    return results

@@ -25,13 +25,25 @@ def header_text() -> str:
 
 
 class StructLayout(unittest.TestCase):
-    def test_config_is_48_bytes_in_c_order(self) -> None:
-        self.assertEqual(ctypes.sizeof(zpccl.Config), 48)
+    def test_config_is_56_bytes_in_c_order(self) -> None:
+        self.assertEqual(ctypes.sizeof(zpccl.Config), 56)
         names = [name for name, _ in zpccl.Config._fields_]
         self.assertEqual(names, ["size", "magic", "version", "backend", "ranksPerNode", "nodeId", "hpzSize",
-                                 "weightBits", "gradBits", "blockSize", "blocking"])
+                                 "weightBits", "gradBits", "blockSize", "blocking", "gradRounding", "gradSeed"])
         offsets = [getattr(zpccl.Config, name).offset for name in names]
-        self.assertEqual(offsets, [0, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44])
+        self.assertEqual(offsets, [0, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52])
+
+    def test_grad_options_match_the_header(self) -> None:
+        body = re.search(r"typedef struct \{([^}]*)\} zpGradOptions_t;", header_text(), re.S).group(1)
+        c_fields = re.findall(r"^\s*(size_t|unsigned int|int|void\*)\s+(\w+);", body, re.M)
+        ctypes_of = {"size_t": ctypes.c_size_t, "unsigned int": ctypes.c_uint, "int": ctypes.c_int,
+                     "void*": ctypes.c_void_p}
+        self.assertEqual([(n, ctypes_of[t]) for t, n in c_fields], list(zpccl.GradOptions._fields_))
+        self.assertEqual(ctypes.sizeof(zpccl.GradOptions), 80)
+        g = zpccl.GradOptions.initializer()
+        self.assertEqual((g.size, g.version, g.bits, g.rounding, g.seed, g.residual, g.residualType),
+                         (80, VERSION_CODE, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 9))
+        self.assertIn("#define ZP_GRAD_OPTIONS_MAGIC 0x7a70676fu", header_text())
 
     def test_config_fields_match_the_header(self) -> None:
         body = re.search(r"typedef struct \{(.*?)\} zpConfig_t;", header_text(), re.S).group(1)
@@ -41,7 +53,7 @@ class StructLayout(unittest.TestCase):
 
     def test_initializer_matches_zp_config_initializer(self) -> None:
         c = zpccl.Config.initializer()
-        self.assertEqual((c.size, c.magic, c.version), (48, CONFIG_MAGIC, VERSION_CODE))
+        self.assertEqual((c.size, c.magic, c.version), (56, CONFIG_MAGIC, VERSION_CODE))
         for name in zpccl.Config.INT_FIELDS:
             self.assertEqual(getattr(c, name), CONFIG_UNDEF_INT, name)
         self.assertEqual(CONFIG_UNDEF_INT, -(2**31))
@@ -112,7 +124,7 @@ class Enums(unittest.TestCase):
 class Prototypes(unittest.TestCase):
     def test_every_header_function_is_declared(self) -> None:
         declared = set(re.findall(r"^(?:zpResult_t|const char\*)\s+(zp\w+)\(", header_text(), re.M))
-        self.assertEqual(len(declared), 31)
+        self.assertEqual(len(declared), 33)
         self.assertEqual(declared, set(_lib.PROTOTYPES))
 
     def test_argument_counts_match_the_header(self) -> None:

@@ -113,6 +113,10 @@ def staged(parts: list[np.ndarray], block: int) -> np.ndarray:
     return np.concatenate(out)
 
 
+def torch_avg(torch: Any) -> Any:
+    return torch.distributed.ReduceOp.AVG
+
+
 def split(x: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     return np.split(x, np.cumsum(sizes)[:-1])
 
@@ -291,6 +295,68 @@ class FsdpOnThreads(unittest.TestCase):
         for bits, qmax in ((8, 127), (4, 7)):
             self.assertLessEqual(worst[bits, True], 1 / (2 * qmax) + 1e-6)  # its own scale: half a step
             self.assertGreater(worst[bits, False], 5 * worst[bits, True])
+
+    def test_stochastic_rounding_and_error_feedback_equal_the_model(self) -> None:
+        """grad_rounding='stochastic' with error feedback: every qgZ call (two hops) equals the NumPy model of
+        include/zpccl.h's gradient rounding, its sequence number the call's place on the reduce communicator and
+        each parameter group's residuals carried from step to step; the session's residuals end equal to the
+        model's; the summary reports their memory; training stays close to FSDP's."""
+        torch, steps, seed = self.torch, 3, 17
+        base = build_model(torch)
+
+        def body(rank: int) -> Any:
+            data = batches(torch, rank, steps)
+            plain = train(torch, shard(torch, copy.deepcopy(base), self.mesh(), 2), data)
+            model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, grad_rounding="stochastic",
+                                   seed=seed, error_feedback=True)
+            calls: list[tuple] = []
+            rs = zp._reduce_scatter
+
+            def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
+                x = input.clone()
+                result = rs(hook, output, input, group, op, *rest)
+                calls.append((id(hook.param_group), x, output.clone(), zp._reduce_sizes(hook, output.numel()), op))
+                return result
+
+            zp._reduce_scatter = on_rs
+            losses = train(torch, model, data)
+            residuals = {k: (bits_of(r), bits_of(h) if h is not None else None) for k, (r, h) in zp._residuals.items()}
+            summary = zp.summary()
+            zp.disable()
+            return plain, losses, summary, calls, residuals
+
+        results = run_threaded(WORLD, body)
+        model_res: dict[Any, list[np.ndarray]] = {}
+        model_hop: dict[Any, list[np.ndarray]] = {}
+        for seq, per_rank in enumerate(zip(*[r[3] for r in results])):
+            sizes, op = per_rank[0][3], per_rank[0][4]
+            dt = ref_dtype(per_rank[0][1])
+            sends = [np.concatenate([staged(split(row, sizes), BLOCK) for row in bits_of(x).reshape(WORLD, -1)])
+                     for _, x, _, _, _ in per_rank]
+            per = sends[0].size // WORLD
+            keys = [c[0] for c in per_rank]  # each rank's own param group object
+            res = [model_res.setdefault((r, keys[r]), np.zeros(WORLD * per, np.uint16)) for r in range(WORLD)]
+            hop = [model_hop.setdefault((r, keys[r]), np.zeros(2 * per, np.uint16)) for r in range(WORLD)]
+            name = "avg" if op == torch_avg(self.torch) else "sum"
+            want = ref.quant_reduce_scatter_grad(sends, dt, name, 4, BLOCK, NODE_OF_RANK, True, seed, seq, res, hop)
+            for rank, (_, _, out, _, _) in enumerate(per_rank):
+                padded = split(want[rank], [s + (-s % BLOCK) for s in sizes[:-1]] + [sizes[-1]])
+                expected = np.concatenate([p[:s] for p, s in zip(padded, sizes)])
+                self.assertTrue(np.array_equal(bits_of(out), expected), f"qgZ call {seq} rank {rank}")
+        self.assertEqual(len(results[0][3]), 3 * steps)
+        for rank, (plain, losses, summary, _, residuals) in enumerate(results):
+            self.assertEqual(len(residuals), 3)
+            for key, (r, h) in residuals.items():
+                self.assertTrue(np.array_equal(r, model_res[(rank, key)]), f"rank {rank} residual")
+                self.assertTrue(np.array_equal(h, model_hop[(rank, key)]), f"rank {rank} hop residual")
+                self.assertTrue(np.any(r != 0))
+            g = summary["grad_residuals"]
+            self.assertEqual((g["calls"], g["tensors"], g["wire_bytes"]), (3 * steps, 3, 0))
+            self.assertEqual(g["residual_bytes"], 2 * sum(r.size for r, _ in residuals.values()))
+            self.assertEqual(g["hop_residual_bytes"], 2 * sum(h.size for _, h in residuals.values()))
+            for step, (a, b) in enumerate(zip(plain, losses)):
+                self.assertLess(abs(a - b) / a, 0.01, f"rank {rank} step {step}: loss {b} vs FSDP's {a}")
 
     def test_fallbacks_stay_on_fsdp_collectives_and_say_so_once(self) -> None:
         torch = self.torch

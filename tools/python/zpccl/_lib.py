@@ -26,7 +26,8 @@ import threading
 from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint, c_void_p
 from typing import Any
 
-from .enums import CONFIG_MAGIC, CONFIG_UNDEF_INT, UNIQUE_ID_BYTES, VERSION_CODE, Backend, Result
+from .enums import (CONFIG_MAGIC, CONFIG_UNDEF_INT, GRAD_OPTIONS_MAGIC, UNIQUE_ID_BYTES, VERSION_CODE, Backend, DataType,
+                    Result, Rounding)
 from .errors import LibraryNotFoundError, ZpcclError, ZpcclTypeError, ZpcclValueError
 
 
@@ -55,7 +56,7 @@ class UniqueId(ctypes.Structure):
 
 
 class Config(ctypes.Structure):
-    """``zpConfig_t``: ``size_t`` + 2 ``unsigned`` + 8 ``int`` = 48 bytes on x86-64 and aarch64.
+    """``zpConfig_t``: ``size_t`` + 2 ``unsigned`` + 10 ``int`` = 56 bytes on x86-64 and aarch64.
 
     Build it with :meth:`initializer` (``ZP_CONFIG_INITIALIZER``) and set only the fields you need; a field left
     at ``CONFIG_UNDEF_INT`` takes the library's default. Field names are the C names.
@@ -73,10 +74,13 @@ class Config(ctypes.Structure):
         ("gradBits", c_int),
         ("blockSize", c_int),
         ("blocking", c_int),
+        ("gradRounding", c_int),
+        ("gradSeed", c_int),
     ]
 
     #: The integer fields after the size/magic/version header, in order.
-    INT_FIELDS = ("backend", "ranksPerNode", "nodeId", "hpzSize", "weightBits", "gradBits", "blockSize", "blocking")
+    INT_FIELDS = ("backend", "ranksPerNode", "nodeId", "hpzSize", "weightBits", "gradBits", "blockSize", "blocking",
+                  "gradRounding", "gradSeed")
 
     @classmethod
     def initializer(cls) -> "Config":
@@ -92,6 +96,32 @@ class QuantOptions(ctypes.Structure):
     """``zpQuantOptions_t``: a per-call override; a field left at 0 keeps the communicator's value."""
 
     _fields_ = [("bits", c_int), ("blockSize", c_int)]
+
+
+class GradOptions(ctypes.Structure):
+    """``zpGradOptions_t``: zpQuantReduceScatterA2AEx2's options (rounding, seed, error-feedback residuals)."""
+
+    _fields_ = [
+        ("size", c_size_t),
+        ("magic", c_uint),
+        ("version", c_uint),
+        ("bits", c_int),
+        ("blockSize", c_int),
+        ("rounding", c_int),
+        ("seed", c_int),
+        ("residual", c_void_p),
+        ("residualCount", c_size_t),
+        ("residualType", c_int),
+        ("hopResidual", c_void_p),
+        ("hopResidualCount", c_size_t),
+        ("sequence", c_int),
+    ]
+
+    @classmethod
+    def initializer(cls) -> "GradOptions":
+        """The equivalent of ``zpGradOptions_t o = ZP_GRAD_OPTIONS_INITIALIZER;``."""
+        return cls(ctypes.sizeof(cls), GRAD_OPTIONS_MAGIC, VERSION_CODE, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT,
+                   CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 0, int(DataType.BFLOAT16), None, 0, CONFIG_UNDEF_INT)
 
 
 _INT_P = POINTER(c_int)
@@ -132,6 +162,9 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "zpQuantReduceScatterA2A": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p]),
     "zpQuantReduceScatterA2AEx": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, _OPTIONS_P, c_void_p,
                                           c_void_p]),
+    "zpQuantReduceScatterA2AEx2": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, POINTER(GradOptions),
+                                           c_void_p, c_void_p]),
+    "zpGradHopResidualCount": (c_int, [c_size_t, _SIZE_P, c_void_p]),
 }
 
 _lock = threading.Lock()
@@ -263,13 +296,14 @@ def make_config(call: str, **fields: Any) -> Config:
     """A :class:`Config` from ``ZP_CONFIG_INITIALIZER`` with the given fields set (``None`` leaves a default).
 
     Keys are the Python names: ``backend`` (a :class:`Backend`, its name or value), ``ranks_per_node``,
-    ``node_id``, ``hpz_size``, ``weight_bits``, ``grad_bits``, ``block_size``, ``blocking``. Values are checked
+    ``node_id``, ``hpz_size``, ``weight_bits``, ``grad_bits``, ``block_size``, ``blocking``, ``grad_rounding`` (a
+    :class:`Rounding`, ``"nearest"``/``"stochastic"`` or its value), ``grad_seed``. Values are checked
     by the library at init; here only their Python type, that they fit a C int, and that none is ``-2**31``
     (``ZP_CONFIG_UNDEF_INT``, which C reads as "unset").
     """
     names = {"backend": "backend", "ranks_per_node": "ranksPerNode", "node_id": "nodeId", "hpz_size": "hpzSize",
              "weight_bits": "weightBits", "grad_bits": "gradBits", "block_size": "blockSize",
-             "blocking": "blocking"}
+             "blocking": "blocking", "grad_rounding": "gradRounding", "grad_seed": "gradSeed"}
     config = Config.initializer()
     for key, value in fields.items():
         if key not in names:
@@ -278,6 +312,8 @@ def make_config(call: str, **fields: Any) -> Config:
             continue
         if key == "backend":
             value = parse_backend(value, call)
+        elif key == "grad_rounding":
+            value = parse_rounding(value, call)
         elif isinstance(value, bool) or not isinstance(value, int):
             raise ZpcclTypeError(f"{call}: {key} must be an int, got {type(value).__name__}", call)
         if not -2**31 <= int(value) < 2**31:
@@ -287,6 +323,19 @@ def make_config(call: str, **fields: Any) -> Config:
                                   "it as a value); pass None for the default", call)
         setattr(config, names[key], int(value))
     return config
+
+
+def parse_rounding(value: Rounding | str | int, call: str) -> int:
+    """A :class:`Rounding`, its name (``"nearest"``, ``"stochastic"``, any case) or its int value (checked by C)."""
+    if isinstance(value, str):
+        try:
+            return int(Rounding[value.upper()])
+        except KeyError:
+            raise ZpcclValueError(f"{call}: rounding {value!r} is not 'nearest' or 'stochastic'", call) from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ZpcclTypeError(f"{call}: rounding must be 'nearest', 'stochastic' or a zpccl.Rounding, got "
+                             f"{type(value).__name__}", call)
+    return int(value)
 
 
 def parse_backend(value: Backend | str | int, call: str) -> int:

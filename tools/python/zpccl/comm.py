@@ -22,7 +22,8 @@ from typing import Any
 
 from . import _arrays, _lib, _torch
 from ._arrays import Buffer
-from .enums import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, UNIQUE_ID_BYTES, Backend, DataType, RedOp, Result
+from .enums import (CONFIG_UNDEF_INT, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, UNIQUE_ID_BYTES, Backend, DataType, RedOp, Result,
+                    Rounding)
 from .errors import ZpcclError, ZpcclTypeError, ZpcclValueError
 
 
@@ -139,6 +140,8 @@ class Comm:
     * ``hpz_size``: ranks of an hpZ group (a divisor of the ranks per node; default the whole node).
     * ``weight_bits`` (default 8), ``grad_bits`` (default 4): code bits of qwZ and qgZ, 4 or 8.
     * ``block_size``: elements per quantization block, a power of two in [32, 8192] (default 256).
+    * ``grad_rounding`` (``"nearest"``, the default, or ``"stochastic"``) and ``grad_seed`` (>= 0, default 0): how qgZ
+      rounds gradients (include/zpccl.h, "Gradient rounding"; :meth:`quant_reduce_scatter` overrides per call).
 
     Use it as a context manager, or call :meth:`close`. Any call on a closed communicator raises
     :class:`ZpcclError`.
@@ -147,12 +150,14 @@ class Comm:
     def __init__(self, nranks: int, rank: int, unique_id: bytes | bytearray | memoryview, *,
                  backend: Backend | str | int | None = None, ranks_per_node: int | None = None,
                  node_id: int | None = None, hpz_size: int | None = None, weight_bits: int | None = None,
-                 grad_bits: int | None = None, block_size: int | None = None, blocking: int | None = None) -> None:
+                 grad_bits: int | None = None, block_size: int | None = None, blocking: int | None = None,
+                 grad_rounding: Rounding | str | int | None = None, grad_seed: int | None = None) -> None:
         call = "Comm"
         self._handle: int | None = None
         config = _lib.make_config(call, backend=backend, ranks_per_node=ranks_per_node, node_id=node_id,
                                   hpz_size=hpz_size, weight_bits=weight_bits, grad_bits=grad_bits,
-                                  block_size=block_size, blocking=blocking)
+                                  block_size=block_size, blocking=blocking, grad_rounding=grad_rounding,
+                                  grad_seed=grad_seed)
         uid = _lib.UniqueId.from_bytes(unique_id, call)
         handle = c_void_p()
         res = _lib.lib().zpCommInitRankConfig(byref(handle), _c_int(nranks, call, "nranks"),
@@ -524,11 +529,21 @@ class Comm:
 
     def quant_reduce_scatter(self, send: Any, recv: Any = None, op: str | RedOp | int = "sum",
                              bits: int | None = None, block_size: int | None = None, *, dtype: Any = None,
-                             stream: Any = None) -> Any:
+                             stream: Any = None, rounding: str | Rounding | int | None = None,
+                             seed: int | None = None, residual: Any = None, hop_residual: Any = None,
+                             sequence: int | None = None) -> Any:
         """qgZ (``zpQuantReduceScatterA2A``): ``send`` holds ``nranks`` slices of ``send.size / nranks``
         elements; rank r receives the reduction (``"sum"`` or ``"avg"``, which divides by ``nranks``) of every
         rank's slice r, with two quantization round trips at most. Deterministic. In place when ``recv`` is
         ``send[rank * n:(rank + 1) * n]``. ``bits``/``block_size`` override ``grad_bits``/``block_size``.
+
+        Gradient rounding (``zpQuantReduceScatterA2AEx2``, include/zpccl.h "Gradient rounding"): ``rounding``
+        (``"nearest"`` or ``"stochastic"``) and ``seed`` override ``grad_rounding``/``grad_seed``; ``residual``
+        (bfloat16, ``send.size`` elements: a bf16 tensor, or a NumPy ``uint16`` array of bf16 bits, zeroed before
+        the first call) turns on error feedback and is rewritten by the call; ``hop_residual`` (the same type,
+        :meth:`grad_hop_residual_count` elements) keeps the intermediate hop's error on two-hop layouts (ignored,
+        and may be None, where qgZ takes one hop); ``sequence`` (>= 0, equal on every rank) replaces the
+        communicator's call number in the random draws (a run resumed from a checkpoint).
         """
         call = "quant_reduce_scatter"
         handle = self._live(call)
@@ -541,6 +556,13 @@ class Comm:
         opts = self._options(bits, block_size, call)
         st = self._stream(sb, stream, call)
         L = _lib.lib()
+        if any(v is not None for v in (rounding, seed, residual, hop_residual, sequence)):
+            g = self._grad_options(opts, rounding, seed, residual, hop_residual, rb.count, call)
+            if sequence is not None:
+                g.sequence = _c_int(sequence, call, "sequence")
+            res = L.zpQuantReduceScatterA2AEx2(sb.ptr, rb.ptr, rb.count, int(sb.dtype), opcode, byref(g), handle, st)
+            self._check(res, "zpQuantReduceScatterA2AEx2")
+            return rb.obj
         if opts is None:
             res = L.zpQuantReduceScatterA2A(sb.ptr, rb.ptr, rb.count, int(sb.dtype), opcode, handle, st)
         else:
@@ -548,3 +570,44 @@ class Comm:
                                               st)
         self._check(res, "zpQuantReduceScatterA2A")
         return rb.obj
+
+    def _residual(self, obj: Any, call: str, name: str) -> Buffer:
+        """A residual buffer: bf16 (a NumPy uint16 array holds bf16 bits); another type reaches the library, which
+        refuses it by name (options->residualType)."""
+        np_mod = sys.modules.get("numpy")
+        dtype = "bfloat16" if np_mod is not None and isinstance(obj, np_mod.ndarray) and obj.dtype == np_mod.uint16 \
+            else None
+        buf = _arrays.as_buffer(obj, call, name, dtype=dtype, writable=True)
+        self._place(buf, call, name)
+        return buf
+
+    def _grad_options(self, quant: _lib.QuantOptions | None, rounding: Any, seed: Any, residual: Any,
+                      hop_residual: Any, recvcount: int, call: str) -> _lib.GradOptions:
+        g = _lib.GradOptions.initializer()
+        if quant is not None:
+            g.bits, g.blockSize = quant.bits or CONFIG_UNDEF_INT, quant.blockSize or CONFIG_UNDEF_INT
+        if rounding is not None:
+            g.rounding = _lib.parse_rounding(rounding, call)
+        if seed is not None:
+            g.seed = _c_int(seed, call, "seed")
+        if residual is not None:
+            rbuf = self._residual(residual, call, "residual")
+            g.residual, g.residualCount, g.residualType = rbuf.ptr, rbuf.count, int(rbuf.dtype)
+        if hop_residual is not None:
+            needed = self.grad_hop_residual_count(recvcount)
+            hbuf = self._residual(hop_residual, call, "hop_residual")
+            if needed:
+                g.hopResidual, g.hopResidualCount = hbuf.ptr, hbuf.count
+                if residual is None:
+                    g.residualType = int(hbuf.dtype)
+        return g
+
+    def grad_hop_residual_count(self, recvcount: int) -> int:
+        """``zpGradHopResidualCount``: elements of the intermediate hop's residual for a qgZ call of ``recvcount``
+        (nodes * recvcount on two-hop layouts, 0 where qgZ takes one hop)."""
+        call = "grad_hop_residual_count"
+        handle = self._live(call)
+        count = c_size_t()
+        self._check(_lib.lib().zpGradHopResidualCount(_size_t(recvcount, call, "recvcount"), byref(count), handle),
+                    "zpGradHopResidualCount")
+        return count.value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 
 #: ``ZPCCL_MAJOR``, ``ZPCCL_MINOR``, ``ZPCCL_PATCH`` of the header these bindings were written against.
-MAJOR, MINOR, PATCH = 0, 1, 0
+MAJOR, MINOR, PATCH = 0, 2, 0
 #: ``ZPCCL_VERSION_CODE``: what ``Config.version`` carries.
 VERSION_CODE = MAJOR * 10000 + MINOR * 100 + PATCH
 #: ``ZP_UNIQUE_ID_BYTES``.
@@ -18,6 +18,8 @@ UNIQUE_ID_BYTES = 128
 CONFIG_UNDEF_INT = -2147483647 - 1
 #: ``ZP_CONFIG_MAGIC`` ("zpco").
 CONFIG_MAGIC = 0x7A70636F
+#: ``ZP_GRAD_OPTIONS_MAGIC`` ("zpgo").
+GRAD_OPTIONS_MAGIC = 0x7A70676F
 #: Bounds of the quantization block size (``kMinBlockSize``, ``kMaxBlockSize``) and payload alignment.
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, PAYLOAD_ALIGN = 32, 8192, 16
 #: ``zpNumResults``, ``zpNumTypes``, ``zpNumOps``: one past the last value of each enum.
@@ -40,6 +42,13 @@ class Result(enum.IntEnum):
     def c_name(self) -> str:
         """The C enumerator, e.g. ``zpInvalidArgument``."""
         return "zp" + "".join(word.capitalize() for word in self.name.split("_"))
+
+
+class Rounding(enum.IntEnum):
+    """``zpRounding_t``: how qgZ rounds gradients to codes (``"nearest"`` or ``"stochastic"`` where a name is taken)."""
+
+    NEAREST = 0
+    STOCHASTIC = 1
 
 
 class DataType(enum.IntEnum):

@@ -37,6 +37,14 @@ which change no block's scale), runs the collective there, and copies the result
 reserved when ``enable`` runs, with the communicators' scratch, so that nothing allocates in the training
 loop (:attr:`ZeroPlusPlus.reserved_bytes`).
 
+Gradient rounding (include/zpccl.h, "Gradient rounding"): ``grad_rounding="stochastic"`` (with ``seed``) rounds qgZ's
+gradients stochastically, unbiased, in both of its quantizations; ``error_feedback=True`` keeps, per parameter group,
+a bf16 residual of what the last reduce-scatter's quantization lost (the size of the group's reduce-scatter input,
+staged layout included) and, on two-hop layouts, the intermediate hop's residual (1/local size of it). They are
+allocated, zeroed, when ``enable`` runs; :attr:`ZeroPlusPlus.residual_bytes` and the ``"grad_residuals"`` entry of
+:meth:`ZeroPlusPlus.summary` say how much memory they hold. A call whose input does not have the size the residual
+was made for (FSDP reducing a subset of the group's parameters) runs without feedback, and the log says so once.
+
 Communicators are made from the model's own process groups (the user passes nothing else): one for the
 gathers and one for the reduce-scatters of each shard group, so that FSDP's all-gather and reduce-scatter
 streams really overlap (one communicator serializes its calls). On CUDA they are cuda-backend communicators
@@ -299,8 +307,14 @@ class ZeroPlusPlus:
     """
 
     def __init__(self, fsdp: _Fsdp, model: Any, *, weight_bits: int, grad_bits: int, block_size: int,
-                 hpz: bool, param_blocks: bool, comm_config: dict[str, Any]) -> None:
+                 hpz: bool, param_blocks: bool, comm_config: dict[str, Any], error_feedback: bool = False) -> None:
         self._fsdp, self.model = fsdp, model
+        self.error_feedback = error_feedback
+        #: id(param group) -> (residual, hop residual or None): error feedback's bf16 buffers (allocated by enable).
+        self._residuals: dict[int, tuple[Any, Any]] = {}
+        #: Bytes the error-feedback residuals hold (sender's, and the intermediate hop's).
+        self.residual_bytes = 0
+        self.hop_residual_bytes = 0
         self.weight_bits, self.grad_bits, self.block_size = weight_bits, grad_bits, block_size
         self.hpz, self.param_blocks = hpz, param_blocks
         self._config = dict(comm_config)
@@ -336,9 +350,16 @@ class ZeroPlusPlus:
             log.log(level, "zpccl.fsdp: %s", message)
 
     def summary(self) -> dict[str, dict[str, int]]:
-        """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``."""
-        return {k: dict(calls=v.calls, logical_bytes=v.logical_bytes, wire_bytes=v.wire_bytes)
-                for k, v in sorted(self.stats.items())}
+        """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``.
+        With error feedback, ``"grad_residuals"`` counts the qgZ calls that fed back (``calls``) and the memory of
+        the residuals (``residual_bytes``, ``hop_residual_bytes``, ``tensors``); it sends nothing itself."""
+        out = {k: dict(calls=v.calls, logical_bytes=v.logical_bytes, wire_bytes=v.wire_bytes)
+               for k, v in sorted(self.stats.items())}
+        if self.error_feedback:
+            fed = out.pop("grad_residuals", dict(calls=0, logical_bytes=0, wire_bytes=0))
+            out["grad_residuals"] = dict(fed, residual_bytes=self.residual_bytes,
+                                         hop_residual_bytes=self.hop_residual_bytes, tensors=len(self._residuals))
+        return out
 
     def reset_stats(self) -> None:
         self.stats.clear()
@@ -360,6 +381,7 @@ class ZeroPlusPlus:
             g.gather.close()
             g.reduce.close()
         self._groups.clear()
+        self._residuals.clear()
         self._gather_stage = self._reduce_stage = None
         _SESSIONS.pop(id(self.model), None)
 
@@ -496,19 +518,34 @@ class ZeroPlusPlus:
         n, count = comm.nranks, output.numel()
         layout = self._layout(self._reduce_sizes(hook, count), count)
         esz = output.element_size()
+        grad = self._grad_kwargs(hook, n * layout.staged_count)
         if layout.identity:
-            comm.quant_reduce_scatter(input, output, op=name)
+            comm.quant_reduce_scatter(input, output, op=name, **grad)
         else:
             sp = layout.staged_count
             self._reduce_stage.begin()
             staged_in = self._reduce_stage.view(n * sp, output.dtype)
             staged_out = self._reduce_stage.view(sp, output.dtype, offset_bytes=_align(n * sp * esz))
             layout.stage(torch, input.view(n, count), staged_in.view(n, sp), self._zeros_for(n, output.dtype))
-            comm.quant_reduce_scatter(staged_in, staged_out, op=name)
+            comm.quant_reduce_scatter(staged_in, staged_out, op=name, **grad)
             layout.unstage(torch, staged_out, output)
             self._reduce_stage.end()
         wire = (n - 1) * payload_size(layout.staged_count, self.grad_bits, self.block_size)
         self._count("qgz", input.numel() * esz, wire)
+        if grad:
+            self._count("grad_residuals", 0, 0)
+
+    def _grad_kwargs(self, hook: _Hook, elements: int) -> dict[str, Any]:
+        """The residuals of this parameter group's reduce-scatter of ``elements`` (staged) elements, or {}."""
+        if not self.error_feedback:
+            return {}
+        res, hop = self._residuals.get(id(hook.param_group), (None, None))
+        if res is None or res.numel() != elements:
+            self._say_once("residual_size", f"a reduce-scatter of {elements} elements has no residual of its size "
+                           "(FSDP reduced a subset of the group's parameters): it runs without error feedback",
+                           logging.INFO)
+            return {}
+        return dict(residual=res, hop_residual=hop)
 
 
 def _align(nbytes: int, to: int = 256) -> int:
@@ -552,7 +589,8 @@ def disable(model: Any) -> None:
 
 
 def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: int = 256, hpz: bool = True,
-           param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None) -> ZeroPlusPlus:
+           param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None,
+           grad_rounding: str = "nearest", seed: int | None = None, error_feedback: bool = False) -> ZeroPlusPlus:
     """Switches a ``fully_shard``-ed model to zpccl's collectives (see the module's docstring). Collective: every
     rank of the model's process groups calls it, after ``fully_shard`` and before the first step.
 
@@ -564,6 +602,8 @@ def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: 
       on the device, and staging buffers of the largest module's gathered size).
     * ``ranks_per_node`` / ``node_id``: emulate a node layout (otherwise a rank's node is its host, as NCCL
       tells it: hostname or ``NCCL_HOSTID``).
+    * ``grad_rounding`` (``"nearest"`` or ``"stochastic"``) and ``seed`` (>= 0): qgZ's rounding of gradients;
+      ``error_feedback``: keep a bf16 residual per parameter group (see the module's docstring for its memory).
 
     Returns the :class:`ZeroPlusPlus` that serves the model (``.summary()``, ``.disable()``). Raises
     :class:`~zpccl.ZpcclError` (or its ValueError/TypeError subclasses) with a message saying what to change.
@@ -575,6 +615,12 @@ def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: 
     if (isinstance(block_size, bool) or not isinstance(block_size, int) or not 32 <= block_size <= 8192
             or block_size & (block_size - 1)):
         raise ZpcclValueError(f"{_CALL}: block_size {block_size!r} must be a power of two in [32, 8192]", _CALL)
+    if grad_rounding not in ("nearest", "stochastic"):
+        raise ZpcclValueError(f"{_CALL}: grad_rounding {grad_rounding!r} must be 'nearest' or 'stochastic'", _CALL)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31):
+        raise ZpcclValueError(f"{_CALL}: seed {seed!r} must be an int in [0, 2**31)", _CALL)
+    if not isinstance(error_feedback, bool):
+        raise ZpcclValueError(f"{_CALL}: error_feedback {error_feedback!r} must be True or False", _CALL)
     if session_of(model) is not None:
         raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl already serves this model; call disable() first", _CALL)
     modules = [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
@@ -582,8 +628,9 @@ def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: 
         raise ZpcclValueError(f"{_CALL}: {type(model).__name__} has no fully_shard-ed module: call "
                               "torch.distributed.fsdp.fully_shard on it (and its blocks) first", _CALL)
     session = ZeroPlusPlus(fsdp, model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=block_size,
-                           hpz=hpz, param_blocks=param_blocks,
-                           comm_config=dict(ranks_per_node=ranks_per_node, node_id=node_id))
+                           hpz=hpz, param_blocks=param_blocks, error_feedback=error_feedback,
+                           comm_config=dict(ranks_per_node=ranks_per_node, node_id=node_id,
+                                            grad_rounding=grad_rounding, grad_seed=seed))
     try:
         _attach(session, modules)
     except BaseException:
@@ -624,6 +671,9 @@ def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
         sizes_gather.append(_staged_bytes(session, pg, len(ranks), reduce=False))
         sizes_reduce.append(_staged_bytes(session, pg, len(ranks), reduce=True))
     _reserve(session, max(sizes_gather), max(sizes_reduce))
+    if session.error_feedback:
+        for _m, pg in groups:
+            _allocate_residuals(session, pg)
     AllGatherHook, ReduceScatterHook = _make_all_gather(fsdp.AllGather), _make_reduce_scatter(fsdp.ReduceScatter)
     for m, pg in groups:
         hook = _Hook(session, pg)
@@ -636,6 +686,26 @@ def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
              ", hpZ groups of %d" % next(iter(session._groups.values())).gather.hpz_size
              if any(g.hpz_ranks for g in session._groups.values()) else "",
              ", blocks restart at parameters" if session.param_blocks else "")
+    if session.error_feedback:
+        log.info("zpccl.fsdp: error feedback: %d residual(s), %d bytes (and %d for the intermediate hop)",
+                 len(session._residuals), session.residual_bytes, session.hop_residual_bytes)
+
+
+def _allocate_residuals(session: ZeroPlusPlus, pg: Any) -> None:
+    """Error feedback's zeroed bf16 residuals for one parameter group: its reduce-scatter input's elements (in the
+    staged layout when blocks restart at parameters), and the intermediate hop's on two-hop layouts."""
+    torch = session._fsdp.torch
+    shard = pg.mesh_info.shard_process_group
+    g = session._groups[tuple(session._fsdp.dist.get_process_group_ranks(shard))]
+    sizes = tuple(p.padded_sharded_param_size.numel() for p in pg.fsdp_params)
+    layout = BlockLayout(sizes, session.block_size)
+    per_rank = layout.staged_count if session.param_blocks else layout.count
+    res = torch.zeros(g.reduce.nranks * per_rank, dtype=torch.bfloat16, device=session.device)
+    hop_count = g.reduce.grad_hop_residual_count(per_rank)
+    hop = torch.zeros(hop_count, dtype=torch.bfloat16, device=session.device) if hop_count else None
+    session._residuals[id(pg)] = (res, hop)
+    session.residual_bytes += res.numel() * 2
+    session.hop_residual_bytes += hop_count * 2
 
 
 def _check_divide_factor(dist: Any, pg: Any) -> None:

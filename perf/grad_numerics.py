@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Loss runs of qgZ's gradient rounding (issue 33): FSDP2 training of a small byte-level GPT on real text, each
+configuration against exact bf16 gradients, through the library.
+
+    python perf/grad_numerics.py -J perf/results/grad-numerics.json          # one GPU, ~5 minutes on an H200
+    python perf/grad_numerics.py --cpu --steps 3 -J /tmp/g.json              # the plumbing, on the CPU
+
+GPU: ``--nproc`` processes (default 4) share the GPU, each its own ``NCCL_HOSTID`` with NCCL's P2P and shared
+memory off (sockets between them), as ``--nodes`` emulated nodes (default 2: two nodes of two, so qgZ takes its
+two hops and the intermediate hop's residual is exercised). CPU (``--cpu``): the ranks are threads on torch's
+threaded process group and zpccl's host backend serves them, to test this script without a GPU.
+
+Configurations (``--configs``), each run with every ``--seeds`` seed (model initialization and data order):
+
+==============  ===============================================================================================
+exact           FSDP2's own collectives (bf16 weights and bf16 gradient reduce-scatters, NCCL): the reference
+int4            zpccl, int8 weights (qwZ), int4 gradients (qgZ) rounded to nearest: today's default
+int4-sr         int4 with stochastic rounding (``grad_rounding="stochastic"``)
+int4-ef         int4 with error feedback (``error_feedback=True``: bf16 residuals, both hops)
+int4-sr-ef      both
+==============  ===============================================================================================
+
+The model, data and batches are ``tools/python/examples/fsdp2_train.py``'s (Python's standard library sources,
+95% train / 5% validation). Per run: the mean loss of every step (over ranks), the validation loss at the end,
+step times, and zpccl's summary (the residuals' memory). The JSON (``-J``) holds every run and, per configuration,
+the validation loss's gap to ``exact`` of the same seed, relative (the issue's target: within 0.1%).
+``tools/plot_grad_numerics.py`` plots it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent
+TOP = HERE.parent
+sys.path.insert(0, str(TOP / "tools" / "python"))
+sys.path.insert(0, str(TOP / "tools" / "python" / "examples"))
+
+import fsdp2_train as ex  # noqa: E402  (the example's model, data and launch helpers)
+
+CONFIGS = {
+    "exact": None,
+    "int4": dict(grad_bits=4),
+    "int4-sr": dict(grad_bits=4, grad_rounding="stochastic"),
+    "int4-ef": dict(grad_bits=4, error_feedback=True),
+    "int4-sr-ef": dict(grad_bits=4, grad_rounding="stochastic", error_feedback=True),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
+    p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
+    p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--weight-bits", type=int, default=8)
+    p.add_argument("--nproc", type=int, default=4, help="ranks (processes on the GPU, threads with --cpu)")
+    p.add_argument("--nodes", type=int, default=2, help="emulated nodes (ranks / nodes a node)")
+    p.add_argument("--cpu", action="store_true", help="ranks as threads on the CPU, zpccl's host backend")
+    p.add_argument("-J", "--json", default="", help="write the runs here")
+    p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: config:seed:outfile of one GPU run
+    return p.parse_args(argv)
+
+
+def enable(zpccl: Any, model: Any, config: dict[str, Any], args: argparse.Namespace, rpn: int | None) -> Any:
+    return zpccl.fsdp.enable(model, weight_bits=args.weight_bits, block_size=args.block_size, ranks_per_node=rpn,
+                             seed=args.run_seed, **config)
+
+
+def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | None, rank: int, world: int,
+               device: Any, mesh: Any, rpn: int | None, lock: Any = None) -> dict[str, Any]:
+    """One rank's run: returns per-step mean losses (all ranks), the validation loss and step times (rank 0's)."""
+    import contextlib
+
+    import torch.distributed as dist
+    zpccl = ex.import_zpccl() if config is not None else None
+    model = ex.shard_gpt(torch, ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.run_seed)
+                         .to(device), mesh, True)
+    zp = enable(zpccl, model, config, args, rpn) if zpccl is not None else None
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, rank + 1000 * args.run_seed, device)
+    held = lock if lock is not None else contextlib.nullcontext()
+    losses, times = [], []
+    for step in range(args.steps):
+        ids, targets = data.step(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = ex.loss_of(torch, model, ids, targets)
+        loss.backward()
+        with held:
+            opt.step()
+            opt.zero_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+        losses.append(float(mean))
+    valid = ex.validation_loss(torch, model, data.validation())
+    summary = zp.summary() if zp is not None else {}
+    if zp is not None:
+        zp.disable()
+    return dict(losses=losses, valid=valid, step_ms=1e3 * statistics.median(times), summary=summary,
+                parameters=sum(p.numel() for p in model.parameters()) * world)
+
+
+# ---- GPU: one run = nproc processes (spawned by a child of this script, so that each run's NCCL is fresh) --------
+
+
+def gpu_rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
+    import torch
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    where = ex.Launch(args.nodes)  # distinct NCCL_HOSTID, NCCL P2P and shared memory off, one GPU shared
+    mesh = where.init()
+    config = CONFIGS[args.run_config]
+    result = train_rank(torch, args, config, where.rank, where.world, where.device, mesh, where.ranks_per_node)
+    if where.rank == 0:
+        result["peak_mib"] = torch.cuda.max_memory_allocated(where.device) / 2**20
+        pathlib.Path(out).write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()
+
+
+def run_one_gpu(args: argparse.Namespace) -> None:
+    import torch.multiprocessing as mp
+
+    config, seed, out = args.one.split(":", 2)
+    args.run_config, args.run_seed = config, int(seed)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(gpu_rank, args=(args, port, out), nprocs=args.nproc, join=True)
+
+
+def run_gpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
+    out = f"/tmp/zpccl-grad-numerics-{os.getpid()}-{config}-{seed}.json"
+    argv = [sys.executable, __file__, "--one", f"{config}:{seed}:{out}"] + [a for a in sys.argv[1:] if a != "--one"]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
+    subprocess.run(argv, check=True, env=env)
+    result = json.loads(pathlib.Path(out).read_text())
+    os.unlink(out)
+    return result
+
+
+# ---- CPU: ranks as threads ---------------------------------------------------------------------------------------
+
+
+def run_cpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
+    sys.path.insert(0, str(TOP / "tools" / "python"))
+    from tests._threaded import run_threaded, serial, torch_with_fsdp2
+
+    torch = torch_with_fsdp2()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    args.run_config, args.run_seed = config, seed
+    rpn = args.nproc // args.nodes if args.nodes else None
+
+    def body(rank: int) -> dict[str, Any]:
+        mesh = init_device_mesh("cpu", (args.nproc,))
+        return train_rank(torch, args, CONFIGS[config], rank, args.nproc, torch.device("cpu"), mesh, rpn, serial)
+
+    return run_threaded(args.nproc, body, timeout=3600)[0]
+
+
+# ---- main --------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    args = parse_args()
+    if args.one:
+        run_one_gpu(args)
+        return
+    configs = [c for c in args.configs.split(",") if c]
+    for c in configs:
+        if c not in CONFIGS:
+            raise SystemExit(f"grad_numerics: unknown config {c!r} (known: {', '.join(CONFIGS)})")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    runs = []
+    for seed in seeds:
+        for config in configs:
+            t0 = time.time()
+            r = run_cpu(args, config, seed) if args.cpu else run_gpu(args, config, seed)
+            r.update(config=config, seed=seed, seconds=time.time() - t0)
+            runs.append(r)
+            print(f"{config:11s} seed {seed}: final loss {r['losses'][-1]:.4f}, validation {r['valid']:.4f}, "
+                  f"step {r['step_ms']:.1f} ms, {r['seconds']:.0f} s", flush=True)
+    exact = {r["seed"]: r["valid"] for r in runs if r["config"] == "exact"}
+    gaps: dict[str, Any] = {}
+    for config in configs:
+        rel = [(r["valid"] - exact[r["seed"]]) / exact[r["seed"]] for r in runs
+               if r["config"] == config and r["seed"] in exact]
+        if rel:
+            gaps[config] = dict(mean=statistics.fmean(rel), per_seed=rel)
+            print(f"{config:11s} validation loss vs exact: {100 * statistics.fmean(rel):+.3f}% "
+                  f"({', '.join(f'{100 * g:+.3f}%' for g in rel)})")
+    if args.json:
+        meta = {k: v for k, v in vars(args).items() if k not in ("one", "run_config", "run_seed")}
+        commit = subprocess.run(["git", "-C", str(TOP), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        pathlib.Path(args.json).write_text(json.dumps(dict(args=meta, commit=commit, runs=runs, gaps=gaps), indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
