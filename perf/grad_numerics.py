@@ -82,10 +82,8 @@ def enable(zpccl: Any, model: Any, config: dict[str, Any], args: argparse.Namesp
 
 
 def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | None, rank: int, world: int,
-               device: Any, mesh: Any, rpn: int | None, lock: Any = None) -> dict[str, Any]:
+               device: Any, mesh: Any, rpn: int | None) -> dict[str, Any]:
     """One rank's run: returns per-step mean losses (all ranks), the validation loss and step times (rank 0's)."""
-    import contextlib
-
     import torch.distributed as dist
     zpccl = ex.import_zpccl() if config is not None else None
     model = ex.shard_gpt(torch, ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.run_seed)
@@ -93,7 +91,6 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
     zp = enable(zpccl, model, config, args, rpn) if zpccl is not None else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, rank + 1000 * args.run_seed, device)
-    held = lock if lock is not None else contextlib.nullcontext()
     losses, times = [], []
     for step in range(args.steps):
         ids, targets = data.step(step)
@@ -102,9 +99,8 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
         t0 = time.perf_counter()
         loss = ex.loss_of(torch, model, ids, targets)
         loss.backward()
-        with held:
-            opt.step()
-            opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -164,7 +160,7 @@ def run_gpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
 
 def run_cpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
     sys.path.insert(0, str(TOP / "tools" / "python"))
-    from tests._threaded import run_threaded, serial, torch_with_fsdp2
+    from tests._threaded import run_threaded, torch_with_fsdp2
 
     torch = torch_with_fsdp2()
     from torch.distributed.device_mesh import init_device_mesh
@@ -174,7 +170,7 @@ def run_cpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
 
     def body(rank: int) -> dict[str, Any]:
         mesh = init_device_mesh("cpu", (args.nproc,))
-        return train_rank(torch, args, CONFIGS[config], rank, args.nproc, torch.device("cpu"), mesh, rpn, serial)
+        return train_rank(torch, args, CONFIGS[config], rank, args.nproc, torch.device("cpu"), mesh, rpn)
 
     return run_threaded(args.nproc, body, timeout=3600)[0]
 
