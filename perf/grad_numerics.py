@@ -89,7 +89,7 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
     model = ex.shard_gpt(torch, ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.run_seed)
                          .to(device), mesh, True)
     zp = enable(zpccl, model, config, args, rpn) if zpccl is not None else None
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    opt, schedule = ex.make_optimizer(torch, model, args.lr, args.steps)  # warmup: a stable run (NOTEBOOK.md)
     data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, rank + 1000 * args.run_seed, device)
     losses, times = [], []
     for step in range(args.steps):
@@ -99,8 +99,7 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
         t0 = time.perf_counter()
         loss = ex.loss_of(torch, model, ids, targets)
         loss.backward()
-        opt.step()
-        opt.zero_grad()
+        ex.optimizer_step(torch, model, opt, schedule)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
