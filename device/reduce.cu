@@ -496,7 +496,8 @@ __device__ __forceinline__ uint32_t finishedWord(const float (&acc)[N], int i) {
 // Returns whether some of the first `valid` sums is not finite (the block rule below): the sums are in registers
 // here, so the rule costs a compare each, not a second pass over the sources.
 template <class Type, int N>
-__device__ __forceinline__ bool stageFinished(const float (&acc)[N], bool paired, float divisor, int valid, uint4* at) {
+__device__ __forceinline__ bool stageFinished(const float (&acc)[N], bool paired, float divisor, int valid,
+                                              uint4* at) {
   bool notFinite = false;
 #pragma unroll
   for (int k = 0; k < N; ++k) notFinite |= k < valid && !isFiniteBits(floatBits(acc[k]));
