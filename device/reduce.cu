@@ -493,14 +493,8 @@ __device__ __forceinline__ uint32_t finishedWord(const float (&acc)[N], int i) {
 
 // N finished outputs (finishReduction of each sum), packed into consecutive 16-byte chunks of the warp's stage
 // from `at` on (all in one row). `paired`: every sum is finite or +-Inf and the divisor is 1 (finishedWord).
-// Returns whether some of the first `valid` sums is not finite (the block rule below): the sums are in registers
-// here, so the rule costs a compare each, not a second pass over the sources.
 template <class Type, int N>
-__device__ __forceinline__ bool stageFinished(const float (&acc)[N], bool paired, float divisor, int valid,
-                                              uint4* at) {
-  bool notFinite = false;
-#pragma unroll
-  for (int k = 0; k < N; ++k) notFinite |= k < valid && !isFiniteBits(floatBits(acc[k]));
+__device__ __forceinline__ void stageFinished(const float (&acc)[N], bool paired, float divisor, uint4* at) {
   using Out = typename Type::Bits;
   constexpr int kSize = sizeof(Out);
   constexpr int kWords = N * kSize / 4;
@@ -521,12 +515,46 @@ __device__ __forceinline__ bool stageFinished(const float (&acc)[N], bool paired
   for (int i = 0; i < kWords / 4; ++i) {
     at[i] = make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
   }
-  return notFinite;
 }
 
-// ---- the block rule of host/reduce_math.h: a block of which some sum is not finite (an fp32 overflow, or a
-// source block that held NaN or Inf) is NaN in every element. Each thread knows it of its own sums as it stages
-// them (stageFinished); the threads of the block vote (blockAny) and rewrite their outputs.
+// ---- the block rule of host/reduce_math.h: a block of which some sum is not finite (an fp32 overflow) is NaN in
+// every element. The sums are not kept for it (the finish stages them as it goes, and its registers are spent):
+// a thread whose block scales let its sums overflow at all (sumsMayOverflow, rare: scales near FLT_MAX / 2^Bits)
+// sums its elements again to see (sumsNotFinite), and the threads of the block vote (blockAny).
+
+// Whether the sums of the thread's block in this segment may be beyond fp32: an addend is at most 2^(Bits-1) times
+// its block's |scale| (the largest code, a corrupt payload's -128 or -8 included; a corrupt scale may be negative),
+// so sources whose bounds total less than 2^127 (half of FLT_MAX's order: a margin far above this estimate's
+// rounding) give finite sums. A NaN scale (a source block that held NaN or Inf) says yes too: its sums are NaN.
+template <int Bits>
+__device__ __forceinline__ bool sumsMayOverflow(const ReduceArgs& a, const unsigned char* seg, size_t block) {
+  constexpr float kMaxCode = static_cast<float>(1 << (Bits - 1));
+  float bound = 0.0f;
+  for (int s = 0; s < a.sources; ++s) {
+    const float* scales = reinterpret_cast<const float*>(seg + static_cast<size_t>(s) * a.sourceStride);
+    bound = fmaRn(kMaxCode, fabsf(__ldg(scales + block)), bound);
+  }
+  return !(bound < 0x1p127f);
+}
+
+// Whether some of the thread's sums [elem, elem + valid) is not finite, summed again element by element in the
+// finish's order (host/reduce_math.h's payloadElement: few registers, for the rare path). x * 0 is +-0 for a finite
+// x and NaN for NaN or +-Inf.
+template <int Bits>
+__device__ __noinline__ bool sumsNotFinite(const unsigned char* seg, size_t sourceStride, int sources, size_t count,
+                                           int blockSize, size_t elem, int valid) {
+  float probe = 0.0f;
+#pragma unroll 1
+  for (int k = 0; k < valid; ++k) {
+    float acc = payloadElement<Bits>(seg, count, blockSize, elem + k);
+#pragma unroll 1
+    for (int s = 1; s < sources; ++s) {
+      acc = addRn(acc, payloadElement<Bits>(seg + static_cast<size_t>(s) * sourceStride, count, blockSize, elem + k));
+    }
+    probe = fmaRn(acc, 0.0f, probe);
+  }
+  return !isFiniteBits(floatBits(probe));
+}
 
 // Whether any of the `threads` (a power of two) threads of this thread's aligned group said `mine`. Every thread
 // of the CTA calls it, with the same `threads`. Groups of up to a warp vote by shuffles, only in a warp where some
@@ -572,22 +600,18 @@ __device__ __forceinline__ void sumFewSources(const ReduceArgs& a,
   }
 }
 
-// The thread's kElems sums, kFewGroup at a time, finished into its chunks of the warp's stage, from `at` on;
-// whether some of the first `valid` is not finite.
+// The thread's kElems sums, kFewGroup at a time, finished into its chunks of the warp's stage, from `at` on.
 template <int Bits, class Type, bool Plain>
-__device__ __forceinline__ bool finishGroups(const ReduceArgs& a,
+__device__ __forceinline__ void finishGroups(const ReduceArgs& a,
                                              const uint32_t (&x)[kFewSources][preparedWords<Bits>()],
-                                             const float (&scale)[kFewSources], bool paired, float divisor, int valid,
-                                             uint4* at) {
+                                             const float (&scale)[kFewSources], bool paired, float divisor, uint4* at) {
   constexpr int kSize = sizeof(typename Type::Bits);
-  bool notFinite = false;
 #pragma unroll
   for (int g = 0; g < kElems / kFewGroup; ++g) {
     float acc[kFewGroup];
     sumFewSources<Bits, Plain>(a, x, scale, g, acc);
-    notFinite |= stageFinished<Type>(acc, paired, divisor, valid - g * kFewGroup, at + g * kFewGroup * kSize / 16);
+    stageFinished<Type>(acc, paired, divisor, at + g * kFewGroup * kSize / 16);
   }
-  return notFinite;
 }
 
 // The finish of the thread's elements [elem, elem + valid) of a segment of at most kFewSources sources (two ranks,
@@ -595,7 +619,7 @@ __device__ __forceinline__ bool finishGroups(const ReduceArgs& a,
 // kFewGroup elements at a time, in source order per element as sumSources does. Only kFewGroup sums are live, not
 // kElems, so the kernel fits more CTAs an SM to hide its loads' latency.
 template <int Bits, class Type>
-__device__ __forceinline__ bool finishFewSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
+__device__ __forceinline__ void finishFewSources(const ReduceArgs& a, const unsigned char* seg, size_t elem, int valid,
                                                  float divisor, uint4* at) {
   const size_t block = elem >> a.blockShift;
   const size_t codeOffset = a.scaleBytes + elem * Bits / 8;
@@ -616,9 +640,13 @@ __device__ __forceinline__ bool finishFewSources(const ReduceArgs& a, const unsi
   }
   // Each case its own loop, as addSource's: the plain one without dequantizeValue's saturation check (both give
   // the same values), the paired conversions when there is no NaN to replace and nothing to divide.
-  if (allPlain && divisor == 1.0f) return finishGroups<Bits, Type, true>(a, x, scale, true, divisor, valid, at);
-  if (allPlain) return finishGroups<Bits, Type, true>(a, x, scale, false, divisor, valid, at);
-  return finishGroups<Bits, Type, false>(a, x, scale, false, divisor, valid, at);
+  if (allPlain && divisor == 1.0f) {
+    finishGroups<Bits, Type, true>(a, x, scale, true, divisor, at);
+  } else if (allPlain) {
+    finishGroups<Bits, Type, true>(a, x, scale, false, divisor, at);
+  } else {
+    finishGroups<Bits, Type, false>(a, x, scale, false, divisor, at);
+  }
 }
 
 // FewSources: the segments have at most kFewSources sources (finishFewSources); otherwise any number, summed
@@ -647,18 +675,17 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
     if (!warpHas && a.groupShift <= 5) continue;
     const size_t elem = warpElem + lane * kElems;
     const int valid = elem < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - elem)) : 0;
-    bool notFinite = false;  // some of this thread's sums (the block rule, step 3)
     if (warpHas) {
       // step 1: sums, finished values (per element, as the host does), into the warp's stage.
       if (valid > 0) {
         const unsigned char* segment = a.base + seg * a.segmentStride;
         uint4* const staged = mine + stagePos(lane * kThreadChunks);  // this thread's chunks
         if constexpr (FewSources) {
-          notFinite = finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, staged);
+          finishFewSources<Bits, Type>(a, segment, elem, valid, divisor, staged);
         } else {
           float acc[kElems];
           const bool plain = sumSources<Bits>(a, segment, elem, valid, acc);
-          notFinite = stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, valid, staged);
+          stageFinished<Type>(acc, plain && divisor == 1.0f, divisor, staged);
         }
       }
       __syncwarp();
@@ -699,11 +726,20 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
       __syncwarp();  // the stage is rewritten by the next tile; the stores are ordered before step 3's
     }
 
-    // step 3: the block rule: the outputs of a block of which some sum is not finite become NaN, each thread its
-    // own. Sums past the payload's end are not the block's: stageFinished left them out.
-    if (blockAny(notFinite, 1 << a.groupShift, warpVotes) && valid > 0) {
-      Out* const mineOut = out + seg * outputStride + elem;
-      for (int k = 0; k < valid; ++k) mineOut[k] = Type::kQuietNaN;
+    // step 3: the block rule (see sumsMayOverflow): the outputs of a block of which some sum is not finite become
+    // NaN, each thread its own. Sums past the payload's end are not the block's: they are left out. The thread's
+    // range is derived again (fewer registers live through steps 1 and 2).
+    const size_t first = warpElem + lane * kElems;
+    const int have = first < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - first)) : 0;
+    bool notFinite = false;
+    if (have > 0) {
+      const unsigned char* segment = a.base + seg * a.segmentStride;
+      notFinite = sumsMayOverflow<Bits>(a, segment, first >> a.blockShift) &&
+                  sumsNotFinite<Bits>(segment, a.sourceStride, a.sources, a.count, 1 << a.blockShift, first, have);
+    }
+    if (blockAny(notFinite, 1 << a.groupShift, warpVotes) && have > 0) {
+      Out* const mineOut = out + seg * outputStride + first;
+      for (int k = 0; k < have; ++k) mineOut[k] = Type::kQuietNaN;
     }
   }
   peerLeave(a.sync);
