@@ -12,11 +12,21 @@ zpResult_t launchQuantize(const void*, void*, size_t, zpDataType_t, int, int, Ke
   return zpInternalError;
 }
 
+zpResult_t launchQuantizeGrad(const void*, void*, size_t, zpDataType_t, int, int, const GradQuantLaunch&, KernelStream,
+                              int, size_t, size_t) {
+  return zpInternalError;
+}
+
 zpResult_t launchDequantize(const void*, void*, size_t, zpDataType_t, int, int, KernelStream, int, size_t, size_t) {
   return zpInternalError;
 }
 
 zpResult_t launchReduceRequantize(const ReduceSources&, size_t, int, int, void*, size_t, KernelStream) {
+  return zpInternalError;
+}
+
+zpResult_t launchReduceRequantizeGrad(const ReduceSources&, size_t, int, int, void*, size_t, const GradQuantLaunch&,
+                                      KernelStream) {
   return zpInternalError;
 }
 
