@@ -261,7 +261,6 @@ class _Hook:
         self.session, self.param_group = session, param_group
 
 
-
 def _make_all_gather(base: type) -> type:
     class ZeroAllGather(base):  # type: ignore[misc, valid-type]
         """qwZ over the shard group, hpZ over the post-forward group, FSDP's own all-gather otherwise."""
@@ -697,8 +696,7 @@ def _allocate_residuals(session: ZeroPlusPlus, pg: Any) -> None:
     torch = session._fsdp.torch
     shard = pg.mesh_info.shard_process_group
     g = session._groups[tuple(session._fsdp.dist.get_process_group_ranks(shard))]
-    sizes = tuple(p.padded_sharded_param_size.numel() for p in pg.fsdp_params)
-    layout = BlockLayout(sizes, session.block_size)
+    layout = _group_layout(session, pg)
     per_rank = layout.staged_count if session.param_blocks else layout.count
     res = torch.zeros(g.reduce.nranks * per_rank, dtype=torch.bfloat16, device=session.device)
     hop_count = g.reduce.grad_hop_residual_count(per_rank)
@@ -824,11 +822,10 @@ def _staged_bytes(session: ZeroPlusPlus, pg: Any, n: int, reduce: bool) -> int:
     if not session.param_blocks:
         return 0
     try:
-        sizes = [p.padded_sharded_param_size.numel() for p in pg.fsdp_params]
+        layout = _group_layout(session, pg)
         esz = max(_element_size(session, p, reduce) for p in pg.fsdp_params)
     except AttributeError:
         return 0
-    layout = BlockLayout(tuple(sizes), session.block_size)
     if layout.identity:
         return 0
     sp = layout.staged_count
@@ -862,8 +859,12 @@ def _largest_collective(session: ZeroPlusPlus) -> int:
         if isinstance(m, session._fsdp.FSDPModule):
             for pg in session._fsdp.param_groups(m):
                 n = pg.mesh_info.shard_process_group.size()
-                count = sum(p.padded_sharded_param_size.numel() for p in pg.fsdp_params)
-                staged = BlockLayout(tuple(p.padded_sharded_param_size.numel() for p in pg.fsdp_params),
-                                     session.block_size).staged_count
-                largest = max(largest, n * max(count, staged) * 4)
+                layout = _group_layout(session, pg)
+                largest = max(largest, n * max(layout.count, layout.staged_count) * 4)
     return largest
+
+
+def _group_layout(session: ZeroPlusPlus, pg: Any) -> BlockLayout:
+    """The block layout of one rank's part of a parameter group's collectives: each parameter's padded shard."""
+    sizes = [p.padded_sharded_param_size.numel() for p in pg.fsdp_params]
+    return session._layout(sizes, sum(sizes))
