@@ -780,8 +780,12 @@ zpResult_t allowSharedMemory(size_t bytes) {
 //
 // One warp a quantization block; lane l takes the block's groups of 8 elements l, l + 32, ... (a group is one
 // Philox call, host/philox.h, and 4 or 8 bytes of codes). Pass 1: x (+ residual) and the absmax over the warp;
-// pass 2: x again (from L1/L2), codes by quantizeCode or quantizeCodeStochastic, new residuals, packed codes. The
-// arithmetic is quant_math.h's, element by element, so it equals host/quant_ref.cc's quantizeGradTyped.
+// pass 2: codes by quantizeCode or quantizeCodeStochastic, new residuals, packed codes. A lane keeps its first
+// group from pass 1 in registers (the only one for blocks of up to 256 elements) and reloads the others (from L1
+// or L2). Groups move as 16-byte vectors where they are aligned (the input is any element-aligned tensor, and the
+// residual follows its layout), else element by element. The quotients are quotientRn's or
+// stochasticQuotient's, the division's (host/quant_math.h), so the result equals host/quant_ref.cc's
+// quantizeGradTyped.
 
 struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupShift unused
   int blockSize;
@@ -790,21 +794,45 @@ struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupSh
 
 constexpr int kGradGroup = 8;  // elements a lane takes at a time: one Philox call
 
-template <class Type>
+template <class T, int N>
+__device__ __forceinline__ bool groupVectors(const T* p, size_t e, size_t count) {
+  return e + N <= count && (reinterpret_cast<uintptr_t>(p + e) & 15) == 0;
+}
+
+// Elements [e, e + 8) as fp32 (0 past the end), plus their residuals when there is one.
+template <class Type, bool kResidual>
 __device__ __forceinline__ void loadGradGroup(const GradArgsDev& a, const char* in, const uint16_t* res, size_t e,
                                               float (&x)[kGradGroup]) {
   using Bits = typename Type::Bits;
+  const Bits* elems = reinterpret_cast<const Bits*>(in);
+  if (groupVectors<Bits, kGradGroup>(elems, e, a.count)) {
+    constexpr int kVecs = kGradGroup * sizeof(Bits) / 16;
+    Bits v[kGradGroup];
 #pragma unroll
-  for (int k = 0; k < kGradGroup; ++k) {
-    x[k] = 0.0f;
-    if (e + k < a.count) {
-      x[k] = Type::toFloat(__ldg(reinterpret_cast<const Bits*>(in) + e + k));
-      if (res != nullptr) x[k] = withResidual(x[k], res[e + k]);
+    for (int i = 0; i < kVecs; ++i)
+      reinterpret_cast<uint4*>(v)[i] = __ldg(reinterpret_cast<const uint4*>(elems + e) + i);
+#pragma unroll
+    for (int k = 0; k < kGradGroup; ++k) x[k] = Type::toFloat(v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kGradGroup; ++k) x[k] = e + k < a.count ? Type::toFloat(__ldg(elems + e + k)) : 0.0f;
+  }
+  if constexpr (kResidual) {
+    uint16_t r[kGradGroup];
+    if (groupVectors<uint16_t, kGradGroup>(res, e, a.count)) {
+      *reinterpret_cast<uint4*>(r) = *reinterpret_cast<const uint4*>(res + e);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kGradGroup; ++k) r[k] = e + k < a.count ? res[e + k] : 0;
+    }
+#pragma unroll
+    for (int k = 0; k < kGradGroup; ++k) {
+      if (e + k < a.count) x[k] = withResidual(x[k], r[k]);
     }
   }
 }
 
-template <class Type, int Bits>
+template <class Type, int Bits, bool kStochastic, bool kResidual>
 __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgsDev a) {
   constexpr int kWarps = kCtaThreads / 32;
   const int lane = threadIdx.x & 31;
@@ -815,19 +843,24 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
     char* payload = a.payload + seg * a.payloadStride;
     float* scales = reinterpret_cast<float*>(payload);
     unsigned char* codes = reinterpret_cast<unsigned char*>(payload + a.scaleBytes);
-    uint16_t* res = a.grad.residual != nullptr ? a.grad.residual + seg * a.grad.residualStrideElems : nullptr;
+    uint16_t* res = kResidual ? a.grad.residual + seg * a.grad.residualStrideElems : nullptr;
     const uint32_t slice = a.grad.slice0 + static_cast<uint32_t>(seg * a.grad.sliceStride);
     for (size_t block = static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); block < a.blocks;
          block += static_cast<size_t>(gridDim.x) * kWarps) {
       const size_t first = block * a.blockSize;
       const size_t end = min(first + a.blockSize, a.count);
+      const size_t mine = first + lane * kGradGroup;  // the lane's first group
       // step 1: absmax of x (+ residual) over the block.
+      float kept[kGradGroup];
       uint32_t absMax = 0;
-      for (size_t e = first + lane * kGradGroup; e < end; e += 32 * kGradGroup) {
+      for (size_t e = mine; e < end; e += 32 * kGradGroup) {
         float x[kGradGroup];
-        loadGradGroup<Type>(a, in, res, e, x);
+        loadGradGroup<Type, kResidual>(a, in, res, e, x);
 #pragma unroll
-        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
+        for (int k = 0; k < kGradGroup; ++k) {
+          absMax = max(absMax, absBits(x[k]));
+          if (e == mine) kept[k] = x[k];
+        }
       }
 #if __CUDA_ARCH__ >= 800
       absMax = __reduce_max_sync(kFullMask, absMax);
@@ -835,6 +868,8 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
       for (int s = 16; s > 0; s >>= 1) absMax = max(absMax, __shfl_xor_sync(kFullMask, absMax, s));
 #endif
       const float scale = blockScale(absMax, Bits);
+      const bool fast = scale >= (kStochastic ? kStochasticQuotientMinScale : kQuotientMinScale);
+      const float rcp = fast ? divRn(1.0f, scale) : 0.0f;
       if (lane == 0) {
         scales[block] = scale;
         if (block == a.blocks - 1) {  // the scales' padding
@@ -842,21 +877,39 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
         }
       }
       // step 2: codes (zeros past the end) and residuals.
-      for (size_t e = first + lane * kGradGroup; e < end; e += 32 * kGradGroup) {
+      for (size_t e = mine; e < end; e += 32 * kGradGroup) {
         float x[kGradGroup];
-        loadGradGroup<Type>(a, in, res, e, x);
+        if (e == mine) {
+#pragma unroll
+          for (int k = 0; k < kGradGroup; ++k) x[k] = kept[k];
+        } else {
+          loadGradGroup<Type, kResidual>(a, in, res, e, x);
+        }
         Philox4x32 r{};
         const size_t j = a.grad.firstElem + e;
-        if (a.grad.stochastic) r = gradRandomGroup(a.grad.key, slice, j >> 3);
+        if constexpr (kStochastic) r = gradRandomGroup(a.grad.key, slice, j >> 3);
         uint32_t c[kGradGroup];
+        uint16_t after[kGradGroup];
 #pragma unroll
         for (int k = 0; k < kGradGroup; ++k) {
-          c[k] = a.grad.stochastic ? quantizeCodeStochastic(x[k], scale, qmax, gradRandom16(r, j + k))
-                                   : quantizeCode(x[k], scale, qmax);
-          if (e + k >= a.count) {
-            c[k] = 0;
-          } else if (res != nullptr) {
-            res[e + k] = residualAfter<Bits>(x[k], c[k], scale);
+          if constexpr (kStochastic) {
+            const uint32_t bits = gradRandom16(r, j + k);
+            c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(x[k], scale, rcp), qmax, bits)
+                        : quantizeCodeStochastic(x[k], scale, qmax, bits);
+          } else {
+            c[k] = fast ? floatBits(addRn(quotientRn(x[k], scale, rcp), kRoundMagic)) : quantizeCode(x[k], scale, qmax);
+          }
+          if (e + k >= a.count) c[k] = 0;
+          if constexpr (kResidual) after[k] = residualAfter<Bits>(x[k], c[k], scale);
+        }
+        if constexpr (kResidual) {
+          if (groupVectors<uint16_t, kGradGroup>(res, e, a.count)) {
+            *reinterpret_cast<uint4*>(res + e) = *reinterpret_cast<const uint4*>(after);
+          } else {
+#pragma unroll
+            for (int k = 0; k < kGradGroup; ++k) {
+              if (e + k < a.count) res[e + k] = after[k];
+            }
           }
         }
         const uint2 packed = packCodes<Bits, kGradGroup>(c);
@@ -876,9 +929,9 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
   peerLeave(a.sync);
 }
 
-template <class Type, int Bits>
-zpResult_t launchQuantizeGradTyped(const GradArgsDev& a, KernelStream stream) {
-  constexpr auto kKernel = quantizeGradKernel<Type, Bits>;
+template <class Type, int Bits, bool kStochastic, bool kResidual>
+zpResult_t launchQuantizeGradKernel(const GradArgsDev& a, KernelStream stream) {
+  constexpr auto kKernel = quantizeGradKernel<Type, Bits, kStochastic, kResidual>;
   if (stream.loadOnly) return loadKernel<kKernel>();
   constexpr size_t kWarps = kCtaThreads / 32;
   dim3 grid;
@@ -886,6 +939,24 @@ zpResult_t launchQuantizeGradTyped(const GradArgsDev& a, KernelStream stream) {
   kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
+}
+
+// One kernel per rounding and residual; a load (KernelStream::loadOnly) loads all four.
+template <class Type, int Bits>
+zpResult_t launchQuantizeGradTyped(const GradArgsDev& a, KernelStream stream) {
+  if (stream.loadOnly) {
+    ZPCHECK((launchQuantizeGradKernel<Type, Bits, false, false>(a, stream)));
+    ZPCHECK((launchQuantizeGradKernel<Type, Bits, false, true>(a, stream)));
+    ZPCHECK((launchQuantizeGradKernel<Type, Bits, true, false>(a, stream)));
+    return launchQuantizeGradKernel<Type, Bits, true, true>(a, stream);
+  }
+  const bool residual = a.grad.residual != nullptr;
+  if (a.grad.stochastic) {
+    return residual ? launchQuantizeGradKernel<Type, Bits, true, true>(a, stream)
+                    : launchQuantizeGradKernel<Type, Bits, true, false>(a, stream);
+  }
+  return residual ? launchQuantizeGradKernel<Type, Bits, false, true>(a, stream)
+                  : launchQuantizeGradKernel<Type, Bits, false, false>(a, stream);
 }
 
 template <auto Kernel>

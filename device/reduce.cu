@@ -327,15 +327,66 @@ __device__ __forceinline__ void quantizeThread(const float (&acc)[kElems], int v
   }
 }
 
-// quantizeThread with gradient rounding: the codes of quantizeCode or quantizeCodeStochastic (drawn for element
-// j = grad.firstElem + elem + k of slice `slice`), by division as host/quant_ref.cc does, and each element's new
-// residual (res: the thread's 32, or nullptr). Elements >= valid get code 0.
-template <int Bits>
+// ---- gradient rounding: stochastic rounding, error feedback -----------------------------------------------------
+
+constexpr int kResidualWords = kElems / 2;  // a thread's 32 bf16 residuals, two a word (element 2i in the low half)
+
+// The residual of element k of the thread's words.
+__device__ __forceinline__ uint16_t residualOf(const uint32_t (&w)[kResidualWords], int k) {
+  return static_cast<uint16_t>(w[k >> 1] >> (16 * (k & 1)));
+}
+
+// A thread's residuals move as four 16-byte vectors when all 32 are there and aligned: the residual of a hop
+// starts at slice * count + offset elements, so an odd count misaligns it and those threads move elements one by
+// one (the residual is 2 bytes an element against the payload's 0.5 or 1: element accesses would make it the
+// kernel's largest cost).
+__device__ __forceinline__ bool residualVectors(const uint16_t* res, int valid) {
+  return valid == kElems && (reinterpret_cast<uintptr_t>(res) & 15) == 0;
+}
+
+__device__ __forceinline__ void loadResiduals(const uint16_t* res, int valid, uint32_t (&w)[kResidualWords]) {
+  if (residualVectors(res, valid)) {
+#pragma unroll
+    for (int v = 0; v < kResidualWords / 4; ++v) {
+      const uint4 x = reinterpret_cast<const uint4*>(res)[v];
+      w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kElems; k += 2) {
+      const uint32_t lo = k < valid ? res[k] : 0u, hi = k + 1 < valid ? res[k + 1] : 0u;
+      w[k >> 1] = lo | hi << 16;
+    }
+  }
+}
+
+__device__ __forceinline__ void storeResiduals(const uint32_t (&w)[kResidualWords], int valid, uint16_t* res) {
+  if (residualVectors(res, valid)) {
+#pragma unroll
+    for (int v = 0; v < kResidualWords / 4; ++v) {
+      reinterpret_cast<uint4*>(res)[v] = make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kElems; ++k) {
+      if (k < valid) res[k] = residualOf(w, k);
+    }
+  }
+}
+
+// quantizeThread with gradient rounding: the codes of quantizeCode (kStochastic false) or quantizeCodeStochastic
+// (element j = grad.firstElem + elem + k of slice `slice` drawing its bits), and with kResidual each element's new
+// residual into res. The quotients are quotientRn's or stochasticQuotient's, the division's (host/quant_math.h),
+// so the codes are host/quant_ref.cc's. Elements >= valid get code 0.
+template <int Bits, bool kStochastic, bool kResidual>
 __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], int valid, float scale,
                                                    const GradQuantLaunch& grad, uint32_t slice, size_t elem,
-                                                   uint16_t* res, uint32_t (&packed)[codeWords<Bits>()]) {
+                                                   uint32_t (&res)[kResidualWords],
+                                                   uint32_t (&packed)[codeWords<Bits>()]) {
   constexpr int kPerWord = 32 / Bits;
   const float qmax = static_cast<float>(quantMax(Bits));
+  const bool fast = scale >= (kStochastic ? kStochasticQuotientMinScale : kQuotientMinScale);
+  const float rcp = fast ? divRn(1.0f, scale) : 0.0f;
   const size_t j0 = grad.firstElem + elem;  // a multiple of 32
   Philox4x32 r{};  // group (j0 + e) / 8's bits: int8 packs 4 codes a word, so a group spans two words
 #pragma unroll
@@ -344,22 +395,30 @@ __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], i
 #pragma unroll
     for (int k = 0; k < kPerWord; ++k) {
       const int e = kPerWord * i + k;
-      if (grad.stochastic && (e & 7) == 0) r = gradRandomGroup(grad.key, slice, (j0 + e) >> 3);
-      c[k] = grad.stochastic ? quantizeCodeStochastic(acc[e], scale, qmax, gradRandom16(r, j0 + e))
-                             : quantizeCode(acc[e], scale, qmax);
-      if (e >= valid) {
-        c[k] = 0;
-      } else if (res != nullptr) {
-        res[e] = residualAfter<Bits>(acc[e], c[k], scale);
+      if constexpr (kStochastic) {
+        if ((e & 7) == 0) r = gradRandomGroup(grad.key, slice, (j0 + e) >> 3);
+        const uint32_t bits = gradRandom16(r, j0 + e);
+        c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(acc[e], scale, rcp), qmax, bits)
+                    : quantizeCodeStochastic(acc[e], scale, qmax, bits);
+      } else {
+        c[k] = fast ? floatBits(addRn(quotientRn(acc[e], scale, rcp), kRoundMagic)) : quantizeCode(acc[e], scale, qmax);
+      }
+      if (e >= valid) c[k] = 0;
+      if constexpr (kResidual) {
+        const uint32_t after = residualAfter<Bits>(acc[e], c[k], scale);
+        res[e >> 1] = (e & 1) ? (res[e >> 1] & 0xffffu) | after << 16 : (res[e >> 1] & 0xffff0000u) | after;
       }
     }
     packed[i] = packWord<Bits>(c);
   }
 }
 
-template <int Bits, bool kGrad>
+// Plain requantize (round to nearest, no residual) and its gradient-rounding variants: one kernel each, so that
+// the plain one carries nothing of theirs.
+template <int Bits, bool kStochastic, bool kResidual>
 __global__ void __launch_bounds__(kThreads, 3)
     reduceRequantizeKernel(const ReduceArgs a, unsigned char* out, size_t payloadStride, const GradQuantLaunch grad) {
+  constexpr bool kGrad = kStochastic || kResidual;
   __shared__ uint32_t warpMax[2][kThreads / 32];  // groups of several warps; two sets, so one barrier a tile
   const int groupThreads = 1 << a.groupShift;
   const int lane = threadIdx.x & (groupThreads - 1);  // in the group
@@ -371,19 +430,20 @@ __global__ void __launch_bounds__(kThreads, 3)
     const size_t elem = (work - seg * a.tiles) * kTileElems + threadIdx.x * kElems;
     const int valid = elem < a.count ? static_cast<int>(min(static_cast<size_t>(kElems), a.count - elem)) : 0;
     const size_t block = elem >> a.blockShift;
+    uint16_t* res = kResidual ? grad.residual + seg * grad.residualStrideElems + elem : nullptr;
 
-    // step 1: the sums, and their absmax (bits of |x|: NaN and Inf order above every finite value).
+    // step 1: the sums (plus the residuals), and their absmax (bits of |x|: NaN and Inf order above every finite
+    // value).
     float acc[kElems];
+    uint32_t resWords[kResidualWords];
     uint32_t absMax = 0;
     if (valid > 0) {
       sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
-      if constexpr (kGrad) {
-        if (grad.residual != nullptr) {
-          const uint16_t* res = grad.residual + seg * grad.residualStrideElems + elem;
+      if constexpr (kResidual) {
+        loadResiduals(res, valid, resWords);
 #pragma unroll
-          for (int k = 0; k < kElems; ++k) {
-            if (k < valid) acc[k] = withResidual(acc[k], res[k]);
-          }
+        for (int k = 0; k < kElems; ++k) {
+          if (k < valid) acc[k] = withResidual(acc[k], residualOf(resWords, k));
         }
       }
 #pragma unroll
@@ -391,7 +451,6 @@ __global__ void __launch_bounds__(kThreads, 3)
         if (k < valid) absMax = max(absMax, absBits(acc[k]));
       }
     }
-
     // step 2: absmax over the group: shuffles in the warp, then across the group's warps. Every thread of the
     // CTA gets here, those without elements too.
     absMax = groupMax(absMax, min(groupThreads, 32));
@@ -419,9 +478,9 @@ __global__ void __launch_bounds__(kThreads, 3)
     // the end of the code region (a multiple of 16 bytes); vectors wholly past the last code are not written.
     uint32_t packed[codeWords<Bits>()];
     if constexpr (kGrad) {
-      uint16_t* res = grad.residual != nullptr ? grad.residual + seg * grad.residualStrideElems + elem : nullptr;
-      quantizeThreadGrad<Bits>(acc, valid, scale, grad, grad.slice0 + static_cast<uint32_t>(seg * grad.sliceStride),
-                               elem, res, packed);
+      quantizeThreadGrad<Bits, kStochastic, kResidual>(
+          acc, valid, scale, grad, grad.slice0 + static_cast<uint32_t>(seg * grad.sliceStride), elem, resWords, packed);
+      if constexpr (kResidual) storeResiduals(resWords, valid, res);
     } else {
       quantizeThread<Bits>(acc, valid, scale, packed);
     }
@@ -784,15 +843,33 @@ int wavesFor(const KernelStream& stream) {
   return oneWave ? 1 : kWaves;
 }
 
-template <int Bits, bool kGrad>
+template <int Bits, bool kStochastic = false, bool kResidual = false>
 zpResult_t launchRequantize(const ReduceArgs& a, unsigned char* out, size_t payloadStride, const GradQuantLaunch& grad,
                             KernelStream stream) {
-  constexpr auto kKernel = reduceRequantizeKernel<Bits, kGrad>;
+  constexpr auto kKernel = reduceRequantizeKernel<Bits, kStochastic, kResidual>;
   if (stream.loadOnly) return loadKernel<kKernel>();
   unsigned grid = 0;
   ZPCHECK(gridFor<kKernel>(a.work, kThreads, wavesFor(stream), stream, &grid));
   kKernel<<<grid, kThreads, 0, stream.stream>>>(a, out, payloadStride, grad);
   return zpSuccess;
+}
+
+// Round to nearest without a residual is the plain requantize: quantizeCode's codes either way.
+template <int Bits>
+zpResult_t launchRequantizeGrad(const ReduceArgs& a, unsigned char* out, size_t payloadStride,
+                                const GradQuantLaunch& grad, KernelStream stream) {
+  if (stream.loadOnly) {  // every variant, whatever the options
+    ZPCHECK((launchRequantize<Bits, true, true>(a, out, payloadStride, grad, stream)));
+    ZPCHECK((launchRequantize<Bits, true, false>(a, out, payloadStride, grad, stream)));
+    return launchRequantize<Bits, false, true>(a, out, payloadStride, grad, stream);
+  }
+  const bool residual = grad.residual != nullptr;
+  if (grad.stochastic) {
+    return residual ? launchRequantize<Bits, true, true>(a, out, payloadStride, grad, stream)
+                    : launchRequantize<Bits, true, false>(a, out, payloadStride, grad, stream);
+  }
+  return residual ? launchRequantize<Bits, false, true>(a, out, payloadStride, grad, stream)
+                  : launchRequantize<Bits>(a, out, payloadStride, grad, stream);
 }
 
 template <int Bits, class Type, bool FewSources>
@@ -831,8 +908,8 @@ zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bi
   const ReduceArgs a = reduceArgs(src, count, blockSize, stream.sync);
   auto* out = static_cast<unsigned char*>(payload);
   const GradQuantLaunch none;
-  ZPCHECK((bits == 8 ? launchRequantize<8, false>(a, out, payloadStride, none, stream)
-                     : launchRequantize<4, false>(a, out, payloadStride, none, stream)));
+  ZPCHECK((bits == 8 ? launchRequantize<8>(a, out, payloadStride, none, stream)
+                     : launchRequantize<4>(a, out, payloadStride, none, stream)));
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
 }
@@ -849,8 +926,8 @@ zpResult_t launchReduceRequantizeGrad(const ReduceSources& src, size_t count, in
   }
   const ReduceArgs a = reduceArgs(src, count, blockSize, stream.sync);
   auto* out = static_cast<unsigned char*>(payload);
-  ZPCHECK((bits == 8 ? launchRequantize<8, true>(a, out, payloadStride, grad, stream)
-                     : launchRequantize<4, true>(a, out, payloadStride, grad, stream)));
+  ZPCHECK((bits == 8 ? launchRequantizeGrad<8>(a, out, payloadStride, grad, stream)
+                     : launchRequantizeGrad<4>(a, out, payloadStride, grad, stream)));
   CUDACHECK(cudaGetLastError());
   return zpSuccess;
 }

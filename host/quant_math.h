@@ -279,6 +279,17 @@ ZP_HD float floorFloat(float v) {
 #endif
 }
 
+// quantizeCodeStochastic's rounding of the quotient x / scale (below).
+ZP_HD uint32_t stochasticCodeOfQuotient(float quotient, float qmax, uint32_t rand16) {
+  const float v = clampFloat(quotient, -qmax, qmax);
+  const float a = absFloat(v);
+  const float whole = floorFloat(a);
+  const float frac = addRn(a, -whole);
+  const float threshold = mulRn(static_cast<float>(2u * rand16 + 1u), 0x1p-17f);
+  const float q = frac > threshold ? addRn(whole, 1.0f) : whole;
+  return floatBits(addRn(v < 0.0f ? -q : q, kRoundMagic));
+}
+
 // quantizeCode with stochastic rounding: the quotient v = clamp(x / scale, -qmax, qmax) (IEEE division, as
 // quantizeCode) rounds away from zero, to floor(|v|) + 1 in magnitude, with probability frac(|v|), else toward it.
 // rand16 (16 random bits, host/philox.h) sets the threshold t = (2 rand16 + 1) / 2^17, the midpoints of 2^16 equal
@@ -289,13 +300,21 @@ ZP_HD float floorFloat(float v) {
 // result stays in [-qmax, qmax]. Scale 0 or NaN gives code 0, as quantizeCode.
 ZP_HD uint32_t quantizeCodeStochastic(float x, float scale, float qmax, uint32_t rand16) {
   if (!(scale > 0.0f)) return 0;
-  const float v = clampFloat(divRn(x, scale), -qmax, qmax);
-  const float a = absFloat(v);
-  const float whole = floorFloat(a);
-  const float frac = addRn(a, -whole);
-  const float threshold = mulRn(static_cast<float>(2u * rand16 + 1u), 0x1p-17f);
-  const float q = frac > threshold ? addRn(whole, 1.0f) : whole;
-  return floatBits(addRn(v < 0.0f ? -q : q, kRoundMagic));
+  return stochasticCodeOfQuotient(divRn(x, scale), qmax, rand16);
+}
+
+// x / scale for stochastic rounding without a division, for the kernels' hot loops (rcp = divRn(1, scale)).
+// Stochastic rounding reads the quotient's fraction down to the smallest threshold, 2^-17, not only near 1/2 as
+// the nearest rounding does, so the bound of kQuotientMinScale moves up by 2^16: from kStochasticQuotientMinScale
+// up, every x whose quotientRn reaches 2^-16 has |x| >= 2^-97, where quotientRn's residual is exact and its
+// quotient the division's (see quotientRn). Smaller quotients (|x| under 2^-16 of the block's scale: rare) take
+// the division. So the result is divRn(x, scale) for every x (QuantMath tests: bit-equal on the same pairs as
+// quotientRn).
+constexpr float kStochasticQuotientMinScale = 0x1p-80f;
+
+ZP_HD float stochasticQuotient(float x, float scale, float rcp) {
+  const float q = quotientRn(x, scale, rcp);
+  return absFloat(q) >= 0x1p-16f ? q : divRn(x, scale);
 }
 
 // Error feedback: the value the sender quantizes is its element plus the residual it kept, in fp32.

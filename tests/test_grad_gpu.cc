@@ -87,12 +87,14 @@ struct KernelCase {
   int batch;
   bool stochastic, feedback;
   size_t firstElem;
+  size_t inputOffset;  // elements: 1 misaligns every group of the input, 0 aligns those of aligned segments
 };
 
 std::string describe(const KernelCase& c) {
   return std::string(zp::typeName(c.type)) + " bits " + std::to_string(c.bits) + " block " + std::to_string(c.block) +
          " count " + std::to_string(c.count) + " batch " + std::to_string(c.batch) + (c.stochastic ? " SR" : "") +
-         (c.feedback ? " EF" : "") + " first " + std::to_string(c.firstElem);
+         (c.feedback ? " EF" : "") + " first " + std::to_string(c.firstElem) + " offset " +
+         std::to_string(c.inputOffset);
 }
 
 std::vector<KernelCase> kernelCases() {
@@ -103,7 +105,9 @@ std::vector<KernelCase> kernelCases() {
         for (size_t count : {size_t{1}, size_t{257}, size_t{8193}, size_t{100003}})
           for (int mode = 0; mode < 3; ++mode) {
             const bool sr = mode != 1, ef = mode != 0;
-            cases.push_back({type, bits, block, count, count > 10000 ? 3 : 2, sr, ef, mode == 2 ? 3u * block : 0u});
+            const size_t offset = (mode + (count > 1000)) % 2;
+            cases.push_back(
+                {type, bits, block, count, count > 10000 ? 3 : 2, sr, ef, mode == 2 ? 3u * block : 0u, offset});
           }
   return cases;
 }
@@ -114,8 +118,9 @@ TEST(GpuGradKernels, QuantizeMatchesTheReferenceBitForBit) {
   for (const KernelCase& c : kernelCases()) {
     SCOPED_TRACE(describe(c));
     const size_t esz = zp::typeSize(c.type), pb = zp::quantPayloadBytes(c.count, c.bits, c.block);
-    const size_t strideElems = c.count + 5, payloadStride = pb + 32;  // gaps between segments stay untouched
-    const size_t inElems = strideElems * c.batch + 1;                 // + 1: the input starts one element in
+    const size_t strideElems = c.count + 5, payloadStride = pb + 32;  // gaps between segments stay untouched;
+    // segment s starts (c.count + 5) s elements in: 16-byte aligned for some counts, not for others
+    const size_t inElems = strideElems * c.batch + c.inputOffset;
     Buffer in(inElems * esz);
     fillGradInput(c.type, in.data(), inElems, rng, true);
     std::vector<uint16_t> res = randomResidual(strideElems * c.batch, rng), resRef = res;
@@ -128,7 +133,7 @@ TEST(GpuGradKernels, QuantizeMatchesTheReferenceBitForBit) {
       zp::GradQuant h = g;
       h.slice = 7 + 2 * s;
       h.residual = c.feedback ? resRef.data() + s * strideElems : nullptr;
-      zp::quantizeGradRef(in.data() + (1 + s * strideElems) * esz, c.type, c.count, c.bits, c.block, h,
+      zp::quantizeGradRef(in.data() + (c.inputOffset + s * strideElems) * esz, c.type, c.count, c.bits, c.block, h,
                           want.data() + s * payloadStride);
     }
     char *dIn = nullptr, *dPayload = nullptr;
@@ -147,8 +152,8 @@ TEST(GpuGradKernels, QuantizeMatchesTheReferenceBitForBit) {
     launch.firstElem = c.firstElem;
     launch.residual = c.feedback ? dRes : nullptr;
     launch.residualStrideElems = strideElems;
-    ASSERT_EQ(zp::launchQuantizeGrad(dIn + esz, dPayload, c.count, c.type, c.bits, c.block, launch, zp::KernelStream(),
-                                     c.batch, strideElems, payloadStride),
+    ASSERT_EQ(zp::launchQuantizeGrad(dIn + c.inputOffset * esz, dPayload, c.count, c.type, c.bits, c.block, launch,
+                                     zp::KernelStream(), c.batch, strideElems, payloadStride),
               zpSuccess);
     CUDA_ASSERT(cudaDeviceSynchronize());
     CUDA_ASSERT(cudaMemcpy(got.data(), dPayload, got.size(), cudaMemcpyDeviceToHost));
@@ -166,7 +171,7 @@ TEST(GpuGradKernels, ReduceRequantizeMatchesTheReferenceBitForBit) {
   std::mt19937_64 rng(12);
   for (int bits : {4, 8})
     for (int block : {32, 256, 8192})
-      for (size_t count : {size_t{1}, size_t{8193}, size_t{100003}})
+      for (size_t count : {size_t{1}, size_t{8193}, size_t{65536}, size_t{100003}})  // 65536: aligned residuals
         for (int sources : {1, 2, 3})
           for (int mode = 0; mode < 3; ++mode) {
             const int batch = 1 + (sources + mode) % 3;

@@ -407,20 +407,30 @@ TEST(QuantRef, DequantizeForeignPayload) {
 // every binade (mantissas sampled, powers of two in full: those make exact ties common) and the smallest
 // scales it takes, every fp16 x against sampled absmax values, and random fp32 pairs. The quotient itself must
 // be the division's wherever it can round to a non-zero code. (The full cross product of bf16 and of fp16
-// pairs was checked once the same way: no difference.)
-uint64_t quotientMismatches(float x, float absMax, float qmax, uint64_t* badQuotients) {
+// pairs was checked once the same way: no difference.) Stochastic rounding's stochasticQuotient must be the
+// division for every pair, from its own, higher, bound on the scale up.
+struct QuotientMismatches {
+  uint64_t codes = 0, quotients = 0, stochastic = 0, stochasticPairs = 0;
+};
+
+void countQuotientMismatches(float x, float absMax, float qmax, QuotientMismatches* bad) {
   const float scale = zp::divRn(absMax, qmax);
-  if (!(scale >= zp::kQuotientMinScale)) return 0;  // the kernel divides
+  if (!(scale >= zp::kQuotientMinScale)) return;  // the kernel divides
   const float rcp = zp::divRn(1.0f, scale);
   const float q = zp::quotientRn(x, scale, rcp), d = zp::divRn(x, scale);
-  if (std::fabs(d) >= 0.25f && zp::floatBits(q) != zp::floatBits(d)) ++*badQuotients;
-  return zp::floatBits(zp::addRn(q, zp::kRoundMagic)) != zp::quantizeCode(x, scale, qmax);
+  if (std::fabs(d) >= 0.25f && zp::floatBits(q) != zp::floatBits(d)) ++bad->quotients;
+  bad->codes += zp::floatBits(zp::addRn(q, zp::kRoundMagic)) != zp::quantizeCode(x, scale, qmax);
+  if (scale >= zp::kStochasticQuotientMinScale) {
+    ++bad->stochasticPairs;
+    bad->stochastic += zp::floatBits(zp::stochasticQuotient(x, scale, rcp)) != zp::floatBits(d);
+  }
 }
 
-TEST(QuantMath, ReciprocalQuotientGivesTheDivisionsCodes) {
+TEST(QuantMath, ReciprocalQuotientsGiveTheDivisionsCodes) {
   for (float qmax : {7.0f, 127.0f}) {
     SCOPED_TRACE("qmax " + std::to_string(qmax));
-    uint64_t pairs = 0, badCodes = 0, badQuotients = 0, tiny = 0;
+    uint64_t pairs = 0, tiny = 0, tinyStochastic = 0;
+    QuotientMismatches bad;
     for (int type = 0; type < 2; ++type) {  // bf16, fp16
       std::vector<float> values;
       for (uint32_t h = 0; h < 65536; ++h) {
@@ -435,9 +445,10 @@ TEST(QuantMath, ReciprocalQuotientGivesTheDivisionsCodes) {
             type == 0 ? zp::bf16BitsToFloat(static_cast<uint16_t>(h)) : zp::halfBitsToFloat(static_cast<uint16_t>(h));
         if (!std::isfinite(absMax)) break;
         tiny += zp::divRn(absMax, qmax) < 0x1p-90f;
+        tinyStochastic += zp::divRn(absMax, qmax) < 0x1p-75f && zp::divRn(absMax, qmax) >= 0x1p-80f;
         for (float x : values) {
           if (std::fabs(x) > absMax) continue;
-          badCodes += quotientMismatches(x, absMax, qmax, &badQuotients);
+          countQuotientMismatches(x, absMax, qmax, &bad);
           ++pairs;
         }
       }
@@ -447,13 +458,16 @@ TEST(QuantMath, ReciprocalQuotientGivesTheDivisionsCodes) {
       const float absMax = zp::bitsFloat(static_cast<uint32_t>(rng() % 0x7f000000u) | 0x00800000u);
       const float x =
           absMax * std::ldexp(static_cast<float>(static_cast<int64_t>(rng() % (1u << 25)) - (1 << 24)), -24);
-      badCodes += quotientMismatches(x, absMax, qmax, &badQuotients);
+      countQuotientMismatches(x, absMax, qmax, &bad);
       ++pairs;
     }
     EXPECT_GT(pairs, 40000000u);
     EXPECT_GT(tiny, 0u) << "no absmax reached the smallest fast-path scales";
-    EXPECT_EQ(badCodes, 0u) << "of " << pairs << " pairs";
-    EXPECT_EQ(badQuotients, 0u) << "of " << pairs << " pairs";
+    EXPECT_GT(tinyStochastic, 0u) << "no absmax reached the smallest stochastic fast-path scales";
+    EXPECT_GT(bad.stochasticPairs, pairs / 2);
+    EXPECT_EQ(bad.codes, 0u) << "of " << pairs << " pairs";
+    EXPECT_EQ(bad.quotients, 0u) << "of " << pairs << " pairs";
+    EXPECT_EQ(bad.stochastic, 0u) << "of " << bad.stochasticPairs << " pairs";
   }
 }
 

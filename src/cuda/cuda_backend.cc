@@ -341,7 +341,7 @@ zpResult_t loadKernels(int device) {
   }
   for (int bits : {4, 8})
     ZPCHECK(launchReduceRequantize({at, 16, 16, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at, 16, load));
-  // qgZ's gradient rounding (one kernel per type and bits whatever the alignment, block size and options).
+  // qgZ's gradient rounding (its launchers load every variant of rounding and residual).
   const GradQuantLaunch grad;
   for (int bits : {4, 8}) {
     for (zpDataType_t type : {zpFloat16, zpBfloat16, zpFloat32}) {
