@@ -9,8 +9,21 @@ Each round runs every configuration in turn on a freshly built and sharded model
 is its own): ``--warmup`` steps, then ``--steps`` timed ones (CUDA synchronized around each). Per configuration:
 step time median and spread (min/max over all rounds' steps), tokens per second (all ranks), peak memory per rank
 (torch's allocator), the bytes each collective sent from a rank per step, and for zpccl the device memory its
-``enable`` took (communicators and scratch, outside torch's allocator). ``--loss-steps N`` then trains NCCL and
-zpccl (int8 weights with int4 and with int8 gradients) for N steps each and reports the validation loss.
+``enable`` took (communicators and scratch, outside torch's allocator). ``--loss-only`` skips all that.
+
+``--loss-steps N`` then trains each of ``--loss-runs`` for N steps on a fresh model and reports the validation
+loss and the training loss over the last 20 steps. A loss run is ``nccl`` or ``nccl-noreshard`` (FSDP's own
+collectives, as below), or ``zpccl:W:G``: zpccl as in ``zpccl-hpz`` with W-bit weights (qwZ) and G-bit gradients
+(qgZ); W = 0 leaves the weight all-gathers on FSDP's own (exact bf16) and G = 0 the gradient reduce-scatters.
+``--loss-seeds 0,1,2`` repeats every loss run per seed, seed-major (every run of one seed, then the next), so that
+runs cut short leave whole seeds; a seed sets the model's initialization and the training batches' order, the
+same for every run of that seed, so that runs are compared seed by seed against the NCCL run of the same seed
+(the validation batches are the same for every seed). The report gives each run's mean and spread over seeds
+and its paired gap to NCCL's validation loss. ``-J`` is rewritten after every loss run.
+
+    python perf/fsdp_step.py --nproc 2 --nodes 2 --loss-only --loss-steps 400 --loss-seeds 0,1,2 \
+        --loss-runs nccl-noreshard,zpccl:8:4,zpccl:0:4 -J perf/results/fsdp-loss.json
+
 Configurations:
 
 =================  ==========================================================================================
@@ -25,7 +38,7 @@ zero3              ``tools/python/examples/zero3_train.py``'s hand-rolled ZeRO-3
 
 Bytes: NCCL's are counted in a short untimed pass whose hooks count and then call FSDP's own collectives;
 zpccl's come from its counters (``(n - 1)`` copies of a rank's payloads). JSON (``-J``): one row per configuration
-with every figure, and the loss runs.
+with every figure (none with ``--loss-only``), the loss runs (one row per run and seed) and their summary.
 """
 from __future__ import annotations
 
@@ -69,7 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--loss-steps", type=int, default=0, help="also train this many steps per loss run")
     p.add_argument("--loss-runs", default="nccl,zpccl:8:4,zpccl:8:8",
-                   help="the loss runs, in order: nccl, or zpccl:WEIGHT_BITS:GRAD_BITS")
+                   help="the loss runs, in order: nccl, nccl-noreshard, or zpccl:WEIGHT_BITS:GRAD_BITS (bits 4 "
+                        "or 8; 0: that collective stays on FSDP's own, exact)")
+    p.add_argument("--loss-seeds", default=None,
+                   help="comma-separated seeds (model initialization and data order), each loss run once per "
+                        "seed, seed-major (default: --seed)")
+    p.add_argument("--loss-only", action="store_true", help="skip the timed rounds: only the loss runs")
     p.add_argument("--weight-bits", type=int, default=8)
     p.add_argument("--grad-bits", type=int, default=4)
     p.add_argument("--block-size", type=int, default=256)
@@ -79,7 +97,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.shape:
         args.layers, args.d_model, args.heads, args.seq, args.batch = SHAPES[args.shape]
+    try:
+        args.loss_specs = [parse_loss_spec(t) for t in args.loss_runs.split(",") if t.strip()]
+        args.seeds = parse_seeds(args.loss_seeds, args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    if args.loss_only and not args.loss_steps:
+        p.error("--loss-only needs --loss-steps")
     return args
+
+
+LOSS_CONFIGS = ("nccl", "nccl-noreshard")
+
+
+def parse_loss_spec(text: str) -> dict[str, Any]:
+    """One ``--loss-runs`` entry: ``{"spec", "comm", "config", "weight_bits", "grad_bits"}``. ``config`` is the
+    timed configuration whose sharding the run uses; bits are None for NCCL (and for a bare ``zpccl``: the
+    ``--weight-bits``/``--grad-bits`` defaults), 0 for a collective left on FSDP's own."""
+    spec = text.strip()
+    if spec in LOSS_CONFIGS:
+        return dict(spec=spec, comm="nccl", config=spec, weight_bits=None, grad_bits=None)
+    comm, *bits = spec.split(":")
+    if comm != "zpccl" or len(bits) not in (0, 2):
+        raise ValueError(f"loss run {spec!r}: not nccl, nccl-noreshard, zpccl or zpccl:W:G")
+    if not bits:
+        return dict(spec=spec, comm="zpccl", config="zpccl-hpz", weight_bits=None, grad_bits=None)
+    try:
+        w, g = (int(b) for b in bits)
+    except ValueError:
+        raise ValueError(f"loss run {spec!r}: bits must be integers") from None
+    if w not in (0, 4, 8) or g not in (0, 4, 8) or w == g == 0:
+        raise ValueError(f"loss run {spec!r}: bits must be 0, 4 or 8, not both 0 (that is nccl-noreshard)")
+    return dict(spec=spec, comm="zpccl", config="zpccl-hpz", weight_bits=w, grad_bits=g)
+
+
+def parse_seeds(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--loss-seeds {text!r}: comma-separated integers") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"--loss-seeds {text!r}: distinct integers >= 0, at least one")
+    return seeds
 
 
 # ---- one configuration -------------------------------------------------------------------------------------------
@@ -127,7 +188,8 @@ class Bench:
         self.dist = torch.distributed
         self.zpccl = ex.import_zpccl()
         self.rpn = self.where.ranks_per_node or self._ranks_per_host()
-        self.data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, self.where.rank, self.where.device)
+        self.text = ex.corpus()
+        self.data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, args.seed)
         self.base = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.seed)
         self.on_device = self._ranks_on_device()
 
@@ -143,10 +205,10 @@ class Bench:
         self.dist.all_gather_object(devs, (os.environ.get("NCCL_HOSTID", ""), self.where.device.index))
         return sum(1 for d in devs if d[1] == self.where.device.index)
 
-    def build(self, reshard: bool | int) -> Any:
+    def build(self, reshard: bool | int, base: Any = None) -> Any:
         import copy
 
-        model = copy.deepcopy(self.base).to(self.where.device)
+        model = copy.deepcopy(self.base if base is None else base).to(self.where.device)
         return ex.shard_gpt(self.torch, model, self.mesh, reshard)
 
     def enable(self, model: Any, grad_bits: int | None = None, weight_bits: int | None = None) -> tuple[Any, int]:
@@ -229,30 +291,62 @@ class Bench:
             torch.cuda.synchronize()
         return dict(times=times[args.warmup:], peak=torch.cuda.max_memory_allocated(self.where.device))
 
-    def loss_run(self, spec: str) -> dict[str, Any]:
-        """Trains a fresh model ``--loss-steps`` steps: ``nccl``, or ``zpccl:W:G`` (weight and gradient bits),
-        with the example's warmup and gradient clipping (make_optimizer, optimizer_step)."""
+    def loss_run(self, run: dict[str, Any], seed: int) -> dict[str, Any]:
+        """Trains a fresh model ``--loss-steps`` steps (a run of :func:`parse_loss_spec`), initialized and fed
+        batches by ``seed``, with the example's warmup and gradient clipping (make_optimizer, optimizer_step)."""
         torch, args = self.torch, self.args
-        comm, *bits = spec.split(":")
-        weight_bits, grad_bits = (int(b) for b in bits) if bits else (None, None)
-        model = self.build(reshard_of("zpccl-hpz" if comm == "zpccl" else "nccl", self.rpn))
-        zp = self.enable(model, grad_bits, weight_bits)[0] if comm == "zpccl" else None
+        weight_bits, grad_bits = run["weight_bits"], run["grad_bits"]
+        base = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, seed)
+        data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, seed)
+        reshard = reshard_of(run["config"], self.rpn)
+        model = self.build(reshard, base)
+        del base
+        zp = None
+        if run["comm"] == "zpccl":
+            zp = self.enable(model, grad_bits, weight_bits)[0]
+            keep_fsdp(zp, all_gather=weight_bits == 0, reduce_scatter=grad_bits == 0)
         opt, schedule = ex.make_optimizer(torch, model, args.lr, args.loss_steps)
         curve = []
+        tail_from = max(0, args.loss_steps - TRAIN_TAIL)
+        tail = torch.zeros((), device=self.where.device)
         for s in range(args.loss_steps):
-            ids, targets = self.data.step(s)
+            ids, targets = data.step(s)
             loss = ex.loss_of(torch, model, ids, targets)
             loss.backward()
             ex.optimizer_step(torch, model, opt, schedule)
+            if s >= tail_from:
+                tail += loss.detach()
             if s % 10 == 0 or s == args.loss_steps - 1:
                 mean = loss.detach().clone()
                 self.dist.all_reduce(mean, op=self.dist.ReduceOp.AVG)
                 curve.append((s, float(mean)))
-        valid = ex.validation_loss(torch, model, self.data.validation())
+        self.dist.all_reduce(tail, op=self.dist.ReduceOp.AVG)
+        valid = ex.validation_loss(torch, model, data.validation())
+        calls = None
         if zp is not None:
+            calls = {k: v["calls"] for k, v in zp.summary().items()}
             zp.disable()
-        return dict(comm=comm, weight_bits=weight_bits, grad_bits=grad_bits, steps=args.loss_steps, valid=valid,
-                    curve=curve)
+        del model, opt
+        torch.cuda.empty_cache()
+        return dict(spec=run["spec"], comm=run["comm"], seed=seed, reshard=str(reshard), weight_bits=weight_bits,
+                    grad_bits=grad_bits, steps=args.loss_steps, valid=valid,
+                    train_tail=float(tail) / max(1, args.loss_steps - tail_from),
+                    train_tail_steps=args.loss_steps - tail_from, zpccl_calls=calls, curve=curve)
+
+
+TRAIN_TAIL = 20  # the steps whose mean training loss a loss run reports
+
+
+def keep_fsdp(zp: Any, *, all_gather: bool, reduce_scatter: bool) -> None:
+    """Puts FSDP's own all-gather and/or reduce-scatter back on every module zpccl serves, leaving the other on
+    zpccl: ``enable`` has no switch for serving only one of them. It records each module's collectives from before
+    (the session's ``_modules``, which disable() puts back), so this is disable() for one collective; the
+    session's counters then show no calls for it (the loss rows' ``zpccl_calls``)."""
+    for _group, module, gather, reduce in zp._modules:
+        if all_gather:
+            module.set_custom_all_gather(gather)
+        if reduce_scatter:
+            module.set_custom_reduce_scatter(reduce)
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -261,15 +355,47 @@ class Bench:
 def main(args: argparse.Namespace) -> None:
     bench = Bench(args)
     torch, where = bench.torch, bench.where
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    names = [] if args.loss_only else [n.strip() for n in args.configs.split(",") if n.strip()]
     label = args.label or (f"net-on{torch.cuda.device_count()}gpu" if args.nodes else "local")
     say = print if where.rank == 0 else (lambda *a, **k: None)
     n_params = sum(p.numel() for p in bench.base.parameters())
+    timed = ("no timed rounds" if args.loss_only else
+             f"{args.rounds} rounds of {args.warmup}+{args.steps} steps")
     say(f"# FSDP2 step: {where.world} ranks ({f'{args.nodes} nodes over sockets, ' if args.nodes else ''}"
         f"{bench.rpn} a node, {bench.on_device} a GPU), {n_params / 1e6:.1f}M parameters, "
-        f"{args.layers} layers d {args.d_model}, {args.batch} x {args.seq} tokens per rank; {args.rounds} rounds of "
-        f"{args.warmup}+{args.steps} steps; zpccl int{args.weight_bits} weights, int{args.grad_bits} gradients, "
-        f"blocks of {args.block_size}", flush=True)
+        f"{args.layers} layers d {args.d_model}, {args.batch} x {args.seq} tokens per rank; {timed}; zpccl "
+        f"int{args.weight_bits} weights, int{args.grad_bits} gradients, blocks of {args.block_size}", flush=True)
+    out = timed_rows(bench, args, names, label, n_params, say) if names else []
+    losses: list[dict[str, Any]] = []
+
+    def save() -> None:
+        if where.rank == 0 and args.json:
+            write_json(pathlib.Path(args.json), dict(
+                rows=out, losses=losses, loss_summary=loss_summary(losses), loss_seeds=args.seeds,
+                loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
+                nodes=args.nodes or None, ranks_per_node=bench.rpn, params=n_params, block_size=args.block_size,
+                lr=args.lr, torch=torch.__version__, zpccl=bench.zpccl.library_path()))
+
+    save()
+    if args.loss_steps:
+        t_start = time.perf_counter()
+        for seed in args.seeds:
+            for run in args.loss_specs:
+                x = bench.loss_run(run, seed)
+                losses.append(x)
+                say(f"#   loss {x['spec']} seed {seed}: validation {x['valid']:.4f}, training (last "
+                    f"{x['train_tail_steps']}) {x['train_tail']:.4f} ({time.perf_counter() - t_start:.0f} s)",
+                    flush=True)
+                save()
+    if where.rank == 0:
+        report(out, losses)
+    torch.distributed.destroy_process_group()
+
+
+def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: str, n_params: int,
+               say: Any) -> list[dict[str, Any]]:
+    """The alternating timed rounds: one row per configuration."""
+    where = bench.where
     rows: dict[str, dict[str, Any]] = {n: dict(times=[], peak=0) for n in names}
     for n in names:
         if n.startswith("nccl"):
@@ -297,18 +423,67 @@ def main(args: argparse.Namespace) -> None:
                         sent_mib={k: v / 2**20 for k, v in rows[n].get("sent", {}).items()},
                         calls=rows[n].get("calls"), enable_mib=rows[n].get("enable_bytes", 0) / 2**20,
                         staging_mib=rows[n].get("staging_bytes", 0) / 2**20))
-    losses = [bench.loss_run(spec.strip()) for spec in args.loss_runs.split(",")] if args.loss_steps else []
-    if where.rank == 0:
-        report(out, losses)
-        if args.json:
-            path = pathlib.Path(args.json)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(dict(rows=out, losses=losses, torch=torch.__version__,
-                                            zpccl=bench.zpccl.library_path()), indent=1) + "\n")
-    torch.distributed.destroy_process_group()
+    return out
+
+
+def write_json(path: pathlib.Path, doc: dict[str, Any]) -> None:
+    """Writes through a temporary file and a rename, so that a run killed mid-write leaves the previous file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# ---- the report ---------------------------------------------------------------------------------------------
+
+
+def run_label(x: dict[str, Any]) -> str:
+    """A loss run as the report names it: ``nccl``, ``nccl-noreshard``, ``zpccl w8/g4`` (bf16: left on FSDP's)."""
+    if x["comm"] != "zpccl":
+        return x.get("spec", x["comm"])
+    if x["grad_bits"] is None:
+        return "zpccl"
+    bits = lambda b: "bf16" if b == 0 else str(b)  # noqa: E731
+    return f"zpccl w{bits(x['weight_bits'])}/g{bits(x['grad_bits'])}"
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return dict(mean=statistics.fmean(values), std=statistics.stdev(values) if len(values) > 1 else 0.0,
+                min=min(values), max=max(values))
+
+
+def loss_summary(losses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per loss run (in first-seen order): its seeds, the validation and last-steps training loss over them
+    (mean, sample standard deviation, min, max), and the paired gap to the reference's validation loss in percent,
+    seed by seed (``gap_pct``: mean, min, max over the seeds both ran, and each seed's). The reference is the first
+    NCCL run (``nccl`` or ``nccl-noreshard``), else the first run."""
+    if not losses:
+        return []
+    specs = list(dict.fromkeys(x.get("spec", x["comm"]) for x in losses))
+    ref = next((x.get("spec", x["comm"]) for x in losses if x["comm"] == "nccl"), specs[0])
+    ref_valid = {x.get("seed"): x["valid"] for x in losses if x.get("spec", x["comm"]) == ref}
+    out = []
+    for spec in specs:
+        mine = [x for x in losses if x.get("spec", x["comm"]) == spec]
+        gaps = {x.get("seed"): 100 * (x["valid"] - ref_valid[x.get("seed")]) / ref_valid[x.get("seed")]
+                for x in mine if x.get("seed") in ref_valid}
+        row = dict(spec=spec, label=run_label(mine[0]), reference=ref, seeds=[x.get("seed") for x in mine],
+                   valid=_spread([x["valid"] for x in mine]),
+                   train_tail=_spread([x["train_tail"] for x in mine]) if all("train_tail" in x for x in mine)
+                   else None,
+                   gap_pct=dict(_spread(list(gaps.values())), per_seed=gaps) if gaps else None)
+        out.append(row)
+    return out
 
 
 def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
+    if rows:
+        report_steps(rows)
+    if losses:
+        report_losses(losses)
+
+
+def report_steps(rows: list[dict[str, Any]]) -> None:
     base = {r["config"]: r["median_ms"] for r in rows}
     print(f"\n{'config':>15} {'reshard':>7} {'median ms':>10} {'min-max ms':>15} {'tokens/s':>10} {'peak MiB':>9} "
           f"{'enable MiB':>10} {'sent MiB/step (per rank)':>30} {'vs nccl':>8} {'vs noreshard':>12}")
@@ -318,11 +493,30 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
         print(f"{r['config']:>15} {str(r['reshard']):>7} {r['median_ms']:10.1f} "
               f"{r['min_ms']:7.1f}-{r['max_ms']:<7.1f} {r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} "
               f"{r['enable_mib']:10.0f} {sent:>30} {vs('nccl'):>8} {vs('nccl-noreshard'):>12}")
-    if losses:
-        ref = next((x["valid"] for x in losses if x["comm"] == "nccl"), losses[0]["valid"])
-        print("\nvalidation loss after %d steps (vs NCCL's): " % losses[0]["steps"] + "; ".join(
-            f"{x['comm']}{'' if x['grad_bits'] is None else ' w%d/g%d' % (x['weight_bits'], x['grad_bits'])} "
-            f"{x['valid']:.4f} ({100 * (x['valid'] - ref) / ref:+.2f}%)" for x in losses))
+
+
+def report_losses(losses: list[dict[str, Any]]) -> None:
+    """Each seed's line (vs that seed's reference), then, with several seeds, the summary over seeds."""
+    summary = loss_summary(losses)
+    ref = summary[0]["reference"]
+    seeds = list(dict.fromkeys(x.get("seed") for x in losses))
+    for seed in seeds:
+        mine = [x for x in losses if x.get("seed") == seed]
+        base = next((x["valid"] for x in mine if x.get("spec", x["comm"]) == ref), None)
+        vs = lambda v: "" if base is None else f" ({100 * (v - base) / base:+.2f}%)"  # noqa: E731
+        where = "" if len(seeds) == 1 else f", seed {seed}"
+        print(f"\nvalidation loss after {mine[0]['steps']} steps{where} (vs NCCL's): " + "; ".join(
+            f"{run_label(x)} {x['valid']:.4f}{vs(x['valid'])}" for x in mine), end="")
+    over = ("seeds " + ",".join(str(s) for s in seeds)) if None not in seeds else "the runs"
+    print(f"\n\nover {over} (gap: validation loss vs {ref}'s of the same seed)")
+    print(f"{'run':>18} {'seeds':>5} {'valid mean':>10} {'std':>7} {'min-max':>15} {'gap mean':>9} "
+          f"{'gap min..max':>16} {'train (last steps)':>18}")
+    for r in summary:
+        v, g, t = r["valid"], r["gap_pct"], r["train_tail"]
+        gap = (f"{g['mean']:+8.2f}% {g['min']:+6.2f}..{g['max']:+6.2f}%" if g else f"{'-':>9} {'-':>16}")
+        train = f"{t['mean']:.4f} +- {t['std']:.4f}" if t else "-"
+        print(f"{r['label']:>18} {len(r['seeds']):5d} {v['mean']:10.4f} {v['std']:7.4f} "
+              f"{v['min']:7.4f}-{v['max']:<7.4f} {gap} {train:>18}")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="model initialization and training data order")
 
 
 def add_launch_args(p: argparse.ArgumentParser) -> None:
@@ -93,22 +93,29 @@ def corpus(max_bytes: int = 24 << 20) -> bytes:
 
 
 class Batches:
-    """Training batches (different per rank and step, the same in every run) and fixed validation batches."""
+    """Training batches (different per rank and step, the same in every run with the same ``seed``) and fixed
+    validation batches (the same for every seed, so that runs of different seeds are measured on the same text)."""
 
-    def __init__(self, torch: Any, text: bytes, seq: int, batch: int, rank: int, device: Any) -> None:
+    def __init__(self, torch: Any, text: bytes, seq: int, batch: int, rank: int, device: Any, seed: int = 0) -> None:
         data = torch.frombuffer(bytearray(text), dtype=torch.uint8)
         cut = int(data.numel() * 0.95)
         self.train, self.valid = data[:cut], data[cut:]
+        if seed < 0:
+            raise ValueError(f"Batches: seed {seed} must be >= 0")
         self.torch, self.seq, self.batch, self.rank, self.device = torch, seq, batch, rank, device
+        self.seed = seed
 
     def _take(self, data: Any, starts: Any) -> tuple[Any, Any]:
         rows = self.torch.stack([data[s:s + self.seq + 1] for s in starts.tolist()]).to(self.device).long()
         return rows[:, :-1], rows[:, 1:]
 
     def step(self, step: int) -> tuple[Any, Any]:
+        # Seed k takes the k-th batch of the (step, rank) stream: seeds never share a draw and seed 0's batches are
+        # the same as without seeds (torch's CPU generator keeps only 32 bits of a seed, so offsetting it would not
+        # separate them).
         g = self.torch.Generator().manual_seed(1_000_003 * step + self.rank)
-        return self._take(self.train, self.torch.randint(0, self.train.numel() - self.seq - 1, (self.batch,),
-                                                         generator=g))
+        starts = self.torch.randint(0, self.train.numel() - self.seq - 1, ((self.seed + 1) * self.batch,), generator=g)
+        return self._take(self.train, starts[self.seed * self.batch:])
 
     def validation(self, count: int = 8) -> list[tuple[Any, Any]]:
         g = self.torch.Generator().manual_seed(7 + self.rank)
@@ -287,7 +294,7 @@ def train(args: argparse.Namespace) -> None:
         zp = zpccl.fsdp.enable(model, weight_bits=args.weight_bits, grad_bits=args.grad_bits,
                                block_size=args.block_size, ranks_per_node=where.ranks_per_node)
     opt, schedule = make_optimizer(torch, model, args.lr, args.steps)
-    data = Batches(torch, corpus(), args.seq, args.batch, where.rank, where.device)
+    data = Batches(torch, corpus(), args.seq, args.batch, where.rank, where.device, args.seed)
     if where.rank == 0:
         n = sum(p.numel() for p in model.parameters())
         what = (f"zpccl qwZ int{args.weight_bits} / qgZ int{args.grad_bits}" if zp else "NCCL")
