@@ -33,9 +33,18 @@ rank, so a quantization block could hold the end of a LayerNorm weight (values n
 linear weight (values near 0.02), whose small values would then keep few bits. With ``param_blocks=True``
 (default) blocks restart at every parameter boundary, as they restart at every rank's shard: the call copies
 the flat buffer into a staging buffer where each parameter's part starts on a block boundary (zeros between,
-which change no block's scale), runs the collective there, and copies the result back. Those buffers are
-reserved when ``enable`` runs, with the communicators' scratch, so that nothing allocates in the training
-loop (:attr:`ZeroPlusPlus.reserved_bytes`).
+which change no block's scale), runs the collective there (a reduce-scatter in place), and copies the result
+back. Those buffers are reserved when ``enable`` runs, with the communicators' scratch, so that nothing
+allocates in the training loop (:attr:`ZeroPlusPlus.reserved_bytes`).
+
+Memory, beyond FSDP's own: the hooks fill FSDP's all-gather and reduce-scatter buffers and allocate nothing per
+call. In torch's caching allocator: the two staging buffers, each of n x S elements (n ranks, S the largest
+parameter group's staged shard: its parameters' padded shards, each but the last rounded up to a block), one in
+the gathers' element type and one in the reduce-scatters' (:attr:`ZeroPlusPlus.reserved_bytes`); error
+feedback's residuals when on; a few zero blocks. Outside it, allocated by the library: each communicator's
+scratch, reserved for its largest collective (zpCommReserve, include/zpccl.h), and the NCCL communicators zpccl
+makes (the reduce-scatters' own, and each one's node-layout splits) with their connection buffers, which NCCL
+sizes. ``perf/fsdp_memory.py`` measures each part against FSDP2 with NCCL.
 
 Gradient rounding (include/zpccl.h, "Gradient rounding"): ``grad_rounding="stochastic"`` (with ``seed``) rounds qgZ's
 gradients stochastically, unbiased, in both of its quantizations; ``error_feedback=True`` keeps, per parameter group,
@@ -231,13 +240,12 @@ class _Staging:
         self._cuda = device.type == "cuda"
         self._last: tuple[Any, Any] | None = None  # (stream, event recorded after its use)
 
-    def view(self, count: int, dtype: Any, offset_bytes: int = 0) -> Any:
-        esz = self.torch.empty((), dtype=dtype).element_size()
-        end = offset_bytes + count * esz
-        if end > self.buffer.numel():
-            self.buffer = self.torch.empty(end, dtype=self.torch.uint8, device=self.device)
+    def view(self, count: int, dtype: Any) -> Any:
+        nbytes = count * dtype.itemsize
+        if nbytes > self.buffer.numel():
+            self.buffer = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
             self.grown = True
-        return self.buffer.narrow(0, offset_bytes, count * esz).view(dtype)
+        return self.buffer.narrow(0, 0, nbytes).view(dtype)
 
     def begin(self) -> None:
         """Orders this use after the previous one, when that was on another stream."""
@@ -521,13 +529,15 @@ class ZeroPlusPlus:
         if layout.identity:
             comm.quant_reduce_scatter(input, output, op=name, **grad)
         else:
+            # In place in the staging buffer (the result over this rank's own slice, NCCL's rule): it holds the
+            # staged input only, no second buffer for the output.
             sp = layout.staged_count
             self._reduce_stage.begin()
-            staged_in = self._reduce_stage.view(n * sp, output.dtype)
-            staged_out = self._reduce_stage.view(sp, output.dtype, offset_bytes=_align(n * sp * esz))
-            layout.stage(torch, input.view(n, count), staged_in.view(n, sp), self._zeros_for(n, output.dtype))
-            comm.quant_reduce_scatter(staged_in, staged_out, op=name, **grad)
-            layout.unstage(torch, staged_out, output)
+            staged = self._reduce_stage.view(n * sp, output.dtype)
+            own = staged.narrow(0, comm.rank * sp, sp)
+            layout.stage(torch, input.view(n, count), staged.view(n, sp), self._zeros_for(n, output.dtype))
+            comm.quant_reduce_scatter(staged, own, op=name, **grad)
+            layout.unstage(torch, own, output)
             self._reduce_stage.end()
         wire = (n - 1) * payload_size(layout.staged_count, self.grad_bits, self.block_size)
         self._count("qgz", input.numel() * esz, wire)
@@ -545,10 +555,6 @@ class ZeroPlusPlus:
                            logging.INFO)
             return {}
         return dict(residual=res, hop_residual=hop)
-
-
-def _align(nbytes: int, to: int = 256) -> int:
-    return -(-nbytes // to) * to
 
 
 def _op_name(dist: Any, op: Any) -> str | None:
@@ -598,7 +604,7 @@ def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: 
     * ``hpz``: serve the backward all-gather over FSDP's post-forward group (``reshard_after_forward=k``) with
       hpZ; False leaves it on FSDP's collective.
     * ``param_blocks``: blocks restart at each parameter boundary (costs two copies of each collective's data
-      on the device, and staging buffers of the largest module's gathered size).
+      on the device, and two staging buffers of the largest module's gathered size: see the module's docstring).
     * ``ranks_per_node`` / ``node_id``: emulate a node layout (otherwise a rank's node is its host, as NCCL
       tells it: hostname or ``NCCL_HOSTID``).
     * ``grad_rounding`` (``"nearest"`` or ``"stochastic"``) and ``seed`` (>= 0): qgZ's rounding of gradients;
@@ -655,8 +661,7 @@ def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
             session._say_once("hsdp", "the replicate dimension of a 2-D (HSDP) mesh: FSDP all-reduces gradients "
                               "over it itself; that stays on NCCL", logging.INFO)
     # One pair of communicators a shard group (and hpZ size), made in module order on every rank.
-    sizes_gather: list[int] = []
-    sizes_reduce: list[int] = []
+    group_ranks: list[tuple[Any, tuple[int, ...]]] = []
     for _m, pg in groups:
         shard = pg.mesh_info.shard_process_group
         ranks = tuple(dist.get_process_group_ranks(shard))
@@ -667,9 +672,8 @@ def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
             raise ZpcclValueError(f"{_CALL}: modules over one shard group use reshard_after_forward={k} and "
                                   f"={session._groups[ranks].gather.hpz_size}; zpccl's hpZ takes one group size",
                                   _CALL)
-        sizes_gather.append(_staged_bytes(session, pg, len(ranks), reduce=False))
-        sizes_reduce.append(_staged_bytes(session, pg, len(ranks), reduce=True))
-    _reserve(session, max(sizes_gather), max(sizes_reduce))
+        group_ranks.append((pg, ranks))
+    _reserve(session, group_ranks)
     if session.error_feedback:
         for _m, pg in groups:
             _allocate_residuals(session, pg)
@@ -818,50 +822,63 @@ def _post_forward_group_of(session: ZeroPlusPlus, ranks: tuple[int, ...]) -> Any
 
 
 def _staged_bytes(session: ZeroPlusPlus, pg: Any, n: int, reduce: bool) -> int:
-    """Bytes of staging one collective of this parameter group needs (0 when its parts need none)."""
+    """Bytes of staging one collective of this parameter group needs (0 when its parts need none): its all-gather
+    output or reduce-scatter input in the staged layout (the reduce-scatter runs in place there)."""
     if not session.param_blocks:
         return 0
     try:
         layout = _group_layout(session, pg)
-        esz = max(_element_size(session, p, reduce) for p in pg.fsdp_params)
+        dtype = _collective_dtype(pg, reduce)
     except AttributeError:
         return 0
-    if layout.identity:
-        return 0
-    sp = layout.staged_count
-    return _align(n * sp * esz) + (sp * esz if reduce else 0)
+    return 0 if layout.identity else n * layout.staged_count * dtype.itemsize
 
 
-def _element_size(session: ZeroPlusPlus, p: Any, reduce: bool) -> int:
-    """Bytes of an element of a parameter's all-gather (its param_dtype) or reduce-scatter (its reduce_dtype,
-    else param_dtype, else its own dtype)."""
-    dtype = (getattr(p, "reduce_dtype", None) if reduce else None) or getattr(p, "param_dtype", None)
-    dtype = dtype or p.sharded_param.dtype
-    return session._fsdp.torch.empty((), dtype=dtype).element_size()
+def _collective_bytes(session: ZeroPlusPlus, pg: Any, n: int, reduce: bool) -> int:
+    """Logical bytes of this parameter group's all-gather output or reduce-scatter input, staged or not."""
+    layout = _group_layout(session, pg)
+    return n * max(layout.count, layout.staged_count) * _collective_dtype(pg, reduce).itemsize
 
 
-def _reserve(session: ZeroPlusPlus, gather_bytes: int, reduce_bytes: int) -> None:
+def _collective_dtype(pg: Any, reduce: bool) -> Any:
+    """The element type of a parameter group's all-gather (param_dtype, else the parameters' own) or reduce-scatter
+    (reduce_dtype, else that); the widest where parameters differ (FSDP then gathers bytes, which stay on NCCL)."""
+    def of(p: Any) -> Any:
+        dtype = (getattr(p, "reduce_dtype", None) if reduce else None) or getattr(p, "param_dtype", None)
+        return dtype or p.sharded_param.dtype
+
+    return max((of(p) for p in pg.fsdp_params), key=lambda d: d.itemsize)
+
+
+def _reserve(session: ZeroPlusPlus, groups: list[tuple[Any, tuple[int, ...]]]) -> None:
+    """What the calls use, made before the first so that nothing allocates in the training loop: the staging
+    buffers (the largest parameter group's), the zero blocks that staging pads with, and each communicator's
+    scratch for the largest collective it makes, in the element types the groups use."""
     torch = session._fsdp.torch
+    gather_bytes = max(_staged_bytes(session, pg, len(ranks), reduce=False) for pg, ranks in groups)
+    reduce_bytes = max(_staged_bytes(session, pg, len(ranks), reduce=True) for pg, ranks in groups)
     session._gather_stage = _Staging(torch, session.device, gather_bytes)
     session._reduce_stage = _Staging(torch, session.device, reduce_bytes)
     session.reserved_bytes = gather_bytes + reduce_bytes
+    largest: dict[tuple[int, ...], list[int]] = {}  # shard group -> [its largest all-gather, reduce-scatter]
+    for pg, ranks in groups:
+        n = len(ranks)
+        if _staged_bytes(session, pg, n, reduce=False):
+            # On the default stream now: made at a first call, on one of FSDP's streams, each would cost that
+            # stream a segment of the caching allocator's small pool.
+            session._zeros_for(1, _collective_dtype(pg, reduce=False))
+            session._zeros_for(n, _collective_dtype(pg, reduce=True))
+        big = largest.setdefault(ranks, [0, 0])
+        big[0] = max(big[0], _collective_bytes(session, pg, n, reduce=False))
+        big[1] = max(big[1], _collective_bytes(session, pg, n, reduce=True))
     if session.backend == Backend.CUDA:
-        largest = max(gather_bytes, reduce_bytes, _largest_collective(session))
-        for g in session._groups.values():
-            g.gather.reserve(largest)
-            g.reduce.reserve(largest)
-
-
-def _largest_collective(session: ZeroPlusPlus) -> int:
-    """Logical bytes of the largest collective the model's groups make (4-byte elements: the worst case)."""
-    largest = 0
-    for m in session.model.modules():
-        if isinstance(m, session._fsdp.FSDPModule):
-            for pg in session._fsdp.param_groups(m):
-                n = pg.mesh_info.shard_process_group.size()
-                layout = _group_layout(session, pg)
-                largest = max(largest, n * max(layout.count, layout.staged_count) * 4)
-    return largest
+        for ranks, (gather_max, reduce_max) in largest.items():
+            session._groups[ranks].gather.reserve(gather_max)
+            session._groups[ranks].reduce.reserve(reduce_max)
+    log.debug("zpccl.fsdp: staging %d bytes for gathers and %d for reduce-scatters (torch's allocator); "
+              "communicators' scratch reserved for collectives of %s logical bytes (gather, reduce-scatter per "
+              "shard group; allocated by the library outside torch's allocator)", gather_bytes, reduce_bytes,
+              ", ".join(f"{g}/{r}" for g, r in largest.values()))
 
 
 def _group_layout(session: ZeroPlusPlus, pg: Any) -> BlockLayout:
