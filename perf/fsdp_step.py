@@ -13,8 +13,11 @@ step time median and spread (min/max over all rounds' steps), tokens per second 
 
 ``--loss-steps N`` then trains each of ``--loss-runs`` for N steps on a fresh model and reports the validation
 loss and the training loss over the last 20 steps. A loss run is ``nccl`` or ``nccl-noreshard`` (FSDP's own
-collectives, as below), or ``zpccl:W:G``: zpccl as in ``zpccl-hpz`` with W-bit weights (qwZ) and G-bit gradients
-(qgZ); W = 0 leaves the weight all-gathers on FSDP's own (exact bf16) and G = 0 the gradient reduce-scatters.
+collectives, as below), ``nccl-fp32`` (as ``nccl-noreshard`` with gradients reduced in fp32, not bf16: a second
+exact run whose gap to the first is the noise floor of the comparison, since any perturbation of the gradients,
+however small, sends a run along another trajectory), or ``zpccl:W:G``: zpccl as in ``zpccl-hpz`` with W-bit weights
+(qwZ) and G-bit gradients (qgZ); W = 0 leaves the weight all-gathers on FSDP's own (exact bf16) and G = 0 the
+gradient reduce-scatters.
 ``--loss-seeds 0,1,2`` repeats every loss run per seed, seed-major (every run of one seed, then the next), so that
 runs cut short leave whole seeds; a seed sets the model's initialization and the training batches' order, the
 same for every run of that seed, so that runs are compared seed by seed against the NCCL run of the same seed
@@ -43,6 +46,7 @@ with every figure (none with ``--loss-only``), the loss runs (one row per run an
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -92,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad-bits", type=int, default=4)
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--lr-final", type=float, default=0.1,
+                   help="loss runs: the learning rate at the last step, as a fraction of --lr (cosine decay after "
+                        "the warmup; 1: constant)")
     p.add_argument("-J", "--json", help="write the rows here")
     p.add_argument("--label", default="", help="regime label for the rows (default: from the layout)")
     args = p.parse_args(argv)
@@ -107,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-LOSS_CONFIGS = ("nccl", "nccl-noreshard")
+LOSS_CONFIGS = ("nccl", "nccl-noreshard", "nccl-fp32")
 
 
 def parse_loss_spec(text: str) -> dict[str, Any]:
@@ -119,7 +126,7 @@ def parse_loss_spec(text: str) -> dict[str, Any]:
         return dict(spec=spec, comm="nccl", config=spec, weight_bits=None, grad_bits=None)
     comm, *bits = spec.split(":")
     if comm != "zpccl" or len(bits) not in (0, 2):
-        raise ValueError(f"loss run {spec!r}: not nccl, nccl-noreshard, zpccl or zpccl:W:G")
+        raise ValueError(f"loss run {spec!r}: not nccl, nccl-noreshard, nccl-fp32, zpccl or zpccl:W:G")
     if not bits:
         return dict(spec=spec, comm="zpccl", config="zpccl-hpz", weight_bits=None, grad_bits=None)
     try:
@@ -173,7 +180,7 @@ class Counting:
 def reshard_of(name: str, ranks_per_node: int) -> bool | int:
     if name in ("nccl", "zpccl-reshard"):
         return True
-    if name == "nccl-noreshard":
+    if name in ("nccl-noreshard", "nccl-fp32"):
         return False
     return ranks_per_node if ranks_per_node > 1 else False
 
@@ -205,11 +212,11 @@ class Bench:
         self.dist.all_gather_object(devs, (os.environ.get("NCCL_HOSTID", ""), self.where.device.index))
         return sum(1 for d in devs if d[1] == self.where.device.index)
 
-    def build(self, reshard: bool | int, base: Any = None) -> Any:
+    def build(self, reshard: bool | int, base: Any = None, reduce_dtype: Any = None) -> Any:
         import copy
 
         model = copy.deepcopy(self.base if base is None else base).to(self.where.device)
-        return ex.shard_gpt(self.torch, model, self.mesh, reshard)
+        return ex.shard_gpt(self.torch, model, self.mesh, reshard, reduce_dtype)
 
     def enable(self, model: Any, grad_bits: int | None = None, weight_bits: int | None = None) -> tuple[Any, int]:
         """zpccl on the model; also the device memory the enable took on this rank (device-wide free memory
@@ -251,6 +258,7 @@ class Bench:
 
     def run_fsdp(self, name: str, round_index: int) -> dict[str, Any]:
         torch, args = self.torch, self.args
+        gc.collect()  # a dropped FSDP2 model is cyclic: without this its memory counts in the next one's peak
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.where.device)
         model = self.build(reshard_of(name, self.rpn))
@@ -276,6 +284,7 @@ class Bench:
     def run_zero3(self, round_index: int) -> dict[str, Any]:
         torch, args = self.torch, self.args
         z3 = load_example("zero3_train")
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.where.device)
         zargs = argparse.Namespace(layers=args.layers, d_model=args.d_model, heads=args.heads, seq=args.seq,
@@ -299,13 +308,13 @@ class Bench:
         base = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, seed)
         data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, seed)
         reshard = reshard_of(run["config"], self.rpn)
-        model = self.build(reshard, base)
+        model = self.build(reshard, base, torch.float32 if run["config"] == "nccl-fp32" else None)
         del base
         zp = None
         if run["comm"] == "zpccl":
             zp = self.enable(model, grad_bits, weight_bits)[0]
             keep_fsdp(zp, all_gather=weight_bits == 0, reduce_scatter=grad_bits == 0)
-        opt, schedule = ex.make_optimizer(torch, model, args.lr, args.loss_steps)
+        opt, schedule = ex.make_optimizer(torch, model, args.lr, args.loss_steps, final=args.lr_final)
         curve = []
         tail_from = max(0, args.loss_steps - TRAIN_TAIL)
         tail = torch.zeros((), device=self.where.device)

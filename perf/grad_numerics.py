@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-final", type=float, default=0.1,
+                   help="the learning rate at the last step, as a fraction of --lr (cosine decay; 1: constant)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -89,7 +91,7 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
     model = ex.shard_gpt(torch, ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.run_seed)
                          .to(device), mesh, True)
     zp = enable(zpccl, model, config, args, rpn) if zpccl is not None else None
-    opt, schedule = ex.make_optimizer(torch, model, args.lr, args.steps)  # warmup: a stable run (NOTEBOOK.md)
+    opt, schedule = ex.make_optimizer(torch, model, args.lr, args.steps, final=args.lr_final)
     data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, rank + 1000 * args.run_seed, device)
     losses, times = [], []
     for step in range(args.steps):

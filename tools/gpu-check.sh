@@ -255,16 +255,33 @@ fi
 # ---- Python: the package's suite (its GPU tests: FSDP2 in spawned processes sharing the GPUs as emulated
 # nodes over sockets) and the FSDP2 training step (perf/fsdp_step.py: FSDP2 with NCCL against FSDP2 with zpccl
 # and the hand-rolled ZeRO-3 loop, alternating rounds). torch is the machine's.
-# ZP_GPU_CHECK_FSDP_ARGS replaces the step's arguments; ZP_GPU_CHECK_SKIP_PYTHON=1 skips both.
+# Then the device memory of FSDP2 with zpccl against FSDP2 with NCCL (perf/fsdp_memory.py), once plain and once
+# per experiment of ZP_GPU_CHECK_FSDP_MEMORY_ENV ("|"-separated, each a list of VAR=value words; default none).
+# ZP_GPU_CHECK_FSDP_ARGS replaces the step's arguments; ZP_GPU_CHECK_FSDP names the FSDP runs (default
+# "step memory"); ZP_GPU_CHECK_SKIP_PYTHON=1 skips all of it.
 if [ "${ZP_GPU_CHECK_SKIP_PYTHON:-0}" != 1 ]; then
   if [ -f "$build/libzpccl.so" ] && python3 -c "import torch" 2>/dev/null; then
     run_step "python suite" - test "$results/python.log" "" 300 \
       env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --count "$results/python.count"
     fsdp_regime=net-on$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')gpu
-    # shellcheck disable=SC2086
-    run_step "fsdp_step" "$fsdp_regime" perf "$results/fsdp_step.log" "$results/fsdp_step.json" 300 \
-      env ZPCCL_LIBRARY="$build/libzpccl.so" python3 perf/fsdp_step.py \
-      ${ZP_GPU_CHECK_FSDP_ARGS:---shape small --nproc 2 --nodes 2 --rounds 3} -J "$results/fsdp_step.json"
+    fsdp_runs=" ${ZP_GPU_CHECK_FSDP-step memory} "
+    if [[ $fsdp_runs == *" step "* ]]; then
+      # shellcheck disable=SC2086
+      run_step "fsdp_step" "$fsdp_regime" perf "$results/fsdp_step.log" "$results/fsdp_step.json" 300 \
+        env ZPCCL_LIBRARY="$build/libzpccl.so" python3 perf/fsdp_step.py \
+        ${ZP_GPU_CHECK_FSDP_ARGS:---shape small --nproc 2 --nodes 2 --rounds 3} -J "$results/fsdp_step.json"
+    fi
+    if [[ $fsdp_runs == *" memory "* ]]; then
+      IFS='|' read -ra memory_envs <<<"|${ZP_GPU_CHECK_FSDP_MEMORY_ENV:-}"
+      for i in "${!memory_envs[@]}"; do
+        env_flags=()
+        for word in ${memory_envs[$i]}; do env_flags+=(--env "$word"); done
+        run_step "fsdp_memory${i/#0/}" "$fsdp_regime" perf "$results/fsdp_memory$i.log" \
+          "$results/fsdp_memory$i.json" 240 env ZPCCL_LIBRARY="$build/libzpccl.so" python3 perf/fsdp_memory.py \
+          --nproc 2 --nodes 2 "${env_flags[@]}" --log-dir "$results/fsdp_memory$i-logs" \
+          -J "$results/fsdp_memory$i.json"
+      done
+    fi
   else
     note "python: skipped (no $build/libzpccl.so or no torch)"
     record "python suite" - test missing 0 -
@@ -544,6 +561,14 @@ for line in open(manifest):
             if san is not None:
                 extra = "{} errors, {}".format(san, extra.replace("passed", "p").replace("failed", "f"))
         print(fmt.format(name, regime, label, extra, "", ""))
+    elif name.startswith("fsdp_memory"):  # perf/fsdp_memory.py: its two summary lines, from the log
+        print(fmt.format(name, regime, label, "", "", ""))
+        try:
+            for l in open(log, errors="replace"):
+                if l.startswith(("zpccl - nccl after", "  enable in all")):
+                    print("  " + l.strip())
+        except OSError:
+            pass
     elif any(fsdp_rows(j) for j in jsons):
         data = next(fsdp_rows(j) for j in jsons if fsdp_rows(j))
         ms = {r["config"]: r["median_ms"] for r in data["rows"]}

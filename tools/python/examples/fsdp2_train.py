@@ -167,11 +167,12 @@ def build_gpt(torch: Any, layers: int, d: int, heads: int, seq: int, seed: int =
     return GPT()
 
 
-def shard_gpt(torch: Any, model: Any, mesh: Any, reshard: bool | int) -> Any:
-    """FSDP2 over each block and the root, bf16 compute and communication, fp32 gradients reduced in bf16."""
+def shard_gpt(torch: Any, model: Any, mesh: Any, reshard: bool | int, reduce_dtype: Any = None) -> Any:
+    """FSDP2 over each block and the root, bf16 compute and communication, fp32 gradients reduced in bf16 (or in
+    ``reduce_dtype``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype or torch.bfloat16)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
@@ -183,14 +184,24 @@ def loss_of(torch: Any, model: Any, ids: Any, targets: Any) -> Any:
     return torch.nn.functional.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
 
 
-def make_optimizer(torch: Any, model: Any, lr: float, steps: int, warmup: int | None = None) -> tuple[Any, Any]:
+def make_optimizer(torch: Any, model: Any, lr: float, steps: int, warmup: int | None = None,
+                   final: float = 0.1) -> tuple[Any, Any]:
     """AdamW with the learning rate ramped up linearly over ``warmup`` steps (default: a tenth of the run), then
-    constant. Without the ramp a transformer at these rates is unstable in its first steps: whether and when it
+    decayed along a cosine to ``final`` of it at the last step (``final=1``: constant), as language models are
+    trained. Without the ramp a transformer at these rates is unstable in its first steps: whether and when it
     spikes depends on perturbations as small as 0.1% of the gradients, so two runs that differ only in their
-    collectives could not be compared by their loss."""
+    collectives could not be compared by their loss. The decay matters for the same comparison: at a constant
+    rate the last steps' noise moves the final loss by more than the collectives' rounding does."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     ramp = max(1, steps // 10 if warmup is None else warmup)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / ramp))
+
+    def factor(s: int) -> float:
+        if s < ramp:
+            return (s + 1) / ramp
+        done = min(1.0, (s - ramp) / max(1, steps - 1 - ramp))
+        return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * done))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def optimizer_step(torch: Any, model: Any, opt: Any, schedule: Any, clip: float = 1.0) -> None:
