@@ -266,10 +266,11 @@ __device__ __forceinline__ uint32_t threadAbsMaxBits(const uint32_t (&v)[kVecsPe
 // For a block whose scale s is at least kQuotientMinScale (its elements are then finite), with r = __frcp_rn(s):
 // q = quotientRn(x, s, r) is divRn(x, s) wherever that can give a non-zero code, and rint(q) by the magic add
 // (ties to even) is quantizeCode's code; |q| <= qmax (1 + 2^-23) rounds inside [-qmax, qmax], so the clamp is a
-// no-op. The code is y's low byte, two's complement, for y = q + 1.5 * 2^23. A former fast path rounded x * r
-// and redid near-ties by division: bf16 blocks are full of exact ties (x = absmax / 2 quantizes to 3.5, and a
-// power-of-two absmax makes half the odd mantissas ties), so the redo ran in most warps and took three
-// quarters of the kernel's instructions. Blocks with a smaller scale (below 2^-96, zero, NaN) take the division.
+// no-op. The code is y's low byte, two's complement, for y = q + 1.5 * 2^23. Why not round x * r and redo the
+// near-ties by division: bf16 blocks are full of exact ties (x = absmax / 2 quantizes to 3.5, and a power-of-two
+// absmax makes half the odd mantissas ties), so the redo would run in most warps and cost most of the kernel's
+// instructions; quotientRn has no data-dependent branch. Blocks with a smaller scale (below 2^-96, zero, NaN)
+// take the division.
 
 // Host versions too, so that a host program can check the fast codes against quant_math.h.
 #define ZP_QHD __host__ __device__ __forceinline__

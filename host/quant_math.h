@@ -88,9 +88,9 @@ ZP_HD float fmaRn(float a, float b, float c) {
 // exact in one fused multiply-add, and one correction step rounded once (Markstein's theorem: the correctly rounded
 // quotient). The residual is exact only while it does not underflow, hence the bound on the scale: from
 // kQuotientMinScale up, every x of the block whose quotient can round to a non-zero code (|x| >= scale / 2) has a
-// residual far above FLT_MIN, and a smaller x gives a code of 0 either way. Checked: the codes equal quantizeCode's
-// for every pair (x, absmax) of bf16 values and of fp16 values and for 2e8 random fp32 pairs, both widths (bit-equal
-// quotients wherever |x / scale| >= 2^-2); QuantMath tests.
+// residual far above FLT_MIN, and a smaller x gives a code of 0 either way. The codes equal quantizeCode's for
+// every pair (x, absmax) of bf16 values and of fp16 values, both widths (bit-equal quotients wherever
+// |x / scale| >= 2^-2); the QuantMath tests check a sample of those pairs and random fp32 pairs.
 constexpr float kQuotientMinScale = 0x1p-96f;
 
 ZP_HD float quotientRn(float x, float scale, float rcp) {

@@ -8,10 +8,10 @@
  * - Collectives are enqueued on the caller's CUDA stream and return once enqueued (cuda backend). On the host
  *   backend the stream argument must be NULL and the call returns when the collective is done.
  * - Among ranks of one NVLink domain (cuda backend), qwZ and one-hop qgZ of at least ZP_DIRECT_MIN_BYTES
- *   (16 MiB) read the peers' payloads from their memory, through a window NCCL registers on every rank. The
- *   first call that needs a larger window than any before registers it with every rank: like NCCL's first use
- *   of a connection, it waits on the host until the other ranks make the same call. zpCommReserve does it
- *   up front.
+ *   (default 0: every size) read the peers' payloads from their memory, through a window NCCL registers on every
+ *   rank. The first call that needs a larger window than any before registers it with every rank: like NCCL's
+ *   first use of a connection, it waits on the host until the other ranks make the same call. zpCommReserve
+ *   does it up front.
  * - Collectives are called by every rank of a communicator, in the same order.
  * - Element counts are in elements of the data type, never bytes. Buffers must be aligned to their element size
  *   (payloads to 16 bytes); a count of 0 is a successful no-op.

@@ -224,9 +224,9 @@ std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
     if (entry.rfind("ZP_GPU_CHECK_", 0) == 0 || entry.rfind("ZP_PERF_", 0) == 0) continue;
     out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
   }
-  // The settings that choose how a collective runs (pathTunables) appeared, or changed their defaults, after rows
-  // had been recorded without them: every row says what it ran with, set or not, so that a reader (the cost
-  // model's calibration) never has to guess from the file's date.
+  // The settings that choose how a collective runs (pathTunables) may be added, or change their defaults, from one
+  // build to the next: every row says what it ran with, set or not, so that a reader (the cost model's
+  // calibration) never has to guess from the file's date.
   for (const auto& [name, value] : pathTunables()) {
     const bool set = std::any_of(out.begin(), out.end(), [name = name](const auto& kv) { return kv.first == name; });
     if (!set) out.emplace_back(name, std::to_string(value));

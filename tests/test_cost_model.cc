@@ -221,7 +221,7 @@ TEST(CostModelTime, QwzPipelineHandComputed) {
   c.pipeline.qwzOverlap = 1;
   EXPECT_NEAR(qwzAllGatherCost(c, 1 << 26, 2, 8, 256).timeUs(), 788.761984, 1e-9);
   // In a green context (ZP_NCCL_SMS non-zero, the library's default), the green overlap: 0.8 hides 0.8 of
-  // 321.562752; qwzOverlap no longer counts, and the kernels and links cost the same.
+  // 321.562752; qwzOverlap does not count there, and the kernels and links cost the same.
   c.pipeline.ncclSms = 32;
   c.pipeline.qwzGreenOverlap = 0.8;
   const Traffic green = qwzAllGatherCost(c, 1 << 26, 2, 8, 256);
@@ -861,13 +861,13 @@ TEST(CostModelCalibration, ClassifiesGreenContextRows) {
   EXPECT_TRUE(parsed[2].env.empty());
   EXPECT_EQ(rowNcclSms(parsed[0]), 32);
   EXPECT_EQ(rowNcclSms(parsed[1]), 16);
-  EXPECT_EQ(rowNcclSms(parsed[2]), 0);  // rows recorded before the default became 32 ran without a green context
+  EXPECT_EQ(rowNcclSms(parsed[2]), 0);  // a row without the setting ran without a green context
   EXPECT_TRUE(isGreenContextRow(parsed[0]));
   EXPECT_TRUE(isGreenContextRow(parsed[1]));
   EXPECT_FALSE(isGreenContextRow(parsed[2]));
 
   // Only the quantized gathers use the green context: qwZ (alone, or as the first gather of qwz_hpz_gathers) and
-  // hpZ with bits. Every row now records ZP_NCCL_SMS, NCCL's and qgZ's too, where it means nothing.
+  // hpZ with bits. Every row records ZP_NCCL_SMS (perf/json_out.cc), NCCL's and qgZ's too, where it means nothing.
   auto row = [](const char* op, int bits, const char* sms) {
     PerfRow r = ncclRow(op, "nvlink", 1 << 26, 2, 1, 1);
     r.bits = bits;
@@ -890,10 +890,10 @@ TEST(CostModelCalibration, FitsTheGreenContextApart) {
   // Rows made by the model over NVLink (one node of 2, 250 GB/s and 20 us a step, where the kernels are a good
   // part of the time and the overlap shows): qwZ with every SM at overlap 0.5 (no env, or ZP_NCCL_SMS=0),
   // the same calls in a green context (ZP_NCCL_SMS=32) at 0.85, and NCCL's and qgZ's rows (reduce 1000 G/s,
-  // overlap 0.3, neither the defaults) also recording ZP_NCCL_SMS=32 as every new row does. Calibration fits each
-  // configuration's overlap back from its own rows, with the links and kernels shared; the NCCL and qgZ rows are
-  // used as any others (without them no link would be fitted, and qgZ would keep the default reduce and overlap);
-  // every row is predicted in its configuration and checked; the notes count the green rows.
+  // overlap 0.3, neither the defaults) also recording ZP_NCCL_SMS=32, as every row of the perf binaries does.
+  // Calibration fits each configuration's overlap back from its own rows, with the links and kernels shared; the
+  // NCCL and qgZ rows are used as any others (without them no link would be fitted, and qgZ would keep the default
+  // reduce and overlap); every row is predicted in its configuration and checked; the notes count the green rows.
   const LinkParams link = LinkParams::uniform(250, 20);
   KernelParams truth;
   truth.reduce = KernelCost{1000, truth.dequantize.launchUs};
@@ -1305,9 +1305,9 @@ TEST(CostModelCalibration, MeasuredTwoH200) {
   //  - qwz_hpz_gathers int4 net 16 MiB itself: 1182 us, -21.5% (the model: 928). The same quantized gather alone,
   //    qwz_all_gather int4 net 16 MiB in the same file, took 958 us (the model: 909, -5%), and the hpZ copy adds
   //    ~19 us: the two measurements of one call disagree by 21%. Since the links have small-message lines, its
-  //    ~4 MiB all-gather is priced on the small line (NCCL's own 4 MiB net all-gathers: 787 - 950 us); it was
-  //    -10% on the large line, which over-priced the 1 - 4 MiB rows by up to 86%.
-  //  The small-message lines also took qwz_all_gather int8 net 16 MiB (1410 us, +22.9% on the large line) to
+  //    ~4 MiB all-gather is priced on the small line (NCCL's own 4 MiB net all-gathers: 787 - 950 us); on the large
+  //    line it would be -10%, and that line over-prices the 1 - 4 MiB rows by up to 86%.
+  //  The small-message lines also bring qwz_all_gather int8 net 16 MiB (1410 us, +22.9% on the large line) to
   //  +14.4%: the count stays 3.
   // Fitting these would mean fitting the noise of one run: the count is asserted instead.
   std::set<std::tuple<std::string, std::string, double, int>> flagged;
@@ -1377,7 +1377,8 @@ TEST(CostModelCalibration, MeasuredNcclPipelineRowsGiveTheDefaults) {
   }
   EXPECT_GE(nvlink16, 8);
   EXPECT_EQ(flagged, expected);
-  // The quantize rows are within 15% now that each code width has its own rate (one rate for both: +15%, +17%).
+  // The quantize rows are within 15% because each code width has its own rate (one rate for both would miss by +15%
+  // and +17%).
   for (const RowCheck& c : cal.checks) {
     if (c.size >= kCheckMinBytes && c.regime == "local") {
       EXPECT_LE(std::fabs(c.errPct), kCheckMaxErrPct) << c.what << " " << c.size << " int" << rows[c.row].bits;
@@ -1497,7 +1498,7 @@ TEST(CostModelCalibration, MeasuredPairExchange) {
     const bool fastRun = c.row >= first + 18 && r.regime == "net" && r.bits == 4 && r.size == 1024.0 * 1024 * 1024;
     EXPECT_EQ(c.flagged, fastRun) << r.regime << " " << r.size << " int" << r.bits << " " << c.errPct << "%";
     if (r.regime != "net") continue;
-    // Priced on the all-to-all line (send/recv, as before ZP_PAIR_ALLGATHER), the same rows would be 20% and more
+    // Priced on the all-to-all line (send/recv, ZP_PAIR_ALLGATHER=0), the same rows would be 20% and more
     // too slow: the gather runs at NCCL's all-gather line.
     PerfRow sendRecv = r;
     sendRecv.env["ZP_PAIR_ALLGATHER"] = "0";

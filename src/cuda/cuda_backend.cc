@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <vector>
 
 #include "device/peer_window.h"
@@ -275,9 +276,10 @@ class CudaBackend final : public Backend {
   bool finalized_ = false;
 };
 
-// All-gathers every rank's RankInit through the world communicator, as raw bytes.
+// All-gathers every rank's RankInit through the world communicator, as raw bytes. The host reads them at once,
+// so an all-gather still in progress (a non-blocking caller's communicator) is an error.
 zpResult_t exchangeRankInits(ncclComm_t world, int nranks, int rank, const RankInit& mine, cudaStream_t stream,
-                             std::vector<RankInit>* all) {
+                             const char* call, std::vector<RankInit>* all) {
   constexpr size_t kBytes = sizeof(RankInit);
   unsigned char* dev = nullptr;
   CUDACHECK(cudaMalloc(&dev, kBytes * nranks));
@@ -287,11 +289,9 @@ zpResult_t exchangeRankInits(ncclComm_t world, int nranks, int rank, const RankI
   // does not see them).
   CUDACHECKGOTO(cudaMemsetAsync(dev, 0, kBytes * nranks, stream), res, done);
   CUDACHECKGOTO(cudaMemcpyAsync(dev + rank * kBytes, &mine, kBytes, cudaMemcpyHostToDevice, stream), res, done);
-  if (ncclAllGather(dev + rank * kBytes, dev, kBytes, ncclUint8, world, stream) != ncclSuccess) {
-    res = ZP_ERR(zpSystemError, "exchange of the ranks' init settings (ncclAllGather) failed: %s",
-                 ncclGetLastError(world));
-    goto done;
-  }
+  ZPCHECKGOTO(ncclCheck(ncclAllGather(dev + rank * kBytes, dev, kBytes, ncclUint8, world, stream), call,
+                        "ncclAllGather of the ranks' init settings", NcclInProgress::kMustComplete),
+              res, done);
   CUDACHECKGOTO(cudaMemcpyAsync(all->data(), dev, kBytes * nranks, cudaMemcpyDeviceToHost, stream), res, done);
   CUDACHECKGOTO(cudaStreamSynchronize(stream), res, done);
 done:
@@ -299,14 +299,17 @@ done:
   return res;
 }
 
-// Splits world by color; ranks of the new communicator are ordered by key.
-zpResult_t splitComm(ncclComm_t world, int color, int key, ncclComm_t* out, const char* what) {
-  ncclResult_t r = ncclCommSplit(world, color, key, out, nullptr);
-  if (r != ncclSuccess) {
-    return ZP_ERR(static_cast<zpResult_t>(r), "ncclCommSplit of the %s communicator failed: %s", what,
-                  ncclGetErrorString(r));
-  }
-  return zpSuccess;
+// Splits world by color into communicators of `members` ranks, ordered by key. The split is used at once.
+// A communicator of one rank moves nothing over a link, yet NCCL would give it its most channels, each with small
+// buffers that take a granule of device memory apiece (hundreds of MiB a communicator): it gets one channel.
+zpResult_t splitComm(ncclComm_t world, int color, int key, int members, ncclComm_t* out, const char* call,
+                     const char* what) {
+  const std::string split = std::string("ncclCommSplit of the ") + what + " communicator";
+  ncclConfig_t oneChannel = NCCL_CONFIG_INITIALIZER;
+  oneChannel.minCTAs = 1;
+  oneChannel.maxCTAs = 1;
+  return ncclCheck(ncclCommSplit(world, color, key, out, members == 1 ? &oneChannel : nullptr), call, split.c_str(),
+                   NcclInProgress::kMustComplete);
 }
 
 // Loads every kernel of device/ into the current device's context, once per device and process: each launcher's
@@ -366,15 +369,13 @@ void askForChannels(ncclConfig_t* config, int channels) {
 
 // Replaces the world communicator, which zpccl made, by a split of it with at least `channels` channels (its own
 // splits inherit them), and destroys the original.
-zpResult_t widenWorld(NcclComms* c, int rank, int channels) {
+zpResult_t widenWorld(NcclComms* c, int rank, int channels, const char* call) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   askForChannels(&config, channels);
   ncclComm_t wide = nullptr;
-  ncclResult_t r = ncclCommSplit(c->world, 0, rank, &wide, &config);
-  if (r != ncclSuccess) {
-    return ZP_ERR(static_cast<zpResult_t>(r), "ncclCommSplit with %d channels (ZP_SHM_MIN_CTAS) failed: %s", channels,
-                  ncclGetErrorString(r));
-  }
+  const std::string split = "ncclCommSplit with " + std::to_string(channels) + " channels (ZP_SHM_MIN_CTAS)";
+  ZPCHECK(
+      ncclCheck(ncclCommSplit(c->world, 0, rank, &wide, &config), call, split.c_str(), NcclInProgress::kMustComplete));
   (void)ncclCommDestroy(c->world);
   c->world = wide;
   return zpSuccess;
@@ -412,11 +413,11 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     if (paramNetChannelsPerPeer() > 0) config.nChannelsPerNetPeer = static_cast<int>(paramNetChannelsPerPeer());
     if (paramNcclMinCtas() > 0) askForChannels(&config, static_cast<int>(paramNcclMinCtas()));
-    ncclResult_t r = ncclCommInitRankConfig(&c.world, nranks, ncclId, rank, &config);
-    if (r != ncclSuccess) {
+    const zpResult_t res = ncclCheck(ncclCommInitRankConfig(&c.world, nranks, ncclId, rank, &config), call,
+                                     "ncclCommInitRank", NcclInProgress::kMustComplete);
+    if (res != zpSuccess) {
       c.world = nullptr;
-      return ZP_ERR(static_cast<zpResult_t>(r), "%s : ncclCommInitRank failed: %s (%s)", call, ncclGetErrorString(r),
-                    ncclGetLastError(nullptr));
+      return res;
     }
   }
   ZPCHECK(cudaExecInit(&e));
@@ -425,7 +426,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   // Every rank sees the same RankInits: all of them refuse a disagreement, or build the same layout, before any
   // collective split that a rank leaving here would leave its peers waiting in.
   std::vector<RankInit> inits;
-  ZPCHECK(exchangeRankInits(c.world, nranks, rank, mine, e.setupStream, &inits));
+  ZPCHECK(exchangeRankInits(c.world, nranks, rank, mine, e.setupStream, call, &inits));
   const std::string why = initDisagreement(inits);
   if (!why.empty()) return ZP_ERR(zpInvalidUsage, "%s : ranks disagree on %s", call, why.c_str());
   ZPCHECK(buildTopology(nodeKeysOf(inits), rank, mine.hpzSize, call, &e.topo));
@@ -434,7 +435,7 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
       shmChannelsFor({t.nodes, t.nranks, paramShmMinCtas(), paramNcclMinCtas(), std::getenv("NCCL_P2P_DISABLE"),
                       std::getenv("NCCL_SHM_DISABLE"), callerComm != nullptr});
   if (shmChannels > 0) {
-    ZPCHECK(widenWorld(&c, rank, shmChannels));
+    ZPCHECK(widenWorld(&c, rank, shmChannels, call));
     e.shmChannels = true;
     ZP_INFO(kSubsysInit, "one node over host shared memory: NCCL gets at least %d channels (ZP_SHM_MIN_CTAS)",
             shmChannels);
@@ -445,14 +446,14 @@ zpResult_t cudaBackendCreate(ncclComm_t callerComm, const zpUniqueId& id, int nr
   if (t.nodes == 1) {
     c.intra = c.world;
   } else {
-    ZPCHECK(splitComm(c.world, t.node, t.localRank, &c.intra, "intra-node"));
-    ZPCHECK(splitComm(c.world, t.localRank, t.node, &c.inter, "inter-node"));
+    ZPCHECK(splitComm(c.world, t.node, t.localRank, t.localSize, &c.intra, call, "intra-node"));
+    ZPCHECK(splitComm(c.world, t.localRank, t.node, t.nodes, &c.inter, call, "inter-node"));
   }
   // Every rank must take the same branch: uneven layouts (hpZ unusable anyway) never split an hpZ group.
   if (!t.hpzUsable || t.hpzSize == t.localSize) {
     c.hpz = c.intra;
   } else {
-    ZPCHECK(splitComm(c.world, t.hpzGroup, t.hpzRank, &c.hpz, "hpZ"));
+    ZPCHECK(splitComm(c.world, t.hpzGroup, t.hpzRank, t.hpzSize, &c.hpz, call, "hpZ"));
   }
   e.qgz = makeQgzPlan(t);
   ZPCHECK(initPeerWindow(c.world, t.nranks, t.rank, t.nodes, e.setupStream, &e.peers));

@@ -55,8 +55,8 @@ struct CudaExec {
   // The chunk pipelines run three stages on three streams: quantize (quantStream), move (moveStream, where
   // NCCL runs), finish (sideStream: dequantize, reduce, or the second hop), so that chunk c+1 is quantized and
   // chunk c-1 finished while chunk c travels. moveStream has the device's highest priority and the other two
-  // its lowest, so that NCCL's few long-lived CTAs get SMs first when any free up (priorities alone did not make
-  // the stages overlap over NVLink: the green context below did).
+  // its lowest, so that NCCL's few long-lived CTAs get SMs first when any free up (priorities alone do not make
+  // the stages overlap over NVLink: the green context below does).
   //
   // The quantized gathers (qwZ, hpZ's quantized mode) run their quantize and finish stages on the green
   // context's streams when there is one (an SM share that leaves ZP_NCCL_SMS SMs free, src/cuda/green_context.h):

@@ -24,9 +24,10 @@ namespace zp {
 
 namespace {
 
-// The window's NCCL calls: their results are used on the host at once (the vote read back, the memory and its
-// registration), so ncclInProgress is an error here; the message says how to do without direct loads.
-zpResult_t ncclStatus(ncclResult_t r, const char* call, const char* what) {
+// ncclCheck for the window's NCCL calls: their results are used on the host at once (the vote read back, the
+// memory and its registration), so ncclInProgress is an error here; the message says how to do without direct
+// loads.
+zpResult_t ncclCheckWindow(ncclResult_t r, const char* call, const char* what) {
   return ncclCheck(r, call, what, NcclInProgress::kMustComplete, "; ZP_DIRECT_MIN_BYTES=-1 turns direct loads off");
 }
 
@@ -36,7 +37,7 @@ zpResult_t agreeOnWord(const PeerWindow& w, ncclComm_t world, int mine, ncclRedO
                        const std::atomic<bool>* stop, const char* call, const char* what, int* all) {
   int* vote = &w.words->vote;
   CUDACHECK(cudaMemcpyAsync(vote, &mine, sizeof(int), cudaMemcpyHostToDevice, stream));
-  ZPCHECK(ncclStatus(ncclAllReduce(vote, vote, 1, ncclInt32, op, world, stream), call, what));
+  ZPCHECK(ncclCheckWindow(ncclAllReduce(vote, vote, 1, ncclInt32, op, world, stream), call, what));
   CUDACHECK(cudaMemcpyAsync(all, vote, sizeof(int), cudaMemcpyDeviceToHost, stream));
   return waitOnHost(stream, stop, call, what);
 }
@@ -138,8 +139,8 @@ bool useDirectLoads(const PeerWindow& w, size_t logicalBytes) {
 
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call) {
   // A maximum of zeros stays zero: the word never changes, whatever the number of calls.
-  return ncclStatus(ncclAllReduce(&w.words->barrier, &w.words->barrier, 1, ncclInt32, ncclMax, world, stream), call,
-                    "ncclAllReduce (barrier of the direct loads)");
+  return ncclCheckWindow(ncclAllReduce(&w.words->barrier, &w.words->barrier, 1, ncclInt32, ncclMax, world, stream),
+                         call, "ncclAllReduce (barrier of the direct loads)");
 }
 
 zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStream_t setupStream,
@@ -163,22 +164,22 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
               call, w.bytes, bytes);
       return zpSuccess;
     }
-    ZPCHECK(ncclStatus(ncclCommWindowDeregister(world, w.handle), call, "ncclCommWindowDeregister"));
-    ZPCHECK(ncclStatus(ncclMemFree(w.local), call, "ncclMemFree"));
+    ZPCHECK(ncclCheckWindow(ncclCommWindowDeregister(world, w.handle), call, "ncclCommWindowDeregister"));
+    ZPCHECK(ncclCheckWindow(ncclMemFree(w.local), call, "ncclMemFree"));
     w.handle = nullptr;
     w.local = nullptr;
     w.bytes = 0;
   }
   const size_t rounded = alignUp(bytes, size_t{2} << 20);
-  ZPCHECK(ncclStatus(ncclMemAlloc(&w.local, rounded), call, "ncclMemAlloc"));
+  ZPCHECK(ncclCheckWindow(ncclMemAlloc(&w.local, rounded), call, "ncclMemAlloc"));
   // Zeroed once, so that no byte of it is ever undefined (compute-sanitizer initcheck); its flags start at 0 on
   // every rank, and so does the count of calls they are compared with (the arrival counter is 0 between kernels).
   CUDACHECK(cudaMemsetAsync(w.local, 0, rounded, setupStream));
   CUDACHECK(cudaMemsetAsync(&w.words->arrived, 0, sizeof(w.words->arrived), setupStream));
   CUDACHECK(cudaMemsetAsync(&w.words->calls, 0, sizeof(w.words->calls), setupStream));
   ZPCHECK(waitOnHost(setupStream, stop, call, "zeroing the direct-load window"));
-  ZPCHECK(ncclStatus(ncclCommWindowRegister(world, w.local, rounded, &w.handle, NCCL_WIN_COLL_SYMMETRIC), call,
-                     "ncclCommWindowRegister"));
+  ZPCHECK(ncclCheckWindow(ncclCommWindowRegister(world, w.local, rounded, &w.handle, NCCL_WIN_COLL_SYMMETRIC), call,
+                          "ncclCommWindowRegister"));
   std::vector<uintptr_t> at;
   ZPCHECK(windowRankAddresses(w.handle, w.nranks, w.words + 1, setupStream, &at));
   w.rank0 = at[0];

@@ -4,8 +4,8 @@
 // team: the ranks of one node whose GPUs reach each other over NVLink), a rank can read a peer's payload with
 // plain loads from inside its own dequantize or reduce kernel. Each payload byte then crosses NVLink once,
 // straight into the kernel that consumes it: there is no NCCL transfer to overlap with our kernels, no chunk
-// pipeline, and our kernels keep every SM. Over NVLink that is what made qwZ int8 at 256 MB faster than
-// NCCL's bf16 all-gather by more than its 1.15x (perf/RESULTS.md).
+// pipeline, and our kernels keep every SM. Over NVLink that beats the chunk pipeline on NCCL's transfers
+// (perf/RESULTS.md, qwZ and qgZ, nvlink).
 //
 // The window is a buffer of the communicator, allocated by ncclMemAlloc and registered on its world
 // communicator as a symmetric window (collective: every rank grows it in the same call, since every rank makes

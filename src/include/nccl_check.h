@@ -16,8 +16,9 @@ namespace zp {
 //   kEnqueued: the call enqueues work on a stream (a collective, a group, point-to-point) or queries a
 //     communicator: in progress means accepted, and a failure that follows reaches zpCommGetAsyncError (the
 //     watchdog reads ncclCommGetAsyncError), as NCCL's own non-blocking users see it. Not an error.
-//   kMustComplete: the host uses what the call made right away (memory from ncclMemAlloc, a registered window,
-//     a deregistration before the free): in progress means it is not there yet, an error.
+//   kMustComplete: the host uses what the call made right away (a communicator made or split at init, the
+//     ranks' settings read back from an all-gather, memory from ncclMemAlloc, a registered window, a
+//     deregistration before the free): in progress means it is not there yet, an error.
 enum class NcclInProgress { kEnqueued, kMustComplete };
 
 // zpSuccess for ncclSuccess (and ncclInProgress when kEnqueued); otherwise records "<call> : <what> failed:

@@ -44,8 +44,9 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
     "zpccl creates (ncclConfig_t.nChannelsPerNetPeer; 0: NCCL's default)")                                           \
   X(NcclMinCtas, "ZP_NCCL_MIN_CTAS", 0, 0, 64,                                                                       \
     "cuda backend: the fewest CTAs (channels) NCCL uses for the communicators zpccl creates "                        \
-    "(ncclConfig_t.minCTAs; 0: NCCL's default). Not yet measured: whether more channels speed NCCL's "               \
-    "shared-memory or socket transport for zpccl's payloads, which are smaller than the bf16 baseline's")            \
+    "(ncclConfig_t.minCTAs; 0: NCCL's default), whatever the link: for experiments with the channels of "            \
+    "zpccl's payloads, which are smaller than the bf16 baseline's (one node over host shared memory: "               \
+    "ZP_SHM_MIN_CTAS)")                                                                                              \
   X(ShmMinCtas, "ZP_SHM_MIN_CTAS", 16, 0, 64,                                                                        \
     "cuda backend: on one node whose GPUs talk through host shared memory (NCCL_P2P_DISABLE set, "                   \
     "NCCL_SHM_DISABLE not), the fewest CTAs (channels) NCCL uses for zpccl's transfers (0: NCCL's "                  \

@@ -561,7 +561,8 @@ RowKind classifyOp(const std::string& opIn) {
 }
 
 namespace {
-// A setting from a row's env; 0 when the row does not say (rows recorded before the setting existed ran as 0).
+// A setting from a row's env; 0 when the row does not say (a row without it comes from a build without the
+// setting, which behaved as 0 does).
 int envSetting(const PerfRow& row, const char* name) {
   const auto it = row.env.find(name);
   return it == row.env.end() ? 0 : static_cast<int>(std::strtol(it->second.c_str(), nullptr, 10));

@@ -32,7 +32,7 @@ namespace zp {
 // times (n-1)/n over the time) and a cost per step (a ring step, or a peer of an all-to-all). A step of x bytes
 // takes latencyUs + x / bw: the same as a bandwidth that grows with the message, bw * x / (x + latencyUs * bw),
 // half of it at x = latencyUs * bw. Calibrated from 16 MiB up, latencyUs is that ramp, not the small-message
-// latency (perf/RESULTS.md, Cost model, has the fitted lines). A ring of n ranks pays it on each of its n-1 steps, a
+// latency (zpccl-model --calibrate prints the fitted lines). A ring of n ranks pays it on each of its n-1 steps, a
 // pipelined call once per chunk; zpccl-model keeps it when a flag changes the bandwidth.
 //
 // Below that range NCCL switches protocols (LL, LL128) and the line extrapolated from 16 MiB up over-predicts it
@@ -265,11 +265,12 @@ enum class RowKind {
 };
 RowKind classifyOp(const std::string& op);
 const char* rowKindName(RowKind k);
-// The ZP_NCCL_SMS a row ran with: its env's value; 0 when the row does not say (rows recorded before the
-// default became 32 ran without a green context).
+// The ZP_NCCL_SMS a row ran with: its env's value; 0 when the row does not say (the perf binaries record every
+// setting that chooses a path, perf/json_out.cc; a row that does not is from a build whose default ran without a
+// green context).
 int rowNcclSms(const PerfRow& row);
-// The ZP_PAIR_ALLGATHER a row ran with: its env's value; 0 when the row does not say (rows recorded before the
-// pair exchange existed ran with ncclSend/ncclRecv).
+// The ZP_PAIR_ALLGATHER a row ran with: its env's value; 0 when the row does not say (a row without it comes from
+// a build without the pair exchange, which used ncclSend/ncclRecv).
 int rowPairAllGather(const PerfRow& row);
 // Whether a qgZ row's exchanges include a pair's all-gather (PipelineParams::pairGather, in the row's layout and
 // mode); false for every other row.
