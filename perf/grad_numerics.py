@@ -2,7 +2,7 @@
 """Loss runs of qgZ's gradient rounding (issue 33): FSDP2 training of a small byte-level GPT on real text, each
 configuration against exact bf16 gradients, through the library.
 
-    python perf/grad_numerics.py --seeds 0 -J perf/results/grad-numerics-0.json   # one GPU: ~2 minutes a run
+    python perf/grad_numerics.py --seeds 0 -J perf/results/grad-numerics-0.json   # one GPU, one seed
     python perf/grad_numerics.py --cpu --steps 3 -J /tmp/g.json              # the plumbing, on the CPU
 
 GPU: ``--nproc`` processes (default 4) share the GPU, each its own ``NCCL_HOSTID`` with NCCL's P2P and shared
@@ -14,6 +14,9 @@ Configurations (``--configs``), each run with every ``--seeds`` seed (model init
 
 ==============  ===============================================================================================
 exact           FSDP2's own collectives (bf16 weights and bf16 gradient reduce-scatters, NCCL): the reference
+exact-fp32      FSDP2's own collectives, gradients reduced in fp32: a second exact run, whose gap to ``exact`` is
+                the comparison's noise floor (any perturbation of the gradients sends a run along another
+                trajectory)
 int4            zpccl, int8 weights (qwZ), int4 gradients (qgZ) rounded to nearest: today's default
 int4-sr         int4 with stochastic rounding (``grad_rounding="stochastic"``)
 int4-ef         int4 with error feedback (``error_feedback=True``: bf16 residuals, both hops)
@@ -24,8 +27,9 @@ The model, data and batches are ``tools/python/examples/fsdp2_train.py``'s (Pyth
 95% train / 5% validation). Per run: the mean loss of every step (over ranks), the validation loss at the end,
 step times, and zpccl's summary (the residuals' memory). The JSON (``-J``, rewritten after every run) holds every
 run and, per configuration, the validation loss's gap to ``exact`` of the same seed, relative (the issue's target:
-within 0.1%). ``tools/plot_grad_numerics.py`` plots it. Four processes over sockets on one H200 take about two
-minutes a run of 600 steps, so one seed's five runs fit a ten-minute call.
+within 0.1%). ``tools/plot_grad_numerics.py`` plots it. Four processes over sockets on one H200 took about two
+minutes a run of 600 steps with ``--per-block`` (~120 ms a step, mostly the latency of each unit's collectives over
+sockets); the root alone makes two collectives a step.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ import fsdp2_train as ex  # noqa: E402  (the example's model, data and launch he
 
 CONFIGS = {
     "exact": None,
+    "exact-fp32": None,
     "int4": dict(grad_bits=4),
     "int4-sr": dict(grad_bits=4, grad_rounding="stochastic"),
     "int4-ef": dict(grad_bits=4, error_feedback=True),
@@ -69,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
+    p.add_argument("--per-block", action="store_true",
+                   help="fully_shard each block too (default: the root only, one all-gather and one reduce-scatter "
+                        "a step, whose latency over sockets is most of a step of a model this small)")
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--weight-bits", type=int, default=8)
     p.add_argument("--nproc", type=int, default=4, help="ranks (processes on the GPU, threads with --cpu)")
@@ -89,8 +97,9 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
     """One rank's run: returns per-step mean losses (all ranks), the validation loss and step times (rank 0's)."""
     import torch.distributed as dist
     zpccl = ex.import_zpccl() if config is not None else None
-    model = ex.shard_gpt(torch, ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.run_seed)
-                         .to(device), mesh, True)
+    base = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.run_seed).to(device)
+    model = ex.shard_gpt(torch, base, mesh, True, torch.float32 if args.run_config == "exact-fp32" else None,
+                         per_block=args.per_block)
     zp = enable(zpccl, model, config, args, rpn) if zpccl is not None else None
     opt, schedule = ex.make_optimizer(torch, model, args.lr, args.steps, final=args.lr_final)
     data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, rank + 1000 * args.run_seed, device)

@@ -167,13 +167,14 @@ def build_gpt(torch: Any, layers: int, d: int, heads: int, seq: int, seed: int =
     return GPT()
 
 
-def shard_gpt(torch: Any, model: Any, mesh: Any, reshard: bool | int, reduce_dtype: Any = None) -> Any:
-    """FSDP2 over each block and the root, bf16 compute and communication, fp32 gradients reduced in bf16 (or in
-    ``reduce_dtype``)."""
+def shard_gpt(torch: Any, model: Any, mesh: Any, reshard: bool | int, reduce_dtype: Any = None,
+              per_block: bool = True) -> Any:
+    """FSDP2 over each block (unless not ``per_block``) and the root, bf16 compute and communication, fp32 gradients
+    reduced in bf16 (or in ``reduce_dtype``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype or torch.bfloat16)
-    for block in model.blocks:
+    for block in model.blocks if per_block else ():
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     return model
