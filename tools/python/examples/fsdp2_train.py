@@ -126,8 +126,9 @@ class Batches:
 # ---- the model ------------------------------------------------------------------------------------------------
 
 
-def build_gpt(torch: Any, layers: int, d: int, heads: int, seq: int, seed: int = 0) -> Any:
-    """A byte-level GPT (pre-LayerNorm blocks, causal attention, GELU MLP), fp32, identical on every rank."""
+def gpt_block(torch: Any, d: int, heads: int) -> Any:
+    """The transformer block class (pre-LayerNorm, causal attention, GELU MLP) of width d; zero3_train's model
+    uses it too."""
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
@@ -143,6 +144,14 @@ def build_gpt(torch: Any, layers: int, d: int, heads: int, seq: int, seed: int =
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
             x = x + self.proj(a)
             return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    return Block
+
+
+def build_gpt(torch: Any, layers: int, d: int, heads: int, seq: int, seed: int = 0) -> Any:
+    """A byte-level GPT (pre-LayerNorm blocks, causal attention, GELU MLP), fp32, identical on every rank."""
+    nn = torch.nn
+    Block = gpt_block(torch, d, heads)
 
     class GPT(nn.Module):
         def __init__(self) -> None:

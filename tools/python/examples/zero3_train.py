@@ -69,9 +69,20 @@ def corpus_bytes() -> bytes:
 # ---- the model, as units whose parameters travel as one flat tensor ----------------------------------------
 
 
+def _fsdp2_example() -> Any:
+    """fsdp2_train.py beside this file, whose transformer block this model shares."""
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().with_name("fsdp2_train.py")
+    spec = importlib.util.spec_from_file_location("fsdp2_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_units(args: argparse.Namespace, torch: Any) -> list[Any]:
     """nn.Modules of the units: embedding, blocks, head (fp32, on the CPU; only used for shapes and init)."""
-    nn, F = torch.nn, torch.nn.functional
+    nn = torch.nn
     d, h = args.d_model, args.heads
 
     class Embed(nn.Module):
@@ -84,19 +95,7 @@ def build_units(args: argparse.Namespace, torch: Any) -> list[Any]:
         def forward(self, ids: Any) -> Any:
             return self.tok(ids) + self.pos[: ids.shape[1]]
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x: Any) -> Any:
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-            x = x + self.proj(a)
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+    Block = _fsdp2_example().gpt_block(torch, d, h)
 
     class Head(nn.Module):
         def __init__(self) -> None:
