@@ -225,8 +225,11 @@ class Bench:
         torch.cuda.synchronize()
         self.dist.barrier()
         free_before = torch.cuda.mem_get_info(self.where.device)[0]
-        zp = self.zpccl.fsdp.enable(model, weight_bits=weight_bits or self.args.weight_bits,
-                                    grad_bits=grad_bits or self.args.grad_bits, block_size=self.args.block_size,
+        def bits(given: int | None, default: int) -> int | None:  # 0: that collective stays on FSDP's own
+            return default if given is None else given or None
+
+        zp = self.zpccl.fsdp.enable(model, weight_bits=bits(weight_bits, self.args.weight_bits),
+                                    grad_bits=bits(grad_bits, self.args.grad_bits), block_size=self.args.block_size,
                                     ranks_per_node=self.where.ranks_per_node)
         torch.cuda.synchronize()
         self.dist.barrier()
@@ -313,7 +316,6 @@ class Bench:
         zp = None
         if run["comm"] == "zpccl":
             zp = self.enable(model, grad_bits, weight_bits)[0]
-            keep_fsdp(zp, all_gather=weight_bits == 0, reduce_scatter=grad_bits == 0)
         opt, schedule = ex.make_optimizer(torch, model, args.lr, args.loss_steps, final=args.lr_final)
         curve = []
         tail_from = max(0, args.loss_steps - TRAIN_TAIL)
@@ -344,18 +346,6 @@ class Bench:
 
 
 TRAIN_TAIL = 20  # the steps whose mean training loss a loss run reports
-
-
-def keep_fsdp(zp: Any, *, all_gather: bool, reduce_scatter: bool) -> None:
-    """Puts FSDP's own all-gather and/or reduce-scatter back on every module zpccl serves, leaving the other on
-    zpccl: ``enable`` has no switch for serving only one of them. It records each module's collectives from before
-    (the session's ``_modules``, which disable() puts back), so this is disable() for one collective; the
-    session's counters then show no calls for it (the loss rows' ``zpccl_calls``)."""
-    for _group, module, gather, reduce in zp._modules:
-        if all_gather:
-            module.set_custom_all_gather(gather)
-        if reduce_scatter:
-            module.set_custom_reduce_scatter(reduce)
 
 
 # ---- the run -------------------------------------------------------------------------------------------------

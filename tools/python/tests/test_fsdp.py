@@ -236,12 +236,16 @@ class FsdpOnThreads(unittest.TestCase):
     def check_training(self, mp_dtype: Any, weight_bits: int, grad_bits: int, bound: float) -> None:
         results = self.run_pair(mp_dtype=mp_dtype, steps=4, weight_bits=weight_bits, grad_bits=grad_bits)
         seen = self.check_calls(results, weight_bits, grad_bits)
-        # 3 FSDP modules and 4 steps: each gathers forward (qwZ) and backward (hpZ), and reduces once (qgZ).
-        self.assertEqual(seen, {"qwz": 12, "hpz": 12, "qgz": 12})
+        # 3 FSDP modules and 4 steps: each gathers forward (qwZ) and backward (hpZ), and reduces once (qgZ); a
+        # collective whose bits are None stays on FSDP's own and zpccl makes none of its calls.
+        want = dict({"qwz": 12, "hpz": 12} if weight_bits else {}, **({"qgz": 12} if grad_bits else {}))
+        self.assertEqual(seen, want)
         for rank, (plain, losses, summary, _) in enumerate(results):
             self.assertEqual({k: v["calls"] for k, v in summary.items()}, seen, f"rank {rank} counters")
-            self.assertLess(summary["qwz"]["wire_bytes"], summary["qwz"]["logical_bytes"])
-            self.assertLess(summary["qgz"]["wire_bytes"], summary["qgz"]["logical_bytes"] / 4)
+            if weight_bits:
+                self.assertLess(summary["qwz"]["wire_bytes"], summary["qwz"]["logical_bytes"])
+            if grad_bits:
+                self.assertLess(summary["qgz"]["wire_bytes"], summary["qgz"]["logical_bytes"] / 4)
             for step, (a, b) in enumerate(zip(plain, losses)):
                 self.assertLess(abs(a - b) / a, bound, f"rank {rank} step {step}: loss {b} vs FSDP's {a}")
 
@@ -253,6 +257,25 @@ class FsdpOnThreads(unittest.TestCase):
 
     def test_int4_weights_int8_gradients(self) -> None:
         self.check_training(self.torch.bfloat16, 4, 8, bound=0.03)
+
+    def test_one_collective_left_on_fsdp(self) -> None:
+        """weight_bits=None: FSDP's own all-gathers (forward and backward), zpccl's qgZ; grad_bits=None: the
+        reverse. Losses then stay closer to FSDP's than with both quantized."""
+        self.check_training(self.torch.bfloat16, None, 4, bound=0.01)
+        self.check_training(self.torch.bfloat16, 8, None, bound=0.01)
+        torch, base = self.torch, build_model(self.torch)
+
+        def communicators(rank: int) -> list[tuple[bool, bool]]:  # (gathers' made, reduce-scatters' made)
+            made = []
+            for bits in (dict(weight_bits=None), dict(grad_bits=None)):
+                model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
+                zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, **bits)
+                made += [(g.gather is not None, g.reduce is not None) for g in zp._groups.values()]
+                zp.disable()
+            return made
+
+        for made in run_threaded(WORLD, communicators):
+            self.assertEqual(made, [(False, True), (True, False)])
 
     def test_blocks_restart_at_parameter_boundaries(self) -> None:
         """A small parameter after a large one in the flat shard: its worst relative error, with and without
@@ -472,7 +495,10 @@ class FsdpOnThreads(unittest.TestCase):
             model = shard(torch, copy.deepcopy(base), self.mesh(), True)
             for kw, words in (({"weight_bits": 6}, "weight_bits 6 must be 4 or 8"),
                               ({"grad_bits": 2}, "grad_bits 2 must be 4 or 8"),
-                              ({"block_size": 100}, "block_size 100 must be a power of two")):
+                              ({"block_size": 100}, "block_size 100 must be a power of two"),
+                              ({"weight_bits": None, "grad_bits": None}, "both None, so zpccl would serve nothing"),
+                              ({"grad_bits": None, "error_feedback": True}, "grad_bits=None leaves"),
+                              ({"grad_bits": None, "grad_rounding": "stochastic"}, "grad_bits=None leaves")):
                 with self.assertRaisesRegex(ValueError, words):
                     zpccl.fsdp.enable(model, **kw)
             zp = zpccl.fsdp.enable(model, block_size=BLOCK)

@@ -26,7 +26,8 @@ It goes through FSDP2's own hooks, ``FSDPModule.set_custom_all_gather`` and ``se
 What zpccl does not serve stays on FSDP's collectives, and the ``zpccl.fsdp`` logger says so once per kind:
 groups FSDP gathers as uint8 (their parameters mix dtypes), element types other than fp16/bf16/fp32, groups
 other than the shard and hpZ groups (``hpz=False`` leaves the hpZ gather on NCCL too), and the replicate
-dimension of a 2-D (HSDP) mesh, whose all-reduce FSDP makes itself.
+dimension of a 2-D (HSDP) mesh, whose all-reduce FSDP makes itself. ``weight_bits=None`` leaves every all-gather
+on FSDP's collectives (qgZ only), ``grad_bits=None`` every reduce-scatter (qwZ and hpZ only).
 
 Blocks and parameters: FSDP concatenates the padded shards of a module's parameters into one flat buffer per
 rank, so a quantization block could hold the end of a LayerNorm weight (values near 1) and the start of a
@@ -223,8 +224,8 @@ class _Group:
     """zpccl's communicators for one shard group, and what its calls need."""
 
     ranks: tuple[int, ...]  # global ranks, in group-rank order
-    gather: Comm  # qwZ and hpZ
-    reduce: Comm  # qgZ
+    gather: Comm | None  # qwZ and hpZ (None with weight_bits=None)
+    reduce: Comm | None  # qgZ (None with grad_bits=None)
     hpz_ranks: tuple[int, ...] | None  # global ranks of this rank's hpZ group (FSDP's post-forward group)
 
 
@@ -313,7 +314,7 @@ class ZeroPlusPlus:
     Made by :func:`enable`; :meth:`disable` puts FSDP's previous collectives back and frees the communicators.
     """
 
-    def __init__(self, fsdp: _Fsdp, model: Any, *, weight_bits: int, grad_bits: int, block_size: int,
+    def __init__(self, fsdp: _Fsdp, model: Any, *, weight_bits: int | None, grad_bits: int | None, block_size: int,
                  hpz: bool, param_blocks: bool, comm_config: dict[str, Any], error_feedback: bool = False) -> None:
         self._fsdp, self.model = fsdp, model
         self.error_feedback = error_feedback
@@ -385,8 +386,9 @@ class ZeroPlusPlus:
         if self.device is not None and self.device.type == "cuda":
             self._fsdp.torch.cuda.synchronize(self.device)
         for g in self._groups.values():
-            g.gather.close()
-            g.reduce.close()
+            for comm in (g.gather, g.reduce):
+                if comm is not None:
+                    comm.close()
         self._groups.clear()
         self._residuals.clear()
         self._gather_stage = self._reduce_stage = None
@@ -593,14 +595,16 @@ def disable(model: Any) -> None:
 # ---- enable --------------------------------------------------------------------------------------------------
 
 
-def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: int = 256, hpz: bool = True,
+def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4, block_size: int = 256, hpz: bool = True,
            param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None,
            grad_rounding: str = "nearest", seed: int | None = None, error_feedback: bool = False) -> ZeroPlusPlus:
     """Switches a ``fully_shard``-ed model to zpccl's collectives (see the module's docstring). Collective: every
     rank of the model's process groups calls it, after ``fully_shard`` and before the first step.
 
     * ``weight_bits`` (8 or 4): qwZ's codes; ``grad_bits`` (4 or 8): qgZ's; ``block_size``: elements per
-      quantization block, a power of two in [32, 8192].
+      quantization block, a power of two in [32, 8192]. ``weight_bits=None`` leaves the all-gathers (forward and
+      backward) on FSDP's own collectives, ``grad_bits=None`` the reduce-scatters; zpccl then makes no
+      communicator, staging or scratch for them.
     * ``hpz``: serve the backward all-gather over FSDP's post-forward group (``reshard_after_forward=k``) with
       hpZ; False leaves it on FSDP's collective.
     * ``param_blocks``: blocks restart at each parameter boundary (costs two copies of each collective's data
@@ -615,8 +619,12 @@ def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: 
     """
     fsdp = _Fsdp.load()
     for name, value in (("weight_bits", weight_bits), ("grad_bits", grad_bits)):
-        if value not in (4, 8) or isinstance(value, bool):
-            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be 4 or 8", _CALL)
+        if value is not None and (value not in (4, 8) or isinstance(value, bool)):
+            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be 4 or 8 (or None: FSDP's own collective)",
+                                  _CALL)
+    if weight_bits is None and grad_bits is None:
+        raise ZpcclValueError(f"{_CALL}: weight_bits and grad_bits are both None, so zpccl would serve nothing: "
+                              "give one of them, or do not call enable", _CALL)
     if (isinstance(block_size, bool) or not isinstance(block_size, int) or not 32 <= block_size <= 8192
             or block_size & (block_size - 1)):
         raise ZpcclValueError(f"{_CALL}: block_size {block_size!r} must be a power of two in [32, 8192]", _CALL)
@@ -626,6 +634,9 @@ def enable(model: Any, *, weight_bits: int = 8, grad_bits: int = 4, block_size: 
         raise ZpcclValueError(f"{_CALL}: seed {seed!r} must be an int in [0, 2**31)", _CALL)
     if not isinstance(error_feedback, bool):
         raise ZpcclValueError(f"{_CALL}: error_feedback {error_feedback!r} must be True or False", _CALL)
+    if grad_bits is None and (error_feedback or grad_rounding != "nearest"):
+        raise ZpcclValueError(f"{_CALL}: error_feedback and grad_rounding apply to qgZ's gradients, which "
+                              "grad_bits=None leaves on FSDP's reduce-scatters: give grad_bits", _CALL)
     if session_of(model) is not None:
         raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl already serves this model; call disable() first", _CALL)
     modules = [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
@@ -668,7 +679,8 @@ def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
         k = _hpz_size(session, pg)
         if ranks not in session._groups:
             session._groups[ranks] = _make_group(session, shard, ranks, k)
-        elif k is not None and session._groups[ranks].gather.hpz_size != k:
+        elif k is not None and session._groups[ranks].gather is not None and \
+                session._groups[ranks].gather.hpz_size != k:
             raise ZpcclValueError(f"{_CALL}: modules over one shard group use reshard_after_forward={k} and "
                                   f"={session._groups[ranks].gather.hpz_size}; zpccl's hpZ takes one group size",
                                   _CALL)
@@ -681,12 +693,16 @@ def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
     for m, pg in groups:
         hook = _Hook(session, pg)
         session._modules.append((pg, m, pg._all_gather_comm, pg._reduce_scatter_comm))
-        m.set_custom_all_gather(AllGatherHook(hook, pg._all_gather_comm))
-        m.set_custom_reduce_scatter(ReduceScatterHook(hook, pg._reduce_scatter_comm))
-    log.info("zpccl.fsdp: %d modules on %s, %d shard group(s): qwZ int%d, qgZ int%d, blocks of %d%s%s",
+        if session.weight_bits is not None:
+            m.set_custom_all_gather(AllGatherHook(hook, pg._all_gather_comm))
+        if session.grad_bits is not None:
+            m.set_custom_reduce_scatter(ReduceScatterHook(hook, pg._reduce_scatter_comm))
+    log.info("zpccl.fsdp: %d modules on %s, %d shard group(s): %s, %s, blocks of %d%s%s",
              len(groups), session.backend.name.lower() if session.backend else "?", len(session._groups),
-             session.weight_bits, session.grad_bits, session.block_size,
-             ", hpZ groups of %d" % next(iter(session._groups.values())).gather.hpz_size
+             "all-gathers on FSDP's" if session.weight_bits is None else "qwZ int%d" % session.weight_bits,
+             "reduce-scatters on FSDP's" if session.grad_bits is None else "qgZ int%d" % session.grad_bits,
+             session.block_size,
+             ", hpZ groups of %d" % len(next(g.hpz_ranks for g in session._groups.values() if g.hpz_ranks))
              if any(g.hpz_ranks for g in session._groups.values()) else "",
              ", blocks restart at parameters" if session.param_blocks else "")
     if session.error_feedback:
@@ -725,7 +741,7 @@ def _check_divide_factor(dist: Any, pg: Any) -> None:
 def _hpz_size(session: ZeroPlusPlus, pg: Any) -> int | None:
     """k when FSDP gathers the backward weights over a post-forward group of k ranks and hpZ serves it."""
     info = getattr(pg, "post_forward_mesh_info", None)
-    if info is None or info == pg.mesh_info or not session.hpz:
+    if info is None or info == pg.mesh_info or not session.hpz or session.weight_bits is None:
         return None
     size = info.shard_process_group.size()
     return size if size > 1 else None
@@ -733,11 +749,11 @@ def _hpz_size(session: ZeroPlusPlus, pg: Any) -> int | None:
 
 def _make_group(session: ZeroPlusPlus, shard: Any, ranks: tuple[int, ...], k: int | None) -> _Group:
     dist = session._fsdp.dist
-    config = dict(weight_bits=session.weight_bits, grad_bits=session.grad_bits, block_size=session.block_size,
-                  **{key: v for key, v in session._config.items() if v is not None})
+    # A collective left on FSDP's still needs a valid width in the communicator's config; it never uses it.
+    config = dict(weight_bits=session.weight_bits or 8, grad_bits=session.grad_bits or 4,
+                  block_size=session.block_size, **{key: v for key, v in session._config.items() if v is not None})
     device = session.device
     if device.type == "cuda":
-        reduce = Comm.from_torch_group(shard, device=device, wrap=False, **config)
         session.backend = Backend.CUDA
     elif device.type == "cpu":
         backend = str(dist.get_backend(shard)).lower()
@@ -746,27 +762,37 @@ def _make_group(session: ZeroPlusPlus, shard: Any, ranks: tuple[int, ...], k: in
                 f"{_CALL}: the model's parameters are on the CPU and its process group is {backend!r}: zpccl's "
                 "host backend runs ranks as threads of one process (torch's threaded process group); use CUDA "
                 "devices, or a threaded group", _CALL)
-        reduce = _host_comm(shard, config)
         session.backend = Backend.HOST
     else:
         raise ZpcclValueError(f"{_CALL}: parameters on {device}: zpccl serves CUDA devices (and, on the host "
                               "backend, the CPU)", _CALL)
-    try:
-        # The hpZ groups are checked against the node layout the reduce-scatters' communicator found, before the
-        # gathers' is made with them (an hpZ size that does not fit the nodes would fail its init).
-        hpz_ranks = _check_hpz_groups(session, shard, ranks, reduce, k) if k is not None else None
+
+    def make(hpz_size: int | None = None, wrap: bool | None = None) -> Comm:
         if device.type == "cuda":
-            gather = Comm.from_torch_group(shard, device=device, hpz_size=k, **config)
-        else:
-            gather = _host_comm(shard, dict(config, hpz_size=k))
+            return Comm.from_torch_group(shard, device=device, hpz_size=hpz_size, wrap=wrap, **config)
+        return _host_comm(shard, dict(config, hpz_size=hpz_size))
+
+    gather = reduce = None
+    try:
+        if session.grad_bits is not None or k is not None:
+            # The hpZ groups are checked against the node layout the reduce-scatters' communicator found, before
+            # the gathers' is made with them (an hpZ size that does not fit the nodes would fail its init); with
+            # grad_bits=None that check is all it is made for.
+            reduce = make(wrap=False)
+        hpz_ranks = _check_hpz_groups(session, shard, ranks, reduce, k) if k is not None else None
+        if session.grad_bits is None and reduce is not None:
+            reduce.close()
+            reduce = None
+        if session.weight_bits is not None:
+            gather = make(hpz_size=k)
+            if hpz_ranks is not None and gather.hpz_rank != hpz_ranks.index(ranks[gather.rank]):
+                raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: zpccl's hpZ rank {gather.hpz_rank} is not this "
+                                 f"rank's place in FSDP's post-forward group {list(hpz_ranks)}", _CALL)
     except BaseException:
-        reduce.close()
+        for comm in (gather, reduce):
+            if comm is not None:
+                comm.close()
         raise
-    if hpz_ranks is not None and gather.hpz_rank != hpz_ranks.index(ranks[gather.rank]):
-        gather.close()
-        reduce.close()
-        raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: zpccl's hpZ rank {gather.hpz_rank} is not this rank's "
-                         f"place in FSDP's post-forward group {list(hpz_ranks)}", _CALL)
     return _Group(ranks, gather, reduce, hpz_ranks)
 
 
@@ -824,7 +850,7 @@ def _post_forward_group_of(session: ZeroPlusPlus, ranks: tuple[int, ...]) -> Any
 def _staged_bytes(session: ZeroPlusPlus, pg: Any, n: int, reduce: bool) -> int:
     """Bytes of staging one collective of this parameter group needs (0 when its parts need none): its all-gather
     output or reduce-scatter input in the staged layout (the reduce-scatter runs in place there)."""
-    if not session.param_blocks:
+    if not session.param_blocks or (session.grad_bits if reduce else session.weight_bits) is None:
         return 0
     try:
         layout = _group_layout(session, pg)
@@ -863,18 +889,21 @@ def _reserve(session: ZeroPlusPlus, groups: list[tuple[Any, tuple[int, ...]]]) -
     largest: dict[tuple[int, ...], list[int]] = {}  # shard group -> [its largest all-gather, reduce-scatter]
     for pg, ranks in groups:
         n = len(ranks)
+        # On the default stream now: made at a first call, on one of FSDP's streams, each would cost that stream
+        # a segment of the caching allocator's small pool.
         if _staged_bytes(session, pg, n, reduce=False):
-            # On the default stream now: made at a first call, on one of FSDP's streams, each would cost that
-            # stream a segment of the caching allocator's small pool.
             session._zeros_for(1, _collective_dtype(pg, reduce=False))
+        if _staged_bytes(session, pg, n, reduce=True):
             session._zeros_for(n, _collective_dtype(pg, reduce=True))
         big = largest.setdefault(ranks, [0, 0])
         big[0] = max(big[0], _collective_bytes(session, pg, n, reduce=False))
         big[1] = max(big[1], _collective_bytes(session, pg, n, reduce=True))
     if session.backend == Backend.CUDA:
         for ranks, (gather_max, reduce_max) in largest.items():
-            session._groups[ranks].gather.reserve(gather_max)
-            session._groups[ranks].reduce.reserve(reduce_max)
+            g = session._groups[ranks]
+            for comm, nbytes in ((g.gather, gather_max), (g.reduce, reduce_max)):
+                if comm is not None:
+                    comm.reserve(nbytes)
     log.debug("zpccl.fsdp: staging %d bytes for gathers and %d for reduce-scatters (torch's allocator); "
               "communicators' scratch reserved for collectives of %s logical bytes (gather, reduce-scatter per "
               "shard group; allocated by the library outside torch's allocator)", gather_bytes, reduce_bytes,
