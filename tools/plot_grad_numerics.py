@@ -50,8 +50,10 @@ def main():
     left.set_ylabel(f"training loss (mean over seeds, {args.window}-step average)")
     left.legend()
     a = data.get("args", {})
-    left.set_title(f"{a.get('nproc')} ranks as {a.get('nodes')} nodes, {a.get('layers')}x{a.get('d_model')} GPT, "
-                   f"{a.get('steps')} steps (commit {data.get('commit', '?')})", fontsize=9)
+    where = "threads on the CPU, host backend" if a.get("cpu") else "processes on the GPU"
+    left.set_title(f"{a.get('nproc')} ranks as {a.get('nodes')} nodes ({where}), "
+                   f"{a.get('layers')}x{a.get('d_model')} GPT, {a.get('steps')} steps "
+                   f"(commit {data.get('commit', '?')})", fontsize=9)
     gaps = data.get("gaps", {})
     names = [c for c in configs if c in gaps and c != "exact"]
     for i, c in enumerate(names):
