@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="sgd: SGD with momentum 0.9 (give it a larger --lr, e.g. 0.1)")
     p.add_argument("--lr-final", type=float, default=0.1,
                    help="the learning rate at the last step, as a fraction of --lr (cosine decay; 1: constant)")
     p.add_argument("--layers", type=int, default=2)
@@ -101,7 +103,8 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
     model = ex.shard_gpt(torch, base, mesh, True, torch.float32 if args.run_config == "exact-fp32" else None,
                          per_block=args.per_block)
     zp = enable(zpccl, model, config, args, rpn) if zpccl is not None else None
-    opt, schedule = ex.make_optimizer(torch, model, args.lr, args.steps, final=args.lr_final)
+    opt, schedule = ex.make_optimizer(torch, model, args.lr, args.steps, final=args.lr_final,
+                                      sgd=args.optimizer == "sgd")
     data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, rank + 1000 * args.run_seed, device)
     losses, times = [], []
     for step in range(args.steps):
