@@ -198,10 +198,11 @@ def make_optimizer(torch: Any, model: Any, lr: float, steps: int, warmup: int | 
                    final: float = 0.1, sgd: bool = False) -> tuple[Any, Any]:
     """AdamW (or, with ``sgd``, SGD with momentum 0.9) with the learning rate ramped up linearly over ``warmup``
     steps (default: a tenth of the run), then decayed along a cosine to ``final`` of it at the last step
-    (``final=1``: constant), as language models are trained. Without the ramp a transformer at these rates is unstable in its first steps: whether and when it
-    spikes depends on perturbations as small as 0.1% of the gradients, so two runs that differ only in their
-    collectives could not be compared by their loss. The decay matters for the same comparison: at a constant
-    rate the last steps' noise moves the final loss by more than the collectives' rounding does."""
+    (``final=1``: constant), as language models are trained. Without the ramp a transformer at these rates is
+    unstable in its first steps: whether and when it spikes depends on perturbations as small as 0.1% of the
+    gradients, so two runs that differ only in their collectives could not be compared by their loss. The decay
+    matters for the same comparison: at a constant rate the last steps' noise moves the final loss by more than
+    the collectives' rounding does."""
     opt = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if sgd else
            torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0))
     ramp = max(1, steps // 10 if warmup is None else warmup)
