@@ -595,8 +595,8 @@ def disable(model: Any) -> None:
 # ---- enable --------------------------------------------------------------------------------------------------
 
 
-def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4, block_size: int = 256, hpz: bool = True,
-           param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None,
+def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4, block_size: int = 256,
+           hpz: bool = True, param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None,
            grad_rounding: str = "nearest", seed: int | None = None, error_feedback: bool = False) -> ZeroPlusPlus:
     """Switches a ``fully_shard``-ed model to zpccl's collectives (see the module's docstring). Collective: every
     rank of the model's process groups calls it, after ``fully_shard`` and before the first step.
