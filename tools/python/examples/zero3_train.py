@@ -70,14 +70,16 @@ def corpus_bytes() -> bytes:
 
 
 def _fsdp2_example() -> Any:
-    """fsdp2_train.py beside this file, whose transformer block this model shares."""
-    import importlib.util
+    """fsdp2_train.py beside this file, whose transformer block this model shares (found as import_zpccl finds
+    the package)."""
+    try:
+        import fsdp2_train
+    except ImportError:
+        import sys
 
-    path = pathlib.Path(__file__).resolve().with_name("fsdp2_train.py")
-    spec = importlib.util.spec_from_file_location("fsdp2_train", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+        import fsdp2_train
+    return fsdp2_train
 
 
 def build_units(args: argparse.Namespace, torch: Any) -> list[Any]:

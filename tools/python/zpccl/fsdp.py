@@ -679,8 +679,7 @@ def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
         k = _hpz_size(session, pg)
         if ranks not in session._groups:
             session._groups[ranks] = _make_group(session, shard, ranks, k)
-        elif k is not None and session._groups[ranks].gather is not None and \
-                session._groups[ranks].gather.hpz_size != k:
+        elif k is not None and session._groups[ranks].gather.hpz_size != k:  # k: weight_bits given, gather made
             raise ZpcclValueError(f"{_CALL}: modules over one shard group use reshard_after_forward={k} and "
                                   f"={session._groups[ranks].gather.hpz_size}; zpccl's hpZ takes one group size",
                                   _CALL)
