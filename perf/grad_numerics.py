@@ -29,13 +29,11 @@ step times, and zpccl's summary (the residuals' memory). The JSON (``-J``, rewri
 run and, per configuration, the validation loss's gap to ``exact`` of the same seed, relative (the issue's target:
 within 0.1%). ``tools/plot_grad_numerics.py`` plots it. Four processes over sockets on one H200 took about two
 minutes a run of 600 steps with ``--per-block`` (~120 ms a step, mostly the latency of each unit's collectives over
-sockets); the root alone makes two collectives a step. Such a run leaves most of the GPU idle, so ``--jobs N`` runs N
-at a time (each its own processes, port and NCCL communicators; the numerics are the same as one at a time).
+sockets); the root alone makes two collectives a step.
 """
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import pathlib
@@ -86,9 +84,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nproc", type=int, default=4, help="ranks (processes on the GPU, threads with --cpu)")
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes (ranks / nodes a node)")
     p.add_argument("--cpu", action="store_true", help="ranks as threads on the CPU, zpccl's host backend")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="GPU: runs at a time, each its own processes and port (a run of this model leaves most of "
-                        "the GPU idle: its steps wait on sockets)")
     p.add_argument("-J", "--json", default="", help="write the runs here")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: config:seed:outfile of one GPU run
     return p.parse_args(argv)
@@ -210,28 +205,15 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(TOP), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     runs: list[dict[str, Any]] = []
-    plan = [(config, seed) for seed in seeds for config in configs]  # seed-major: runs cut short leave whole seeds
-
-    def one(config: str, seed: int) -> dict[str, Any]:
-        t0 = time.time()
-        r = run_cpu(args, config, seed) if args.cpu else run_gpu(args, config, seed)
-        r.update(config=config, seed=seed, seconds=time.time() - t0)
-        return r
-
-    def done(r: dict[str, Any]) -> None:
-        runs.append(r)
-        runs.sort(key=lambda x: plan.index((x["config"], x["seed"])))
-        print(f"{r['config']:11s} seed {r['seed']}: final loss {r['losses'][-1]:.4f}, validation {r['valid']:.4f}, "
-              f"step {r['step_ms']:.1f} ms, {r['seconds']:.0f} s", flush=True)
-        write_json(args, commit, runs, gaps_to_exact(runs, configs))  # a run cut short keeps what it has
-
-    if args.cpu or args.jobs <= 1:
-        for config, seed in plan:
-            done(one(config, seed))
-    else:
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            for future in concurrent.futures.as_completed([pool.submit(one, c, s) for c, s in plan]):
-                done(future.result())
+    for seed in seeds:
+        for config in configs:
+            t0 = time.time()
+            r = run_cpu(args, config, seed) if args.cpu else run_gpu(args, config, seed)
+            r.update(config=config, seed=seed, seconds=time.time() - t0)
+            runs.append(r)
+            print(f"{config:11s} seed {seed}: final loss {r['losses'][-1]:.4f}, validation {r['valid']:.4f}, "
+                  f"step {r['step_ms']:.1f} ms, {r['seconds']:.0f} s", flush=True)
+            write_json(args, commit, runs, gaps_to_exact(runs, configs))  # a run cut short keeps what it has
     for config, gap in gaps_to_exact(runs, configs).items():
         print(f"{config:11s} validation loss vs exact: {100 * gap['mean']:+.3f}% "
               f"({', '.join(f'{100 * g:+.3f}%' for g in gap['per_seed'])})")
