@@ -17,7 +17,8 @@ exact           FSDP2's own collectives (bf16 weights and bf16 gradient reduce-s
 exact-fp32      FSDP2's own collectives, gradients reduced in fp32: a second exact run, whose gap to ``exact`` is
                 the comparison's noise floor (any perturbation of the gradients sends a run along another
                 trajectory)
-int4            zpccl, int8 weights (qwZ), int4 gradients (qgZ) rounded to nearest: today's default
+int4            zpccl's qgZ, int4 gradients rounded to nearest (today's default); the weights stay on FSDP's
+                own bf16 all-gathers unless ``--weight-bits`` says otherwise, so that only the gradients differ
 int4-sr         int4 with stochastic rounding (``grad_rounding="stochastic"``)
 int4-ef         int4 with error feedback (``error_feedback=True``: bf16 residuals, both hops)
 int4-sr-ef      both
@@ -80,7 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fully_shard each block too (default: the root only, one all-gather and one reduce-scatter "
                         "a step, whose latency over sockets is most of a step of a model this small)")
     p.add_argument("--block-size", type=int, default=256)
-    p.add_argument("--weight-bits", type=int, default=8)
+    p.add_argument("--weight-bits", type=int, choices=(0, 4, 8), default=0,
+                   help="zpccl's weight all-gathers (qwZ) in the zpccl runs; 0 (default): FSDP's own exact bf16 "
+                        "ones, so that a run differs from exact only in its gradients")
     p.add_argument("--nproc", type=int, default=4, help="ranks (processes on the GPU, threads with --cpu)")
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes (ranks / nodes a node)")
     p.add_argument("--cpu", action="store_true", help="ranks as threads on the CPU, zpccl's host backend")
@@ -90,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def enable(zpccl: Any, model: Any, config: dict[str, Any], args: argparse.Namespace, rpn: int | None) -> Any:
-    return zpccl.fsdp.enable(model, weight_bits=args.weight_bits, block_size=args.block_size, ranks_per_node=rpn,
+    return zpccl.fsdp.enable(model, weight_bits=args.weight_bits or None, block_size=args.block_size, ranks_per_node=rpn,
                              seed=args.run_seed, **config)
 
 

@@ -25,6 +25,7 @@ import pathlib
 import socket
 import sys
 import sysconfig
+import threading
 import time
 from typing import Any
 
@@ -148,6 +149,9 @@ def gpt_block(torch: Any, d: int, heads: int) -> Any:
     return Block
 
 
+_BUILD_LOCK = threading.Lock()
+
+
 def build_gpt(torch: Any, layers: int, d: int, heads: int, seq: int, seed: int = 0) -> Any:
     """A byte-level GPT (pre-LayerNorm blocks, causal attention, GELU MLP), fp32, identical on every rank."""
     nn = torch.nn
@@ -172,8 +176,9 @@ def build_gpt(torch: Any, layers: int, d: int, heads: int, seq: int, seed: int =
                 x = b(x)
             return self.head(self.ln(x))
 
-    torch.manual_seed(seed)
-    return GPT()
+    with _BUILD_LOCK:  # torch's global generator is the process's: ranks as threads must not interleave their draws
+        torch.manual_seed(seed)
+        return GPT()
 
 
 def shard_gpt(torch: Any, model: Any, mesh: Any, reshard: bool | int, reduce_dtype: Any = None,
