@@ -76,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shape", choices=sorted(fs.SHAPES), default=None, help="preset model and batch shape")
     p.add_argument("--reshard", default="false", help="reshard_after_forward of both configurations: true, "
                    "false, or k (hpZ groups of k with zpccl)")
-    p.add_argument("--configs", default="nccl,zpccl", help="nccl and/or zpccl, in the order they run")
+    p.add_argument("--configs", default="nccl,zpccl,zpccl",
+                   help="nccl and/or zpccl, in the order they run; a repeat runs again as NAME-2, NAME-3, ... (the "
+                        "default's second zpccl: what a further enable/disable cycle keeps, which a leak would grow)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--weight-bits", type=int, default=8)
     p.add_argument("--grad-bits", type=int, default=4)
@@ -215,7 +217,7 @@ def run_config(bench: Any, probe: Probe, name: str, steps: int, args: argparse.N
     model = bench.build(args.reshard)
     stages.append(("built", probe.take()))
     zp = None
-    if name == "zpccl":
+    if name.startswith("zpccl"):
         with enable_steps(bench.zpccl, probe, row["enable_steps"]):
             zp = bench.zpccl.fsdp.enable(model, weight_bits=args.weight_bits, grad_bits=args.grad_bits,
                                          block_size=args.block_size, ranks_per_node=where.ranks_per_node)
@@ -268,6 +270,7 @@ def main(args: argparse.Namespace) -> None:
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if any(n not in ("nccl", "zpccl") for n in names):
         raise SystemExit(f"fsdp_memory: --configs {args.configs!r}: nccl and zpccl only")
+    names = [n if names[:i].count(n) == 0 else f"{n}-{names[:i].count(n) + 1}" for i, n in enumerate(names)]
     rows = [] if args.no_warmup else [dict(run_config(bench, probe, "nccl", 1, args), config="warmup")]
     rows += [run_config(bench, probe, n, args.steps, args) for n in names]
     props = torch.cuda.get_device_properties(where.device)
@@ -348,7 +351,7 @@ def report(derived: list[dict[str, Any]], args: argparse.Namespace, bench: Any) 
         print("warm-up (nccl, 1 step; torch's kernels and NCCL connections), MiB outside torch's allocator after it: "
               + each(rows["warmup"], lambda r: r["stages"][-1]["outside_mib"]))
     print(f"MiB per rank (rank 0/1/...); outside: device memory outside torch's allocator since the configuration's "
-          f"start (own: this process's, from NVML)\n{'config':>6} {'stage':>10} {'allocated':>15} {'peak':>15} "
+          f"start (own: this process's, from NVML)\n{'config':>7} {'stage':>10} {'allocated':>15} {'peak':>15} "
           f"{'reserved':>15} {'outside':>15} {'own':>13}")
     for c in configs:
         if c == "warmup":
@@ -356,7 +359,7 @@ def report(derived: list[dict[str, Any]], args: argparse.Namespace, bench: Any) 
         for i, st in enumerate(rows[c][0]["stages"]):
             cells = [each(rows[c], lambda r, key=key: r["stages"][i][key])
                      for key in ("allocated_mib", "peak_mib", "reserved_mib", "outside_mib", "own_outside_mib")]
-            print(f"{c:>6} {st['stage']:>10} " + " ".join(f"{x:>15}" for x in cells[:4]) + f" {cells[4]:>13}")
+            print(f"{c:>7} {st['stage']:>10} " + " ".join(f"{x:>15}" for x in cells[:4]) + f" {cells[4]:>13}")
     if "zpccl" in rows:
         z = rows["zpccl"]
         print("zpccl enable step by step, MiB per rank outside torch's allocator (in torch's reserve):")
@@ -367,6 +370,11 @@ def report(derived: list[dict[str, Any]], args: argparse.Namespace, bench: Any) 
                   f"({each(z, lambda r: r['enable_steps'][j]['reserved_mib'])})")
         print(f"  enable in all: {each(z, lambda r: r['enable_outside_mib'])} MiB outside torch's allocator; staging "
               f"{z[0]['staging_bytes'] / MIB:.1f} MiB in it (grown in the loop: {z[0]['staging_grown']})")
+    for c in configs:
+        if c.startswith("zpccl-"):  # a further cycle: what its enable took, and what it left behind
+            print(f"{c} (a further enable/disable cycle): enable {each(rows[c], lambda r: r['enable_outside_mib'])} "
+                  f"MiB outside torch's allocator, left after collection "
+                  f"{each(rows[c], lambda r: r['stages'][-1]['outside_mib'])}")
     if "zpccl" in rows and "nccl" in rows:
         last = f"step {args.steps}"
 

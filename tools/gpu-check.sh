@@ -561,11 +561,11 @@ for line in open(manifest):
             if san is not None:
                 extra = "{} errors, {}".format(san, extra.replace("passed", "p").replace("failed", "f"))
         print(fmt.format(name, regime, label, extra, "", ""))
-    elif name.startswith("fsdp_memory"):  # perf/fsdp_memory.py: its two summary lines, from the log
+    elif name.startswith("fsdp_memory"):  # perf/fsdp_memory.py: its summary lines, from the log
         print(fmt.format(name, regime, label, "", "", ""))
         try:
             for l in open(log, errors="replace"):
-                if l.startswith(("zpccl - nccl after", "  enable in all")):
+                if l.startswith(("zpccl - nccl after", "  enable in all", "zpccl-")):
                     print("  " + l.strip())
         except OSError:
             pass
