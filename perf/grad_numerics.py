@@ -22,6 +22,7 @@ int4            zpccl's qgZ, int4 gradients rounded to nearest (today's default)
 int4-sr         int4 with stochastic rounding (``grad_rounding="stochastic"``)
 int4-ef         int4 with error feedback (``error_feedback=True``: bf16 residuals, both hops)
 int4-sr-ef      both
+int8            int8 gradients rounded to nearest (not run unless asked for): what twice the bits buy
 ==============  ===============================================================================================
 
 The model, data and batches are ``tools/python/examples/fsdp2_train.py``'s (Python's standard library sources,
@@ -59,12 +60,14 @@ CONFIGS = {
     "int4-sr": dict(grad_bits=4, grad_rounding="stochastic"),
     "int4-ef": dict(grad_bits=4, error_feedback=True),
     "int4-sr-ef": dict(grad_bits=4, grad_rounding="stochastic", error_feedback=True),
+    "int8": dict(grad_bits=8),
 }
+DEFAULT_CONFIGS = "exact,exact-fp32,int4,int4-sr,int4-ef,int4-sr-ef"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma-separated, of: " + ", ".join(CONFIGS))
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--lr", type=float, default=1e-3)
