@@ -177,7 +177,8 @@ class FsdpOnThreads(unittest.TestCase):
 
         return init_device_mesh("cpu", shape, mesh_dim_names=names)
 
-    def run_pair(self, *, mp_dtype: Any, steps: int, weight_bits: int = 8, grad_bits: int = 4) -> list[Any]:
+    def run_pair(self, *, mp_dtype: Any, steps: int, weight_bits: int = 8, grad_bits: int = 4,
+                 grad_block: int | None = None) -> list[Any]:
         """Each rank trains a copy of one model twice, with FSDP's collectives and with zpccl's."""
         torch = self.torch
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -190,7 +191,7 @@ class FsdpOnThreads(unittest.TestCase):
             plain = train(torch, shard(torch, copy.deepcopy(base), self.mesh(), 2, mp), data)
             model = shard(torch, copy.deepcopy(base), self.mesh(), 2, mp)
             zp = zpccl.fsdp.enable(model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=BLOCK,
-                                   ranks_per_node=2)
+                                   ranks_per_node=2, grad_block_size=grad_block)
             rec = Recorder(torch, zp)
             losses = train(torch, model, data)
             summary = zp.summary()
@@ -199,8 +200,10 @@ class FsdpOnThreads(unittest.TestCase):
 
         return run_threaded(WORLD, body)
 
-    def check_calls(self, results: list[Any], weight_bits: int, grad_bits: int) -> dict[str, int]:
-        """Every recorded call: outputs identical on every rank and equal to the NumPy model bit for bit."""
+    def check_calls(self, results: list[Any], weight_bits: int, grad_bits: int,
+                    grad_block: int = BLOCK) -> dict[str, int]:
+        """Every recorded call: outputs identical on every rank and equal to the NumPy model bit for bit (qgZ's in
+        blocks of grad_block, qwZ's of BLOCK)."""
         calls = [r[3] for r in results]
         self.assertTrue(all(len(c) == len(calls[0]) for c in calls), "ranks made different numbers of calls")
         seen: dict[str, int] = {}
@@ -223,19 +226,21 @@ class FsdpOnThreads(unittest.TestCase):
                 sizes, op = per_rank[0][3], per_rank[0][4]
                 self.assertIsNotNone(sizes, "qgZ did not know its parameters' boundaries")
                 dt = ref_dtype(per_rank[0][1])
-                sends = [np.concatenate([staged(split(row, sizes), BLOCK) for row in bits_of(x).reshape(WORLD, -1)])
-                         for _, x, _, _, _ in per_rank]
+                sends = [np.concatenate([staged(split(row, sizes), grad_block)
+                                         for row in bits_of(x).reshape(WORLD, -1)]) for _, x, _, _, _ in per_rank]
                 name = "avg" if op == self.torch.distributed.ReduceOp.AVG else "sum"
-                want = ref.quant_reduce_scatter(sends, dt, name, grad_bits, BLOCK, NODE_OF_RANK)
+                want = ref.quant_reduce_scatter(sends, dt, name, grad_bits, grad_block, NODE_OF_RANK)
                 for rank, (_, _, out, _, _) in enumerate(per_rank):
-                    padded = split(want[rank], [s + (-s % BLOCK) for s in sizes[:-1]] + [sizes[-1]])
+                    padded = split(want[rank], [s + (-s % grad_block) for s in sizes[:-1]] + [sizes[-1]])
                     expected = np.concatenate([p[:s] for p, s in zip(padded, sizes)])
                     self.assertTrue(np.array_equal(bits_of(out), expected), f"qgZ call {i} rank {rank}")
         return seen
 
-    def check_training(self, mp_dtype: Any, weight_bits: int, grad_bits: int, bound: float) -> None:
-        results = self.run_pair(mp_dtype=mp_dtype, steps=4, weight_bits=weight_bits, grad_bits=grad_bits)
-        seen = self.check_calls(results, weight_bits, grad_bits)
+    def check_training(self, mp_dtype: Any, weight_bits: int, grad_bits: int, bound: float,
+                       grad_block: int | None = None) -> list[Any]:
+        results = self.run_pair(mp_dtype=mp_dtype, steps=4, weight_bits=weight_bits, grad_bits=grad_bits,
+                                grad_block=grad_block)
+        seen = self.check_calls(results, weight_bits, grad_bits, grad_block or BLOCK)
         # 3 FSDP modules and 4 steps: each gathers forward (qwZ) and backward (hpZ), and reduces once (qgZ); a
         # collective whose bits are None stays on FSDP's own and zpccl makes none of its calls.
         want = dict({"qwz": 12, "hpz": 12} if weight_bits else {}, **({"qgz": 12} if grad_bits else {}))
@@ -248,6 +253,7 @@ class FsdpOnThreads(unittest.TestCase):
                 self.assertLess(summary["qgz"]["wire_bytes"], summary["qgz"]["logical_bytes"] / 4)
             for step, (a, b) in enumerate(zip(plain, losses)):
                 self.assertLess(abs(a - b) / a, bound, f"rank {rank} step {step}: loss {b} vs FSDP's {a}")
+        return results
 
     def test_fp32_training_matches_fsdp_within_the_quantization_bounds(self) -> None:
         self.check_training(None, 8, 4, bound=0.01)
@@ -257,6 +263,21 @@ class FsdpOnThreads(unittest.TestCase):
 
     def test_int4_weights_int8_gradients(self) -> None:
         self.check_training(self.torch.bfloat16, 4, 8, bound=0.03)
+
+    def test_gradients_in_blocks_of_their_own(self) -> None:
+        """grad_block_size: qgZ quantizes in its blocks (bit-exact to the model in them, restarting at parameters
+        as the weights' do in theirs), qwZ keeps block_size, and the wire counts the gradients' scales."""
+        grad_block = 2 * BLOCK
+        results = self.check_training(self.torch.bfloat16, 8, 4, bound=0.01, grad_block=grad_block)
+
+        def wire(calls: list[tuple], kind: str, bits: int, block: int) -> int:
+            """(n - 1) payloads a call of each parameter part padded to the block, but the last."""
+            return sum((WORLD - 1) * zpccl.payload_size(sum(-(-n // block) * block for n in c[3][:-1]) + c[3][-1],
+                                                        bits, block) for c in calls if c[0] == kind)
+
+        for rank, (_, _, summary, calls) in enumerate(results):
+            self.assertEqual(summary["qgz"]["wire_bytes"], wire(calls, "qgz", 4, grad_block), f"rank {rank}")
+            self.assertEqual(summary["qwz"]["wire_bytes"], wire(calls, "qwz", 8, BLOCK), f"rank {rank}")
 
     def test_one_collective_left_on_fsdp(self) -> None:
         """weight_bits=None: FSDP's own all-gathers (forward and backward), zpccl's qgZ; grad_bits=None: the
@@ -496,6 +517,8 @@ class FsdpOnThreads(unittest.TestCase):
             for kw, words in (({"weight_bits": 6}, "weight_bits 6 must be 4 or 8"),
                               ({"grad_bits": 2}, "grad_bits 2 must be 4 or 8"),
                               ({"block_size": 100}, "block_size 100 must be a power of two"),
+                              ({"grad_block_size": 16}, "grad_block_size 16 must be a power of two"),
+                              ({"grad_bits": None, "grad_block_size": 64}, "grad_block_size applies to qgZ"),
                               ({"weight_bits": None, "grad_bits": None}, "both None, so zpccl would serve nothing"),
                               ({"grad_bits": None, "error_feedback": True}, "grad_bits=None leaves"),
                               ({"grad_bits": None, "grad_rounding": "stochastic"}, "grad_bits=None leaves")):

@@ -118,6 +118,10 @@ class InstalledPackage(unittest.TestCase):
         path, _, _ = main_module.nccl_of_library(zpccl._lib.lib())
         self.assertEqual(pathlib.Path(path), pathlib.Path(expected).resolve())
 
+
+class OneNcclWithTorch(unittest.TestCase):
+    """Installed or from a build folder (linked to the system's NCCL), zpccl and torch share torch's NCCL."""
+
     def test_one_nccl_with_torch_whichever_is_imported_first(self) -> None:
         if not torch_importable():
             self.skipTest("torch is not installed")
@@ -132,6 +136,7 @@ class InstalledPackage(unittest.TestCase):
                 out = run_python("-c", order + report)
                 self.assertEqual(out.returncode, 0, out.stderr)
                 self.assertEqual(ast.literal_eval(out.stdout.strip().splitlines()[-1]), torch_nccl)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -202,18 +202,25 @@ def nccl_wheel_library() -> str | None:
     return None
 
 
-def _load(path: str) -> ctypes.CDLL:
-    """``ctypes.CDLL(path)``. The installed library's RUNPATH finds NCCL when the nvidia-nccl-cu13 wheel sits in the
-    same site-packages; when it sits in another one (a virtual environment over the system's torch) and no
-    libnccl.so.2 is loaded yet, the wheel's is loaded first, so that the soname is known and the one torch would
-    load is the one used."""
+def _nccl_loaded() -> bool:
+    """Whether this process has a libnccl.so.2 mapped already (torch's, or any)."""
     try:
-        return ctypes.CDLL(path)
-    except OSError as e:
-        nccl = nccl_wheel_library()
-        if "libnccl.so.2" not in str(e) or nccl is None:
-            raise
-    ctypes.CDLL(nccl)
+        with open("/proc/self/maps") as maps:
+            return any("libnccl.so" in line for line in maps)
+    except OSError:
+        return False
+
+
+def _load(path: str) -> ctypes.CDLL:
+    """``ctypes.CDLL(path)``, with the NCCL torch would load. A process holds one library of the soname
+    libnccl.so.2, the first loaded: when the nvidia-nccl-cu13 wheel (torch's NCCL) is on ``sys.path`` and no NCCL is
+    loaded yet, the wheel's goes first. Otherwise a library found elsewhere (a build folder, the system's) would
+    bring the system's NCCL, and a torch imported later would fail on the symbols its newer NCCL has; and the
+    installed library's RUNPATH finds the wheel only in its own site-packages, not in another one (a virtual
+    environment over the system's torch)."""
+    nccl = nccl_wheel_library()
+    if nccl is not None and not _nccl_loaded():
+        ctypes.CDLL(nccl)
     return ctypes.CDLL(path)
 
 
