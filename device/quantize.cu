@@ -23,6 +23,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "device/grad_rounding.h"
 #include "device/launch_geometry.h"
 #include "device/quantize.h"
 #include "host/dtype.h"
@@ -793,8 +794,6 @@ struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupSh
   GradQuantLaunch grad;
 };
 
-constexpr int kGradGroup = 8;  // elements a lane takes at a time: one Philox call
-
 template <class T, int N>
 __device__ __forceinline__ bool groupVectors(const T* p, size_t e, size_t count) {
   return e + N <= count && (reinterpret_cast<uintptr_t>(p + e) & 15) == 0;
@@ -877,7 +876,10 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
           for (size_t k = a.blocks; k < a.scaleBytes / sizeof(float); ++k) scales[k] = 0.0f;
         }
       }
-      // step 2: codes (zeros past the end) and residuals.
+      // step 2: codes (zeros past the end) and residuals. A block whose scale passes gradScaleIsFast (almost every
+      // one; the choice is the warp's) takes device/grad_rounding.h's straight-line groups, the others element by
+      // element.
+      const bool straight = gradScaleIsFast<Bits, kStochastic, kResidual>(scale);
       for (size_t e = mine; e < end; e += 32 * kGradGroup) {
         float x[kGradGroup];
         if (e == mine) {
@@ -887,29 +889,46 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
           loadGradGroup<Type, kResidual>(a, in, res, e, x);
         }
         Philox4x32 r{};
-        const size_t j = a.grad.firstElem + e;
+        const size_t j = a.grad.firstElem + e;  // a multiple of 8: element j + k draws bits k of the group
         if constexpr (kStochastic) r = gradRandomGroup(a.grad.key, slice, j >> 3);
+        const bool whole = e + kGradGroup <= a.count;
         uint32_t c[kGradGroup];
-        uint16_t after[kGradGroup];
+        uint32_t after[kGradGroup / 2];  // new residuals, bf16 pairs (element 2i in the low half)
+        if (straight) {
+          gradGroupCodes<kStochastic>(x, scale, rcp, qmax, r, c);
+          if (!whole) {
 #pragma unroll
-        for (int k = 0; k < kGradGroup; ++k) {
-          if constexpr (kStochastic) {
-            const uint32_t bits = gradRandom16(r, j + k);
-            c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(x[k], scale, rcp), qmax, bits)
-                        : quantizeCodeStochastic(x[k], scale, qmax, bits);
-          } else {
-            c[k] = fast ? floatBits(addRn(quotientRn(x[k], scale, rcp), kRoundMagic)) : quantizeCode(x[k], scale, qmax);
+            for (int k = 0; k < kGradGroup; ++k) c[k] = e + k < a.count ? c[k] : 0;
           }
-          if (e + k >= a.count) c[k] = 0;
-          if constexpr (kResidual) after[k] = residualAfter<Bits>(x[k], c[k], scale);
+          if constexpr (kResidual) gradGroupResiduals<Bits>(x, c, scale, after);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kGradGroup; ++k) {
+            if constexpr (kStochastic) {
+              const uint32_t bits = gradRandom16(r, k);
+              c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(x[k], scale, rcp), qmax, bits)
+                          : quantizeCodeStochastic(x[k], scale, qmax, bits);
+            } else {
+              c[k] =
+                  fast ? floatBits(addRn(quotientRn(x[k], scale, rcp), kRoundMagic)) : quantizeCode(x[k], scale, qmax);
+            }
+            if (e + k >= a.count) c[k] = 0;
+          }
+          if constexpr (kResidual) {
+#pragma unroll
+            for (int i = 0; i < kGradGroup / 2; ++i) {
+              after[i] = residualAfter<Bits>(x[2 * i], c[2 * i], scale) |
+                         static_cast<uint32_t>(residualAfter<Bits>(x[2 * i + 1], c[2 * i + 1], scale)) << 16;
+            }
+          }
         }
         if constexpr (kResidual) {
           if (groupVectors<uint16_t, kGradGroup>(res, e, a.count)) {
-            *reinterpret_cast<uint4*>(res + e) = *reinterpret_cast<const uint4*>(after);
+            *reinterpret_cast<uint4*>(res + e) = make_uint4(after[0], after[1], after[2], after[3]);
           } else {
 #pragma unroll
             for (int k = 0; k < kGradGroup; ++k) {
-              if (e + k < a.count) res[e + k] = after[k];
+              if (e + k < a.count) res[e + k] = static_cast<uint16_t>(after[k >> 1] >> (16 * (k & 1)));
             }
           }
         }
