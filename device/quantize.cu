@@ -784,10 +784,11 @@ zpResult_t allowSharedMemory(size_t bytes) {
 // Philox call, host/philox.h, and 4 or 8 bytes of codes). Pass 1: x (+ residual) and the absmax over the warp;
 // pass 2: codes by quantizeCode or quantizeCodeStochastic, new residuals, packed codes. A lane keeps its first
 // group from pass 1 in registers (the only one for blocks of up to 256 elements) and reloads the others (from L1
-// or L2). Groups move as 16-byte vectors where they are aligned (the input is any element-aligned tensor, and the
-// residual follows its layout), else element by element. The quotients are quotientRn's or
-// stochasticQuotient's, the division's (host/quant_math.h), so the result equals host/quant_ref.cc's
-// quantizeGradTyped.
+// or L2); it loads its first group of the warp's next block before working on this one, so that two groups a lane
+// are in flight (three CTAs an SM, 80 registers at most, hold them without spilling). Groups move as 16-byte vectors
+// where they are aligned (the input is any element-aligned tensor, and the residual follows its layout), else element
+// by element. The quotients are quotientRn's or stochasticQuotient's, the division's (host/quant_math.h), so the result
+// equals host/quant_ref.cc's quantizeGradTyped.
 
 struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupShift unused
   int blockSize;
@@ -833,7 +834,7 @@ __device__ __forceinline__ void loadGradGroup(const GradArgsDev& a, const char* 
 }
 
 template <class Type, int Bits, bool kStochastic, bool kResidual>
-__global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgsDev a) {
+__global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradArgsDev a) {
   constexpr int kWarps = kCtaThreads / 32;
   const int lane = threadIdx.x & 31;
   const float qmax = static_cast<float>(quantMax(Bits));
@@ -845,22 +846,36 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
     unsigned char* codes = reinterpret_cast<unsigned char*>(payload + a.scaleBytes);
     uint16_t* res = kResidual ? a.grad.residual + seg * a.grad.residualStrideElems : nullptr;
     const uint32_t slice = a.grad.slice0 + static_cast<uint32_t>(seg * a.grad.sliceStride);
-    for (size_t block = static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); block < a.blocks;
-         block += static_cast<size_t>(gridDim.x) * kWarps) {
+    const size_t step = static_cast<size_t>(gridDim.x) * kWarps;
+    // The lane's first group of the warp's next block (lanes past a small block's groups have none), loaded while
+    // this block is rounded: with one group a lane in flight the kernel waits on its loads most of the time.
+    auto firstGroup = [&](size_t block, float(&x)[kGradGroup]) {
+      if (block >= a.blocks) return;
+      const size_t first = block * a.blockSize, e = first + lane * kGradGroup;
+      if (e < min(first + a.blockSize, a.count)) loadGradGroup<Type, kResidual>(a, in, res, e, x);
+    };
+    float next[kGradGroup] = {};
+    size_t block = static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    firstGroup(block, next);
+    for (; block < a.blocks; block += step) {
       const size_t first = block * a.blockSize;
       const size_t end = min(first + a.blockSize, a.count);
       const size_t mine = first + lane * kGradGroup;  // the lane's first group
-      // step 1: absmax of x (+ residual) over the block.
       float kept[kGradGroup];
+#pragma unroll
+      for (int k = 0; k < kGradGroup; ++k) kept[k] = next[k];
+      firstGroup(block + step, next);
+      // step 1: absmax of x (+ residual) over the block.
       uint32_t absMax = 0;
-      for (size_t e = mine; e < end; e += 32 * kGradGroup) {
+      if (mine < end) {
+#pragma unroll
+        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(kept[k]));
+      }
+      for (size_t e = mine + 32 * kGradGroup; e < end; e += 32 * kGradGroup) {
         float x[kGradGroup];
         loadGradGroup<Type, kResidual>(a, in, res, e, x);
 #pragma unroll
-        for (int k = 0; k < kGradGroup; ++k) {
-          absMax = max(absMax, absBits(x[k]));
-          if (e == mine) kept[k] = x[k];
-        }
+        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
       }
 #if __CUDA_ARCH__ >= 800
       absMax = __reduce_max_sync(kFullMask, absMax);
