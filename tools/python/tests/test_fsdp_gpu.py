@@ -26,12 +26,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, port: int, failures: Any) -> None:
+def _worker(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad_block: int | None, port: int,
+            failures: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     sys.path.insert(0, str(EXAMPLES))
     try:
-        _check(rank, world, nodes, reshard, grad_bits)
+        _check(rank, world, nodes, reshard, grad_bits, grad_block)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         import traceback
 
@@ -87,7 +88,7 @@ class _Exact:
         self.checked["qwz"] += 1
 
     def qgz(self, sizes: list[int], x: Any, output: Any, op: Any) -> None:
-        dt, block = ref_dtype(x), self.zp.block_size
+        dt, block = ref_dtype(x), self.zp.grad_block_size
         sends = [np.concatenate([staged(split(row, sizes), block) for row in xs.reshape(self.world, -1)])
                  for xs in self.inputs(x)]
         name = "avg" if op == self.torch.distributed.ReduceOp.AVG else "sum"
@@ -99,7 +100,7 @@ class _Exact:
         self.checked["qgz"] += 1
 
 
-def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> None:
+def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad_block: int | None) -> None:
     import copy
 
     import fsdp2_train as ex
@@ -121,7 +122,8 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> N
         if comm == "zpccl-synchronized":
             # The same, with the device synchronized after every collective: a result that differs from the
             # unsynchronized run's by more than noise points at a race.
-            zp = zpccl.fsdp.enable(model, grad_bits=grad_bits, ranks_per_node=where.ranks_per_node)
+            zp = zpccl.fsdp.enable(model, grad_bits=grad_bits, ranks_per_node=where.ranks_per_node,
+                                   grad_block_size=grad_block)
             for name in ("_all_gather", "_reduce_scatter"):
                 def synchronized(*a: Any, _call: Any = getattr(zp, name)) -> Any:
                     out = _call(*a)
@@ -129,7 +131,8 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> N
                     return out
                 setattr(zp, name, synchronized)
         elif comm == "zpccl":
-            zp = zpccl.fsdp.enable(model, grad_bits=grad_bits, ranks_per_node=where.ranks_per_node)
+            zp = zpccl.fsdp.enable(model, grad_bits=grad_bits, ranks_per_node=where.ranks_per_node,
+                                   grad_block_size=grad_block)
             qwz, hpz = zp._qwz, zp._hpz
 
             def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
@@ -177,7 +180,8 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> N
             zp.disable()
         del model, opt
     if rank == 0:
-        print(f"\n{world} ranks as {nodes} nodes, reshard_after_forward={reshard}, int{grad_bits} gradients: "
+        print(f"\n{world} ranks as {nodes} nodes, reshard_after_forward={reshard}, int{grad_bits} gradients"
+              f"{f' in blocks of {grad_block}' if grad_block else ''}: "
               f"last-10 loss NCCL {losses['nccl']:.4f}, zpccl {losses['zpccl']:.4f} (synchronized after each "
               f"collective: {losses['zpccl-synchronized']:.4f})", flush=True)
     gap = abs(losses["zpccl"] - losses["nccl"]) / losses["nccl"]
@@ -186,7 +190,7 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int) -> N
 
 
 class FsdpOnGpus(unittest.TestCase):
-    def spawn(self, world: int, nodes: int, reshard: Any, grad_bits: int = 4) -> None:
+    def spawn(self, world: int, nodes: int, reshard: Any, grad_bits: int = 4, grad_block: int | None = None) -> None:
         from ._threaded import torch_with_fsdp2
 
         torch = torch_with_fsdp2()
@@ -200,8 +204,8 @@ class FsdpOnGpus(unittest.TestCase):
         os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
         failures = mp.get_context("spawn").SimpleQueue()
         try:
-            mp.spawn(_worker, args=(world, nodes, reshard, grad_bits, _free_port(), failures), nprocs=world,
-                     join=True)
+            mp.spawn(_worker, args=(world, nodes, reshard, grad_bits, grad_block, _free_port(), failures),
+                     nprocs=world, join=True)
         except Exception:
             messages = []
             while not failures.empty():
@@ -219,6 +223,9 @@ class FsdpOnGpus(unittest.TestCase):
 
     def test_two_nodes_of_two_with_hpz_int8_gradients(self) -> None:
         self.spawn(4, 2, 2, grad_bits=8)
+
+    def test_two_nodes_of_two_with_gradients_in_blocks_of_64(self) -> None:
+        self.spawn(4, 2, 2, grad_block=64)
 
 
 if __name__ == "__main__":
