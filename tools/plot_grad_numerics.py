@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Plot perf/grad_numerics.py's JSON (-J): the training loss of every configuration (mean over seeds, smoothed),
+"""Plot perf/grad_numerics.py's JSON (-J; several files are merged, each configuration and seed taken once, from
+the first file that has it): the training loss of every configuration (mean over seeds, smoothed),
 and each configuration's validation-loss gap to exact bf16 gradients (per seed and mean, with the issue's 0.1%
 target).
 
     python3 tools/plot_grad_numerics.py -o perf/grad-numerics.png perf/results/<date>-h200x1-grad-numerics.json
+    python3 tools/plot_grad_numerics.py -o perf/grad-numerics.png seeds01.json seeds23.json   # merged
 
 Needs matplotlib (pip install matplotlib).
 """
@@ -22,25 +24,44 @@ def smooth(values, window):
     return out
 
 
+def gaps_to_exact(runs, configs):
+    """Per configuration, the validation loss's gap to exact's of the same seed, relative: mean and per seed."""
+    exact = {r["seed"]: r["valid"] for r in runs if r["config"] == "exact"}
+    gaps = {}
+    for c in configs:
+        rel = [(r["valid"] - exact[r["seed"]]) / exact[r["seed"]] for r in runs
+               if r["config"] == c and r["seed"] in exact]
+        if rel:
+            gaps[c] = dict(mean=sum(rel) / len(rel), per_seed=rel)
+    return gaps
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("json")
+    p.add_argument("json", nargs="+")
     p.add_argument("-o", "--output", default="grad-numerics.png")
     p.add_argument("--window", type=int, default=25, help="steps of the moving average")
     args = p.parse_args()
-    try:
-        with open(args.json) as f:
-            data = json.load(f)
-        runs = data["runs"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        sys.exit(f"plot_grad_numerics.py: {args.json} is not perf/grad_numerics.py's JSON: {e}")
+    files, runs, seen = [], [], set()
+    for path in args.json:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            for r in data["runs"]:
+                if (r["config"], r["seed"]) not in seen:
+                    seen.add((r["config"], r["seed"]))
+                    runs.append(r)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"plot_grad_numerics.py: {path} is not perf/grad_numerics.py's JSON: {e}")
+        files.append(data)
+    data = files[0]
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     configs = list(dict.fromkeys(r["config"] for r in runs))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.2))
     for c in configs:
         curves = [r["losses"] for r in runs if r["config"] == c]
         steps = min(len(x) for x in curves)
@@ -52,9 +73,9 @@ def main():
     a = data.get("args", {})
     where = "threads on the CPU, host backend" if a.get("cpu") else "processes on the GPU"
     left.set_title(f"{a.get('nproc')} ranks as {a.get('nodes')} nodes ({where}), "
-                   f"{a.get('layers')}x{a.get('d_model')} GPT, {a.get('steps')} steps "
-                   f"(commit {data.get('commit', '?')})", fontsize=9)
-    gaps = data.get("gaps", {})
+                   f"{a.get('layers')}x{a.get('d_model')} GPT, {a.get('steps')} steps\n"
+                   f"(commit {', '.join(dict.fromkeys(str(d.get('commit', '?')) for d in files))})", fontsize=9)
+    gaps = gaps_to_exact(runs, configs)
     names = [c for c in configs if c in gaps and c != "exact"]
     for i, c in enumerate(names):
         per_seed = [100 * g for g in gaps[c]["per_seed"]]
@@ -63,7 +84,7 @@ def main():
     right.axhline(0.1, color="red", linestyle="--", linewidth=1, label="target +0.1%")
     right.axhline(0.0, color="black", linewidth=0.8)
     right.set_xticks(range(len(names)))
-    right.set_xticklabels(names)
+    right.set_xticklabels(names, rotation=30, ha="right")
     right.set_ylabel("validation loss vs exact bf16 gradients (%)")
     right.legend()
     fig.tight_layout()
