@@ -95,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-bits", type=int, default=8)
     p.add_argument("--grad-bits", type=int, default=4)
     p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--grad-block-size", type=int, default=None,
+                   help="zpccl: the gradients' own quantization blocks (default: --block-size)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--lr-final", type=float, default=0.1,
                    help="loss runs: the learning rate at the last step, as a fraction of --lr (cosine decay after "
@@ -228,8 +230,10 @@ class Bench:
         def bits(given: int | None, default: int) -> int | None:  # 0: that collective stays on FSDP's own
             return default if given is None else given or None
 
-        zp = self.zpccl.fsdp.enable(model, weight_bits=bits(weight_bits, self.args.weight_bits),
-                                    grad_bits=bits(grad_bits, self.args.grad_bits), block_size=self.args.block_size,
+        g = bits(grad_bits, self.args.grad_bits)
+        zp = self.zpccl.fsdp.enable(model, weight_bits=bits(weight_bits, self.args.weight_bits), grad_bits=g,
+                                    block_size=self.args.block_size,
+                                    grad_block_size=self.args.grad_block_size if g is not None else None,
                                     ranks_per_node=self.where.ranks_per_node)
         torch.cuda.synchronize()
         self.dist.barrier()
@@ -363,7 +367,8 @@ def main(args: argparse.Namespace) -> None:
     say(f"# FSDP2 step: {where.world} ranks ({f'{args.nodes} nodes over sockets, ' if args.nodes else ''}"
         f"{bench.rpn} a node, {bench.on_device} a GPU), {n_params / 1e6:.1f}M parameters, "
         f"{args.layers} layers d {args.d_model}, {args.batch} x {args.seq} tokens per rank; {timed}; zpccl "
-        f"int{args.weight_bits} weights, int{args.grad_bits} gradients, blocks of {args.block_size}", flush=True)
+        f"int{args.weight_bits} weights, int{args.grad_bits} gradients, blocks of {args.block_size}"
+        + (f" (gradients' {args.grad_block_size})" if args.grad_block_size else ""), flush=True)
     out = timed_rows(bench, args, names, label, n_params, say) if names else []
     losses: list[dict[str, Any]] = []
 
@@ -373,6 +378,7 @@ def main(args: argparse.Namespace) -> None:
                 rows=out, losses=losses, loss_summary=loss_summary(losses), loss_seeds=args.seeds,
                 loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
                 nodes=args.nodes or None, ranks_per_node=bench.rpn, params=n_params, block_size=args.block_size,
+                grad_block_size=args.grad_block_size or args.block_size,
                 lr=args.lr, torch=torch.__version__, zpccl=bench.zpccl.library_path()))
 
     save()
