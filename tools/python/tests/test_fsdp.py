@@ -122,38 +122,38 @@ def split(x: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
 
 
 class Recorder:
-    """Wraps a session's qwZ, hpZ and qgZ paths to keep each call's inputs and outputs (copies, on this rank)."""
+    """Wraps a ZeroPlusPlus's qwZ, hpZ and qgZ paths to keep each call's inputs and outputs (copies, on this rank)."""
 
-    def __init__(self, torch: Any, session: Any) -> None:
+    def __init__(self, torch: Any, zp: Any) -> None:
         self.calls: list[tuple] = []
-        qwz, hpz, rs = session._qwz, session._hpz, session._reduce_scatter
+        qwz, hpz, rs = zp._qwz, zp._hpz, zp._reduce_scatter
 
         def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
             x = input.clone()
             qwz(hook, g, output, input)
-            self.calls.append(("qwz", x, output.clone(), session._gather_sizes(hook, x.numel())))
+            self.calls.append(("qwz", x, output.clone(), zp._gather_sizes(hook, x.numel())))
 
         def on_hpz(g: Any, output: Any, input: Any) -> None:
             x = input.clone()
             hpz(g, output, input)
             exact = torch.empty_like(output)
-            torch.distributed.all_gather_into_tensor(exact, x, group=self.pf_group(session, g))
+            torch.distributed.all_gather_into_tensor(exact, x, group=self.pf_group(zp, g))
             self.calls.append(("hpz", x, output.clone(), exact))
 
         def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
             x = input.clone()
             result = rs(hook, output, input, group, op, *rest)
-            self.calls.append(("qgz", x, output.clone(), session._reduce_sizes(hook, output.numel()), op))
+            self.calls.append(("qgz", x, output.clone(), zp._reduce_sizes(hook, output.numel()), op))
             return result
 
-        session._qwz, session._hpz, session._reduce_scatter = on_qwz, on_hpz, on_rs
+        zp._qwz, zp._hpz, zp._reduce_scatter = on_qwz, on_hpz, on_rs
 
     @staticmethod
-    def pf_group(session: Any, g: Any) -> Any:
+    def pf_group(zp: Any, g: Any) -> Any:
         import torch.distributed as dist
 
-        for m in session.model.modules():
-            for pg in session._fsdp.param_groups(m) if isinstance(m, session._fsdp.FSDPModule) else ():
+        for m in zp.model.modules():
+            for pg in zp._fsdp.param_groups(m) if isinstance(m, zp._fsdp.FSDPModule) else ():
                 info = pg.post_forward_mesh_info
                 if info is not None and tuple(dist.get_process_group_ranks(info.shard_process_group)) == \
                         g.hpz_ranks:

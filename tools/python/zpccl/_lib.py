@@ -202,15 +202,6 @@ def nccl_wheel_library() -> str | None:
     return None
 
 
-def _nccl_loaded() -> bool:
-    """Whether this process has a libnccl.so.2 mapped already (torch's, or any)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("libnccl.so" in line for line in maps)
-    except OSError:
-        return False
-
-
 def _load(path: str) -> ctypes.CDLL:
     """``ctypes.CDLL(path)``, with the NCCL torch would load. A process holds one library of the soname
     libnccl.so.2, the first loaded: when the nvidia-nccl-cu13 wheel (torch's NCCL) is on ``sys.path`` and no NCCL is
@@ -218,8 +209,10 @@ def _load(path: str) -> ctypes.CDLL:
     bring the system's NCCL, and a torch imported later would fail on the symbols its newer NCCL has; and the
     installed library's RUNPATH finds the wheel only in its own site-packages, not in another one (a virtual
     environment over the system's torch)."""
+    from ._torch import loaded_nccl_libraries
+
     nccl = nccl_wheel_library()
-    if nccl is not None and not _nccl_loaded():
+    if nccl is not None and not loaded_nccl_libraries():
         ctypes.CDLL(nccl)
     return ctypes.CDLL(path)
 

@@ -264,10 +264,10 @@ class _Staging:
 
 
 class _Hook:
-    """State shared by one FSDP module's all-gather and reduce-scatter hooks."""
+    """State shared by one FSDP module's all-gather and reduce-scatter hooks: the ZeroPlusPlus that serves them."""
 
-    def __init__(self, session: "ZeroPlusPlus", param_group: Any) -> None:
-        self.session, self.param_group = session, param_group
+    def __init__(self, zp: "ZeroPlusPlus", param_group: Any) -> None:
+        self.zp, self.param_group = zp, param_group
 
 
 def _make_all_gather(base: type) -> type:
@@ -281,7 +281,7 @@ def _make_all_gather(base: type) -> type:
             return self.fallback.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
-            return self.hook.session._all_gather(self.hook, output_tensor, input_tensor, group, async_op,
+            return self.hook.zp._all_gather(self.hook, output_tensor, input_tensor, group, async_op,
                                                  self.fallback)
 
     return ZeroAllGather
@@ -299,7 +299,7 @@ def _make_reduce_scatter(base: type) -> type:
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
                      async_op: bool = False) -> Any:
-            return self.hook.session._reduce_scatter(self.hook, output_tensor, input_tensor, group, op, async_op,
+            return self.hook.zp._reduce_scatter(self.hook, output_tensor, input_tensor, group, op, async_op,
                                                      self.fallback)
 
     return ZeroReduceScatter
@@ -636,9 +636,8 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     if weight_bits is None and grad_bits is None:
         raise ZpcclValueError(f"{_CALL}: weight_bits and grad_bits are both None, so zpccl would serve nothing: "
                               "give one of them, or do not call enable", _CALL)
-    for name, value in (("block_size", block_size), ("grad_block_size", grad_block_size)):
-        if value is None and name == "grad_block_size":
-            continue
+    grad_block = block_size if grad_block_size is None else grad_block_size
+    for name, value in (("block_size", block_size), ("grad_block_size", grad_block)):
         if (isinstance(value, bool) or not isinstance(value, int) or not 32 <= value <= 8192
                 or value & (value - 1)):
             raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be a power of two in [32, 8192]", _CALL)
