@@ -23,6 +23,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "device/grad_rounding.h"
 #include "device/launch_geometry.h"
 #include "device/quantize.h"
 #include "host/dtype.h"
@@ -783,17 +784,16 @@ zpResult_t allowSharedMemory(size_t bytes) {
 // Philox call, host/philox.h, and 4 or 8 bytes of codes). Pass 1: x (+ residual) and the absmax over the warp;
 // pass 2: codes by quantizeCode or quantizeCodeStochastic, new residuals, packed codes. A lane keeps its first
 // group from pass 1 in registers (the only one for blocks of up to 256 elements) and reloads the others (from L1
-// or L2). Groups move as 16-byte vectors where they are aligned (the input is any element-aligned tensor, and the
-// residual follows its layout), else element by element. The quotients are quotientRn's or
-// stochasticQuotient's, the division's (host/quant_math.h), so the result equals host/quant_ref.cc's
-// quantizeGradTyped.
+// or L2); it loads its first group of the warp's next block before working on this one, so that two groups a lane
+// are in flight (three CTAs an SM, 80 registers at most, hold them without spilling). Groups move as 16-byte vectors
+// where they are aligned (the input is any element-aligned tensor, and the residual follows its layout), else element
+// by element. The quotients are quotientRn's or stochasticQuotient's, the division's (host/quant_math.h), so the result
+// equals host/quant_ref.cc's quantizeGradTyped.
 
 struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupShift unused
   int blockSize;
   GradQuantLaunch grad;
 };
-
-constexpr int kGradGroup = 8;  // elements a lane takes at a time: one Philox call
 
 template <class T, int N>
 __device__ __forceinline__ bool groupVectors(const T* p, size_t e, size_t count) {
@@ -834,7 +834,7 @@ __device__ __forceinline__ void loadGradGroup(const GradArgsDev& a, const char* 
 }
 
 template <class Type, int Bits, bool kStochastic, bool kResidual>
-__global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgsDev a) {
+__global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradArgsDev a) {
   constexpr int kWarps = kCtaThreads / 32;
   const int lane = threadIdx.x & 31;
   const float qmax = static_cast<float>(quantMax(Bits));
@@ -846,22 +846,36 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
     unsigned char* codes = reinterpret_cast<unsigned char*>(payload + a.scaleBytes);
     uint16_t* res = kResidual ? a.grad.residual + seg * a.grad.residualStrideElems : nullptr;
     const uint32_t slice = a.grad.slice0 + static_cast<uint32_t>(seg * a.grad.sliceStride);
-    for (size_t block = static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); block < a.blocks;
-         block += static_cast<size_t>(gridDim.x) * kWarps) {
+    const size_t step = static_cast<size_t>(gridDim.x) * kWarps;
+    // The lane's first group of the warp's next block (lanes past a small block's groups have none), loaded while
+    // this block is rounded: with one group a lane in flight the kernel waits on its loads most of the time.
+    auto firstGroup = [&](size_t block, float(&x)[kGradGroup]) {
+      if (block >= a.blocks) return;
+      const size_t first = block * a.blockSize, e = first + lane * kGradGroup;
+      if (e < min(first + a.blockSize, a.count)) loadGradGroup<Type, kResidual>(a, in, res, e, x);
+    };
+    float next[kGradGroup] = {};
+    size_t block = static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    firstGroup(block, next);
+    for (; block < a.blocks; block += step) {
       const size_t first = block * a.blockSize;
       const size_t end = min(first + a.blockSize, a.count);
       const size_t mine = first + lane * kGradGroup;  // the lane's first group
-      // step 1: absmax of x (+ residual) over the block.
       float kept[kGradGroup];
+#pragma unroll
+      for (int k = 0; k < kGradGroup; ++k) kept[k] = next[k];
+      firstGroup(block + step, next);
+      // step 1: absmax of x (+ residual) over the block.
       uint32_t absMax = 0;
-      for (size_t e = mine; e < end; e += 32 * kGradGroup) {
+      if (mine < end) {
+#pragma unroll
+        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(kept[k]));
+      }
+      for (size_t e = mine + 32 * kGradGroup; e < end; e += 32 * kGradGroup) {
         float x[kGradGroup];
         loadGradGroup<Type, kResidual>(a, in, res, e, x);
 #pragma unroll
-        for (int k = 0; k < kGradGroup; ++k) {
-          absMax = max(absMax, absBits(x[k]));
-          if (e == mine) kept[k] = x[k];
-        }
+        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
       }
 #if __CUDA_ARCH__ >= 800
       absMax = __reduce_max_sync(kFullMask, absMax);
@@ -877,7 +891,10 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
           for (size_t k = a.blocks; k < a.scaleBytes / sizeof(float); ++k) scales[k] = 0.0f;
         }
       }
-      // step 2: codes (zeros past the end) and residuals.
+      // step 2: codes (zeros past the end) and residuals. A block whose scale passes gradScaleIsFast (almost every
+      // one; the choice is the warp's) takes device/grad_rounding.h's straight-line groups, the others element by
+      // element.
+      const bool straight = gradScaleIsFast<Bits, kStochastic, kResidual>(scale);
       for (size_t e = mine; e < end; e += 32 * kGradGroup) {
         float x[kGradGroup];
         if (e == mine) {
@@ -887,29 +904,46 @@ __global__ void __launch_bounds__(kCtaThreads) quantizeGradKernel(const GradArgs
           loadGradGroup<Type, kResidual>(a, in, res, e, x);
         }
         Philox4x32 r{};
-        const size_t j = a.grad.firstElem + e;
+        const size_t j = a.grad.firstElem + e;  // a multiple of 8: element j + k draws bits k of the group
         if constexpr (kStochastic) r = gradRandomGroup(a.grad.key, slice, j >> 3);
+        const bool whole = e + kGradGroup <= a.count;
         uint32_t c[kGradGroup];
-        uint16_t after[kGradGroup];
+        uint32_t after[kGradGroup / 2];  // new residuals, bf16 pairs (element 2i in the low half)
+        if (straight) {
+          gradGroupCodes<kStochastic>(x, scale, rcp, qmax, r, c);
+          if (!whole) {
 #pragma unroll
-        for (int k = 0; k < kGradGroup; ++k) {
-          if constexpr (kStochastic) {
-            const uint32_t bits = gradRandom16(r, j + k);
-            c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(x[k], scale, rcp), qmax, bits)
-                        : quantizeCodeStochastic(x[k], scale, qmax, bits);
-          } else {
-            c[k] = fast ? floatBits(addRn(quotientRn(x[k], scale, rcp), kRoundMagic)) : quantizeCode(x[k], scale, qmax);
+            for (int k = 0; k < kGradGroup; ++k) c[k] = e + k < a.count ? c[k] : 0;
           }
-          if (e + k >= a.count) c[k] = 0;
-          if constexpr (kResidual) after[k] = residualAfter<Bits>(x[k], c[k], scale);
+          if constexpr (kResidual) gradGroupResiduals<Bits>(x, c, scale, after);
+        } else {
+#pragma unroll
+          for (int k = 0; k < kGradGroup; ++k) {
+            if constexpr (kStochastic) {
+              const uint32_t bits = gradRandom16(r, k);
+              c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(x[k], scale, rcp), qmax, bits)
+                          : quantizeCodeStochastic(x[k], scale, qmax, bits);
+            } else {
+              c[k] =
+                  fast ? floatBits(addRn(quotientRn(x[k], scale, rcp), kRoundMagic)) : quantizeCode(x[k], scale, qmax);
+            }
+            if (e + k >= a.count) c[k] = 0;
+          }
+          if constexpr (kResidual) {
+#pragma unroll
+            for (int i = 0; i < kGradGroup / 2; ++i) {
+              after[i] = residualAfter<Bits>(x[2 * i], c[2 * i], scale) |
+                         static_cast<uint32_t>(residualAfter<Bits>(x[2 * i + 1], c[2 * i + 1], scale)) << 16;
+            }
+          }
         }
         if constexpr (kResidual) {
           if (groupVectors<uint16_t, kGradGroup>(res, e, a.count)) {
-            *reinterpret_cast<uint4*>(res + e) = *reinterpret_cast<const uint4*>(after);
+            *reinterpret_cast<uint4*>(res + e) = make_uint4(after[0], after[1], after[2], after[3]);
           } else {
 #pragma unroll
             for (int k = 0; k < kGradGroup; ++k) {
-              if (e + k < a.count) res[e + k] = after[k];
+              if (e + k < a.count) res[e + k] = static_cast<uint16_t>(after[k >> 1] >> (16 * (k & 1)));
             }
           }
         }

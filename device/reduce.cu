@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "device/grad_rounding.h"
 #include "device/launch_geometry.h"
 #include "device/reduce.h"
 #include "host/quant_format.h"
@@ -344,6 +345,9 @@ __device__ __forceinline__ bool residualVectors(const uint16_t* res, int valid) 
   return valid == kElems && (reinterpret_cast<uintptr_t>(res) & 15) == 0;
 }
 
+// Brings the 128-byte line at p (a thread's 64 bytes of residuals) into L2, holding no register.
+__device__ __forceinline__ void prefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 __device__ __forceinline__ void loadResiduals(const uint16_t* res, int valid, uint32_t (&w)[kResidualWords]) {
   if (residualVectors(res, valid)) {
 #pragma unroll
@@ -376,8 +380,11 @@ __device__ __forceinline__ void storeResiduals(const uint32_t (&w)[kResidualWord
 
 // quantizeThread with gradient rounding: the codes of quantizeCode (kStochastic false) or quantizeCodeStochastic
 // (element j = grad.firstElem + elem + k of slice `slice` drawing its bits), and with kResidual each element's new
-// residual into res. The quotients are quotientRn's or stochasticQuotient's, the division's (host/quant_math.h),
-// so the codes are host/quant_ref.cc's. Elements >= valid get code 0.
+// residual into res (whole words, so that the old residuals, added into acc, need no registers past that). The
+// quotients are quotientRn's or stochasticQuotient's, the division's (host/quant_math.h), so the codes are
+// host/quant_ref.cc's. Elements >= valid get code 0. A block whose scale passes gradScaleIsFast (almost every one)
+// takes device/grad_rounding.h's straight-line groups; the others the element by element path, which holds every
+// case (zero, tiny or NaN scales, scales near FLT_MAX).
 template <int Bits, bool kStochastic, bool kResidual>
 __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], int valid, float scale,
                                                    const GradQuantLaunch& grad, uint32_t slice, size_t elem,
@@ -385,10 +392,45 @@ __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], i
                                                    uint32_t (&packed)[codeWords<Bits>()]) {
   constexpr int kPerWord = 32 / Bits;
   const float qmax = static_cast<float>(quantMax(Bits));
+  const size_t j0 = grad.firstElem + elem;  // a multiple of 32: group g of the thread is Philox group j0 / 8 + g
+  if (gradScaleIsFast<Bits, kStochastic, kResidual>(scale)) {
+    const float rcp = divRn(1.0f, scale);
+#pragma unroll
+    for (int g = 0; g < kElems / kGradGroup; ++g) {
+      float x[kGradGroup];
+#pragma unroll
+      for (int k = 0; k < kGradGroup; ++k) x[k] = acc[kGradGroup * g + k];
+      Philox4x32 r{};
+      if constexpr (kStochastic) r = gradRandomGroup(grad.key, slice, (j0 >> 3) + g);
+      uint32_t c[kGradGroup];
+      gradGroupCodes<kStochastic>(x, scale, rcp, qmax, r, c);
+      if constexpr (kResidual) {  // the residuals past `valid` are not stored: their codes need not be 0
+        uint32_t w[kGradGroup / 2];
+        gradGroupResiduals<Bits>(x, c, scale, w);
+#pragma unroll
+        for (int i = 0; i < kGradGroup / 2; ++i) res[kGradGroup / 2 * g + i] = w[i];
+      }
+#pragma unroll
+      for (int i = 0; i < kGradGroup / kPerWord; ++i) {
+        uint32_t word[kPerWord];
+#pragma unroll
+        for (int k = 0; k < kPerWord; ++k) word[k] = c[kPerWord * i + k];
+        packed[kGradGroup / kPerWord * g + i] = packWord<Bits>(word);
+      }
+    }
+    if (valid < kElems) {  // the codes' zero padding, as quantizeThread's
+#pragma unroll
+      for (int i = 0; i < codeWords<Bits>(); ++i) {
+        const int keep = min(max(valid - kPerWord * i, 0), kPerWord) * Bits;
+        packed[i] &= keep == 32 ? ~0u : (1u << keep) - 1u;
+      }
+    }
+    return;
+  }
   const bool fast = scale >= (kStochastic ? kStochasticQuotientMinScale : kQuotientMinScale);
   const float rcp = fast ? divRn(1.0f, scale) : 0.0f;
-  const size_t j0 = grad.firstElem + elem;  // a multiple of 32
-  Philox4x32 r{};  // group (j0 + e) / 8's bits: int8 packs 4 codes a word, so a group spans two words
+  Philox4x32 r{};     // group (j0 + e) / 8's bits: int8 packs 4 codes a word, so a group spans two words
+  uint32_t even = 0;  // the residual of the word's even element
 #pragma unroll
   for (int i = 0; i < codeWords<Bits>(); ++i) {
     uint32_t c[kPerWord];
@@ -396,8 +438,8 @@ __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], i
     for (int k = 0; k < kPerWord; ++k) {
       const int e = kPerWord * i + k;
       if constexpr (kStochastic) {
-        if ((e & 7) == 0) r = gradRandomGroup(grad.key, slice, (j0 + e) >> 3);
-        const uint32_t bits = gradRandom16(r, j0 + e);
+        if ((e & 7) == 0) r = gradRandomGroup(grad.key, slice, (j0 >> 3) + (e >> 3));
+        const uint32_t bits = gradRandom16(r, e);
         c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(acc[e], scale, rcp), qmax, bits)
                     : quantizeCodeStochastic(acc[e], scale, qmax, bits);
       } else {
@@ -406,7 +448,11 @@ __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], i
       if (e >= valid) c[k] = 0;
       if constexpr (kResidual) {
         const uint32_t after = residualAfter<Bits>(acc[e], c[k], scale);
-        res[e >> 1] = (e & 1) ? (res[e >> 1] & 0xffffu) | after << 16 : (res[e >> 1] & 0xffff0000u) | after;
+        if (e & 1) {
+          res[e >> 1] = even | after << 16;
+        } else {
+          even = after;
+        }
       }
     }
     packed[i] = packWord<Bits>(c);
@@ -438,6 +484,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     uint32_t resWords[kResidualWords];
     uint32_t absMax = 0;
     if (valid > 0) {
+      // The residuals come to L2 while the sources load and sum (their registers would spill if loaded first).
+      if constexpr (kResidual) prefetchL2(res);
       sumSources<Bits>(a, a.base + seg * a.segmentStride, elem, valid, acc);
       if constexpr (kResidual) {
         loadResiduals(res, valid, resWords);

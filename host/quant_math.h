@@ -317,6 +317,17 @@ ZP_HD float stochasticQuotient(float x, float scale, float rcp) {
   return absFloat(q) >= 0x1p-16f ? q : divRn(x, scale);
 }
 
+// stochasticQuotient without its division, for the kernels' groups (device/grad_rounding.h): quotientRn, or x itself
+// for +-0 (the division's quotient exactly), and *divide set where stochasticQuotient would divide instead (a
+// non-zero quotient under 2^-16). Wherever *divide stays false the result is stochasticQuotient's bit for bit
+// (QuantMath tests). Zeros are common in the requantize's sums, and need no division.
+ZP_HD float stochasticQuotientUndivided(float x, float scale, float rcp, bool* divide) {
+  const bool zero = x == 0.0f;
+  const float q = zero ? x : quotientRn(x, scale, rcp);
+  *divide = *divide | (!(absFloat(q) >= 0x1p-16f) & !zero);  // no short circuit: no branch
+  return q;
+}
+
 // Error feedback: the value the sender quantizes is its element plus the residual it kept, in fp32.
 ZP_HD float withResidual(float x, uint16_t residualBf16) { return addRn(x, bf16BitsToFloat(residualBf16)); }
 

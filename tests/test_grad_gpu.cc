@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -71,6 +72,9 @@ void fillGradInput(zpDataType_t type, void* dst, size_t count, std::mt19937_64& 
   zpcheck::storeValue(type, dst, rng() % count, NAN);
   zpcheck::storeValue(type, dst, rng() % count, INFINITY);
   for (size_t i = 0; i < count && i < 300; ++i) zpcheck::storeValue(type, dst, i, 0.0f);  // zero blocks
+  // Elements far below their block's absmax (2^-24, fp16's smallest): quotients under 2^-16, which stochastic
+  // rounding takes by division (device/grad_rounding.h's rare path).
+  for (size_t i = 300; i < 340; i += 3) zpcheck::storeValue(type, dst, i, (i & 1) ? 0x1p-24f : -0x1p-24f);
 }
 
 std::vector<uint16_t> randomResidual(size_t n, std::mt19937_64& rng) {
@@ -187,6 +191,11 @@ TEST(GpuGradKernels, ReduceRequantizeMatchesTheReferenceBitForBit) {
             for (int k = 0; k < sources * batch; ++k) {
               zpcheck::fillRandom(zpFloat32, x.data(), count, rng(), k);
               if (k == 1 && count > 600) x[count / 2] = NAN;
+              // A third source 2^30 times smaller: where the others' codes cancel, sums far below the block's
+              // absmax, whose quotients stochastic rounding takes by division (device/grad_rounding.h's rare path).
+              if (k / batch == 2) {
+                for (float& v : x) v = std::ldexp(v, -30);
+              }
               zp::quantizeRef(x.data(), zpFloat32, count, bits, block, src.data() + k * pb);
             }
             std::vector<uint16_t> res = randomResidual(count * batch, rng), resRef = res;

@@ -408,9 +408,11 @@ TEST(QuantRef, DequantizeForeignPayload) {
 // scales it takes, every fp16 x against sampled absmax values, and random fp32 pairs. The quotient itself must
 // be the division's wherever it can round to a non-zero code. (The full cross product of bf16 and of fp16
 // pairs agrees the same way; it is sampled here to keep the suite fast.) Stochastic rounding's stochasticQuotient
-// must be the division for every pair, from its own, higher, bound on the scale up.
+// must be the division for every pair, from its own, higher, bound on the scale up, and the kernels'
+// stochasticQuotientUndivided stochasticQuotient's wherever it does not ask for the division (never for a zero).
 struct QuotientMismatches {
   uint64_t codes = 0, quotients = 0, stochastic = 0, stochasticPairs = 0;
+  uint64_t undivided = 0, divided = 0, zeros = 0, zerosDivided = 0;  // stochasticQuotientUndivided
 };
 
 void countQuotientMismatches(float x, float absMax, float qmax, QuotientMismatches* bad) {
@@ -422,7 +424,14 @@ void countQuotientMismatches(float x, float absMax, float qmax, QuotientMismatch
   bad->codes += zp::floatBits(zp::addRn(q, zp::kRoundMagic)) != zp::quantizeCode(x, scale, qmax);
   if (scale >= zp::kStochasticQuotientMinScale) {
     ++bad->stochasticPairs;
-    bad->stochastic += zp::floatBits(zp::stochasticQuotient(x, scale, rcp)) != zp::floatBits(d);
+    const float s = zp::stochasticQuotient(x, scale, rcp);
+    bad->stochastic += zp::floatBits(s) != zp::floatBits(d);
+    bool divide = false;
+    const float u = zp::stochasticQuotientUndivided(x, scale, rcp, &divide);
+    bad->undivided += !divide && zp::floatBits(u) != zp::floatBits(s);
+    bad->divided += divide;
+    bad->zeros += x == 0.0f;
+    bad->zerosDivided += x == 0.0f && divide;
   }
 }
 
@@ -468,6 +477,10 @@ TEST(QuantMath, ReciprocalQuotientsGiveTheDivisionsCodes) {
     EXPECT_EQ(bad.codes, 0u) << "of " << pairs << " pairs";
     EXPECT_EQ(bad.quotients, 0u) << "of " << pairs << " pairs";
     EXPECT_EQ(bad.stochastic, 0u) << "of " << bad.stochasticPairs << " pairs";
+    EXPECT_EQ(bad.undivided, 0u) << "of " << bad.stochasticPairs << " pairs";
+    EXPECT_GT(bad.divided, 0u) << "no pair took the division";
+    EXPECT_GT(bad.zeros, 0u) << "no zero x";
+    EXPECT_EQ(bad.zerosDivided, 0u) << "a zero x took the division";
   }
 }
 
