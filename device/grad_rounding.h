@@ -33,6 +33,21 @@ __device__ __forceinline__ bool gradScaleIsFast(float scale) {
   return quotient && (!kResidual || dequantIsPlain<Fp32Type, Bits>(scale));
 }
 
+// The code word of one element of a block that fails gradScaleIsFast (a zero, tiny or NaN scale, or one near FLT_MAX),
+// as the host reference rounds it: quantizeCode's, or quantizeCodeStochastic's with the element's 16 random bits
+// (unused for nearest rounding), from the quotient by the reciprocal where `fast` (the scale passes the quotient's
+// bound) and by the division otherwise.
+template <bool kStochastic>
+__device__ __forceinline__ uint32_t gradElementCode(float x, float scale, float rcp, float qmax, bool fast,
+                                                    uint32_t rand16) {
+  if constexpr (kStochastic) {
+    return fast ? stochasticCodeOfQuotient(stochasticQuotient(x, scale, rcp), qmax, rand16)
+                : quantizeCodeStochastic(x, scale, qmax, rand16);
+  } else {
+    return fast ? floatBits(addRn(quotientRn(x, scale, rcp), kRoundMagic)) : quantizeCode(x, scale, qmax);
+  }
+}
+
 // quantizeCodeStochastic's code words of a group by stochasticQuotient (the division for a quotient under 2^-16),
 // their low bytes packed (byte k: element k). Out of line: the rare path, whose division calls would otherwise cost
 // the hot loop registers (inline only for the one-definition rule of a header).

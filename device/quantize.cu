@@ -919,14 +919,7 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
         } else {
 #pragma unroll
           for (int k = 0; k < kGradGroup; ++k) {
-            if constexpr (kStochastic) {
-              const uint32_t bits = gradRandom16(r, k);
-              c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(x[k], scale, rcp), qmax, bits)
-                          : quantizeCodeStochastic(x[k], scale, qmax, bits);
-            } else {
-              c[k] =
-                  fast ? floatBits(addRn(quotientRn(x[k], scale, rcp), kRoundMagic)) : quantizeCode(x[k], scale, qmax);
-            }
+            c[k] = gradElementCode<kStochastic>(x[k], scale, rcp, qmax, fast, gradRandom16(r, k));
             if (e + k >= a.count) c[k] = 0;
           }
           if constexpr (kResidual) {

@@ -439,12 +439,8 @@ __device__ __forceinline__ void quantizeThreadGrad(const float (&acc)[kElems], i
       const int e = kPerWord * i + k;
       if constexpr (kStochastic) {
         if ((e & 7) == 0) r = gradRandomGroup(grad.key, slice, (j0 >> 3) + (e >> 3));
-        const uint32_t bits = gradRandom16(r, e);
-        c[k] = fast ? stochasticCodeOfQuotient(stochasticQuotient(acc[e], scale, rcp), qmax, bits)
-                    : quantizeCodeStochastic(acc[e], scale, qmax, bits);
-      } else {
-        c[k] = fast ? floatBits(addRn(quotientRn(acc[e], scale, rcp), kRoundMagic)) : quantizeCode(acc[e], scale, qmax);
       }
+      c[k] = gradElementCode<kStochastic>(acc[e], scale, rcp, qmax, fast, gradRandom16(r, e));
       if (e >= valid) c[k] = 0;
       if constexpr (kResidual) {
         const uint32_t after = residualAfter<Bits>(acc[e], c[k], scale);
