@@ -105,7 +105,7 @@ std::vector<KernelCase> kernelCases() {
   std::vector<KernelCase> cases;
   for (zpDataType_t type : {zpFloat32, zpBfloat16, zpFloat16})
     for (int bits : {4, 8})
-      for (int block : {32, 256, 8192})
+      for (int block : {32, 64, 256, 1024, 8192})  // 1, 2, 8, 32 lanes a block; beyond the groups a lane keeps
         for (size_t count : {size_t{1}, size_t{257}, size_t{8193}, size_t{100003}})
           for (int mode = 0; mode < 3; ++mode) {
             const bool sr = mode != 1, ef = mode != 0;
