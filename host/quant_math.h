@@ -279,22 +279,32 @@ ZP_HD float floorFloat(float v) {
 #endif
 }
 
-// quantizeCodeStochastic's rounding of the quotient x / scale (below).
+// quantizeCodeStochastic's rounding of the quotient x / scale (below), in integers. With a = min(|quotient|, qmax) =
+// n + f (n = floor(a)) and the rounding's condition f > (2 rand16 + 1) / 2^17, that is 2^16 f - 1/2 > rand16:
+// for C = ceil(2^16 a - 1/2) = 2^16 n + c, c = ceil(2^16 f - 1/2) in [0, 2^16], the condition is c > rand16, and
+// the magnitude n + [c > rand16] is (C + 0xffff - rand16) >> 16 (the sum stays under 2^32). The code word is the
+// magnitude, with the quotient's sign, in kRoundMagic's low bits, as floatBits(addRn(+-m, kRoundMagic)) has it.
+// C itself: on the GPU, a + (128 - 2^-17) rounded up (a <= 127, so the sum is in [128 - 2^-17, 255)) lies on the
+// grid of [128, 256), whose step is 2^-16, and has the bits 0x43000000 + C; only a = 0 stays at 128 - 2^-17, below
+// 0x43000000, hence the max. On the host, in double, where 2^16 a - 1/2 is exact for a >= 2^-17 (and C = 0 below).
+// Both are the threshold form bit for bit over every float a in [0, 127] and every rand16 (QuantMath tests, on the
+// host and on the GPU); the form saves the GPU a floor, an integer conversion and a compare and select an element.
 ZP_HD uint32_t stochasticCodeOfQuotient(float quotient, float qmax, uint32_t rand16) {
-  const float v = clampFloat(quotient, -qmax, qmax);
-  const float a = absFloat(v);
-  const float whole = floorFloat(a);
-  const float frac = addRn(a, -whole);
-  const float threshold = mulRn(static_cast<float>(2u * rand16 + 1u), 0x1p-17f);
-  const float q = frac > threshold ? addRn(whole, 1.0f) : whole;
-  return floatBits(addRn(v < 0.0f ? -q : q, kRoundMagic));
+#if defined(__CUDA_ARCH__)
+  const float a = fminf(fabsf(quotient), qmax);
+  const uint32_t c = max(__float_as_uint(__fadd_ru(a, 0x1.fffffep6f)), 0x43000000u) - 0x43000000u;
+#else
+  const float a = std::fmin(std::fabs(quotient), qmax);
+  const uint32_t c = a < 0x1p-17f ? 0u : static_cast<uint32_t>(std::ceil(static_cast<double>(a) * 65536.0 - 0.5));
+#endif
+  const uint32_t m = (c + 0xffffu - rand16) >> 16;
+  return floatBits(kRoundMagic) + (quotient < 0.0f ? 0u - m : m);
 }
 
 // quantizeCode with stochastic rounding: the quotient v = clamp(x / scale, -qmax, qmax) (IEEE division, as
 // quantizeCode) rounds away from zero, to floor(|v|) + 1 in magnitude, with probability frac(|v|), else toward it.
 // rand16 (16 random bits, host/philox.h) sets the threshold t = (2 rand16 + 1) / 2^17, the midpoints of 2^16 equal
-// steps of [0, 1): |v| rounds up when frac(|v|) > t. Every operation is exact (floor, |v| - floor(|v|) by
-// Sterbenz's lemma, a 17-bit integer times 2^-17, an integer plus 1), so host and device agree bit for bit.
+// steps of [0, 1): |v| rounds up when frac(|v|) > t, a decision stochasticCodeOfQuotient takes in integers.
 // Unbiased up to the threshold grid: E[q] - v = (round(frac * 2^16) / 2^16 - frac) * sign(v), at most 2^-17 of a
 // quantization step in magnitude, and 0 whenever frac is a multiple of 2^-16. Integers (frac 0) never move; the
 // result stays in [-qmax, qmax]. Scale 0 or NaN gives code 0, as quantizeCode.

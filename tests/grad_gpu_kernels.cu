@@ -2,6 +2,7 @@
 
 #include "host/philox.h"
 #include "tests/grad_gpu_kernels.h"
+#include "tests/stochastic_threshold.h"
 
 namespace zptest {
 namespace {
@@ -17,6 +18,25 @@ __global__ void philoxKernel(const uint32_t* ctrKey, size_t n, uint32_t* curandO
     const zp::Philox4x32 z = zp::philox4x32_10(zp::Philox4x32{{in[0], in[1], in[2], in[3]}}, in[4], in[5]);
     for (int w = 0; w < 4; ++w) zpOut[4 * i + w] = z.v[w];
   }
+}
+
+// Both forms of stochastic rounding on every float a in [first, last] (bit patterns) and on -a, at a's step draws.
+__global__ void stochasticFormsKernel(uint32_t first, uint32_t last, float qmax, unsigned long long* counts) {
+  unsigned long long checked = 0, bad = 0;
+  for (uint64_t u = first + blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; u <= last;
+       u += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const float a = __uint_as_float(static_cast<uint32_t>(u));
+    uint32_t draws[4];
+    stochasticStepDraws(fminf(a, qmax), draws);
+    for (uint32_t r : draws) {
+      for (float q : {a, -a}) {
+        ++checked;
+        bad += zp::stochasticCodeOfQuotient(q, qmax, r) != stochasticCodeByThreshold(q, qmax, r);
+      }
+    }
+  }
+  atomicAdd(counts, checked);
+  atomicAdd(counts + 1, bad);
 }
 
 }  // namespace
@@ -36,6 +56,23 @@ cudaError_t philoxOnDevice(const uint32_t* ctrKey, size_t n, uint32_t* curandOut
   cudaFree(dIn);
   cudaFree(dCurand);
   cudaFree(dZp);
+  return e;
+}
+
+cudaError_t stochasticFormsOnDevice(uint32_t first, uint32_t last, float qmax, unsigned long long* checked,
+                                    unsigned long long* mismatches) {
+  unsigned long long* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, 2 * sizeof(unsigned long long));
+  if (e == cudaSuccess) e = cudaMemset(d, 0, 2 * sizeof(unsigned long long));
+  if (e == cudaSuccess) {
+    stochasticFormsKernel<<<1024, 256>>>(first, last, qmax, d);
+    e = cudaGetLastError();
+  }
+  unsigned long long h[2] = {0, 0};
+  if (e == cudaSuccess) e = cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  *checked = h[0];
+  *mismatches = h[1];
   return e;
 }
 

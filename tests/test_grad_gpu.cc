@@ -1,5 +1,6 @@
 // qgZ's gradient rounding on the GPU (include/zpccl.h, "Gradient rounding"), bit for bit against the host:
-// host/philox.h's generator against cuRAND's curand_Philox4x32_10 on the device; the kernels (launchQuantizeGrad,
+// host/philox.h's generator against cuRAND's curand_Philox4x32_10 on the device; stochastic rounding's integer form
+// (host/quant_math.h's GPU path) against its threshold form over every float in range; the kernels (launchQuantizeGrad,
 // launchReduceRequantizeGrad: payloads with their padding, and residuals) against host/quant_ref.h's
 // quantizeGradRef over type x bits x block size x count x batch x rounding x residual x chunk offset; and
 // zpQuantReduceScatterA2AEx2 with stochastic rounding and error feedback on one-hop and two-hop layouts (processes
@@ -61,6 +62,19 @@ TEST(GpuGradPhilox, MatchesCurandAndTheHost) {
       ASSERT_EQ(zpDev[4 * i + w], curand[4 * i + w]) << "device, counter " << i << " word " << w;
       ASSERT_EQ(host.v[w], curand[4 * i + w]) << "host, counter " << i << " word " << w;
     }
+  }
+}
+
+// stochasticCodeOfQuotient's GPU path (a rounded-up addition) against the threshold form on the GPU, over every float
+// in [2^-17, 127] and its negative at the draws where either could change its rounding (the host's path: QuantMath).
+TEST(GpuGradKernels, StochasticIntegerFormIsTheThresholdForm) {
+  ZP_REQUIRE_GPUS(1);
+  for (float qmax : {127.0f, 7.0f}) {
+    const uint32_t first = zp::floatBits(0x1p-17f), last = zp::floatBits(qmax == 7.0f ? 8.0f : 127.0f);
+    unsigned long long checked = 0, bad = 0;
+    CUDA_ASSERT(zptest::stochasticFormsOnDevice(first, last, qmax, &checked, &bad));
+    EXPECT_EQ(checked, 8ull * (last - first + 1)) << "qmax " << qmax;
+    EXPECT_EQ(bad, 0ull) << "qmax " << qmax;
   }
 }
 

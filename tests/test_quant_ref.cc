@@ -16,6 +16,7 @@
 #include "host/quant_math.h"
 #include "host/quant_ref.h"
 #include "tests/quant_test_util.h"
+#include "tests/stochastic_threshold.h"
 
 namespace {
 
@@ -433,6 +434,42 @@ void countQuotientMismatches(float x, float absMax, float qmax, QuotientMismatch
     bad->zeros += x == 0.0f;
     bad->zerosDivided += x == 0.0f && divide;
   }
+}
+
+// stochasticCodeOfQuotient's integer form is the threshold form (tests/stochastic_threshold.h) over every float in
+// [2^-17, 127] (both codes' ranges, at qmax 127 and 7), each at the draws where either form could change its rounding;
+// negative quotients, those under 2^-17 (neither form rounds up) and those past qmax (clamped) on samples.
+TEST(QuantMath, StochasticIntegerFormIsTheThresholdForm) {
+  uint64_t checked = 0, bad = 0;
+  auto check = [&](float q, float qmax, uint32_t r) {
+    ++checked;
+    const uint32_t got = zp::stochasticCodeOfQuotient(q, qmax, r), want = zptest::stochasticCodeByThreshold(q, qmax, r);
+    if (got != want && ++bad <= 10) ADD_FAILURE() << "quotient " << q << " qmax " << qmax << " draw " << r << ": " << got;
+  };
+  for (float qmax : {127.0f, 7.0f}) {
+    const uint32_t last = zp::floatBits(qmax == 7.0f ? 8.0f : 127.0f);
+    for (uint32_t u = zp::floatBits(0x1p-17f); u <= last; ++u) {
+      const float a = zp::bitsFloat(u);
+      uint32_t draws[4];
+      zptest::stochasticStepDraws(std::fmin(a, qmax), draws);
+      for (uint32_t r : draws) check(a, qmax, r);
+      if (u % 61 == 0) {
+        for (uint32_t r : draws) check(-a, qmax, r);
+      }
+    }
+    std::mt19937_64 rng(5);
+    for (int i = 0; i < 200000; ++i) {
+      const uint32_t r = static_cast<uint32_t>(rng() & 0xffffu);
+      const float tiny = zp::bitsFloat(static_cast<uint32_t>(rng() % zp::floatBits(0x1p-17f)));
+      const float past = qmax + std::ldexp(static_cast<float>(rng() % 1000000), -10);
+      check(tiny, qmax, r);
+      check(-tiny, qmax, r);
+      check(past, qmax, r);
+      check(-past, qmax, r);
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "of " << checked;
+  EXPECT_GT(checked, uint64_t{1} << 29);
 }
 
 TEST(QuantMath, ReciprocalQuotientsGiveTheDivisionsCodes) {
