@@ -7,8 +7,8 @@
 // reciprocal and the division (and, for error feedback, between the plain product and the saturating one) makes
 // each element a branch region of its own, so that no element's latency overlaps another's, and its Philox words
 // indexed by the element's counter (a run-time index) go through local memory. Here the choices that depend on
-// the block's scale are taken once per block (gradScaleIsFast), the rare quotients that need the division once
-// per group (gradGroupCodes), and each element's random bits are a word and half known at compile time.
+// the block's scale are taken once per block (gradScaleIsFast), a block that passes it needs no division at all
+// (gradGroupCodes), and each element's random bits are a word and half known at compile time.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,37 +41,19 @@ template <bool kStochastic>
 __device__ __forceinline__ uint32_t gradElementCode(float x, float scale, float rcp, float qmax, bool fast,
                                                     uint32_t rand16) {
   if constexpr (kStochastic) {
-    return fast ? stochasticCodeOfQuotient(stochasticQuotient(x, scale, rcp), qmax, rand16)
+    return fast ? stochasticCodeOfQuotient(quotientRn(x, scale, rcp), qmax, rand16)
                 : quantizeCodeStochastic(x, scale, qmax, rand16);
   } else {
     return fast ? floatBits(addRn(quotientRn(x, scale, rcp), kRoundMagic)) : quantizeCode(x, scale, qmax);
   }
 }
 
-// quantizeCodeStochastic's code words of a group by stochasticQuotient (the division for a quotient under 2^-16),
-// their low bytes packed (byte k: element k). Out of line: the rare path, whose division calls would otherwise cost
-// the hot loop registers (inline only for the one-definition rule of a header).
-inline __device__ __noinline__ uint2 stochasticGroupDivided(float4 x0, float4 x1, float scale, float rcp, float qmax,
-                                                            uint4 random) {
-  const float x[kGradGroup] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-  const Philox4x32 r{{random.x, random.y, random.z, random.w}};
-  uint32_t bytes[2] = {0, 0};
-#pragma unroll
-  for (int k = 0; k < kGradGroup; ++k) {
-    const uint32_t c = stochasticCodeOfQuotient(stochasticQuotient(x[k], scale, rcp), qmax, gradRandom16(r, k));
-    bytes[k >> 2] |= (c & 0xffu) << (8 * (k & 3));
-  }
-  return make_uint2(bytes[0], bytes[1]);
-}
-
 // The code words of a group (code k in the low bits of c[k], higher bits not zero) whose block passed
 // gradScaleIsFast: quantizeCode's (kStochastic false) or quantizeCodeStochastic's, element k drawing the bits k of
 // the group's Philox output r (the group starts at a multiple of 8, so gradRandom16(r, j) takes them for element
-// j). The quotients are quotientRn's (scale, rcp = divRn(1, scale)), which are the division's wherever the nearest
-// rounding can tell (host/quant_math.h); for stochastic rounding stochasticQuotientUndivided's, which are
-// stochasticQuotient's unless some quotient of the group is a non-zero one under 2^-16: then the whole group is done
-// again by stochasticQuotient, out of line. Zeros need no division (a sum of int4 codes, or of other mostly small
-// codes, is often exactly 0): each would otherwise send its group, and in effect its warp, down the slow path.
+// j). The quotients are quotientRn's (scale, rcp = divRn(1, scale)), which give the division's codes wherever the
+// rounding can tell: near 1/2 and above for the nearest rounding (kQuotientMinScale), above 2^-17 for stochastic
+// rounding (kStochasticQuotientMinScale; host/quant_math.h). So a group is straight-line code with no division.
 template <bool kStochastic>
 __device__ __forceinline__ void gradGroupCodes(const float (&x)[kGradGroup], float scale, float rcp, float qmax,
                                                const Philox4x32& r, uint32_t (&c)[kGradGroup]) {
@@ -79,18 +61,9 @@ __device__ __forceinline__ void gradGroupCodes(const float (&x)[kGradGroup], flo
 #pragma unroll
     for (int k = 0; k < kGradGroup; ++k) c[k] = floatBits(addRn(quotientRn(x[k], scale, rcp), kRoundMagic));
   } else {
-    bool divide = false;
 #pragma unroll
-    for (int k = 0; k < kGradGroup; ++k) {
-      const float q = stochasticQuotientUndivided(x[k], scale, rcp, &divide);
-      c[k] = stochasticCodeOfQuotient(q, qmax, gradRandom16(r, k));
-    }
-    if (divide) {
-      const uint2 b = stochasticGroupDivided(make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]),
-                                             scale, rcp, qmax, make_uint4(r.v[0], r.v[1], r.v[2], r.v[3]));
-#pragma unroll
-      for (int k = 0; k < kGradGroup; ++k) c[k] = ((k < 4 ? b.x : b.y) >> (8 * (k & 3))) & 0xffu;
-    }
+    for (int k = 0; k < kGradGroup; ++k)
+      c[k] = stochasticCodeOfQuotient(quotientRn(x[k], scale, rcp), qmax, gradRandom16(r, k));
   }
 }
 

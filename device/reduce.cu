@@ -381,7 +381,7 @@ __device__ __forceinline__ void storeResiduals(const uint32_t (&w)[kResidualWord
 // quantizeThread with gradient rounding: the codes of quantizeCode (kStochastic false) or quantizeCodeStochastic
 // (element j = grad.firstElem + elem + k of slice `slice` drawing its bits), and with kResidual each element's new
 // residual into res (whole words, so that the old residuals, added into acc, need no registers past that). The
-// quotients are quotientRn's or stochasticQuotient's, the division's (host/quant_math.h), so the codes are
+// quotients are quotientRn's, whose codes are the division's (host/quant_math.h), so the codes are
 // host/quant_ref.cc's. Elements >= valid get code 0. A block whose scale passes gradScaleIsFast (almost every one)
 // takes device/grad_rounding.h's straight-line groups; the others the element by element path, which holds every
 // case (zero, tiny or NaN scales, scales near FLT_MAX).

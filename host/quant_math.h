@@ -313,30 +313,15 @@ ZP_HD uint32_t quantizeCodeStochastic(float x, float scale, float qmax, uint32_t
   return stochasticCodeOfQuotient(divRn(x, scale), qmax, rand16);
 }
 
-// x / scale for stochastic rounding without a division, for the kernels' hot loops (rcp = divRn(1, scale)).
-// Stochastic rounding reads the quotient's fraction down to the smallest threshold, 2^-17, not only near 1/2 as
-// the nearest rounding does, so the bound of kQuotientMinScale moves up by 2^16: from kStochasticQuotientMinScale
-// up, every x whose quotientRn reaches 2^-16 has |x| >= 2^-97, where quotientRn's residual is exact and its
-// quotient the division's (see quotientRn). Smaller quotients (|x| under 2^-16 of the block's scale: rare) take
-// the division. So the result is divRn(x, scale) for every x (QuantMath tests: bit-equal on the same pairs as
-// quotientRn).
-constexpr float kStochasticQuotientMinScale = 0x1p-80f;
-
-ZP_HD float stochasticQuotient(float x, float scale, float rcp) {
-  const float q = quotientRn(x, scale, rcp);
-  return absFloat(q) >= 0x1p-16f ? q : divRn(x, scale);
-}
-
-// stochasticQuotient without its division, for the kernels' groups (device/grad_rounding.h): quotientRn, or x itself
-// for +-0 (the division's quotient exactly), and *divide set where stochasticQuotient would divide instead (a
-// non-zero quotient under 2^-16). Wherever *divide stays false the result is stochasticQuotient's bit for bit
-// (QuantMath tests). Zeros are common in the requantize's sums, and need no division.
-ZP_HD float stochasticQuotientUndivided(float x, float scale, float rcp, bool* divide) {
-  const bool zero = x == 0.0f;
-  const float q = zero ? x : quotientRn(x, scale, rcp);
-  *divide = *divide | (!(absFloat(q) >= 0x1p-16f) & !zero);  // no short circuit: no branch
-  return q;
-}
+// The bound on the scale from which stochastic rounding may take quotientRn(x, scale, rcp) (rcp = divRn(1, scale))
+// for the division's quotient, as the kernels' hot loops do. Stochastic rounding gives code 0 to every quotient of at
+// most 2^-17 in magnitude (stochasticCodeOfQuotient: no draw rounds it up), so only larger quotients need to be the
+// division's. From this bound up, an x whose quotient exceeds 2^-17 has |x| > 2^-96, where quotientRn's residual
+// is exact and its quotient the division's (see quotientRn); a quotient under 2^-17 from the reciprocal is within a
+// few ulps of the division's, so both are at most 2^-17 and give code 0. Zeros need no case of their own: both
+// quotients are +-0. So the codes equal quantizeCodeStochastic's for every x and every draw (QuantMath tests, on
+// the pairs that check quotientRn, and on quotients around 2^-17 at the smallest such scales).
+constexpr float kStochasticQuotientMinScale = 0x1p-79f;
 
 // Error feedback: the value the sender quantizes is its element plus the residual it kept, in fp32.
 ZP_HD float withResidual(float x, uint16_t residualBf16) { return addRn(x, bf16BitsToFloat(residualBf16)); }
