@@ -784,16 +784,19 @@ zpResult_t allowSharedMemory(size_t bytes) {
 // The unit of work is a group of 8 elements (one Philox call, host/philox.h; 4 or 8 bytes of codes). A block of G
 // elements belongs to P = min(G / 32, 32) lanes of a warp (a warp holds 32 / P blocks side by side); the block's
 // lane t takes its groups t, t + P, t + 2P, ..., so that each load step of the warp covers whole contiguous lines.
-// A lane loads its first kGradKeptGroups groups (all of them for blocks of up to 1024 elements) before anything
-// else, so that 4 to 12 16-byte loads a lane are in flight, and keeps them in registers from the absmax to the
-// codes; larger blocks stream their other groups through the absmax and load them again for the codes (from L1 or
-// L2). Then: the block's absmax over its P lanes, the scale, and per group the codes by quantizeCode or
-// quantizeCodeStochastic and the new residuals. Groups move as 16-byte vectors where they are aligned (the input is
-// any element-aligned tensor, and the residual follows its layout), else element by element. The quotients are
-// quotientRn's or stochasticQuotient's, the division's (host/quant_math.h), so the result equals
+// A lane loads its first kGradKeptGroups groups (all of them for blocks of up to 1024 elements, 512 with residuals)
+// before anything else, so that 4 to 8 16-byte loads a lane are in flight, and keeps them in registers from the
+// absmax to the codes; larger blocks stream their other groups through the absmax and load them again for the
+// codes (from L1 or L2). Then: the block's absmax over its P lanes, the scale, and per group the codes by
+// quantizeCode or quantizeCodeStochastic and the new residuals. Groups move as 16-byte vectors where they are
+// aligned (the input is any element-aligned tensor, and the residual follows its layout), else element by element.
+// The quotients are quotientRn's, whose codes are the division's (host/quant_math.h), so the result equals
 // host/quant_ref.cc's quantizeGradTyped.
 
-constexpr int kGradKeptGroups = 4;  // groups a lane holds from the absmax to the codes
+// Groups a lane holds from the absmax to the codes: four, or two with residuals (their words double a group's
+// registers; four groups with residuals spill some 200 bytes a thread at 80 registers).
+template <bool kResidual>
+constexpr int kGradKeptGroups = kResidual ? 2 : 4;
 
 struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupShift unused
   int blockSize;
@@ -855,7 +858,7 @@ __device__ __forceinline__ void gradGroupValues(const GradGroupWords<Type, kResi
 // What the codes of one block need: its scale and the reciprocal, and which path its groups take.
 struct GradBlockScale {
   float scale, rcp, qmax;
-  bool fast;      // the quotient from the reciprocal is the division's (stochasticQuotient's or quotientRn's)
+  bool fast;      // the quotient from the reciprocal (quotientRn) gives the division's codes
   bool straight;  // gradScaleIsFast: device/grad_rounding.h's straight-line groups
 };
 
@@ -965,9 +968,9 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
       const size_t end = block < a.blocks ? min(first + a.blockSize, a.count) : first;
       const size_t mine = first + sub * kGradGroup;  // the lane's first group
       // step 1: the kept groups' loads, all issued before any is used; then the absmax of x (+ residual).
-      GradGroupWords<Type, kResidual> kept[kGradKeptGroups];
+      GradGroupWords<Type, kResidual> kept[kGradKeptGroups<kResidual>];
 #pragma unroll
-      for (int j = 0; j < kGradKeptGroups; ++j) {
+      for (int j = 0; j < kGradKeptGroups<kResidual>; ++j) {
         const size_t e = mine + j * groupStep;
         if (e < end) {
           loadGradGroup<Type, kResidual>(a, in, res, e, kept[j]);
@@ -977,13 +980,13 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
       }
       uint32_t absMax = 0;
 #pragma unroll
-      for (int j = 0; j < kGradKeptGroups; ++j) {
+      for (int j = 0; j < kGradKeptGroups<kResidual>; ++j) {
         float x[kGradGroup];
         gradGroupValues<Type, kResidual>(kept[j], mine + j * groupStep, a.count, x);
 #pragma unroll
         for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
       }
-      for (size_t e = mine + kGradKeptGroups * groupStep; e < end; e += groupStep) {
+      for (size_t e = mine + kGradKeptGroups<kResidual> * groupStep; e < end; e += groupStep) {
         GradGroupWords<Type, kResidual> g;
         loadGradGroup<Type, kResidual>(a, in, res, e, g);
         float x[kGradGroup];
@@ -1007,7 +1010,7 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
       }
       // step 2: codes (zeros past the end) and residuals.
 #pragma unroll
-      for (int j = 0; j < kGradKeptGroups; ++j) {
+      for (int j = 0; j < kGradKeptGroups<kResidual>; ++j) {
         const size_t e = mine + j * groupStep;
         if (e < end) {
           float x[kGradGroup];
@@ -1015,7 +1018,7 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
           roundGradGroup<Type, Bits, kStochastic, kResidual>(a, x, e, b, slice, codes, res);
         }
       }
-      for (size_t e = mine + kGradKeptGroups * groupStep; e < end; e += groupStep) {
+      for (size_t e = mine + kGradKeptGroups<kResidual> * groupStep; e < end; e += groupStep) {
         GradGroupWords<Type, kResidual> g;
         loadGradGroup<Type, kResidual>(a, in, res, e, g);
         float x[kGradGroup];
