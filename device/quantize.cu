@@ -921,8 +921,8 @@ __device__ __forceinline__ void roundGradGroup(const GradArgsDev& a, const float
   } else {
     const int valid = whole ? kGradGroup : static_cast<int>(a.count - e);
     out = roundGradGroupByElement<Bits, kStochastic, kResidual>(
-        make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), valid, b.scale, b.rcp, b.qmax,
-        b.fast, make_uint4(r.v[0], r.v[1], r.v[2], r.v[3]));
+        make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), valid, b.scale, b.rcp, b.qmax, b.fast,
+        make_uint4(r.v[0], r.v[1], r.v[2], r.v[3]));
   }
   if constexpr (kResidual) {
     if (groupVectors<uint16_t, kGradGroup>(res, e, a.count)) {
@@ -947,7 +947,7 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
   constexpr int kWarps = kCtaThreads / 32;
   const int lane = threadIdx.x & 31;
   const int lanes = a.blockLanes;
-  const int sub = lane & (lanes - 1);              // the lane's place among its block's lanes
+  const int sub = lane & (lanes - 1);  // the lane's place among its block's lanes
   const size_t blocksPerWarp = 32 / lanes;
   const size_t groupStep = static_cast<size_t>(lanes) * kGradGroup;  // elements between a lane's groups
   const float qmax = static_cast<float>(quantMax(Bits));

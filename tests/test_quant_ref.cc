@@ -470,7 +470,8 @@ TEST(QuantMath, StochasticIntegerFormIsTheThresholdForm) {
   auto check = [&](float q, float qmax, uint32_t r) {
     ++checked;
     const uint32_t got = zp::stochasticCodeOfQuotient(q, qmax, r), want = zptest::stochasticCodeByThreshold(q, qmax, r);
-    if (got != want && ++bad <= 10) ADD_FAILURE() << "quotient " << q << " qmax " << qmax << " draw " << r << ": " << got;
+    if (got != want && ++bad <= 10)
+      ADD_FAILURE() << "quotient " << q << " qmax " << qmax << " draw " << r << ": " << got;
   };
   for (float qmax : {127.0f, 7.0f}) {
     const uint32_t last = zp::floatBits(qmax == 7.0f ? 8.0f : 127.0f);
