@@ -86,8 +86,8 @@ void fillGradInput(zpDataType_t type, void* dst, size_t count, std::mt19937_64& 
   zpcheck::storeValue(type, dst, rng() % count, NAN);
   zpcheck::storeValue(type, dst, rng() % count, INFINITY);
   for (size_t i = 0; i < count && i < 300; ++i) zpcheck::storeValue(type, dst, i, 0.0f);  // zero blocks
-  // Elements far below their block's absmax (2^-24, fp16's smallest): quotients under 2^-16, which stochastic
-  // rounding takes by division (device/grad_rounding.h's rare path).
+  // Elements far below their block's absmax (2^-24, fp16's smallest): quotients under 2^-16, where stochastic
+  // rounding's quotient from the reciprocal must still give the division's codes (host/quant_math.h).
   for (size_t i = 300; i < 340; i += 3) zpcheck::storeValue(type, dst, i, (i & 1) ? 0x1p-24f : -0x1p-24f);
 }
 
@@ -206,7 +206,7 @@ TEST(GpuGradKernels, ReduceRequantizeMatchesTheReferenceBitForBit) {
               zpcheck::fillRandom(zpFloat32, x.data(), count, rng(), k);
               if (k == 1 && count > 600) x[count / 2] = NAN;
               // A third source 2^30 times smaller: where the others' codes cancel, sums far below the block's
-              // absmax, whose quotients stochastic rounding takes by division (device/grad_rounding.h's rare path).
+              // absmax, whose quotients from the reciprocal must still give the division's codes.
               if (k / batch == 2) {
                 for (float& v : x) v = std::ldexp(v, -30);
               }
