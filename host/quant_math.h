@@ -263,22 +263,6 @@ ZP_HD bool dequantIsPlain(float scale) {
 
 // ---- qgZ's gradient rounding: stochastic rounding and error feedback ----------------------------------------
 
-ZP_HD float absFloat(float v) {
-#if defined(__CUDA_ARCH__)
-  return fabsf(v);
-#else
-  return std::fabs(v);
-#endif
-}
-
-ZP_HD float floorFloat(float v) {
-#if defined(__CUDA_ARCH__)
-  return floorf(v);
-#else
-  return std::floor(v);
-#endif
-}
-
 // quantizeCodeStochastic's rounding of the quotient x / scale (below), in integers. With a = min(|quotient|, qmax) =
 // n + f (n = floor(a)) and the rounding's condition f > (2 rand16 + 1) / 2^17, that is 2^16 f - 1/2 > rand16:
 // for C = ceil(2^16 a - 1/2) = 2^16 n + c, c = ceil(2^16 f - 1/2) in [0, 2^16], the condition is c > rand16, and

@@ -14,8 +14,8 @@ namespace zptest {
 
 ZP_HD uint32_t stochasticCodeByThreshold(float quotient, float qmax, uint32_t rand16) {
   const float v = zp::clampFloat(quotient, -qmax, qmax);
-  const float a = zp::absFloat(v);
-  const float whole = zp::floorFloat(a);
+  const float a = fabsf(v);  // math.h's on the host, CUDA's on the GPU: both exact
+  const float whole = floorf(a);
   const float frac = zp::addRn(a, -whole);
   const float threshold = zp::mulRn(static_cast<float>(2u * rand16 + 1u), 0x1p-17f);
   const float q = frac > threshold ? zp::addRn(whole, 1.0f) : whole;
