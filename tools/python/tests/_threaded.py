@@ -45,6 +45,9 @@ def run_threaded(world_size: int, fn: Callable[[int], T], timeout: float = 300.0
     with _lock:
         if isolate is not None:
             isolate(True)
+        reset = getattr(ProcessLocalGroup, "reset", None)
+        if reset is not None:
+            reset()  # a world that failed leaves its pending collectives and its termination flag behind
         _install_threaded_pg()
         store = dist.HashStore()
 
@@ -70,7 +73,8 @@ def run_threaded(world_size: int, fn: Callable[[int], T], timeout: float = 300.0
             if isolate is not None:
                 isolate(False)
     if failures:
-        rank, exc = failures[0]
+        # The ranks that the first failure woke up raise SystemExit: report the failure itself.
+        rank, exc = next((f for f in failures if not isinstance(f[1], SystemExit)), failures[0])
         if hasattr(exc, "add_note"):
             exc.add_note(f"raised on thread-rank {rank} of {world_size}")
         raise exc

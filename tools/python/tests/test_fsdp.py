@@ -161,21 +161,31 @@ class Recorder:
         raise AssertionError("no post-forward group")
 
 
+def torch_for_threads() -> Any:
+    """torch, when it runs FSDP2 with ranks as threads; else SkipTest."""
+    torch = torch_with_fsdp2()
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 12):
+        # DTensor's sharding propagation there enters a FakeTensorMode whose global state ranks run as threads
+        # corrupt (a segfault in fully_shard, with or without a lock around the propagation).
+        raise unittest.SkipTest(f"torch {torch.__version__} crashes with FSDP2 ranks as threads; the "
+                                "spawned-process tests (test_fsdp_gpu) run zpccl.fsdp on this torch")
+    return torch
+
+
+def cpu_mesh(shape: tuple = (WORLD,), names: Any = None) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
 class FsdpOnThreads(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
-        cls.torch = torch_with_fsdp2()
-        version = tuple(int(x) for x in cls.torch.__version__.split("+")[0].split(".")[:2])
-        if version < (2, 12):
-            # DTensor's sharding propagation there enters a FakeTensorMode whose global state ranks run as threads
-            # corrupt (a segfault in fully_shard, with or without a lock around the propagation).
-            raise unittest.SkipTest(f"torch {cls.torch.__version__} crashes with FSDP2 ranks as threads; the "
-                                    "spawned-process tests (test_fsdp_gpu) run zpccl.fsdp on this torch")
+        cls.torch = torch_for_threads()
 
     def mesh(self, shape: tuple = (WORLD,), names: Any = None) -> Any:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        return init_device_mesh("cpu", shape, mesh_dim_names=names)
+        return cpu_mesh(shape, names)
 
     def run_pair(self, *, mp_dtype: Any, steps: int, weight_bits: int = 8, grad_bits: int = 4,
                  grad_block: int | None = None) -> list[Any]:
