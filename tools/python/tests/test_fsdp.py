@@ -155,8 +155,7 @@ class Recorder:
         for m in zp.model.modules():
             for pg in zp._fsdp.param_groups(m) if isinstance(m, zp._fsdp.FSDPModule) else ():
                 info = pg.post_forward_mesh_info
-                if info is not None and tuple(dist.get_process_group_ranks(info.shard_process_group)) == \
-                        g.hpz_ranks:
+                if info is not None and tuple(dist.get_process_group_ranks(info.shard_process_group)) == g.ranks:
                     return info.shard_process_group
         raise AssertionError("no post-forward group")
 

@@ -16,12 +16,18 @@ It goes through FSDP2's own hooks, ``FSDPModule.set_custom_all_gather`` and ``se
 * all-gathers over the shard group (forward, prefetch, and backward with ``reshard_after_forward=True``): qwZ,
   block-quantized weights (``weight_bits``); every rank's gathered weights are bit-identical;
 * the backward all-gather over FSDP's post-forward group (``reshard_after_forward=k``, k ranks of one node):
-  hpZ, exact, inside the node. FSDP's groups of k must be zpccl's hpZ groups (k consecutive ranks of one node,
-  in order): ``enable`` checks it on every rank and refuses otherwise;
+  hpZ, exact, inside the node. Each module's own k counts (a root left at its default has no such gather), and
+  modules over one shard group may use several. FSDP's groups of k must be zpccl's hpZ groups (k consecutive
+  ranks of one node, in order): ``enable`` checks it on every rank for every k and refuses otherwise, naming the
+  modules;
 * gradient reduce-scatters: qgZ (``grad_bits``), Sum and Avg, fp32 or bf16 (FSDP's ``reduce_dtype``).
   ``set_gradient_divide_factor(f)`` works with ``set_force_sum_reduction_for_comms(True)`` (FSDP then sums and
   divides afterwards) or with f equal to the shard group's size (Avg); otherwise FSDP asks for NCCL's
   PreMulSum, which qgZ does not do, and ``enable`` (or the call) says what to set instead.
+
+zpccl serves each FSDP parameter group once, however many modules share it (``fully_shard([m1, m2])``), and
+through one ``enable`` at a time: ``enable`` on a module inside a served model, or on a model around a served
+module, is refused until the first is disabled.
 
 What zpccl does not serve stays on FSDP's collectives, and the ``zpccl.fsdp`` logger says so once per kind:
 groups FSDP gathers as uint8 (their parameters mix dtypes), element types other than fp16/bf16/fp32, groups
@@ -57,7 +63,9 @@ was made for (FSDP reducing a subset of the group's parameters) runs without fee
 
 Communicators are made from the model's own process groups (the user passes nothing else): one for the
 gathers and one for the reduce-scatters of each shard group, so that FSDP's all-gather and reduce-scatter
-streams really overlap (one communicator serializes its calls). On CUDA they are cuda-backend communicators
+streams really overlap (one communicator serializes its calls). The gathers' communicator also serves hpZ for one
+post-forward group size (the smallest); each further size over the same shard group gets an hpZ communicator of
+its own. On CUDA they are cuda-backend communicators
 (``Comm.from_torch_group``: the gathers' wraps the group's NCCL communicator when torch and zpccl share one
 NCCL library); with CPU parameters and torch's threaded process group (ranks as threads, as torch's own FSDP
 tests run), host-backend communicators, which is how the CPU tests exercise every path.
@@ -122,13 +130,40 @@ class _Fsdp:
         return _Fsdp(torch, dist, FSDPModule, api.AllGather, api.ReduceScatter, param.ShardedState)
 
     def param_groups(self, module: Any) -> list[Any]:
-        """The FSDPParamGroups of one FSDP module (a list in newer torch, one or None in older)."""
+        return _param_groups(module)
+
+    def check_private(self, module: Any, pg: Any) -> None:
+        """Refuses, with the versions that have them, when this torch lacks the private FSDP2 attributes zpccl.fsdp
+        reads and sets (torch 2.9 to 2.15 have them all)."""
         state = module._get_fsdp_state()
-        groups = getattr(state, "_fsdp_param_groups", None)
-        if groups is None:
-            one = getattr(state, "_fsdp_param_group", None)
-            groups = [] if one is None else [one]
-        return list(groups)
+        missing = [f"FSDPParamGroup.{a}" for a in _PG_ATTRS if not hasattr(pg, a)]
+        missing += [f"FSDPState.{a}" for a in _STATE_ATTRS if not hasattr(state, a)]
+        if missing:
+            raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl.fsdp needs FSDP2's {', '.join(missing)}, which "
+                             f"torch {_CHECKED_TORCH} have; this is torch {self.torch.__version__}", _CALL)
+
+
+#: The torch versions whose FSDP2 sources zpccl.fsdp's private attributes were checked against.
+_CHECKED_TORCH = "2.9 to 2.15"
+#: What zpccl.fsdp reads or sets on FSDP2's parameter groups and states, beyond the public FSDPModule methods.
+_PG_ATTRS = ("mesh_info", "post_forward_mesh_info", "fsdp_params", "device", "gradient_divide_factor",
+             "_all_gather_comm", "_reduce_scatter_comm")
+_STATE_ATTRS = ("_is_root", "_auto_reshard_after_forward")
+
+
+def _param_groups(module: Any) -> list[Any]:
+    """The FSDPParamGroups of one FSDP module (a list in newer torch, one or None in older)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        one = getattr(state, "_fsdp_param_group", None)
+        groups = [] if one is None else [one]
+    return list(groups)
+
+
+def _fsdp_modules(model: Any) -> list[tuple[str, Any]]:
+    """``model``'s FSDP modules with their names in it ("" for the model), in module order."""
+    return [(name, m) for name, m in model.named_modules() if callable(getattr(m, "_get_fsdp_state", None))]
 
 
 def _torch_version(text: str) -> tuple[int, int]:
@@ -219,14 +254,49 @@ class PathStats:
         self.wire_bytes += wire
 
 
-@dataclass
+@dataclass(frozen=True)
+class _Hpz:
+    """hpZ for FSDP's post-forward groups of k ranks over one shard group."""
+
+    k: int
+    comm: Comm  # the gathers' communicator where its hpZ group is FSDP's group of k, else one of its own
+    ranks: tuple[int, ...]  # this rank's post-forward group: global ranks, in group-rank order
+
+
+@dataclass(eq=False)
 class _Group:
-    """zpccl's communicators for one shard group, and what its calls need."""
+    """zpccl's communicators for one shard group."""
 
     ranks: tuple[int, ...]  # global ranks, in group-rank order
-    gather: Comm | None  # qwZ and hpZ (None with weight_bits=None)
-    reduce: Comm | None  # qgZ (None with grad_bits=None)
-    hpz_ranks: tuple[int, ...] | None  # global ranks of this rank's hpZ group (FSDP's post-forward group)
+    gather: Comm | None = None  # qwZ, and hpZ for one k (None with weight_bits=None)
+    reduce: Comm | None = None  # qgZ (None with grad_bits=None)
+    hpz: dict[int, _Hpz] = field(default_factory=dict)  # k -> its hpZ
+    nodes: list[dict[str, int]] | None = None  # each group rank's node, local rank and local size (hpZ's checks)
+
+    def close(self) -> None:
+        comms = [self.gather, self.reduce] + [h.comm for h in self.hpz.values() if h.comm is not self.gather]
+        for comm in comms:
+            if comm is not None:
+                comm.close()
+
+
+@dataclass(eq=False)
+class _Served:
+    """One FSDP parameter group that zpccl serves: what its hooks read, and what disable() puts back. A group is
+    served once however many modules share it (``fully_shard([m1, m2])``)."""
+
+    param_group: Any
+    module: Any  # the FSDP module whose state holds it (the first of the modules sharded together)
+    name: str  # that module's name in the model ("" for the model itself), for messages
+    group: _Group | None = None  # its shard group's communicators
+    hpz: _Hpz | None = None  # its post-forward group's, when hpZ serves its backward gather
+    hooked: bool = False  # whether its FSDP collectives below were replaced
+    all_gather: Any = None  # FSDP's collectives before enable
+    reduce_scatter: Any = None
+
+    @property
+    def label(self) -> str:
+        return repr(self.name) if self.name else "the model"
 
 
 class _Staging:
@@ -263,26 +333,18 @@ class _Staging:
             self._last = (stream, event)
 
 
-class _Hook:
-    """State shared by one FSDP module's all-gather and reduce-scatter hooks: the ZeroPlusPlus that serves them."""
-
-    def __init__(self, zp: "ZeroPlusPlus", param_group: Any) -> None:
-        self.zp, self.param_group = zp, param_group
-
-
 def _make_all_gather(base: type) -> type:
     class ZeroAllGather(base):  # type: ignore[misc, valid-type]
         """qwZ over the shard group, hpZ over the post-forward group, FSDP's own all-gather otherwise."""
 
-        def __init__(self, hook: _Hook, fallback: Any) -> None:
-            self.hook, self.fallback = hook, fallback
+        def __init__(self, zp: "ZeroPlusPlus", served: _Served, fallback: Any) -> None:
+            self.zp, self.served, self.fallback = zp, served, fallback
 
         def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
             return self.fallback.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
-            return self.hook.zp._all_gather(self.hook, output_tensor, input_tensor, group, async_op,
-                                                 self.fallback)
+            return self.zp._all_gather(self.served, output_tensor, input_tensor, group, async_op, self.fallback)
 
     return ZeroAllGather
 
@@ -291,16 +353,16 @@ def _make_reduce_scatter(base: type) -> type:
     class ZeroReduceScatter(base):  # type: ignore[misc, valid-type]
         """qgZ over the shard group, FSDP's own reduce-scatter otherwise."""
 
-        def __init__(self, hook: _Hook, fallback: Any) -> None:
-            self.hook, self.fallback = hook, fallback
+        def __init__(self, zp: "ZeroPlusPlus", served: _Served, fallback: Any) -> None:
+            self.zp, self.served, self.fallback = zp, served, fallback
 
         def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
             return self.fallback.allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
                      async_op: bool = False) -> Any:
-            return self.hook.zp._reduce_scatter(self.hook, output_tensor, input_tensor, group, op, async_op,
-                                                     self.fallback)
+            return self.zp._reduce_scatter(self.served, output_tensor, input_tensor, group, op, async_op,
+                                           self.fallback)
 
     return ZeroReduceScatter
 
@@ -329,8 +391,8 @@ class ZeroPlusPlus:
         self.grad_block_size = grad_block_size or block_size
         self.hpz, self.param_blocks = hpz, param_blocks
         self._config = dict(comm_config)
-        self._groups: dict[tuple[int, ...], _Group] = {}
-        self._modules: list[tuple[Any, Any, Any, Any]] = []  # (param group, its previous all-gather, reduce-scatter)
+        self._groups: dict[tuple[int, ...], _Group] = {}  # shard group's global ranks -> its communicators
+        self._served: list[_Served] = []  # the parameter groups, in module order
         self._said: set[str] = set()
         self.stats: dict[str, PathStats] = {}
         self._layouts: dict[tuple[Any, ...], BlockLayout] = {}
@@ -382,20 +444,20 @@ class ZeroPlusPlus:
         if self._closed:
             return
         self._closed = True
-        for param_group, _module, all_gather, reduce_scatter in self._modules:
-            param_group._all_gather_comm = all_gather
-            param_group._reduce_scatter_comm = reduce_scatter
-        self._modules.clear()
+        for served in self._served:
+            if served.hooked:
+                served.param_group._all_gather_comm = served.all_gather
+                served.param_group._reduce_scatter_comm = served.reduce_scatter
+            if _SERVED.get(id(served.param_group)) is self:
+                del _SERVED[id(served.param_group)]
+        self._served.clear()
         if self.device is not None and self.device.type == "cuda":
             self._fsdp.torch.cuda.synchronize(self.device)
         for g in self._groups.values():
-            for comm in (g.gather, g.reduce):
-                if comm is not None:
-                    comm.close()
+            g.close()
         self._groups.clear()
         self._residuals.clear()
         self._gather_stage = self._reduce_stage = None
-        _SESSIONS.pop(id(self.model), None)
 
     def __enter__(self) -> "ZeroPlusPlus":
         return self
@@ -428,35 +490,33 @@ class ZeroPlusPlus:
             z = self._zeros[key] = self._fsdp.torch.zeros(rows, key[2], dtype=dtype, device=self.device)
         return z
 
-    def _all_gather(self, hook: _Hook, output: Any, input: Any, group: Any, async_op: bool, fallback: Any) -> Any:
+    def _all_gather(self, hook: _Served, output: Any, input: Any, group: Any, async_op: bool, fallback: Any) -> Any:
         def nccl() -> Any:
             return fallback(output_tensor=output, input_tensor=input, group=group, async_op=async_op)
 
-        dtype = str(output.dtype).replace("torch.", "")
         ranks = self._ranks(group)
-        g = self._groups.get(ranks)
-        if g is not None:
+        if hook.group is not None and ranks == hook.group.ranks:
+            dtype = str(output.dtype).replace("torch.", "")
             if dtype not in _QUANT_DTYPES:
                 kind = "uint8" if dtype == "uint8" else "dtype"
                 why = ("a module whose parameters mix dtypes is gathered as uint8 bytes" if kind == "uint8"
                        else f"{dtype} parameters are not quantized (qwZ takes fp16, bf16, fp32)")
                 return self._fallback("all_gather_" + kind, why, nccl)
-            return self._qwz(hook, g, output, input)
-        for g in self._groups.values():
-            if g.hpz_ranks == ranks:
-                return self._hpz(g, output, input)
-        kind = "all_gather_hpz_off" if self._is_post_forward_group(hook, ranks) else "all_gather_group"
-        why = (f"the backward all-gather over FSDP's post-forward group {list(ranks)} (hpz=False)"
-               if kind == "all_gather_hpz_off" else f"an all-gather over group {list(ranks)}, which zpccl has no "
-               "communicator for")
-        return self._fallback(kind, why, nccl)
+            return self._qwz(hook, hook.group, output, input)
+        if hook.hpz is not None and ranks == hook.hpz.ranks:
+            return self._hpz(hook.hpz, output, input)
+        pf = _post_forward_group(hook.param_group)
+        if pf is None or self._ranks(pf) != ranks:
+            return self._fallback("all_gather_group", f"an all-gather over group {list(ranks)}, which zpccl has no "
+                                  "communicator for", nccl)
+        if not self.hpz:
+            return self._fallback("all_gather_hpz_off", f"the backward all-gather over FSDP's post-forward group "
+                                  f"{list(ranks)} (hpz=False)", nccl)
+        return self._fallback("all_gather_post_forward", f"the backward all-gather over FSDP's post-forward group "
+                              f"{list(ranks)}, which module {hook.label} did not have when enable ran (call enable "
+                              "after setting reshard_after_forward)", nccl)
 
-    def _is_post_forward_group(self, hook: _Hook, ranks: tuple[int, ...]) -> bool:
-        info = getattr(hook.param_group, "post_forward_mesh_info", None)
-        pg = getattr(info, "shard_process_group", None)
-        return pg is not None and self._ranks(pg) == ranks
-
-    def _qwz(self, hook: _Hook, g: _Group, output: Any, input: Any) -> None:
+    def _qwz(self, hook: _Served, g: _Group, output: Any, input: Any) -> None:
         torch, comm = self._fsdp.torch, g.gather
         n, r, count = comm.nranks, comm.rank, input.numel()
         layout = self._layout(self._gather_sizes(hook, count), count, reduce=False)
@@ -475,12 +535,12 @@ class ZeroPlusPlus:
         wire = (n - 1) * payload_size(layout.staged_count, self.weight_bits, self.block_size)
         self._count("qwz", output.numel() * esz, wire)
 
-    def _hpz(self, g: _Group, output: Any, input: Any) -> None:
-        k = len(g.hpz_ranks or ())
-        g.gather.hier_all_gather(input, output)
-        self._count("hpz", output.numel() * output.element_size(), (k - 1) * input.numel() * input.element_size())
+    def _hpz(self, hpz: _Hpz, output: Any, input: Any) -> None:
+        hpz.comm.hier_all_gather(input, output)
+        wire = (hpz.k - 1) * input.numel() * input.element_size()
+        self._count("hpz", output.numel() * output.element_size(), wire)
 
-    def _gather_sizes(self, hook: _Hook, count: int) -> list[int] | None:
+    def _gather_sizes(self, hook: _Served, count: int) -> list[int] | None:
         """Each parameter's part of the flat shard being gathered, or None when it cannot be told."""
         if not self.param_blocks:
             return None
@@ -492,7 +552,7 @@ class ZeroPlusPlus:
             sizes.append(data.numel())
         return sizes if sum(sizes) == count else self._unknown_sizes("all-gather")
 
-    def _reduce_sizes(self, hook: _Hook, count: int) -> list[int] | None:
+    def _reduce_sizes(self, hook: _Served, count: int) -> list[int] | None:
         """Each parameter's part of one rank's slice of the reduce-scatter input, or None when it cannot be told:
         FSDP reduces the parameters that got a gradient, in order; padded shards as in the all-gather."""
         if not self.param_blocks:
@@ -513,14 +573,14 @@ class ZeroPlusPlus:
                        "parameters", logging.INFO)
         return None
 
-    def _reduce_scatter(self, hook: _Hook, output: Any, input: Any, group: Any, op: Any, async_op: bool,
+    def _reduce_scatter(self, hook: _Served, output: Any, input: Any, group: Any, op: Any, async_op: bool,
                         fallback: Any) -> Any:
         def nccl() -> Any:
             return fallback(output_tensor=output, input_tensor=input, group=group, op=op, async_op=async_op)
 
         ranks = self._ranks(group)
-        g = self._groups.get(ranks)
-        if g is None:
+        g = hook.group
+        if g is None or g.reduce is None or ranks != g.ranks:
             return self._fallback("reduce_scatter_group", f"a reduce-scatter over group {list(ranks)}, which zpccl "
                                   "has no communicator for", nccl)
         dtype = str(output.dtype).replace("torch.", "")
@@ -554,7 +614,7 @@ class ZeroPlusPlus:
         if grad:
             self._count("grad_residuals", 0, 0)
 
-    def _grad_kwargs(self, hook: _Hook, elements: int) -> dict[str, Any]:
+    def _grad_kwargs(self, hook: _Served, elements: int) -> dict[str, Any]:
         """The residuals of this parameter group's reduce-scatter of ``elements`` (staged) elements, or {}."""
         if not self.error_feedback:
             return {}
@@ -585,17 +645,26 @@ def _premul_message(what: Any, size: int) -> str:
             f"the factor to {size} (an average)")
 
 
-_SESSIONS: dict[int, ZeroPlusPlus] = {}
+#: id(FSDP parameter group) -> the live ZeroPlusPlus that serves it. Served groups, not models, are what a second
+#: enable must not stack on: a model, a module inside it and a model around it share them.
+_SERVED: dict[int, ZeroPlusPlus] = {}
 
 
 def session_of(model: Any) -> ZeroPlusPlus | None:
-    """The live :class:`ZeroPlusPlus` of ``model``, or None."""
-    return _SESSIONS.get(id(model))
+    """The live :class:`ZeroPlusPlus` that serves ``model`` (or a module inside it), or None."""
+    if not _SERVED or not callable(getattr(model, "named_modules", None)):
+        return None
+    for _name, m in _fsdp_modules(model):
+        for pg in _param_groups(m):
+            if id(pg) in _SERVED:
+                return _SERVED[id(pg)]
+    return None
 
 
 def disable(model: Any) -> None:
-    """Puts FSDP's own collectives back on ``model`` (undoes :func:`enable`); a no-op when not enabled."""
-    session = _SESSIONS.get(id(model))
+    """Puts FSDP's own collectives back (undoes :func:`enable`) on ``model`` and on everything else the same
+    ``enable`` serves; a no-op when zpccl does not serve it."""
+    session = session_of(model)
     if session is not None:
         session.disable()
 
@@ -625,6 +694,9 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     * ``grad_rounding`` (``"nearest"`` or ``"stochastic"``) and ``seed`` (>= 0): qgZ's rounding of gradients;
       ``error_feedback``: keep a bf16 residual per parameter group (see the module's docstring for its memory).
 
+    zpccl serves a parameter group through one ``enable`` at a time: calling it on a module inside a model it
+    already serves, or on a model around a module it serves, is refused until that one is disabled.
+
     Returns the :class:`ZeroPlusPlus` that serves the model (``.summary()``, ``.disable()``). Raises
     :class:`~zpccl.ZpcclError` (or its ValueError/TypeError subclasses) with a message saying what to change.
     """
@@ -653,90 +725,108 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     if grad_bits is None and (error_feedback or grad_rounding != "nearest"):
         raise ZpcclValueError(f"{_CALL}: error_feedback and grad_rounding apply to qgZ's gradients, which "
                               "grad_bits=None leaves on FSDP's reduce-scatters: give grad_bits", _CALL)
-    if session_of(model) is not None:
-        raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl already serves this model; call disable() first", _CALL)
-    modules = [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
-    if not modules:
-        raise ZpcclValueError(f"{_CALL}: {type(model).__name__} has no fully_shard-ed module: call "
-                              "torch.distributed.fsdp.fully_shard on it (and its blocks) first", _CALL)
+    served = _served_groups(fsdp, model)
     session = ZeroPlusPlus(fsdp, model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=block_size,
                            grad_block_size=grad_block_size, hpz=hpz, param_blocks=param_blocks,
                            error_feedback=error_feedback,
                            comm_config=dict(ranks_per_node=ranks_per_node, node_id=node_id,
                                             grad_rounding=grad_rounding, grad_seed=seed))
+    session._served = served
     try:
-        _attach(session, modules)
+        _attach(session)
     except BaseException:
         session.disable()
         raise
-    _SESSIONS[id(model)] = session
+    for s in served:
+        _SERVED[id(s.param_group)] = session
     return session
 
 
-def _attach(session: ZeroPlusPlus, modules: list[Any]) -> None:
-    fsdp, dist = session._fsdp, session._fsdp.dist
-    groups = [(m, pg) for m in modules for pg in fsdp.param_groups(m)]
-    if not groups:
+def _served_groups(fsdp: _Fsdp, model: Any) -> list[_Served]:
+    """The model's FSDP parameter groups, each once (modules sharded together share one), in module order;
+    refused where zpccl already serves one."""
+    modules = [(name, m) for name, m in _fsdp_modules(model) if isinstance(m, fsdp.FSDPModule)]
+    if not modules:
+        raise ZpcclValueError(f"{_CALL}: {type(model).__name__} has no fully_shard-ed module: call "
+                              "torch.distributed.fsdp.fully_shard on it (and its blocks) first", _CALL)
+    served: dict[int, _Served] = {}
+    for name, m in modules:
+        groups = fsdp.param_groups(m)
+        if len(groups) > 1:
+            raise ZpcclValueError(f"{_CALL}: module {name or type(m).__name__!r} has several parameter groups "
+                                  "(shard_placement_fn with several meshes); FSDP's custom collectives take one "
+                                  "group a module", _CALL)
+        for pg in groups:
+            if id(pg) not in served:
+                fsdp.check_private(m, pg)
+                served[id(pg)] = _Served(pg, m, name)
+    if not served:
         raise ZpcclValueError(f"{_CALL}: the model's FSDP modules hold no parameters", _CALL)
-    if any(len(fsdp.param_groups(m)) > 1 for m in modules):
-        raise ZpcclValueError(f"{_CALL}: a module has several parameter groups (shard_placement_fn with "
-                              "several meshes); FSDP's custom collectives take one group a module", _CALL)
-    session.device = groups[0][1].device
-    for _m, pg in groups:
-        _check_divide_factor(dist, pg)
-        mesh_info = pg.mesh_info
-        if getattr(mesh_info, "replicate_process_group", None) is not None:
-            session._say_once("hsdp", "the replicate dimension of a 2-D (HSDP) mesh: FSDP all-reduces gradients "
-                              "over it itself; that stays on NCCL", logging.INFO)
-    # One pair of communicators a shard group (and hpZ size), made in module order on every rank.
-    group_ranks: list[tuple[Any, tuple[int, ...]]] = []
-    for _m, pg in groups:
-        shard = pg.mesh_info.shard_process_group
-        ranks = tuple(dist.get_process_group_ranks(shard))
-        k = _hpz_size(session, pg)
-        if ranks not in session._groups:
-            session._groups[ranks] = _make_group(session, shard, ranks, k)
-        elif k is not None and session._groups[ranks].gather.hpz_size != k:  # k: weight_bits given, gather made
-            raise ZpcclValueError(f"{_CALL}: modules over one shard group use reshard_after_forward={k} and "
-                                  f"={session._groups[ranks].gather.hpz_size}; zpccl's hpZ takes one group size",
-                                  _CALL)
-        group_ranks.append((pg, ranks))
-    _reserve(session, group_ranks)
+    for s in served.values():
+        other = _SERVED.get(id(s.param_group))
+        if other is not None:
+            there = next(o for o in other._served if o.param_group is s.param_group)
+            here = "this model" if not s.name else f"its module {s.name!r}"
+            as_ = f"as its module {there.name!r} of" if there.name else "as"
+            raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl already serves {here} "
+                             f"({_class_name(fsdp, s.module)}), {as_} the {_class_name(fsdp, other.model)} it was "
+                             "enabled on; call disable() on that ZeroPlusPlus first", _CALL)
+    return list(served.values())
+
+
+def _class_name(fsdp: _Fsdp, module: Any) -> str:
+    """The name of the class the user wrote, not of the FSDP subclass that fully_shard swaps in."""
+    return next(c for c in type(module).__mro__ if not issubclass(c, fsdp.FSDPModule)).__name__
+
+
+def _attach(session: ZeroPlusPlus) -> None:
+    served = session._served
+    session.device = served[0].param_group.device
+    if any(getattr(s.param_group.mesh_info, "replicate_process_group", None) is not None for s in served):
+        session._say_once("hsdp", "the replicate dimension of a 2-D (HSDP) mesh: FSDP all-reduces gradients over it "
+                          "itself; that stays on NCCL", logging.INFO)
+    for s in served:
+        _check_divide_factor(session._fsdp.dist, s.param_group)
+    for s in served:
+        shard = s.param_group.mesh_info.shard_process_group
+        s.group = session._groups.get(session._ranks(shard)) or _open_group(session, shard, served)
+    for g in session._groups.values():
+        _serve_gathers(session, g, [s for s in served if s.group is g])
+    _reserve(session)
     if session.error_feedback:
-        for _m, pg in groups:
-            _allocate_residuals(session, pg)
-    AllGatherHook, ReduceScatterHook = _make_all_gather(fsdp.AllGather), _make_reduce_scatter(fsdp.ReduceScatter)
-    for m, pg in groups:
-        hook = _Hook(session, pg)
-        session._modules.append((pg, m, pg._all_gather_comm, pg._reduce_scatter_comm))
+        for s in served:
+            _allocate_residuals(session, s)
+    AllGatherHook, ReduceScatterHook = _make_all_gather(session._fsdp.AllGather), \
+        _make_reduce_scatter(session._fsdp.ReduceScatter)
+    for s in served:
+        s.all_gather, s.reduce_scatter = s.param_group._all_gather_comm, s.param_group._reduce_scatter_comm
+        s.hooked = True
         if session.weight_bits is not None:
-            m.set_custom_all_gather(AllGatherHook(hook, pg._all_gather_comm))
+            s.module.set_custom_all_gather(AllGatherHook(session, s, s.all_gather))
         if session.grad_bits is not None:
-            m.set_custom_reduce_scatter(ReduceScatterHook(hook, pg._reduce_scatter_comm))
-    log.info("zpccl.fsdp: %d modules on %s, %d shard group(s): %s, %s, blocks of %d%s%s%s",
-             len(groups), session.backend.name.lower() if session.backend else "?", len(session._groups),
+            s.module.set_custom_reduce_scatter(ReduceScatterHook(session, s, s.reduce_scatter))
+    ks = sorted({k for g in session._groups.values() for k in g.hpz})
+    log.info("zpccl.fsdp: %d parameter groups on %s, %d shard group(s): %s, %s, blocks of %d%s%s%s",
+             len(served), session.backend.name.lower() if session.backend else "?", len(session._groups),
              "all-gathers on FSDP's" if session.weight_bits is None else "qwZ int%d" % session.weight_bits,
              "reduce-scatters on FSDP's" if session.grad_bits is None else "qgZ int%d" % session.grad_bits,
              session.block_size,
              " (gradients' of %d)" % session.grad_block_size if session.grad_block_size != session.block_size else "",
-             ", hpZ groups of %d" % len(next(g.hpz_ranks for g in session._groups.values() if g.hpz_ranks))
-             if any(g.hpz_ranks for g in session._groups.values()) else "",
+             ", hpZ groups of %s" % " and ".join(map(str, ks)) if ks else "",
              ", blocks restart at parameters" if session.param_blocks else "")
     if session.error_feedback:
         log.info("zpccl.fsdp: error feedback: %d residual(s), %d bytes (and %d for the intermediate hop)",
                  len(session._residuals), session.residual_bytes, session.hop_residual_bytes)
 
 
-def _allocate_residuals(session: ZeroPlusPlus, pg: Any) -> None:
+def _allocate_residuals(session: ZeroPlusPlus, served: _Served) -> None:
     """Error feedback's zeroed bf16 residuals for one parameter group: its reduce-scatter input's elements (in the
     staged layout when blocks restart at parameters), and the intermediate hop's on two-hop layouts."""
-    torch = session._fsdp.torch
-    shard = pg.mesh_info.shard_process_group
-    g = session._groups[tuple(session._fsdp.dist.get_process_group_ranks(shard))]
+    torch, pg, comm = session._fsdp.torch, served.param_group, served.group.reduce
     layout = _group_layout(session, pg, reduce=True)
     per_rank = layout.staged_count if session.param_blocks else layout.count
-    res = torch.zeros(g.reduce.nranks * per_rank, dtype=torch.bfloat16, device=session.device)
-    hop_count = g.reduce.grad_hop_residual_count(per_rank)
+    res = torch.zeros(comm.nranks * per_rank, dtype=torch.bfloat16, device=session.device)
+    hop_count = comm.grad_hop_residual_count(per_rank)
     hop = torch.zeros(hop_count, dtype=torch.bfloat16, device=session.device) if hop_count else None
     session._residuals[id(pg)] = (res, hop)
     session.residual_bytes += res.numel() * 2
@@ -755,21 +845,37 @@ def _check_divide_factor(dist: Any, pg: Any) -> None:
                           _CALL)
 
 
-def _hpz_size(session: ZeroPlusPlus, pg: Any) -> int | None:
-    """k when FSDP gathers the backward weights over a post-forward group of k ranks and hpZ serves it."""
-    info = getattr(pg, "post_forward_mesh_info", None)
-    if info is None or info == pg.mesh_info or not session.hpz or session.weight_bits is None:
-        return None
-    size = info.shard_process_group.size()
-    return size if size > 1 else None
+def _post_forward_group(pg: Any) -> Any:
+    """FSDP's post-forward process group of a parameter group where it is a group of its own
+    (``reshard_after_forward=k``, 1 < k < the shard group's size), else None."""
+    info = pg.post_forward_mesh_info
+    return None if info is None or info == pg.mesh_info else info.shard_process_group
 
 
-def _make_group(session: ZeroPlusPlus, shard: Any, ranks: tuple[int, ...], k: int | None) -> _Group:
-    dist = session._fsdp.dist
-    # A collective left on FSDP's still needs a valid width in the communicator's config; it never uses it.
-    config = dict(weight_bits=session.weight_bits or 8, grad_bits=session.grad_bits or 4,
-                  **{key: v for key, v in session._config.items() if v is not None})
-    device = session.device
+# ---- communicators -------------------------------------------------------------------------------------------
+
+
+def _open_group(session: ZeroPlusPlus, shard: Any, served: list[_Served]) -> _Group:
+    """A shard group's entry, with its reduce-scatters' communicator, and the node layout that hpZ's checks need.
+    The gathers' communicators come later (:func:`_serve_gathers`): their hpZ groups depend on the post-forward
+    groups. Collective over the shard group, in module order on every rank."""
+    g = session._groups[session._ranks(shard)] = _Group(session._ranks(shard))
+    _choose_backend(session, shard)
+    hpz = session.weight_bits is not None and session.hpz and any(
+        _post_forward_group(s.param_group) is not None for s in served
+        if session._ranks(s.param_group.mesh_info.shard_process_group) == g.ranks)
+    if session.grad_bits is not None or hpz:
+        # With grad_bits=None it is made for the node layout only, and closed once the gathers' are made.
+        g.reduce = _make_comm(session, shard, reduce=True, wrap=False)
+    if hpz:
+        mine = dict(node=g.reduce.node_rank, local=g.reduce.local_rank, local_size=g.reduce.local_size)
+        g.nodes = [{} for _ in g.ranks]
+        session._fsdp.dist.all_gather_object(g.nodes, mine, group=shard)
+    return g
+
+
+def _choose_backend(session: ZeroPlusPlus, shard: Any) -> None:
+    device, dist = session.device, session._fsdp.dist
     if device.type == "cuda":
         session.backend = Backend.CUDA
     elif device.type == "cpu":
@@ -784,35 +890,17 @@ def _make_group(session: ZeroPlusPlus, shard: Any, ranks: tuple[int, ...], k: in
         raise ZpcclValueError(f"{_CALL}: parameters on {device}: zpccl serves CUDA devices (and, on the host "
                               "backend, the CPU)", _CALL)
 
-    def make(reduce: bool, hpz_size: int | None = None, wrap: bool | None = None) -> Comm:
-        # Each communicator quantizes in its own collective's blocks (gradients' and weights' may differ).
-        kw = dict(config, block_size=session._block(reduce))
-        if device.type == "cuda":
-            return Comm.from_torch_group(shard, device=device, hpz_size=hpz_size, wrap=wrap, **kw)
-        return _host_comm(shard, dict(kw, hpz_size=hpz_size))
 
-    gather = reduce = None
-    try:
-        if session.grad_bits is not None or k is not None:
-            # The hpZ groups are checked against the node layout the reduce-scatters' communicator found, before
-            # the gathers' is made with them (an hpZ size that does not fit the nodes would fail its init); with
-            # grad_bits=None that check is all it is made for.
-            reduce = make(True, wrap=False)
-        hpz_ranks = _check_hpz_groups(session, shard, ranks, reduce, k) if k is not None else None
-        if session.grad_bits is None and reduce is not None:
-            reduce.close()
-            reduce = None
-        if session.weight_bits is not None:
-            gather = make(False, hpz_size=k)
-            if hpz_ranks is not None and gather.hpz_rank != hpz_ranks.index(ranks[gather.rank]):
-                raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: zpccl's hpZ rank {gather.hpz_rank} is not this "
-                                 f"rank's place in FSDP's post-forward group {list(hpz_ranks)}", _CALL)
-    except BaseException:
-        for comm in (gather, reduce):
-            if comm is not None:
-                comm.close()
-        raise
-    return _Group(ranks, gather, reduce, hpz_ranks)
+def _make_comm(session: ZeroPlusPlus, shard: Any, reduce: bool, hpz_size: int | None = None,
+               wrap: bool | None = None) -> Comm:
+    # A collective left on FSDP's still needs a valid width in the communicator's config; it never uses it. Each
+    # communicator quantizes in its own collective's blocks (gradients' and weights' may differ).
+    config = dict(weight_bits=session.weight_bits or 8, grad_bits=session.grad_bits or 4,
+                  **{key: v for key, v in session._config.items() if v is not None})
+    config.update(block_size=session._block(reduce), hpz_size=hpz_size)
+    if session.device.type == "cuda":
+        return Comm.from_torch_group(shard, device=session.device, wrap=wrap, **config)
+    return _host_comm(shard, config)
 
 
 def _host_comm(group: Any, config: dict[str, Any]) -> Comm:
@@ -822,48 +910,74 @@ def _host_comm(group: Any, config: dict[str, Any]) -> Comm:
     return Comm(nranks, rank, uid, backend="host", **config)
 
 
-def _check_hpz_groups(session: ZeroPlusPlus, shard: Any, ranks: tuple[int, ...], comm: Comm, k: int) -> tuple:
-    """Checks, with every rank of the shard group, that each of FSDP's post-forward groups of k ranks is one of
-    zpccl's hpZ groups of size k (k consecutive local ranks of one node, from a multiple of k, in order); returns
-    this rank's, in global ranks. Every rank reaches the same verdict: all look at the same gathered facts."""
-    dist = session._fsdp.dist
-    pf = _post_forward_group_of(session, ranks)
-    mine = dict(node=comm.node_rank, local=comm.local_rank, local_size=comm.local_size,
-                pf=list(dist.get_process_group_ranks(pf)))
-    facts: list[Any] = [None] * len(ranks)
-    dist.all_gather_object(facts, mine, group=shard)
-    index = {g: i for i, g in enumerate(ranks)}
-    for f in facts:
-        members = [facts[index[g]] for g in f["pf"]]
-        nodes = sorted({m["node"] for m in members})
-        local = [m["local"] for m in members]
-        problem = None
-        if len(nodes) > 1:
-            problem = f"on nodes {nodes}"
-        elif members[0]["local_size"] % k:
-            problem = f"on a node of {members[0]['local_size']} ranks, which groups of {k} do not divide"
-        elif local != list(range(local[0], local[0] + k)) or local[0] % k:
-            problem = f"local ranks {local} of node {nodes[0]}, not {k} consecutive ones from a multiple of {k}"
-        if problem:
-            raise ZpcclValueError(
-                f"{_CALL}: reshard_after_forward={k} makes FSDP gather backward weights over ranks "
-                f"{[index[g] for g in f['pf']]} of the shard group, which are {problem}: hpZ keeps that gather "
-                f"inside one node, over {k} consecutive ranks of it. Use a reshard_after_forward that divides the "
-                "ranks per node (with ranks numbered node by node), or hpz=False to leave that gather on NCCL",
-                _CALL)
-    return tuple(mine["pf"])
+def _serve_gathers(session: ZeroPlusPlus, g: _Group, served: list[_Served]) -> None:
+    """The gathers' communicator of one shard group, and hpZ for each post-forward group size k its parameter
+    groups use: the gathers' communicator takes the smallest k as its hpZ group, every other k gets a communicator
+    of its own. Checked first, with every rank of the group, that FSDP's post-forward groups are zpccl's hpZ
+    groups."""
+    by_k: dict[int, list[_Served]] = {}
+    mine: dict[int, tuple[int, ...]] = {}  # k -> this rank's post-forward group
+    for s in served:
+        pf = _post_forward_group(s.param_group) if session.hpz and session.weight_bits is not None else None
+        if pf is not None:
+            by_k.setdefault(pf.size(), []).append(s)
+            ranks = mine.setdefault(pf.size(), session._ranks(pf))
+            if ranks != session._ranks(pf):
+                raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: parameter groups over shard group "
+                                 f"{list(g.ranks)} put this rank in two post-forward groups of {pf.size()}: "
+                                 f"{list(ranks)} and {list(session._ranks(pf))}", _CALL)
+    shard = served[0].param_group.mesh_info.shard_process_group
+    if by_k:
+        _check_hpz_groups(session, g, shard, mine, by_k)
+    try:
+        if session.weight_bits is not None:
+            ks = sorted(by_k)
+            g.gather = _make_comm(session, shard, reduce=False, hpz_size=ks[0] if ks else None)
+            for k in ks:
+                comm = g.gather if k == ks[0] else _make_comm(session, shard, reduce=False, hpz_size=k)
+                g.hpz[k] = _Hpz(k, comm, mine[k])
+                if comm.hpz_rank != mine[k].index(g.ranks[comm.rank]):
+                    raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: zpccl's hpZ rank {comm.hpz_rank} is not this "
+                                     f"rank's place in FSDP's post-forward group {list(mine[k])}", _CALL)
+                for s in by_k[k]:
+                    s.hpz = g.hpz[k]
+    finally:
+        if session.grad_bits is None and g.reduce is not None:
+            g.reduce.close()
+            g.reduce = None
 
 
-def _post_forward_group_of(session: ZeroPlusPlus, ranks: tuple[int, ...]) -> Any:
-    for m in session.model.modules():
-        if not isinstance(m, session._fsdp.FSDPModule):
-            continue
-        for pg in session._fsdp.param_groups(m):
-            info = getattr(pg, "post_forward_mesh_info", None)
-            if info is not None and tuple(session._fsdp.dist.get_process_group_ranks(
-                    pg.mesh_info.shard_process_group)) == ranks:
-                return info.shard_process_group
-    raise ZpcclError(Result.INTERNAL_ERROR, f"{_CALL}: no post-forward group for shard group {list(ranks)}", _CALL)
+def _check_hpz_groups(session: ZeroPlusPlus, g: _Group, shard: Any, mine: dict[int, tuple[int, ...]],
+                      by_k: dict[int, list[_Served]]) -> None:
+    """Checks, with every rank of the shard group, that each of FSDP's post-forward groups of k ranks, for every k
+    the group's modules use, is one of zpccl's hpZ groups of size k (k consecutive local ranks of one node, from a
+    multiple of k, in order). Every rank reaches the same verdict: all look at the same gathered facts."""
+    theirs: list[Any] = [None] * len(g.ranks)
+    session._fsdp.dist.all_gather_object(theirs, {k: list(r) for k, r in mine.items()}, group=shard)
+    index = {r: i for i, r in enumerate(g.ranks)}
+    if any(set(t) != set(mine) for t in theirs):
+        raise ZpcclValueError(f"{_CALL}: the ranks of shard group {list(g.ranks)} shard their modules with different "
+                              f"reshard_after_forward sizes ({[sorted(t) for t in theirs]}): every rank must shard "
+                              "the same model the same way", _CALL)
+    for k in sorted(mine):
+        for pf in (t[k] for t in theirs):
+            members = [g.nodes[index[r]] for r in pf]
+            nodes = sorted({m["node"] for m in members})
+            local = [m["local"] for m in members]
+            problem = None
+            if len(nodes) > 1:
+                problem = f"on nodes {nodes}"
+            elif members[0]["local_size"] % k:
+                problem = f"on a node of {members[0]['local_size']} ranks, which groups of {k} do not divide"
+            elif local != list(range(local[0], local[0] + k)) or local[0] % k:
+                problem = f"local ranks {local} of node {nodes[0]}, not {k} consecutive ones from a multiple of {k}"
+            if problem:
+                raise ZpcclValueError(
+                    f"{_CALL}: reshard_after_forward={k} makes FSDP gather backward weights over ranks "
+                    f"{[index[r] for r in pf]} of the shard group, which are {problem}: hpZ keeps that gather "
+                    f"inside one node, over {k} consecutive ranks of it (modules {[s.name for s in by_k[k]]}). Use "
+                    "a reshard_after_forward that divides the ranks per node (with ranks numbered node by node), "
+                    "or hpz=False to leave that gather on NCCL", _CALL)
 
 
 def _staged_bytes(session: ZeroPlusPlus, pg: Any, n: int, reduce: bool) -> int:
@@ -895,38 +1009,35 @@ def _collective_dtype(pg: Any, reduce: bool) -> Any:
     return max((of(p) for p in pg.fsdp_params), key=lambda d: d.itemsize)
 
 
-def _reserve(session: ZeroPlusPlus, groups: list[tuple[Any, tuple[int, ...]]]) -> None:
+def _reserve(session: ZeroPlusPlus) -> None:
     """What the calls use, made before the first so that nothing allocates in the training loop: the staging
     buffers (the largest parameter group's), the zero blocks that staging pads with, and each communicator's
     scratch for the largest collective it makes, in the element types the groups use."""
-    torch = session._fsdp.torch
-    gather_bytes = max(_staged_bytes(session, pg, len(ranks), reduce=False) for pg, ranks in groups)
-    reduce_bytes = max(_staged_bytes(session, pg, len(ranks), reduce=True) for pg, ranks in groups)
+    torch, served = session._fsdp.torch, session._served
+    gather_bytes = max(_staged_bytes(session, s.param_group, len(s.group.ranks), reduce=False) for s in served)
+    reduce_bytes = max(_staged_bytes(session, s.param_group, len(s.group.ranks), reduce=True) for s in served)
     session._gather_stage = _Staging(torch, session.device, gather_bytes)
     session._reduce_stage = _Staging(torch, session.device, reduce_bytes)
     session.reserved_bytes = gather_bytes + reduce_bytes
-    largest: dict[tuple[int, ...], list[int]] = {}  # shard group -> [its largest all-gather, reduce-scatter]
-    for pg, ranks in groups:
-        n = len(ranks)
+    largest: dict[Comm, int] = {}  # communicator -> the logical bytes of its largest collective
+    for s in served:
+        pg, n = s.param_group, len(s.group.ranks)
         # On the default stream now: made at a first call, on one of FSDP's streams, each would cost that stream
         # a segment of the caching allocator's small pool.
         if _staged_bytes(session, pg, n, reduce=False):
             session._zeros_for(1, _collective_dtype(pg, reduce=False), reduce=False)
         if _staged_bytes(session, pg, n, reduce=True):
             session._zeros_for(n, _collective_dtype(pg, reduce=True), reduce=True)
-        big = largest.setdefault(ranks, [0, 0])
-        big[0] = max(big[0], _collective_bytes(session, pg, n, reduce=False))
-        big[1] = max(big[1], _collective_bytes(session, pg, n, reduce=True))
+        # An hpZ gather's output is the whole of the group's gathered parameters, as a qwZ gather's is.
+        for comm, reduce in ((s.group.gather, False), (s.hpz.comm if s.hpz else None, False), (s.group.reduce, True)):
+            if comm is not None:
+                largest[comm] = max(largest.get(comm, 0), _collective_bytes(session, pg, n, reduce))
     if session.backend == Backend.CUDA:
-        for ranks, (gather_max, reduce_max) in largest.items():
-            g = session._groups[ranks]
-            for comm, nbytes in ((g.gather, gather_max), (g.reduce, reduce_max)):
-                if comm is not None:
-                    comm.reserve(nbytes)
+        for comm, nbytes in largest.items():
+            comm.reserve(nbytes)
     log.debug("zpccl.fsdp: staging %d bytes for gathers and %d for reduce-scatters (torch's allocator); "
-              "communicators' scratch reserved for collectives of %s logical bytes (gather, reduce-scatter per "
-              "shard group; allocated by the library outside torch's allocator)", gather_bytes, reduce_bytes,
-              ", ".join(f"{g}/{r}" for g, r in largest.values()))
+              "communicators' scratch reserved for collectives of %s logical bytes (allocated by the library "
+              "outside torch's allocator)", gather_bytes, reduce_bytes, ", ".join(map(str, largest.values())))
 
 
 def _group_layout(session: ZeroPlusPlus, pg: Any, reduce: bool) -> BlockLayout:

@@ -1,0 +1,160 @@
+"""zpccl.fsdp over FSDP2's parameter groups as users shard them, on the CPU with ranks as threads: hpZ per parameter
+group (the README's pattern: blocks with ``reshard_after_forward=k``, a root left at its default; several k over
+one shard group), modules sharded together (``fully_shard([m1, m2])``: one parameter group for both), and a second
+``enable`` inside a model zpccl already serves. Skipped without torch 2.12 or later (see test_fsdp)."""
+from __future__ import annotations
+
+import copy
+import logging
+import unittest
+from typing import Any
+
+import zpccl
+from zpccl.enums import Result
+
+from ._threaded import run_threaded
+from .test_fsdp import BLOCK, batches, build_model, cpu_mesh, torch_for_threads, train
+
+STEPS = 2
+
+
+def shard_blocks(torch: Any, model: Any, ks: list[Any], world: int) -> Any:
+    """The README's pattern: block i with reshard_after_forward=ks[i], the root with fully_shard's defaults."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = cpu_mesh((world,))
+    for block, k in zip(model.blocks, ks):
+        fully_shard(block, mesh=mesh, reshard_after_forward=k)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def local_params(model: Any) -> list[Any]:
+    return [p.to_local().detach().clone() if hasattr(p, "to_local") else p.detach().clone()
+            for p in model.parameters()]
+
+
+class ParameterGroups(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.torch = torch_for_threads()
+
+    def train_with_hpz(self, ks: list[int], world: int, ranks_per_node: int, hpz: bool) -> list[Any]:
+        torch = self.torch
+        base = build_model(torch, layers=len(ks))
+
+        def body(rank: int) -> Any:
+            model = shard_blocks(torch, copy.deepcopy(base), ks, world)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=ranks_per_node, hpz=hpz)
+            hpz_comms = {k: (h.comm is g.gather, h.comm.hpz_size) for g in zp._groups.values()
+                         for k, h in getattr(g, "hpz", {}).items()}
+            losses = train(torch, model, batches(torch, rank, STEPS))
+            summary = zp.summary()
+            zp.disable()
+            return losses, local_params(model), summary, hpz_comms
+
+        return run_threaded(world, body)
+
+    def test_hpz_per_parameter_group(self) -> None:
+        """Every block's backward gather is hpZ over its own k, whatever the root (left at its default, so no
+        post-forward group) says: losses and weights bit-identical to the same run with that gather left on FSDP's
+        own collective (hpz=False; hpZ is exact), nothing left on FSDP's collectives, no warning. Several k over one
+        shard group each get an hpZ communicator, the gathers' one where its hpZ group is FSDP's group of that k."""
+        cases = (("two nodes of two", [2, 2], 4, 2, {2: (True, 2)}),
+                 ("one node of four", [2, 2], 4, 4, {2: (True, 2)}),
+                 ("one node of eight, k=2 and k=4", [2, 4], 8, 8, {2: (True, 2), 4: (False, 4)}))
+        for name, ks, world, rpn, comms in cases:
+            with self.subTest(name):
+                with self.assertNoLogs("zpccl.fsdp", logging.WARNING):
+                    served = self.train_with_hpz(ks, world, rpn, hpz=True)
+                with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+                    exact = self.train_with_hpz(ks, world, rpn, hpz=False)
+                self.assertTrue(all("hpz=False" in line for line in logs.output), logs.output)
+                modules = 1 + len(ks)
+                for rank, ((losses, params, summary, hpz_comms), (want, want_params, off, _)) in enumerate(
+                        zip(served, exact)):
+                    self.assertEqual(losses, want, f"rank {rank}: losses differ from the exact gather's")
+                    self.assertTrue(all(self.torch.equal(a, b) for a, b in zip(params, want_params)), f"rank {rank}")
+                    calls = {k: v["calls"] for k, v in summary.items()}
+                    self.assertEqual(calls, {"qwz": modules * STEPS, "hpz": len(ks) * STEPS,
+                                             "qgz": modules * STEPS}, f"rank {rank}")
+                    self.assertEqual(off["torch_all_gather_hpz_off"]["calls"], len(ks) * STEPS)
+                    self.assertEqual(hpz_comms, comms, f"rank {rank}: hpZ communicators (gathers' own?, size)")
+
+    def test_hpz_impossible_for_some_modules_is_refused_naming_them(self) -> None:
+        """Four nodes of two: blocks.0's groups of 2 are hpZ groups, blocks.1's groups of 4 span two nodes."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> None:
+            model = shard_blocks(torch, copy.deepcopy(base), [2, 4], 8)
+            with self.assertRaisesRegex(ValueError, r"reshard_after_forward=4 .* ranks \[\d, \d, \d, \d\] .* on nodes "
+                                        r".*modules \['blocks\.1'\]"):
+                zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
+            self.assertIsNone(zpccl.fsdp.session_of(model))
+
+        run_threaded(8, body)
+
+    def test_grouped_modules_attach_once_and_detach_completely(self) -> None:
+        """``fully_shard([ln, head])``: one parameter group for two modules. zpccl serves it once (one residual,
+        counted once), and after disable() no zpccl hook is left on any group: training goes on FSDP's own
+        collectives and zpccl's counters stay still."""
+        torch = self.torch
+        from torch.distributed.fsdp import fully_shard
+
+        base = build_model(torch)
+
+        def body(rank: int) -> None:
+            model = copy.deepcopy(base)
+            mesh = cpu_mesh((4,))
+            for b in model.blocks:
+                fully_shard(b, mesh=mesh, reshard_after_forward=2)
+            fully_shard([model.ln, model.head], mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, error_feedback=True)
+            groups = {id(pg): pg for m in model.modules() if isinstance(m, zp._fsdp.FSDPModule)
+                      for pg in zp._fsdp.param_groups(m)}
+            self.assertEqual(len(groups), 4)
+            self.assertEqual(len(zp._residuals), 4)
+            self.assertEqual(zp.residual_bytes, 2 * sum(r.numel() for r, _ in zp._residuals.values()))
+            data = batches(torch, rank, 3)
+            train(torch, model, data[:2])
+            before = {k: v["calls"] for k, v in zp.summary().items()}
+            zp.disable()
+            for pg in groups.values():
+                self.assertTrue(type(pg._all_gather_comm).__name__.startswith("Default"), pg._all_gather_comm)
+                self.assertTrue(type(pg._reduce_scatter_comm).__name__.startswith("Default"),
+                                pg._reduce_scatter_comm)
+            train(torch, model, data[2:])
+            self.assertEqual({k: v["calls"] for k, v in zp.summary().items()}, before)
+
+        run_threaded(4, body)
+
+    def test_enable_inside_a_served_model_is_refused(self) -> None:
+        """A second enable on an inner module of a served model, or on the model around a served module, would stack
+        a second ZeroPlusPlus on the same parameter groups: refused until the first is disabled."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> None:
+            model = shard_blocks(torch, copy.deepcopy(base), [2, 2], 4)
+            for outer_first in (True, False):
+                first = model if outer_first else model.blocks[1]
+                second = model.blocks[1] if outer_first else model
+                zp = zpccl.fsdp.enable(first, block_size=BLOCK, ranks_per_node=2)
+                words = (r"already serves this model \(Block\), as its module 'blocks\.1' of the Net" if outer_first
+                         else r"already serves its module 'blocks\.1' \(Block\), as the Block it was enabled on")
+                with self.assertRaisesRegex(zpccl.ZpcclError, words + r".*call disable\(\)") as caught:
+                    zpccl.fsdp.enable(second, block_size=BLOCK, ranks_per_node=2)
+                self.assertEqual(caught.exception.code, Result.INVALID_USAGE)
+                self.assertIs(zpccl.fsdp.session_of(first), zp)
+                zp.disable()
+                zp2 = zpccl.fsdp.enable(second, block_size=BLOCK, ranks_per_node=2)  # accepted once disabled
+                zp2.disable()
+            train(torch, model, batches(torch, rank, 1))
+
+        run_threaded(4, body)
+
+
+if __name__ == "__main__":
+    unittest.main()
