@@ -19,7 +19,11 @@ It goes through FSDP2's own hooks, ``FSDPModule.set_custom_all_gather`` and ``se
   hpZ, exact, inside the node. Each module's own k counts (a root left at its default has no such gather), and
   modules over one shard group may use several. FSDP's groups of k must be zpccl's hpZ groups (k consecutive
   ranks of one node, in order): ``enable`` checks it on every rank for every k and refuses otherwise, naming the
-  modules;
+  modules. Where a front end takes only a bool (torchtitan, Accelerate), ``hpz_size=k`` gives the modules
+  sharded with ``reshard_after_forward=True`` FSDP's post-forward groups of k ranks, built by FSDP's own
+  post-forward mesh machinery (private: ``enable`` checks the installed torch has it), exactly what
+  ``reshard_after_forward=k`` builds; ``disable`` puts FSDP's back. Memory, as with ``reshard_after_forward=k``:
+  each rank keeps 1/k of such a module's parameters from its forward to its backward;
 * gradient reduce-scatters: qgZ (``grad_bits``), Sum and Avg, fp32 or bf16 (FSDP's ``reduce_dtype``).
   ``set_gradient_divide_factor(f)`` works with ``set_force_sum_reduction_for_comms(True)`` (FSDP then sums and
   divides afterwards) or with f equal to the shard group's size (Avg); otherwise FSDP asks for NCCL's
@@ -104,6 +108,8 @@ class _Fsdp:
     AllGather: type
     ReduceScatter: type
     ShardedState: Any
+    FSDPParam: Any
+    make_post_forward: Any  # _fsdp_init._get_post_forward_mesh_info: what reshard_after_forward=k calls
 
     @staticmethod
     def load() -> "_Fsdp":
@@ -127,7 +133,10 @@ class _Fsdp:
                 or api is None or not hasattr(api, "AllGather") or param is None):
             raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl.fsdp needs {need}; this is torch "
                              f"{torch.__version__}", _CALL)
-        return _Fsdp(torch, dist, FSDPModule, api.AllGather, api.ReduceScatter, param.ShardedState)
+        init = _first_module("torch.distributed.fsdp._fully_shard._fsdp_init",
+                             "torch.distributed._composable.fsdp._fsdp_init")
+        return _Fsdp(torch, dist, FSDPModule, api.AllGather, api.ReduceScatter, param.ShardedState,
+                     getattr(param, "FSDPParam", None), getattr(init, "_get_post_forward_mesh_info", None))
 
     def param_groups(self, module: Any) -> list[Any]:
         return _param_groups(module)
@@ -143,12 +152,31 @@ class _Fsdp:
                              f"torch {_CHECKED_TORCH} have; this is torch {self.torch.__version__}", _CALL)
 
 
+    def check_post_forward(self, served: list[Any]) -> None:
+        """Refuses hpz_size, with the versions that have them, when this torch lacks the pieces of FSDP2's
+        post-forward mesh machinery that it uses."""
+        missing = [] if self.make_post_forward is not None else ["_fsdp_init._get_post_forward_mesh_info"]
+        if not hasattr(self.FSDPParam, "_init_sharded_post_forward_param_metadata"):
+            missing.append("FSDPParam._init_sharded_post_forward_param_metadata")
+        for s in served:
+            missing += [f"FSDPParam.{a}" for p in s.param_group.fsdp_params for a in _PARAM_POST_FORWARD_ATTRS
+                        if not hasattr(p, a)]
+            missing += [] if hasattr(s.param_group, "is_sharded_post_forward") else [
+                "FSDPParamGroup.is_sharded_post_forward"]
+        if missing:
+            raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: hpz_size needs FSDP2's {', '.join(sorted(set(missing)))}"
+                             f", which torch {_CHECKED_TORCH} have; this is torch {self.torch.__version__}", _CALL)
+
+
 #: The torch versions whose FSDP2 sources zpccl.fsdp's private attributes were checked against.
 _CHECKED_TORCH = "2.9 to 2.15"
 #: What zpccl.fsdp reads or sets on FSDP2's parameter groups and states, beyond the public FSDPModule methods.
 _PG_ATTRS = ("mesh_info", "post_forward_mesh_info", "fsdp_params", "device", "gradient_divide_factor",
              "_all_gather_comm", "_reduce_scatter_comm")
 _STATE_ATTRS = ("_is_root", "_auto_reshard_after_forward")
+#: What hpz_size reads on each FSDPParam; and what FSDP derives from its post-forward mesh when it makes one.
+_PARAM_POST_FORWARD_ATTRS = ("post_forward_mesh_info", "_orig_size", "is_dtensor")
+_POST_FORWARD_DERIVED = ("sharded_post_forward_size", "contiguous_sharded_post_forward_stride")
 
 
 def _param_groups(module: Any) -> list[Any]:
@@ -281,6 +309,41 @@ class _Group:
 
 
 @dataclass(eq=False)
+class _PostForward:
+    """A parameter group's post-forward mesh as FSDP had it, and each of its parameters' own copy with the sizes
+    FSDP derived from it when it made the parameter: what hpz_size replaces and disable() puts back."""
+
+    info: Any  # the parameter group's
+    ours: Any  # hpz_size's
+    params: list[tuple[Any, Any, dict[str, Any]]]  # (FSDPParam, its post-forward mesh, its derived sizes)
+
+    @staticmethod
+    def save(pg: Any, ours: Any) -> "_PostForward":
+        return _PostForward(pg.post_forward_mesh_info, ours, [
+            (p, p.post_forward_mesh_info, {a: p.__dict__[a] for a in _POST_FORWARD_DERIVED if a in p.__dict__})
+            for p in pg.fsdp_params])
+
+    def apply(self, torch: Any, pg: Any) -> None:
+        """What ``reshard_after_forward=k`` sets up when FSDP makes the group, on the group made with True."""
+        for p, _info, _derived in self.params:
+            p.post_forward_mesh_info = self.ours
+            # FSDP derives these from the unsharded parameter's shape alone: a meta tensor of it stands in.
+            p._init_sharded_post_forward_param_metadata(torch.empty(p._orig_size, device="meta"))
+        pg.post_forward_mesh_info = self.ours
+
+    def restore(self, pg: Any) -> None:
+        if pg.post_forward_mesh_info is self.ours:  # else the user has set reshard_after_forward since: theirs
+            pg.post_forward_mesh_info = self.info
+        for p, info, derived in self.params:
+            p.post_forward_mesh_info = info
+            for a in _POST_FORWARD_DERIVED:
+                if a in derived:
+                    setattr(p, a, derived[a])
+                else:
+                    p.__dict__.pop(a, None)
+
+
+@dataclass(eq=False)
 class _Served:
     """One FSDP parameter group that zpccl serves: what its hooks read, and what disable() puts back. A group is
     served once however many modules share it (``fully_shard([m1, m2])``)."""
@@ -293,6 +356,7 @@ class _Served:
     hooked: bool = False  # whether its FSDP collectives below were replaced
     all_gather: Any = None  # FSDP's collectives before enable
     reduce_scatter: Any = None
+    post_forward: _PostForward | None = None  # hpz_size's change to its post-forward mesh
 
     @property
     def label(self) -> str:
@@ -378,7 +442,7 @@ class ZeroPlusPlus:
 
     def __init__(self, fsdp: _Fsdp, model: Any, *, weight_bits: int | None, grad_bits: int | None, block_size: int,
                  hpz: bool, param_blocks: bool, comm_config: dict[str, Any], error_feedback: bool = False,
-                 grad_block_size: int | None = None) -> None:
+                 grad_block_size: int | None = None, hpz_size: int | None = None) -> None:
         self._fsdp, self.model = fsdp, model
         self.error_feedback = error_feedback
         #: id(param group) -> (residual, hop residual or None): error feedback's bf16 buffers (allocated by enable).
@@ -390,6 +454,8 @@ class ZeroPlusPlus:
         #: Elements per quantization block of the gradients (qgZ); block_size is the weights'.
         self.grad_block_size = grad_block_size or block_size
         self.hpz, self.param_blocks = hpz, param_blocks
+        #: The post-forward group size that modules sharded with reshard_after_forward=True get (None: none).
+        self.hpz_size = hpz_size
         self._config = dict(comm_config)
         self._groups: dict[tuple[int, ...], _Group] = {}  # shard group's global ranks -> its communicators
         self._served: list[_Served] = []  # the parameter groups, in module order
@@ -440,14 +506,23 @@ class ZeroPlusPlus:
     # ---- lifecycle ----
 
     def disable(self) -> None:
-        """Gives every module its previous collectives back and destroys zpccl's communicators. Idempotent."""
+        """Gives every module its previous collectives (and, under ``hpz_size``, its post-forward mesh) back and
+        destroys zpccl's communicators. Idempotent. Call it between steps, not between a forward and its
+        backward."""
         if self._closed:
             return
+        held = [s.name for s in self._served if s.post_forward and s.param_group.is_sharded_post_forward]
+        if held:
+            raise ZpcclError(Result.INVALID_USAGE, f"zpccl.fsdp.disable: modules {held} hold their parameters "
+                             "resharded to hpz_size's groups between a forward and its backward; call disable() "
+                             "after the backward", "zpccl.fsdp.disable")
         self._closed = True
         for served in self._served:
             if served.hooked:
                 served.param_group._all_gather_comm = served.all_gather
                 served.param_group._reduce_scatter_comm = served.reduce_scatter
+            if served.post_forward is not None:
+                served.post_forward.restore(served.param_group)
             if _SERVED.get(id(served.param_group)) is self:
                 del _SERVED[id(served.param_group)]
         self._served.clear()
@@ -675,7 +750,7 @@ def disable(model: Any) -> None:
 def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4, block_size: int = 256,
            hpz: bool = True, param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None,
            grad_rounding: str = "nearest", seed: int | None = None, error_feedback: bool = False,
-           grad_block_size: int | None = None) -> ZeroPlusPlus:
+           grad_block_size: int | None = None, hpz_size: int | None = None) -> ZeroPlusPlus:
     """Switches a ``fully_shard``-ed model to zpccl's collectives (see the module's docstring). Collective: every
     rank of the model's process groups calls it, after ``fully_shard`` and before the first step.
 
@@ -687,6 +762,11 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
       then makes no communicator, staging or scratch for them.
     * ``hpz``: serve the backward all-gather over FSDP's post-forward group (``reshard_after_forward=k``) with
       hpZ; False leaves it on FSDP's collective.
+    * ``hpz_size`` (an int >= 2 dividing the ranks per node, or None): give every module sharded with
+      ``reshard_after_forward=True`` a post-forward group of that many ranks, as ``reshard_after_forward=k`` would
+      (for front ends that take only a bool); its backward gathers are then hpZ. Memory: each rank keeps 1/k of
+      those modules' parameters from their forward to their backward. Modules with an int keep theirs, and
+      modules left at False (a root at its default) keep False; :meth:`ZeroPlusPlus.disable` puts FSDP's back.
     * ``param_blocks``: blocks restart at each parameter boundary (costs two copies of each collective's data
       on the device, and two staging buffers of the largest module's gathered size: see the module's docstring).
     * ``ranks_per_node`` / ``node_id``: emulate a node layout (otherwise a rank's node is its host, as NCCL
@@ -725,10 +805,13 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     if grad_bits is None and (error_feedback or grad_rounding != "nearest"):
         raise ZpcclValueError(f"{_CALL}: error_feedback and grad_rounding apply to qgZ's gradients, which "
                               "grad_bits=None leaves on FSDP's reduce-scatters: give grad_bits", _CALL)
+    _check_hpz_size(hpz_size, weight_bits, hpz, ranks_per_node)
     served = _served_groups(fsdp, model)
+    if hpz_size is not None:
+        fsdp.check_post_forward(served)
     session = ZeroPlusPlus(fsdp, model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=block_size,
                            grad_block_size=grad_block_size, hpz=hpz, param_blocks=param_blocks,
-                           error_feedback=error_feedback,
+                           error_feedback=error_feedback, hpz_size=hpz_size,
                            comm_config=dict(ranks_per_node=ranks_per_node, node_id=node_id,
                                             grad_rounding=grad_rounding, grad_seed=seed))
     session._served = served
@@ -740,6 +823,21 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     for s in served:
         _SERVED[id(s.param_group)] = session
     return session
+
+
+def _check_hpz_size(k: Any, weight_bits: int | None, hpz: bool, ranks_per_node: int | None) -> None:
+    """What can be said of hpz_size before the node layout is known (the rest: :func:`_check_hpz_size_fits`)."""
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise ZpcclValueError(f"{_CALL}: hpz_size {k!r} must be an int of at least 2 (the ranks of an hpZ group, "
+                              "dividing the ranks per node), or None", _CALL)
+    if weight_bits is None or not hpz:
+        off = "weight_bits=None" if weight_bits is None else "hpz=False"
+        raise ZpcclValueError(f"{_CALL}: hpz_size gives modules a backward gather for hpZ, which {off} leaves on "
+                              f"FSDP's all-gathers: drop hpz_size, or {off}", _CALL)
+    if ranks_per_node is not None and ranks_per_node % k:
+        raise ZpcclValueError(f"{_CALL}: hpz_size {k} must divide ranks_per_node {ranks_per_node}", _CALL)
 
 
 def _served_groups(fsdp: _Fsdp, model: Any) -> list[_Served]:
@@ -790,6 +888,8 @@ def _attach(session: ZeroPlusPlus) -> None:
     for s in served:
         shard = s.param_group.mesh_info.shard_process_group
         s.group = session._groups.get(session._ranks(shard)) or _open_group(session, shard, served)
+    if session.hpz_size is not None:
+        _apply_hpz_size(session)
     for g in session._groups.values():
         _serve_gathers(session, g, [s for s in served if s.group is g])
     _reserve(session)
@@ -861,9 +961,9 @@ def _open_group(session: ZeroPlusPlus, shard: Any, served: list[_Served]) -> _Gr
     groups. Collective over the shard group, in module order on every rank."""
     g = session._groups[session._ranks(shard)] = _Group(session._ranks(shard))
     _choose_backend(session, shard)
-    hpz = session.weight_bits is not None and session.hpz and any(
+    hpz = session.weight_bits is not None and session.hpz and (session.hpz_size is not None or any(
         _post_forward_group(s.param_group) is not None for s in served
-        if session._ranks(s.param_group.mesh_info.shard_process_group) == g.ranks)
+        if session._ranks(s.param_group.mesh_info.shard_process_group) == g.ranks))
     if session.grad_bits is not None or hpz:
         # With grad_bits=None it is made for the node layout only, and closed once the gathers' are made.
         g.reduce = _make_comm(session, shard, reduce=True, wrap=False)
@@ -972,12 +1072,87 @@ def _check_hpz_groups(session: ZeroPlusPlus, g: _Group, shard: Any, mine: dict[i
             elif local != list(range(local[0], local[0] + k)) or local[0] % k:
                 problem = f"local ranks {local} of node {nodes[0]}, not {k} consecutive ones from a multiple of {k}"
             if problem:
+                given = "hpz_size" if all(s.post_forward for s in by_k[k]) else "reshard_after_forward"
                 raise ZpcclValueError(
-                    f"{_CALL}: reshard_after_forward={k} makes FSDP gather backward weights over ranks "
-                    f"{[index[r] for r in pf]} of the shard group, which are {problem}: hpZ keeps that gather "
-                    f"inside one node, over {k} consecutive ranks of it (modules {[s.name for s in by_k[k]]}). Use "
-                    "a reshard_after_forward that divides the ranks per node (with ranks numbered node by node), "
-                    "or hpz=False to leave that gather on NCCL", _CALL)
+                    f"{_CALL}: {given}={k} makes FSDP gather backward weights over ranks {[index[r] for r in pf]} "
+                    f"of the shard group, which are {problem}: hpZ keeps that gather inside one node, over {k} "
+                    f"consecutive ranks of it (modules {[s.name for s in by_k[k]]}). Use a {given} that divides "
+                    "the ranks per node (with ranks numbered node by node), or hpz=False to leave that gather on "
+                    "NCCL", _CALL)
+
+
+# ---- hpz_size ------------------------------------------------------------------------------------------------
+
+
+def _apply_hpz_size(session: ZeroPlusPlus) -> None:
+    """Gives the parameter groups sharded with reshard_after_forward=True a post-forward group of hpz_size ranks,
+    as reshard_after_forward=hpz_size would have made them: through torch's own maker of post-forward meshes,
+    one mesh per shard mesh, shared by its groups (their process groups made once). Every group is checked before
+    any changes."""
+    k, fsdp = session.hpz_size, session._fsdp
+    targets = _hpz_size_targets(session)
+    for g in {id(s.group): s.group for s in targets}.values():
+        _check_hpz_size_fits(session, g, [s for s in targets if s.group is g])
+    meshes: dict[tuple, Any] = {}
+    for s in targets:
+        mesh = s.param_group.mesh_info.mesh
+        key = (mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()))
+        if key not in meshes:
+            meshes[key] = fsdp.make_post_forward(k, s.param_group.mesh_info)
+        s.post_forward = _PostForward.save(s.param_group, meshes[key])
+        s.post_forward.apply(fsdp.torch, s.param_group)
+
+
+def _hpz_size_targets(session: ZeroPlusPlus) -> list[_Served]:
+    """The parameter groups that hpz_size applies to: those resharded after forward over the whole shard group.
+    Those it cannot apply to keep it, and the log says why once per reason."""
+    k, targets, kept = session.hpz_size, [], {}
+    for s in session._served:
+        pg = s.param_group
+        if pg.post_forward_mesh_info is None or pg.post_forward_mesh_info != pg.mesh_info or _default_root(session, s):
+            continue  # False, or an int of the user's, or a root that FSDP will set to False
+        if len(s.group.ranks) == k:
+            why = (f"its shard group has {k} ranks: FSDP's post-forward group would be the shard group itself, "
+                   "whose backward gathers are qwZ")
+        elif any(p.is_dtensor for p in pg.fsdp_params):
+            why = "its parameters are DTensors (tensor parallel), which FSDP does not reshard to a smaller group"
+        elif getattr(pg.mesh_info, "is_spmd_mesh", False):
+            why = "FSDP does not reshard a module of an SPMD mesh (dp_mesh_dims) to a smaller group"
+        elif any(getattr(p, "_release_all_gather_outputs_after_post_all_gather", False) for p in pg.fsdp_params):
+            why = "its all-gather extension releases the gathered outputs that a smaller group's shard is cut from"
+        else:
+            targets.append(s)
+            continue
+        kept.setdefault(why, []).append(s.name)
+    for why, names in kept.items():
+        session._say_once("hpz_size: " + why, f"hpz_size={k} leaves modules {names} at reshard_after_forward=True: "
+                          f"{why}", logging.INFO if why.startswith("its shard group") else logging.WARNING)
+    return targets
+
+
+def _default_root(session: ZeroPlusPlus, served: _Served) -> bool:
+    """Whether FSDP will set the module's reshard_after_forward to False as a root left at its default: it marks
+    the outermost FSDP modules roots when the first forward runs."""
+    state = served.module._get_fsdp_state()
+    if not state._auto_reshard_after_forward:
+        return False
+    if state._is_root is not None:
+        return bool(state._is_root)
+    names = {name for name, _m in _fsdp_modules(session.model)}
+    parts = served.name.split(".") if served.name else []
+    return not any(".".join(parts[:i]) in names for i in range(len(parts)))
+
+
+def _check_hpz_size_fits(session: ZeroPlusPlus, g: _Group, served: list[_Served]) -> None:
+    """hpz_size against one shard group and its nodes; the same verdict on every rank (gathered facts)."""
+    k, names = session.hpz_size, [s.name for s in served]
+    if len(g.ranks) % k:
+        raise ZpcclValueError(f"{_CALL}: hpz_size {k} must divide the ranks of the shard group that modules {names} "
+                              f"are sharded over, {len(g.ranks)}", _CALL)
+    sizes = sorted({f["local_size"] for f in g.nodes})
+    if any(size % k for size in sizes):
+        raise ZpcclValueError(f"{_CALL}: hpz_size {k} must divide the ranks per node: the shard group of modules "
+                              f"{names} has nodes of {sizes} ranks", _CALL)
 
 
 def _staged_bytes(session: ZeroPlusPlus, pg: Any, n: int, reduce: bool) -> int:

@@ -1,0 +1,182 @@
+"""zpccl.fsdp.enable(..., hpz_size=k) on the CPU with ranks as threads: modules sharded with
+``reshard_after_forward=True`` get FSDP's post-forward groups of k ranks, so that their backward gathers are hpZ,
+exactly as if they had been sharded with ``reshard_after_forward=k``. Skipped without torch 2.12 or later (see
+test_fsdp)."""
+from __future__ import annotations
+
+import copy
+import logging
+import unittest
+from typing import Any
+
+import zpccl
+
+from ._threaded import run_threaded
+from .test_fsdp import BLOCK, batches, build_model, cpu_mesh, torch_for_threads, train
+from .test_fsdp_groups import local_params
+
+STEPS = 3
+
+
+def shard(model: Any, world: int | tuple, blocks: list[Any], root: Any = None) -> Any:
+    """Block i sharded with reshard_after_forward=blocks[i], the root with ``root`` (None: fully_shard's default),
+    over ``world`` ranks or a 2-D (HSDP) mesh of that shape."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = cpu_mesh(world, ("replicate", "shard")) if isinstance(world, tuple) else cpu_mesh((world,))
+    for block, k in zip(model.blocks, blocks):
+        fully_shard(block, mesh=mesh, reshard_after_forward=k)
+    fully_shard(model, mesh=mesh, **({} if root is None else {"reshard_after_forward": root}))
+    return model
+
+
+def record_gathers(zp: Any) -> list[Any]:
+    """Every all-gather's output, in call order (copies)."""
+    outputs: list[Any] = []
+    gather = zp._all_gather
+
+    def on_gather(hook: Any, output: Any, *rest: Any) -> Any:
+        result = gather(hook, output, *rest)
+        outputs.append(output.clone())
+        return result
+
+    zp._all_gather = on_gather
+    return outputs
+
+
+class HpzSize(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.torch = torch_for_threads()
+
+    def test_equals_resharding_with_k(self) -> None:
+        """Blocks sharded with True under hpz_size=k, and the same blocks sharded with reshard_after_forward=k
+        (zpccl on in both): every gathered weight, every loss and the trained parameters bit-identical; the
+        backward gathers are hpZ calls in both. Two nodes of two, two nodes of four with k=2 and k=4, and HSDP
+        (two replicas of four shards)."""
+        torch = self.torch
+        base = build_model(torch, layers=3)
+        for world, rpn, k in ((4, 2, 2), (8, 4, 2), (8, 4, 4), ((2, 4), 4, 2)):
+            def body(rank: int) -> Any:
+                data = batches(torch, rank, STEPS)
+                out = []
+                for blocks, hpz_size in (([True] * 3, k), ([k] * 3, None)):
+                    model = shard(copy.deepcopy(base), world, blocks)
+                    zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=rpn, hpz_size=hpz_size)
+                    gathered = record_gathers(zp)
+                    losses = train(torch, model, data)
+                    out.append((losses, gathered, local_params(model), zp.summary()))
+                    zp.disable()
+                return out
+
+            with self.subTest(world=world, ranks_per_node=rpn, k=k):
+                ranks = world[0] * world[1] if isinstance(world, tuple) else world
+                for rank, (given, direct) in enumerate(run_threaded(ranks, body)):
+                    self.assertEqual(given[0], direct[0], f"rank {rank}: losses")
+                    self.assertEqual(len(given[1]), len(direct[1]))
+                    for i, (a, b) in enumerate(zip(given[1], direct[1])):
+                        self.assertTrue(torch.equal(a, b), f"rank {rank}: gather {i}")
+                    self.assertTrue(all(torch.equal(a, b) for a, b in zip(given[2], direct[2])), f"rank {rank}")
+                    self.assertEqual(given[3], direct[3])
+                    self.assertEqual({n: v["calls"] for n, v in given[3].items()},
+                                     {"qwz": 4 * STEPS, "hpz": 3 * STEPS, "qgz": 4 * STEPS})
+
+    def test_applies_to_true_only_shares_one_mesh_and_disable_restores(self) -> None:
+        """hpz_size=2 over blocks sharded with 2, True and False under a root left at its default: the block with
+        True gets a post-forward group of 2 (its own parameters' too), the one with 2 keeps FSDP's, the one with
+        False and the root keep none; two blocks with True share one mesh. disable() puts back every object FSDP
+        had, and the model trains on FSDP's collectives after it."""
+        torch = self.torch
+        base = build_model(torch, layers=4)
+
+        def body(rank: int) -> None:
+            model = shard(copy.deepcopy(base), 4, [2, True, False, True])
+            groups = [m._get_fsdp_state()._fsdp_param_groups[0] for m in (*model.blocks, model)]
+            before = [(pg.post_forward_mesh_info, [(p.post_forward_mesh_info,
+                                                    getattr(p, "sharded_post_forward_size", None),
+                                                    getattr(p, "contiguous_sharded_post_forward_stride", None))
+                                                   for p in pg.fsdp_params]) for pg in groups]
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+            after = [pg.post_forward_mesh_info for pg in groups]
+            self.assertIs(after[0], before[0][0])  # an int: FSDP's own
+            self.assertIs(after[2], None)  # False
+            self.assertIs(after[4], before[4][0])  # the root, set to None by FSDP's first forward
+            self.assertIsNot(after[1], before[1][0])
+            self.assertIs(after[1], after[3])  # one mesh for the shard mesh
+            self.assertEqual(after[1].shard_mesh_size, 2)
+            # Blocks of one shape: each parameter's post-forward sizes as FSDP made them for the block with 2.
+            for p, q, (_, size, _) in zip(groups[1].fsdp_params, groups[0].fsdp_params, before[1][1]):
+                self.assertIs(p.post_forward_mesh_info, after[1])
+                self.assertEqual((p.sharded_post_forward_size, p.contiguous_sharded_post_forward_stride),
+                                 (q.sharded_post_forward_size, q.contiguous_sharded_post_forward_stride))
+                self.assertNotEqual(p.sharded_post_forward_size, size)
+            train(torch, model, batches(torch, rank, 2))
+            self.assertIsNone(groups[4].post_forward_mesh_info)
+            self.assertEqual(zp.summary()["hpz"]["calls"], 3 * 2)
+            # Between a forward and its backward the block holds its parameters resharded to hpz_size's groups.
+            loss = model(batches(torch, rank, 1)[0]).float().mean()
+            with self.assertRaisesRegex(zpccl.ZpcclError, r"modules \['blocks\.1', 'blocks\.3'\] hold their "
+                                        r"parameters resharded .* call disable\(\) after the backward"):
+                zp.disable()
+            loss.backward()
+            model.zero_grad()
+            zp.disable()
+            for pg, (info, params) in zip(groups[:4], before[:4]):
+                self.assertIs(pg.post_forward_mesh_info, info)
+                for p, (p_info, size, stride) in zip(pg.fsdp_params, params):
+                    self.assertIs(p.post_forward_mesh_info, p_info)
+                    self.assertEqual((getattr(p, "sharded_post_forward_size", None),
+                                      getattr(p, "contiguous_sharded_post_forward_stride", None)), (size, stride))
+            train(torch, model, batches(torch, rank, 1))
+            self.assertEqual(zp.summary()["hpz"]["calls"], 3 * 3)
+
+        run_threaded(4, body)
+
+    def test_refusals_name_hpz_size(self) -> None:
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> None:
+            model = shard(copy.deepcopy(base), 4, [True, True])
+            for kw, words in (({"hpz_size": 1}, "hpz_size 1 must be an int of at least 2"),
+                              ({"hpz_size": True}, "hpz_size True must be an int"),
+                              ({"hpz_size": 2.0}, "hpz_size 2.0 must be an int"),
+                              ({"hpz_size": 2, "hpz": False}, "hpz_size gives modules .* hpz=False leaves"),
+                              ({"hpz_size": 2, "weight_bits": None}, "weight_bits=None leaves"),
+                              ({"hpz_size": 4, "ranks_per_node": 2}, "hpz_size 4 must divide ranks_per_node 2"),
+                              # Nodes told by label: known only once the communicators exist.
+                              ({"hpz_size": 2, "node_id": rank // 3}, r"hpz_size 2 must divide the ranks per node: "
+                               r"the shard group of modules \['blocks\.0', 'blocks\.1'\] has nodes of \[1, 3\] "
+                               "ranks"),
+                              ({"hpz_size": 8, "node_id": 0}, r"hpz_size 8 must divide the ranks of the shard "
+                               r"group that modules \['blocks\.0', 'blocks\.1'\] are sharded over, 4")):
+                with self.subTest(**{k: repr(v) for k, v in kw.items()}):
+                    with self.assertRaisesRegex(ValueError, words):
+                        zpccl.fsdp.enable(model, block_size=BLOCK, **kw)
+                    self.assertIsNone(zpccl.fsdp.session_of(model))
+                    self.assertIs(model.blocks[0]._get_fsdp_state()._fsdp_param_groups[0].post_forward_mesh_info,
+                                  model.blocks[0]._get_fsdp_state()._fsdp_param_groups[0].mesh_info)
+
+        run_threaded(4, body)
+
+    def test_a_shard_group_of_k_ranks_keeps_true_and_says_so(self) -> None:
+        """One node of four with hpz_size=4: the post-forward group would be the shard group itself."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> Any:
+            model = shard(copy.deepcopy(base), 4, [True, True])
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=4, hpz_size=4)
+            train(torch, model, batches(torch, rank, 1))
+            zp.disable()
+            return zp.summary()
+
+        with self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
+            summaries = run_threaded(4, body)
+        said = [line for line in logs.output if "hpz_size=4 leaves modules ['blocks.0', 'blocks.1']" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        self.assertTrue(all("hpz" not in s for s in summaries), summaries)
+
+
+if __name__ == "__main__":
+    unittest.main()
