@@ -469,45 +469,87 @@ class FsdpOnThreads(unittest.TestCase):
                 self.assertGreater(summaries[0]["torch_reduce_scatter_dtype"]["calls"], 0)
                 self.assertNotIn("qwz", summaries[0])
 
-    def test_gradient_divide_factor(self) -> None:
+    def divide_factor_runs(self, mesh_shape: tuple, names: Any, factor: float, mp_dtype: Any,
+                           factor_after_enable: bool) -> list[Any]:
+        """Each rank trains one model twice with zpccl and set_gradient_divide_factor(factor): FSDP asking for
+        PreMulSum(1/factor), and with set_force_sum_reduction_for_comms(True); the sharded gradients of every step,
+        the losses, the reduce ops FSDP asked for and the counters of each run."""
         torch = self.torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         base = build_model(torch)
+        mp = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=mp_dtype) if mp_dtype else None
 
-        def premul_at_enable(rank: int) -> None:
-            model = shard(torch, copy.deepcopy(base), self.mesh(), True)
-            model.set_gradient_divide_factor(3.0)
-            with self.assertRaisesRegex(ValueError, r"PreMulSum.*set_force_sum_reduction_for_comms\(True\)"):
-                zpccl.fsdp.enable(model)
-            self.assertIsNone(zpccl.fsdp.session_of(model))
-
-        def premul_after_enable(rank: int) -> None:
-            model = shard(torch, copy.deepcopy(base), self.mesh(), True)
+        def run(rank: int, force_sum: bool) -> dict[str, Any]:
+            model = shard(torch, copy.deepcopy(base), self.mesh(mesh_shape, names), True, mp)
+            modules = [m for m in model.modules() if isinstance(m, torch.distributed.fsdp.FSDPModule)]
+            for m in modules:  # both setters act on one module's state, so every module (as torchtitan does)
+                m.set_force_sum_reduction_for_comms(force_sum)
+                if not factor_after_enable:
+                    m.set_gradient_divide_factor(factor)
             zp = zpccl.fsdp.enable(model, block_size=BLOCK)
-            model.set_gradient_divide_factor(3.0)
-            with self.assertRaisesRegex(ValueError, r"PreMulSum.*set_force_sum_reduction_for_comms\(True\)"):
-                train(torch, model, batches(torch, rank, 1))
+            for m in modules if factor_after_enable else ():
+                m.set_gradient_divide_factor(factor)
+            ops: list[str] = []
+            rs = zp._reduce_scatter
+
+            def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
+                ops.append(zpccl.fsdp._op_name(torch.distributed, op))
+                return rs(hook, output, input, group, op, *rest)
+
+            zp._reduce_scatter = on_rs
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            losses, grads = [], []
+            for ids in batches(torch, rank, 3):
+                loss = torch.nn.functional.cross_entropy(model(ids).float()[:, :-1].flatten(0, 1),
+                                                         ids[:, 1:].flatten())
+                loss.backward()
+                grads.append([p.grad.to_local().clone() for p in model.parameters()])
+                losses.append(loss.item())
+                opt.step()
+                opt.zero_grad()
             zp.disable()
+            return dict(losses=losses, grads=grads, ops=ops, summary=zp.summary())
 
-        def force_sum(rank: int) -> tuple:
-            data = batches(torch, rank, 3)
-            out = []
-            for use in (False, True):
-                model = shard(torch, copy.deepcopy(base), self.mesh(), True)
-                model.set_gradient_divide_factor(3.0)
-                model.set_force_sum_reduction_for_comms(True)
-                zp = zpccl.fsdp.enable(model, block_size=BLOCK) if use else None
-                out.append(train(torch, model, data))
-                if zp:
-                    out.append(zp.summary())
-                    zp.disable()
-            return tuple(out)
+        return run_threaded(int(np.prod(mesh_shape)), lambda rank: (run(rank, False), run(rank, True)))
 
-        run_threaded(WORLD, premul_at_enable)
-        run_threaded(WORLD, premul_after_enable)
-        for plain, losses, summary in run_threaded(WORLD, force_sum):
-            self.assertEqual(summary["qgz"]["calls"], 9)
-            for a, b in zip(plain, losses):
-                self.assertLess(abs(a - b) / a, 0.01)
+    def test_gradient_divide_factor_equals_force_sum(self) -> None:
+        """set_gradient_divide_factor(f) with f not the shard group's size makes FSDP ask for PreMulSum(1/f):
+        zpccl serves it with qgZ's sum and the force-sum path's division, so every step's gradients and losses are
+        bit-identical to set_force_sum_reduction_for_comms(True) (zpccl on in both). f = 1.0 is torchtitan's (a
+        plain sum); fp32 and bf16 reduce dtypes; the factor set before or after enable."""
+        torch = self.torch
+        for factor, mp_dtype, after in ((1.0, None, True), (3.0, None, False), (3.0, torch.bfloat16, True),
+                                        (0.5, torch.bfloat16, False)):
+            with self.subTest(factor=factor, reduce_dtype=mp_dtype, after_enable=after):
+                for rank, (premul, force) in enumerate(self.divide_factor_runs((WORLD,), None, factor, mp_dtype,
+                                                                               after)):
+                    self.assertEqual(set(premul["ops"]), {"premul_sum"})
+                    self.assertEqual(set(force["ops"]), {"sum"})
+                    self.assertEqual(premul["summary"], force["summary"])
+                    self.assertEqual({k: v["calls"] for k, v in premul["summary"].items()}, {"qwz": 18, "qgz": 9})
+                    self.assertEqual(premul["losses"], force["losses"], f"rank {rank}")
+                    for step, (a, b) in enumerate(zip(premul["grads"], force["grads"])):
+                        self.assertTrue(all(torch.equal(x, y) for x, y in zip(a, b)), f"rank {rank} step {step}")
+
+    def test_gradient_divide_factor_with_hsdp(self) -> None:
+        """HSDP (2 replicas x 2 shards): FSDP asks for PreMulSum over the shard dimension, then sums over the
+        replicate one; its force-sum path divides after that sum, PreMulSum (and zpccl) before it. Bit-identical
+        where the division is exact (1.0, 4.0), equal up to rounding otherwise (3.0)."""
+        torch = self.torch
+        for factor in (1.0, 4.0, 3.0):
+            with self.subTest(factor=factor):
+                runs = self.divide_factor_runs((2, 2), ("replicate", "shard"), factor, None, False)
+                for rank, (premul, force) in enumerate(runs):
+                    self.assertEqual((set(premul["ops"]), set(force["ops"])), ({"premul_sum"}, {"sum"}))
+                    self.assertEqual(premul["summary"]["qgz"]["calls"], 9)
+                    first = zip(premul["grads"][0], force["grads"][0])  # the same weights: the same gradients
+                    if factor != 3.0:
+                        self.assertTrue(all(torch.equal(x, y) for x, y in first), f"rank {rank}")
+                        self.assertEqual(premul["losses"], force["losses"])
+                    else:
+                        for x, y in first:
+                            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-9)
 
     def test_refusals_say_what_to_change(self) -> None:
         torch = self.torch

@@ -24,10 +24,13 @@ It goes through FSDP2's own hooks, ``FSDPModule.set_custom_all_gather`` and ``se
   post-forward mesh machinery (private: ``enable`` checks the installed torch has it), exactly what
   ``reshard_after_forward=k`` builds; ``disable`` puts FSDP's back. Memory, as with ``reshard_after_forward=k``:
   each rank keeps 1/k of such a module's parameters from its forward to its backward;
-* gradient reduce-scatters: qgZ (``grad_bits``), Sum and Avg, fp32 or bf16 (FSDP's ``reduce_dtype``).
-  ``set_gradient_divide_factor(f)`` works with ``set_force_sum_reduction_for_comms(True)`` (FSDP then sums and
-  divides afterwards) or with f equal to the shard group's size (Avg); otherwise FSDP asks for NCCL's
-  PreMulSum, which qgZ does not do, and ``enable`` (or the call) says what to set instead.
+* gradient reduce-scatters: qgZ (``grad_bits``), fp32 or bf16 (FSDP's ``reduce_dtype``), for every reduction
+  FSDP asks for: Sum, Avg, and the PreMulSum(1/f) that ``set_gradient_divide_factor(f)`` brings when f is not
+  the shard group's size (torchtitan sets f = 1.0, a plain sum, on every module). PreMulSum is served as FSDP's
+  ``set_force_sum_reduction_for_comms(True)`` path does it: a sum, then the output divided by f on the same
+  stream, the same gradients bit for bit. With HSDP (or an all-reduce hook) that division comes before the
+  replicate all-reduce (or the hook), as PreMulSum's does, where the force-sum path divides after it: the same
+  bits where dividing by f is exact (1, powers of two), else equal up to rounding.
 
 zpccl serves each FSDP parameter group once, however many modules share it (``fully_shard([m1, m2])``), and
 through one ``enable`` at a time: ``enable`` on a module inside a served model, or on a model around a served
@@ -664,7 +667,13 @@ class ZeroPlusPlus:
                                   "bf16, fp32)", nccl)
         name = _op_name(self._fsdp.dist, op)
         if name is None:
-            raise ZpcclValueError(_premul_message(op, len(ranks)), "zpccl.fsdp reduce-scatter")
+            return self._fallback("reduce_scatter_op", f"a reduce-scatter with {op}, which qgZ does not do", nccl)
+        factor = hook.param_group.gradient_divide_factor if name == "premul_sum" else None
+        if name == "premul_sum":
+            if not isinstance(factor, (int, float)):
+                return self._fallback("reduce_scatter_premul", f"a PreMulSum reduce-scatter whose parameter group "
+                                      f"holds no divide factor ({factor!r})", nccl)
+            name = "sum"  # then divided as FSDP's force-sum path does
         torch, comm = self._fsdp.torch, g.reduce
         n, count = comm.nranks, output.numel()
         layout = self._layout(self._reduce_sizes(hook, count), count, reduce=True)
@@ -684,6 +693,7 @@ class ZeroPlusPlus:
             comm.quant_reduce_scatter(staged, own, op=name, **grad)
             layout.unstage(torch, own, output)
             self._reduce_stage.end()
+        _divide(output, factor)
         wire = (n - 1) * payload_size(layout.staged_count, self.grad_bits, self.grad_block_size)
         self._count("qgz", input.numel() * esz, wire)
         if grad:
@@ -703,8 +713,9 @@ class ZeroPlusPlus:
 
 
 def _op_name(dist: Any, op: Any) -> str | None:
-    """"sum" or "avg" for FSDP's reduce op, None for anything else (PreMulSum)."""
-    for name, value in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
+    """"sum", "avg" or "premul_sum" for FSDP's reduce op, None for anything else."""
+    for name, value in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG),
+                        ("premul_sum", dist.ReduceOp.PREMUL_SUM)):
         try:
             if op == value:
                 return name
@@ -713,11 +724,17 @@ def _op_name(dist: Any, op: Any) -> str | None:
     return None
 
 
-def _premul_message(what: Any, size: int) -> str:
-    return (f"zpccl.fsdp: FSDP asks for a reduce-scatter with {what} (set_gradient_divide_factor with a factor "
-            f"other than the shard group's size {size} makes it use NCCL's PreMulSum), which qgZ does not do; also "
-            "call model.set_force_sum_reduction_for_comms(True), so that FSDP sums and divides afterwards, or set "
-            f"the factor to {size} (an average)")
+def _divide(output: Any, factor: float | None) -> None:
+    """What FSDP does after a reduce-scatter on its force-sum path (set_force_sum_reduction_for_comms(True)): the
+    summed output divided by the parameter group's gradient divide factor, in its own dtype, on the stream the
+    reduce-scatter ran on. FSDP asks for NCCL's PreMulSum(1/factor) instead when the factor is not the shard
+    group's size; a sum then this division serves it, bit for bit what the force-sum path gives (the factor
+    comes from the parameter group: the op may not expose it). A factor of 1 is a plain sum. With a replicate
+    dimension (HSDP) or an all-reduce hook, the force-sum path divides after those, where PreMulSum, and so this,
+    divides before: the same bits where dividing by the factor is exact (1, powers of two), else equal up to
+    rounding."""
+    if factor is not None and factor != 1:
+        output.div_(factor)
 
 
 #: id(FSDP parameter group) -> the live ZeroPlusPlus that serves it. Served groups, not models, are what a second
@@ -884,8 +901,6 @@ def _attach(session: ZeroPlusPlus) -> None:
         session._say_once("hsdp", "the replicate dimension of a 2-D (HSDP) mesh: FSDP all-reduces gradients over it "
                           "itself; that stays on NCCL", logging.INFO)
     for s in served:
-        _check_divide_factor(session._fsdp.dist, s.param_group)
-    for s in served:
         shard = s.param_group.mesh_info.shard_process_group
         s.group = session._groups.get(session._ranks(shard)) or _open_group(session, shard, served)
     if session.hpz_size is not None:
@@ -931,18 +946,6 @@ def _allocate_residuals(session: ZeroPlusPlus, served: _Served) -> None:
     session._residuals[id(pg)] = (res, hop)
     session.residual_bytes += res.numel() * 2
     session.hop_residual_bytes += hop_count * 2
-
-
-def _check_divide_factor(dist: Any, pg: Any) -> None:
-    factor = getattr(pg, "gradient_divide_factor", None)
-    size = pg.mesh_info.shard_process_group.size()
-    if factor is None or getattr(pg, "force_sum_reduction_for_comms", False) or factor == size:
-        return
-    reduce_dtype = getattr(getattr(pg, "mp_policy", None), "reduce_dtype", None)
-    if reduce_dtype is not None and str(reduce_dtype) == "torch.float16":
-        return  # FSDP sums fp16 and divides before and after
-    raise ZpcclValueError(_premul_message(f"PreMulSum(1/{factor})", size).replace("zpccl.fsdp:", _CALL + ":"),
-                          _CALL)
 
 
 def _post_forward_group(pg: Any) -> Any:
