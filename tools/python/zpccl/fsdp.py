@@ -38,8 +38,9 @@ module, is refused until the first is disabled.
 
 What zpccl does not serve stays on FSDP's collectives, and the ``zpccl.fsdp`` logger says so once per kind:
 groups FSDP gathers as uint8 (their parameters mix dtypes), element types other than fp16/bf16/fp32, groups
-other than the shard and hpZ groups (``hpz=False`` leaves the hpZ gather on NCCL too), and the replicate
-dimension of a 2-D (HSDP) mesh, whose all-reduce FSDP makes itself. ``weight_bits=None`` leaves every all-gather
+other than the shard and hpZ groups (``hpz=False`` leaves the hpZ gather on NCCL too, and so does a
+post-forward group set after ``enable``), and the replicate dimension of a 2-D (HSDP) mesh, whose all-reduce
+FSDP makes itself. ``weight_bits=None`` leaves every all-gather
 on FSDP's collectives (qgZ only), ``grad_bits=None`` every reduce-scatter (qwZ and hpZ only).
 
 Blocks and parameters: FSDP concatenates the padded shards of a module's parameters into one flat buffer per
@@ -70,12 +71,12 @@ was made for (FSDP reducing a subset of the group's parameters) runs without fee
 
 Communicators are made from the model's own process groups (the user passes nothing else): one for the
 gathers and one for the reduce-scatters of each shard group, so that FSDP's all-gather and reduce-scatter
-streams really overlap (one communicator serializes its calls). The gathers' communicator also serves hpZ for one
-post-forward group size (the smallest); each further size over the same shard group gets an hpZ communicator of
-its own. On CUDA they are cuda-backend communicators
-(``Comm.from_torch_group``: the gathers' wraps the group's NCCL communicator when torch and zpccl share one
-NCCL library); with CPU parameters and torch's threaded process group (ranks as threads, as torch's own FSDP
-tests run), host-backend communicators, which is how the CPU tests exercise every path.
+streams really overlap (one communicator serializes its calls). The gathers' communicator also serves hpZ for
+one post-forward group size (the smallest); each further size over the same shard group gets an hpZ
+communicator of its own. On CUDA they are cuda-backend communicators (``Comm.from_torch_group``: the gathers'
+and the hpZ ones wrap the group's NCCL communicator when torch and zpccl share one NCCL library); with CPU
+parameters and torch's threaded process group (ranks as threads, as torch's own FSDP tests run), host-backend
+communicators, which is how the CPU tests exercise every path.
 """
 from __future__ import annotations
 
@@ -154,7 +155,6 @@ class _Fsdp:
             raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: zpccl.fsdp needs FSDP2's {', '.join(missing)}, which "
                              f"torch {_CHECKED_TORCH} have; this is torch {self.torch.__version__}", _CALL)
 
-
     def check_post_forward(self, served: list[Any]) -> None:
         """Refuses hpz_size, with the versions that have them, when this torch lacks the pieces of FSDP2's
         post-forward mesh machinery that it uses."""
@@ -164,8 +164,8 @@ class _Fsdp:
         for s in served:
             missing += [f"FSDPParam.{a}" for p in s.param_group.fsdp_params for a in _PARAM_POST_FORWARD_ATTRS
                         if not hasattr(p, a)]
-            missing += [] if hasattr(s.param_group, "is_sharded_post_forward") else [
-                "FSDPParamGroup.is_sharded_post_forward"]
+            if not hasattr(s.param_group, "is_sharded_post_forward"):
+                missing.append("FSDPParamGroup.is_sharded_post_forward")
         if missing:
             raise ZpcclError(Result.INVALID_USAGE, f"{_CALL}: hpz_size needs FSDP2's {', '.join(sorted(set(missing)))}"
                              f", which torch {_CHECKED_TORCH} have; this is torch {self.torch.__version__}", _CALL)
@@ -868,7 +868,7 @@ def _served_groups(fsdp: _Fsdp, model: Any) -> list[_Served]:
     for name, m in modules:
         groups = fsdp.param_groups(m)
         if len(groups) > 1:
-            raise ZpcclValueError(f"{_CALL}: module {name or type(m).__name__!r} has several parameter groups "
+            raise ZpcclValueError(f"{_CALL}: module {name or _class_name(fsdp, m)!r} has several parameter groups "
                                   "(shard_placement_fn with several meshes); FSDP's custom collectives take one "
                                   "group a module", _CALL)
         for pg in groups:
