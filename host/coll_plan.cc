@@ -1,0 +1,298 @@
+#include "host/coll_plan.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "host/quant_format.h"
+#include "src/include/params.h"
+
+namespace zp {
+
+PlanTunables PlanTunables::fromParams() {
+  PlanTunables t;
+  t.chunkBytes = paramPipelineChunkBytes();
+  t.maxChunks = paramPipelineMaxChunks();
+  t.chunkRamp = paramPipelineChunkRamp() != 0;
+  t.pairAllGather = paramPairAllGather();
+  t.directMinBytes = paramDirectMinBytes();
+  t.directInlineWaitBytes = paramDirectInlineWaitBytes();
+  t.ownSlotEarlyBytes = paramOwnSlotEarlyBytes();
+  return t;
+}
+
+ChunkPlan planChunks(const PlanTunables& t, size_t count, int blockSize, size_t logicalBytes) {
+  const int maxChunks = static_cast<int>(std::min<int64_t>(t.maxChunks, kMaxPipelineChunks));
+  return makeChunkPlan(count, blockSize, logicalBytes, t.chunkBytes, maxChunks, t.chunkRamp);
+}
+
+namespace {
+
+// At least `from` bytes, where a negative threshold means never.
+bool atLeast(size_t bytes, int64_t from) { return from >= 0 && bytes >= static_cast<size_t>(from); }
+
+// The whole call as one piece (the direct and exact paths).
+ChunkPlan oneChunk(size_t count) {
+  ChunkPlan p;
+  p.count = count;
+  if (count == 0) return p;
+  p.chunks = 1;
+  p.bounds[1] = count;
+  return p;
+}
+
+// Whether two ranks exchange their slots by one all-gather (ZP_PAIR_ALLGATHER): same wire bytes, on NCCL's
+// collective path, which over sockets runs at the ring's bandwidth that point-to-point does not reach, and over
+// host shared memory gets the ZP_SHM_MIN_CTAS channels that point-to-point does not; over NVLink point-to-point is
+// the faster (perf/RESULTS.md, qgZ).
+bool pairGather(const PlanTunables& t, int peers, bool slowLink) {
+  return peers == 2 && (t.pairAllGather == 1 || (t.pairAllGather == 2 && slowLink));
+}
+
+// Over a slow link (host shared memory, sockets) the slot that never crosses it is worked while the others travel,
+// from ZP_OWN_SLOT_EARLY_BYTES: its kernels then leave the transfer's critical path. NVLink keeps the plain
+// pipeline (the direct path, or NCCL's CTAs needing the SMs).
+OwnSlot ownSlotFor(const PlanTunables& t, bool slowLink, size_t logicalBytes, const ChunkPlan& chunks) {
+  if (!slowLink || !atLeast(logicalBytes, t.ownSlotEarlyBytes)) return OwnSlot::kWithTheOthers;
+  // A call of one chunk runs on the caller's stream: the own slot goes beside it, on a side stream.
+  return chunks.chunks > 1 ? OwnSlot::kFinishStage : OwnSlot::kSideStream;
+}
+
+void planGather(const PlanFacts& f, bool slowLink, CollPlan* p) {
+  p->path = PlanPath::kOneHop;
+  p->chunks = planChunks(f.tunables, f.count, f.blockSize, p->logicalBytes);
+  p->hops = 1;
+  p->hop[0] = HopPlan{Exchange::kAllGather, p->group, p->ranks, p->rank, 1, false, false};
+  p->ownSlot = ownSlotFor(f.tunables, slowLink, p->logicalBytes, p->chunks);
+  // The gather's kernels leave SMs to NCCL, whose transfer is the longest stage (src/cuda/green_context.h).
+  p->greenStages = p->pipelined() && f.link.greenContext;
+  p->sendSlots = p->ranks;
+  p->scratchBytes[0] = ChunkRegion(p->chunks, p->sendSlots, f.bits, f.blockSize).bytes();
+}
+
+// qgZ's one hop: the all-to-all among every rank of the world. The kept slice, when worked early, is quantized
+// straight into the receive slot its sum reads and never sent; between two ranks that exchange by a gather it is
+// the pair layout (Exchange::kPairGatherInPlace): three receive slots, the sources in rank order at 0 and 2.
+void planQgzOneHop(const PlanFacts& f, bool slowLink, CollPlan* p) {
+  const Topology& t = *f.topo;
+  p->path = t.nodes > 1 && !t.even ? PlanPath::kFlat : PlanPath::kOneHop;
+  p->chunks = planChunks(f.tunables, f.count, f.blockSize, p->logicalBytes);
+  p->ownSlot = ownSlotFor(f.tunables, slowLink, p->logicalBytes, p->chunks);
+  const bool gather = pairGather(f.tunables, p->ranks, slowLink);
+  const bool pairLayout = p->ownEarly() && gather;
+  HopPlan& h = p->hop[0];
+  h = HopPlan{Exchange::kSendRecv, PlanComm::kWorld, p->ranks, p->rank, 1, false, false};
+  if (pairLayout) {
+    h.exchange = Exchange::kPairGatherInPlace;
+  } else if (p->ownEarly()) {
+    h.withoutSelf = true;
+  } else if (gather) {
+    h.exchange = Exchange::kPairGather;
+  }
+  p->hops = 1;
+  p->sendSlots = p->ranks;
+  p->recv.slots = pairLayout ? kPairLayoutSlots : p->ranks;
+  p->recv.keptSlot = !p->ownEarly() ? -1 : pairLayout ? 2 * p->rank : p->rank;
+  p->recv.sourceStride = pairLayout ? 2 : 1;
+  p->scratchBytes[0] = ChunkRegion(p->chunks, p->sendSlots, f.bits, f.blockSize).bytes();
+  p->scratchBytes[1] = ChunkRegion(p->chunks, p->recv.slots, f.bits, f.blockSize).bytes();
+}
+
+// qgZ's two hops (host/qgz_plan.h): the intra-node all-to-all (N slots to each local peer) on the move stage, the
+// inter-node one among the ranks of this local rank on the finish stage. The first hop's ranks share a node, the
+// second's do not: only the second crosses a slow link.
+void planQgzTwoHops(const PlanFacts& f, CollPlan* p) {
+  const Topology& t = *f.topo;
+  const PlanTunables& tu = f.tunables;
+  p->path = PlanPath::kTwoHops;
+  p->chunks = planChunks(tu, f.count, f.blockSize, p->logicalBytes);
+  p->hops = 2;
+  p->hop[0] = HopPlan{pairGather(tu, t.localSize, false) ? Exchange::kPairGather : Exchange::kSendRecv,
+                      PlanComm::kIntra,
+                      t.localSize,
+                      t.localRank,
+                      t.nodes,
+                      false,
+                      false};
+  p->hop[1] = HopPlan{pairGather(tu, t.nodes, true) ? Exchange::kPairGather : Exchange::kSendRecv,
+                      PlanComm::kInter,
+                      t.nodes,
+                      t.node,
+                      1,
+                      false,
+                      true};
+  p->sendSlots = p->ranks;
+  p->recv.slots = p->ranks;
+  p->scratchBytes[0] = ChunkRegion(p->chunks, p->sendSlots, f.bits, f.blockSize).bytes();
+  p->scratchBytes[1] = ChunkRegion(p->chunks, p->recv.slots, f.bits, f.blockSize).bytes();
+}
+
+}  // namespace
+
+CollPlan planCollective(const PlanFacts& f) {
+  const Topology& t = *f.topo;
+  CollPlan p;
+  p.kind = f.kind;
+  p.inPlace = f.inPlace;
+  const bool hpz = f.kind == CollKind::kHierAllGather;
+  p.group = hpz ? PlanComm::kHpz : PlanComm::kWorld;
+  p.ranks = hpz ? t.hpzSize : t.nranks;
+  p.rank = hpz ? t.hpzRank : t.rank;
+  p.logicalBytes = f.count * p.ranks * f.elemBytes;
+  if (hpz && f.bits == 0) {  // moves the bits as they are
+    p.path = PlanPath::kExact;
+    p.chunks = oneChunk(f.count);
+    p.hops = 1;
+    p.hop[0] = HopPlan{Exchange::kAllGather, PlanComm::kHpz, p.ranks, p.rank, 1, false, false};
+    return p;
+  }
+  const bool qgz = f.kind == CollKind::kQuantReduceScatter;
+  const bool twoHops = qgz && t.hierarchical();
+  // An hpZ group of every rank of one node is the world (the cuda backend's communicators are the same).
+  const bool wholeWorld = !hpz || (t.nodes == 1 && t.hpzSize == t.nranks);
+  // The group's link: host shared memory on the extra channels, or sockets when it spans several nodes (an hpZ
+  // group never does).
+  const bool slowLink = f.link.shmChannels || (p.group == PlanComm::kWorld && t.nodes > 1);
+
+  // The direct path: every payload of the call in the window (qgZ: each rank's n slots), which grows to hold them
+  // unless a graph froze it.
+  const size_t payload = quantPayloadBytes(f.count, f.bits, f.blockSize) * (qgz ? p.ranks : 1);
+  const size_t window = f.window.payloadOffset + payload;
+  if (!twoHops && wholeWorld && f.link.directLoads && atLeast(p.logicalBytes, f.tunables.directMinBytes) &&
+      (!f.window.frozen || f.window.bytes >= window)) {
+    p.path = PlanPath::kDirect;
+    p.chunks = oneChunk(f.count);
+    p.windowBytes = window;
+    // Small calls' time is mostly the host's launches: their kernels wait for the peers themselves.
+    p.inlineWaits = p.logicalBytes <= static_cast<size_t>(std::max<int64_t>(f.tunables.directInlineWaitBytes, 0));
+    return p;
+  }
+  if (!qgz) {
+    planGather(f, slowLink, &p);
+  } else if (twoHops) {
+    planQgzTwoHops(f, &p);
+  } else {
+    planQgzOneHop(f, slowLink, &p);
+  }
+  // A one-chunk call's own slot runs beside the exchange, whose NCCL CTAs need free SMs: in the green context when
+  // there is one, whatever the stages use.
+  p.ownInGreen = (p.ownSlot == OwnSlot::kFinishStage && p.greenStages) ||
+                 (p.ownSlot == OwnSlot::kSideStream && f.link.greenContext);
+  return p;
+}
+
+ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkFacts& link, size_t payloadOffset,
+                        size_t maxBytes) {
+  const int bits = 8, blockSize = kMinBlockSize, n = topo.nranks;
+  const size_t count = maxBytes / (2 * n);  // elements per rank (qwZ shard, qgZ slice)
+  const ChunkPlan chunks = planChunks(t, count, blockSize, maxBytes);
+  ReservePlan r;
+  r.scratchBytes[0] = ChunkRegion(chunks, n, bits, blockSize).bytes();
+  r.scratchBytes[1] = ChunkRegion(chunks, std::max(n, kPairLayoutSlots), bits, blockSize).bytes();
+  if (link.directLoads && atLeast(maxBytes, t.directMinBytes)) {
+    r.windowBytes = payloadOffset + n * quantPayloadBytes(count, bits, blockSize);
+  }
+  return r;
+}
+
+const char* planPathName(PlanPath p) {
+  switch (p) {
+    case PlanPath::kDirect:
+      return "direct loads";
+    case PlanPath::kOneHop:
+      return "one hop";
+    case PlanPath::kTwoHops:
+      return "two hops";
+    case PlanPath::kFlat:
+      return "one flat hop (uneven nodes)";
+    case PlanPath::kExact:
+      return "exact";
+    default:
+      return "none";
+  }
+}
+
+const char* exchangeName(Exchange x) {
+  switch (x) {
+    case Exchange::kAllGather:
+      return "all-gather";
+    case Exchange::kSendRecv:
+      return "send/recv";
+    case Exchange::kPairGather:
+      return "pair all-gather + copy";
+    case Exchange::kPairGatherInPlace:
+      return "pair all-gather in place";
+  }
+  return "?";
+}
+
+namespace {
+
+const char* kindName(CollKind k) {
+  switch (k) {
+    case CollKind::kQuantAllGather:
+      return "qwZ";
+    case CollKind::kHierAllGather:
+      return "hpZ";
+    case CollKind::kQuantReduceScatter:
+      return "qgZ";
+    default:
+      return "local";
+  }
+}
+
+const char* commName(PlanComm c) {
+  switch (c) {
+    case PlanComm::kWorld:
+      return "world";
+    case PlanComm::kIntra:
+      return "intra";
+    case PlanComm::kInter:
+      return "inter";
+    case PlanComm::kHpz:
+      return "hpz";
+  }
+  return "?";
+}
+
+const char* ownSlotName(OwnSlot o) {
+  switch (o) {
+    case OwnSlot::kWithTheOthers:
+      return "with the others";
+    case OwnSlot::kFinishStage:
+      return "early on the finish stage";
+    case OwnSlot::kSideStream:
+      return "early on a side stream";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string CollPlan::describe() const {
+  std::ostringstream out;
+  out << kindName(kind) << " " << planPathName(path) << " over " << commName(group) << " (rank " << rank << "/" << ranks
+      << "), " << logicalBytes << " bytes" << (inPlace ? " in place" : "") << ", " << chunks.chunks
+      << (chunks.chunks == 1 ? " chunk" : " chunks");
+  if (chunks.chunks > 0) out << " of " << chunks.elems(0) << (chunks.chunks > 1 ? "+ elements" : " elements");
+  for (int h = 0; h < hops; ++h) {
+    const HopPlan& x = hop[h];
+    out << "; hop " << h + 1 << ": " << exchangeName(x.exchange) << " on " << commName(x.comm) << " (" << x.self << "/"
+        << x.peers << (x.slotsPerPeer > 1 ? ", " + std::to_string(x.slotsPerPeer) + " slots a peer" : "")
+        << (x.withoutSelf ? ", own slot not sent" : "") << (x.onFinishStage ? ", finish stage" : "") << ")";
+  }
+  if (path == PlanPath::kDirect) out << "; " << (inlineWaits ? "waits inside the kernels" : "waits in extra kernels");
+  if (path != PlanPath::kDirect && path != PlanPath::kExact) {
+    out << "; own slot " << ownSlotName(ownSlot) << (ownInGreen ? " (green context)" : "");
+    out << "; stages " << (greenStages ? "in the green context" : "on every SM");
+  }
+  if (recv.slots > 0) {
+    out << "; receive " << recv.slots << " slots a chunk";
+    if (recv.keptSlot >= 0) out << " (kept slice in slot " << recv.keptSlot << ")";
+    if (recv.sourceStride != 1) out << ", sources " << recv.sourceStride << " slots apart";
+  }
+  if (scratchBytes[0] + scratchBytes[1] > 0) out << "; scratch " << scratchBytes[0] << " + " << scratchBytes[1];
+  if (windowBytes > 0) out << "; window " << windowBytes;
+  return out.str();
+}
+
+}  // namespace zp
