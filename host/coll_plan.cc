@@ -1,8 +1,10 @@
 #include "host/coll_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 
+#include "host/dtype.h"
 #include "host/quant_format.h"
 #include "src/include/params.h"
 
@@ -180,6 +182,26 @@ CollPlan planCollective(const PlanFacts& f) {
   return p;
 }
 
+PlanFacts planFactsOf(const Topology& topo, const CollArgs& a) {
+  PlanFacts f;
+  f.topo = &topo;
+  f.tunables = PlanTunables::fromParams();
+  f.kind = a.kind;
+  f.count = a.count;
+  f.elemBytes = typeSize(a.type);
+  f.bits = a.bits;
+  f.blockSize = a.blockSize;
+  // As addresses: the buffers need not be one array.
+  const uintptr_t shard = a.count * f.elemBytes;
+  const auto send = reinterpret_cast<uintptr_t>(a.sendbuff), recv = reinterpret_cast<uintptr_t>(a.recvbuff);
+  if (a.kind == CollKind::kQuantReduceScatter) {
+    f.inPlace = recv == send + topo.rank * shard;
+  } else {
+    f.inPlace = send == recv + (a.kind == CollKind::kHierAllGather ? topo.hpzRank : topo.rank) * shard;
+  }
+  return f;
+}
+
 ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkFacts& link, size_t payloadOffset,
                         size_t maxBytes) {
   const int bits = 8, blockSize = kMinBlockSize, n = topo.nranks;
@@ -273,7 +295,7 @@ std::string CollPlan::describe() const {
   out << kindName(kind) << " " << planPathName(path) << " over " << commName(group) << " (rank " << rank << "/" << ranks
       << "), " << logicalBytes << " bytes" << (inPlace ? " in place" : "") << ", " << chunks.chunks
       << (chunks.chunks == 1 ? " chunk" : " chunks");
-  if (chunks.chunks > 0) out << " of " << chunks.elems(0) << (chunks.chunks > 1 ? "+ elements" : " elements");
+  if (chunks.chunks > 0) out << (chunks.chunks > 1 ? ", the first of " : " of ") << chunks.elems(0) << " elements";
   for (int h = 0; h < hops; ++h) {
     const HopPlan& x = hop[h];
     out << "; hop " << h + 1 << ": " << exchangeName(x.exchange) << " on " << commName(x.comm) << " (" << x.self << "/"

@@ -136,6 +136,12 @@ struct CollPlan {
 // The plan of one call. facts.topo must be set and facts.kind be a collective (not zpQuantize/zpDequantize).
 CollPlan planCollective(const PlanFacts& facts);
 
+// The facts of call `a` that every backend knows: `topo` (kept by pointer), the tunables' values from the
+// environment, the call's shape and whether its buffers are in NCCL's in-place layout (the gathers' sendbuff at
+// this rank's place in recvbuff, hpZ's at its hpZ rank's; qgZ's recvbuff at this rank's slice of sendbuff). The
+// links and the window are left as none: the backend that has them sets them.
+PlanFacts planFactsOf(const Topology& topo, const CollArgs& a);
+
 // The chunk schedule of a pipelined call of `count` elements a rank moving `logicalBytes` in all.
 ChunkPlan planChunks(const PlanTunables& t, size_t count, int blockSize, size_t logicalBytes);
 

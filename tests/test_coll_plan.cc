@@ -13,6 +13,7 @@
 #include "host/quant_format.h"
 #include "host/topology.h"
 #include "src/include/params.h"
+#include "tests/child_test.h"
 
 namespace zp {
 namespace {
@@ -407,6 +408,27 @@ TEST(CollPlan, TunablesFromTheEnvironment) {
   EXPECT_EQ(t.directInlineWaitBytes, v);
   ASSERT_TRUE(readParam("ZP_OWN_SLOT_EARLY_BYTES", &v));
   EXPECT_EQ(t.ownSlotEarlyBytes, v);
+}
+
+// ---- the host backend walks the plans ----------------------------------------------------------------------
+
+TEST(CollPlanHost, ChunkedPlansAndEarlyOwnSlotsGiveTheSameBits) {
+  // The host suites' calls are small: each is one chunk and never reaches ZP_OWN_SLOT_EARLY_BYTES. In a process of
+  // chunks of 4 KiB (up to 16, the first and last halved) whose own slots are worked early from 0 bytes, the host
+  // backend walks plans of many chunks, with the kept slice apart on every layout of several nodes, and the suites
+  // (each against a reference written from the formats, not from the backend) still pass bit for bit.
+  const zptest::ChildRun run = zptest::runTestInChild(
+      "Qgz*:Qwz*:Hpz*:GradQgzHost.*", {"ZP_CHUNK_BYTES=4096", "ZP_MAX_CHUNKS=16", "ZP_CHUNK_RAMP=1",
+                                       "ZP_OWN_SLOT_EARLY_BYTES=0", "ZP_DEBUG=INFO", "ZP_DEBUG_SUBSYS=COLL"});
+  EXPECT_EQ(run.exitCode, 0) << run.output.substr(run.output.size() > 20000 ? run.output.size() - 20000 : 0);
+  EXPECT_NE(run.output.find("[  PASSED  ]"), std::string::npos);
+  EXPECT_EQ(run.output.find("[  FAILED  ]"), std::string::npos);
+  // The plans it walked (the log's lines, INFO COLL).
+  for (const char* walked : {"qgZ two hops", "qgZ one hop", "qgZ one flat hop", "qwZ one hop", "hpZ one hop",
+                             "hpZ exact", "16 chunks", "own slot early on the finish stage",
+                             "own slot early on a side stream", "own slot not sent", "pair all-gather in place"}) {
+    EXPECT_NE(run.output.find(walked), std::string::npos) << walked;
+  }
 }
 
 // ---- the sweep ----------------------------------------------------------------------------------------------

@@ -1,15 +1,19 @@
 #include "host/backend/host_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "host/chunk_plan.h"
+#include "host/coll_plan.h"
 #include "host/dtype.h"
 #include "host/qgz_plan.h"
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
 #include "host/reduce_ref.h"
 #include "src/include/check.h"
+#include "src/include/debug.h"
 
 namespace zp {
 
@@ -91,11 +95,11 @@ class HostBackend final : public Backend {
         dequantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, a.recvbuff);
         return zpSuccess;
       case CollKind::kQuantAllGather:
-        return quantAllGather(a);
+        return quantizedGather(a, planOf(a), allRanks_);
       case CollKind::kHierAllGather:
-        return hierAllGather(a);
+        return hierAllGather(a, planOf(a));
       case CollKind::kQuantReduceScatter:
-        return quantReduceScatter(a);
+        return quantReduceScatter(a, planOf(a));
     }
     return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
@@ -114,27 +118,52 @@ class HostBackend final : public Backend {
     return s;
   }
 
-  // qwZ: quantize the own shard, let every rank read every payload, dequantize all of them in rank order.
-  zpResult_t quantAllGather(const CollArgs& a) { return quantizedGather(a, allRanks_); }
+  // The plan of call `a` (host/coll_plan.h), as the cuda backend would choose it on this layout without its link
+  // facts (no host shared memory channels, direct loads or green context among threads), logged (INFO COLL). The
+  // host walks its path, hops and chunks; the exchanges are the world's (every rank reads the others' published
+  // buffers), whatever a hop's NCCL exchange would be.
+  CollPlan planOf(const CollArgs& a) const {
+    const CollPlan p = planCollective(planFactsOf(topo_, a));
+    ZP_INFO(kSubsysColl, "%s : %s", a.opName, p.describe().c_str());
+    return p;
+  }
 
-  // The quantized gather over `group` (global ranks, in output order): qwZ, and hpZ's quantized mode.
-  zpResult_t quantizedGather(const CollArgs& a, const std::vector<int>& group) {
-    const size_t pb = quantPayloadBytes(a.count, a.bits, a.blockSize);
-    const size_t shardBytes = a.count * typeSize(a.type);
-    std::vector<unsigned char>& mine = scratch(0, pb);
-    quantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, mine.data());
+  // The quantized gather over `group` (global ranks, in output order): qwZ, and hpZ's quantized mode. Chunk by
+  // chunk: the own shard quantized into this rank's buffer, which every rank reads, and every rank's payload
+  // dequantized in rank order; the own slot first when the plan works it early.
+  zpResult_t quantizedGather(const CollArgs& a, const CollPlan& p, const std::vector<int>& group) {
+    const size_t esz = typeSize(a.type);
+    const ChunkPlan& chunks = p.chunks;
+    const ChunkRegion at(chunks, 1, a.bits, a.blockSize);  // this rank's slot of every chunk
+    std::vector<unsigned char>& mine = scratch(0, at.bytes());
+    const auto* send = static_cast<const char*>(a.sendbuff);
+    auto* recv = static_cast<char*>(a.recvbuff);
+    for (int c = 0; c < chunks.chunks; ++c) {
+      quantizeRef(send + chunks.offset(c) * esz, a.type, chunks.elems(c), a.bits, a.blockSize,
+                  mine.data() + at.offset(c));
+    }
     ZPCHECK(world_->exchangeAgreed(rank_, mine.data(), signatureOf(a)));
-    for (size_t i = 0; i < group.size(); ++i) {
-      dequantizeRef(world_->slot(group[i]), a.type, a.count, a.bits, a.blockSize,
-                    static_cast<char*>(a.recvbuff) + i * shardBytes);
+    // Slot i of chunk c: group member i's payload of it, into its shard's chunk c.
+    auto dequantize = [&](int c, int i, const unsigned char* payloads) {
+      dequantizeRef(payloads + at.offset(c), a.type, chunks.elems(c), a.bits, a.blockSize,
+                    recv + (i * a.count + chunks.offset(c)) * esz);
+    };
+    if (p.ownEarly()) {
+      for (int c = 0; c < chunks.chunks; ++c) dequantize(c, p.rank, mine.data());
+    }
+    for (int c = 0; c < chunks.chunks; ++c) {
+      for (size_t i = 0; i < group.size(); ++i) {
+        if (p.ownEarly() && static_cast<int>(i) == p.rank) continue;
+        dequantize(c, static_cast<int>(i), static_cast<const unsigned char*>(world_->slot(group[i])));
+      }
     }
     world_->endReads(rank_);
     return world_->barrier(rank_, a.opName);  // peers may still read our payload until here
   }
 
   // hpZ: copy every hpZ peer's shard, as it is, into its place (or gather them quantized when asked).
-  zpResult_t hierAllGather(const CollArgs& a) {
-    if (a.bits != 0) return quantizedGather(a, topo_.hpzRanks);
+  zpResult_t hierAllGather(const CollArgs& a, const CollPlan& p) {
+    if (p.path != PlanPath::kExact) return quantizedGather(a, p, topo_.hpzRanks);
     const size_t shardBytes = a.count * typeSize(a.type);
     ZPCHECK(world_->exchangeAgreed(rank_, a.sendbuff, signatureOf(a)));
     for (int i = 0; i < topo_.hpzSize; ++i) {
@@ -146,78 +175,115 @@ class HostBackend final : public Backend {
     return world_->barrier(rank_, a.opName);
   }
 
-  // qgZ, following qgz_plan.h step by step.
-  zpResult_t quantReduceScatter(const CollArgs& a) {
-    const size_t n = a.count;
-    const size_t pb = quantPayloadBytes(n, a.bits, a.blockSize);
-    const size_t sliceBytes = n * typeSize(a.type);
+  // qgZ, following qgz_plan.h step by step, chunk by chunk (each chunk covers the same element range of every
+  // slice; whole blocks, so the codes, the random draws and the sums are those of whole slices).
+  zpResult_t quantReduceScatter(const CollArgs& a, const CollPlan& p) {
+    const size_t esz = typeSize(a.type);
+    const ChunkPlan& chunks = p.chunks;
+    const int n = qgz_.nranks;
     const float divisor = a.op == zpAvg ? static_cast<float>(topo_.nranks) : 1.0f;
-    // Step 1: every destination slice quantized into its send slot.
-    std::vector<unsigned char>& send = scratch(0, pb * qgz_.nranks);
-    // With gradient rounding (stochastic, error feedback: include/zpccl.h), slice d draws as slice d of hop 0 and
-    // owns elements [d n, d n + n) of the residual.
-    for (int s = 0; s < qgz_.nranks; ++s) {
-      const int d = qgz_.sliceOfSlot[s];
-      const char* slice = static_cast<const char*>(a.sendbuff) + d * sliceBytes;
-      if (a.grad.any()) {
-        quantizeGradRef(slice, a.type, n, a.bits, a.blockSize, gradQuant(a, 0, d, a.grad.residual),
-                        send.data() + s * pb);
-      } else {
-        quantizeRef(slice, a.type, n, a.bits, a.blockSize, send.data() + s * pb);
+    const ChunkRegion sendAt(chunks, n, a.bits, a.blockSize);
+    // The kept slice, when the plan works it early, is quantized apart and never read by a peer.
+    const bool keptApart = p.ownEarly();
+    const ChunkRegion keptAt(chunks, 1, a.bits, a.blockSize);
+    std::vector<unsigned char>& send = scratch(0, sendAt.bytes());
+    std::vector<unsigned char>& kept = scratch(1, keptApart ? keptAt.bytes() : 0);
+    // Step 1: chunk c of every destination slice into its send slot. With gradient rounding (stochastic, error
+    // feedback: include/zpccl.h), slice d draws as slice d of hop 0 and owns elements [d n, d n + n) of the
+    // residual.
+    for (int c = 0; c < chunks.chunks; ++c) {
+      for (int s = 0; s < n; ++s) {
+        const int d = qgz_.sliceOfSlot[s];
+        unsigned char* out = keptApart && d == rank_ ? kept.data() + keptAt.offset(c)
+                                                     : send.data() + sendAt.offset(c) + s * sendAt.slotBytes(c);
+        const char* in = static_cast<const char*>(a.sendbuff) + (d * a.count + chunks.offset(c)) * esz;
+        if (a.grad.any()) {
+          quantizeGradRef(in, a.type, chunks.elems(c), a.bits, a.blockSize,
+                          gradQuant(a, 0, d, chunks.offset(c), a.grad.residual), out);
+        } else {
+          quantizeRef(in, a.type, chunks.elems(c), a.bits, a.blockSize, out);
+        }
       }
     }
-    const int N = qgz_.nodes, L = qgz_.localSize;
-    std::vector<unsigned char>& partial = scratch(1, qgz_.twoHop ? pb * N : 0);
-    std::vector<float> sum(n);
+    size_t largest = 0;
+    for (int c = 0; c < chunks.chunks; ++c) largest = std::max(largest, chunks.elems(c));
+    std::vector<float> sum(largest);
     std::vector<const unsigned char*> sources;
+    auto finish = [&](int c) {
+      sumPayloadsRef(sources, chunks.elems(c), a.bits, a.blockSize, 0, chunks.elems(c), sum.data());
+      finishRef(sum.data(), a.type, divisor, 0, chunks.elems(c),
+                static_cast<char*>(a.recvbuff) + chunks.offset(c) * esz);
+    };
     ZPCHECK(world_->exchangeAgreed(rank_, send.data(), signatureOf(a)));
-    if (!qgz_.twoHop) {
-      // One hop: slot `rank` of every rank, summed in rank order.
-      for (int r = 0; r < topo_.nranks; ++r) sources.push_back(peerSlot(r, rank_, pb));
-      sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
+    if (p.path != PlanPath::kTwoHops) {
+      // One hop: slot `rank` of every rank's chunk c, summed in rank order.
+      for (int c = 0; c < chunks.chunks; ++c) {
+        sources.clear();
+        for (int r = 0; r < topo_.nranks; ++r) {
+          sources.push_back(keptApart && r == rank_ ? kept.data() + keptAt.offset(c)
+                                                    : peerSlot(r, sendAt.offset(c) + rank_ * sendAt.slotBytes(c)));
+        }
+        finish(c);
+      }
       world_->endReads(rank_);
-      finishRef(sum.data(), a.type, divisor, 0, n, a.recvbuff);
       return world_->barrier(rank_, a.opName);
     }
-    // Step 2 (hop 1): from each local peer l, in local order, the N slots meant for this local rank; sum them
-    // per destination node b and requantize each partial sum into slot b.
-    for (int b = 0; b < N; ++b) {
-      sources.clear();
-      for (int l = 0; l < L; ++l)
-        sources.push_back(peerSlot(topo_.nodeRanks[topo_.node][l], topo_.localRank * N + b, pb));
-      sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
-      if (a.grad.any()) {
-        quantizeGradRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, gradQuant(a, 1, b, a.grad.hopResidual),
-                        partial.data() + b * pb);
-      } else {
-        quantizeRef(sum.data(), zpFloat32, n, a.bits, a.blockSize, partial.data() + b * pb);
+    // Step 2 (hop 1): from each local peer l, in local order, the N slots of chunk c meant for this local rank; sum
+    // them per destination node b and requantize each partial sum into slot b of chunk c. Partial b draws as slice
+    // b of hop 1 and feeds back through its part of the hop residual.
+    const int N = qgz_.nodes, L = qgz_.localSize;
+    const ChunkRegion partialAt(chunks, N, a.bits, a.blockSize);
+    std::vector<unsigned char>& partial = scratch(1, partialAt.bytes());
+    for (int c = 0; c < chunks.chunks; ++c) {
+      const size_t pb = sendAt.slotBytes(c);
+      for (int b = 0; b < N; ++b) {
+        sources.clear();
+        for (int l = 0; l < L; ++l) {
+          sources.push_back(
+              peerSlot(topo_.nodeRanks[topo_.node][l], sendAt.offset(c) + (topo_.localRank * N + b) * pb));
+        }
+        sumPayloadsRef(sources, chunks.elems(c), a.bits, a.blockSize, 0, chunks.elems(c), sum.data());
+        unsigned char* out = partial.data() + partialAt.offset(c) + b * pb;
+        if (a.grad.any()) {
+          quantizeGradRef(sum.data(), zpFloat32, chunks.elems(c), a.bits, a.blockSize,
+                          gradQuant(a, 1, b, chunks.offset(c), a.grad.hopResidual), out);
+        } else {
+          quantizeRef(sum.data(), zpFloat32, chunks.elems(c), a.bits, a.blockSize, out);
+        }
       }
     }
     world_->endReads(rank_);
     ZPCHECK(world_->barrier(rank_, a.opName));  // hop 1 done: every rank has read its slots
     ZPCHECK(world_->exchange(rank_, partial.data(), a.opName));
-    // Step 3 (hop 2): from the rank of this local rank on each node a, in node order, its partial for our node.
-    sources.clear();
-    for (int node = 0; node < N; ++node) sources.push_back(peerSlot(topo_.interRanks[node], topo_.node, pb));
-    sumPayloadsRef(sources, n, a.bits, a.blockSize, 0, n, sum.data());
+    // Step 3 (hop 2): from the rank of this local rank on each node a, in node order, its partial of chunk c for
+    // this node.
+    for (int c = 0; c < chunks.chunks; ++c) {
+      sources.clear();
+      for (int node = 0; node < N; ++node) {
+        sources.push_back(peerSlot(topo_.interRanks[node], partialAt.offset(c) + topo_.node * partialAt.slotBytes(c)));
+      }
+      finish(c);
+    }
     world_->endReads(rank_);
-    finishRef(sum.data(), a.type, divisor, 0, n, a.recvbuff);
     return world_->barrier(rank_, a.opName);
   }
 
   // The GradQuant of slice `slice` of hop `hop` (0: sender, slice = destination rank; 1: intermediate, slice =
-  // destination node): its random stream and its part of `residual` (slice * count on, as the residuals' layouts).
-  GradQuant gradQuant(const CollArgs& a, uint32_t hop, int slice, uint16_t* residual) const {
+  // destination node) from its element `first` on: its random stream and its part of `residual` (slice * count +
+  // first on, as the residuals' layouts).
+  GradQuant gradQuant(const CollArgs& a, uint32_t hop, int slice, size_t first, uint16_t* residual) const {
     GradQuant g;
     g.stochastic = a.grad.stochastic;
     g.key = GradRandomKey{a.grad.seed, a.grad.sequence, static_cast<uint32_t>(rank_), hop};
     g.slice = static_cast<uint32_t>(slice);
-    g.residual = residual != nullptr ? residual + static_cast<size_t>(slice) * a.count : nullptr;
+    g.firstElem = first;
+    g.residual = residual != nullptr ? residual + static_cast<size_t>(slice) * a.count + first : nullptr;
     return g;
   }
 
-  const unsigned char* peerSlot(int peer, int slot, size_t slotBytes) const {
-    return static_cast<const unsigned char*>(world_->slot(peer)) + slot * slotBytes;
+  // The bytes at `offset` of what `peer` published for this exchange.
+  const unsigned char* peerSlot(int peer, size_t offset) const {
+    return static_cast<const unsigned char*>(world_->slot(peer)) + offset;
   }
 
   // Scratch buffers owned by the communicator, grown on demand (the host backend may allocate in a call).
