@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <ostream>
 #include <sstream>
 
 #include "host/dtype.h"
@@ -247,22 +248,7 @@ const char* exchangeName(Exchange x) {
   return "?";
 }
 
-namespace {
-
-const char* kindName(CollKind k) {
-  switch (k) {
-    case CollKind::kQuantAllGather:
-      return "qwZ";
-    case CollKind::kHierAllGather:
-      return "hpZ";
-    case CollKind::kQuantReduceScatter:
-      return "qgZ";
-    default:
-      return "local";
-  }
-}
-
-const char* commName(PlanComm c) {
+const char* planCommName(PlanComm c) {
   switch (c) {
     case PlanComm::kWorld:
       return "world";
@@ -288,18 +274,38 @@ const char* ownSlotName(OwnSlot o) {
   return "?";
 }
 
+std::ostream& operator<<(std::ostream& out, PlanPath p) { return out << planPathName(p); }
+std::ostream& operator<<(std::ostream& out, Exchange x) { return out << exchangeName(x); }
+std::ostream& operator<<(std::ostream& out, PlanComm c) { return out << planCommName(c); }
+std::ostream& operator<<(std::ostream& out, OwnSlot o) { return out << ownSlotName(o); }
+
+namespace {
+
+const char* kindName(CollKind k) {
+  switch (k) {
+    case CollKind::kQuantAllGather:
+      return "qwZ";
+    case CollKind::kHierAllGather:
+      return "hpZ";
+    case CollKind::kQuantReduceScatter:
+      return "qgZ";
+    default:
+      return "local";
+  }
+}
+
 }  // namespace
 
 std::string CollPlan::describe() const {
   std::ostringstream out;
-  out << kindName(kind) << " " << planPathName(path) << " over " << commName(group) << " (rank " << rank << "/" << ranks
-      << "), " << logicalBytes << " bytes" << (inPlace ? " in place" : "") << ", " << chunks.chunks
+  out << kindName(kind) << " " << planPathName(path) << " over " << planCommName(group) << " (rank " << rank << "/"
+      << ranks << "), " << logicalBytes << " bytes" << (inPlace ? " in place" : "") << ", " << chunks.chunks
       << (chunks.chunks == 1 ? " chunk" : " chunks");
   if (chunks.chunks > 0) out << (chunks.chunks > 1 ? ", the first of " : " of ") << chunks.elems(0) << " elements";
   for (int h = 0; h < hops; ++h) {
     const HopPlan& x = hop[h];
-    out << "; hop " << h + 1 << ": " << exchangeName(x.exchange) << " on " << commName(x.comm) << " (" << x.self << "/"
-        << x.peers << (x.slotsPerPeer > 1 ? ", " + std::to_string(x.slotsPerPeer) + " slots a peer" : "")
+    out << "; hop " << h + 1 << ": " << exchangeName(x.exchange) << " on " << planCommName(x.comm) << " (" << x.self
+        << "/" << x.peers << (x.slotsPerPeer > 1 ? ", " + std::to_string(x.slotsPerPeer) + " slots a peer" : "")
         << (x.withoutSelf ? ", own slot not sent" : "") << (x.onFinishStage ? ", finish stage" : "") << ")";
   }
   if (path == PlanPath::kDirect) out << "; " << (inlineWaits ? "waits inside the kernels" : "waits in extra kernels");

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 
 #include "host/chunk_plan.h"
@@ -157,5 +158,12 @@ ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkF
 
 const char* planPathName(PlanPath p);
 const char* exchangeName(Exchange x);
+const char* planCommName(PlanComm c);
+const char* ownSlotName(OwnSlot o);
+// The names above, for logs and test messages.
+std::ostream& operator<<(std::ostream& out, PlanPath p);
+std::ostream& operator<<(std::ostream& out, Exchange x);
+std::ostream& operator<<(std::ostream& out, PlanComm c);
+std::ostream& operator<<(std::ostream& out, OwnSlot o);
 
 }  // namespace zp

@@ -4,7 +4,6 @@
 // from those rules on its own.
 #include <gtest/gtest.h>
 
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -82,16 +81,6 @@ Call hpz(size_t count, int bits) { return Call{CollKind::kHierAllGather, count, 
 Call qgz(size_t count, int bits = 4) { return Call{CollKind::kQuantReduceScatter, count, 2, bits, 256}; }
 
 size_t payload(size_t count, int bits, int blockSize = 256) { return quantPayloadBytes(count, bits, blockSize); }
-
-}  // namespace
-
-// Names in the failure messages (found by argument-dependent lookup).
-std::ostream& operator<<(std::ostream& out, PlanPath p) { return out << planPathName(p); }
-std::ostream& operator<<(std::ostream& out, Exchange x) { return out << exchangeName(x); }
-std::ostream& operator<<(std::ostream& out, OwnSlot o) { return out << "OwnSlot " << static_cast<int>(o); }
-std::ostream& operator<<(std::ostream& out, PlanComm c) { return out << "PlanComm " << static_cast<int>(c); }
-
-namespace {
 
 // ---- hand-computed cases ------------------------------------------------------------------------------------
 

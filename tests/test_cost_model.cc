@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "host/coll_plan.h"
+#include "host/topology.h"
 #include "tools/model/cost_model.h"
 
 namespace zp {
@@ -292,17 +294,50 @@ ClusterSpec pairLinks(const std::vector<int>& gpusPerNode, int mode) {
   return c;
 }
 
+// The plan of a qgZ call (recvcount 2^22, bf16, int4) on `gpus` by the library's planner itself, with the cuda
+// backend's facts over NCCL's links (no shared-memory channels, direct loads or early own slot): what the model
+// must price.
+CollPlan libraryQgzPlan(const std::vector<int>& gpus, int mode) {
+  std::vector<uint64_t> keys;
+  for (size_t node = 0; node < gpus.size(); ++node)
+    for (int g = 0; g < gpus[node]; ++g) keys.push_back(50 + node);
+  Topology t;
+  EXPECT_EQ(buildTopology(keys, 0, 0, "test", &t), zpSuccess);
+  PlanFacts f;
+  f.topo = &t;
+  f.tunables.maxChunks = 8;
+  f.tunables.pairAllGather = mode;
+  f.tunables.directMinBytes = -1;
+  f.tunables.ownSlotEarlyBytes = -1;
+  f.link.greenContext = true;
+  f.kind = CollKind::kQuantReduceScatter;
+  f.count = 1 << 22;
+  f.elemBytes = 2;
+  f.bits = 4;
+  f.blockSize = 256;
+  return planCollective(f);
+}
+
 TEST(CostModelTime, QgzPairExchangeHandComputed) {
-  // The library's rule (exchangeSlots): two ranks gather with mode 1, or with mode 2 across nodes; never with 0,
-  // and never more than two ranks.
-  PipelineParams p;
-  EXPECT_EQ(p.pairAllGather, 2);  // the library's default
+  // The model prices the library's plan (planOf): two ranks gather with mode 1, or with mode 2 across nodes; never
+  // with 0, and never more than two ranks.
+  EXPECT_EQ(PipelineParams().pairAllGather, 2);  // the library's default
   for (int mode : {0, 1, 2}) {
-    p.pairAllGather = mode;
-    EXPECT_EQ(p.pairGather(2, true), mode != 0) << mode;
-    EXPECT_EQ(p.pairGather(2, false), mode == 1) << mode;
-    EXPECT_FALSE(p.pairGather(3, true));
-    EXPECT_FALSE(p.pairGather(4, false));
+    for (const std::vector<int>& gpus : std::vector<std::vector<int>>{{2}, {1, 1}, {4}, {2, 2}, {4, 4}, {2, 2, 2}}) {
+      const CollPlan model = planOf(pairLinks(gpus, mode), CollKind::kQuantReduceScatter, 1 << 22, 2, 4, 256);
+      const CollPlan library = libraryQgzPlan(gpus, mode);
+      ASSERT_EQ(model.hops, library.hops);
+      for (int h = 0; h < model.hops; ++h) EXPECT_EQ(model.hop[h].exchange, library.hop[h].exchange) << mode;
+      EXPECT_EQ(model.path, library.path);
+      EXPECT_EQ(model.chunks.chunks, library.chunks.chunks);
+    }
+    const Exchange gathered = Exchange::kPairGather, sent = Exchange::kSendRecv;
+    EXPECT_EQ(libraryQgzPlan({1, 1}, mode).hop[0].exchange, mode != 0 ? gathered : sent) << mode;
+    EXPECT_EQ(libraryQgzPlan({2}, mode).hop[0].exchange, mode == 1 ? gathered : sent) << mode;
+    EXPECT_EQ(libraryQgzPlan({2, 2}, mode).hop[0].exchange, mode == 1 ? gathered : sent) << mode;
+    EXPECT_EQ(libraryQgzPlan({2, 2}, mode).hop[1].exchange, mode != 0 ? gathered : sent) << mode;
+    EXPECT_EQ(libraryQgzPlan({4}, mode).hop[0].exchange, sent) << mode;
+    EXPECT_EQ(libraryQgzPlan({2, 2, 2}, mode).hop[1].exchange, sent) << mode;
   }
   std::string note;
 

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "host/chunk_plan.h"
-#include "host/qgz_plan.h"
+#include "host/coll_plan.h"
 #include "host/quant_format.h"
 #include "host/topology.h"
 
@@ -76,34 +76,40 @@ Traffic Traffic::scaled(double k) const {
 
 namespace {
 
-// The layout as qgZ's plan and hpZ's groups see it, from the library's own topology code (rank 0's view).
+// The layout from the library's own topology code, as rank 0 sees it; false when it has no rank.
+bool topologyOf(const ClusterSpec& c, int hpzRequest, Topology* t) {
+  std::vector<uint64_t> keys;
+  for (size_t node = 0; node < c.gpusPerNode.size(); ++node)
+    for (int g = 0; g < c.gpusPerNode[node]; ++g) keys.push_back(1000 + node);
+  for (int g : c.gpusPerNode)
+    if (hpzRequest > 0 && g % hpzRequest != 0) hpzRequest = 0;  // validate() reports it; never log from here
+  return !keys.empty() && buildTopology(keys, 0, hpzRequest, "zpccl-model", t) == zpSuccess;
+}
+
+// hpZ's groups (rank 0's view).
 struct LayoutFacts {
-  bool hierarchical = false;  // qgZ runs two hops
   bool hpzUsable = false;
   int hpzSize = 1;
 };
 
 LayoutFacts layoutFacts(const ClusterSpec& c, int hpzRequest) {
   LayoutFacts f;
-  std::vector<uint64_t> keys;
-  for (size_t node = 0; node < c.gpusPerNode.size(); ++node)
-    for (int g = 0; g < c.gpusPerNode[node]; ++g) keys.push_back(1000 + node);
-  for (int g : c.gpusPerNode)
-    if (hpzRequest > 0 && g % hpzRequest != 0) hpzRequest = 0;  // validate() reports it; never log from here
   Topology t;
-  if (keys.empty() || buildTopology(keys, 0, hpzRequest, "zpccl-model", &t) != zpSuccess) return f;
-  f.hierarchical = makeQgzPlan(t).twoHop;
+  if (!topologyOf(c, hpzRequest, &t)) return f;
   f.hpzUsable = t.hpzUsable;
   f.hpzSize = t.hpzSize;
   return f;
 }
 
-// Whether qgZ on this layout exchanges any slots by a pair's all-gather (qgzStages: one hop over two ranks, or
-// two hops with two GPUs a node or two nodes).
-bool qgzPairGathers(const ClusterSpec& c) {
-  const int N = c.nodes();
-  if (!layoutFacts(c, 0).hierarchical) return c.pipeline.pairGather(c.nranks(), N > 1);
-  return c.pipeline.pairGather(c.gpusPerNode.front(), false) || c.pipeline.pairGather(N, true);
+bool isPair(Exchange x) { return x == Exchange::kPairGather || x == Exchange::kPairGatherInPlace; }
+
+// Whether qgZ's plan on this layout exchanges any slots by a pair's all-gather (one hop over two ranks, or two hops
+// with two GPUs a node or two nodes).
+bool qgzPairGathers(const ClusterSpec& c, double recvcount, int e, int bits, int blockSize) {
+  const CollPlan plan = planOf(c, CollKind::kQuantReduceScatter, recvcount, e, bits, blockSize);
+  for (int h = 0; h < plan.hops; ++h)
+    if (isPair(plan.hop[h].exchange)) return true;
+  return false;
 }
 
 // ===========================================================================================================
@@ -142,7 +148,8 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //       elements: its time follows the elements it decodes, not the bytes, so work = s * k element-sources
 //       (whatever the bits), rate in G element-sources/s, fitted from the qgZ rows; launchUs = dequantize's.
 //
-//   Chunk pipelines (qwZ, qgZ; src/cuda/pipeline.h). The shard (qwZ) or every slice (qgZ) is cut into
+//   Chunk pipelines (qwZ, qgZ; src/cuda/pipeline.h), on the library's plan of the call (planOf, host/coll_plan.h):
+//     its path, its chunks and each hop's exchange. The shard (qwZ) or every slice (qgZ) is cut into
 //     C = min(max(1, logical bytes / 64 MiB), 8) chunks of whole blocks (host/chunk_plan.h); three stages run
 //     chunk after chunk on three streams: quantize (Q), move (M: NCCL on the caller's stream), finish (F). Q, M,
 //     F are each stage's time summed over the chunks (every chunk's kernels and NCCL calls with their own
@@ -170,13 +177,14 @@ bool qgzPairGathers(const ClusterSpec& c) {
 //       local peers (intra (L-1)*N*pb), then reduce + requantize of N partials of L sources (L*N*k_c
 //       element-sources, writes N*pb); F: all-to-all among the N ranks of one local rank (L such groups at
 //       once): inter (N-1)*pb per GPU, node egress L*(N-1)*pb; then reduce of N sources into k_c*e.
-//     pair exchanges (exchangeSlots, ZP_PAIR_ALLGATHER = PipelineParams::pairAllGather): an all-to-all between
-//       exactly two ranks (one hop over n = 2; hop 1 with L = 2; hop 2 with N = 2) runs, when the mode says so
-//       (pairGather: 1 always, 2 when the two are on different nodes: one hop over two nodes, and hop 2), as one
-//       NCCL all-gather of the slot each rank sends the other: the same bytes and steps, priced on the all-gather
-//       line of that link instead of the all-to-all one, plus a copy of the p-byte slot the rank keeps (2p read +
-//       written, one launch, KernelParams::copy) on the same stream. Over sockets the gather runs at the ring's
-//       speed, faster than the point-to-point's (perf/RESULTS.md, qgZ net).
+//     pair exchanges (the plan's Exchange::kPairGather, ZP_PAIR_ALLGATHER = PipelineParams::pairAllGather): an
+//       all-to-all between exactly two ranks (one hop over n = 2; hop 1 with L = 2; hop 2 with N = 2) runs, when
+//       the plan says so (mode 1 always, 2 when the two are on different nodes: one hop over two nodes, and hop 2),
+//       as one NCCL all-gather of the slot each rank sends the other: the same bytes and steps, priced on the
+//       all-gather line of that link instead of the all-to-all one, plus a copy of the p-byte slot the rank keeps
+//       (2p read + written, one launch, KernelParams::copy) on the same stream (none in the pair layout, whose kept
+//       slot is worked early: not in the model's plans). Over sockets the gather runs at the ring's speed, faster
+//       than the point-to-point's (perf/RESULTS.md, qgZ net).
 //   hpZ (full tensor of T*e bytes), groups of h ranks of one node: ring all-gather of T*e inside the group:
 //     (h-1)/h * T*e intra per GPU, (h-1) intra steps, nothing across nodes, no kernel. h = 1 (one GPU per node,
 //     or hpzSize 1): the secondary shard is the whole tensor and NCCL's one-rank all-gather copies it: a copy of
@@ -220,44 +228,47 @@ Traffic ringCost(const ClusterSpec& c, double S, LinkCost LinkParams::*kind) {
   return t;
 }
 
-// The local copy that follows a pair's all-gather exchange: the p-byte slot the rank keeps, read + written.
-void addPairCopy(const ClusterSpec& c, double p, Traffic* t) { addKernel(c.kernel.copy, 1, 2 * p, 2 * p, t); }
+// The local copy that follows a pair's all-gather exchange: the p-byte slot the rank keeps, read + written (none
+// when the pair's layout gathers in place).
+void addPairCopy(const ClusterSpec& c, Exchange x, double p, Traffic* t) {
+  if (x == Exchange::kPairGather) addKernel(c.kernel.copy, 1, 2 * p, 2 * p, t);
+}
 
 // qgZ hop 1: all-to-all inside every node (groups of L), p bytes to each local peer; a pair (L = 2) that gathers
-// (PipelineParams::pairGather, the ranks on one node) on the all-gather line, plus its copy.
-Traffic intraExchange(const ClusterSpec& c, int L, double p) {
+// (the plan's exchange x) on the all-gather line, plus its copy.
+Traffic intraExchange(const ClusterSpec& c, int L, double p, Exchange x) {
   Traffic t;
   if (L <= 1) return t;
-  const bool gather = c.pipeline.pairGather(L, false);
+  const bool gather = isPair(x);
   const LinkCost link = (gather ? c.intra.allGather : c.intra.allToAll).forSize(L * p, p);
   t.intraBytes = (L - 1) * p;
   t.linkUs = transferUs(t.intraBytes, link.bwGBs);
   t.latencyUs = (L - 1) * link.latencyUs;
-  if (gather) addPairCopy(c, p, &t);
+  addPairCopy(c, x, p, &t);
   return t;
 }
 
-// qgZ hop 2: L all-to-alls at once, each among the N ranks of one local rank, p bytes to each peer; two nodes
-// that gather (PipelineParams::pairGather, across nodes) on the all-gather line, plus the copy.
-Traffic interExchange(const ClusterSpec& c, int N, int L, double p) {
+// qgZ hop 2: L all-to-alls at once, each among the N ranks of one local rank, p bytes to each peer; two nodes that
+// gather (the plan's exchange x) on the all-gather line, plus the copy.
+Traffic interExchange(const ClusterSpec& c, int N, int L, double p, Exchange x) {
   Traffic t;
   if (N <= 1) return t;
-  const bool gather = c.pipeline.pairGather(N, true);
+  const bool gather = isPair(x);
   const LinkCost link = (gather ? c.inter.allGather : c.inter.allToAll).forSize(N * p, p);
   t.interBytes = (N - 1) * p;
   t.nodeEgressBytes = L * t.interBytes;
   t.linkUs = transferUs(t.nodeEgressBytes, link.bwGBs);
   t.latencyUs = (N - 1) * link.latencyUs;
-  if (gather) addPairCopy(c, p, &t);
+  addPairCopy(c, x, p, &t);
   return t;
 }
 
-// qgZ's one hop: the all-to-all over every rank, p bytes to each peer; two ranks that gather (on two nodes, or
-// pairAllGather 1) run NCCL's ring all-gather of the two slots (each rank sends p), plus the copy.
-Traffic oneHopExchange(const ClusterSpec& c, double p) {
-  if (!c.pipeline.pairGather(c.nranks(), c.nodes() > 1)) return allToAllCost(c, p);
+// qgZ's one hop: the all-to-all over every rank, p bytes to each peer; two ranks that gather (the plan's exchange
+// x) run NCCL's ring all-gather of the two slots (each rank sends p), plus the copy.
+Traffic oneHopExchange(const ClusterSpec& c, double p, Exchange x) {
+  if (!isPair(x)) return allToAllCost(c, p);
   Traffic t = ringAllGatherCost(c, 2 * p);
-  addPairCopy(c, p, &t);
+  addPairCopy(c, x, p, &t);
   return t;
 }
 
@@ -282,18 +293,14 @@ struct Stages {
   }
 };
 
-ChunkPlan chunkPlanOf(const PipelineParams& p, double count, int blockSize, double logicalBytes) {
-  return makeChunkPlan(static_cast<size_t>(std::ceil(count)), blockSize, static_cast<size_t>(logicalBytes),
-                       static_cast<int64_t>(p.chunkBytes), p.maxChunks);
-}
-
-Stages qwzStages(const ClusterSpec& c, double count, int e, int bits, int blockSize) {
+// qwZ's stages (the gather of the plan, `plan`: one hop over every rank).
+Stages qwzStages(const ClusterSpec& c, const CollPlan& plan, int e, int bits, int blockSize) {
   Stages s;
-  const int n = c.nranks();
-  const ChunkPlan plan = chunkPlanOf(c.pipeline, count, blockSize, count * n * e);
-  s.chunks = plan.chunks;
-  for (int i = 0; i < plan.chunks; ++i) {
-    const double k = static_cast<double>(plan.elems(i)), pb = payloadBytes(k, bits, blockSize);
+  const int n = plan.ranks;
+  const ChunkPlan& chunks = plan.chunks;
+  s.chunks = chunks.chunks;
+  for (int i = 0; i < chunks.chunks; ++i) {
+    const double k = static_cast<double>(chunks.elems(i)), pb = payloadBytes(k, bits, blockSize);
     addKernel(c.kernel.quantizeCost(bits), 1, k * e + pb, k * e + pb, &s.quantize);
     s.move += ringAllGatherCost(c, n * pb);
     addKernel(c.kernel.dequantize, 1, n * pb + n * k * e, n * pb + n * k * e, &s.finish);
@@ -301,22 +308,24 @@ Stages qwzStages(const ClusterSpec& c, double count, int e, int bits, int blockS
   return s;
 }
 
-Stages qgzStages(const ClusterSpec& c, double recvcount, int e, int bits, int blockSize, bool twoHop) {
+// qgZ's stages on the path of `plan`: one hop (or one flat hop), or two.
+Stages qgzStages(const ClusterSpec& c, const CollPlan& plan, int e, int bits, int blockSize) {
   Stages s;
-  const int n = c.nranks(), N = c.nodes();
-  const int L = twoHop ? c.gpusPerNode.front() : n;
-  const ChunkPlan plan = chunkPlanOf(c.pipeline, recvcount, blockSize, recvcount * n * e);
-  s.chunks = plan.chunks;
-  for (int i = 0; i < plan.chunks; ++i) {
-    const double k = static_cast<double>(plan.elems(i)), pb = payloadBytes(k, bits, blockSize);
+  const int n = plan.ranks;
+  const bool twoHop = plan.path == PlanPath::kTwoHops;
+  const int L = twoHop ? plan.hop[0].peers : n, N = twoHop ? plan.hop[1].peers : 1;
+  const ChunkPlan& chunks = plan.chunks;
+  s.chunks = chunks.chunks;
+  for (int i = 0; i < chunks.chunks; ++i) {
+    const double k = static_cast<double>(chunks.elems(i)), pb = payloadBytes(k, bits, blockSize);
     addKernel(c.kernel.quantizeCost(bits), twoHop ? L : 1, n * k * e + n * pb, n * k * e + n * pb, &s.quantize);
     if (!twoHop) {
-      s.move += oneHopExchange(c, pb);
+      s.move += oneHopExchange(c, pb, plan.hop[0].exchange);
       addKernel(c.kernel.reduce, 1, n * k, n * pb + k * e, &s.finish);
     } else {
-      s.move += intraExchange(c, L, N * pb);
+      s.move += intraExchange(c, L, N * pb, plan.hop[0].exchange);
       addKernel(c.kernel.reduce, 1, static_cast<double>(L) * N * k, (L + 1.0) * N * pb, &s.move);
-      s.finish += interExchange(c, N, L, pb);
+      s.finish += interExchange(c, N, L, pb, plan.hop[1].exchange);
       addKernel(c.kernel.reduce, 1, N * k, N * pb + k * e, &s.finish);
     }
   }
@@ -324,6 +333,26 @@ Stages qgzStages(const ClusterSpec& c, double recvcount, int e, int bits, int bl
 }
 
 }  // namespace
+
+CollPlan planOf(const ClusterSpec& c, CollKind kind, double count, int elemBytes, int bits, int blockSize,
+                int hpzSize) {
+  Topology t;
+  if (!topologyOf(c, hpzSize, &t)) return CollPlan();
+  PlanFacts f;
+  f.topo = &t;
+  f.tunables.chunkBytes = static_cast<int64_t>(c.pipeline.chunkBytes);
+  f.tunables.maxChunks = c.pipeline.maxChunks;
+  f.tunables.pairAllGather = c.pipeline.pairAllGather;
+  f.tunables.directMinBytes = -1;
+  f.tunables.ownSlotEarlyBytes = -1;
+  f.link.greenContext = c.pipeline.greenContext();
+  f.kind = kind;
+  f.count = static_cast<size_t>(std::ceil(count));
+  f.elemBytes = static_cast<size_t>(elemBytes);
+  f.bits = bits;
+  f.blockSize = blockSize;
+  return planCollective(f);
+}
 
 Traffic ringAllGatherCost(const ClusterSpec& c, double totalBytes) {
   return ringCost(c, totalBytes, &LinkParams::allGather);
@@ -353,7 +382,9 @@ Traffic allToAllCost(const ClusterSpec& c, double p) {
 }
 
 Traffic qwzAllGatherCost(const ClusterSpec& c, double count, int elemBytes, int bits, int blockSize) {
-  return qwzStages(c, count, elemBytes, bits, blockSize).total(c.pipeline.gatherOverlap());
+  const CollPlan plan = planOf(c, CollKind::kQuantAllGather, count, elemBytes, bits, blockSize);
+  const double overlap = plan.greenStages ? c.pipeline.qwzGreenOverlap : c.pipeline.qwzOverlap;
+  return qwzStages(c, plan, elemBytes, bits, blockSize).total(overlap);
 }
 
 Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, int hpzSize, std::string* note) {
@@ -382,17 +413,16 @@ Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, 
 
 Traffic qgzReduceScatterCost(const ClusterSpec& c, double k, int elemBytes, int bits, int blockSize,
                              std::string* note) {
-  const int N = c.nodes();
-  const bool twoHop = layoutFacts(c, 0).hierarchical;
-  if (!twoHop && note) {
-    if (N <= 1)
-      *note = "one node: qgZ runs one hop (intra-node all-to-all)";
-    else if (!c.isEven())
+  const CollPlan plan = planOf(c, CollKind::kQuantReduceScatter, k, elemBytes, bits, blockSize);
+  if (plan.path != PlanPath::kTwoHops && note) {
+    if (plan.path == PlanPath::kFlat)
       *note = "uneven nodes: qgZ falls back to one flat all-to-all";
+    else if (c.nodes() <= 1)
+      *note = "one node: qgZ runs one hop (intra-node all-to-all)";
     else
       *note = "one GPU per node: qgZ runs one hop (inter-node all-to-all)";
   }
-  return qgzStages(c, k, elemBytes, bits, blockSize, twoHop).total(c.pipeline.qgzOverlap);
+  return qgzStages(c, plan, elemBytes, bits, blockSize).total(c.pipeline.qgzOverlap);
 }
 
 double stepTimeUs(double computeUs, double commUs, double overlap) {
@@ -491,7 +521,8 @@ StepCost stepCost(const ClusterSpec& c, const StepConfig& s, const ZeroppOptions
   }
   // Gradient reduce-scatter.
   if (zeropp && z.qgz) {
-    const bool twoHop = layoutFacts(c, 0).hierarchical;
+    const bool twoHop =
+        planOf(c, CollKind::kQuantReduceScatter, shard, e, z.gradBits, z.blockSize).path == PlanPath::kTwoHops;
     r.gradient.scheme = "qgZ " + intName(z.gradBits) + (twoHop ? ", two hops" : ", one hop");
     finish(&r.gradient, qgzReduceScatterCost(c, shard, e, z.gradBits, z.blockSize, &r.gradient.note));
   } else {
@@ -744,11 +775,11 @@ bool rowStages(const PerfRow& row, const LinkParams& link, const KernelParams& k
   RowShape s;
   if (!rowShape(row, &s) || !rowCluster(row, link, kernel, pipeline, &c)) return false;
   if (s.kind == RowKind::kQwz) {
-    *st = qwzStages(c, s.perRank, s.e, s.bits, s.block);
+    *st = qwzStages(c, planOf(c, CollKind::kQuantAllGather, s.perRank, s.e, s.bits, s.block), s.e, s.bits, s.block);
     return true;
   }
   if (s.kind == RowKind::kQgz) {
-    *st = qgzStages(c, s.perRank, s.e, s.bits, s.block, layoutFacts(c, 0).hierarchical);
+    *st = qgzStages(c, planOf(c, CollKind::kQuantReduceScatter, s.perRank, s.e, s.bits, s.block), s.e, s.bits, s.block);
     return true;
   }
   return false;
@@ -884,8 +915,10 @@ std::string rowConfiguration(const PerfRow& row) {
 
 bool usesPairGather(const PerfRow& row) {
   ClusterSpec c;
-  return classifyOp(row.op) == RowKind::kQgz && rowCluster(row, LinkParams(), KernelParams(), PipelineParams(), &c) &&
-         qgzPairGathers(c);
+  RowShape s;
+  return classifyOp(row.op) == RowKind::kQgz && rowShape(row, &s) &&
+         rowCluster(row, LinkParams(), KernelParams(), PipelineParams(), &c) &&
+         qgzPairGathers(c, s.perRank, s.e, s.bits, s.block);
 }
 
 double predictRowUs(const PerfRow& row, bool baseline, const LinkParams& link, const KernelParams& kernel,

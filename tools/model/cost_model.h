@@ -1,9 +1,10 @@
 // Cost model of one training step's communication: ZeRO-3 (bf16 ring all-gather forward and backward, bf16 ring
 // reduce-scatter of gradients) against ZeRO++ (qwZ forward gather, hpZ backward gather, qgZ gradient
 // reduce-scatter, each on or off), on a layout of nodes x GPUs. It describes what this implementation does
-// (src/cuda/pipeline.h): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy
-// kernels each at its own speed, and the three-stage chunk pipeline of qwZ and qgZ with the share of its overlap
-// that the implementation achieves. Also the calibration of all of it from the perf binaries' JSON (-J).
+// (src/cuda/pipeline.h), pricing the library's own plan of each call (host/coll_plan.h: path, chunks, each hop's
+// exchange): NCCL links with a bandwidth and a per-step cost, quantize / dequantize / reduce / copy kernels each at
+// its own speed, and the three-stage chunk pipeline of qwZ and qgZ with the share of its overlap that the
+// implementation achieves. Also the calibration of all of it from the perf binaries' JSON (-J).
 // Pure host C++17: the tool tools/model/zpccl_model.cc and tests/test_cost_model.cc use it. Every formula is in
 // tools/model/cost_model.cc, section "the formulas".
 //
@@ -22,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "host/coll_plan.h"
 #include "perf/json_in.h"
 
 namespace zp {
@@ -109,10 +111,10 @@ struct KernelParams {
 //
 // qgZ's exchange between exactly two ranks (one hop on two GPUs; the inter-node hop of two hops over two nodes; the
 // intra-node hop over two GPUs a node) may run as one NCCL all-gather of the slot each rank sends the other, plus a
-// local copy of the slot it keeps (src/cuda/qgz.cc exchangeSlots; ZP_PAIR_ALLGATHER): the same bytes on
-// the wire, priced on the all-gather line instead of the all-to-all one (NCCL's sockets run the ring at ~3/2 the
-// speed of their point-to-point). pairAllGather is the library's mode: 0 never, 1 always, 2 (the default) only when
-// the two ranks are on different nodes.
+// local copy of the slot it keeps (Exchange::kPairGather; ZP_PAIR_ALLGATHER): the same bytes on the wire, priced on
+// the all-gather line instead of the all-to-all one (NCCL's sockets run the ring at ~3/2 the speed of their
+// point-to-point). Which exchanges do is the library's plan (planOf); pairAllGather is its mode: 0 never, 1 always,
+// 2 (the default) over a slow link, which on the model's links means the two ranks are on different nodes.
 struct PipelineParams {
   double chunkBytes = 64.0 * 1024 * 1024;
   int maxChunks = 8;
@@ -125,11 +127,6 @@ struct PipelineParams {
   bool greenContext() const { return ncclSms != 0; }
   // The overlap of the quantized gathers in the configuration ncclSms selects.
   double gatherOverlap() const { return greenContext() ? qwzGreenOverlap : qwzOverlap; }
-  // Whether qgZ's exchange among `peers` ranks (on different nodes or not) runs as one all-gather, as the library
-  // decides it (exchangeSlots).
-  bool pairGather(int peers, bool acrossNodes) const {
-    return peers == 2 && (pairAllGather == 1 || (pairAllGather == 2 && acrossNodes));
-  }
 };
 
 struct ClusterSpec {
@@ -216,6 +213,14 @@ struct Comparison {
 
 // ---- the model ---------------------------------------------------------------------------------------------
 
+// The plan that the model prices for one call on this cluster: the library's (host/coll_plan.h, planCollective), as
+// rank 0 sees the layout, with c.pipeline's tunables (chunk bytes and count, ZP_PAIR_ALLGATHER, a green context when
+// ZP_NCCL_SMS is not 0) over NCCL's links: no host shared memory on extra channels, no direct loads, and the own
+// slot never worked early (ZP_OWN_SLOT_EARLY_BYTES=-1), none of which the formulas price. count: the gathers'
+// sendcount or qgZ's recvcount; hpzSize as hpzAllGatherCost's. path kNone when the cluster has no rank.
+CollPlan planOf(const ClusterSpec& c, CollKind kind, double count, int elemBytes, int bits, int blockSize,
+                int hpzSize = 0);
+
 // Single collectives. bytes/count are those of one call; every function returns the cost of one call.
 // Ring all-gather over every rank; totalBytes = the gathered tensor.
 Traffic ringAllGatherCost(const ClusterSpec& c, double totalBytes);
@@ -229,8 +234,8 @@ Traffic qwzAllGatherCost(const ClusterSpec& c, double count, int elemBytes, int 
 // of one rank copies the tensor (NCCL's all-gather over one rank, out of place). On an uneven layout hpZ is
 // unavailable: the cost is the flat ring all-gather's and *note says so.
 Traffic hpzAllGatherCost(const ClusterSpec& c, double fullCount, int elemBytes, int hpzSize, std::string* note);
-// qgZ: recvcount elements per rank, through the chunk pipeline; two hops when the layout is hierarchical
-// (host/qgz_plan.h), else one, and *note says why.
+// qgZ: recvcount elements per rank, through the chunk pipeline on its plan's path (planOf): two hops on a
+// hierarchical layout (host/qgz_plan.h), else one, and *note says why.
 Traffic qgzReduceScatterCost(const ClusterSpec& c, double recvcount, int elemBytes, int bits, int blockSize,
                              std::string* note);
 
@@ -272,8 +277,8 @@ int rowNcclSms(const PerfRow& row);
 // The ZP_PAIR_ALLGATHER a row ran with: its env's value; 0 when the row does not say (a row without it comes from
 // a build without the pair exchange, which used ncclSend/ncclRecv).
 int rowPairAllGather(const PerfRow& row);
-// Whether a qgZ row's exchanges include a pair's all-gather (PipelineParams::pairGather, in the row's layout and
-// mode); false for every other row.
+// Whether a qgZ row's exchanges include a pair's all-gather (in the plan of the row's call, layout and mode); false
+// for every other row.
 bool usesPairGather(const PerfRow& row);
 // A row of a quantized gather (qwZ, the qwZ gather of qwz_hpz_gathers, hpZ with bits) run in a green context
 // (rowNcclSms non-zero). Every other row (NCCL's, qgZ's, the kernels') runs the same whatever its ZP_NCCL_SMS.
