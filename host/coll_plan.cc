@@ -217,61 +217,36 @@ ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkF
   return r;
 }
 
+namespace {
+
+// The name of enumerator `e`, from a table in the enumeration's order.
+template <typename Enum, size_t N>
+const char* nameOf(Enum e, const char* const (&names)[N]) {
+  const auto i = static_cast<size_t>(e);
+  return i < N ? names[i] : "?";
+}
+
+}  // namespace
+
 const char* planPathName(PlanPath p) {
-  switch (p) {
-    case PlanPath::kDirect:
-      return "direct loads";
-    case PlanPath::kOneHop:
-      return "one hop";
-    case PlanPath::kTwoHops:
-      return "two hops";
-    case PlanPath::kFlat:
-      return "one flat hop (uneven nodes)";
-    case PlanPath::kExact:
-      return "exact";
-    default:
-      return "none";
-  }
+  static const char* const kNames[] = {"none", "direct loads", "one hop", "two hops", "one flat hop (uneven nodes)",
+                                       "exact"};
+  return nameOf(p, kNames);
 }
 
 const char* exchangeName(Exchange x) {
-  switch (x) {
-    case Exchange::kAllGather:
-      return "all-gather";
-    case Exchange::kSendRecv:
-      return "send/recv";
-    case Exchange::kPairGather:
-      return "pair all-gather + copy";
-    case Exchange::kPairGatherInPlace:
-      return "pair all-gather in place";
-  }
-  return "?";
+  static const char* const kNames[] = {"all-gather", "send/recv", "pair all-gather + copy", "pair all-gather in place"};
+  return nameOf(x, kNames);
 }
 
 const char* planCommName(PlanComm c) {
-  switch (c) {
-    case PlanComm::kWorld:
-      return "world";
-    case PlanComm::kIntra:
-      return "intra";
-    case PlanComm::kInter:
-      return "inter";
-    case PlanComm::kHpz:
-      return "hpz";
-  }
-  return "?";
+  static const char* const kNames[] = {"world", "intra", "inter", "hpz"};
+  return nameOf(c, kNames);
 }
 
 const char* ownSlotName(OwnSlot o) {
-  switch (o) {
-    case OwnSlot::kWithTheOthers:
-      return "with the others";
-    case OwnSlot::kFinishStage:
-      return "early on the finish stage";
-    case OwnSlot::kSideStream:
-      return "early on a side stream";
-  }
-  return "?";
+  static const char* const kNames[] = {"with the others", "early on the finish stage", "early on a side stream"};
+  return nameOf(o, kNames);
 }
 
 std::ostream& operator<<(std::ostream& out, PlanPath p) { return out << planPathName(p); }
@@ -282,16 +257,8 @@ std::ostream& operator<<(std::ostream& out, OwnSlot o) { return out << ownSlotNa
 namespace {
 
 const char* kindName(CollKind k) {
-  switch (k) {
-    case CollKind::kQuantAllGather:
-      return "qwZ";
-    case CollKind::kHierAllGather:
-      return "hpZ";
-    case CollKind::kQuantReduceScatter:
-      return "qgZ";
-    default:
-      return "local";
-  }
+  static const char* const kNames[] = {"zpQuantize", "zpDequantize", "qwZ", "hpZ", "qgZ"};
+  return nameOf(k, kNames);
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ struct PlanFacts {
   bool inPlace = false;  // named in the log; every path is safe in place (a chunk is read before it is written)
 };
 
+// (The enumerations below are named in this order by coll_plan.cc's tables.)
 enum class PlanPath { kNone, kDirect, kOneHop, kTwoHops, kFlat, kExact };
 
 // The communicator a hop runs on (the cuda backend's NcclComms; the host backend's groups of ranks).
