@@ -23,6 +23,7 @@
 #include "perf/json_out.h"
 #include "perf/options.h"
 #include "perf/proc_group.h"
+#include "perf/provenance.h"
 
 namespace zp {
 namespace perf {
@@ -123,14 +124,22 @@ struct OpPlan {
   bool baseline = false;
   bool wire = false;
   bool check = false;
+  int rounds = 1;  // timed rounds of each variant but the in-place one (-r, or its default)
 };
 
-// One rank's results for one size: times (seconds per call) and wrong elements. Starts as "not run"; sent
-// between processes as bytes (gatherLocal), so it stays trivially copyable.
+// The measured variants of one size, in the order a round runs them (the in-place one in the first round only).
+enum Variant { kOop = 0, kIp = 1, kBaseline = 2, kMatched = 3, kVariants = 4 };
+
+// One rank's results for one size: each round's time of each variant (seconds per call) and wrong elements.
+// Starts as "not run"; sent between processes as bytes (gatherLocal), so it stays trivially copyable.
 struct SlotResult {
   static constexpr double kNotRun = std::numeric_limits<double>::quiet_NaN();
-  double seconds[3] = {kNotRun, kNotRun, kNotRun};  // out-of-place, in-place, baseline
-  double enqueue[3] = {kNotRun, kNotRun, kNotRun};  // of those seconds, the host's time to enqueue one call
+  SlotResult() {
+    for (auto& variant : seconds) std::fill(std::begin(variant), std::end(variant), kNotRun);
+    std::fill(std::begin(enqueue), std::end(enqueue), kNotRun);
+  }
+  double seconds[kVariants][kMaxRounds];
+  double enqueue[kVariants];  // of those seconds, the host's time to enqueue one call (mean over the rounds)
   uint64_t wrong[2] = {0, 0};
   uint64_t checked = 0;  // nonzero when wrong[] was measured
 };
@@ -164,6 +173,9 @@ struct Runtime {
   std::vector<int> devices;           // per local rank
   bool needNccl = false;
   bool needZp = false;
+  bool ncclBaseline = false;  // some op's baseline is NCCL: it is also run with zpccl's settings (ncclChannels)
+  NcclChannels ncclChannels;  // what zpccl's communicators get, once the layout is known (rank thread 0)
+  Provenance provenance;      // process 0: how the JSON's rows are made
   ncclUniqueId ncclId;
   zpUniqueId zpId;
   // Meeting key of the host-backend reference communicators; one per process, reused size after size (a
@@ -189,6 +201,7 @@ struct RankState {
   cudaEvent_t start = nullptr;
   cudaEvent_t stop = nullptr;
   ncclComm_t nccl = nullptr;
+  ncclComm_t ncclMatched = nullptr;  // NCCL with zpccl's communicators' settings (rt.ncclChannels), when any
   zpComm_t comm = nullptr;
   void* send = nullptr;
   void* recv = nullptr;
@@ -399,11 +412,25 @@ std::string cols(const std::vector<std::pair<int, std::string>>& cells) {
   return line;
 }
 
-// Widths: key columns, a measured variant, the baseline, the wire bytes.
+// Widths: key columns, a measured variant, the baseline, the matched NCCL baseline, the wire bytes.
 const int kKey[] = {12, 12, 9, 6, 5};
 const int kMeasure[] = {11, 9, 9, 7};
-const int kBase[] = {11, 9, 8};
+const int kBase[] = {11, 9, 8, 12};
+const int kMatchedCols[] = {11, 8};
 const int kWire[] = {11, 11, 11, 11, 8};
+
+// Whether an op's table has the column group of NCCL with zpccl's settings.
+bool hasMatched(const Runtime& rt, const OpPlan& plan, const PerfOp& op) {
+  return plan.baseline && (op.baselineUses & kUsesNccl) && rt.ncclChannels.any();
+}
+
+std::string channelsText(const NcclChannels& c) {
+  std::string text;
+  if (c.minCtas > 0) text += "min " + std::to_string(c.minCtas) + " / max " + std::to_string(c.maxCtas) + " CTAs";
+  if (c.netChannelsPerPeer > 0)
+    text += (text.empty() ? "" : ", ") + std::to_string(c.netChannelsPerPeer) + " channels per net peer";
+  return text;
+}
 
 int groupWidth(const int* w, int n) {
   int total = 0;
@@ -419,8 +446,18 @@ void printTableHeader(const Runtime& rt, const PerfOp& op, const OpPlan& plan) {
     std::printf(", gradient rounding: %s%s", rt.opt.stochastic ? "stochastic" : "nearest",
                 rt.opt.feedback ? " + error feedback" : "");
   }
-  std::printf(", runs %s, baseline %s, check %s\n", op.runLabel, plan.baseline ? op.baselineName : "none",
-              plan.check ? "host reference" : (rt.opt.check ? "none available" : "off (-c 0)"));
+  std::printf(", runs %s, baseline %s, check %s, rounds %d\n", op.runLabel, plan.baseline ? op.baselineName : "none",
+              plan.check ? "host reference" : (rt.opt.check ? "none available" : "off (-c 0)"), plan.rounds);
+  const bool matched = hasMatched(rt, plan, op);
+  if (plan.baseline && (op.baselineUses & kUsesNccl)) {
+    std::printf(
+        "#  times: medians over the rounds; speedup = NCCL's median / zpccl's, and the least and greatest of "
+        "the rounds' own ratios\n");
+    std::printf("#  zpccl's NCCL communicators get %s\n",
+                matched
+                    ? (channelsText(rt.ncclChannels) + ": the \"nccl matched\" columns run NCCL with them too").c_str()
+                    : "NCCL's defaults, as the baseline does");
+  }
   // Group titles, right-aligned over their columns.
   std::string titles = "#" + std::string(size_t(groupWidth(kKey, 5)) - 1, ' ');
   char buf[160];
@@ -431,7 +468,11 @@ void printTableHeader(const Runtime& rt, const PerfOp& op, const OpPlan& plan) {
     titles += buf;
   }
   if (plan.baseline) {
-    std::snprintf(buf, sizeof(buf), "%*s", groupWidth(kBase, 3), (std::string(op.baselineName) + " oop").c_str());
+    std::snprintf(buf, sizeof(buf), "%*s", groupWidth(kBase, 4), (std::string(op.baselineName) + " oop").c_str());
+    titles += buf;
+  }
+  if (matched) {
+    std::snprintf(buf, sizeof(buf), "%*s", groupWidth(kMatchedCols, 2), "nccl matched");
     titles += buf;
   }
   if (plan.wire) {
@@ -450,9 +491,14 @@ void printTableHeader(const Runtime& rt, const PerfOp& op, const OpPlan& plan) {
     for (int v = 0; v < (plan.inPlace ? 2 : 1); ++v)
       for (int i = 0; i < 4; ++i) c.push_back({kMeasure[i], units ? mUnits[i] : m[i]});
     if (plan.baseline) {
-      const char* b[] = {"time", "busbw", "speedup"};
-      const char* bUnits[] = {"(us)", "(GB/s)", "(x)"};
-      for (int i = 0; i < 3; ++i) c.push_back({kBase[i], units ? bUnits[i] : b[i]});
+      const char* b[] = {"time", "busbw", "speedup", "rounds"};
+      const char* bUnits[] = {"(us)", "(GB/s)", "(x)", "(min-max)"};
+      for (int i = 0; i < 4; ++i) c.push_back({kBase[i], units ? bUnits[i] : b[i]});
+    }
+    if (matched) {
+      const char* b[] = {"time", "speedup"};
+      const char* bUnits[] = {"(us)", "(x)"};
+      for (int i = 0; i < 2; ++i) c.push_back({kMatchedCols[i], units ? bUnits[i] : b[i]});
     }
     if (plan.wire) {
       const char* w[] = {"zp-intra", "zp-inter", "ring-intra", "ring-inter", "ring/zp"};
@@ -469,7 +515,7 @@ void printTableHeader(const Runtime& rt, const PerfOp& op, const OpPlan& plan) {
 
 std::string fmtWrong(const Measure& m) { return m.checked ? std::to_string(m.wrong) : "N/A"; }
 
-void printRow(const ResultRow& row, const OpPlan& plan) {
+void printRow(const ResultRow& row, const OpPlan& plan, bool matched) {
   std::vector<std::pair<int, std::string>> c = {
       {kKey[0], std::to_string(row.size)},
       {kKey[1], std::to_string(row.count)},
@@ -492,6 +538,13 @@ void printRow(const ResultRow& row, const OpPlan& plan) {
     c.push_back({kBase[0], fmtTime(row.baseline.timeUs)});
     c.push_back({kBase[1], fmt("%.2f", row.baseline.busbw)});
     c.push_back({kBase[2], fmt("%.3f", row.speedup)});
+    c.push_back({kBase[3], row.baseline.roundsUs.size() > 1
+                               ? fmt("%.2f", row.speedupMin) + "-" + fmt("%.2f", row.speedupMax)
+                               : std::string("-")});
+  }
+  if (matched) {
+    c.push_back({kMatchedCols[0], fmtTime(row.matched.timeUs)});
+    c.push_back({kMatchedCols[1], fmt("%.3f", row.speedupMatched)});
   }
   if (plan.wire) {
     c.push_back({kWire[0], fmt("%.3f", row.zpWire.intra / 1e6)});
@@ -511,16 +564,57 @@ double nanMax(double a, double b) {
   return std::max(a, b);
 }
 
+// Every rank's results as one: each round's time is its slowest rank's (the ranks start a round together, after
+// a barrier), the wrong elements are summed.
 SlotResult reduceSlots(const SlotResult* slots, size_t n) {
   SlotResult r;
   for (size_t i = 0; i < n; ++i) {
-    for (int k = 0; k < 3; ++k) r.seconds[k] = nanMax(r.seconds[k], slots[i].seconds[k]);
-    for (int k = 0; k < 3; ++k) r.enqueue[k] = nanMax(r.enqueue[k], slots[i].enqueue[k]);
+    for (int k = 0; k < kVariants; ++k)
+      for (int round = 0; round < kMaxRounds; ++round)
+        r.seconds[k][round] = nanMax(r.seconds[k][round], slots[i].seconds[k][round]);
+    for (int k = 0; k < kVariants; ++k) r.enqueue[k] = nanMax(r.enqueue[k], slots[i].enqueue[k]);
     r.wrong[0] += slots[i].wrong[0];
     r.wrong[1] += slots[i].wrong[1];
     r.checked |= slots[i].checked;
   }
   return r;
+}
+
+double medianOf(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// The rounds a variant ran, in seconds per call.
+std::vector<double> roundsOf(const SlotResult& r, int variant) {
+  std::vector<double> out;
+  for (double s : r.seconds[variant])
+    if (!std::isnan(s)) out.push_back(s);
+  return out;
+}
+
+// A variant's measure: the median of its rounds, each round kept (in microseconds).
+void fillMeasure(const SlotResult& r, int variant, Measure* m) {
+  const std::vector<double> rounds = roundsOf(r, variant);
+  m->present = !rounds.empty();
+  if (!m->present) return;
+  m->timeUs = medianOf(rounds) * 1e6;
+  m->enqueueUs = r.enqueue[variant] * 1e6;
+  for (double s : rounds) m->roundsUs.push_back(s * 1e6);
+}
+
+// The least and the greatest of the rounds' own ratios, baseline time / zpccl's, of the rounds both ran.
+void roundRatios(const SlotResult& r, int baseline, double* lo, double* hi) {
+  *lo = std::numeric_limits<double>::infinity();
+  *hi = -*lo;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    const double zp = r.seconds[kOop][round], base = r.seconds[baseline][round];
+    if (std::isnan(zp) || std::isnan(base)) continue;
+    *lo = std::min(*lo, base / zp);
+    *hi = std::max(*hi, base / zp);
+  }
 }
 
 // Thread 0: combine the ranks' results of one size, print the row, write the JSON.
@@ -552,22 +646,28 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
   row.env = tunables;
   Measure* measures[2] = {&row.oop, &row.ip};
   for (int v = 0; v < 2; ++v) {
-    if (std::isnan(r.seconds[v])) continue;
     Measure& m = *measures[v];
-    m.present = true;
-    m.timeUs = r.seconds[v] * 1e6;
-    m.enqueueUs = r.enqueue[v] * 1e6;
-    op.bw(s, c, r.seconds[v], &m.algbw, &m.busbw);
+    fillMeasure(r, v, &m);
+    if (!m.present) continue;
+    op.bw(s, c, m.timeUs * 1e-6, &m.algbw, &m.busbw);
     m.checked = r.checked != 0;
     m.wrong = r.wrong[v];
   }
-  if (plan.baseline && !std::isnan(r.seconds[2])) {
+  const BwFn baselineBw = op.baselineBw ? op.baselineBw : op.bw;
+  if (plan.baseline) fillMeasure(r, kBaseline, &row.baseline);
+  if (row.baseline.present) {
     row.baselineName = op.baselineName;
-    row.baseline.present = true;
-    row.baseline.timeUs = r.seconds[2] * 1e6;
-    row.baseline.enqueueUs = r.enqueue[2] * 1e6;
-    (op.baselineBw ? op.baselineBw : op.bw)(s, c, r.seconds[2], &row.baseline.algbw, &row.baseline.busbw);
-    row.speedup = r.seconds[2] / r.seconds[0];
+    baselineBw(s, c, row.baseline.timeUs * 1e-6, &row.baseline.algbw, &row.baseline.busbw);
+    row.speedup = row.baseline.timeUs / row.oop.timeUs;
+    roundRatios(r, kBaseline, &row.speedupMin, &row.speedupMax);
+    if (op.baselineUses & kUsesNccl) row.ncclConfig = rt.ncclChannels;
+  }
+  if (hasMatched(rt, plan, op)) {
+    fillMeasure(r, kMatched, &row.matched);
+    if (row.matched.present) {
+      baselineBw(s, c, row.matched.timeUs * 1e-6, &row.matched.algbw, &row.matched.busbw);
+      row.speedupMatched = row.matched.timeUs / row.oop.timeUs;
+    }
   }
   if (plan.wire) {
     row.hasWire = true;
@@ -590,11 +690,11 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
   if (r.wrong[0] + r.wrong[1] > 0) rt.anyWrong = true;
 
   if (rt.group->rank() != 0) return;
-  printRow(row, plan);
+  printRow(row, plan, hasMatched(rt, plan, op));
   rt.rows.push_back(row);
   if (!rt.opt.json.empty()) {
     std::string error;
-    if (!writeJsonFile(rt.opt.json, rt.rows, &error)) fatal(error);
+    if (!writeJsonFile(rt.opt.json, rt.provenance, rt.rows, &error)) fatal(error);
   }
 }
 
@@ -659,12 +759,19 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
     const CompareFn compare = op.compare ? op.compare : compareBitwise;
     SlotResult result;
     result.checked = plan.check ? 1 : 0;
+    double enqueueSum[kVariants] = {0, 0, 0, 0};
+    auto timed = [&](int variant, int round, RunFn fn, const RunArgs& a) {
+      double enqueue = 0;
+      result.seconds[variant][round] = timeRun(rt, st, fn, a, &enqueue);
+      enqueueSum[variant] += enqueue;
+      result.enqueue[variant] = enqueueSum[variant] / (round + 1);
+    };
 
     // Out of place. Its output after the timed calls is the output of one call: the input is untouched.
     upload(rt, st, st.send, st.hostSend.get(), c.sendBytes);
     poison(rt, st, st.recv, c.recvBytes);
     const RunArgs oop = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
-    result.seconds[0] = timeRun(rt, st, op.run, oop, &result.enqueue[0]);
+    timed(kOop, 0, op.run, oop);
     if (plan.check && op.reset) {  // state carried across the timed calls: check one fresh call instead
       poison(rt, st, st.recv, c.recvBytes);
       fullBarrier(rt, st.t);
@@ -682,7 +789,7 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
       const RunArgs ip = makeRunArgs(rt, st, s, c, base + c.ipSendOffset, base + c.ipRecvOffset, true);
       poison(rt, st, base, inPlaceBytes(c));
       upload(rt, st, base + c.ipSendOffset, st.hostSend.get(), c.sendBytes);
-      result.seconds[1] = timeRun(rt, st, op.run, ip, &result.enqueue[1]);
+      timed(kIp, 0, op.run, ip);
       if (plan.check) {
         poison(rt, st, base, inPlaceBytes(c));
         upload(rt, st, base + c.ipSendOffset, st.hostSend.get(), c.sendBytes);
@@ -695,23 +802,18 @@ void runOp(Runtime& rt, RankState& st, size_t opIndex) {
       }
     }
 
-    // Baseline, out of place on the same input (untouched: the in-place variant ran in the receive buffer).
-    if (plan.baseline) {
-      const RunArgs b = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
-      result.seconds[2] = timeRun(rt, st, op.baseline, b, &result.enqueue[2]);
-      // More rounds (-r): zpccl's out-of-place calls and the baseline's again, in turn, so that both see the same
-      // drift of the link; each time is the mean of its rounds. Its output was checked after the first round.
-      for (int round = 1; round < rt.opt.rounds; ++round) {
-        double enqueue = 0;
-        result.seconds[0] += timeRun(rt, st, op.run, oop, &enqueue);
-        result.enqueue[0] += enqueue;
-        result.seconds[2] += timeRun(rt, st, op.baseline, b, &enqueue);
-        result.enqueue[2] += enqueue;
-      }
-      for (int k : {0, 2}) {
-        result.seconds[k] /= rt.opt.rounds;
-        result.enqueue[k] /= rt.opt.rounds;
-      }
+    // The baselines, out of place on the same input (untouched: the in-place variant ran in the receive buffer),
+    // then the further rounds (-r): zpccl's out-of-place calls and each baseline's again, in turn, so that all see
+    // the same drift of the link. Each round's time is kept; the table gives their median. zpccl's output was
+    // checked after the first round.
+    RunArgs b = makeRunArgs(rt, st, s, c, st.send, st.recv, false);
+    RunArgs bMatched = b;
+    bMatched.nccl = st.ncclMatched;
+    const bool matched = hasMatched(rt, plan, op);
+    for (int round = 0; round < plan.rounds; ++round) {
+      if (round > 0) timed(kOop, round, op.run, oop);
+      if (plan.baseline) timed(kBaseline, round, op.baseline, b);
+      if (matched) timed(kMatched, round, op.baseline, bMatched);
     }
 
     rt.slots[size_t(st.t)] = result;
@@ -823,11 +925,21 @@ void rankMain(Runtime& rt, int t) {
     adoptZpLayout(rt, st);
     if (!rt.host) H_ZP(st.comm, zpCommReserve(st.comm, rt.opt.maxBytes));
   }
+  // NCCL as zpccl's communicators get it, for the fair baseline: the same facts (zpccl's node layout, the
+  // environment) give every rank the same answer, so all of them split or none.
+  if (rt.ncclBaseline && st.nccl != nullptr) {
+    const NcclChannels channels = zpNcclChannels(rt.nodes, rt.nranks);
+    if (channels.any()) H_NCCL(st.nccl, splitWithChannels(st.nccl, st.rank, channels, &st.ncclMatched));
+    rt.barrier->wait();
+    if (st.t == 0) rt.ncclChannels = channels;
+    rt.barrier->wait();
+  }
   printRankLines(rt, st);
 
   for (size_t i = 0; i < rt.ops->size(); ++i) runOp(rt, st, i);
 
   if (st.comm != nullptr) H_ZP(st.comm, zpCommDestroy(st.comm));
+  if (st.ncclMatched != nullptr) H_NCCL(st.ncclMatched, ncclCommDestroy(st.ncclMatched));
   if (st.nccl != nullptr) H_NCCL(st.nccl, ncclCommDestroy(st.nccl));
   if (!rt.host) {
     H_CUDA(cudaEventDestroy(st.start));
@@ -876,6 +988,8 @@ bool planOp(const Options& opt, bool host, const PerfOp& op, OpPlan* plan, std::
     return false;
   }
   plan->baseline = op.baseline != nullptr && !(host && (op.baselineUses & kUsesNccl));
+  // A comparison takes several alternating rounds, so that its median and spread say how far it holds.
+  plan->rounds = opt.rounds > 0 ? opt.rounds : plan->baseline ? kDefaultComparedRounds : 1;
   plan->wire = host && op.wire != nullptr;
   plan->check = opt.check != 0 && (op.expected != nullptr || op.expectedFromHostBackend);
   return true;
@@ -940,6 +1054,7 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
     }
     rt.plans.push_back(plan);
     if (!rt.host && ((op->uses | (plan.baseline ? op->baselineUses : 0u)) & kUsesNccl)) rt.needNccl = true;
+    if (plan.baseline && (op->baselineUses & kUsesNccl)) rt.ncclBaseline = true;
     if ((op->uses | (plan.baseline ? op->baselineUses : 0u)) & kUsesZp) rt.needZp = true;
   }
   rt.sizes = sizeSweep(opt);
@@ -1091,12 +1206,18 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
     }
 
   if (me == 0) {
+    rt.provenance = collectProvenance(argc, argv, opt.regime);
     std::printf("# zpccl perf: %s\n", program.c_str());
     std::printf("#  backend %s  regime %s  ranks %d  nodes %d  processes %d (%s)\n", rt.host ? "host" : "cuda",
                 opt.regime.empty() ? "-" : opt.regime.c_str(), rt.nranks, rt.nodes, nprocs, group->kind());
-    std::printf("#  sizes %s .. %s (%zu)  iters %d  warmup %d  rounds %d  check %d  in-place %d\n",
+    std::printf("#  sizes %s .. %s (%zu)  iters %d  warmup %d  rounds %s  check %d  in-place %d\n",
                 formatBytes(opt.minBytes).c_str(), formatBytes(opt.maxBytes).c_str(), rt.sizes.size(), opt.iters,
-                opt.warmup, opt.rounds, opt.check, opt.inPlace);
+                opt.warmup,
+                opt.rounds > 0 ? std::to_string(opt.rounds).c_str()
+                               : (std::to_string(kDefaultComparedRounds) + " against a baseline, else 1").c_str(),
+                opt.check, opt.inPlace);
+    std::printf("#  source %s%s\n", rt.provenance.commit.empty() ? "unknown" : rt.provenance.commit.c_str(),
+                rt.provenance.dirty == 1 ? " (dirty: tracked files differed from it when this binary was built)" : "");
     printEnvironment();
   } else {
     std::printf("# zpccl perf: %s: process %d of %d (%s rendezvous); process 0 prints the results\n", program.c_str(),

@@ -240,6 +240,25 @@ WireBytes ringWire(double bytes, int nranks, int nodes);
 WireBytes directWire(double bytesPerPeer, int nranks, int nodes);
 WireBytes ringWireCollective(const SizeArgs& size, const OpCounts& counts);  // ringWire(counts.bytes, ...)
 
+// The NCCL settings zpccl's own communicators get (src/cuda/cuda_backend.cc), from the facts that decide them:
+// ZP_NCCL_MIN_CTAS asks every communicator for that many CTAs, else one node over host shared memory
+// (shmChannelsFor) for ZP_SHM_MIN_CTAS; ZP_NET_CHANNELS_PER_PEER sets the channels per network peer. A minimum
+// comes with a maximum of at least 32, as zpccl asks for it (NCCL refuses a minimum above its default maximum).
+struct ZpNcclFacts {
+  int nodes = 1;  // in zpccl's layout
+  int nranks = 1;
+  int64_t netChannelsPerPeer = 0;  // ZP_NET_CHANNELS_PER_PEER
+  int64_t ncclMinCtas = 0;         // ZP_NCCL_MIN_CTAS
+  int64_t shmMinCtas = 0;          // ZP_SHM_MIN_CTAS
+  const char* p2pDisable = nullptr;
+  const char* shmDisable = nullptr;
+};
+NcclChannels zpNcclChannelsFor(const ZpNcclFacts& facts);
+// The same from this process's tunables and environment.
+NcclChannels zpNcclChannels(int nodes, int nranks);
+// A communicator of the same ranks as `comm` with those settings (ncclCommSplit, collective over comm).
+ncclResult_t splitWithChannels(ncclComm_t comm, int rank, const NcclChannels& channels, ncclComm_t* out);
+
 // NCCL baselines on the same buffers (type and op from SizeArgs).
 bool runNcclAllGather(const RunArgs& args);
 bool runNcclReduceScatter(const RunArgs& args);

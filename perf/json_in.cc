@@ -203,6 +203,16 @@ double timeOf(const Json* m) {
   return t > 0 ? t : -1;
 }
 
+// Each timed round of a measured variant ({"rounds_us": [...]}), where the file keeps them.
+std::vector<double> roundsOf(const Json* m) {
+  std::vector<double> out;
+  const Json* rounds = m ? m->get("rounds_us") : nullptr;
+  if (rounds != nullptr && rounds->type == Json::kArray)
+    for (const Json& t : rounds->items)
+      if (t.type == Json::kNumber) out.push_back(t.number);
+  return out;
+}
+
 PerfRow rowOf(const Json& o) {
   PerfRow r;
   r.op = textOf(firstOf(o, {"op", "name", "collective"}));
@@ -218,6 +228,9 @@ PerfRow rowOf(const Json& o) {
   r.timeUs = oop ? timeOf(oop) : timeOf(o.get("time_us"));
   if (oop && oop->type == Json::kObject) r.wrong = static_cast<long long>(numberOf(oop->get("wrong"), -1));
   r.ncclTimeUs = timeOf(o.get("nccl"));
+  r.ncclMatchedTimeUs = timeOf(o.get("nccl_matched"));
+  r.roundsUs = roundsOf(oop);
+  r.ncclRoundsUs = roundsOf(o.get("nccl"));
   if (const Json* env = o.get("env")) {
     for (const auto& m : env->members) {
       if (m.second.type == Json::kString) r.env[m.first] = m.second.text;
@@ -235,8 +248,14 @@ void collectRows(const Json& v, std::vector<PerfRow>* rows) {
       rows->push_back(rowOf(v));
       return;
     }
+    const size_t first = rows->size();
     for (const auto& m : v.members)
       if (m.second.type == Json::kArray) collectRows(m.second, rows);
+    // A file with its provenance: its rows carry its commit.
+    const Json* provenance = v.get("provenance");
+    const std::string commit = provenance ? textOf(provenance->get("commit")) : std::string();
+    for (size_t i = first; i < rows->size(); ++i)
+      if ((*rows)[i].commit.empty()) (*rows)[i].commit = commit;
   }
 }
 

@@ -109,6 +109,12 @@ JsonWriter& JsonWriter::integer(long long value) {
   return *this;
 }
 
+JsonWriter& JsonWriter::boolean(bool value) {
+  separate();
+  out_ += value ? "true" : "false";
+  return *this;
+}
+
 JsonWriter& JsonWriter::null() {
   separate();
   out_ += "null";
@@ -125,6 +131,13 @@ void writeMeasure(JsonWriter& w, const char* name, const Measure& m, bool withAl
   }
   w.beginObject();
   w.key("time_us").number(m.timeUs);
+  if (!m.roundsUs.empty()) {
+    w.key("min_us").number(*std::min_element(m.roundsUs.begin(), m.roundsUs.end()));
+    w.key("max_us").number(*std::max_element(m.roundsUs.begin(), m.roundsUs.end()));
+    w.key("rounds_us").beginArray();
+    for (double t : m.roundsUs) w.number(t);
+    w.endArray();
+  }
   w.key("enqueue_us").number(m.enqueueUs);
   if (withAlgbwAndWrong) w.key("algbw").number(m.algbw);
   w.key("busbw").number(m.busbw);
@@ -185,11 +198,39 @@ std::string rowToJson(const ResultRow& row) {
   // reader looking for NCCL never mistakes a memcpy for it. "nccl" is always present, null when not run.
   if (row.baselineName != "nccl") writeMeasure(w, "nccl", Measure(), false);
   if (!row.baselineName.empty()) writeMeasure(w, row.baselineName.c_str(), row.baseline, false);
+  const bool speedup = !row.baselineName.empty() && row.baseline.present && row.oop.present;
   w.key("speedup");
-  if (!row.baselineName.empty() && row.baseline.present && row.oop.present)
+  if (speedup)
     w.number(row.speedup);
   else
     w.null();
+  if (speedup && row.baseline.roundsUs.size() > 1) {
+    w.key("speedup_min").number(row.speedupMin);
+    w.key("speedup_max").number(row.speedupMax);
+  }
+  if (row.baselineName == "nccl") {
+    // The settings zpccl's communicators get; null where they keep NCCL's default.
+    auto setting = [&w](const char* key, int value) {
+      w.key(key);
+      if (value > 0)
+        w.integer(value);
+      else
+        w.null();
+    };
+    w.key("nccl_config").beginObject();
+    setting("min_ctas", row.ncclConfig.minCtas);
+    setting("max_ctas", row.ncclConfig.maxCtas);
+    setting("net_channels_per_peer", row.ncclConfig.netChannelsPerPeer);
+    w.endObject();
+    if (row.ncclConfig.any()) {
+      writeMeasure(w, "nccl_matched", row.matched, false);
+      w.key("speedup_matched");
+      if (row.matched.present && row.oop.present)
+        w.number(row.speedupMatched);
+      else
+        w.null();
+    }
+  }
   if (row.hasWire) {
     w.key("wire_bytes_per_rank").beginObject();
     writeWire(w, "zpccl", row.zpWire);
@@ -235,20 +276,73 @@ std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {
   return out;
 }
 
-std::string rowsToJson(const std::vector<ResultRow>& rows) {
-  std::string out = "[\n";
+namespace {
+
+void nullableString(JsonWriter& w, const char* key, const std::string& value) {
+  w.key(key);
+  if (value.empty())
+    w.null();
+  else
+    w.string(value);
+}
+
+}  // namespace
+
+std::string provenanceToJson(const Provenance& p) {
+  JsonWriter w;
+  w.beginObject();
+  w.key("schema").string("zpccl-provenance/1");
+  nullableString(w, "commit", p.commit);
+  w.key("dirty");
+  if (p.dirty < 0)
+    w.null();
+  else
+    w.boolean(p.dirty != 0);
+  w.key("command").string(p.command);
+  w.key("cwd").string(p.cwd);
+  w.key("env").beginObject();
+  for (const auto& [name, value] : p.env) w.key(name.c_str()).string(value);
+  w.endObject();
+  nullableString(w, "regime", p.regime);
+  w.key("host").string(p.host);
+  w.key("time_utc").string(p.timeUtc);
+  w.key("python").null();  // the keys of perf/provenance.py, whose records come from Python
+  w.key("torch").null();
+  w.key("gpu").beginObject();
+  w.key("count").integer(p.gpuCount);
+  w.key("models").beginArray();
+  for (const std::string& model : p.gpuModels) w.string(model);
+  w.endArray();
+  nullableString(w, "driver", p.driver);
+  w.endObject();
+  nullableString(w, "cuda_runtime", p.cudaRuntime);
+  w.key("nccl").beginObject();
+  nullableString(w, "loaded", p.ncclLoaded);
+  nullableString(w, "file", p.ncclFile);
+  w.key("torch").null();
+  w.endObject();
+  w.key("zpccl").beginObject();
+  nullableString(w, "version", p.zpcclVersion);
+  nullableString(w, "library", p.zpcclLibrary);
+  w.endObject();
+  w.endObject();
+  return w.str();
+}
+
+std::string perfFileJson(const Provenance& provenance, const std::vector<ResultRow>& rows) {
+  std::string out = "{\"provenance\": " + provenanceToJson(provenance) + ",\n \"rows\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
-    out += "  ";
+    out += i == 0 ? "\n  " : ",\n  ";
     out += rowToJson(rows[i]);
-    out += i + 1 < rows.size() ? ",\n" : "\n";
   }
-  out += "]\n";
+  out += "\n ]}\n";
   return out;
 }
 
-bool writeJsonFile(const std::string& path, const std::vector<ResultRow>& rows, std::string* error) {
+bool writeJsonFile(const std::string& path, const Provenance& provenance, const std::vector<ResultRow>& rows,
+                   std::string* error) {
   const std::string tmp = path + ".tmp";
-  const std::string text = rowsToJson(rows);
+  const std::string text = perfFileJson(provenance, rows);
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {
     *error = "cannot write " + tmp + ": " + std::strerror(errno);

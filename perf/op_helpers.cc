@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
 #include "perf/common.h"
+#include "src/cuda/cuda_backend.h"
+#include "src/include/params.h"
 
 namespace zp {
 namespace perf {
@@ -478,6 +481,38 @@ WireBytes ringWireCollective(const SizeArgs& s, const OpCounts& c) {
 }
 
 // ---- NCCL baselines ----------------------------------------------------------------------------------------
+
+NcclChannels zpNcclChannelsFor(const ZpNcclFacts& f) {
+  NcclChannels c;
+  c.netChannelsPerPeer = static_cast<int>(std::max<int64_t>(f.netChannelsPerPeer, 0));
+  const int shm = shmChannelsFor({f.nodes, f.nranks, f.shmMinCtas, f.ncclMinCtas, f.p2pDisable, f.shmDisable, false});
+  const int minCtas = f.ncclMinCtas > 0 ? static_cast<int>(f.ncclMinCtas) : shm;
+  if (minCtas > 0) {
+    c.minCtas = minCtas;
+    c.maxCtas = std::max(minCtas, 32);
+  }
+  return c;
+}
+
+NcclChannels zpNcclChannels(int nodes, int nranks) {
+  ZpNcclFacts f;
+  f.nodes = nodes;
+  f.nranks = nranks;
+  f.netChannelsPerPeer = paramNetChannelsPerPeer();
+  f.ncclMinCtas = paramNcclMinCtas();
+  f.shmMinCtas = paramShmMinCtas();
+  f.p2pDisable = std::getenv("NCCL_P2P_DISABLE");
+  f.shmDisable = std::getenv("NCCL_SHM_DISABLE");
+  return zpNcclChannelsFor(f);
+}
+
+ncclResult_t splitWithChannels(ncclComm_t comm, int rank, const NcclChannels& channels, ncclComm_t* out) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (channels.minCtas > 0) config.minCTAs = channels.minCtas;
+  if (channels.maxCtas > 0) config.maxCTAs = channels.maxCtas;
+  if (channels.netChannelsPerPeer > 0) config.nChannelsPerNetPeer = channels.netChannelsPerPeer;
+  return ncclCommSplit(comm, 0, rank, out, &config);
+}
 
 bool runNcclAllGather(const RunArgs& a) {
   PERF_NCCL(a.nccl, ncclAllGather(a.send, a.recv, a.counts->paramCount, static_cast<ncclDataType_t>(a.size->type),

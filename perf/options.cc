@@ -84,7 +84,7 @@ const std::vector<Flag>& flags() {
        }},
       {'n', "iters", [](const char* v, Options* o) { return intFlag(v, &o->iters, 1, 1000000, "-n"); }},
       {'w', "warmup_iters", [](const char* v, Options* o) { return intFlag(v, &o->warmup, 0, 1000000, "-w"); }},
-      {'r', "rounds", [](const char* v, Options* o) { return intFlag(v, &o->rounds, 1, 1000, "-r"); }},
+      {'r', "rounds", [](const char* v, Options* o) { return intFlag(v, &o->rounds, 1, kMaxRounds, "-r"); }},
       {'c', "check", [](const char* v, Options* o) { return intFlag(v, &o->check, 0, 1, "-c"); }},
       {'d', "datatype",
        [](const char* v, Options* o) -> std::string {
@@ -335,9 +335,10 @@ void printUsage(FILE* out, const char* program) {
                "  -i, --stepbytes N     add N each step when -f is 1 (default 1M)\n"
                "  -n, --iters N         timed iterations per size (default 20)\n"
                "  -w, --warmup_iters N  untimed iterations before (default 5)\n"
-               "  -r, --rounds N        time zpccl's calls and the baseline's in N alternating rounds of -n\n"
-               "                        iterations each, and report their means, so that a link whose speed\n"
-               "                        drifts (loopback sockets) slows both alike (default 1)\n"
+               "  -r, --rounds N        time zpccl's calls and the baselines' in N alternating rounds of -n\n"
+               "                        iterations each (at most 64), and report their medians and each\n"
+               "                        round, so that a link whose speed drifts (loopback sockets) slows all\n"
+               "                        alike (default 5 against a baseline, else 1)\n"
                "  -c, --check 0|1       compare every rank's output to the host reference (default 1)\n"
                "  -d, --datatype T      half, bfloat16, float (quantized ops); int8, uint8, int32, uint32,\n"
                "                        int64, uint64, double too for NCCL baselines (default bfloat16)\n"

@@ -10,6 +10,11 @@
 namespace zp {
 namespace perf {
 
+// Timed rounds: at most this many (-r), and this many by default where a baseline is compared with zpccl
+// (DESIGN.md, "Evidence": at least 5 alternating rounds), else one.
+constexpr int kMaxRounds = 64;
+constexpr int kDefaultComparedRounds = 5;
+
 struct Options {
   size_t minBytes = size_t(32) << 20;  // -b
   size_t maxBytes = size_t(32) << 20;  // -e
@@ -17,7 +22,7 @@ struct Options {
   double stepFactor = 1.0;             // -f: multiplicative step when > 1
   int iters = 20;                      // -n
   int warmup = 5;                      // -w
-  int rounds = 1;                      // -r: timed rounds, zpccl's and the baseline's in turn
+  int rounds = 0;                      // -r: timed rounds, zpccl's and the baselines' in turn; 0: the default
   int check = 1;                       // -c
   int type = -1;                       // -d (zpDataType_t); -1: the op's default
   int redOp = -1;                      // -o (zpRedOp_t); -1: sum

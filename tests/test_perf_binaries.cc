@@ -1,11 +1,17 @@
 // The perf binaries end to end: one short sweep, then its exit code and its table. The host-backend run works
 // everywhere (CI included); the GPU run (NCCL side by side) skips without a GPU.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "perf/json_in.h"
 #include "tests/child_test.h"
 #include "tests/gpu_util.h"
 
@@ -49,6 +55,37 @@ TEST(PerfBinaries, QwzAndQgzOnTheHostBackendGiveCleanTables) {
   expectCleanTable(runBinary("qgz_perf", "-H -t 4 -N 2 -b 64K -e 256K -f 2 -n 2 -w 1 -o avg"), 3);
 }
 
+TEST(PerfBinaries, JsonCarriesProvenanceAndEveryRound) {
+  char dir[] = "/tmp/zp_perf_binary_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/qwz.json";
+  const BinaryRun run = runBinary("qwz_perf", "-H -t 4 -N 2 -b 64K -e 128K -f 2 -n 2 -w 1 -r 3 -R host -J " + path);
+  expectCleanTable(run, 2);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::remove(path.c_str());
+  rmdir(dir);
+  EXPECT_EQ(text.str().rfind("{\"provenance\": {\"schema\": \"zpccl-provenance/1\", \"commit\": ", 0), 0u)
+      << text.str();
+  EXPECT_NE(text.str().find("\"command\": \"" + std::string(ZP_PERF_DIR) + "/qwz_perf -H -t 4 -N 2 -b 64K"),
+            std::string::npos)
+      << text.str();
+  EXPECT_NE(text.str().find("\"regime\": \"host\""), std::string::npos) << text.str();
+  std::vector<zp::perf::PerfRow> rows;
+  std::string error;
+  ASSERT_TRUE(zp::perf::parsePerfJson(text.str(), &rows, &error)) << error;
+  ASSERT_EQ(rows.size(), 2u) << text.str();
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.op, "qwz_all_gather");
+    EXPECT_EQ(row.wrong, 0);
+    ASSERT_EQ(row.roundsUs.size(), 3u) << text.str();  // -r 3: each round kept, the median is the time
+    std::vector<double> sorted = row.roundsUs;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_DOUBLE_EQ(row.timeUs, sorted[1]);
+  }
+}
+
 TEST(PerfBinaries, BadFlagsExitTwo) {
   const BinaryRun run = runBinary("qwz_perf", "-H -B 6");
   EXPECT_EQ(run.exitCode, 2) << run.output;
@@ -56,10 +93,16 @@ TEST(PerfBinaries, BadFlagsExitTwo) {
 
 TEST(PerfBinaries, QwzOnGpusWithNcclSideBySide) {
   ZP_REQUIRE_GPUS(1);
-  // Two rounds (-r): zpccl's calls and NCCL's timed in turn, twice.
-  const BinaryRun run = runBinary("qwz_perf", "-b 1M -e 4M -f 2 -n 3 -w 1 -r 2");
+  // The default rounds against a baseline: zpccl's calls and NCCL's timed in turn, five times.
+  const BinaryRun run = runBinary("qwz_perf", "-b 1M -e 4M -f 2 -n 3 -w 1");
   expectCleanTable(run, 3);
-  for (const auto& row : tableRows(run.output)) EXPECT_GT(std::stod(row.back()), 0.0) << "speedup\n" << run.output;
+  for (const auto& row : tableRows(run.output)) {
+    // ... | nccl: time busbw speedup rounds(min-max) [| nccl matched: time speedup]
+    ASSERT_GE(row.size(), 17u) << run.output;
+    EXPECT_GT(std::stod(row[15]), 0.0) << "speedup\n" << run.output;
+    EXPECT_NE(row[16].find('-'), std::string::npos) << "the rounds' least and greatest speedups\n" << run.output;
+  }
+  EXPECT_NE(run.output.find("rounds 5"), std::string::npos) << run.output;
 }
 
 TEST(PerfBinaries, ReduceKernelsRefuseTheHostBackend) {
@@ -75,8 +118,8 @@ TEST(PerfBinaries, ReduceKernelsOnOneGpu) {
   const auto rows = tableRows(run.output);
   ASSERT_EQ(rows.size(), 7u * 2u) << "seven kernels, two sizes\n" << run.output;
   for (const auto& row : rows) {
-    // size count type redop bits | time algbw busbw #wrong | memcpy: time busbw | speedup (no in-place variant)
-    ASSERT_EQ(row.size(), 12u) << run.output;
+    // size count type redop bits | time algbw busbw #wrong | memcpy: time busbw speedup rounds (no in-place variant)
+    ASSERT_EQ(row.size(), 13u) << run.output;
     EXPECT_EQ(row[8], "0") << "#wrong\n" << run.output;
     EXPECT_GT(std::stod(row[5]), 0.0) << "time\n" << run.output;
     EXPECT_GT(std::stod(row[9]), 0.0) << "memcpy time\n" << run.output;

@@ -1,5 +1,6 @@
 // The perf harness's host-side pieces: flags, the size sweep, buffer sizes, bandwidth and wire-byte formulas,
-// deterministic data and references, the JSON writer and the file rendezvous of multi-process runs.
+// deterministic data and references, the JSON writer and reader with the files' provenance, the NCCL settings of
+// the matched baseline, and the file rendezvous of multi-process runs.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -19,9 +20,11 @@
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
 #include "perf/common.h"
+#include "perf/json_in.h"
 #include "perf/json_out.h"
 #include "perf/options.h"
 #include "perf/proc_group.h"
+#include "perf/provenance.h"
 #include "src/include/params.h"
 
 namespace zp {
@@ -63,7 +66,8 @@ TEST(PerfOptions, Defaults) {
   EXPECT_EQ(o.maxBytes, size_t(32) << 20);
   EXPECT_EQ(o.iters, 20);
   EXPECT_EQ(o.warmup, 5);
-  EXPECT_EQ(o.rounds, 1);
+  EXPECT_EQ(o.rounds, 0);  // the harness's default: kDefaultComparedRounds against a baseline, else 1
+  EXPECT_GE(kDefaultComparedRounds, 5);
   EXPECT_EQ(o.check, 1);
   EXPECT_EQ(o.type, -1);
   EXPECT_EQ(o.blockSize, 256);
@@ -574,10 +578,10 @@ ResultRow sampleRow() {
   row.block = 256;
   row.ranks = 2;
   row.nodes = 2;
-  row.oop = {true, 1234.5, 0.85, 0.425, true, 0, 20.5};
-  row.ip = {true, 1300.25, 0.8, 0.4, true, 3, 21};
+  row.oop = {true, 1234.5, 0.85, 0.425, true, 0, 20.5, {}};
+  row.ip = {true, 1300.25, 0.8, 0.4, true, 3, 21, {}};
   row.baselineName = "nccl";
-  row.baseline = {true, 2469.0, 0.42, 0.21, false, 0, 7.25};
+  row.baseline = {true, 2469.0, 0.42, 0.21, false, 0, 7.25, {}};
   row.speedup = 2.0;
   return row;
 }
@@ -590,15 +594,18 @@ TEST(PerfJson, RowMatchesExpectedText) {
       "\"ranks\": 2, \"nodes\": 2, "
       "\"oop\": {\"time_us\": 1234.5, \"enqueue_us\": 20.5, \"algbw\": 0.85, \"busbw\": 0.425, \"wrong\": 0}, "
       "\"ip\": {\"time_us\": 1300.25, \"enqueue_us\": 21, \"algbw\": 0.8, \"busbw\": 0.4, \"wrong\": 3}, "
-      "\"baseline\": \"nccl\", \"nccl\": {\"time_us\": 2469, \"enqueue_us\": 7.25, \"busbw\": 0.21}, \"speedup\": 2}");
+      "\"baseline\": \"nccl\", \"nccl\": {\"time_us\": 2469, \"enqueue_us\": 7.25, \"busbw\": 0.21}, \"speedup\": 2, "
+      "\"nccl_config\": {\"min_ctas\": null, \"max_ctas\": null, \"net_channels_per_peer\": null}}");
 }
 
 TEST(PerfJson, TunablesOfTheRunAreWrittenWhenSet) {
   ResultRow row = sampleRow();
   row.env = {{"ZP_CHUNK_BYTES", "16777216"}, {"ZP_NCCL_SMS", "32"}};
   const std::string json = rowToJson(row);
-  EXPECT_NE(json.find("\"speedup\": 2, \"env\": {\"ZP_CHUNK_BYTES\": \"16777216\", \"ZP_NCCL_SMS\": \"32\"}}"),
-            std::string::npos)
+  EXPECT_NE(
+      json.find(
+          "\"net_channels_per_peer\": null}, \"env\": {\"ZP_CHUNK_BYTES\": \"16777216\", \"ZP_NCCL_SMS\": \"32\"}}"),
+      std::string::npos)
       << json;
   EXPECT_TRUE(JsonChecker(json).valid()) << json;
 }
@@ -667,32 +674,247 @@ TEST(PerfJson, EscapesAndNonFiniteNumbers) {
   EXPECT_TRUE(JsonChecker(json).valid()) << json;
 }
 
+TEST(PerfJson, EveryRoundIsWrittenWithItsMinimumAndMaximum) {
+  ResultRow row = sampleRow();
+  row.oop.roundsUs = {1300, 1234.5, 1200};
+  row.baseline.roundsUs = {2500, 2469, 2400};
+  row.speedupMin = 1.9230769;
+  row.speedupMax = 2.0;
+  const std::string json = rowToJson(row);
+  EXPECT_NE(
+      json.find("\"oop\": {\"time_us\": 1234.5, \"min_us\": 1200, \"max_us\": 1300, \"rounds_us\": [1300, 1234.5, "
+                "1200], \"enqueue_us\": 20.5"),
+      std::string::npos)
+      << json;
+  EXPECT_NE(
+      json.find("\"nccl\": {\"time_us\": 2469, \"min_us\": 2400, \"max_us\": 2500, \"rounds_us\": [2500, 2469, 2400]"),
+      std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"speedup\": 2, \"speedup_min\": 1.923077, \"speedup_max\": 2, "), std::string::npos) << json;
+  // The in-place variant timed once has no rounds written.
+  EXPECT_NE(json.find("\"ip\": {\"time_us\": 1300.25, \"enqueue_us\": 21,"), std::string::npos) << json;
+  EXPECT_TRUE(JsonChecker(json).valid()) << json;
+}
+
+TEST(PerfJson, MatchedNcclBaselineBesideTheDefault) {
+  ResultRow row = sampleRow();
+  row.ncclConfig = {16, 32, 0};
+  row.matched = {true, 1851.75, 0.5, 0.28, false, 0, 7.5, {}};
+  row.speedupMatched = 1.5;
+  const std::string json = rowToJson(row);
+  EXPECT_NE(
+      json.find(
+          "\"nccl_config\": {\"min_ctas\": 16, \"max_ctas\": 32, \"net_channels_per_peer\": null}, "
+          "\"nccl_matched\": {\"time_us\": 1851.75, \"enqueue_us\": 7.5, \"busbw\": 0.28}, \"speedup_matched\": 1.5}"),
+      std::string::npos)
+      << json;
+  EXPECT_TRUE(JsonChecker(json).valid()) << json;
+  // A memcpy baseline has no NCCL settings to match.
+  row.baselineName = "memcpy";
+  EXPECT_EQ(rowToJson(row).find("nccl_config"), std::string::npos);
+  EXPECT_EQ(rowToJson(row).find("nccl_matched"), std::string::npos);
+}
+
+TEST(PerfNcclChannels, ZpcclsSettingsDecideTheMatchedBaseline) {
+  ZpNcclFacts f;
+  f.nodes = 1;
+  f.nranks = 2;
+  f.shmMinCtas = 16;
+  EXPECT_FALSE(zpNcclChannelsFor(f).any());  // NVLink: NCCL's defaults, as the plain baseline
+  f.p2pDisable = "1";
+  NcclChannels c = zpNcclChannelsFor(f);  // one node over host shared memory: ZP_SHM_MIN_CTAS
+  EXPECT_EQ(c.minCtas, 16);
+  EXPECT_EQ(c.maxCtas, 32);
+  EXPECT_EQ(c.netChannelsPerPeer, 0);
+  f.shmMinCtas = 48;
+  EXPECT_EQ(zpNcclChannelsFor(f).minCtas, 32);  // shmChannelsFor caps it at NCCL's usual maximum
+  f.shmMinCtas = 16;
+  f.shmDisable = "1";
+  EXPECT_FALSE(zpNcclChannelsFor(f).any());  // sockets: no widening
+  f.shmDisable = nullptr;
+  f.nodes = 2;
+  EXPECT_FALSE(zpNcclChannelsFor(f).any());  // two nodes: no widening
+  f.ncclMinCtas = 40;                        // ZP_NCCL_MIN_CTAS asks every communicator, whatever the link
+  c = zpNcclChannelsFor(f);
+  EXPECT_EQ(c.minCtas, 40);
+  EXPECT_EQ(c.maxCtas, 40);
+  f.ncclMinCtas = 0;
+  f.netChannelsPerPeer = 4;
+  c = zpNcclChannelsFor(f);
+  EXPECT_EQ(c.netChannelsPerPeer, 4);
+  EXPECT_EQ(c.minCtas, 0);
+  EXPECT_TRUE(c.any());
+}
+
+Provenance sampleProvenance() {
+  Provenance p;
+  p.commit = "d2970e1fd1cd9f4fb5dfb9620bf093c15e718fa9";
+  p.dirty = 0;
+  p.command = "build/perf/qwz_perf -b 1M -R 'net on1gpu'";
+  p.cwd = "/src";
+  p.env = {{"NCCL_P2P_DISABLE", "1"}, {"ZP_NCCL_SMS", "16"}};
+  p.regime = "net-on1gpu";
+  p.host = "h";
+  p.timeUtc = "2026-12-05T10:00:00+00:00";
+  p.gpuCount = 1;
+  p.gpuModels = {"NVIDIA H200"};
+  p.driver = "580.159.03";
+  p.cudaRuntime = "13.0";
+  p.ncclLoaded = "2.28.3";
+  p.ncclFile = "/usr/lib/libnccl.so.2";
+  p.zpcclVersion = "0.2.0";
+  p.zpcclLibrary = "/src/build/perf/qwz_perf";
+  return p;
+}
+
+TEST(PerfProvenance, RecordHasPythonsKeys) {
+  const std::string json = provenanceToJson(sampleProvenance());
+  EXPECT_EQ(
+      json,
+      "{\"schema\": \"zpccl-provenance/1\", \"commit\": \"d2970e1fd1cd9f4fb5dfb9620bf093c15e718fa9\", \"dirty\": "
+      "false, "
+      "\"command\": \"build/perf/qwz_perf -b 1M -R 'net on1gpu'\", \"cwd\": \"/src\", "
+      "\"env\": {\"NCCL_P2P_DISABLE\": \"1\", \"ZP_NCCL_SMS\": \"16\"}, \"regime\": \"net-on1gpu\", \"host\": \"h\", "
+      "\"time_utc\": \"2026-12-05T10:00:00+00:00\", \"python\": null, \"torch\": null, "
+      "\"gpu\": {\"count\": 1, \"models\": [\"NVIDIA H200\"], \"driver\": \"580.159.03\"}, \"cuda_runtime\": \"13.0\", "
+      "\"nccl\": {\"loaded\": \"2.28.3\", \"file\": \"/usr/lib/libnccl.so.2\", \"torch\": null}, "
+      "\"zpccl\": {\"version\": \"0.2.0\", \"library\": \"/src/build/perf/qwz_perf\"}}");
+  Provenance unknown;  // a build outside git, no GPU: nulls, count 0
+  const std::string none = provenanceToJson(unknown);
+  EXPECT_NE(none.find("\"commit\": null, \"dirty\": null"), std::string::npos) << none;
+  EXPECT_NE(none.find("\"gpu\": {\"count\": 0, \"models\": [], \"driver\": null}"), std::string::npos) << none;
+  EXPECT_TRUE(JsonChecker(none).valid()) << none;
+}
+
+TEST(PerfProvenance, PiecesOfTheRecord) {
+  std::string commit;
+  int dirty = 5;
+  parseSourceState("d2970e1fd1cd9f4fb5dfb9620bf093c15e718fa9", &commit, &dirty);
+  EXPECT_EQ(commit, "d2970e1fd1cd9f4fb5dfb9620bf093c15e718fa9");
+  EXPECT_EQ(dirty, 0);
+  parseSourceState("d2970e1fd1cd9f4fb5dfb9620bf093c15e718fa9-dirty", &commit, &dirty);
+  EXPECT_EQ(commit, "d2970e1fd1cd9f4fb5dfb9620bf093c15e718fa9");
+  EXPECT_EQ(dirty, 1);
+  for (const char* unknown : {"unknown", "", "d2970e1-dirty", "v0.2-3-gd2970e1"}) {
+    parseSourceState(unknown, &commit, &dirty);
+    EXPECT_EQ(commit, "") << unknown;
+    EXPECT_EQ(dirty, -1) << unknown;
+  }
+  EXPECT_EQ(shellQuote("-b"), "-b");
+  EXPECT_EQ(shellQuote("build/perf/qwz_perf"), "build/perf/qwz_perf");
+  EXPECT_EQ(shellQuote(""), "''");
+  EXPECT_EQ(shellQuote("a b"), "'a b'");
+  EXPECT_EQ(shellQuote("it's"), "'it'\"'\"'s'");
+  std::vector<std::string> words = {"qgz_perf", "-R", "net on1gpu", "-B", "4"};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(&w[0]);
+  EXPECT_EQ(commandLine(int(argv.size()), argv.data()), "qgz_perf -R 'net on1gpu' -B 4");
+  EXPECT_EQ(isoTimeUtc(0), "1970-01-01T00:00:00+00:00");
+  EXPECT_EQ(isoTimeUtc(1796464703), "2026-12-05T09:58:23+00:00");
+  std::vector<std::string> entries = {"ZP_NCCL_SMS=16",         "PATH=/bin",         "NCCL_P2P_DISABLE=1",
+                                      "CUDA_VISIBLE_DEVICES=0", "OMP_NUM_THREADS=1", "ZPCCL_LIBRARY=/x",
+                                      "NOT_NCCL_X=1",           "TORCH_X=a=b"};
+  std::vector<char*> env;
+  for (auto& e : entries) env.push_back(&e[0]);
+  env.push_back(nullptr);
+  const auto steering = steeringEnvironment(env.data());
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"CUDA_VISIBLE_DEVICES", "0"}, {"NCCL_P2P_DISABLE", "1"}, {"OMP_NUM_THREADS", "1"}, {"TORCH_X", "a=b"},
+      {"ZPCCL_LIBRARY", "/x"},       {"ZP_NCCL_SMS", "16"}};
+  EXPECT_EQ(steering, expected);
+}
+
+TEST(PerfProvenance, CollectedFromThisProcess) {
+  setenv("ZP_TEST_PROVENANCE", "7", 1);
+  std::vector<std::string> words = {"qwz_perf", "-R", "host"};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(&w[0]);
+  const Provenance p = collectProvenance(int(argv.size()), argv.data(), "host");
+  unsetenv("ZP_TEST_PROVENANCE");
+  EXPECT_EQ(p.command, "qwz_perf -R host");
+  EXPECT_EQ(p.regime, "host");
+  EXPECT_FALSE(p.cwd.empty());
+  EXPECT_FALSE(p.host.empty());
+  EXPECT_EQ(p.timeUtc.size(), 25u) << p.timeUtc;
+  EXPECT_NE(std::find(p.env.begin(), p.env.end(), std::make_pair(std::string("ZP_TEST_PROVENANCE"), std::string("7"))),
+            p.env.end());
+  // Built from a git checkout (CI's), the commit is known; outside one it is null, never something else.
+  EXPECT_TRUE(p.commit.empty() ? p.dirty == -1 : p.commit.size() == 40 && p.dirty >= 0) << p.commit;
+  EXPECT_GE(p.gpuCount, 0);  // 0 without a GPU
+  EXPECT_LE(p.gpuModels.size(), size_t(p.gpuCount));
+  EXPECT_FALSE(p.ncclLoaded.empty());  // the binaries link NCCL, GPU or not
+  EXPECT_FALSE(p.ncclFile.empty());
+  int version = 0;
+  ASSERT_EQ(zpGetVersion(&version), zpSuccess);
+  EXPECT_EQ(p.zpcclVersion, std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+                                std::to_string(version % 100));
+  EXPECT_FALSE(p.zpcclLibrary.empty());
+  EXPECT_TRUE(JsonChecker(provenanceToJson(p)).valid()) << provenanceToJson(p);
+}
+
 TEST(PerfJson, FileRoundTrip) {
   char dir[] = "/tmp/zp_perf_json_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string path = std::string(dir) + "/rows.json";
+  const Provenance provenance = sampleProvenance();
   std::string error;
-  ASSERT_TRUE(writeJsonFile(path, {}, &error)) << error;
+  ASSERT_TRUE(writeJsonFile(path, provenance, {}, &error)) << error;
   {
     std::ifstream in(path);
     std::stringstream text;
     text << in.rdbuf();
-    EXPECT_EQ(text.str(), "[\n]\n");
+    EXPECT_EQ(text.str(), "{\"provenance\": " + provenanceToJson(provenance) + ",\n \"rows\": [\n ]}\n");
     EXPECT_TRUE(JsonChecker(text.str()).valid());
   }
   std::vector<ResultRow> rows = {sampleRow(), sampleRow()};
   rows[1].size = 2;
-  ASSERT_TRUE(writeJsonFile(path, rows, &error)) << error;
+  rows[1].oop.roundsUs = {1234.5, 1300};
+  rows[1].baseline.roundsUs = {2469, 2600};
+  ASSERT_TRUE(writeJsonFile(path, provenance, rows, &error)) << error;
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
-  EXPECT_EQ(text.str(), "[\n  " + rowToJson(rows[0]) + ",\n  " + rowToJson(rows[1]) + "\n]\n");
+  EXPECT_EQ(text.str(), "{\"provenance\": " + provenanceToJson(provenance) + ",\n \"rows\": [\n  " +
+                            rowToJson(rows[0]) + ",\n  " + rowToJson(rows[1]) + "\n ]}\n");
   EXPECT_TRUE(JsonChecker(text.str()).valid());
   EXPECT_FALSE(JsonChecker("[{\"a\": 1,}]").valid());  // the checker does reject bad JSON
   EXPECT_NE(access((path + ".tmp").c_str(), F_OK), 0);
-  EXPECT_FALSE(writeJsonFile(std::string(dir) + "/no/such/dir/x.json", rows, &error));
+  EXPECT_FALSE(writeJsonFile(std::string(dir) + "/no/such/dir/x.json", provenance, rows, &error));
   std::remove(path.c_str());
   rmdir(dir);
+
+  // The reader takes the rows back, each with the file's commit and its rounds.
+  std::vector<PerfRow> read;
+  ASSERT_TRUE(parsePerfJson(text.str(), &read, &error)) << error;
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_EQ(read[0].op, "qwz_all_gather");
+  EXPECT_EQ(read[0].commit, provenance.commit);
+  EXPECT_EQ(read[1].commit, provenance.commit);
+  EXPECT_DOUBLE_EQ(read[1].size, 2);
+  EXPECT_DOUBLE_EQ(read[1].timeUs, 1234.5);
+  EXPECT_DOUBLE_EQ(read[1].ncclTimeUs, 2469);
+  EXPECT_EQ(read[1].roundsUs, (std::vector<double>{1234.5, 1300}));
+  EXPECT_EQ(read[1].ncclRoundsUs, (std::vector<double>{2469, 2600}));
+  EXPECT_TRUE(read[0].roundsUs.empty());
+  EXPECT_LT(read[0].ncclMatchedTimeUs, 0);
+}
+
+TEST(PerfJson, ReaderKeepsReadingFilesWithoutProvenance) {
+  // The files written before provenance are bare arrays of rows: read as before, with no commit.
+  std::vector<PerfRow> rows;
+  std::string error;
+  ASSERT_TRUE(parsePerfJson("[\n  " + rowToJson(sampleRow()) + "\n]\n", &rows, &error)) << error;
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].commit, "");
+  EXPECT_DOUBLE_EQ(rows[0].timeUs, 1234.5);
+  // A provenance's own arrays (gpu models) are not rows, and a matched baseline is read.
+  ResultRow matched = sampleRow();
+  matched.ncclConfig = {16, 32, 0};
+  matched.matched = {true, 1851.75, 0.5, 0.28, false, 0, 7.5, {}};
+  rows.clear();
+  ASSERT_TRUE(parsePerfJson(perfFileJson(sampleProvenance(), {matched}), &rows, &error)) << error;
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(rows[0].ncclMatchedTimeUs, 1851.75);
 }
 
 // ---- file rendezvous ---------------------------------------------------------------------------------------

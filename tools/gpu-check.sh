@@ -15,8 +15,8 @@
 # up to 256M at most: its 8-source cases at 1G need ~10 GB of host memory and a slow host check).
 # JSON and logs go to build-gpu/results (one JSON per binary and regime, a log per step). When $OUT is set (the
 # GPU machine's folder of files that come back), it receives three files, refreshed after every step so that a run
-# cut short still leaves them: gpu-check.tar.gz (all logs and JSON), results.json (every JSON row of the run in
-# one array) and summary.txt. A compact summary table is printed LAST; the exit
+# cut short still leaves them: gpu-check.tar.gz (all logs and JSON), results.json (every perf row of the run,
+# each naming its file, and each file's provenance: {"provenance_by_file": {...}, "rows": [...]}) and summary.txt. A compact summary table is printed LAST; the exit
 # status is 1 if any step failed (build, a test suite, a perf run, a wrong element), 3 if steps were only
 # skipped for lack of time, else 0. Every step runs even after a failure.
 #
@@ -27,8 +27,10 @@
 #   ZP_GPU_CHECK_MIN/MAX/STEP sweep -b/-e/-f, default 1M / 1G / 4 (reduce_perf: at most 256M)
 #   ZP_GPU_CHECK_ITERS/WARMUP -n/-w, default 20 / 5
 #   ZP_GPU_CHECK_NET_ITERS/NET_WARMUP/NET_MAX   for the net regime, default 5 / 2 / MAX
-#   ZP_GPU_CHECK_NET_ROUNDS   alternating rounds of zpccl and NCCL timing over net (-r), default 1; 3 makes the
-#                             sockets' drift (NCCL's own time moves 10 - 20% between runs) hit both alike
+#   ZP_GPU_CHECK_ROUNDS       alternating rounds of zpccl's and the baselines' timing (-r), default the binaries'
+#                             own (5 against a baseline: median and the rounds' spread in every row)
+#   ZP_GPU_CHECK_NET_ROUNDS   the same over sockets (net, 2x2), default ZP_GPU_CHECK_ROUNDS: their drift (NCCL's
+#                             own time moves 10 - 20% between runs) hits every variant alike
 #   ZP_GPU_CHECK_BITS         bit widths of the quantized binaries, default "8 4"
 #   ZP_GPU_CHECK_EXTRA        extra flags for every perf binary
 #   ZP_GPU_CHECK_GRAD         gradient-rounding variants of qgz_perf, reduce_perf and quantize_perf, each also run
@@ -73,7 +75,8 @@ iters=${ZP_GPU_CHECK_ITERS:-$def_iters}
 warmup=${ZP_GPU_CHECK_WARMUP:-$def_warmup}
 net_iters=${ZP_GPU_CHECK_NET_ITERS:-5}
 net_warmup=${ZP_GPU_CHECK_NET_WARMUP:-2}
-net_rounds=${ZP_GPU_CHECK_NET_ROUNDS:-1}
+rounds=${ZP_GPU_CHECK_ROUNDS:-}
+net_rounds=${ZP_GPU_CHECK_NET_ROUNDS:-$rounds}
 net_max=${ZP_GPU_CHECK_NET_MAX:-$max}
 bits_list=${ZP_GPU_CHECK_BITS:-8 4}
 extra=${ZP_GPU_CHECK_EXTRA:-}
@@ -95,17 +98,21 @@ publish() {
   mkdir -p "$OUT"
   tar czf "$OUT/gpu-check$out_tag.tar.gz.tmp" -C "$results" . 2>/dev/null &&
     mv "$OUT/gpu-check$out_tag.tar.gz.tmp" "$OUT/gpu-check$out_tag.tar.gz"
-  python3 - "$results" "$OUT/results$out_tag.json" <<'PY' 2>/dev/null || true
+  PYTHONPATH="$top/tools" python3 - "$results" "$OUT/results$out_tag.json" <<'PY' 2>/dev/null || true
 import glob, json, os, sys
-rows = []
+from perf_files import load
+rows, provenance = [], {}
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     try:
-        data = json.load(open(path))
-    except ValueError:
+        record, mine = load(path)
+    except (OSError, ValueError):
         continue
-    rows.extend(data if isinstance(data, list) else [])
+    name = os.path.basename(path)
+    provenance[name] = record
+    rows.extend(dict(r, file=name) for r in mine)
 with open(sys.argv[2], "w") as f:
-    f.write("[\n" + ",\n".join("  " + json.dumps(r) for r in rows) + "\n]\n")
+    f.write('{"provenance_by_file": ' + json.dumps(provenance) + ',\n "rows": [\n' +
+            ",\n".join("  " + json.dumps(r) for r in rows) + "\n ]}\n")
 PY
 }
 
@@ -269,7 +276,7 @@ if [ "${ZP_GPU_CHECK_SKIP_PYTHON:-0}" != 1 ]; then
       # shellcheck disable=SC2086
       run_step "fsdp_step" "$fsdp_regime" perf "$results/fsdp_step.log" "$results/fsdp_step.json" 300 \
         env ZPCCL_LIBRARY="$build/libzpccl.so" python3 perf/fsdp_step.py \
-        ${ZP_GPU_CHECK_FSDP_ARGS:---shape small --nproc 2 --nodes 2 --rounds 3} -J "$results/fsdp_step.json"
+        ${ZP_GPU_CHECK_FSDP_ARGS:---shape small --nproc 2 --nodes 2} -J "$results/fsdp_step.json"
     fi
     if [[ $fsdp_runs == *" memory "* ]]; then
       IFS='|' read -ra memory_envs <<<"|${ZP_GPU_CHECK_FSDP_MEMORY_ENV:-}"
@@ -399,11 +406,13 @@ run_perf() {  # REGIME BIN
     return
   fi
   if over_sockets "$regime"; then
-    sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup" -r "$net_rounds")
+    sweep=(-b "$min" -e "$net_max" -f "$step" -n "$net_iters" -w "$net_warmup")
+    [ -n "$net_rounds" ] && sweep+=(-r "$net_rounds")
   else
     # reduce_perf's host memory and check grow with its 8 sources: at most 256M, whatever the knobs say.
     [ "$bin" = reduce_perf ] && lo=$(min_size "$min" 256M) hi=$(min_size "$max" 256M)
     sweep=(-b "$lo" -e "$hi" -f "$step" -n "$iters" -w "$warmup")
+    [ -n "$rounds" ] && sweep+=(-r "$rounds")
   fi
   for bits in $(bit_widths "$bin"); do
     flags=() tag=$bin file=${regime}_${bin%_perf}
@@ -452,8 +461,9 @@ done
 
 # ---- summary (last) ----------------------------------------------------------------------------------------
 summary=$results/summary.txt
-python3 - "$manifest" "$SECONDS" >"$summary" <<'PY'
+PYTHONPATH="$top/tools" python3 - "$manifest" "$SECONDS" >"$summary" <<'PY'
 import json, sys
+from perf_files import load as load_file
 
 manifest, elapsed = sys.argv[1], sys.argv[2]
 # 64M: where the issues' slow-link targets begin.
@@ -461,9 +471,7 @@ targets = [(16 << 20, "16M"), (64 << 20, "64M"), (256 << 20, "256M"), (1 << 30, 
 
 def load(path):
     try:
-        with open(path) as f:
-            rows = json.load(f)
-        return rows if isinstance(rows, list) else []
+        return load_file(path)[1]
     except (OSError, ValueError):
         return []
 
@@ -494,13 +502,17 @@ def gtest_counts(log):
     return passed, failed
 
 def fsdp_rows(path):
-    """perf/fsdp_step.py's JSON: {"rows": [...], "losses": [...]}, or None for another file."""
+    """perf/fsdp_step.py's JSON: {"rows": [{"config": ...}, ...], "losses": [...]}, or None for another file (the
+    perf binaries' rows name an "op")."""
     try:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and "rows" in data else None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or any(not isinstance(r, dict) or "config" not in r for r in rows):
+        return None
+    return data
 
 def sanitizer_errors(log):
     """The errors of every 'ERROR SUMMARY: N errors' line summed (one per instrumented process), or None when

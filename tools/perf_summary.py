@@ -11,9 +11,12 @@ with neither (a kernel against memcpy) are counted, not shown. Exit status 1 whe
 """
 from __future__ import annotations
 
-import json
+import pathlib
 import sys
 from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tools/: perf_files
+from perf_files import load as load_file  # noqa: E402
 
 
 def size_text(nbytes: float) -> str:
@@ -28,13 +31,9 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
     rows = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            rows.extend(load_file(path)[1])
         except (OSError, ValueError) as e:
             print(f"# {path}: unreadable ({e})")
-            continue
-        if isinstance(data, list):
-            rows.extend(r for r in data if isinstance(r, dict))
     return rows
 
 
@@ -54,18 +53,29 @@ def local_copy(row: dict[str, Any]) -> bool:
     return row.get("op") == "hpz_all_gather" and row.get("nodes") and row.get("nodes") == row.get("ranks")
 
 
+def speedup_cell(row: dict[str, Any]) -> str:
+    """NCCL's median time over zpccl's, and the least and greatest of the rounds' own ratios when there were
+    several rounds: "1.62x (1.58-1.66)"."""
+    text = f"{row['speedup']:.2f}x"
+    if row.get("speedup_min") is not None and row.get("speedup_max") is not None:
+        text += f" ({row['speedup_min']:.2f}-{row['speedup_max']:.2f})"
+    return text
+
+
 def speedup_table(rows: list[dict[str, Any]]) -> list[str]:
-    groups: dict[tuple[str, str, str], dict[int, float]] = {}
+    groups: dict[tuple[str, str, str], dict[int, str]] = {}
     copies = [r for r in rows if local_copy(r)]
     rows = [r for r in rows if not local_copy(r)]
     for r in rows:
-        groups.setdefault(group_key(r), {})[r["size"]] = r["speedup"]
+        groups.setdefault(group_key(r), {})[r["size"]] = speedup_cell(r)
     sizes = sorted({size for cells in groups.values() for size in cells})
-    fmt = "{:<24} {:<5} {:<14}" + " {:>7}" * len(sizes)
-    lines = ["speedup over NCCL (NCCL's time / zpccl's, out of place, same run), by logical size:",
+    width = max([7] + [len(c) for cells in groups.values() for c in cells.values()])
+    fmt = "{:<24} {:<5} {:<14}" + f" {{:>{width}}}" * len(sizes)
+    lines = ["speedup over NCCL (NCCL's median time / zpccl's, out of place, same run; the rounds' least and "
+             "greatest ratios in brackets), by logical size:",
              fmt.format("collective", "bits", "regime", *(size_text(s) for s in sizes))]
     for (op, bits, regime), cells in groups.items():
-        lines.append(fmt.format(op, bits, regime, *(f"{cells[s]:.2f}x" if s in cells else "-" for s in sizes)))
+        lines.append(fmt.format(op, bits, regime, *(cells.get(s, "-") for s in sizes)))
     if copies:
         lines.append("(hpz_all_gather with one rank a node is a local copy, its hpZ group being the rank: not shown; "
                      "qwz_hpz_gathers, the forward and backward gathers together, is the comparison)")

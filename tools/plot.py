@@ -6,26 +6,28 @@ One line per (regime, bits, op), from one or more JSON files, into one PNG:
     python3 tools/plot.py -o speedup.png results/*.json
     python3 tools/plot.py --metric busbw -o busbw.png results/nvlink_*.json
 
-Rows without the metric (e.g. speedup of an NCCL-only binary) are skipped; a file that is not a perf JSON
-array is an error. Needs matplotlib (pip install matplotlib).
+Rows without the metric (e.g. speedup of an NCCL-only binary) are skipped; a file without perf rows is an
+error. Needs matplotlib (pip install matplotlib).
 """
 import argparse
-import json
+import pathlib
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tools/: perf_files
+from perf_files import load  # noqa: E402
 
 
 def load_rows(paths):
     rows = []
     for path in paths:
         try:
-            with open(path) as f:
-                data = json.load(f)
+            _, mine = load(path)
         except (OSError, ValueError) as e:
             sys.exit(f"plot.py: cannot read {path}: {e}")
-        if not isinstance(data, list):
-            sys.exit(f"plot.py: {path} is not a JSON array of perf rows")
-        rows.extend(r for r in data if isinstance(r, dict))
+        if not mine:
+            sys.exit(f"plot.py: {path} holds no perf rows (perf/json_out.h)")
+        rows.extend(mine)
     return rows
 
 

@@ -17,13 +17,14 @@ for type in half bfloat16 float; do
     done
   done
 done
-python3 - "$out" <<'PY'
+PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")" python3 - "$out" <<'PY'
 import glob, json, os, sys
+from perf_files import load
 rows = []
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "q_*.json"))):
     try:
-        rows.extend(json.load(open(path)))
-    except ValueError:
+        rows.extend(load(path)[1])
+    except (OSError, ValueError):
         print("unreadable", path)
 blocks = sorted({r["block"] for r in rows})
 print("% of the D2D copy at 256 MB (quantize / dequantize); #wrong summed over all rows:",

@@ -30,15 +30,16 @@ for config in $configs; do
   tags+=("$tag")
 done
 
-python3 - "$build" "${tags[@]}" <<'PY'
+PYTHONPATH=tools python3 - "$build" "${tags[@]}" <<'PY'
 import glob, json, os, sys
+from perf_files import load
 build, tags = sys.argv[1], sys.argv[2:]
 print(f"{'config':<24} {'op':<20} {'bits':>4} {'regime':<13} {'size':>5}  {'zpccl us':>9} {'enqueue':>8}"
       f"  {'NCCL us':>8} {'enqueue':>8}  {'x NCCL time':>11}")
 for tag in tags:
     for path in sorted(glob.glob(os.path.join(build, f"results{tag}", "*.json"))):
         try:
-            rows = json.load(open(path))
+            rows = load(path)[1]
         except (OSError, ValueError):
             continue
         for r in rows:

@@ -33,15 +33,16 @@ for value in $VALUES; do
   tags+=("$tag")
 done
 
-python3 - "$build" "$VAR" "${tags[@]}" <<'PY'
+PYTHONPATH=tools python3 - "$build" "$VAR" "${tags[@]}" <<'PY'
 import glob, json, os, sys
+from perf_files import load
 build, var, tags = sys.argv[1], sys.argv[2], sys.argv[3:]
 table, keys = {}, []
 for col, tag in enumerate(tags):
     for path in sorted(glob.glob(os.path.join(build, "results" + tag, "*.json"))):
         try:
-            rows = json.load(open(path))
-        except ValueError:
+            rows = load(path)[1]
+        except (OSError, ValueError):
             continue
         for r in rows if isinstance(rows, list) else []:
             if not isinstance(r, dict) or "speedup" not in r:

@@ -37,7 +37,7 @@ def host_row(op: str, bits: int, size: int, zp: tuple[int, int], ring: tuple[int
 
 
 class PerfSummary(unittest.TestCase):
-    def summarize(self, *files: list[dict[str, Any]]) -> tuple[int, str]:
+    def summarize(self, *files: Any) -> tuple[int, str]:
         script = load_script()
         with tempfile.TemporaryDirectory() as folder:
             paths = []
@@ -78,6 +78,17 @@ class PerfSummary(unittest.TestCase):
         self.assertFalse([line for line in text.splitlines() if line.startswith("hpz_all_gather ")], text)
         self.assertIn("is a local copy", text)
         self.assertIn("2.00x", text)  # the pair's row stays
+
+    def test_files_with_provenance_and_rounds(self) -> None:
+        row = dict(gpu_row("qgz_reduce_scatter", 4, 64 << 20, 1000.0, 3000.0), speedup_min=2.75, speedup_max=3.25)
+        row["oop"]["rounds_us"] = [1000.0, 1050.0, 980.0]
+        fsdp = {"provenance": {"commit": "x"}, "rows": [{"config": "nccl", "median_ms": 100.0}]}
+        status, text = self.summarize({"provenance": {"schema": "zpccl-provenance/1", "commit": "a" * 40},
+                                       "rows": [row]}, fsdp)
+        self.assertEqual(status, 0, text)
+        line = next(line.split() for line in text.splitlines() if line.startswith("qgz"))
+        self.assertEqual(line[3:], ["3.00x", "(2.75-3.25)"])
+        self.assertIn("1 rows (0 without", text)  # the FSDP step's file holds no perf rows
 
     def test_wrong_elements_fail_the_summary(self) -> None:
         status, text = self.summarize([gpu_row("qwz_all_gather", 8, 1 << 20, 100.0, 150.0, wrong=3)])

@@ -1,0 +1,35 @@
+"""The perf binaries' JSON files (``-J``), as Python tools read them (perf/json_in.h is the C++ reader).
+
+A file is ``{"provenance": {...}, "rows": [row, ...]}`` (perf/json_out.h; the provenance's keys are
+perf/provenance.py's); files written before provenance was recorded are a bare array of rows, and stay readable.
+A row is a perf row when it names its ``op``; other files (perf/fsdp_step.py's, whose rows name a ``config``)
+give none.
+
+    from perf_files import load
+    provenance, rows = load("perf/results/x.json")    # provenance is None for a bare array
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def rows_of(data: Any) -> list[dict[str, Any]]:
+    """The perf rows of a parsed file, of either shape; [] for anything else."""
+    rows = data.get("rows") if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        return []
+    return [r for r in rows if isinstance(r, dict) and "op" in r]
+
+
+def provenance_of(data: Any) -> dict[str, Any] | None:
+    """The file's provenance record, or None (a bare array, or a file that records none)."""
+    p = data.get("provenance") if isinstance(data, dict) else None
+    return p if isinstance(p, dict) else None
+
+
+def load(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(provenance, rows) of one file; OSError or ValueError when it cannot be read as JSON."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return provenance_of(data), rows_of(data)
