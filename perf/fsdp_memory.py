@@ -43,8 +43,8 @@ too, so the NCCL rows move as well):
 
 ``--log-dir DIR``: NCCL's allocations (``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ALLOC``), zpccl's (``ZP_DEBUG=INFO
 ZP_DEBUG_SUBSYS=INIT,ALLOC``: scratch) and zpccl.fsdp's debug log (staging, reserve sizes), one file a process.
-The whole run stops after ``--deadline`` seconds (stacks dumped). JSON (``-J``): every rank's snapshots and the
-derived figures.
+The whole run stops after ``--deadline`` seconds (stacks dumped). JSON (``-J``): the run's provenance
+(perf/provenance.py), every rank's snapshots and the derived figures.
 """
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ from typing import Any, Iterator
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import fsdp_step as fs  # noqa: E402  (perf/fsdp_step.py: the model, the launch, the step)
+from provenance import provenance  # noqa: E402
 
 ex = fs.ex
 MIB = 2**20
@@ -285,10 +286,10 @@ def main(args: argparse.Namespace) -> None:
         if args.json:
             path = pathlib.Path(args.json)
             path.parent.mkdir(parents=True, exist_ok=True)
+            label = f"net-on{torch.cuda.device_count()}gpu" if args.nodes else "local"
             path.write_text(json.dumps(dict(
-                args={k: v for k, v in vars(args).items()}, env=experiment_env(args), torch=torch.__version__,
-                nccl=str(torch.cuda.nccl.version()), zpccl=bench.zpccl.library_path(),
-                zpccl_wraps_torch_nccl=_torch.same_nccl_as_torch(_lib.lib()), gpu=props.name,
+                provenance=provenance(label), args={k: v for k, v in vars(args).items()}, env=experiment_env(args),
+                zpccl_wraps_torch_nccl=_torch.same_nccl_as_torch(_lib.lib()),
                 params=sum(p.numel() for p in bench.base.parameters()), derived=derived, ranks=everyone),
                 indent=1, default=str) + "\n")
     torch.distributed.destroy_process_group()

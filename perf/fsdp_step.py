@@ -5,11 +5,15 @@ same process, alternating rounds.
     python perf/fsdp_step.py --nproc 2 --nodes 2 -J perf/results/fsdp.json       # one GPU: two "nodes"
     python perf/fsdp_step.py --nproc 4 --nodes 2 --configs nccl,zpccl-hpz        # two nodes of two
 
-Each round runs every configuration in turn on a freshly built and sharded model (so that each one's peak memory
-is its own): ``--warmup`` steps, then ``--steps`` timed ones (CUDA synchronized around each). Per configuration:
-step time median and spread (min/max over all rounds' steps), tokens per second (all ranks), peak memory per rank
-(torch's allocator), the bytes each collective sent from a rank per step, and for zpccl the device memory its
-``enable`` took (communicators and scratch, outside torch's allocator). ``--loss-only`` skips all that.
+Each of ``--rounds`` rounds (default 5) runs every configuration in turn on a freshly built and sharded model (so
+that each one's peak memory is its own): ``--warmup`` steps, then ``--steps`` timed ones (CUDA synchronized around
+each). Every rank times its own steps; a step's time is its slowest rank's (each rank's times are gathered after
+the configuration's run and kept raw in the JSON). Per configuration: step time median and spread (min/max over
+all rounds' steps) and each round's median, tokens per second (all ranks), peak memory per rank (torch's
+allocator), the bytes each collective sent from a rank per step, and for zpccl the device memory its ``enable``
+took (communicators and scratch, outside torch's allocator). The report's ratios are of medians, with the least
+and greatest of the rounds' own ratios (each round's median against the other's in the same round).
+``--loss-only`` skips all that.
 
 ``--loss-steps N`` then trains each of ``--loss-runs`` for N steps on a fresh model and reports the validation
 loss and the training loss over the last 20 steps. A loss run is ``nccl`` or ``nccl-noreshard`` (FSDP's own
@@ -33,6 +37,10 @@ Configurations:
 nccl               FSDP2's own collectives, ``reshard_after_forward=True`` (backward regathers over the shard
                    group)
 nccl-noreshard     FSDP2's own collectives, ``reshard_after_forward=False`` (full weights kept to backward)
+nccl-2comm         FSDP2's own collectives with zpccl-hpz's ``reshard_after_forward``, its reduce-scatters on a
+                   second NCCL process group of the same ranks (``SecondGroupReduceScatter``), so that they
+                   overlap the all-gathers as zpccl's reduce-scatters do on a communicator of their own: the
+                   ablation that separates the gain of that overlap from quantization's
 zpccl-hpz          zpccl, ``reshard_after_forward=k`` with k the ranks per node (hpZ); with one rank per node,
                    ``False`` (the hpZ group is the rank itself: same memory as nccl-noreshard)
 zpccl-reshard      zpccl, ``reshard_after_forward=True`` (qwZ in backward too: nccl's memory)
@@ -40,8 +48,9 @@ zero3              ``tools/python/examples/zero3_train.py``'s hand-rolled ZeRO-3
 =================  ==========================================================================================
 
 Bytes: NCCL's are counted in a short untimed pass whose hooks count and then call FSDP's own collectives;
-zpccl's come from its counters (``(n - 1)`` copies of a rank's payloads). JSON (``-J``): one row per configuration
-with every figure (none with ``--loss-only``), the loss runs (one row per run and seed) and their summary.
+zpccl's come from its counters (``(n - 1)`` copies of a rank's payloads). JSON (``-J``): the run's provenance
+(perf/provenance.py), one row per configuration with every figure and the raw step times (``step_ms_per_rank``:
+round, rank, step; none with ``--loss-only``), the loss runs (one row per run and seed) and their summary.
 """
 from __future__ import annotations
 
@@ -58,6 +67,9 @@ from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "tools" / "python" / "examples"
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from provenance import provenance  # noqa: E402
 
 
 def load_example(name: str) -> Any:
@@ -80,8 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ex.add_model_args(p)
     ex.add_launch_args(p)
     p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="preset model and batch shape")
-    p.add_argument("--configs", default="nccl,nccl-noreshard,zpccl-hpz,zpccl-reshard,zero3")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--configs", default="nccl,nccl-noreshard,nccl-2comm,zpccl-hpz,zpccl-reshard,zero3")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="alternating rounds of every configuration (at least 5 for a comparison: DESIGN.md)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and round")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--loss-steps", type=int, default=0, help="also train this many steps per loss run")
@@ -113,7 +126,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.loss_only and not args.loss_steps:
         p.error("--loss-only needs --loss-steps")
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
+        p.error("--rounds and --steps must be at least 1, --warmup at least 0")
+    unknown = [n for n in args.configs.split(",") if n.strip() and n.strip() not in CONFIGS]
+    if unknown:
+        p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
     return args
+
+
+CONFIGS = ("nccl", "nccl-noreshard", "nccl-2comm", "zpccl-hpz", "zpccl-reshard", "zero3")
 
 
 LOSS_CONFIGS = ("nccl", "nccl-noreshard", "nccl-fp32")
@@ -184,7 +205,44 @@ def reshard_of(name: str, ranks_per_node: int) -> bool | int:
         return True
     if name in ("nccl-noreshard", "nccl-fp32"):
         return False
-    return ranks_per_node if ranks_per_node > 1 else False
+    return ranks_per_node if ranks_per_node > 1 else False  # zpccl-hpz, and nccl-2comm as it
+
+
+def second_group_reduce_scatter(base: type, dist: Any, second: Any) -> Any:
+    """An FSDP2 reduce-scatter hook (``FSDPModule.set_custom_reduce_scatter``; ``base`` is this torch's
+    ``ReduceScatter``) that runs FSDP's reduce-scatter with torch's own ``reduce_scatter_tensor`` on ``second``, a
+    process group of the shard group's ranks other than the one FSDP's all-gathers use, so that the two run on
+    separate NCCL communicators, as zpccl's gathers and reduce-scatters do. Same op, same buffers: only the
+    communicator changes."""
+    ranks = tuple(dist.get_process_group_ranks(second))
+
+    class SecondGroupReduceScatter(base):  # type: ignore[misc, valid-type]
+        calls = 0  # reduce-scatters it ran
+
+        def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+            import torch
+
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            if tuple(dist.get_process_group_ranks(group)) != ranks:
+                raise ValueError(f"fsdp_step: the second process group holds ranks {ranks}, FSDP reduce-scatters "
+                                 f"over {tuple(dist.get_process_group_ranks(group))}: make it of the shard group's")
+            self.calls += 1
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=second, async_op=async_op)
+
+    return SecondGroupReduceScatter()
+
+
+def use_second_group(model: Any, fsdp: Any, second: Any) -> Any:
+    """Every FSDP module of ``model`` reduce-scatters on ``second``; returns the hook (second_group_reduce_scatter),
+    whose ``calls`` counts them."""
+    hook = second_group_reduce_scatter(fsdp.ReduceScatter, fsdp.dist, second)
+    for m in model.modules():
+        if isinstance(m, fsdp.FSDPModule):
+            m.set_custom_reduce_scatter(hook)
+    return hook
 
 
 class Bench:
@@ -201,6 +259,7 @@ class Bench:
         self.data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, args.seed)
         self.base = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.seed)
         self.on_device = self._ranks_on_device()
+        self._second_group: Any = None  # nccl-2comm's, made on first use (a collective of every rank)
 
     def _ranks_per_host(self) -> int:
         import socket
@@ -263,28 +322,40 @@ class Bench:
         self.step(model, opt, 1)
         return sent
 
+    def second_group(self) -> Any:
+        """A second process group of the mesh's ranks, for nccl-2comm's reduce-scatters."""
+        if self._second_group is None:
+            self._second_group = self.dist.new_group(self.dist.get_process_group_ranks(self.mesh.get_group()))
+        return self._second_group
+
     def run_fsdp(self, name: str, round_index: int) -> dict[str, Any]:
         torch, args = self.torch, self.args
         gc.collect()  # a dropped FSDP2 model is cyclic: without this its memory counts in the next one's peak
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.where.device)
         model = self.build(reshard_of(name, self.rpn))
+        second = use_second_group(model, self.zpccl.fsdp._Fsdp.load(), self.second_group()) \
+            if name == "nccl-2comm" else None
         zp, enable_bytes = self.enable(model) if name.startswith("zpccl") else (None, 0)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
         times = []
         for s in range(args.warmup + args.steps):
             if s == args.warmup and zp is not None:
                 zp.reset_stats()
+            if s == args.warmup and second is not None:
+                second.calls = 0
             t = self.step(model, opt, round_index * 1000 + s)
             if s >= args.warmup:
                 times.append(t)
-        row = dict(times=times, peak=torch.cuda.max_memory_allocated(self.where.device))
+        row = dict(times=self.every_rank(times), peak=torch.cuda.max_memory_allocated(self.where.device))
         if zp is not None:
             row["sent"] = {k: v["wire_bytes"] // args.steps for k, v in zp.summary().items()}
             row["calls"] = {k: v["calls"] // args.steps for k, v in zp.summary().items()}
             row["enable_bytes"] = enable_bytes
             row["staging_bytes"] = zp.reserved_bytes
             zp.disable()
+        if second is not None:  # proof that the reduce-scatters went to the second group: none else do
+            row["calls"] = {"reduce_scatter_second_group": second.calls // args.steps}
         del model, opt
         return row
 
@@ -305,7 +376,13 @@ class Bench:
             _, times = z3.train(zargs, units, z3.ZeroPlusPlus(comm), data, self.where.rank, self.where.device,
                                 torch)
             torch.cuda.synchronize()
-        return dict(times=times[args.warmup:], peak=torch.cuda.max_memory_allocated(self.where.device))
+        return dict(times=self.every_rank(times[args.warmup:]), peak=torch.cuda.max_memory_allocated(self.where.device))
+
+    def every_rank(self, times: list[float]) -> list[list[float]]:
+        """Every rank's step times (seconds), in rank order: gathered after the timed steps, outside them."""
+        everyone: list[Any] = [None] * self.where.world
+        self.dist.all_gather_object(everyone, [float(t) for t in times])
+        return everyone
 
     def loss_run(self, run: dict[str, Any], seed: int) -> dict[str, Any]:
         """Trains a fresh model ``--loss-steps`` steps (a run of :func:`parse_loss_spec`), initialized and fed
@@ -341,6 +418,8 @@ class Bench:
         if zp is not None:
             calls = {k: v["calls"] for k, v in zp.summary().items()}
             zp.disable()
+        if second is not None:  # proof that the reduce-scatters went to the second group: none else do
+            row["calls"] = {"reduce_scatter_second_group": second.calls // args.steps}
         del model, opt
         torch.cuda.empty_cache()
         return dict(spec=run["spec"], comm=run["comm"], seed=seed, reshard=str(reshard), weight_bits=weight_bits,
@@ -372,14 +451,15 @@ def main(args: argparse.Namespace) -> None:
     out = timed_rows(bench, args, names, label, n_params, say) if names else []
     losses: list[dict[str, Any]] = []
 
+    record = provenance(label) if where.rank == 0 else None
+
     def save() -> None:
         if where.rank == 0 and args.json:
             write_json(pathlib.Path(args.json), dict(
-                rows=out, losses=losses, loss_summary=loss_summary(losses), loss_seeds=args.seeds,
+                provenance=record, rows=out, losses=losses, loss_summary=loss_summary(losses), loss_seeds=args.seeds,
                 loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
                 nodes=args.nodes or None, ranks_per_node=bench.rpn, params=n_params, block_size=args.block_size,
-                grad_block_size=args.grad_block_size or args.block_size,
-                lr=args.lr, torch=torch.__version__, zpccl=bench.zpccl.library_path()))
+                grad_block_size=args.grad_block_size or args.block_size, lr=args.lr))
 
     save()
     if args.loss_steps:
@@ -401,7 +481,7 @@ def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: 
                say: Any) -> list[dict[str, Any]]:
     """The alternating timed rounds: one row per configuration."""
     where = bench.where
-    rows: dict[str, dict[str, Any]] = {n: dict(times=[], peak=0) for n in names}
+    rows: dict[str, dict[str, Any]] = {n: dict(per_rank=[], peak=0) for n in names}
     for n in names:
         if n.startswith("nccl"):
             rows[n]["sent"] = bench.nccl_bytes(n)
@@ -410,25 +490,51 @@ def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: 
         for n in names:
             got = bench.run_zero3(r) if n == "zero3" else bench.run_fsdp(n, r)
             row = rows[n]
-            row["times"] += got.pop("times")
+            row["per_rank"].append(got.pop("times"))
             row["peak"] = max(row["peak"], got.pop("peak"))
             row.update(got)
         say(f"#   round {r + 1}/{args.rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
     tokens = where.world * args.batch * args.seq
     out = []
     for n in names:
-        t = rows[n]["times"]
-        med = statistics.median(t)
+        steps = step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in rows[n]["per_rank"]])
         out.append(dict(config=n, regime=label, ranks=where.world, nodes=args.nodes or None,
                         ranks_per_node=bench.rpn, reshard=str(reshard_of(n, bench.rpn)) if n != "zero3" else None,
                         params=n_params, layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch,
                         weight_bits=args.weight_bits, grad_bits=args.grad_bits, block_size=args.block_size,
-                        steps=len(t), median_ms=1e3 * med, min_ms=1e3 * min(t), max_ms=1e3 * max(t),
-                        tokens_per_s=tokens / med, peak_mib=rows[n]["peak"] / 2**20,
+                        grad_block_size=args.grad_block_size or args.block_size, rounds=args.rounds,
+                        warmup=args.warmup, **steps, tokens_per_s=tokens / (steps["median_ms"] / 1e3),
+                        peak_mib=rows[n]["peak"] / 2**20,
                         sent_mib={k: v / 2**20 for k, v in rows[n].get("sent", {}).items()},
                         calls=rows[n].get("calls"), enable_mib=rows[n].get("enable_bytes", 0) / 2**20,
                         staging_mib=rows[n].get("staging_bytes", 0) / 2**20))
     return out
+
+
+def step_summary(per_rank_ms: list[list[list[float]]]) -> dict[str, Any]:
+    """Step times of one configuration from every rank's, ``per_rank_ms[round][rank][step]`` (ms): a step takes its
+    slowest rank's time. Gives ``step_ms_per_rank`` (the input, kept raw), ``step_ms`` (round, step: the max over
+    ranks), ``round_median_ms`` (each round's median), and the median, min and max over every step of every
+    round (``median_ms``, ``min_ms``, ``max_ms``; ``steps``: how many)."""
+    if not per_rank_ms or any(not rnd or any(len(rank) != len(rnd[0]) or not rank for rank in rnd)
+                              for rnd in per_rank_ms):
+        raise ValueError("step_summary: every round needs every rank's times of the same, non-zero number of steps")
+    step_ms = [[max(rank[i] for rank in rnd) for i in range(len(rnd[0]))] for rnd in per_rank_ms]
+    every = [t for rnd in step_ms for t in rnd]
+    return dict(steps=len(every), median_ms=statistics.median(every), min_ms=min(every), max_ms=max(every),
+                round_median_ms=[statistics.median(rnd) for rnd in step_ms], step_ms=step_ms,
+                step_ms_per_rank=per_rank_ms)
+
+
+def ratio_of(base: dict[str, Any], row: dict[str, Any]) -> tuple[float, float | None, float | None]:
+    """``base``'s step time over ``row``'s: the ratio of their medians, and the least and greatest of the rounds'
+    own ratios (each round's median of ``base`` over ``row``'s in the same round; None without rounds)."""
+    ratio = base["median_ms"] / row["median_ms"]
+    a, b = base.get("round_median_ms") or [], row.get("round_median_ms") or []
+    if not a or len(a) != len(b):
+        return ratio, None, None
+    per_round = [x / y for x, y in zip(a, b)]
+    return ratio, min(per_round), max(per_round)
 
 
 def write_json(path: pathlib.Path, doc: dict[str, Any]) -> None:
@@ -489,15 +595,26 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
 
 
 def report_steps(rows: list[dict[str, Any]]) -> None:
-    base = {r["config"]: r["median_ms"] for r in rows}
+    """One line per configuration; "vs" columns: the ratio of medians, and in brackets the least and greatest of
+    the rounds' own ratios."""
+    base = {r["config"]: r for r in rows}
+
+    def vs(name: str, r: dict[str, Any]) -> str:
+        if name not in base:
+            return "-"
+        ratio, lo, hi = ratio_of(base[name], r)
+        return f"{ratio:.2f}x" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None else "")
+
     print(f"\n{'config':>15} {'reshard':>7} {'median ms':>10} {'min-max ms':>15} {'tokens/s':>10} {'peak MiB':>9} "
-          f"{'enable MiB':>10} {'sent MiB/step (per rank)':>30} {'vs nccl':>8} {'vs noreshard':>12}")
+          f"{'enable MiB':>10} {'sent MiB/step (per rank)':>30} {'vs nccl':>18} {'vs noreshard':>18} "
+          f"{'vs 2comm':>18}")
     for r in rows:
         sent = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["sent_mib"].items()))
-        vs = lambda b: f"{base[b] / r['median_ms']:.2f}x" if b in base else "-"  # noqa: E731
         print(f"{r['config']:>15} {str(r['reshard']):>7} {r['median_ms']:10.1f} "
               f"{r['min_ms']:7.1f}-{r['max_ms']:<7.1f} {r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} "
-              f"{r['enable_mib']:10.0f} {sent:>30} {vs('nccl'):>8} {vs('nccl-noreshard'):>12}")
+              f"{r['enable_mib']:10.0f} {sent:>30} {vs('nccl', r):>18} {vs('nccl-noreshard', r):>18} "
+              f"{vs('nccl-2comm', r):>18}")
+    print("(a step's time is its slowest rank's; ratios: medians, in brackets the rounds' least and greatest)")
 
 
 def report_losses(losses: list[dict[str, Any]]) -> None:

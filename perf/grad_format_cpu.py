@@ -16,6 +16,9 @@ int8 blocks, restarting per parameter like the gradients' layout), and the backw
 post-forward group stays exact (hpZ), as in the GPU runs, where every zpccl row had qwZ int8.
 
     python perf/grad_format_cpu.py --world 4 --nodes 2 --reshard 2 --steps 30 --variants exact,q8r,q8f,q4r --out x.json
+
+The JSON (``--out``, rewritten after every variant) holds the provenance (perf/provenance.py), the arguments and
+each variant's curve.
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools/python"))
 sys.path.insert(0, str(ROOT / "tools/python/examples"))
+sys.path.insert(0, str(ROOT / "perf"))
 
+from provenance import provenance  # noqa: E402  (perf/provenance.py)
 from tests import _reference as ref  # noqa: E402  (pure NumPy, no zpccl)
 
 BLOCK = 256
@@ -93,6 +98,7 @@ def worker(rank: int, a: argparse.Namespace, port: int) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=a.world)
+    record = provenance("cpu-gloo") if rank == 0 else None
     mesh = init_device_mesh("cpu", (a.world,))
     world = a.world
     node_of_rank = [r // (world // a.nodes) for r in range(world)]
@@ -287,7 +293,7 @@ def worker(rank: int, a: argparse.Namespace, port: int) -> None:
             print(f"{world}r/{a.nodes}n {variant:28s} last10 {results[variant]['last10']:.4f} valid {valid} "
                   f"({time.time() - t0:.0f} s)  " + " ".join(f"{x:.3f}" for x in curve), flush=True)
             with open(a.out, "w") as f:
-                json.dump(dict(args=vars(a), results=results), f)
+                json.dump(dict(provenance=record, args=vars(a), results=results), f)
         del model, opt
     dist.destroy_process_group()
 

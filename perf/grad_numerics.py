@@ -31,8 +31,8 @@ int4-b64        int4 gradients in blocks of 64 (``grad_block_size=64``): a scale
 
 The model, data and batches are ``tools/python/examples/fsdp2_train.py``'s (Python's standard library sources,
 95% train / 5% validation). Per run: the mean loss of every step (over ranks), the validation loss at the end,
-step times, and zpccl's summary (the residuals' memory). The JSON (``-J``, rewritten after every run) holds every
-run and, per configuration, the validation loss's gap to ``exact`` of the same seed, relative (the issue's target:
+step times, and zpccl's summary (the residuals' memory). The JSON (``-J``, rewritten after every run) holds the
+provenance (perf/provenance.py), every run and, per configuration, the validation loss's gap to ``exact`` of the same seed, relative (the issue's target:
 within 0.1%). ``tools/plot_grad_numerics.py`` plots it. Four processes over sockets on one H200 took about two
 minutes a run of 600 steps with ``--per-block`` (~120 ms a step, mostly the latency of each unit's collectives over
 sockets); the root alone makes two collectives a step.
@@ -52,10 +52,12 @@ from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 TOP = HERE.parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(TOP / "tools" / "python"))
 sys.path.insert(0, str(TOP / "tools" / "python" / "examples"))
 
 import fsdp2_train as ex  # noqa: E402  (the example's model, data and launch helpers)
+from provenance import provenance  # noqa: E402  (perf/provenance.py)
 
 CONFIGS = {
     "exact": None,
@@ -215,8 +217,11 @@ def main() -> None:
         if c not in CONFIGS:
             raise SystemExit(f"grad_numerics: unknown config {c!r} (known: {', '.join(CONFIGS)})")
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    commit = subprocess.run(["git", "-C", str(TOP), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    # torch and zpccl imported here too, so that the record names the versions the runs' processes load.
+    import torch
+
+    ex.import_zpccl()
+    record = provenance("cpu-threads" if args.cpu else f"net-on{torch.cuda.device_count()}gpu")
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         for config in configs:
@@ -226,7 +231,7 @@ def main() -> None:
             runs.append(r)
             print(f"{config:11s} seed {seed}: final loss {r['losses'][-1]:.4f}, validation {r['valid']:.4f}, "
                   f"step {r['step_ms']:.1f} ms, {r['seconds']:.0f} s", flush=True)
-            write_json(args, commit, runs, gaps_to_exact(runs, configs))  # a run cut short keeps what it has
+            write_json(args, record, runs, gaps_to_exact(runs, configs))  # a run cut short keeps what it has
     for config, gap in gaps_to_exact(runs, configs).items():
         print(f"{config:11s} validation loss vs exact: {100 * gap['mean']:+.3f}% "
               f"({', '.join(f'{100 * g:+.3f}%' for g in gap['per_seed'])})")
@@ -246,10 +251,12 @@ def gaps_to_exact(runs: list[dict[str, Any]], configs: list[str]) -> dict[str, A
     return gaps
 
 
-def write_json(args: argparse.Namespace, commit: str, runs: list[dict[str, Any]], gaps: dict[str, Any]) -> None:
+def write_json(args: argparse.Namespace, record: dict[str, Any], runs: list[dict[str, Any]],
+               gaps: dict[str, Any]) -> None:
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k not in ("one", "run_config", "run_seed")}
-        pathlib.Path(args.json).write_text(json.dumps(dict(args=meta, commit=commit, runs=runs, gaps=gaps), indent=1))
+        pathlib.Path(args.json).write_text(json.dumps(dict(provenance=record, args=meta, runs=runs, gaps=gaps),
+                                                      indent=1))
 
 
 if __name__ == "__main__":

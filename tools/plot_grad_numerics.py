@@ -74,7 +74,7 @@ def main():
     where = "threads on the CPU, host backend" if a.get("cpu") else "processes on the GPU"
     left.set_title(f"{a.get('nproc')} ranks as {a.get('nodes')} nodes ({where}), "
                    f"{a.get('layers')}x{a.get('d_model')} GPT, {a.get('steps')} steps\n"
-                   f"(commit {', '.join(dict.fromkeys(str(d.get('commit', '?')) for d in files))})", fontsize=9)
+                   f"(commit {', '.join(dict.fromkeys(str((d.get('provenance') or {}).get('commit') or d.get('commit', '?'))[:10] for d in files))})", fontsize=9)
     gaps = gaps_to_exact(runs, configs)
     names = [c for c in configs if c in gaps and c != "exact"]
     for i, c in enumerate(names):

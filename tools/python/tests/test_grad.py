@@ -170,3 +170,7 @@ class GradNumericsScript(unittest.TestCase):
         self.assertGreater(ef["hop_residual_bytes"], 0)  # two nodes of two: the intermediate hop's too
         self.assertEqual(set(data["gaps"]), {"exact", "int4", "int4-sr-ef"})
         self.assertEqual(data["gaps"]["exact"]["mean"], 0.0)
+        record = data["provenance"]  # perf/provenance.py's record, not an ad-hoc commit
+        self.assertEqual((record["schema"], record["regime"]), ("zpccl-provenance/1", "cpu-threads"))
+        self.assertIn("--cpu --steps 2", record["command"])
+        self.assertNotIn("commit", data)

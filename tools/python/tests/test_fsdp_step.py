@@ -1,0 +1,126 @@
+"""perf/fsdp_step.py's pieces that run on the CPU: the step-time protocol (every rank timed, a step its slowest
+rank's, rounds kept raw; ratios of medians with the rounds' spread), its arguments, and nccl-2comm's reduce-scatter
+hook, which must give FSDP2's own reduce-scatter results bit for bit on a second process group (torch's threaded
+process group, ranks as threads)."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import unittest
+from typing import Any
+
+from . import SOURCE_TREE
+from ._threaded import run_threaded, torch_with_fsdp2
+
+SCRIPT = SOURCE_TREE / "perf" / "fsdp_step.py"
+WORLD = 4
+
+
+def load_script() -> Any:
+    if not SCRIPT.exists():
+        raise unittest.SkipTest(f"{SCRIPT} not found")
+    spec = importlib.util.spec_from_file_location("fsdp_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+class StepProtocol(unittest.TestCase):
+    def test_a_step_takes_its_slowest_ranks_time(self) -> None:
+        fs = load_script()
+        # Two rounds, two ranks, three steps: rank 1 is slower in step 0 of round 0 only.
+        per_rank = [[[10.0, 11.0, 12.0], [30.0, 10.0, 12.5]],
+                    [[20.0, 21.0, 22.0], [19.0, 25.0, 21.0]]]
+        s = fs.step_summary(per_rank)
+        self.assertEqual(s["step_ms"], [[30.0, 11.0, 12.5], [20.0, 25.0, 22.0]])
+        self.assertEqual(s["round_median_ms"], [12.5, 22.0])
+        self.assertEqual(s["steps"], 6)
+        self.assertEqual(s["median_ms"], (20.0 + 22.0) / 2)  # of 11, 12.5, 20, 22, 25, 30
+        self.assertEqual((s["min_ms"], s["max_ms"]), (11.0, 30.0))
+        self.assertIs(s["step_ms_per_rank"], per_rank)  # kept raw
+        for ragged in ([], [[]], [[[1.0], [1.0, 2.0]]], [[[1.0]], []]):
+            with self.subTest(ragged=ragged), self.assertRaises(ValueError):
+                fs.step_summary(ragged)
+
+    def test_ratios_of_medians_with_the_rounds_spread(self) -> None:
+        fs = load_script()
+        nccl = dict(median_ms=120.0, round_median_ms=[118.0, 121.0, 124.0])
+        zp = dict(median_ms=48.0, round_median_ms=[50.0, 47.0, 40.0])
+        ratio, lo, hi = fs.ratio_of(nccl, zp)
+        self.assertAlmostEqual(ratio, 2.5)
+        self.assertAlmostEqual(lo, 118.0 / 50.0)
+        self.assertAlmostEqual(hi, 124.0 / 40.0)
+        self.assertEqual(fs.ratio_of(dict(median_ms=10.0), dict(median_ms=5.0)), (2.0, None, None))
+
+    def test_arguments(self) -> None:
+        fs = load_script()
+        args = fs.parse_args([])
+        self.assertGreaterEqual(args.rounds, 5)
+        self.assertIn("nccl-2comm", args.configs.split(","))
+        for bad in (["--configs", "nccl,bogus"], ["--rounds", "0"]):
+            with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+                fs.parse_args(bad)
+        self.assertEqual(fs.reshard_of("nccl-2comm", 2), fs.reshard_of("zpccl-hpz", 2))
+        self.assertEqual(fs.reshard_of("nccl-2comm", 1), False)
+
+
+class SecondGroupReduceScatter(unittest.TestCase):
+    def test_equals_fsdps_own_reduce_scatter(self) -> None:
+        torch = torch_with_fsdp2()
+        fs = load_script()
+        from zpccl import fsdp as zfsdp
+
+        from .test_fsdp import batches, build_model, shard
+
+        base = build_model(torch)  # here: torch's generator is the process's, shared by the thread-ranks
+
+        def body(rank: int) -> Any:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            dist = torch.distributed
+            mesh = init_device_mesh("cpu", (WORLD,))
+            second = dist.new_group(list(range(WORLD)))
+            ids = batches(torch, rank, 1)[0]
+            grads, hook = [], None
+            for hooked in (False, True):
+                model = shard(torch, copy.deepcopy(base), mesh, True)
+                if hooked:
+                    hook = fs.use_second_group(model, zfsdp._Fsdp.load(), second)
+                logits = model(ids).float()
+                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+                loss.backward()
+                grads.append([p.grad.to_local().clone() for p in model.parameters()])
+            return grads, hook.calls
+
+        for rank, (grads, calls) in enumerate(run_threaded(WORLD, body)):
+            plain, hooked = grads
+            self.assertEqual(len(plain), len(hooked))
+            for a, b in zip(plain, hooked):
+                self.assertTrue(torch.equal(a, b), f"rank {rank}: a gradient differs from FSDP's own")
+            # One reduce-scatter per FSDP module (two blocks and the root), all through the hook.
+            self.assertEqual(calls, 3, f"rank {rank}")
+
+    def test_refuses_a_group_of_other_ranks(self) -> None:
+        torch = torch_with_fsdp2()
+        fs = load_script()
+        from zpccl import fsdp as zfsdp
+
+        def body(rank: int) -> Any:
+            dist = torch.distributed
+            pair = dist.new_group([0, 1])
+            hook = fs.second_group_reduce_scatter(zfsdp._Fsdp.load().ReduceScatter, dist, dist.group.WORLD)
+            out, inp = torch.zeros(2), torch.ones(2 * WORLD)
+            if rank in (0, 1):
+                with self.assertRaisesRegex(ValueError, "shard group"):
+                    hook(out, inp, pair, dist.ReduceOp.SUM)
+            hook(out, inp, dist.group.WORLD, dist.ReduceOp.SUM)
+            return out.tolist()
+
+        for out in run_threaded(WORLD, body):
+            self.assertEqual(out, [float(WORLD)] * 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
