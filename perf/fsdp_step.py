@@ -354,7 +354,7 @@ class Bench:
             row["enable_bytes"] = enable_bytes
             row["staging_bytes"] = zp.reserved_bytes
             zp.disable()
-        if second is not None:  # proof that the reduce-scatters went to the second group: none else do
+        if second is not None:  # the reduce-scatters the hook ran: all of FSDP's, or it was not used
             row["calls"] = {"reduce_scatter_second_group": second.calls // args.steps}
         del model, opt
         return row
@@ -418,8 +418,6 @@ class Bench:
         if zp is not None:
             calls = {k: v["calls"] for k, v in zp.summary().items()}
             zp.disable()
-        if second is not None:  # proof that the reduce-scatters went to the second group: none else do
-            row["calls"] = {"reduce_scatter_second_group": second.calls // args.steps}
         del model, opt
         torch.cuda.empty_cache()
         return dict(spec=run["spec"], comm=run["comm"], seed=seed, reshard=str(reshard), weight_bits=weight_bits,

@@ -10,7 +10,7 @@ import pathlib
 import sys
 
 EXPECTED_REPORTS = ("zpccl_host_tests.json", "zpccl_gpu_tests.json", "c_abi.count", "pkgconfig.count",
-                    "wheel.count", "python.count")
+                    "results.count", "wheel.count", "python.count")
 
 
 def main(folder: str) -> int:

@@ -6,6 +6,7 @@
 # tree (tests/pkgconfig_consumer.c, on the host backend); the wheel (pip wheel .), installed with torch into a
 # virtual environment made anew each run, where the Python suite runs against the installed package (without
 # meson-python or the network, the wheel is skipped and the suite runs against the source tree); clang-format;
+# the check that perf/RESULTS.md's tables match perf/results (tools/render_results.py --check);
 # tools/run-sanitizers.sh (ZP_SKIP_SANITIZERS=1 skips it). Each step prints the seconds it took.
 set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,6 +64,12 @@ if command -v clang-format >/dev/null; then
   [ -z "$unformatted" ] || echo "not clang-formatted: $unformatted"
   outcome format "$([ -z "$unformatted" ]; echo $?)"
 fi
+
+# Evidence: perf/RESULTS.md's tables and README.md's quoted figures are what perf/results/*.json give
+# (tools/render_results.py renders them); counted as one test.
+step "results tables (tools/render_results.py --check)"
+"$ZP_PYTHON" "$top/tools/render_results.py" --check
+outcome results $?
 
 # ---- Python: the wheel, installed into a fresh virtual environment with torch -------------------------------
 # How the wheel can be built: against the build Python's own meson-python and nvidia-nccl-cu13 (pip install

@@ -1,0 +1,188 @@
+"""tools/render_results.py: perf/RESULTS.md's tables rendered from result files, each row naming its file and
+commit, the prose left alone, and --check failing (with a diff) when a document differs from what the files give.
+Runs on fake result folders written here, and checks that the project's own documents are up to date."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import pathlib
+import sys
+import tempfile
+import unittest
+from typing import Any
+
+from . import SOURCE_TREE
+
+SCRIPT = SOURCE_TREE / "tools" / "render_results.py"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+LEGACY = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def load_script() -> Any:
+    if not SCRIPT.exists():
+        raise unittest.SkipTest(f"{SCRIPT} not found")
+    if "render_results" in sys.modules:
+        return sys.modules["render_results"]
+    spec = importlib.util.spec_from_file_location("render_results", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["render_results"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def perf_row(op: str, bits: int, regime: str, size: int, speedup: float, nccl_us: float) -> dict[str, Any]:
+    return {"op": op, "regime": regime, "size": size, "bits": bits, "block": 256, "nodes": 2,
+            "oop": {"time_us": nccl_us / speedup, "wrong": 0}, "baseline": "nccl", "nccl": {"time_us": nccl_us},
+            "speedup": speedup}
+
+
+class Folder:
+    """A results folder: a file with provenance, a bare array named by the legacy manifest, loss runs."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        rows = [perf_row("qwz_all_gather", 8, "shm", 64 << 20, 2.05, 1350.0),
+                perf_row("qwz_all_gather", 8, "shm", 256 << 20, 1.85, 5350.0),
+                perf_row("qwz_all_gather", 4, "shm", 64 << 20, 3.60, 1350.0),
+                perf_row("qwz_all_gather", 4, "shm", 256 << 20, 3.40, 5350.0)]
+        self.write("new.json", {"provenance": {"schema": "zpccl-provenance/1", "commit": COMMIT, "dirty": False},
+                                "rows": rows})
+        self.write("old.json", [perf_row("qwz_all_gather", 8, "shm", 1 << 20, 1.08, 41.8),
+                                perf_row("qwz_all_gather", 4, "shm", 1 << 20, 1.60, 41.8)])
+        self.write("legacy.json", {"note": "recorded after the fact", "files": {"old.json": {"commit": LEGACY}}})
+        self.write("loss-a.json", {"commit": "aaaaaaa", "runs": [
+            {"config": "exact", "seed": 0, "valid": 2.0}, {"config": "int4", "seed": 0, "valid": 2.01},
+            {"config": "exact", "seed": 1, "valid": 1.9}, {"config": "int4", "seed": 1, "valid": 1.919}]})
+        self.write("loss-b.json", {"commit": "bbbbbbb", "runs": [
+            {"config": "exact", "seed": 2, "valid": 2.1}, {"config": "int4", "seed": 2, "valid": 2.1042}]})
+
+    def write(self, name: str, data: Any) -> None:
+        (self.root / name).write_text(json.dumps(data))
+
+
+class RenderResults(unittest.TestCase):
+    def setUp(self) -> None:
+        self.rr = load_script()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = pathlib.Path(self.tmp.name)
+        (self.root / "results").mkdir()
+        self.folder = Folder(self.root / "results")
+        self.store = self.rr.Store(self.root / "results")
+        rr = self.rr
+        self.tables = {
+            "shm": lambda s: rr.collective_table(s, "shm", "qwz_all_gather", ["1M", "64M", "256M"],
+                                                 [("new.json", ("64M", "256M")), ("old.json", ("1M",))], ["shm"],
+                                                 (8, 4), {8: (1.9, "64M"), 4: (3.5, "64M")}),
+            "loss": lambda s: rr.loss_table(s, "loss", ["loss-a.json", "loss-b.json"],
+                                            [("int4", "int4, nearest", rr.fmt_blocks(4, 256))], "exact",
+                                            rr.GRAD_COLUMNS, "gradients"),
+        }
+
+    def tearDown(self) -> None:
+        self.tmp.cleanup()
+
+    def render(self, text: str) -> str:
+        return self.rr.render(text, self.store, self.tables, "doc")
+
+    def test_cells_marks_and_sources(self) -> None:
+        doc = "Prose *stays*.\n<!-- table: shm -->\nstale\n<!-- end table -->\nMore prose.\n"
+        out = self.render(doc)
+        self.assertTrue(out.startswith("Prose *stays*.\n<!-- table: shm -->\n| "), out)
+        self.assertTrue(out.endswith("<!-- end table -->\nMore prose.\n"), out)
+        self.assertNotIn("stale", out)
+        lines = out.splitlines()
+        int8 = next(line for line in lines if line.startswith("| int8 "))
+        # 64M: at the target and above int8's wire-bytes limit (1.97x): bold and marked; 256M: below the target.
+        self.assertEqual([c.strip() for c in int8.split("|")[1:-1]], ["int8", "1.08", "**2.05†**", "1.85", "a, b"])
+        # Letters in the order the table first uses the files: the 1M cell is the older file's.
+        int4 = next(line for line in lines if line.startswith("| int4 "))
+        self.assertEqual([c.strip() for c in int4.split("|")[1:-1]], ["int4", "1.60", "**3.60**", "3.40", "a, b"])
+        nccl = next(line for line in lines if line.startswith("| NCCL bf16, us "))
+        self.assertIn("| 41.8 | 1350.0 | 5350.0 |", nccl)
+        sources = next(line for line in lines if line.startswith("Sources: "))
+        self.assertEqual(sources, f"Sources: a: `old.json`, {LEGACY[:7]} (legacy manifest); b: `new.json`, "
+                                  f"{COMMIT[:7]}.")
+        self.assertEqual(self.render(out), out)  # rendering is idempotent
+
+    def test_loss_gaps_paired_by_seed_across_files(self) -> None:
+        out = self.render("<!-- table: loss -->\n<!-- end table -->\n")
+        row = next(line for line in out.splitlines() if line.startswith("| int4, nearest "))
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        # gaps +0.50, +1.00, +0.20 %: mean +0.567, standard error 0.233, t(2) = 4.303.
+        self.assertEqual(cells[:5], ["int4, nearest", "256", "3.88x", "0,1,2", "+0.57%"])
+        self.assertEqual(cells[5], "0.23")
+        self.assertEqual(cells[6], "-0.44 .. +1.57%")
+        self.assertEqual(cells[7], "+0.50 / +1.00 / +0.20")
+        self.assertIn("aaaaaaa (recorded in the file)", out)
+        # An exact run that differs between two files breaks the pairing: refused, naming both.
+        self.folder.write("loss-b.json", {"commit": "bbbbbbb", "runs": [
+            {"config": "exact", "seed": 0, "valid": 2.5}, {"config": "int4", "seed": 2, "valid": 2.1}]})
+        with self.assertRaisesRegex(self.rr.RenderError, "exact of seed 0 differs between loss-a.json and loss-b.json"):
+            self.rr.render("<!-- table: loss -->\n<!-- end table -->\n", self.rr.Store(self.root / "results"),
+                           self.tables)
+
+    def test_what_the_files_cannot_give_is_refused(self) -> None:
+        with self.assertRaisesRegex(self.rr.RenderError, "unknown table 'nope'"):
+            self.render("<!-- table: nope -->\n<!-- end table -->\n")
+        self.folder.write("legacy.json", {"files": {}})  # the bare array loses its commit
+        with self.assertRaisesRegex(self.rr.RenderError, "old.json: no provenance"):
+            self.rr.render("<!-- table: shm -->\n<!-- end table -->\n", self.rr.Store(self.root / "results"),
+                           self.tables)
+        self.folder.write("legacy.json", {"files": {"old.json": {"commit": LEGACY}}})
+        self.folder.write("old.json", [perf_row("qwz_all_gather", 8, "shm", 1 << 20, 1.08, 41.8)] * 2)
+        with self.assertRaisesRegex(self.rr.RenderError, "old.json holds 2 rows of qwz_all_gather"):
+            self.rr.render("<!-- table: shm -->\n<!-- end table -->\n", self.rr.Store(self.root / "results"),
+                           self.tables)
+        self.folder.write("old.json", [perf_row("qwz_all_gather", b, "shm", 1 << 20, 1.5, 41.8) for b in (8, 4)])
+        (self.root / "results" / "new.json").unlink()
+        with self.assertRaisesRegex(self.rr.RenderError, "new.json: cannot be read"):
+            self.rr.render("<!-- table: shm -->\n<!-- end table -->\n", self.rr.Store(self.root / "results"),
+                           self.tables)
+
+    def test_check_fails_with_a_diff_when_a_figure_changes(self) -> None:
+        doc = self.root / "doc.md"
+        doc.write_text("# Doc\n<!-- table: shm -->\n<!-- end table -->\n")
+        self.rr.TABLES, saved = self.tables, self.rr.TABLES
+        try:
+            def run(*args: str) -> tuple[int, str]:
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                    status = self.rr.main(["--results", str(self.root / "results"), *args, str(doc)])
+                return status, out.getvalue()
+
+            status, text = run("--check")
+            self.assertEqual(status, 1, text)  # the table is empty: it differs
+            self.assertIn("differs from what perf/results gives", text)
+            self.assertIn("+| int8 | 1.08 |", text)
+            self.assertEqual(run()[0], 0)  # rewrite
+            self.assertEqual(run("--check"), (0, ""))
+            rows = json.loads((self.root / "results" / "new.json").read_text())
+            rows["rows"][0]["speedup"] = 2.15  # a file changes under a rendered document
+            self.folder.write("new.json", rows)
+            status, text = run("--check")
+            self.assertEqual(status, 1, text)
+            self.assertIn("-| int8 | 1.08 | **2.05†** |", text)
+            self.assertIn("+| int8 | 1.08 | **2.15†** |", text)
+        finally:
+            self.rr.TABLES = saved
+
+    def test_the_projects_documents_are_rendered_from_its_files(self) -> None:
+        rr = self.rr
+        store = rr.Store(SOURCE_TREE / "perf" / "results")
+        for doc in rr.DOCUMENTS:
+            path = SOURCE_TREE / doc
+            text = path.read_text()
+            names = rr.MARKER.findall(text)
+            self.assertTrue(names, f"{doc} has no generated table")
+            self.assertEqual(rr.render(text, store, where=doc), text, f"{doc}: run tools/render_results.py")
+        results = (SOURCE_TREE / "perf" / "RESULTS.md").read_text()
+        self.assertLess(len(results.splitlines()), 400)
+        # Every table of the script is used, so that none is rendered for nothing.
+        used = {m[1] for doc in rr.DOCUMENTS for m in rr.MARKER.findall((SOURCE_TREE / doc).read_text())}
+        self.assertEqual(used, set(rr.TABLES))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,598 @@
+#!/usr/bin/env python3
+"""Renders the tables of perf/RESULTS.md, and the figures README.md quotes, from perf/results/*.json.
+
+    python3 tools/render_results.py            # rewrite the tables in place
+    python3 tools/render_results.py --check    # exit 1, with a diff, when a document differs from the files
+
+A table lives between two marker comments, ``<!-- table: NAME -->`` and ``<!-- end table -->``; everything
+outside them is prose and stays as written. NAME is one of TABLES below, which says which files, rows and sizes
+the table shows. Every row names its sources by letter, and the lines under the table name each file and the
+commit it was measured at: from the file's provenance (perf/provenance.py, perf/provenance.h), else from a
+"commit" the file records itself, else from perf/results/legacy.json, the hand-kept manifest of the files written
+before provenance was recorded (their commit and command as RESULTS.md's prose gave them, recorded after the
+fact). A file none of these dates is an error, as are a missing file, a row that is not there and a row that is
+there twice: a table shows only what a file holds. tools/run-tests.sh runs ``--check``.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import pathlib
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+TOP = pathlib.Path(__file__).resolve().parent.parent
+DOCUMENTS = ("perf/RESULTS.md", "README.md")
+MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
+MB = 1 << 20
+
+
+class RenderError(Exception):
+    """A table that the files cannot give; the message names the table, the file and what is missing."""
+
+
+def size_of(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def wire_limit(bits: int, block: int = 256) -> float:
+    """bf16 bytes over a quantized payload's (codes and an fp32 scale per block): the most a link-bound call gains."""
+    return 2 * block / (block * bits / 8 + 4)
+
+
+def num(v: float) -> str:
+    return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
+
+
+# ---- the files ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    name: str
+    commit: str  # short
+    how: str  # "" (its provenance), "recorded in the file", "legacy manifest"
+
+
+class Store:
+    """The result files of one folder, read once each, and where each one's commit comes from."""
+
+    def __init__(self, folder: pathlib.Path) -> None:
+        self.folder = folder
+        self._files: dict[str, Any] = {}
+        legacy = folder / "legacy.json"
+        self.legacy = json.loads(legacy.read_text())["files"] if legacy.exists() else {}
+
+    def data(self, name: str) -> Any:
+        if name not in self._files:
+            path = self.folder / name
+            try:
+                self._files[name] = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise RenderError(f"{path}: cannot be read ({e})") from None
+        return self._files[name]
+
+    def source(self, name: str) -> Source:
+        data = self.data(name)
+        record = data.get("provenance") if isinstance(data, dict) else None
+        if isinstance(record, dict) and record.get("commit"):
+            return Source(name, record["commit"][:7] + ("+dirty" if record.get("dirty") else ""), "")
+        if isinstance(data, dict) and isinstance(data.get("commit"), str) and data["commit"]:
+            return Source(name, data["commit"][:7], "recorded in the file")
+        if name in self.legacy:
+            return Source(name, self.legacy[name]["commit"][:7], "legacy manifest")
+        raise RenderError(f"{name}: no provenance, no commit of its own and no entry in perf/results/legacy.json")
+
+    def perf_rows(self, name: str) -> list[dict[str, Any]]:
+        data = self.data(name)
+        rows = data.get("rows") if isinstance(data, dict) else data
+        return [r for r in rows or [] if isinstance(r, dict) and "op" in r]
+
+
+@dataclass
+class Pick:
+    """Perf rows of one file: op, and whatever else must match (bits, regime, nodes, grad); sizes they cover."""
+
+    file: str
+    op: str
+    sizes: tuple[str, ...] | None = None  # None: every size of the table
+    where: dict[str, Any] = field(default_factory=dict)
+
+    def rows(self, store: Store, size: int) -> list[dict[str, Any]]:
+        where = dict(self.where)
+        where.setdefault("grad", None)
+        out = []
+        for r in store.perf_rows(self.file):
+            if r.get("op") != self.op or abs((r.get("size") or 0) - size) > size * 0.01:
+                continue
+            if all(r.get(k) == v for k, v in where.items()):
+                out.append(r)
+        return out
+
+    def one(self, store: Store, size: int, table: str) -> dict[str, Any]:
+        rows = self.rows(store, size)
+        if len(rows) != 1:
+            what = ", ".join(f"{k}={v}" for k, v in self.where.items())
+            raise RenderError(f"table {table}: {self.file} holds {len(rows)} rows of {self.op} ({what}) at "
+                              f"{size // MB}M, not one")
+        return rows[0]
+
+
+# ---- a table being built -----------------------------------------------------------------------------------
+
+
+class Table:
+    """Markdown rows, each with the letters of its sources, and the source lines under them."""
+
+    def __init__(self, store: Store, name: str, header: list[str]) -> None:
+        self.store, self.name, self.header = store, name, header
+        self.rows: list[list[str]] = []
+        self.sources: list[Source] = []
+
+    def letter(self, file: str) -> str:
+        names = [s.name for s in self.sources]
+        if file not in names:
+            self.sources.append(self.store.source(file))
+            names.append(file)
+        return "abcdefghijklmnopqrstuvwxyz"[names.index(file)]
+
+    def add(self, cells: list[str], files: list[str]) -> None:
+        letters = sorted(set(self.letter(f) for f in files))
+        self.rows.append(cells + [", ".join(letters)])
+
+    def lines(self) -> list[str]:
+        header = self.header + ["src"]
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(r) + " |" for r in self.rows]
+        keys = [f"{'abcdefghijklmnopqrstuvwxyz'[i]}: `{s.name}`, {s.commit}" + (f" ({s.how})" if s.how else "")
+                for i, s in enumerate(self.sources)]
+        return out + ["", "Sources: " + "; ".join(keys) + "."]
+
+
+# ---- kinds of table ----------------------------------------------------------------------------------------
+
+
+def cell_speedup(row: dict[str, Any], target: float | None, limit: float | None) -> str:
+    v = row.get("speedup")
+    if v is None:
+        return "-"
+    text = f"{v:.2f}"
+    if limit is not None and v > limit:
+        text += "†"
+    return f"**{text}**" if target is not None and v >= target else text
+
+
+@dataclass
+class Line:
+    """One row of a size table: a label and the picks that give its cells (each covering some sizes)."""
+
+    label: str
+    picks: list[Pick]
+    value: str = "speedup"  # speedup, speedup-all (every matching row, " / "), nccl-us, nccl-ms
+    target: tuple[float, str] | None = None  # bold from this ratio, at and above this size
+    limit: bool = False  # mark ratios above the wire-bytes limit of the row's bits
+
+
+def size_table(store: Store, name: str, first: str, sizes: list[str], lines: list[Line]) -> Table:
+    t = Table(store, name, [first] + sizes)
+    for line in lines:
+        cells, files = [], []
+        for s in sizes:
+            pick = next((p for p in line.picks if p.sizes is None or s in p.sizes), None)
+            if pick is None:
+                cells.append("-")
+                continue
+            files.append(pick.file)
+            size = size_of(s)
+            if line.value == "speedup-all":
+                rows = pick.rows(store, size)
+                if not rows:
+                    raise RenderError(f"table {name}: {pick.file} holds no {pick.op} at {s}")
+                cells.append(" / ".join(f"{r['speedup']:.2f}" for r in rows))
+                continue
+            row = pick.one(store, size, name)
+            if line.value == "speedup":
+                target = line.target[0] if line.target and size >= size_of(line.target[1]) else None
+                cells.append(cell_speedup(row, target, wire_limit(row["bits"], row.get("block") or 256)
+                                          if line.limit and row.get("bits") else None))
+            else:
+                us = (row.get("nccl") or {}).get("time_us")
+                cells.append("-" if us is None else num(us / 1000 if line.value == "nccl-ms" else us))
+        t.add([line.label] + cells, files)
+    return t
+
+
+def collective_table(store: Store, name: str, op: str, sizes: list[str], parts: list[tuple[str, tuple | None]],
+                     regimes: list[str], order: tuple[int, int], target: dict[int, tuple[float, str]]) -> Table:
+    """qwZ's or qgZ's speedup per bit width and size in each regime, from one or more files (each covering some
+    sizes), with NCCL's bf16 time under each regime's rows (ms over sockets, else us)."""
+    lines = []
+    for regime in regimes:
+        prefix = f"{regime} " if len(regimes) > 1 else ""
+        where = dict(regime=regime)
+        lines += [Line(f"{prefix}int{b}", [Pick(f, op, s, dict(where, bits=b)) for f, s in parts],
+                       target=target.get(b), limit=True) for b in order]
+        ms = regime.startswith("net")
+        lines.append(Line(f"{prefix}NCCL bf16, {'ms' if ms else 'us'}",
+                          [Pick(f, op, s, dict(where, bits=order[0])) for f, s in parts],
+                          value="nccl-ms" if ms else "nccl-us"))
+    return size_table(store, name, "", sizes, lines)
+
+
+def fsdp_step_table(store: Store, name: str, files: list[tuple[str, str]], configs: list[tuple[str, str]]) -> Table:
+    """FSDP2 step files (each a shape): each configuration's step time (median, range), tokens/s, peak memory, bytes
+    sent, and its ratio to FSDP2 + NCCL at either resharding (medians; with rounds, their least and greatest)."""
+    t = Table(store, name, ["shape", "configuration", "reshard_after_forward", "step ms (median, range)", "tokens/s",
+                            "peak MiB / rank", "sent MiB / step / rank", "vs NCCL True", "vs NCCL False"])
+    for file, shape in files:
+        rows = {r["config"]: r for r in store.data(file)["rows"]}
+
+        def vs(base: str, r: dict[str, Any]) -> str:
+            if base not in rows:
+                return "-"
+            b = rows[base]
+            text = f"{b['median_ms'] / r['median_ms']:.2f}x"
+            a, z = b.get("round_median_ms") or [], r.get("round_median_ms") or []
+            if a and len(a) == len(z):
+                ratios = [x / y for x, y in zip(a, z)]
+                text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+            return text
+
+        for config, label in configs:
+            if config not in rows:
+                continue
+            r = rows[config]
+            sent = " + ".join(f"{v:.0f} {k.replace('_', '-')}" for k, v in sorted(r.get("sent_mib", {}).items()))
+            t.add([shape, label, str(r.get("reshard") or "(hpZ)"),
+                   f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})", f"{r['tokens_per_s']:,.0f}",
+                   f"{r['peak_mib']:,.0f}", sent or "-", vs("nccl", r), vs("nccl-noreshard", r)], [file])
+        if not any(c in rows for c, _ in configs):
+            raise RenderError(f"table {name}: {file} has none of the configurations {[c for c, _ in configs]}")
+    return t
+
+
+def fsdp_memory_table(store: Store, name: str, file: str) -> Table:
+    """perf/fsdp_memory.py's rank 0: torch's peak after the steps, and the memory outside torch's allocator that
+    zpccl's enable took, step by step, and what stays after disable."""
+    derived = [r for r in store.data(file)["derived"] if r["rank"] == 0]
+    by = {r["config"]: r for r in derived}
+    if "nccl" not in by or "zpccl" not in by:
+        raise RenderError(f"table {name}: {file} lacks rank 0's nccl or zpccl rows")
+
+    def stage(config: str, which: str, key: str) -> float:
+        for s in by[config]["stages"]:
+            if s["stage"] == which or (which == "steps" and s["stage"].startswith("step") and s["stage"] != "step 1"):
+                return s[key]
+        raise RenderError(f"table {name}: {file}: {config} has no stage {which}")
+
+    t = Table(store, name, ["what (rank 0)", "MiB"])
+    nccl, zp = stage("nccl", "steps", "peak_mib"), stage("zpccl", "steps", "peak_mib")
+    t.add(["torch's peak, FSDP2 + NCCL", f"{nccl:,.1f}"], [file])
+    t.add(["torch's peak, FSDP2 + zpccl (difference)", f"{zp:,.1f} ({zp - nccl:+.1f})"], [file])
+    t.add(["zpccl's staging buffers (in torch's allocator)", f"{by['zpccl']['staging_bytes'] / MB:.1f}"], [file])
+    t.add(["outside torch's allocator after enable", f"{stage('zpccl', 'enabled', 'outside_mib'):.0f}"], [file])
+    for step in by["zpccl"].get("enable_steps", []):
+        # The probe after the steps (a further communicator of the same group) is not part of enable.
+        when = "after the steps, a probe" if "further" in step["step"] else "enable"
+        t.add([f"{when}: {step['step']}", f"{step['outside_mib']:+.0f}"], [file])
+    after = stage("zpccl", "collected", "outside_mib")
+    t.add(["outside torch's allocator after disable and a collection", f"{after:.0f}"], [file])
+    return t
+
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def gap_cells(gaps: dict[int, float]) -> list[str]:
+    """Mean paired gap (%), its standard error and 95% interval (Student's t over the seeds), per seed."""
+    seeds = sorted(gaps)
+    values = [gaps[s] for s in seeds]
+    mean = statistics.fmean(values)
+    if len(values) > 1:
+        se = statistics.stdev(values) / math.sqrt(len(values))
+        df = len(values) - 1
+        t95 = T95.get(df) or T95[max(k for k in T95 if k <= df)]
+        interval = f"{mean - t95 * se:+.2f} .. {mean + t95 * se:+.2f}%"
+        se_text = f"{se:.2f}"
+    else:
+        se_text, interval = "-", "-"
+    per_seed = " / ".join(f"{v:+.2f}" for v in values)
+    return [",".join(str(s) for s in seeds), f"{mean:+.2f}%", se_text, interval, per_seed]
+
+
+def loss_table(store: Store, name: str, files: list[str], runs: list[tuple[str, str, list[str]]], reference: str,
+               extra: tuple[str, ...] = (), label: str = "run") -> Table:
+    """Loss runs of several files (perf/grad_numerics.py's "runs", named by "config"; perf/fsdp_step.py's
+    "losses", named by "spec"): for each run (its name, a label, cells under ``extra``), the paired gap of its
+    validation loss to the ``reference`` run of the same seed, in percent. A reference run found in several files
+    must agree (runs are deterministic): pairing across files relies on it."""
+    ref: dict[int, tuple[float, str]] = {}
+    found: dict[str, dict[int, tuple[float, str]]] = {r[0]: {} for r in runs}
+    for f in files:
+        data = store.data(f)
+        for r in data.get("runs") or data.get("losses") or []:
+            run, seed, valid = r.get("config") or r.get("spec"), r.get("seed"), r["valid"]
+            if run == reference:
+                if seed in ref and abs(ref[seed][0] - valid) > 1e-6:
+                    raise RenderError(f"table {name}: {reference} of seed {seed} differs between {ref[seed][1]} "
+                                      f"and {f}")
+                ref.setdefault(seed, (valid, f))
+            if run in found:
+                if seed in found[run]:
+                    raise RenderError(f"table {name}: {run} of seed {seed} twice ({found[run][seed][1]}, {f})")
+                found[run][seed] = (valid, f)
+    t = Table(store, name, [label, *extra, "seeds", "gap: mean", "standard error", "95% interval",
+                            "per seed, %"])
+    for run, text, cells in runs:
+        if not found[run]:
+            raise RenderError(f"table {name}: no {run} runs in {', '.join(files)}")
+        missing = sorted(s for s in found[run] if s not in ref)
+        if missing:
+            raise RenderError(f"table {name}: {run} seeds {missing} have no {reference} run to pair with")
+        gaps = {s: 100 * (v - ref[s][0]) / ref[s][0] for s, (v, _) in found[run].items()}
+        used = [f for _, f in found[run].values()] + [ref[s][1] for s in found[run]]
+        t.add([text, *cells, *gap_cells(gaps)], list(dict.fromkeys(used)))
+    return t
+
+
+def kernel_table(store: Store, name: str, file: str, ops: list[tuple[str, str, dict[str, Any]]], sizes: list[str],
+                 copy: bool = True, gbps: bool = False) -> Table:
+    """Local kernels against a memcpy in the same run: us (and GB/s) at each size, the copy's us beside."""
+    header = ["kernel"]
+    for s in sizes:
+        header += [f"{s} us"] + (["GB/s"] if gbps else []) + (["copy us"] if copy else [])
+    t = Table(store, name, header)
+    for op, label, where in ops:
+        cells = [label]
+        for s in sizes:
+            r = Pick(file, op, None, where).one(store, size_of(s), name)
+            cells.append(num(r["oop"]["time_us"]))
+            if gbps:
+                cells.append(f"{r['oop']['busbw']:.0f}")
+            if copy:
+                cells.append(num((r.get("memcpy") or {})["time_us"]))
+        t.add(cells, [file])
+    return t
+
+
+def reduce_table(store: Store, name: str, file: str, ops: list[tuple[str, str]], sizes: list[str]) -> Table:
+    """qgZ's reduction kernels against a memcpy of their inputs, per bit width: us at each size ("a / b")."""
+    t = Table(store, name, ["kernel"] + [h for b in (4, 8) for h in (f"int{b} us", "copy us")])
+    for op, label in ops:
+        cells = [label]
+        for bits in (4, 8):
+            rows = [Pick(file, op, None, dict(bits=bits)).one(store, size_of(s), name) for s in sizes]
+            cells.append(" / ".join(num(r["oop"]["time_us"]) for r in rows))
+            cells.append(" / ".join(num((r.get("memcpy") or {})["time_us"]) for r in rows))
+        t.add(cells, [file])
+    return t
+
+
+def variants_table(store: Store, name: str, file: str, size: str, ops: list[tuple[str, str, str]]) -> Table:
+    """qgZ's gradient rounding: each op's time to nearest / with stochastic rounding / with error feedback, per bit
+    width, each variant's ratio to nearest's beside it (same run)."""
+    t = Table(store, name, ["", "int8 nearest / SR / EF", "int4 nearest / SR / EF"])
+    for op, label, regime in ops:
+        cells = [label]
+        for bits in (8, 4):
+            times = [Pick(file, op, None, dict(bits=bits, regime=regime, grad=g)).one(store, size_of(size), name)
+                     ["oop"]["time_us"] for g in (None, "sr", "ef")]
+            scale = 1000 if regime != "local" else 1
+            cells.append(" / ".join([num(times[0] / scale)] + [f"{num(x / scale)} ({x / times[0]:.2f}x)"
+                                                                for x in times[1:]]))
+        t.add(cells, [file])
+    return t
+
+
+def wire_table(store: Store, name: str, rows: list[tuple[str, str, str, dict[str, Any]]]) -> Table:
+    """Bytes one rank sends per call (host backend: the plans' formulas), zpccl's and NCCL's ring's."""
+    t = Table(store, name, ["call", "size", "zpccl MB intra / inter", "NCCL ring MB intra / inter",
+                            "inter-node bytes, ring / zpccl"])
+    for file, op, label, where in rows:
+        r = Pick(file, op, None, where).one(store, 64 * MB, name)
+        zp, ring = r["wire_bytes_per_rank"]["zpccl"], r["wire_bytes_per_rank"]["nccl_ring"]
+        ratio = f"{ring['inter'] / zp['inter']:.2f}x" if zp["inter"] else "none cross"
+        t.add([label, "64M", f"{zp['intra'] / 1e6:.2f} / {zp['inter'] / 1e6:.2f}",
+               f"{ring['intra'] / 1e6:.2f} / {ring['inter'] / 1e6:.2f}", ratio], [file])
+    return t
+
+
+# ---- the tables of the documents ---------------------------------------------------------------------------
+
+R = "2026-11-30-h200x2-"
+R1 = "2026-12-01-h200x1-"
+R2 = "2026-12-02-h200x1-"
+R3 = "2026-12-03-h200x1-"
+SIZES = ["1M", "4M", "16M", "64M", "256M", "1G"]
+UPPER = ("64M", "256M", "1G")
+LOWER = ("1M", "4M", "16M")
+NVLINK = R + "check-c6724ef-nvlink.json"
+SLOW = R + "check-c6724ef-shm-net.json"
+SLOW_OLD = R + "check-af5e648-shm-net.json"
+EVERY_OP = R + "nvlink-shm-every-op.json"
+H200X2 = "2026-11-30-h200x2.json"
+CPU_LOSS = ["2026-12-03-cpu-threads-grad-numerics-6e43048.json",
+            "2026-12-03-cpu-threads-grad-numerics-int8-b64-2ed87f4.json",
+            "2026-12-03-cpu-threads-grad-numerics-b32-b64sr-9177042.json",
+            "2026-12-03-cpu-threads-grad-numerics-seeds23-b382d1a.json",
+            "2026-12-03-cpu-threads-grad-numerics-sr-ef-seeds23-3d2dce1.json",
+            "2026-12-04-cpu-threads-grad-numerics-b32-seeds23-5594eac.json"]
+GPU_LOSS = ["2026-12-04-h200x1-grad-numerics-seed0-b6e1f2a.json", "2026-12-04-h200x1-grad-numerics-seed1-b6e1f2a.json",
+            "2026-12-04-h200x1-grad-numerics-b32-b6e1f2a.json"]
+QWZ_TARGET = {8: (1.9, "64M"), 4: (3.5, "64M")}  # over shm and net
+HOST_WIRE = "2026-12-05-cpu-host-wire-bytes-"
+GRAD_COLUMNS = ("blocks", "bytes vs bf16")
+
+
+def fmt_blocks(bits: int, block: int) -> list[str]:
+    """The gradient rows' blocks and wire ratio over bf16 (by the format, not measured)."""
+    return [str(block), f"{wire_limit(bits, block):.2f}x"]
+
+
+def headline(store: Store) -> Table:
+    rows = []
+    for op, bits, label in (("qwz_all_gather", 8, "qwZ int8"), ("qwz_all_gather", 4, "qwZ int4"),
+                            ("qgz_reduce_scatter", 4, "qgZ int4"), ("qgz_reduce_scatter", 8, "qgZ int8")):
+        rows.append(Line(f"{label}, nvlink", [Pick(NVLINK, op, None, dict(bits=bits, regime="nvlink"))], limit=True))
+        for regime in ("shm", "net"):
+            rows.append(Line(f"{label}, {regime}", [Pick(SLOW, op, None, dict(bits=bits, regime=regime))],
+                             limit=True))
+    pair = dict(op="qwz_hpz_gathers", bits=8)
+    rows += [Line("qwZ int8 fwd + hpZ bwd, nvlink", [Pick(NVLINK, pair["op"], None, dict(bits=8, regime="nvlink"))]),
+             Line("qwZ int8 fwd + hpZ bwd, shm, one node",
+                  [Pick(EVERY_OP, pair["op"], None, dict(bits=8, regime="shm", nodes=1))]),
+             Line("qwZ int8 fwd + hpZ bwd, shm, two nodes",
+                  [Pick(EVERY_OP, pair["op"], None, dict(bits=8, regime="shm", nodes=2))]),
+             Line("qwZ int8 fwd + hpZ bwd, net", [Pick(H200X2, pair["op"], None, dict(bits=8, regime="net"))])]
+    return size_table(store, "headline", "collective, regime", ["256M", "1G"], rows)
+
+
+def one_gpu(store: Store) -> Table:
+    """qwZ, hpZ and qgZ on one time-shared GPU: two nodes of one rank (net-on1gpu) and of two (2x2-on1gpu)."""
+    net35, check25, two_by_two = R3 + "qwz-hpz-net-35f8470.json", R1 + "check-2533cb1.json", R1 + "2x2-on1gpu.json"
+    up_to_64m = LOWER + ("64M",)
+    net, grid = dict(regime="net-on1gpu"), dict(regime="2x2-on1gpu")
+    lines = [Line(f"qwZ net-on1gpu int{b}", [Pick(net35, "qwz_all_gather", up_to_64m, dict(net, bits=b))], limit=True)
+             for b in (8, 4)]
+    lines += [Line(f"qwZ 2x2-on1gpu int{b}", [Pick(check25, "qwz_all_gather", ("64M",), dict(grid, bits=b))],
+                   limit=True) for b in (8, 4)]
+    lines.append(Line("qwZ 2x2-on1gpu int4", [Pick(two_by_two, "qwz_all_gather", ("64M", "256M"), dict(grid, bits=4))],
+                      limit=True))
+    lines += [Line(f"qwZ int{b} + hpZ, net-on1gpu", [Pick(net35, "qwz_hpz_gathers", up_to_64m, dict(net, bits=b))])
+              for b in (8, 4)]
+    lines.append(Line("hpZ exact, 2x2-on1gpu (two runs)", [Pick(check25, "hpz_all_gather", ("64M",), grid)],
+                      value="speedup-all"))
+    lines += [Line(f"qwZ int{b} + hpZ, 2x2-on1gpu", [Pick(check25, "qwz_hpz_gathers", ("64M",), dict(grid, bits=b))])
+              for b in (8, 4)]
+    lines.append(Line("hpZ exact, 2x2-on1gpu", [Pick(two_by_two, "hpz_all_gather", ("256M",), grid)]))
+    lines.append(Line("qwZ int4 + hpZ, 2x2-on1gpu",
+                      [Pick(two_by_two, "qwz_hpz_gathers", ("256M",), dict(grid, bits=4))]))
+    lines += [Line(f"qgZ net-on1gpu int{b}", [Pick(R2 + "check-cc65977.json", "qgz_reduce_scatter", ("64M", "256M"),
+                                                   dict(net, bits=b))], limit=True) for b in (4, 8)]
+    lines += [Line(f"qgZ 2x2-on1gpu int{b}", [Pick(R1 + "check-5e33917.json", "qgz_reduce_scatter", ("64M", "256M"),
+                                                   dict(grid, bits=b))]) for b in (4, 8)]
+    return size_table(store, "on1gpu", "", ["1M", "4M", "16M", "64M", "256M"], lines)
+
+
+TABLES: dict[str, Callable[[Store], Table]] = {
+    "headline": headline,
+    "fsdp-step": lambda s: fsdp_step_table(s, "fsdp-step", [(R2 + "fsdp-step-small-0731899.json", "small"),
+                                                             (R2 + "fsdp-step-large-0731899.json", "large")], [
+        ("nccl", "FSDP2 + NCCL"), ("nccl-noreshard", "FSDP2 + NCCL"), ("nccl-2comm", "FSDP2 + NCCL, 2 comms"),
+        ("zpccl-hpz", "FSDP2 + zpccl"), ("zero3", "hand-rolled ZeRO-3 on zpccl")]),
+    "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", R3 + "fsdp-memory-1bf77a3.json"),
+    "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", [R3 + "fsdp-loss-cosine-35f8470.json",
+                                                       R3 + "fsdp-loss-cosine-seeds345-1bf77a3.json"], [
+        ("nccl-fp32", "NCCL, fp32 reduction (noise floor)", []),
+        ("zpccl:8:4", "zpccl int8 weights, int4 gradients", []),
+        ("zpccl:8:8", "zpccl int8 weights, int8 gradients", [])], "nccl-noreshard"),
+    "qwz-nvlink": lambda s: collective_table(s, "qwz-nvlink", "qwz_all_gather", SIZES, [(NVLINK, None)], ["nvlink"],
+                                             (8, 4), {8: (1.3, "256M")}),
+    "qwz-shm-net": lambda s: collective_table(s, "qwz-shm-net", "qwz_all_gather", SIZES,
+                                              [(SLOW, UPPER), (SLOW_OLD, LOWER)], ["shm", "net"], (8, 4), QWZ_TARGET),
+    "hpz-nvlink": lambda s: size_table(s, "hpz-nvlink", "", SIZES, [
+        Line("exact (two runs)", [Pick(NVLINK, "hpz_all_gather", None, dict(regime="nvlink"))],
+             value="speedup-all")] + [
+        Line(f"qwZ int{b} + hpZ", [Pick(NVLINK, "qwz_hpz_gathers", None, dict(bits=b, regime="nvlink"))])
+        for b in (8, 4)]),
+    "hpz-shm-net": lambda s: size_table(s, "hpz-shm-net", "", SIZES, [
+        Line("shm exact, one node (two runs)", [Pick(EVERY_OP, "hpz_all_gather", None, dict(regime="shm", nodes=1))],
+             value="speedup-all")] + [
+        Line(f"shm qwZ int{b} + hpZ, {n} node{'s' if nodes > 1 else ''}",
+             [Pick(EVERY_OP, "qwz_hpz_gathers", None, dict(bits=b, regime="shm", nodes=nodes))])
+        for nodes, n in ((1, "one"), (2, "two")) for b in (8, 4)] + [
+        Line(f"net qwZ int{b} + hpZ", [Pick(H200X2, "qwz_hpz_gathers", None, dict(bits=b, regime="net"))])
+        for b in (8, 4)]),
+    "qgz-nvlink": lambda s: collective_table(s, "qgz-nvlink", "qgz_reduce_scatter", SIZES, [(NVLINK, None)],
+                                             ["nvlink"], (4, 8), {4: (1.5, "256M")}),
+    "qgz-shm-net": lambda s: collective_table(s, "qgz-shm-net", "qgz_reduce_scatter", SIZES,
+                                              [(SLOW, UPPER), (SLOW_OLD, LOWER)], ["shm", "net"], (4, 8), QWZ_TARGET),
+    "on1gpu": one_gpu,
+    "wire-bytes": lambda s: wire_table(s, "wire-bytes", [
+        (HOST_WIRE + "qgz.json", "qgz_reduce_scatter", "qgZ int4, two hops", dict(bits=4)),
+        (HOST_WIRE + "qwz.json", "qwz_all_gather", "qwZ int4", dict(bits=4)),
+        (HOST_WIRE + "hpz.json", "hpz_all_gather", "hpZ (backward gather)", {})]),
+    "quantize-kernels": lambda s: kernel_table(s, "quantize-kernels", R1 + "quantize-kernels.json", [
+        (op, f"{op} int{b}", dict(bits=b)) for op in ("quantize", "dequantize") for b in (4, 8)], ["32M", "256M"],
+        gbps=True),
+    "reduce-kernels": lambda s: reduce_table(s, "reduce-kernels", R2 + "check-cc65977.json", [
+        (f"reduce_{k}_s{n}", f"{k} S = {n}") for k, ns in (("finish", (2, 3, 4, 8)), ("requantize", (2, 4, 8)))
+        for n in ns], ["64M", "256M"]),
+    "grad-kernels": lambda s: variants_table(s, "grad-kernels", "2026-12-04-h200x1-grad-kernels-13e7109.json", "64M", [
+        ("quantize_grad", "sender's quantize (`quantize_grad`), us", "local"),
+        ("reduce_requantize_s2", "requantize, S = 2, us", "local"),
+        ("reduce_requantize_s4", "requantize, S = 4, us", "local"),
+        ("reduce_requantize_s8", "requantize, S = 8, us", "local"),
+        ("qgz_reduce_scatter", "qgZ net-on1gpu, ms", "net-on1gpu")]),
+    "grad-loss-cpu": lambda s: loss_table(s, "grad-loss-cpu", CPU_LOSS, [
+        ("exact-fp32", "FSDP's, fp32 reduction (noise floor)", ["", "1"]),
+        ("int4", "int4, nearest", fmt_blocks(4, 256)), ("int4-sr", "int4, stochastic rounding", fmt_blocks(4, 256)),
+        ("int4-ef", "int4, error feedback", fmt_blocks(4, 256)), ("int4-sr-ef", "int4, SR + EF", fmt_blocks(4, 256)),
+        ("int4-b64", "int4, nearest", fmt_blocks(4, 64)),
+        ("int4-b64-sr", "int4, stochastic rounding", fmt_blocks(4, 64)),
+        ("int4-b32", "int4, nearest", fmt_blocks(4, 32)), ("int8", "int8, nearest", fmt_blocks(8, 256))], "exact",
+        GRAD_COLUMNS, "gradients"),
+    "grad-loss-gpu": lambda s: loss_table(s, "grad-loss-gpu", GPU_LOSS, [
+        ("int4", "int4, nearest", fmt_blocks(4, 256)), ("int4-b64", "int4, nearest", fmt_blocks(4, 64)),
+        ("int4-b32", "int4, nearest", fmt_blocks(4, 32))], "exact", GRAD_COLUMNS, "gradients"),
+    "readme-grad-loss": lambda s: loss_table(s, "readme-grad-loss", CPU_LOSS, [
+        ("int4", "int4", fmt_blocks(4, 256)), ("int4-b64", "int4", fmt_blocks(4, 64)),
+        ("int4-b32", "int4", fmt_blocks(4, 32))],
+        "exact", GRAD_COLUMNS, "gradients"),
+}
+
+
+# ---- documents -----------------------------------------------------------------------------------------------
+
+
+def render(text: str, store: Store, tables: dict[str, Callable[[Store], Table]] | None = None, where: str = "") -> str:
+    """The document with every table between its markers rendered anew (tables: TABLES unless given)."""
+    tables = TABLES if tables is None else tables
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name not in tables:
+            raise RenderError(f"{where}: unknown table {name!r} (known: {', '.join(sorted(tables))})")
+        return m.group(1) + "\n".join(tables[name](store).lines()) + "\n" + m.group(4)
+
+    return MARKER.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 with a diff where a table differs")
+    p.add_argument("--results", default=str(TOP / "perf" / "results"), help="the result files' folder")
+    p.add_argument("documents", nargs="*", default=[str(TOP / d) for d in DOCUMENTS])
+    args = p.parse_args(argv)
+    store = Store(pathlib.Path(args.results))
+    status = 0
+    for doc in args.documents:
+        path = pathlib.Path(doc)
+        old = path.read_text()
+        try:
+            new = render(old, store, where=str(path))
+        except RenderError as e:
+            print(f"render_results: {e}", file=sys.stderr)
+            return 2
+        if new == old:
+            continue
+        if args.check:
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path),
+                                                       f"{path} (rendered from the results)"))
+            print(f"render_results: {path} differs from what perf/results gives: run tools/render_results.py")
+            status = 1
+        else:
+            path.write_text(new)
+            print(f"render_results: rewrote the tables of {path}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
