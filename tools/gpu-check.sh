@@ -49,6 +49,7 @@
 #                             shm caller)
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
+#   ZP_GPU_CHECK_TARGETS      ninja targets of the build (default all), e.g. "perf/qwz_perf libzpccl.so"
 #   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
 #   ZP_GPU_CHECK_BUILD_DIR (default build-gpu); ZP_GPU_CHECK_MESON_ARGS extra `meson setup` options (e.g.
 #                             -Dnccl_home=DIR for an NCCL with its device API, nccl_device.h)
@@ -202,7 +203,8 @@ if [ "${ZP_GPU_CHECK_SKIP_BUILD:-0}" != 1 ]; then
       "${meson_cmd[@]}" setup "$build" -D$arch_opt=90 --buildtype=release -Dperf=true -Dtests=true \
         ${ZP_GPU_CHECK_MESON_ARGS:-} || exit 1
     fi
-    ninja -C "$build" -k 0  # keep going: one broken target must not hide the others
+    # shellcheck disable=SC2086  # the targets are words
+    ninja -C "$build" -k 0 ${ZP_GPU_CHECK_TARGETS:-}  # keep going: one broken target must not hide the others
   ) >"$build_log" 2>&1
   rc=$?
   note "build: exit $rc ($((SECONDS - start))s) -> $build_log"
