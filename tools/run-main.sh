@@ -10,8 +10,11 @@
 #                 than on two GPUs), NCCL measured in the same run; the one-GPU kernels against memcpy (local)
 #   several GPUs  one process driving every visible GPU (rows labelled nvlink when nvidia-smi shows NVLink
 #                 between them, else pcie), NCCL side by side; the kernels (local) on GPU 0
-# Prints a line per step with the time it took; JSON and logs go to $build/main-results. Exit status 1 when a
-# step failed (wrong elements included), else 0. ZP_MAIN_QUICK=1 runs the smallest sweeps.
+# Comparisons take the perf binaries' five alternating rounds, and every JSON file carries its provenance (commit,
+# command, environment, GPUs, NCCL loaded: perf/provenance.h) and each round's times; the summary gives ratios of
+# medians with the rounds' least and greatest. Prints a line per step with the time it took; JSON and logs go to
+# $build/main-results. Exit status 1 when a step failed (wrong elements included), else 0. ZP_MAIN_QUICK=1 runs the
+# smallest sweeps.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZP_BUILD_DIR:-$top/build}
