@@ -236,6 +236,15 @@ zpResult_t zpCommHpzSize(const zpComm_t comm, int* hpzSize);     /* ranks of the
  * then the packed codes, padded to 16 bytes. Its size is zpQuantPayloadSize's.
  */
 
+/* The format's bounds, as every call checks them (and the Python package's zpccl.enums repeats them): codes of
+ * ZP_BITS_INT4 or ZP_BITS_INT8 bits, nothing between; blocks of a power of two in
+ * [ZP_MIN_BLOCK_SIZE, ZP_MAX_BLOCK_SIZE] elements; payloads and their regions aligned to ZP_PAYLOAD_ALIGN bytes. */
+#define ZP_BITS_INT4 4
+#define ZP_BITS_INT8 8
+#define ZP_MIN_BLOCK_SIZE 32
+#define ZP_MAX_BLOCK_SIZE 8192
+#define ZP_PAYLOAD_ALIGN 16
+
 /* Bytes of the payload of count elements. bits 4 or 8, blockSize a power of two in [32, 8192]. */
 zpResult_t zpQuantPayloadSize(size_t count, int bits, int blockSize, size_t* bytes);
 

@@ -62,14 +62,16 @@ zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char*
 }
 
 zpResult_t checkBits(int bits, const char* call, const char* arg) {
-  if (!isValidBits(bits)) return ZP_ERR(zpInvalidArgument, "%s : %s %d must be 4 or 8", call, arg, bits);
+  if (!isValidBits(bits)) {
+    return ZP_ERR(zpInvalidArgument, "%s : %s %d must be %d or %d", call, arg, bits, ZP_BITS_INT4, ZP_BITS_INT8);
+  }
   return zpSuccess;
 }
 
 zpResult_t checkBlockSize(int blockSize, const char* call, const char* arg) {
   if (!isValidBlockSize(blockSize)) {
     return ZP_ERR(zpInvalidArgument, "%s : %s %d must be a power of two in [%d, %d]", call, arg, blockSize,
-                  kMinBlockSize, kMaxBlockSize);
+                  ZP_MIN_BLOCK_SIZE, ZP_MAX_BLOCK_SIZE);
   }
   return zpSuccess;
 }

@@ -10,7 +10,7 @@ import sys
 import unittest
 
 import zpccl
-from zpccl import _lib
+from zpccl import _lib, enums
 from zpccl.enums import CONFIG_MAGIC, CONFIG_UNDEF_INT, UNIQUE_ID_BYTES, VERSION_CODE
 
 from . import SOURCE_TREE
@@ -119,6 +119,78 @@ class Enums(unittest.TestCase):
         self.assertEqual(r(zpccl.DataType.FLOAT8E5M2, "t"), 11)
         with self.assertRaisesRegex(ValueError, "t: dtype int16 has no zpDataType_t"):
             r(np.int16, "t")
+
+
+class Bounds(unittest.TestCase):
+    """The format's bounds: zpccl.enums holds the header's values, and the library refuses exactly what they
+    exclude (each bound and its neighbours), as Python's own checks do."""
+
+    NAMES = {"BITS_INT4": enums.BITS_INT4, "BITS_INT8": enums.BITS_INT8, "MIN_BLOCK_SIZE": enums.MIN_BLOCK_SIZE,
+             "MAX_BLOCK_SIZE": enums.MAX_BLOCK_SIZE, "PAYLOAD_ALIGN": enums.PAYLOAD_ALIGN}
+
+    def test_enums_hold_the_headers_values(self) -> None:
+        defined = dict(re.findall(r"^#define ZP_(\w+) (\d+)$", header_text(), re.M))
+        self.assertEqual({name: int(defined[name]) for name in self.NAMES if name in defined}, self.NAMES)
+        self.assertEqual(enums.QUANT_BITS, (enums.BITS_INT4, enums.BITS_INT8))
+
+    @staticmethod
+    def library_takes(bits: int, block_size: int) -> str:
+        """"" when zpQuantPayloadSize takes (bits, block_size), else its message (Python checks nothing first)."""
+        try:
+            zpccl.payload_size(100, bits, block_size)
+        except zpccl.ZpcclError as e:
+            return e.message
+        return ""
+
+    @staticmethod
+    def python_takes(bits: int, block_size: int) -> str:
+        try:
+            zpccl.comm._check_quant_params(bits, block_size, "t")
+        except zpccl.ZpcclValueError as e:
+            return e.message
+        return ""
+
+    def test_library_takes_the_bounds_and_refuses_their_neighbours(self) -> None:
+        lo, hi = enums.MIN_BLOCK_SIZE, enums.MAX_BLOCK_SIZE
+        for block in (lo // 2, lo - 1, lo, lo + 1, 2 * lo, hi // 2, hi - 1, hi, hi + 1, 2 * hi):
+            want = block in (lo, 2 * lo, hi // 2, hi)
+            self.assertEqual(enums.is_block_size(block), want, block)
+            said = self.library_takes(enums.BITS_INT8, block)
+            self.assertEqual(said == "", want, f"blockSize {block}: {said!r}")
+            self.assertEqual(self.python_takes(enums.BITS_INT8, block) == "", want, f"block_size {block}")
+            if not want:
+                self.assertIn(f"blockSize {block} must be {enums.BLOCK_SIZE_RULE}", said)
+        for bits in range(enums.BITS_INT4 - 1, enums.BITS_INT8 + 2):
+            want = bits in enums.QUANT_BITS
+            self.assertEqual(enums.is_bits(bits), want, bits)
+            said = self.library_takes(bits, lo)
+            self.assertEqual(said == "", want, f"bits {bits}: {said!r}")
+            self.assertEqual(self.python_takes(bits, lo) == "", want, f"bits {bits}")
+            if not want:
+                self.assertIn(f"bits {bits} must be {enums.BITS_RULE}", said)
+
+    def test_a_communicators_config_takes_the_bounds(self) -> None:
+        def init(**config: int) -> str:
+            try:
+                zpccl.Comm(1, 0, zpccl.get_unique_id(), backend="host", **config).close()
+            except zpccl.ZpcclError as e:
+                return e.message
+            return ""
+
+        self.assertEqual(init(block_size=enums.MAX_BLOCK_SIZE, weight_bits=enums.BITS_INT4,
+                              grad_bits=enums.BITS_INT8), "")
+        self.assertEqual(init(block_size=enums.MIN_BLOCK_SIZE), "")
+        self.assertIn("config->blockSize %d must be" % (2 * enums.MAX_BLOCK_SIZE),
+                      init(block_size=2 * enums.MAX_BLOCK_SIZE))
+        self.assertIn("config->blockSize %d must be" % (enums.MIN_BLOCK_SIZE // 2),
+                      init(block_size=enums.MIN_BLOCK_SIZE // 2))
+        self.assertIn("config->gradBits %d must be" % (enums.BITS_INT8 + 1), init(grad_bits=enums.BITS_INT8 + 1))
+
+    def test_payloads_are_aligned_to_the_bound(self) -> None:
+        # One element: a 4-byte scale and a code, each region padded to the alignment.
+        self.assertEqual(zpccl.payload_size(1, enums.BITS_INT8, enums.MIN_BLOCK_SIZE), 2 * enums.PAYLOAD_ALIGN)
+        for count in (1, 33, 1000, 4097):
+            self.assertEqual(zpccl.payload_size(count, enums.BITS_INT4, enums.MIN_BLOCK_SIZE) % enums.PAYLOAD_ALIGN, 0)
 
 
 class Prototypes(unittest.TestCase):

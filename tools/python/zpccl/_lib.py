@@ -26,8 +26,8 @@ import threading
 from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint, c_void_p
 from typing import Any
 
-from .enums import (CONFIG_MAGIC, CONFIG_UNDEF_INT, GRAD_OPTIONS_MAGIC, UNIQUE_ID_BYTES, VERSION_CODE, Backend, DataType,
-                    Result, Rounding)
+from .enums import (CONFIG_MAGIC, CONFIG_UNDEF_INT, GRAD_OPTIONS_MAGIC, INT_MAX, UNIQUE_ID_BYTES, VERSION_CODE, Backend,
+                    DataType, Result, Rounding)
 from .errors import LibraryNotFoundError, ZpcclError, ZpcclTypeError, ZpcclValueError
 
 
@@ -316,7 +316,7 @@ def make_config(call: str, **fields: Any) -> Config:
             value = parse_rounding(value, call)
         elif isinstance(value, bool) or not isinstance(value, int):
             raise ZpcclTypeError(f"{call}: {key} must be an int, got {type(value).__name__}", call)
-        if not -2**31 <= int(value) < 2**31:
+        if not CONFIG_UNDEF_INT <= int(value) <= INT_MAX:  # INT_MIN to INT_MAX
             raise ZpcclValueError(f"{call}: {key} {value} does not fit in a C int", call)
         if int(value) == CONFIG_UNDEF_INT:  # C cannot tell this value from a field left unset
             raise ZpcclValueError(f"{call}: {key} {value} is ZP_CONFIG_UNDEF_INT, which means unset (no field takes "

@@ -22,8 +22,8 @@ from typing import Any
 
 from . import _arrays, _lib, _torch
 from ._arrays import Buffer
-from .enums import (CONFIG_UNDEF_INT, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, UNIQUE_ID_BYTES, Backend, DataType, RedOp, Result,
-                    Rounding)
+from .enums import (BITS_RULE, BLOCK_SIZE_RULE, CONFIG_UNDEF_INT, UNIQUE_ID_BYTES, Backend, DataType, RedOp, Result,
+                    Rounding, is_bits, is_block_size)
 from .errors import ZpcclError, ZpcclTypeError, ZpcclValueError
 
 
@@ -105,13 +105,12 @@ def _pointer(value: Any, call: str, name: str) -> int:
 
 
 def _check_quant_params(bits: Any, block_size: Any, call: str) -> tuple[int, int]:
-    """Checks bits (4 or 8) and block_size (a power of two in [32, 8192]) as the library would."""
+    """Checks bits and block_size by the library's rules (:mod:`zpccl.enums`)."""
     bits, block_size = _index(bits, call, "bits"), _index(block_size, call, "block_size")
-    if bits not in (4, 8):
-        raise ZpcclValueError(f"{call}: bits {bits} must be 4 or 8", call)
-    if not (MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE and block_size & (block_size - 1) == 0):
-        raise ZpcclValueError(f"{call}: block_size {block_size} must be a power of two in [{MIN_BLOCK_SIZE}, "
-                              f"{MAX_BLOCK_SIZE}]", call)
+    if not is_bits(bits):
+        raise ZpcclValueError(f"{call}: bits {bits} must be {BITS_RULE}", call)
+    if not is_block_size(block_size):
+        raise ZpcclValueError(f"{call}: block_size {block_size} must be {BLOCK_SIZE_RULE}", call)
     return bits, block_size
 
 
@@ -401,12 +400,12 @@ class Comm:
         if bits is not None:
             opts.bits = _c_int(bits, call, "bits")
             if opts.bits == 0:  # 0 means "the communicator's" in C: say None for that
-                raise ZpcclValueError(f"{call}: bits 0 must be 4 or 8 (None keeps the communicator's)", call)
+                raise ZpcclValueError(f"{call}: bits 0 must be {BITS_RULE} (None keeps the communicator's)", call)
         if block_size is not None:
             opts.blockSize = _c_int(block_size, call, "block_size")
             if opts.blockSize == 0:
-                raise ZpcclValueError(f"{call}: block_size 0 must be a power of two in [{MIN_BLOCK_SIZE}, "
-                                      f"{MAX_BLOCK_SIZE}] (None keeps the communicator's)", call)
+                raise ZpcclValueError(f"{call}: block_size 0 must be {BLOCK_SIZE_RULE} (None keeps the "
+                                      "communicator's)", call)
         return opts
 
     # ---- block quantization format -------------------------------------------------------------------------

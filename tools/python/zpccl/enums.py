@@ -20,8 +20,27 @@ CONFIG_UNDEF_INT = -2147483647 - 1
 CONFIG_MAGIC = 0x7A70636F
 #: ``ZP_GRAD_OPTIONS_MAGIC`` ("zpgo").
 GRAD_OPTIONS_MAGIC = 0x7A70676F
-#: Bounds of the quantization block size (``kMinBlockSize``, ``kMaxBlockSize``) and payload alignment.
+#: ``INT_MAX``: the largest value of a C int (every integer field of ``zpConfig_t``, ``gradSeed`` included).
+INT_MAX = 2**31 - 1
+#: ``ZP_BITS_INT4``, ``ZP_BITS_INT8``: the code widths the quantized calls take, nothing between.
+BITS_INT4, BITS_INT8 = 4, 8
+QUANT_BITS = (BITS_INT4, BITS_INT8)
+#: ``ZP_MIN_BLOCK_SIZE``, ``ZP_MAX_BLOCK_SIZE``: a quantization block is a power of two between them (inclusive);
+#: ``ZP_PAYLOAD_ALIGN``: the alignment of a payload and of its regions, in bytes.
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE, PAYLOAD_ALIGN = 32, 8192, 16
+#: The two rules in the words of the library's messages, for Python's own.
+BITS_RULE = f"{BITS_INT4} or {BITS_INT8}"
+BLOCK_SIZE_RULE = f"a power of two in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]"
+
+
+def is_bits(value: int) -> bool:
+    """Whether ``value`` is a code width the library takes (``BITS_RULE``)."""
+    return value in QUANT_BITS
+
+
+def is_block_size(value: int) -> bool:
+    """Whether ``value`` is a block size the library takes (``BLOCK_SIZE_RULE``)."""
+    return MIN_BLOCK_SIZE <= value <= MAX_BLOCK_SIZE and value & (value - 1) == 0
 #: ``zpNumResults``, ``zpNumTypes``, ``zpNumOps``: one past the last value of each enum.
 NUM_RESULTS, NUM_TYPES, NUM_OPS = 8, 12, 5
 

@@ -86,7 +86,8 @@ from typing import Any, Callable
 
 from . import _torch as _ztorch
 from .comm import Comm, get_unique_id, payload_size
-from .enums import UNIQUE_ID_BYTES, Backend, Result
+from .enums import (BITS_RULE, BLOCK_SIZE_RULE, INT_MAX, QUANT_TYPES, UNIQUE_ID_BYTES, Backend, Result, Rounding, is_bits,
+                    is_block_size)
 from .errors import ZpcclError, ZpcclValueError
 
 __all__ = ["ZeroPlusPlus", "enable", "disable", "session_of", "MIN_TORCH"]
@@ -96,7 +97,8 @@ log = logging.getLogger("zpccl.fsdp")
 #: The first torch whose FSDP2 has the custom-communication hooks.
 MIN_TORCH = (2, 9)
 _CALL = "zpccl.fsdp.enable"
-_QUANT_DTYPES = ("float16", "bfloat16", "float32")
+_QUANT_DTYPES = tuple(t.name.lower() for t in QUANT_TYPES)  # as torch names them
+_ROUNDINGS = tuple(r.name.lower() for r in Rounding)
 
 
 # ---- torch's FSDP2, as this torch has it ------------------------------------------------------------------
@@ -799,24 +801,24 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     """
     fsdp = _Fsdp.load()
     for name, value in (("weight_bits", weight_bits), ("grad_bits", grad_bits)):
-        if value is not None and (value not in (4, 8) or isinstance(value, bool)):
-            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be 4 or 8 (or None: FSDP's own collective)",
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not is_bits(value)):
+            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be {BITS_RULE} (or None: FSDP's own collective)",
                                   _CALL)
     if weight_bits is None and grad_bits is None:
         raise ZpcclValueError(f"{_CALL}: weight_bits and grad_bits are both None, so zpccl would serve nothing: "
                               "give one of them, or do not call enable", _CALL)
     grad_block = block_size if grad_block_size is None else grad_block_size
     for name, value in (("block_size", block_size), ("grad_block_size", grad_block)):
-        if (isinstance(value, bool) or not isinstance(value, int) or not 32 <= value <= 8192
-                or value & (value - 1)):
-            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be a power of two in [32, 8192]", _CALL)
+        if isinstance(value, bool) or not isinstance(value, int) or not is_block_size(value):
+            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be {BLOCK_SIZE_RULE}", _CALL)
     if grad_bits is None and grad_block_size is not None:
         raise ZpcclValueError(f"{_CALL}: grad_block_size applies to qgZ's gradients, which grad_bits=None leaves on "
                               "FSDP's reduce-scatters: give grad_bits", _CALL)
-    if grad_rounding not in ("nearest", "stochastic"):
-        raise ZpcclValueError(f"{_CALL}: grad_rounding {grad_rounding!r} must be 'nearest' or 'stochastic'", _CALL)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31):
-        raise ZpcclValueError(f"{_CALL}: seed {seed!r} must be an int in [0, 2**31)", _CALL)
+    if grad_rounding not in _ROUNDINGS:
+        raise ZpcclValueError(f"{_CALL}: grad_rounding {grad_rounding!r} must be one of {', '.join(_ROUNDINGS)}",
+                              _CALL)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= INT_MAX):
+        raise ZpcclValueError(f"{_CALL}: seed {seed!r} must be an int in [0, {INT_MAX}]", _CALL)
     if not isinstance(error_feedback, bool):
         raise ZpcclValueError(f"{_CALL}: error_feedback {error_feedback!r} must be True or False", _CALL)
     if grad_bits is None and (error_feedback or grad_rounding != "nearest"):
