@@ -187,8 +187,9 @@ class FsdpOnThreads(unittest.TestCase):
         return cpu_mesh(shape, names)
 
     def run_pair(self, *, mp_dtype: Any, steps: int, weight_bits: int = 8, grad_bits: int = 4,
-                 grad_block: int | None = None) -> list[Any]:
-        """Each rank trains a copy of one model twice, with FSDP's collectives and with zpccl's."""
+                 grad_block: int | None = None, as_policy: bool = False) -> list[Any]:
+        """Each rank trains a copy of one model twice, with FSDP's collectives and with zpccl's (told through keyword
+        arguments, or ``as_policy`` through a ZeroPlusPlusPolicy)."""
         torch = self.torch
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -199,8 +200,15 @@ class FsdpOnThreads(unittest.TestCase):
             data = batches(torch, rank, steps)
             plain = train(torch, shard(torch, copy.deepcopy(base), self.mesh(), 2, mp), data)
             model = shard(torch, copy.deepcopy(base), self.mesh(), 2, mp)
-            zp = zpccl.fsdp.enable(model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=BLOCK,
-                                   ranks_per_node=2, grad_block_size=grad_block)
+            options = dict(weight_bits=weight_bits, grad_bits=grad_bits, block_size=BLOCK, ranks_per_node=2,
+                           grad_block_size=grad_block)
+            if as_policy:
+                policy = zpccl.ZeroPlusPlusPolicy(**options)
+                zp = zpccl.fsdp.enable(model, policy)
+                assert zp.policy is policy
+            else:
+                zp = zpccl.fsdp.enable(model, **options)
+                assert zp.policy == zpccl.ZeroPlusPlusPolicy(**options)
             rec = Recorder(torch, zp)
             losses = train(torch, model, data)
             summary = zp.summary()
@@ -246,9 +254,9 @@ class FsdpOnThreads(unittest.TestCase):
         return seen
 
     def check_training(self, mp_dtype: Any, weight_bits: int, grad_bits: int, bound: float,
-                       grad_block: int | None = None) -> list[Any]:
+                       grad_block: int | None = None, as_policy: bool = False) -> list[Any]:
         results = self.run_pair(mp_dtype=mp_dtype, steps=4, weight_bits=weight_bits, grad_bits=grad_bits,
-                                grad_block=grad_block)
+                                grad_block=grad_block, as_policy=as_policy)
         seen = self.check_calls(results, weight_bits, grad_bits, grad_block or BLOCK)
         # 3 FSDP modules and 4 steps: each gathers forward (qwZ) and backward (hpZ), and reduces once (qgZ); a
         # collective whose bits are None stays on FSDP's own and zpccl makes none of its calls.
@@ -268,7 +276,8 @@ class FsdpOnThreads(unittest.TestCase):
         self.check_training(None, 8, 4, bound=0.01)
 
     def test_bf16_mixed_precision_training_matches_fsdp(self) -> None:
-        self.check_training(self.torch.bfloat16, 8, 4, bound=0.01)
+        """The policy given as a ZeroPlusPlusPolicy (every other test gives its fields as keyword arguments)."""
+        self.check_training(self.torch.bfloat16, 8, 4, bound=0.01, as_policy=True)
 
     def test_int4_weights_int8_gradients(self) -> None:
         self.check_training(self.torch.bfloat16, 4, 8, bound=0.03)
@@ -575,7 +584,14 @@ class FsdpOnThreads(unittest.TestCase):
                               ({"grad_bits": None, "grad_rounding": "stochastic"}, "grad_bits=None leaves")):
                 with self.assertRaisesRegex(ValueError, words):
                     zpccl.fsdp.enable(model, **kw)
-            zp = zpccl.fsdp.enable(model, block_size=BLOCK)
+            policy = zpccl.ZeroPlusPlusPolicy(block_size=BLOCK)
+            with self.assertRaisesRegex(ValueError, "zpccl.fsdp.enable: give policy or keyword arguments, not both: "
+                                                    "policy= and block_size="):
+                zpccl.fsdp.enable(model, policy, block_size=BLOCK)
+            with self.assertRaisesRegex(TypeError, "zpccl.fsdp.enable: unknown argument"):
+                zpccl.fsdp.enable(model, blocksize=BLOCK)
+            self.assertIsNone(zpccl.fsdp.session_of(model))
+            zp = zpccl.fsdp.enable(model, policy)
             with self.assertRaisesRegex(zpccl.ZpcclError, "already serves this model"):
                 zpccl.fsdp.enable(model)
             zp.disable()

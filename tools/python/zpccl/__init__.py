@@ -22,6 +22,7 @@ from __future__ import annotations
 from . import enums
 from ._arrays import resolve_dtype
 from ._lib import Config, GradOptions, QuantOptions, UniqueId, library_path
+from ._policy import ZeroPlusPlusPolicy
 from .comm import Comm, get_unique_id, loaded_nccl_libraries, payload_size, version
 from .enums import Backend, DataType, RedOp, Result, Rounding
 from .errors import LibraryNotFoundError, ZpcclError, ZpcclTypeError, ZpcclValueError
@@ -31,7 +32,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "Backend", "Comm", "Config", "DataType", "GradOptions", "LibraryNotFoundError", "QuantOptions", "RedOp",
-    "Result", "Rounding",
-    "UniqueId", "ZpcclError", "ZpcclTypeError", "ZpcclValueError", "enums", "get_unique_id", "library_path",
-    "loaded_nccl_libraries", "payload_size", "resolve_dtype", "run_host_ranks", "version",
+    "Result", "Rounding", "UniqueId", "ZeroPlusPlusPolicy", "ZpcclError", "ZpcclTypeError", "ZpcclValueError", "enums",
+    "get_unique_id", "library_path", "loaded_nccl_libraries", "payload_size", "resolve_dtype", "run_host_ranks",
+    "version",
 ]

@@ -86,11 +86,11 @@ from typing import Any, Callable
 
 from . import _torch as _ztorch
 from .comm import Comm, get_unique_id, payload_size
-from .enums import (BITS_RULE, BLOCK_SIZE_RULE, INT_MAX, QUANT_TYPES, UNIQUE_ID_BYTES, Backend, Result, Rounding, is_bits,
-                    is_block_size)
+from ._policy import ZeroPlusPlusPolicy, resolve_policy
+from .enums import QUANT_TYPES, UNIQUE_ID_BYTES, Backend, Result
 from .errors import ZpcclError, ZpcclValueError
 
-__all__ = ["ZeroPlusPlus", "enable", "disable", "session_of", "MIN_TORCH"]
+__all__ = ["ZeroPlusPlus", "ZeroPlusPlusPolicy", "enable", "disable", "session_of", "MIN_TORCH"]
 
 log = logging.getLogger("zpccl.fsdp")
 
@@ -98,7 +98,6 @@ log = logging.getLogger("zpccl.fsdp")
 MIN_TORCH = (2, 9)
 _CALL = "zpccl.fsdp.enable"
 _QUANT_DTYPES = tuple(t.name.lower() for t in QUANT_TYPES)  # as torch names them
-_ROUNDINGS = tuple(r.name.lower() for r in Rounding)
 
 
 # ---- torch's FSDP2, as this torch has it ------------------------------------------------------------------
@@ -445,23 +444,15 @@ class ZeroPlusPlus:
     Made by :func:`enable`; :meth:`disable` puts FSDP's previous collectives back and frees the communicators.
     """
 
-    def __init__(self, fsdp: _Fsdp, model: Any, *, weight_bits: int | None, grad_bits: int | None, block_size: int,
-                 hpz: bool, param_blocks: bool, comm_config: dict[str, Any], error_feedback: bool = False,
-                 grad_block_size: int | None = None, hpz_size: int | None = None) -> None:
+    def __init__(self, fsdp: _Fsdp, model: Any, policy: ZeroPlusPlusPolicy) -> None:
         self._fsdp, self.model = fsdp, model
-        self.error_feedback = error_feedback
+        #: What serves the model, as :func:`enable` was told.
+        self.policy = policy
         #: id(param group) -> (residual, hop residual or None): error feedback's bf16 buffers (allocated by enable).
         self._residuals: dict[int, tuple[Any, Any]] = {}
         #: Bytes the error-feedback residuals hold (sender's, and the intermediate hop's).
         self.residual_bytes = 0
         self.hop_residual_bytes = 0
-        self.weight_bits, self.grad_bits, self.block_size = weight_bits, grad_bits, block_size
-        #: Elements per quantization block of the gradients (qgZ); block_size is the weights'.
-        self.grad_block_size = grad_block_size or block_size
-        self.hpz, self.param_blocks = hpz, param_blocks
-        #: The post-forward group size that modules sharded with reshard_after_forward=True get (None: none).
-        self.hpz_size = hpz_size
-        self._config = dict(comm_config)
         self._groups: dict[tuple[int, ...], _Group] = {}  # shard group's global ranks -> its communicators
         self._served: list[_Served] = []  # the parameter groups, in module order
         self._said: set[str] = set()
@@ -475,6 +466,48 @@ class ZeroPlusPlus:
         self.backend: Backend | None = None
         self._closed = False
         self._ranks_of: dict[Any, tuple[int, ...]] = {}
+
+    # ---- the policy's choices ----
+
+    @property
+    def weight_bits(self) -> int | None:
+        """qwZ's code bits (None: the all-gathers stay on FSDP's)."""
+        return self.policy.weight_bits
+
+    @property
+    def grad_bits(self) -> int | None:
+        """qgZ's code bits (None: the reduce-scatters stay on FSDP's)."""
+        return self.policy.grad_bits
+
+    @property
+    def block_size(self) -> int:
+        """Elements per quantization block of the weights (qwZ)."""
+        return self.policy.block_size
+
+    @property
+    def grad_block_size(self) -> int:
+        """Elements per quantization block of the gradients (qgZ)."""
+        return self.policy.grad_block
+
+    @property
+    def hpz(self) -> bool:
+        """Whether hpZ serves the backward gathers over FSDP's post-forward groups."""
+        return self.policy.hpz
+
+    @property
+    def hpz_size(self) -> int | None:
+        """The post-forward group size that modules sharded with reshard_after_forward=True get (None: none)."""
+        return self.policy.hpz_size
+
+    @property
+    def param_blocks(self) -> bool:
+        """Whether blocks restart at parameter boundaries."""
+        return self.policy.param_blocks
+
+    @property
+    def error_feedback(self) -> bool:
+        """Whether qgZ keeps residuals per parameter group."""
+        return self.policy.error_feedback
 
     def _ranks(self, group: Any) -> tuple[int, ...]:
         """The global ranks of a process group, in group-rank order (looked up once a group)."""
@@ -553,8 +586,7 @@ class ZeroPlusPlus:
         return call()
 
     def _block(self, reduce: bool) -> int:
-        """Elements per quantization block of the reduce-scatters (gradients) or of the all-gathers (weights)."""
-        return self.grad_block_size if reduce else self.block_size
+        return self.policy.block(reduce)
 
     def _layout(self, sizes: list[int] | None, count: int, reduce: bool) -> BlockLayout:
         key = (tuple(sizes) if sizes else (count,), self._block(reduce))
@@ -766,12 +798,12 @@ def disable(model: Any) -> None:
 # ---- enable --------------------------------------------------------------------------------------------------
 
 
-def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4, block_size: int = 256,
-           hpz: bool = True, param_blocks: bool = True, ranks_per_node: int | None = None, node_id: int | None = None,
-           grad_rounding: str = "nearest", seed: int | None = None, error_feedback: bool = False,
-           grad_block_size: int | None = None, hpz_size: int | None = None) -> ZeroPlusPlus:
+def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any) -> ZeroPlusPlus:
     """Switches a ``fully_shard``-ed model to zpccl's collectives (see the module's docstring). Collective: every
     rank of the model's process groups calls it, after ``fully_shard`` and before the first step.
+
+    ``policy`` is a :class:`~zpccl.ZeroPlusPlusPolicy`; or give its fields as keyword arguments instead (not
+    both), e.g. ``enable(model, weight_bits=8, grad_bits=4, block_size=256)``. Its fields, as FSDP reads them:
 
     * ``weight_bits`` (8 or 4): qwZ's codes; ``grad_bits`` (4 or 8): qgZ's; ``block_size``: elements per
       quantization block, a power of two in [32, 8192]; ``grad_block_size``: the gradients' own, if given (else
@@ -800,39 +832,11 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     :class:`~zpccl.ZpcclError` (or its ValueError/TypeError subclasses) with a message saying what to change.
     """
     fsdp = _Fsdp.load()
-    for name, value in (("weight_bits", weight_bits), ("grad_bits", grad_bits)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not is_bits(value)):
-            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be {BITS_RULE} (or None: FSDP's own collective)",
-                                  _CALL)
-    if weight_bits is None and grad_bits is None:
-        raise ZpcclValueError(f"{_CALL}: weight_bits and grad_bits are both None, so zpccl would serve nothing: "
-                              "give one of them, or do not call enable", _CALL)
-    grad_block = block_size if grad_block_size is None else grad_block_size
-    for name, value in (("block_size", block_size), ("grad_block_size", grad_block)):
-        if isinstance(value, bool) or not isinstance(value, int) or not is_block_size(value):
-            raise ZpcclValueError(f"{_CALL}: {name} {value!r} must be {BLOCK_SIZE_RULE}", _CALL)
-    if grad_bits is None and grad_block_size is not None:
-        raise ZpcclValueError(f"{_CALL}: grad_block_size applies to qgZ's gradients, which grad_bits=None leaves on "
-                              "FSDP's reduce-scatters: give grad_bits", _CALL)
-    if grad_rounding not in _ROUNDINGS:
-        raise ZpcclValueError(f"{_CALL}: grad_rounding {grad_rounding!r} must be one of {', '.join(_ROUNDINGS)}",
-                              _CALL)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= INT_MAX):
-        raise ZpcclValueError(f"{_CALL}: seed {seed!r} must be an int in [0, {INT_MAX}]", _CALL)
-    if not isinstance(error_feedback, bool):
-        raise ZpcclValueError(f"{_CALL}: error_feedback {error_feedback!r} must be True or False", _CALL)
-    if grad_bits is None and (error_feedback or grad_rounding != "nearest"):
-        raise ZpcclValueError(f"{_CALL}: error_feedback and grad_rounding apply to qgZ's gradients, which "
-                              "grad_bits=None leaves on FSDP's reduce-scatters: give grad_bits", _CALL)
-    _check_hpz_size(hpz_size, weight_bits, hpz, ranks_per_node)
+    policy = resolve_policy(_CALL, policy, options)
     served = _served_groups(fsdp, model)
-    if hpz_size is not None:
+    if policy.hpz_size is not None:
         fsdp.check_post_forward(served)
-    session = ZeroPlusPlus(fsdp, model, weight_bits=weight_bits, grad_bits=grad_bits, block_size=block_size,
-                           grad_block_size=grad_block_size, hpz=hpz, param_blocks=param_blocks,
-                           error_feedback=error_feedback, hpz_size=hpz_size,
-                           comm_config=dict(ranks_per_node=ranks_per_node, node_id=node_id,
-                                            grad_rounding=grad_rounding, grad_seed=seed))
+    session = ZeroPlusPlus(fsdp, model, policy)
     session._served = served
     try:
         _attach(session)
@@ -842,21 +846,6 @@ def enable(model: Any, *, weight_bits: int | None = 8, grad_bits: int | None = 4
     for s in served:
         _SERVED[id(s.param_group)] = session
     return session
-
-
-def _check_hpz_size(k: Any, weight_bits: int | None, hpz: bool, ranks_per_node: int | None) -> None:
-    """What can be said of hpz_size before the node layout is known (the rest: :func:`_check_hpz_size_fits`)."""
-    if k is None:
-        return
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ZpcclValueError(f"{_CALL}: hpz_size {k!r} must be an int of at least 2 (the ranks of an hpZ group, "
-                              "dividing the ranks per node), or None", _CALL)
-    if weight_bits is None or not hpz:
-        off = "weight_bits=None" if weight_bits is None else "hpz=False"
-        raise ZpcclValueError(f"{_CALL}: hpz_size gives modules a backward gather for hpZ, which {off} leaves on "
-                              f"FSDP's all-gathers: drop hpz_size, or {off}", _CALL)
-    if ranks_per_node is not None and ranks_per_node % k:
-        raise ZpcclValueError(f"{_CALL}: hpz_size {k} must divide ranks_per_node {ranks_per_node}", _CALL)
 
 
 def _served_groups(fsdp: _Fsdp, model: Any) -> list[_Served]:
@@ -998,11 +987,8 @@ def _choose_backend(session: ZeroPlusPlus, shard: Any) -> None:
 
 def _make_comm(session: ZeroPlusPlus, shard: Any, reduce: bool, hpz_size: int | None = None,
                wrap: bool | None = None) -> Comm:
-    # A collective left on FSDP's still needs a valid width in the communicator's config; it never uses it. Each
-    # communicator quantizes in its own collective's blocks (gradients' and weights' may differ).
-    config = dict(weight_bits=session.weight_bits or 8, grad_bits=session.grad_bits or 4,
-                  **{key: v for key, v in session._config.items() if v is not None})
-    config.update(block_size=session._block(reduce), hpz_size=hpz_size)
+    # Each communicator quantizes in its own collective's blocks (gradients' and weights' may differ).
+    config = dict(session.policy.comm_config(reduce), hpz_size=hpz_size)
     if session.device.type == "cuda":
         return Comm.from_torch_group(shard, device=session.device, wrap=wrap, **config)
     return _host_comm(shard, config)

@@ -1,0 +1,100 @@
+"""zpccl.ZeroPlusPlusPolicy: checked once when made, at the library's bounds (zpccl.enums), each refusal naming the
+argument; frozen; and resolve_policy, which integrations' entry points use to take a policy or its fields as
+keyword arguments. Needs neither torch nor the library."""
+from __future__ import annotations
+
+import dataclasses
+import unittest
+
+import zpccl
+from zpccl import enums
+from zpccl._policy import resolve_policy
+
+Policy = zpccl.ZeroPlusPlusPolicy
+
+
+class PolicyChecks(unittest.TestCase):
+    def refused(self, words: str, **fields: object) -> None:
+        with self.assertRaises(zpccl.ZpcclError) as caught:
+            Policy(**fields)
+        self.assertIn(words, caught.exception.message)
+        self.assertTrue(caught.exception.message.startswith("ZeroPlusPlusPolicy: "), caught.exception.message)
+
+    def test_defaults_are_valid_and_frozen(self) -> None:
+        p = Policy()
+        self.assertEqual((p.weight_bits, p.grad_bits, p.block_size, p.grad_block), (8, 4, 256, 256))
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            p.block_size = 64  # type: ignore[misc]
+        q = dataclasses.replace(p, grad_block_size=64)
+        self.assertEqual((q.block(reduce=False), q.block(reduce=True)), (256, 64))
+        self.assertEqual((q.bits(reduce=False), q.bits(reduce=True)), (8, 4))
+        with self.assertRaisesRegex(ValueError, "grad_block_size 48 must be"):
+            dataclasses.replace(p, grad_block_size=48)  # replace checks again
+
+    def test_bits_and_blocks_at_the_librarys_bounds(self) -> None:
+        lo, hi = enums.MIN_BLOCK_SIZE, enums.MAX_BLOCK_SIZE
+        for name in ("block_size", "grad_block_size"):
+            for block in (lo, hi):
+                self.assertEqual(getattr(Policy(**{name: block}), name), block)
+            for block in (lo // 2, lo - 1, lo + 1, hi - 1, hi + 1, 2 * hi, 256.0, True):
+                self.refused(f"{name} {block!r} must be {enums.BLOCK_SIZE_RULE}", **{name: block})
+        self.refused(f"block_size None must be {enums.BLOCK_SIZE_RULE}", block_size=None)
+        for name in ("weight_bits", "grad_bits"):
+            for bits in enums.QUANT_BITS:
+                self.assertEqual(getattr(Policy(**{name: bits}), name), bits)
+            for bits in (enums.BITS_INT4 - 1, enums.BITS_INT4 + 1, enums.BITS_INT8 - 1, enums.BITS_INT8 + 1, 8.0):
+                self.refused(f"{name} {bits!r} must be {enums.BITS_RULE}", **{name: bits})
+
+    def test_each_refusal_names_its_argument(self) -> None:
+        self.refused("both None, so zpccl would serve nothing", weight_bits=None, grad_bits=None)
+        for name in ("hpz", "param_blocks", "error_feedback"):
+            self.refused(f"{name} 1 must be True or False", **{name: 1})
+        self.refused("grad_rounding 'up' must be one of 'nearest', 'stochastic'", grad_rounding="up")
+        self.refused(f"seed -1 must be an int in [0, {enums.INT_MAX}]", seed=-1)
+        self.refused(f"seed {enums.INT_MAX + 1} must be", seed=enums.INT_MAX + 1)
+        self.assertEqual(Policy(seed=enums.INT_MAX).seed, enums.INT_MAX)
+        self.refused("grad_block_size applies to qgZ's gradients", grad_bits=None, grad_block_size=64)
+        self.refused("error_feedback and grad_rounding apply to qgZ's gradients", grad_bits=None, error_feedback=True,
+                     grad_rounding="stochastic")
+        self.refused("ranks_per_node 0 must be an int of at least 1", ranks_per_node=0)
+        self.refused("node_id -1 must be an int of at least 0", node_id=-1)
+        self.refused("ranks_per_node and node_id are exclusive", ranks_per_node=2, node_id=0)
+        self.refused("hpz_size 1 must be an int of at least 2", hpz_size=1)
+        self.refused("which hpz=False leaves", hpz_size=2, hpz=False)
+        self.refused("which weight_bits=None leaves", hpz_size=2, weight_bits=None)
+        self.refused("hpz_size 4 must divide ranks_per_node 6", hpz_size=4, ranks_per_node=6)
+        self.assertEqual(Policy(hpz_size=2, ranks_per_node=6).hpz_size, 2)
+
+    def test_comm_config_in_each_collectives_blocks(self) -> None:
+        p = Policy(grad_bits=None, block_size=64, ranks_per_node=2, seed=3)
+        self.assertEqual(p.comm_config(reduce=False), dict(weight_bits=8, grad_bits=enums.BITS_INT4, block_size=64,
+                                                           ranks_per_node=2, grad_rounding="nearest", grad_seed=3))
+        p = Policy(weight_bits=4, grad_block_size=32)
+        self.assertEqual(p.comm_config(reduce=True)["block_size"], 32)
+        self.assertEqual(p.comm_config(reduce=False)["block_size"], 256)
+        self.assertNotIn("node_id", p.comm_config(reduce=True))
+
+
+class ResolvePolicy(unittest.TestCase):
+    CALL = "zpccl.fsdp.enable"
+
+    def test_a_policy_or_its_fields(self) -> None:
+        p = Policy(weight_bits=4)
+        self.assertIs(resolve_policy(self.CALL, p, {}), p)
+        self.assertEqual(resolve_policy(self.CALL, None, dict(weight_bits=4)), p)
+        self.assertEqual(resolve_policy(self.CALL, None, {}), Policy())
+
+    def test_refusals_name_the_call_and_the_arguments(self) -> None:
+        with self.assertRaisesRegex(ValueError, r"^zpccl\.fsdp\.enable: give policy or keyword arguments, not both: "
+                                                r"policy= and block_size=, grad_bits="):
+            resolve_policy(self.CALL, Policy(), dict(grad_bits=8, block_size=64))
+        with self.assertRaisesRegex(ValueError, r"^zpccl\.fsdp\.enable: block_size 100 must be a power of two"):
+            resolve_policy(self.CALL, None, dict(block_size=100))
+        with self.assertRaisesRegex(TypeError, r"^zpccl\.fsdp\.enable: unknown argument\(s\) blocksize; .* block_size"):
+            resolve_policy(self.CALL, None, dict(blocksize=64))
+        with self.assertRaisesRegex(TypeError, "policy must be a zpccl.ZeroPlusPlusPolicy, got dict"):
+            resolve_policy(self.CALL, dict(weight_bits=8), {})
+
+
+if __name__ == "__main__":
+    unittest.main()
