@@ -126,12 +126,13 @@ class Recorder:
 
     def __init__(self, torch: Any, zp: Any) -> None:
         self.calls: list[tuple] = []
-        qwz, hpz, rs = zp._qwz, zp._hpz, zp._reduce_scatter
+        paths = zp.collectives  # what the hooks call
+        qwz, hpz, rs = paths.qwz, paths.hpz, paths.reduce_scatter
 
-        def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
+        def on_qwz(hook: Any, comm: Any, output: Any, input: Any) -> None:
             x = input.clone()
-            qwz(hook, g, output, input)
-            self.calls.append(("qwz", x, output.clone(), zp._gather_sizes(hook, x.numel())))
+            qwz(hook, comm, output, input)
+            self.calls.append(("qwz", x, output.clone(), paths.gather_sizes(hook, x.numel())))
 
         def on_hpz(g: Any, output: Any, input: Any) -> None:
             x = input.clone()
@@ -143,10 +144,10 @@ class Recorder:
         def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
             x = input.clone()
             result = rs(hook, output, input, group, op, *rest)
-            self.calls.append(("qgz", x, output.clone(), zp._reduce_sizes(hook, output.numel()), op))
+            self.calls.append(("qgz", x, output.clone(), paths.reduce_sizes(hook, output.numel()), op))
             return result
 
-        zp._qwz, zp._hpz, zp._reduce_scatter = on_qwz, on_hpz, on_rs
+        paths.qwz, paths.hpz, paths.reduce_scatter = on_qwz, on_hpz, on_rs
 
     @staticmethod
     def pf_group(zp: Any, g: Any) -> Any:
@@ -373,17 +374,19 @@ class FsdpOnThreads(unittest.TestCase):
             zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, grad_rounding="stochastic",
                                    seed=seed, error_feedback=True)
             calls: list[tuple] = []
-            rs = zp._reduce_scatter
+            rs = zp.collectives.reduce_scatter
 
             def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
                 x = input.clone()
                 result = rs(hook, output, input, group, op, *rest)
-                calls.append((id(hook.param_group), x, output.clone(), zp._reduce_sizes(hook, output.numel()), op))
+                sizes = zp.collectives.reduce_sizes(hook, output.numel())
+                calls.append((id(hook.param_group), x, output.clone(), sizes, op))
                 return result
 
-            zp._reduce_scatter = on_rs
+            zp.collectives.reduce_scatter = on_rs
             losses = train(torch, model, data)
-            residuals = {k: (bits_of(r), bits_of(h) if h is not None else None) for k, (r, h) in zp._residuals.items()}
+            residuals = {k: (bits_of(r), bits_of(h) if h is not None else None)
+                         for k, (r, h) in zp.collectives.residuals.items()}
             summary = zp.summary()
             zp.disable()
             return plain, losses, summary, calls, residuals
@@ -500,13 +503,13 @@ class FsdpOnThreads(unittest.TestCase):
             for m in modules if factor_after_enable else ():
                 m.set_gradient_divide_factor(factor)
             ops: list[str] = []
-            rs = zp._reduce_scatter
+            rs = zp.collectives.reduce_scatter
 
             def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
                 ops.append(zpccl.fsdp._op_name(torch.distributed, op))
                 return rs(hook, output, input, group, op, *rest)
 
-            zp._reduce_scatter = on_rs
+            zp.collectives.reduce_scatter = on_rs
             opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
             losses, grads = [], []
             for ids in batches(torch, rank, 3):

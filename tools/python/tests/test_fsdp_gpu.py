@@ -50,22 +50,22 @@ class _Exact:
         self.calls: list[tuple] = []
         self.checked = {"qwz": 0, "qgz": 0}
         self.active = True  # whether calls are kept now
-        qwz, rs = zp._qwz, zp._reduce_scatter
+        qwz, rs = zp.collectives.qwz, zp.collectives.reduce_scatter
 
-        def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
+        def on_qwz(hook: Any, comm: Any, output: Any, input: Any) -> None:
             x = input.clone()
-            qwz(hook, g, output, input)
+            qwz(hook, comm, output, input)
             if self.active:
-                self.calls.append(("qwz", zp._gather_sizes(hook, x.numel()), x, output.clone(), None))
+                self.calls.append(("qwz", zp.collectives.gather_sizes(hook, x.numel()), x, output.clone(), None))
 
         def on_rs(hook: Any, output: Any, input: Any, group: Any, op: Any, *rest: Any) -> Any:
             x = input.clone()
             result = rs(hook, output, input, group, op, *rest)
             if self.active:
-                self.calls.append(("qgz", zp._reduce_sizes(hook, output.numel()), x, output.clone(), op))
+                self.calls.append(("qgz", zp.collectives.reduce_sizes(hook, output.numel()), x, output.clone(), op))
             return result
 
-        zp._qwz, zp._reduce_scatter = on_qwz, on_rs
+        zp.collectives.qwz, zp.collectives.reduce_scatter = on_qwz, on_rs
 
     def verify(self) -> None:
         """Checks every recorded call; collective (every rank gathers every call's inputs in the same order)."""
@@ -124,19 +124,19 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad
             # unsynchronized run's by more than noise points at a race.
             zp = zpccl.fsdp.enable(model, grad_bits=grad_bits, ranks_per_node=where.ranks_per_node,
                                    grad_block_size=grad_block)
-            for name in ("_all_gather", "_reduce_scatter"):
-                def synchronized(*a: Any, _call: Any = getattr(zp, name)) -> Any:
+            for name in ("all_gather", "reduce_scatter"):
+                def synchronized(*a: Any, _call: Any = getattr(zp.collectives, name)) -> Any:
                     out = _call(*a)
                     torch.cuda.synchronize()
                     return out
-                setattr(zp, name, synchronized)
+                setattr(zp.collectives, name, synchronized)
         elif comm == "zpccl":
             zp = zpccl.fsdp.enable(model, grad_bits=grad_bits, ranks_per_node=where.ranks_per_node,
                                    grad_block_size=grad_block)
-            qwz, hpz = zp._qwz, zp._hpz
+            qwz, hpz = zp.collectives.qwz, zp.collectives.hpz
 
-            def on_qwz(hook: Any, g: Any, output: Any, input: Any) -> None:
-                qwz(hook, g, output, input)
+            def on_qwz(hook: Any, comm: Any, output: Any, input: Any) -> None:
+                qwz(hook, comm, output, input)
                 hashes.append(int(output.view(torch.int16).to(torch.int64).mul(
                     torch.arange(1, output.numel() + 1, device=output.device)).sum()))
 
@@ -150,7 +150,7 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad
                 dist.all_gather_into_tensor(exact, x, group=group)
                 inexact.append(int(not torch.equal(exact.view(torch.int16), output.view(torch.int16))))
 
-            zp._qwz, zp._hpz = on_qwz, on_hpz
+            zp.collectives.qwz, zp.collectives.hpz = on_qwz, on_hpz
             checker = _Exact(torch, zp, world, [r // (world // nodes) for r in range(world)], grad_bits)
         opt, schedule = ex.make_optimizer(torch, model, 1e-3, steps)
         curve = []

@@ -115,8 +115,8 @@ class ParameterGroups(unittest.TestCase):
             groups = {id(pg): pg for m in model.modules() if isinstance(m, zp._fsdp.FSDPModule)
                       for pg in zp._fsdp.param_groups(m)}
             self.assertEqual(len(groups), 4)
-            self.assertEqual(len(zp._residuals), 4)
-            self.assertEqual(zp.residual_bytes, 2 * sum(r.numel() for r, _ in zp._residuals.values()))
+            self.assertEqual(len(zp.collectives.residuals), 4)
+            self.assertEqual(zp.residual_bytes, 2 * sum(r.numel() for r, _ in zp.collectives.residuals.values()))
             data = batches(torch, rank, 3)
             train(torch, model, data[:2])
             before = {k: v["calls"] for k, v in zp.summary().items()}

@@ -33,14 +33,14 @@ def shard(model: Any, world: int | tuple, blocks: list[Any], root: Any = None) -
 def record_gathers(zp: Any) -> list[Any]:
     """Every all-gather's output, in call order (copies)."""
     outputs: list[Any] = []
-    gather = zp._all_gather
+    gather = zp.collectives.all_gather
 
     def on_gather(hook: Any, output: Any, *rest: Any) -> Any:
         result = gather(hook, output, *rest)
         outputs.append(output.clone())
         return result
 
-    zp._all_gather = on_gather
+    zp.collectives.all_gather = on_gather
     return outputs
 
 

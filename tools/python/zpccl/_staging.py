@@ -1,0 +1,97 @@
+"""Staging for blocks that restart at parameter boundaries, shared by the framework integrations.
+
+A framework hands a collective one flat buffer per rank holding several parameters' parts back to back (FSDP2's
+padded shards of a module's parameters; DeepSpeed's partitions). :class:`BlockLayout` says where each part goes
+so that it starts on a quantization block, and copies a buffer into that layout and back; :class:`Staging` is the
+reserved buffer the staged copy lives in while the collective runs. Neither imports torch (the caller passes it)
+nor any integration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BlockLayout", "Staging"]
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where each parameter's part of a flat per-rank buffer goes so that it starts on a block boundary.
+
+    ``sizes`` are the parts' element counts in buffer order; each part but the last is padded to a multiple of
+    ``block_size`` (the last one's partial block ends at the shard's end, where blocks restart anyway).
+    """
+
+    sizes: tuple[int, ...]
+    block_size: int
+    staged_offsets: tuple[int, ...] = field(init=False)
+    staged_count: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        offsets, at = [], 0
+        for i, n in enumerate(self.sizes):
+            offsets.append(at)
+            at += n if i == len(self.sizes) - 1 else -(-n // self.block_size) * self.block_size
+        object.__setattr__(self, "staged_offsets", tuple(offsets))
+        object.__setattr__(self, "staged_count", at)
+
+    @property
+    def count(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def identity(self) -> bool:
+        """Every part already starts on a block boundary: no staging needed."""
+        return self.staged_count == self.count
+
+    def pad(self, i: int) -> int:
+        return 0 if i == len(self.sizes) - 1 else self.staged_offsets[i + 1] - self.staged_offsets[i] - self.sizes[i]
+
+    def stage(self, torch: Any, src: Any, dst: Any, zeros: Any) -> None:
+        """``dst`` (rows x staged_count) <- ``src`` (rows x count), each part on a block boundary, zeros between."""
+        pieces, at = [], 0
+        for i, n in enumerate(self.sizes):
+            pieces.append(src.narrow(-1, at, n))
+            if self.pad(i):
+                pieces.append(zeros.narrow(-1, 0, self.pad(i)))
+            at += n
+        torch.cat(pieces, dim=-1, out=dst)
+
+    def unstage(self, torch: Any, src: Any, dst: Any) -> None:
+        """``dst`` (rows x count) <- the parts of ``src`` (rows x staged_count)."""
+        torch.cat([src.narrow(-1, o, n) for o, n in zip(self.staged_offsets, self.sizes)], dim=-1, out=dst)
+
+
+class Staging:
+    """A reserved byte buffer handed out as typed views, one collective at a time. The collectives that share it
+    may run on several streams (FSDP gathers on one and reduce-scatters on another, and an explicit
+    ``unshard(async_op=True)`` gathers on the caller's): a use on another stream than the last waits for the last
+    one's work first."""
+
+    def __init__(self, torch: Any, device: Any, nbytes: int) -> None:
+        self.torch, self.device = torch, device
+        self.buffer = torch.empty(max(nbytes, 0), dtype=torch.uint8, device=device)
+        self.grown = False
+        self._cuda = device.type == "cuda"
+        self._last: tuple[Any, Any] | None = None  # (stream, event recorded after its use)
+
+    def view(self, count: int, dtype: Any) -> Any:
+        nbytes = count * dtype.itemsize
+        if nbytes > self.buffer.numel():
+            self.buffer = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
+            self.grown = True
+        return self.buffer.narrow(0, 0, nbytes).view(dtype)
+
+    def begin(self) -> None:
+        """Orders this use after the previous one, when that was on another stream."""
+        if self._cuda and self._last is not None:
+            stream = self.torch.cuda.current_stream(self.device)
+            if stream != self._last[0]:
+                stream.wait_event(self._last[1])
+
+    def end(self) -> None:
+        if self._cuda:
+            stream = self.torch.cuda.current_stream(self.device)
+            event = self._last[1] if self._last is not None else self.torch.cuda.Event()
+            event.record(stream)
+            self._last = (stream, event)

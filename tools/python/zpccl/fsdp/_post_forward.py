@@ -1,0 +1,121 @@
+"""``hpz_size``: post-forward groups for front ends that take only a bool.
+
+Where a front end shards with ``reshard_after_forward=True`` only (torchtitan, Accelerate), ``hpz_size=k`` gives
+those modules FSDP's post-forward groups of k ranks, made by FSDP's own post-forward mesh machinery, exactly what
+``reshard_after_forward=k`` makes; their backward gathers are then hpZ. :meth:`PostForward.restore` puts FSDP's
+back when the session is disabled.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ZpcclValueError
+from ._report import Report
+from ._torch_fsdp import CALL, POST_FORWARD_DERIVED, TorchFsdp, fsdp_modules
+
+
+@dataclass(eq=False)
+class PostForward:
+    """A parameter group's post-forward mesh as FSDP had it, and each of its parameters' own copy with the sizes
+    FSDP derived from it when it made the parameter: what hpz_size replaces and disable() puts back."""
+
+    info: Any  # the parameter group's
+    ours: Any  # hpz_size's
+    params: list[tuple[Any, Any, dict[str, Any]]]  # (FSDPParam, its post-forward mesh, its derived sizes)
+
+    @staticmethod
+    def save(pg: Any, ours: Any) -> "PostForward":
+        return PostForward(pg.post_forward_mesh_info, ours, [
+            (p, p.post_forward_mesh_info, {a: p.__dict__[a] for a in POST_FORWARD_DERIVED if a in p.__dict__})
+            for p in pg.fsdp_params])
+
+    def apply(self, torch: Any, pg: Any) -> None:
+        """What ``reshard_after_forward=k`` sets up when FSDP makes the group, on the group made with True."""
+        for p, _info, _derived in self.params:
+            p.post_forward_mesh_info = self.ours
+            # FSDP derives these from the unsharded parameter's shape alone: a meta tensor of it stands in.
+            p._init_sharded_post_forward_param_metadata(torch.empty(p._orig_size, device="meta"))
+        pg.post_forward_mesh_info = self.ours
+
+    def restore(self, pg: Any) -> None:
+        if pg.post_forward_mesh_info is self.ours:  # else the user has set reshard_after_forward since: theirs
+            pg.post_forward_mesh_info = self.info
+        for p, info, derived in self.params:
+            p.post_forward_mesh_info = info
+            for a in POST_FORWARD_DERIVED:
+                if a in derived:
+                    setattr(p, a, derived[a])
+                else:
+                    p.__dict__.pop(a, None)
+
+
+def apply_hpz_size(fsdp: TorchFsdp, k: int, model: Any, served: list[Any], report: Report) -> None:
+    """Gives the parameter groups sharded with reshard_after_forward=True a post-forward group of k ranks, as
+    reshard_after_forward=k would have made them: through torch's own maker of post-forward meshes, one mesh per
+    shard mesh, shared by its groups (their process groups made once). Every group is checked before any
+    changes."""
+    targets = _targets(k, model, served, report)
+    for g in {id(s.group): s.group for s in targets}.values():
+        _check_fits(k, g, [s for s in targets if s.group is g])
+    meshes: dict[tuple, Any] = {}
+    for s in targets:
+        mesh = s.param_group.mesh_info.mesh
+        key = (mesh.device_type, tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()))
+        if key not in meshes:
+            meshes[key] = fsdp.make_post_forward(k, s.param_group.mesh_info)
+        s.post_forward = PostForward.save(s.param_group, meshes[key])
+        s.post_forward.apply(fsdp.torch, s.param_group)
+
+
+def _targets(k: int, model: Any, served: list[Any], report: Report) -> list[Any]:
+    """The parameter groups that hpz_size applies to: those resharded after forward over the whole shard group.
+    Those it cannot apply to keep it, and the log says why once per reason."""
+    targets, kept = [], {}
+    for s in served:
+        pg = s.param_group
+        if pg.post_forward_mesh_info is None or pg.post_forward_mesh_info != pg.mesh_info or _default_root(model, s):
+            continue  # False, or an int of the user's, or a root that FSDP will set to False
+        if len(s.group.ranks) == k:
+            why = (f"its shard group has {k} ranks: FSDP's post-forward group would be the shard group itself, "
+                   "whose backward gathers are qwZ")
+        elif any(p.is_dtensor for p in pg.fsdp_params):
+            why = "its parameters are DTensors (tensor parallel), which FSDP does not reshard to a smaller group"
+        elif getattr(pg.mesh_info, "is_spmd_mesh", False):
+            why = "FSDP does not reshard a module of an SPMD mesh (dp_mesh_dims) to a smaller group"
+        elif any(getattr(p, "_release_all_gather_outputs_after_post_all_gather", False) for p in pg.fsdp_params):
+            why = "its all-gather extension releases the gathered outputs that a smaller group's shard is cut from"
+        else:
+            targets.append(s)
+            continue
+        kept.setdefault(why, []).append(s.name)
+    for why, names in kept.items():
+        report.say_once("hpz_size: " + why, f"hpz_size={k} leaves modules {names} at reshard_after_forward=True: "
+                        f"{why}", logging.INFO if why.startswith("its shard group") else logging.WARNING)
+    return targets
+
+
+def _default_root(model: Any, served: Any) -> bool:
+    """Whether FSDP will set the module's reshard_after_forward to False as a root left at its default: it marks
+    the outermost FSDP modules roots when the first forward runs."""
+    state = served.module._get_fsdp_state()
+    if not state._auto_reshard_after_forward:
+        return False
+    if state._is_root is not None:
+        return bool(state._is_root)
+    names = {name for name, _m in fsdp_modules(model)}
+    parts = served.name.split(".") if served.name else []
+    return not any(".".join(parts[:i]) in names for i in range(len(parts)))
+
+
+def _check_fits(k: int, g: Any, served: list[Any]) -> None:
+    """hpz_size against one shard group and its nodes; the same verdict on every rank (gathered facts)."""
+    names = [s.name for s in served]
+    if len(g.ranks) % k:
+        raise ZpcclValueError(f"{CALL}: hpz_size {k} must divide the ranks of the shard group that modules {names} "
+                              f"are sharded over, {len(g.ranks)}", CALL)
+    sizes = sorted({f["local_size"] for f in g.nodes})
+    if any(size % k for size in sizes):
+        raise ZpcclValueError(f"{CALL}: hpz_size {k} must divide the ranks per node: the shard group of modules "
+                              f"{names} has nodes of {sizes} ranks", CALL)

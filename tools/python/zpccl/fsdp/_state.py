@@ -1,0 +1,153 @@
+"""The state of one ``enable``: :class:`ZeroPlusPlus`, what it serves (:class:`Served`, one per FSDP parameter
+group) and the registry of served groups that keeps a second ``enable`` from stacking on them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+from .._policy import ZeroPlusPlusPolicy
+from ..enums import Result
+from ..errors import ZpcclError
+from ._collectives import Collectives
+from ._groups import Communicators, Group, Hpz
+from ._post_forward import PostForward
+from ._report import PathStats, Report
+from ._torch_fsdp import TorchFsdp
+
+
+@dataclass(eq=False)
+class Served:
+    """One FSDP parameter group that zpccl serves: what its hooks read, and what disable() puts back. A group is
+    served once however many modules share it (``fully_shard([m1, m2])``)."""
+
+    param_group: Any
+    module: Any  # the FSDP module whose state holds it (the first of the modules sharded together)
+    name: str  # that module's name in the model ("" for the model itself), for messages
+    group: Group | None = None  # its shard group's communicators
+    hpz: Hpz | None = None  # its post-forward group's, when hpZ serves its backward gather
+    hooked: bool = False  # whether its FSDP collectives below were replaced
+    all_gather: Any = None  # FSDP's collectives before enable
+    reduce_scatter: Any = None
+    post_forward: PostForward | None = None  # hpz_size's change to its post-forward mesh
+
+    @property
+    def label(self) -> str:
+        return repr(self.name) if self.name else "the model"
+
+
+#: id(FSDP parameter group) -> the live ZeroPlusPlus that serves it. Served groups, not models, are what a second
+#: enable must not stack on: a model, a module inside it and a model around it share them.
+SERVED: dict[int, "ZeroPlusPlus"] = {}
+
+
+def _reads(path: str, doc: str) -> property:
+    """A read-only attribute that reads ``self.<path>`` (what the session holds, told where it lives)."""
+    get = attrgetter(path)
+    return property(lambda self: get(self), doc=doc)
+
+
+class ZeroPlusPlus:
+    """zpccl serving one FSDP2 model: its policy, communicators (:attr:`comms`), the collectives its hooks call
+    (:attr:`collectives`, with their staging buffers) and counters.
+
+    Made by :func:`~zpccl.fsdp.enable`; :meth:`disable` puts FSDP's previous collectives back and frees the
+    communicators.
+    """
+
+    def __init__(self, fsdp: TorchFsdp, model: Any, policy: ZeroPlusPlusPolicy, served: list[Served]) -> None:
+        self._fsdp, self.model = fsdp, model
+        #: What serves the model, as :func:`~zpccl.fsdp.enable` was told.
+        self.policy = policy
+        self.device: Any = served[0].param_group.device
+        self.report = Report()
+        self.comms = Communicators(fsdp, policy, self.device)
+        self.collectives = Collectives(fsdp, policy, self.device, self.report, self.comms.ranks)
+        self._served = list(served)  # the parameter groups, in module order
+        self._closed = False
+
+    # ---- the policy's choices, and the memory it holds ----
+
+    weight_bits = _reads("policy.weight_bits", "qwZ's code bits (None: the all-gathers stay on FSDP's).")
+    grad_bits = _reads("policy.grad_bits", "qgZ's code bits (None: the reduce-scatters stay on FSDP's).")
+    block_size = _reads("policy.block_size", "Elements per quantization block of the weights (qwZ).")
+    grad_block_size = _reads("policy.grad_block", "Elements per quantization block of the gradients (qgZ).")
+    hpz = _reads("policy.hpz", "Whether hpZ serves the backward gathers over FSDP's post-forward groups.")
+    hpz_size = _reads("policy.hpz_size", "The post-forward group size that modules sharded with "
+                      "reshard_after_forward=True get (None: none).")
+    param_blocks = _reads("policy.param_blocks", "Whether blocks restart at parameter boundaries.")
+    error_feedback = _reads("policy.error_feedback", "Whether qgZ keeps residuals per parameter group.")
+    backend = _reads("comms.backend", "The backend of zpccl's communicators (cuda, or host for CPU parameters on "
+                     "a threaded group).")
+    _groups = _reads("comms.groups", "Each shard group's communicators, by its global ranks.")
+    reserved_bytes = _reads("collectives.reserved_bytes", "Bytes of the two staging buffers, in torch's caching "
+                            "allocator.")
+    residual_bytes = _reads("collectives.residual_bytes", "Bytes the error-feedback residuals hold (the senders').")
+    hop_residual_bytes = _reads("collectives.hop_residual_bytes", "Bytes the intermediate hop's error-feedback "
+                                "residuals hold.")
+    # perf/fsdp_memory.py reads these two.
+    _gather_stage = _reads("collectives.gather_stage", "The gathers' staging buffer.")
+    _reduce_stage = _reads("collectives.reduce_stage", "The reduce-scatters' staging buffer.")
+
+    @property
+    def staging_grown(self) -> bool:
+        """Whether a call found a staging buffer too small and allocated a larger one (a defect of the
+        reservation: nothing should allocate in the training loop)."""
+        return any(s is not None and s.grown for s in (self.collectives.gather_stage, self.collectives.reduce_stage))
+
+    # ---- reporting ----
+
+    @property
+    def stats(self) -> dict[str, PathStats]:
+        """The counters, by path (``"qwz"``, ``"hpz"``, ``"qgz"``, ``"torch_..."`` for what stayed on FSDP's)."""
+        return self.report.stats
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``.
+        With error feedback, ``"grad_residuals"`` counts the qgZ calls that fed back (``calls``) and the memory of
+        the residuals (``residual_bytes``, ``hop_residual_bytes``, ``tensors``); it sends nothing itself."""
+        out = {k: dict(calls=v.calls, logical_bytes=v.logical_bytes, wire_bytes=v.wire_bytes)
+               for k, v in sorted(self.stats.items())}
+        if self.error_feedback:
+            fed = out.pop("grad_residuals", dict(calls=0, logical_bytes=0, wire_bytes=0))
+            out["grad_residuals"] = dict(fed, residual_bytes=self.residual_bytes,
+                                         hop_residual_bytes=self.hop_residual_bytes,
+                                         tensors=len(self.collectives.residuals))
+        return out
+
+    def reset_stats(self) -> None:
+        self.stats.clear()
+
+    # ---- lifecycle ----
+
+    def disable(self) -> None:
+        """Gives every module its previous collectives (and, under ``hpz_size``, its post-forward mesh) back and
+        destroys zpccl's communicators. Idempotent. Call it between steps, not between a forward and its
+        backward."""
+        if self._closed:
+            return
+        held = [s.name for s in self._served if s.post_forward and s.param_group.is_sharded_post_forward]
+        if held:
+            raise ZpcclError(Result.INVALID_USAGE, f"zpccl.fsdp.disable: modules {held} hold their parameters "
+                             "resharded to hpz_size's groups between a forward and its backward; call disable() "
+                             "after the backward", "zpccl.fsdp.disable")
+        self._closed = True
+        for served in self._served:
+            if served.hooked:
+                served.param_group._all_gather_comm = served.all_gather
+                served.param_group._reduce_scatter_comm = served.reduce_scatter
+            if served.post_forward is not None:
+                served.post_forward.restore(served.param_group)
+            if SERVED.get(id(served.param_group)) is self:
+                del SERVED[id(served.param_group)]
+        self._served.clear()
+        if self.device is not None and self.device.type == "cuda":
+            self._fsdp.torch.cuda.synchronize(self.device)
+        self.comms.close()
+        self.collectives.release()
+
+    def __enter__(self) -> "ZeroPlusPlus":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.disable()
