@@ -22,7 +22,6 @@ import argparse
 import math
 import os
 import pathlib
-import socket
 import sys
 import sysconfig
 import threading
@@ -278,33 +277,22 @@ class Launch:
 
 
 def import_zpccl() -> Any:
-    """zpccl, installed or from the source tree this script sits in (tools/python)."""
+    """zpccl, installed or from the source tree this script sits in (tools/python). Importing it loads neither
+    torch nor the library."""
     try:
         import zpccl.fsdp
+        import zpccl.launch
     except ImportError:
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
         import zpccl.fsdp
+        import zpccl.launch
     return zpccl
 
 
 def launch(main: Any, args: argparse.Namespace) -> None:
     """Runs ``main(args)`` in this process when started by torchrun, else in ``args.nproc`` spawned ones."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared machines
-    if "RANK" in os.environ:
-        main(args)
-        return
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(main, args, port), nprocs=args.nproc, join=True)
-
-
-def _spawned(rank: int, main: Any, args: argparse.Namespace, port: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.nproc),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    main(args)
+    import_zpccl().launch.run(main, args.nproc, args)
 
 
 # ---- training ---------------------------------------------------------------------------------------------------

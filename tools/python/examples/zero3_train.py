@@ -24,8 +24,8 @@ step times. The full weights of a unit live only while the unit computes: after 
 released (``untyped_storage().resize_(0)``, as FSDP does) and refilled before its backward, so the autograd
 graph saved in the forward reads the refilled weights.
 
-Import-light: torch and zpccl are imported in ``main`` (torch first, so that zpccl's libnccl.so.2 resolves to
-the one torch loaded, and the process holds a single NCCL).
+Import-light: each rank imports torch, then zpccl (so that zpccl's libnccl.so.2 resolves to the one torch
+loaded, and the process holds a single NCCL); ``main`` imports only zpccl's launcher, which loads neither.
 """
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def corpus_bytes() -> bytes:
 
 
 def _fsdp2_example() -> Any:
-    """fsdp2_train.py beside this file, whose transformer block this model shares (found as import_zpccl finds
-    the package)."""
+    """fsdp2_train.py beside this file, whose transformer block and way of finding zpccl (``import_zpccl``: installed,
+    else the source tree's) this script shares."""
     try:
         import fsdp2_train
     except ImportError:
@@ -279,23 +279,11 @@ def train(args: argparse.Namespace, units: list[Unit], comm: Any, data: Any, ran
     return losses, times
 
 
-def import_zpccl() -> Any:
-    """zpccl, installed or from the source tree this script sits in (tools/python)."""
-    try:
-        import zpccl
-    except ImportError:
-        import sys
-
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-        import zpccl
-    return zpccl
-
-
 def run(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    zpccl = import_zpccl()  # after torch: one libnccl.so.2 in the process
+    zpccl = _fsdp2_example().import_zpccl()  # after torch: one libnccl.so.2 in the process
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -344,26 +332,10 @@ def report(args: argparse.Namespace, results: dict[str, tuple[list[float], list[
           f"baseline loss; random guessing is {math.log(256):.2f})")
 
 
-def spawn_main(rank: int, args: argparse.Namespace, port: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    run(args)
-
-
 def main() -> None:
     args = parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off on shared machines
-    if "RANK" in os.environ:  # started by torchrun
-        run(args)
-        return
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(spawn_main, args=(args, port), nprocs=args.nproc, join=True)
+    _fsdp2_example().import_zpccl().launch.run(run, args.nproc, args)  # here under torchrun, else spawned
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import socket
 import sys
 import unittest
 from typing import Any
@@ -20,24 +19,10 @@ from .test_fsdp import bits_of, ref_dtype, split, staged
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad_block: int | None, port: int,
-            failures: Any) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _worker(nodes: int, reshard: Any, grad_bits: int, grad_block: int | None) -> None:
+    """One rank (zpccl.launch's rendezvous in the environment)."""
     sys.path.insert(0, str(EXAMPLES))
-    try:
-        _check(rank, world, nodes, reshard, grad_bits, grad_block)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        import traceback
-
-        failures.put((rank, traceback.format_exc()))
-        raise exc
+    _check(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), nodes, reshard, grad_bits, grad_block)
 
 
 class _Exact:
@@ -196,21 +181,15 @@ class FsdpOnGpus(unittest.TestCase):
         torch = torch_with_fsdp2()
         if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
             self.skipTest("needs a CUDA GPU")
-        import torch.multiprocessing as mp
-
         import zpccl
+        import zpccl.launch
 
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
-        failures = mp.get_context("spawn").SimpleQueue()
         try:
-            mp.spawn(_worker, args=(world, nodes, reshard, grad_bits, grad_block, _free_port(), failures),
-                     nprocs=world, join=True)
-        except Exception:
-            messages = []
-            while not failures.empty():
-                messages.append("rank %d:\n%s" % failures.get())
-            self.fail("\n".join(messages) or "a worker failed")
+            zpccl.launch.spawn(_worker, world, nodes, reshard, grad_bits, grad_block)
+        except zpccl.launch.RankFailed as e:
+            self.fail(str(e))
 
     def test_two_nodes_of_one(self) -> None:
         self.spawn(2, 2, False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import unittest
 from typing import Any
 
@@ -89,24 +88,19 @@ class CpuTensorsOnTheHostBackend(unittest.TestCase):
 # ---- GPU: workers run in spawned processes (import torch first, then zpccl) -----------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _gpu_worker(rank: int, world: int, port: int) -> None:
-    """One rank: torch.distributed on NCCL, a zpccl communicator from the group, the three collectives checked
-    against the NumPy model and against each other."""
+def _gpu_worker() -> None:
+    """One rank (zpccl.launch's rendezvous in the environment): torch.distributed on NCCL, a zpccl communicator
+    from the group, the three collectives checked against the NumPy model and against each other."""
     import torch
     import torch.distributed as dist
 
     import zpccl as zp
     from tests import _reference as model
 
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("nccl")
     try:
         comm = zp.Comm.from_torch_group()
         assert (comm.nranks, comm.rank, comm.cuda_device, comm.backend) == (world, rank, rank, zp.Backend.CUDA)
@@ -193,11 +187,11 @@ class CudaTensorsOnTwoGpus(unittest.TestCase):
         import_torch()
         if gpu_count() < 2:
             self.skipTest("needs 2 CUDA GPUs")
-        import torch.multiprocessing as mp
+        import zpccl.launch
 
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
-        mp.spawn(_gpu_worker, args=(2, _free_port()), nprocs=2, join=True)
+        zpccl.launch.spawn(_gpu_worker, 2, timeout=600)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""zpccl.launch: spawned ranks get torch.distributed's env:// rendezvous and return their results in rank order;
+the first rank that raises or dies is named, with its traceback, and the others are stopped; run() stays in
+this process under torchrun. The rendezvous itself is checked with torch's gloo backend where torch is
+installed."""
+from __future__ import annotations
+
+import os
+import time
+import unittest
+from typing import Any
+from unittest import mock
+
+import zpccl.launch as launch
+
+
+def _rendezvous(tag: str) -> tuple[str, dict[str, str]]:
+    return tag, {k: os.environ[k] for k in launch.RENDEZVOUS + ("ZPCCL_TEST_EXTRA",)}
+
+
+def _fails_on(bad: int, how: str) -> int:
+    rank = int(os.environ["RANK"])
+    if rank == bad:
+        if how == "raise":
+            raise ValueError(f"rank {rank} refuses")
+        os._exit(3)
+    time.sleep(60)  # stands for a peer waiting for the failed rank in a collective
+    return rank
+
+
+def _exit(code: Any) -> None:
+    raise SystemExit(code)
+
+
+def _gloo_sum() -> float:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        x = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(x)
+        return float(x)
+    finally:
+        dist.destroy_process_group()
+
+
+class Spawn(unittest.TestCase):
+    def test_ranks_get_the_rendezvous_and_return_in_order(self) -> None:
+        results = launch.spawn(_rendezvous, 3, "t", env={"ZPCCL_TEST_EXTRA": "x", "RANK": "ignored"})
+        self.assertEqual([tag for tag, _ in results], ["t"] * 3)
+        envs = [env for _, env in results]
+        self.assertEqual([(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs],
+                         [(str(r), str(r), "3") for r in range(3)])
+        self.assertEqual({(e["MASTER_ADDR"], e["MASTER_PORT"], e["ZPCCL_TEST_EXTRA"]) for e in envs},
+                         {("127.0.0.1", envs[0]["MASTER_PORT"], "x")})
+        self.assertGreater(int(envs[0]["MASTER_PORT"]), 0)
+
+    def test_the_failed_rank_is_named_and_the_others_stopped(self) -> None:
+        for how, words in (("raise", "ValueError: rank 1 refuses"), ("die", "exited with code 3")):
+            with self.subTest(how=how):
+                start = time.monotonic()
+                with self.assertRaises(launch.RankFailed) as caught:
+                    launch.spawn(_fails_on, 3, 1, how)
+                self.assertEqual((caught.exception.rank, caught.exception.nprocs), (1, 3))
+                self.assertIn(words, str(caught.exception))
+                self.assertTrue(str(caught.exception).startswith("rank 1 of 3 failed"))
+                self.assertLess(time.monotonic() - start, 45, "the sleeping ranks were not stopped")
+
+    def test_system_exit(self) -> None:
+        self.assertEqual(launch.spawn(_exit, 2, 0), [None, None])
+        with self.assertRaisesRegex(launch.RankFailed, r"rank 0 of 1 failed:\nSystemExit\(2\)"):
+            launch.spawn(_exit, 1, 2)
+
+    def test_timeout_and_bad_counts(self) -> None:
+        with self.assertRaisesRegex(TimeoutError, r"ranks \[0, 1\] still running after 1 s"):
+            launch.spawn(_fails_on, 2, -1, "raise", timeout=1)  # no rank fails: both sleep
+        for bad in (0, -1, True, 2.0):
+            with self.assertRaisesRegex(ValueError, "nprocs .* must be an int of at least 1"):
+                launch.spawn(_rendezvous, bad, "t")
+
+    def test_run_stays_here_under_torchrun(self) -> None:
+        with mock.patch.dict(os.environ, {"RANK": "5"}):
+            self.assertEqual(launch.run(lambda x: (x, os.getpid()), 4, "here"), [("here", os.getpid())])
+
+    def test_the_rendezvous_serves_torch_distributed(self) -> None:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            self.skipTest("torch is not installed")
+        if not dist.is_available() or not dist.is_gloo_available():
+            self.skipTest("this torch has no gloo backend")
+        self.assertEqual(launch.spawn(_gloo_sum, 2, timeout=120), [3.0, 3.0])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,124 @@
+"""Ranks as processes spawned on this host, for the examples, the tests and the perf scripts.
+
+    import zpccl.launch
+
+    def train(args):                      # one rank: torch.distributed.init_process_group() reads the env:// rendezvous
+        ...
+
+    zpccl.launch.run(train, 4, args)      # here when torchrun started this process, else 4 spawned ranks
+
+:func:`spawn` starts N processes (multiprocessing's "spawn" start method: each imports its modules afresh, as CUDA
+needs) with torch.distributed's env:// rendezvous set as torchrun sets it (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` on a free port of this host), so that one function serves both
+launchers. It returns each rank's return value in rank order; the first rank that raises or dies stops the others
+(which may be waiting for it in a collective) and :class:`RankFailed` names it, with its traceback. It imports
+neither torch nor the library.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+__all__ = ["RankFailed", "free_port", "run", "spawn"]
+
+#: The variables of torch.distributed's env:// rendezvous that :func:`spawn` sets in each rank.
+RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_HOST = "127.0.0.1"
+_POLL_S = 0.05  # how often the parent looks for a rank that died without a word
+
+
+class RankFailed(RuntimeError):
+    """A spawned rank raised (``details``: its traceback) or died (its exit code); ``rank`` is the first to."""
+
+    def __init__(self, rank: int, nprocs: int, details: str) -> None:
+        self.rank, self.nprocs, self.details = rank, nprocs, details
+        super().__init__(f"rank {rank} of {nprocs} failed:\n{details}")
+
+
+def free_port(host: str = _HOST) -> int:
+    """A TCP port of ``host`` that nothing listens on now (the rendezvous' store binds it next)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, env: dict[str, str] | None = None,
+          timeout: float | None = None) -> list[Any]:
+    """Runs ``fn(*args)`` in ``nprocs`` spawned processes, rank r with ``RANK=LOCAL_RANK=r``,
+    ``WORLD_SIZE=nprocs`` and one ``MASTER_ADDR``/``MASTER_PORT``, after ``env``'s variables; returns the ranks'
+    return values in rank order. ``fn``, ``args`` and the results must pickle (``fn`` a module-level function).
+
+    Raises :class:`RankFailed` for the first rank that raises or dies, having stopped the others;
+    :class:`TimeoutError` when ranks are still running after ``timeout`` seconds (None: no limit)."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"zpccl.launch.spawn: nprocs {nprocs!r} must be an int of at least 1")
+    ctx = multiprocessing.get_context("spawn")
+    results: Any = ctx.Queue()
+    rendezvous = dict(MASTER_ADDR=_HOST, MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
+    procs = [ctx.Process(target=_rank_main, args=(fn, args, dict(env or {}, **rendezvous, RANK=str(r),
+                                                                     LOCAL_RANK=str(r)), r, results))
+             for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    try:
+        return _collect(procs, results, timeout)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join()
+        results.close()
+
+
+def run(fn: Callable[..., Any], nprocs: int, *args: Any, env: dict[str, str] | None = None) -> list[Any]:
+    """``fn(*args)`` in this process when it is already one rank of a launched world (``RANK`` is set: torchrun),
+    else :func:`spawn` of ``nprocs`` ranks; the return values, this rank's alone in the first case."""
+    if "RANK" in os.environ:
+        return [fn(*args)]
+    return spawn(fn, nprocs, *args, env=env)
+
+
+def _collect(procs: list[Any], results: Any, timeout: float | None) -> list[Any]:
+    """The ranks' results, in rank order, as they report; the first failure, or a rank that exits without a
+    report, raises."""
+    nprocs, done = len(procs), {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while len(done) < nprocs:
+        try:
+            rank, ok, value = results.get(timeout=_POLL_S)
+        except queue.Empty:
+            for r, p in enumerate(procs):
+                # A rank's report is queued before it exits: one more look at the queue before calling it dead.
+                if r not in done and p.exitcode is not None and results.empty():
+                    time.sleep(_POLL_S)
+                    if results.empty():
+                        raise RankFailed(r, nprocs, f"exited with code {p.exitcode} before reporting") from None
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"zpccl.launch.spawn: ranks {sorted(set(range(nprocs)) - set(done))} still "
+                                   f"running after {timeout} s") from None
+            continue
+        if not ok:
+            raise RankFailed(rank, nprocs, value)
+        done[rank] = value
+    return [done[r] for r in range(nprocs)]
+
+
+def _rank_main(fn: Callable[..., Any], args: tuple, env: dict[str, str], rank: int, results: Any) -> None:
+    os.environ.update(env)
+    try:
+        value = fn(*args)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            results.put((rank, False, f"SystemExit({e.code!r})\n{traceback.format_exc()}"))
+            return
+        value = None
+    except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank
+        results.put((rank, False, traceback.format_exc()))
+        return
+    results.put((rank, True, value))
