@@ -159,6 +159,36 @@ class HpzSize(unittest.TestCase):
 
         run_threaded(4, body)
 
+    def test_an_spmd_mesh_keeps_true_and_says_why(self) -> None:
+        """Modules sharded over a full SPMD mesh (``dp_mesh_dims``; their parameters DTensors on that mesh, as
+        torchtitan's default SPMD backends make them): FSDP reshards those to no smaller group, so hpz_size leaves
+        them at True, and the log names the SPMD mesh, not tensor parallelism."""
+        torch = self.torch
+        from torch.distributed.fsdp import DataParallelMeshDims, fully_shard
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        base = build_model(torch)
+
+        def body(rank: int) -> Any:
+            model = copy.deepcopy(base)
+            mesh = cpu_mesh((4,), ("dp",))
+            for m in model.modules():
+                for name, p in list(m.named_parameters(recurse=False)):
+                    m.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Replicate()])))
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+            fully_shard(model, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="dp"))
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+            zp.disable()
+            return zp.summary()
+
+        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+            run_threaded(4, body)
+        said = [line for line in logs.output if "hpz_size=2 leaves modules ['blocks.0', 'blocks.1']" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        self.assertTrue(all("SPMD mesh (dp_mesh_dims)" in line and "tensor parallel" not in line for line in said),
+                        said)
+
     def test_a_shard_group_of_k_ranks_keeps_true_and_says_so(self) -> None:
         """One node of four with hpz_size=4: the post-forward group would be the shard group itself."""
         torch = self.torch

@@ -80,10 +80,10 @@ def _targets(k: int, model: Any, served: list[Any], report: Report) -> list[Any]
         if len(s.group.ranks) == k:
             why = (f"its shard group has {k} ranks: FSDP's post-forward group would be the shard group itself, "
                    "whose backward gathers are qwZ")
+        elif getattr(pg.mesh_info, "is_spmd_mesh", False):  # before DTensors: an SPMD mesh's parameters are ones
+            why = "FSDP does not reshard a module of an SPMD mesh (dp_mesh_dims) to a smaller group"
         elif any(p.is_dtensor for p in pg.fsdp_params):
             why = "its parameters are DTensors (tensor parallel), which FSDP does not reshard to a smaller group"
-        elif getattr(pg.mesh_info, "is_spmd_mesh", False):
-            why = "FSDP does not reshard a module of an SPMD mesh (dp_mesh_dims) to a smaller group"
         elif any(getattr(p, "_release_all_gather_outputs_after_post_all_gather", False) for p in pg.fsdp_params):
             why = "its all-gather extension releases the gathered outputs that a smaller group's shard is cut from"
         else:
