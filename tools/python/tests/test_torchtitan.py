@@ -1,0 +1,219 @@
+"""zpccl.torchtitan: torchtitan's configs, named on its own command line (``--module zpccl.torchtitan --config
+...``), with zpccl.fsdp enabled on every model part by the post_optimizer_build_fn hook. On the CPU, torchtitan's
+trainer runs its Llama 3 debug model on four thread-ranks as two nodes of two (what the CPU needs that torchtitan
+does not give it: tests/_titan.py), and its losses track torchtitan's own run. The GPU test spawns ranks on two
+GPUs. Skipped without torchtitan (0.3) or without torch 2.12 or later."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import unittest
+from typing import Any
+
+from . import _titan
+from ._threaded import run_threaded
+from .test_fsdp import torch_for_threads
+
+TITAN = ["--module", "zpccl.torchtitan", "--config", "llama3_debugmodel"]
+STEPS, MICROBATCHES, LAYERS = 3, 2, 6  # SMALL's steps; global batch 8 of 4 ranks x 1: two microbatches a step
+ACCUMULATE = ["--training.global_batch_size", "8"]
+
+
+def _parse(argv: list[str]) -> Any:
+    from torchtitan.config import ConfigManager
+
+    with _titan.quiet():
+        return ConfigManager().parse_args(list(argv))
+
+
+class TorchtitanConfigs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.torch = torch_for_threads()
+        _titan.torchtitan_or_skip()
+
+    def test_the_command_line_wraps_torchtitans_config(self) -> None:
+        """``--module zpccl.torchtitan --config llama3_debugmodel``: torchtitan's config with a ``zpccl`` section
+        that the command line sets, and a hook that enables zpccl after torchtitan's (none for llama3, the MoE
+        load-balancing hook for qwen3). Making the config again (as ``build`` does) does not stack hooks."""
+        import zpccl
+        import zpccl.torchtitan as zt
+        from torchtitan.models.llama3.config_registry import llama3_debugmodel
+        from torchtitan.trainer import Trainer
+
+        config = _parse(TITAN + ["--zpccl.hpz_size", "2", "--zpccl.grad_bits", "8", "--training.steps", "7"])
+        policy = zpccl.ZeroPlusPlusPolicy(hpz_size=2, grad_bits=8)
+        self.assertIsInstance(config, Trainer.Config)
+        self.assertEqual((config.zpccl, config.training.steps), (policy, 7))
+        self.assertEqual((config.model_spec.name, config.model_spec.flavor), ("llama3", "debugmodel"))
+        with _titan.quiet():
+            stock = llama3_debugmodel()
+        self.assertEqual(config.model_spec.model.to_dict().keys(), stock.model_spec.model.to_dict().keys())
+        self.assertEqual(config.model_spec.post_optimizer_build_fn, zt.EnableZpccl(policy, None))
+        again = dataclasses.replace(config, zpccl=zpccl.ZeroPlusPlusPolicy(weight_bits=4))
+        self.assertEqual(again.model_spec.post_optimizer_build_fn,
+                         zt.EnableZpccl(zpccl.ZeroPlusPlusPolicy(weight_bits=4), None))
+        self.assertEqual(config.model_spec.post_optimizer_build_fn, zt.EnableZpccl(policy, None))
+        self.assertEqual(again.to_dict()["zpccl"], dataclasses.asdict(again.zpccl))
+
+        from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
+
+        with _titan.quiet():
+            theirs = qwen3_debugmodel().model_spec.post_optimizer_build_fn
+        self.assertIsNotNone(theirs)
+        for name in ("qwen3_debugmodel", "qwen3.qwen3_debugmodel"):
+            hook = _parse(["--module", "zpccl.torchtitan", "--config", name]).model_spec.post_optimizer_build_fn
+            self.assertEqual(hook, zt.EnableZpccl(zpccl.ZeroPlusPlusPolicy(), theirs), name)
+
+    def test_wrong_options_and_names_are_refused(self) -> None:
+        err = io.StringIO()
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
+            _parse(TITAN + ["--zpccl.hpz_size", "1"])
+        self.assertIn("hpz_size 1 must be an int of at least 2", " ".join(err.getvalue().split()))
+        with self.assertLogs("zpccl.torchtitan", logging.ERROR) as logs, self.assertRaises(ValueError):
+            _parse(["--module", "zpccl.torchtitan", "--config", "llama3.no_such_config"])
+        self.assertIn("no config function 'no_such_config' in torchtitan.models.llama3.config_registry",
+                      logs.output[0])
+        import zpccl.torchtitan as zt
+
+        with self.assertRaisesRegex(TypeError, "zpccl.torchtitan.wrap: config must be a torchtitan trainer config"):
+            zt.wrap(object())
+        with self.assertRaisesRegex(ValueError, "zpccl.torchtitan.wrap: block_size 100 must be"):
+            zt.wrap(_parse(TITAN), block_size=100)
+
+    def test_wrap_leaves_the_config_and_runs_the_hook_it_had_first(self) -> None:
+        """wrap() copies the model spec; the hook runs the config's own hook, then enables zpccl on every model
+        part that FSDP shards over several ranks, saying why it leaves the others."""
+        import torch
+        import zpccl
+        import zpccl.fsdp
+        import zpccl.torchtitan as zt
+        from torch.distributed.fsdp import fully_shard
+        from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+        calls: list[Any] = []
+        with _titan.quiet():
+            plain = llama3_debugmodel()
+        plain.model_spec.post_optimizer_build_fn = lambda *args: calls.append(args)
+        theirs = plain.model_spec.post_optimizer_build_fn
+        wrapped = zt.wrap(plain, block_size=64)
+        self.assertIs(plain.model_spec.post_optimizer_build_fn, theirs)
+        self.assertEqual(wrapped.zpccl, zpccl.ZeroPlusPlusPolicy(block_size=64))
+        self.assertEqual(zt.wrap(wrapped).zpccl, wrapped.zpccl)  # wrapping again keeps the policy, one hook
+        self.assertIs(zt.wrap(wrapped, grad_bits=8).model_spec.post_optimizer_build_fn.previous, theirs)
+        hook = wrapped.model_spec.post_optimizer_build_fn
+
+        def body(rank: int) -> list[Any]:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("two", "one"))
+            parts = [torch.nn.Linear(64, 64), fully_shard(torch.nn.Linear(64, 64), mesh=mesh["one"]),
+                     fully_shard(torch.nn.Linear(64, 64), mesh=mesh["two"])]
+            hook("optimizers", parts, "dims")
+            sessions = [zpccl.fsdp.session_of(p) for p in parts]
+            for s in sessions:
+                if s is not None:
+                    s.disable()
+            return [s is not None for s in sessions]
+
+        with self.assertLogs("zpccl.torchtitan", logging.INFO) as logs:
+            served = run_threaded(2, body)
+        self.assertEqual(served, [[False, False, True]] * 2)
+        self.assertEqual(len(calls), 2)
+        self.assertTrue(all(c[0] == "optimizers" and c[2] == "dims" and len(c[1]) == 3 for c in calls))
+        said = " ".join(logs.output)
+        self.assertEqual(said.count("model part 0 (Linear) has no fully_shard-ed module"), 2, said)
+        self.assertEqual(said.count("model part 1 (Linear) is sharded over one rank"), 2, said)
+
+
+class TorchtitanTraining(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.torch = torch_for_threads()
+        _titan.torchtitan_or_skip()
+
+    def test_llama3_debugmodel_tracks_torchtitans_own_run(self) -> None:
+        """torchtitan's trainer, its Llama 3 debug model (SDPA), two microbatches a step, 4 ranks as 2 nodes of 2:
+        torchtitan's own run, and two with ``--module zpccl.torchtitan --zpccl.hpz_size 2``. Under torchtitan's
+        default SPMD backend FSDP reshards to no smaller group, so the backward gathers are qwZ and the log says
+        why; under ``--parallelism.spmd_backend partial_dtensor`` they are hpZ, a call per resharded module
+        (the embedding and the layers) and microbatch, and hpZ moves the very bits qwZ gathered: the same losses.
+        Losses within 1% of torchtitan's at every step; torchtitan's divide factor 1.0 served by qgZ."""
+        base = _titan.parse(["--module", "llama3", "--config", "llama3_debugmodel", *_titan.SMALL, *ACCUMULATE])
+        _titan.force_sum(base)
+        weights = _titan.reference_weights(base)
+        theirs = _titan.train(base, 4, weights)
+        ours = TITAN + _titan.SMALL + ACCUMULATE + ["--zpccl.hpz_size", "2", "--zpccl.ranks_per_node", "2"]
+        with self.assertLogs("zpccl", logging.WARNING) as logs:
+            spmd = _titan.train(_titan.parse(ours), 4, weights)
+        said = [line for line in logs.output if "SPMD mesh (dp_mesh_dims)" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        said = [line for line in logs.output if "--parallelism.spmd_backend partial_dtensor shards it" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        hpz = _titan.train(_titan.parse(ours + ["--parallelism.spmd_backend", "partial_dtensor"]), 4, weights)
+        for rank in range(4):
+            base_losses = theirs[rank]["losses"]
+            self.assertEqual(len(base_losses), STEPS)
+            self.assertEqual(theirs[rank]["summaries"], [None])
+            self.assertEqual(spmd[rank]["losses"], hpz[rank]["losses"], f"rank {rank}")
+            for step, (a, b) in enumerate(zip(base_losses, hpz[rank]["losses"])):
+                self.assertLess(abs(a - b) / a, 0.01, f"rank {rank} step {step}: loss {b} vs torchtitan's {a}")
+            (s,), (h,) = spmd[rank]["summaries"], hpz[rank]["summaries"]
+            self.assertEqual(set(s), {"qwz", "qgz"})
+            self.assertEqual(set(h), {"qwz", "hpz", "qgz"})
+            self.assertEqual(h["hpz"]["calls"], (1 + LAYERS) * MICROBATCHES * STEPS)
+            self.assertEqual(s["qwz"]["calls"], h["qwz"]["calls"] + h["hpz"]["calls"])
+            self.assertEqual(s["qgz"], h["qgz"])
+            self.assertGreaterEqual(h["qgz"]["calls"], (2 + LAYERS) * MICROBATCHES * STEPS)
+        self.assertTrue(all(r["summaries"] == hpz[0]["summaries"] for r in hpz))
+
+
+def _gpu_worker(argv: list[str], weights: dict[str, Any]) -> list[float]:
+    """One rank on its own GPU (zpccl.launch's rendezvous in the environment): torchtitan's trainer from the
+    command line, torchtitan's stand-in data, the reference weights; its logged losses."""
+    config = _titan.parse(argv, sdpa=False)
+    trainer = config.build()
+    for part in trainer.model_parts:
+        _titan.load_weights(part, {k: v.cuda() for k, v in weights.items()})
+    losses: list[float] = []
+    log = trainer.metrics_processor.log
+    trainer.metrics_processor.log = lambda step, loss, *a, **k: (losses.append(loss), log(step, loss, *a, **k))[1]
+    trainer.train()
+    trainer.close()
+    return losses
+
+
+class TorchtitanOnGpus(unittest.TestCase):
+    def test_llama3_debugmodel_tracks_torchtitans_own_run_on_two_gpus(self) -> None:
+        """torchtitan's trainer in two spawned ranks on two GPUs (FlexAttention as torchtitan configures it), with
+        and without zpccl: the same losses within 1% at every step."""
+        from ._threaded import torch_with_fsdp2
+
+        torch = torch_with_fsdp2()
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+            self.skipTest("needs two CUDA GPUs")
+        _titan.torchtitan_or_skip()
+        import zpccl
+        import zpccl.launch
+
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
+        small = _titan.SMALL + ["--training.seq_len", "256"]
+        base = ["--module", "llama3", "--config", "llama3_debugmodel", *small]
+        weights = _titan.reference_weights(_titan.parse(base, sdpa=False))
+        try:
+            theirs = zpccl.launch.spawn(_gpu_worker, 2, base, weights)
+            ours = zpccl.launch.spawn(_gpu_worker, 2, TITAN + small, weights)
+        except zpccl.launch.RankFailed as e:
+            self.fail(str(e))
+        for rank, (a, b) in enumerate(zip(theirs, ours)):
+            self.assertEqual(len(a), STEPS)
+            for step, (x, y) in enumerate(zip(a, b)):
+                self.assertLess(abs(x - y) / x, 0.01, f"rank {rank} step {step}: loss {y} vs torchtitan's {x}")
+
+
+if __name__ == "__main__":
+    unittest.main()
