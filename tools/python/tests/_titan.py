@@ -9,7 +9,8 @@ give it, each done here and nowhere in zpccl.
 * Its Llama 3 attention is FlexAttention, which has no backward on the CPU: :func:`use_sdpa` swaps in torchtitan's
   own ScaledDotProductAttention (causal, the data being one document a sequence, so the same attention).
 * Thread-ranks share one random generator, so torchtitan's initialization differs from run to run: every rank
-  loads the same weights (:func:`reference_weights`, made once on one thread) once the trainer is built.
+  loads the same weights (:func:`reference_weights`, made once on one thread; tests/_foreign.py) once the trainer
+  is built.
 * torch's threaded process group has no PreMulSum, which torchtitan's ``set_gradient_divide_factor(1.0)`` makes
   FSDP ask for: torchtitan's own runs take FSDP's force-sum path (:func:`force_sum`), bit for bit the same
   gradients (zpccl serves PreMulSum itself).
@@ -22,8 +23,9 @@ import os
 import types
 import unittest
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
+from ._foreign import load, progressions, reference
 from ._threaded import run_threaded
 
 #: A config small enough for two CPU cores, given through torchtitan's own command line.
@@ -154,15 +156,6 @@ def _components() -> tuple[type, type]:
     return Tokens, Batches
 
 
-def progressions(torch: Any, vocab: int, batch: int, length: int, seed: int) -> Any:
-    """``batch`` sequences of ``length`` tokens, each an arithmetic progression modulo ``vocab`` with a step from
-    a few: learnable in a few steps, and different for every seed."""
-    g = torch.Generator().manual_seed(seed)
-    start = torch.randint(0, vocab, (batch, 1), generator=g)
-    step = torch.randint(1, 4, (batch, 1), generator=g)
-    return (start + step * torch.arange(length)) % vocab
-
-
 def use_sdpa(model_config: Any) -> None:
     """Every masked attention of a torchtitan model config (FlexAttention, VarlenAttention) becomes torchtitan's
     causal ScaledDotProductAttention."""
@@ -216,37 +209,26 @@ def reference_weights(config: Any, seed: int = 0) -> dict[str, Any]:
     """The parameters of the config's model as torchtitan initializes them, made on this thread from ``seed``."""
     import torch
 
-    with cpu_devices(), torch.random.fork_rng():
-        torch.manual_seed(seed)
+    def build() -> Any:
         model = copy.deepcopy(config.model_spec.model).build()
         with torch.no_grad():
             model.init_weights(buffer_device=None)
-    return {k: v.detach().clone() for k, v in model.named_parameters()}  # as held (state_dict splits fused QKV)
+        return model
+
+    with cpu_devices():
+        return reference(build, seed)[0]
 
 
-def load_weights(model: Any, weights: dict[str, Any]) -> None:
-    """Every parameter of a sharded model (its DTensor shards) set from the full tensors of ``weights``."""
-    import torch
-    from torch.distributed.tensor import distribute_tensor
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            full = weights[name.replace("_checkpoint_wrapped_module.", "")]
-            p.to_local().copy_(distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements).to_local())
-
-
-def train(config: Any, world: int, weights: dict[str, Any], inspect: Callable[[Any], Any] | None = None
-          ) -> list[dict[str, Any]]:
+def train(config: Any, world: int, weights: dict[str, Any]) -> list[dict[str, Any]]:
     """torchtitan's trainer from ``config`` on ``world`` thread-ranks, every model part given ``weights`` (see
-    :func:`reference_weights`) once built: each rank's logged losses, zpccl's summary of each model part (None
-    where zpccl does not serve it), and ``inspect(trainer)`` after training. zpccl is disabled before a rank
-    returns."""
+    :func:`reference_weights`) once built: each rank's logged losses and zpccl's summary of each model part (None
+    where zpccl does not serve it). zpccl is disabled before a rank returns."""
     import zpccl.fsdp
 
     def body(rank: int) -> dict[str, Any]:
         trainer = copy.deepcopy(config).build()
         for part in trainer.model_parts:
-            load_weights(part, weights)
+            load(part, weights)
         losses: list[float] = []
         log = trainer.metrics_processor.log
 
@@ -258,8 +240,7 @@ def train(config: Any, world: int, weights: dict[str, Any], inspect: Callable[[A
         try:
             trainer.train()
             sessions = [zpccl.fsdp.session_of(p) for p in trainer.model_parts]
-            out = dict(losses=losses, summaries=[s.summary() if s else None for s in sessions],
-                       inspected=inspect(trainer) if inspect else None)
+            out = dict(losses=losses, summaries=[s.summary() if s else None for s in sessions])
             for s in sessions:
                 if s is not None:
                     s.disable()

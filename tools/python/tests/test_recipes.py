@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import os
 import unittest
 import warnings
 from typing import Any, Callable, Iterator
 
+from ._foreign import quiet_loggers
 from ._threaded import run_threaded
 from .test_fsdp import BLOCK, batches, build_model, torch_for_threads
 
@@ -221,17 +221,9 @@ class LightningRecipe(Recipe):
             summary = module.zp.summary() if module.zp else None
             return module.losses, summary, fsdp_groups(module.model)
 
-        quiet = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
-        levels = [q.level for q in quiet]
-        for q in quiet:
-            q.setLevel(logging.ERROR)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Lightning's deprecation notes about torch's pytree
-                self.compare(run)
-        finally:
-            for q, level in zip(quiet, levels):
-                q.setLevel(level)
+        with quiet_loggers("lightning.pytorch", "lightning.fabric"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Lightning's deprecation notes about torch's pytree
+            self.compare(run)
 
 
 if __name__ == "__main__":

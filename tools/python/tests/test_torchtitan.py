@@ -13,7 +13,7 @@ import os
 import unittest
 from typing import Any
 
-from . import _titan
+from . import _foreign, _titan
 from ._threaded import run_threaded
 from .test_fsdp import torch_for_threads
 
@@ -177,7 +177,7 @@ def _gpu_worker(argv: list[str], weights: dict[str, Any]) -> list[float]:
     config = _titan.parse(argv, sdpa=False)
     trainer = config.build()
     for part in trainer.model_parts:
-        _titan.load_weights(part, {k: v.cuda() for k, v in weights.items()})
+        _foreign.load(part, {k: v.cuda() for k, v in weights.items()})
     losses: list[float] = []
     log = trainer.metrics_processor.log
     trainer.metrics_processor.log = lambda step, loss, *a, **k: (losses.append(loss), log(step, loss, *a, **k))[1]
