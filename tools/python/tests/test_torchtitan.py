@@ -173,7 +173,11 @@ class TorchtitanTraining(unittest.TestCase):
 
 def _gpu_worker(argv: list[str], weights: dict[str, Any]) -> list[float]:
     """One rank on its own GPU (zpccl.launch's rendezvous in the environment): torchtitan's trainer from the
-    command line, torchtitan's stand-in data, the reference weights; its logged losses."""
+    command line, the stand-in data of tests/_titan.py, the reference weights; its logged losses."""
+    import torch.distributed as dist
+
+    import zpccl.fsdp
+
     config = _titan.parse(argv, sdpa=False)
     trainer = config.build()
     for part in trainer.model_parts:
@@ -182,7 +186,10 @@ def _gpu_worker(argv: list[str], weights: dict[str, Any]) -> list[float]:
     log = trainer.metrics_processor.log
     trainer.metrics_processor.log = lambda step, loss, *a, **k: (losses.append(loss), log(step, loss, *a, **k))[1]
     trainer.train()
+    for part in trainer.model_parts:
+        zpccl.fsdp.disable(part)
     trainer.close()
+    dist.destroy_process_group()
     return losses
 
 
