@@ -203,9 +203,12 @@ def _import_registry(module: str) -> tuple[str, Any]:
 def _all_registries(name: str) -> list[tuple[str, Any]]:
     """torchtitan's registries, imported in turn until one has ``name``: those whose short name ``name`` starts
     with (longest first), then the models', then the experiments'. (path, module or its ImportError) each."""
-    from torchtitan.experiments import _supported_experiments
-    from torchtitan.models import _supported_models
-
+    try:
+        from torchtitan.experiments import _supported_experiments
+        from torchtitan.models import _supported_models
+    except ImportError as e:
+        raise ZpcclValueError(f"zpccl.torchtitan: looking up config {name!r} needs torchtitan (0.3), which is not "
+                              f"importable ({e})", "zpccl.torchtitan") from None
     listed = sorted(_supported_models) + sorted(_supported_experiments - _supported_models)
     first = sorted((m for m in listed if name.startswith(m.replace(".", "_") + "_")), key=len, reverse=True)
     out = []
