@@ -78,7 +78,9 @@ zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUn
   const Settings& s = comm->settings;
   const RankInit mine = rankInitOf(s, rank);
   if (s.backend == zpBackendHost) {
-    ZPCHECK(hostBackendCreate(id, nranks, rank, mine, call, &comm->topo, &comm->backend));
+    std::unique_ptr<HostTransport> transport;
+    ZPCHECK(joinThreadTransport(id, nranks, rank, mine, call, &transport));
+    ZPCHECK(hostBackendCreate(std::move(transport), rank, mine, call, &comm->topo, &comm->backend));
   } else {
     ZPCHECK(cudaBackendCreate(callerComm, id, nranks, rank, mine, call, &comm->topo, &comm->cudaDev, &comm->backend));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,8 @@ namespace {
 
 class HostBackend final : public Backend {
  public:
-  HostBackend(std::shared_ptr<HostWorld> world, const Topology& topo)
-      : world_(std::move(world)), rank_(topo.rank), topo_(topo), qgz_(makeQgzPlan(topo)) {
+  HostBackend(std::shared_ptr<HostTransport> transport, const Topology& topo)
+      : transport_(std::move(transport)), rank_(topo.rank), topo_(topo), qgz_(makeQgzPlan(topo)) {
     for (int r = 0; r < topo.nranks; ++r) allRanks_.push_back(r);
   }
 
@@ -33,23 +34,24 @@ class HostBackend final : public Backend {
   // Count 0: the ranks meet only to agree on the call.
   zpResult_t runEmpty(const CollArgs& a) override {
     return guarded(a, [&]() -> zpResult_t {
-      ZPCHECK(world_->exchangeAgreed(rank_, nullptr, signatureOf(a)));
-      world_->endReads(rank_);
-      return world_->barrier(rank_, a.opName);
+      const CallSignature sig = signatureOf(a);
+      Received got;
+      ZPCHECK(transport_->allGather(world(), nullptr, 0, nullptr, &sig, a.opName, &got));
+      return transport_->endExchange(a.opName);
     });
   }
 
   zpResult_t reserve(size_t) override { return zpSuccess; }
 
   zpResult_t asyncError(zpResult_t* error) override {
-    *error = world_->failed() ? zpRemoteError : zpSuccess;
+    *error = transport_->failed() ? zpRemoteError : zpSuccess;
     return zpSuccess;
   }
 
-  void interrupt() override { world_->abort(rank_); }
+  void interrupt() override { transport_->abort(); }
 
   zpResult_t finalize(bool abort) override {
-    if (abort) world_->abort(rank_);
+    if (abort) transport_->abort();
     return zpSuccess;
   }
 
@@ -62,26 +64,30 @@ class HostBackend final : public Backend {
   }
 
  private:
-  // Runs a call's body so that what this rank published stays valid while a peer may read it: the body ends its
-  // reads, and a call that fails (or throws) waits until no rank reads before it returns and the caller may free
-  // its buffers or the communicator its scratch. A body that throws leaves its peers waiting for it: it fails the
-  // world, so that they wake.
+  // Runs a call's body so that what this rank gave to the exchanges stays valid while a peer or the transport may
+  // still read it: the body ends its reads, and a call that fails (or throws) waits until nobody reads before it
+  // returns and the caller may free its buffers or the communicator its scratch; a transport that cannot say so
+  // keeps the scratch it was given for good. A body that throws leaves its peers waiting for it: it fails the
+  // communicator, so that they wake. Every rank leaves with the verdict of endCall.
   template <class Body>
   zpResult_t guarded(const CollArgs& a, Body&& body) {
-    if (world_->failed()) return ZP_ERR(zpRemoteError, "%s : the communicator %s", a.opName, world_->failure().c_str());
+    if (transport_->failed()) {
+      return ZP_ERR(zpRemoteError, "%s : the communicator %s", a.opName, transport_->failure().c_str());
+    }
     struct Exit {
-      HostWorld& world;
-      int rank;
+      HostBackend& backend;
       const char* call;
       bool returned = false;
       zpResult_t res = zpInternalError;
       ~Exit() {
-        world.endReads(rank);
-        if (!returned) world.fail("failed: rank " + std::to_string(rank) + "'s " + call + " ended with an exception");
-        if (!returned || res != zpSuccess) world.waitForReaders();
+        HostTransport& t = *backend.transport_;
+        t.stopReading();
+        if (!returned)
+          t.fail("failed: rank " + std::to_string(backend.rank_) + "'s " + call + " ended with an exception");
+        if ((!returned || res != zpSuccess) && !t.settle()) backend.abandonScratch();
       }
-    } exit{*world_, rank_, a.opName};
-    exit.res = body();
+    } exit{*this, a.opName};
+    exit.res = transport_->endCall(body(), a.opName);
     exit.returned = true;
     return exit.res;
   }
@@ -95,7 +101,7 @@ class HostBackend final : public Backend {
         dequantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, a.recvbuff);
         return zpSuccess;
       case CollKind::kQuantAllGather:
-        return quantizedGather(a, planOf(a), allRanks_);
+        return quantizedGather(a, planOf(a), world());
       case CollKind::kHierAllGather:
         return hierAllGather(a, planOf(a));
       case CollKind::kQuantReduceScatter:
@@ -119,30 +125,44 @@ class HostBackend final : public Backend {
   }
 
   // The plan of call `a` (host/coll_plan.h), as the cuda backend would choose it on this layout without its link
-  // facts (no host shared memory channels, direct loads or green context among threads), logged (INFO COLL). The
-  // host walks its path, hops and chunks; the exchanges are the world's (every rank reads the others' published
-  // buffers), whatever a hop's NCCL exchange would be.
+  // facts (no host shared memory channels, direct loads or green context among host ranks), logged (INFO COLL). The
+  // host walks its path, hops and chunks; each hop is one exchange of the transport among the hop's group, whatever
+  // a hop's NCCL exchange would be.
   CollPlan planOf(const CollArgs& a) const {
     const CollPlan p = planCollective(planFactsOf(topo_, a));
     ZP_INFO(kSubsysColl, "%s : %s", a.opName, p.describe().c_str());
     return p;
   }
 
-  // The quantized gather over `group` (global ranks, in output order): qwZ, and hpZ's quantized mode. Chunk by
-  // chunk: the own shard quantized into this rank's buffer, which every rank reads, and every rank's payload
-  // dequantized in rank order; the own slot first when the plan works it early.
-  zpResult_t quantizedGather(const CollArgs& a, const CollPlan& p, const std::vector<int>& group) {
+  // The groups of the plans' hops (PlanComm), with this rank's place in each.
+  PeerGroup world() const { return PeerGroup{&allRanks_, rank_}; }
+  PeerGroup intra() const { return PeerGroup{&topo_.nodeRanks[topo_.node], topo_.localRank}; }
+  PeerGroup inter() const { return PeerGroup{&topo_.interRanks, topo_.node}; }
+  PeerGroup hpz() const { return PeerGroup{&topo_.hpzRanks, topo_.hpzRank}; }
+
+  // Where a transport that copies may put what an exchange of `bytes` brings; none for one that shares memory.
+  unsigned char* receiveSpace(size_t bytes) {
+    return transport_->sharesMemory() ? nullptr : scratch(kReceive, bytes).data();
+  }
+
+  // The quantized gather over `group`: qwZ, and hpZ's quantized mode. Chunk by chunk: the own shard quantized into
+  // this rank's buffer, which one all-gather gives every member, and every member's payload dequantized in group
+  // order; the own slot first when the plan works it early.
+  zpResult_t quantizedGather(const CollArgs& a, const CollPlan& p, const PeerGroup& group) {
     const size_t esz = typeSize(a.type);
     const ChunkPlan& chunks = p.chunks;
     const ChunkRegion at(chunks, 1, a.bits, a.blockSize);  // this rank's slot of every chunk
-    std::vector<unsigned char>& mine = scratch(0, at.bytes());
+    std::vector<unsigned char>& mine = scratch(kSend, at.bytes());
+    unsigned char* space = receiveSpace(at.bytes() * group.size());
     const auto* send = static_cast<const char*>(a.sendbuff);
     auto* recv = static_cast<char*>(a.recvbuff);
     for (int c = 0; c < chunks.chunks; ++c) {
       quantizeRef(send + chunks.offset(c) * esz, a.type, chunks.elems(c), a.bits, a.blockSize,
                   mine.data() + at.offset(c));
     }
-    ZPCHECK(world_->exchangeAgreed(rank_, mine.data(), signatureOf(a)));
+    const CallSignature sig = signatureOf(a);
+    Received got;
+    ZPCHECK(transport_->allGather(group, mine.data(), at.bytes(), space, &sig, a.opName, &got));
     // Slot i of chunk c: group member i's payload of it, into its shard's chunk c.
     auto dequantize = [&](int c, int i, const unsigned char* payloads) {
       dequantizeRef(payloads + at.offset(c), a.type, chunks.elems(c), a.bits, a.blockSize,
@@ -152,27 +172,43 @@ class HostBackend final : public Backend {
       for (int c = 0; c < chunks.chunks; ++c) dequantize(c, p.rank, mine.data());
     }
     for (int c = 0; c < chunks.chunks; ++c) {
-      for (size_t i = 0; i < group.size(); ++i) {
-        if (p.ownEarly() && static_cast<int>(i) == p.rank) continue;
-        dequantize(c, static_cast<int>(i), static_cast<const unsigned char*>(world_->slot(group[i])));
+      for (int i = 0; i < group.size(); ++i) {
+        if (p.ownEarly() && i == p.rank) continue;
+        dequantize(c, i, got.block(0, i));
       }
     }
-    world_->endReads(rank_);
-    return world_->barrier(rank_, a.opName);  // peers may still read our payload until here
+    return transport_->endExchange(a.opName);  // peers may still read our payload until here
   }
 
-  // hpZ: copy every hpZ peer's shard, as it is, into its place (or gather them quantized when asked).
+  // hpZ: every hpZ peer's shard, as it is, into its place (or the shards gathered quantized when asked). Where
+  // members read each other's memory the send buffer is given as it is; a transport that copies gets only the
+  // communicator's memory, so the shard is staged first.
   zpResult_t hierAllGather(const CollArgs& a, const CollPlan& p) {
-    if (p.path != PlanPath::kExact) return quantizedGather(a, p, topo_.hpzRanks);
+    if (p.path != PlanPath::kExact) return quantizedGather(a, p, hpz());
     const size_t shardBytes = a.count * typeSize(a.type);
-    ZPCHECK(world_->exchangeAgreed(rank_, a.sendbuff, signatureOf(a)));
+    const void* mine = a.sendbuff;
+    if (!transport_->sharesMemory()) {
+      std::vector<unsigned char>& staged = scratch(kSend, shardBytes);
+      memcpy(staged.data(), a.sendbuff, shardBytes);
+      mine = staged.data();
+    }
+    unsigned char* space = receiveSpace(shardBytes * topo_.hpzSize);
+    const CallSignature sig = signatureOf(a);
+    Received got;
+    ZPCHECK(transport_->allGather(hpz(), mine, shardBytes, space, &sig, a.opName, &got));
     for (int i = 0; i < topo_.hpzSize; ++i) {
       char* dst = static_cast<char*>(a.recvbuff) + i * shardBytes;
-      const void* src = world_->slot(topo_.hpzRanks[i]);
-      if (dst != src) memcpy(dst, src, shardBytes);
+      const unsigned char* src = got.block(0, i);
+      if (dst != reinterpret_cast<const char*>(src)) memcpy(dst, src, shardBytes);
     }
-    world_->endReads(rank_);
-    return world_->barrier(rank_, a.opName);
+    return transport_->endExchange(a.opName);
+  }
+
+  // The chunks of a hop whose region `at` holds `slotsPerPeer` slots for each member, in member order.
+  static std::vector<ExchangeChunk> hopChunks(const ChunkPlan& chunks, const ChunkRegion& at, int slotsPerPeer) {
+    std::vector<ExchangeChunk> out;
+    for (int c = 0; c < chunks.chunks; ++c) out.push_back(ExchangeChunk{at.offset(c), slotsPerPeer * at.slotBytes(c)});
+    return out;
   }
 
   // qgZ, following qgz_plan.h step by step, chunk by chunk (each chunk covers the same element range of every
@@ -186,8 +222,8 @@ class HostBackend final : public Backend {
     // The kept slice, when the plan works it early, is quantized apart and never read by a peer.
     const bool keptApart = p.ownEarly();
     const ChunkRegion keptAt(chunks, 1, a.bits, a.blockSize);
-    std::vector<unsigned char>& send = scratch(0, sendAt.bytes());
-    std::vector<unsigned char>& kept = scratch(1, keptApart ? keptAt.bytes() : 0);
+    std::vector<unsigned char>& send = scratch(kSend, sendAt.bytes());
+    std::vector<unsigned char>& kept = scratch(kWork, keptApart ? keptAt.bytes() : 0);
     // Step 1: chunk c of every destination slice into its send slot. With gradient rounding (stochastic, error
     // feedback: include/zpccl.h), slice d draws as slice d of hop 0 and owns elements [d n, d n + n) of the
     // residual.
@@ -214,34 +250,34 @@ class HostBackend final : public Backend {
       finishRef(sum.data(), a.type, divisor, 0, chunks.elems(c),
                 static_cast<char*>(a.recvbuff) + chunks.offset(c) * esz);
     };
-    ZPCHECK(world_->exchangeAgreed(rank_, send.data(), signatureOf(a)));
+    const CallSignature sig = signatureOf(a);
+    Received got;
     if (p.path != PlanPath::kTwoHops) {
-      // One hop: slot `rank` of every rank's chunk c, summed in rank order.
+      // One hop, among every rank: slot r of every rank's chunk c goes to rank r, which sums them in rank order.
+      ZPCHECK(transport_->allToAll(world(), send.data(), hopChunks(chunks, sendAt, 1), receiveSpace(sendAt.bytes()),
+                                   &sig, a.opName, &got));
       for (int c = 0; c < chunks.chunks; ++c) {
         sources.clear();
         for (int r = 0; r < topo_.nranks; ++r) {
-          sources.push_back(keptApart && r == rank_ ? kept.data() + keptAt.offset(c)
-                                                    : peerSlot(r, sendAt.offset(c) + rank_ * sendAt.slotBytes(c)));
+          sources.push_back(keptApart && r == rank_ ? kept.data() + keptAt.offset(c) : got.block(c, r));
         }
         finish(c);
       }
-      world_->endReads(rank_);
-      return world_->barrier(rank_, a.opName);
+      return transport_->endExchange(a.opName);
     }
-    // Step 2 (hop 1): from each local peer l, in local order, the N slots of chunk c meant for this local rank; sum
-    // them per destination node b and requantize each partial sum into slot b of chunk c. Partial b draws as slice
-    // b of hop 1 and feeds back through its part of the hop residual.
+    // Step 2 (hop 1, inside the node): from each local peer l, in local order, the N slots of chunk c meant for this
+    // local rank; sum them per destination node b and requantize each partial sum into slot b of chunk c. Partial b
+    // draws as slice b of hop 1 and feeds back through its part of the hop residual.
     const int N = qgz_.nodes, L = qgz_.localSize;
+    ZPCHECK(transport_->allToAll(intra(), send.data(), hopChunks(chunks, sendAt, N), receiveSpace(sendAt.bytes()), &sig,
+                                 a.opName, &got));
     const ChunkRegion partialAt(chunks, N, a.bits, a.blockSize);
-    std::vector<unsigned char>& partial = scratch(1, partialAt.bytes());
+    std::vector<unsigned char>& partial = scratch(kWork, partialAt.bytes());
     for (int c = 0; c < chunks.chunks; ++c) {
       const size_t pb = sendAt.slotBytes(c);
       for (int b = 0; b < N; ++b) {
         sources.clear();
-        for (int l = 0; l < L; ++l) {
-          sources.push_back(
-              peerSlot(topo_.nodeRanks[topo_.node][l], sendAt.offset(c) + (topo_.localRank * N + b) * pb));
-        }
+        for (int l = 0; l < L; ++l) sources.push_back(got.block(c, l) + b * pb);
         sumPayloadsRef(sources, chunks.elems(c), a.bits, a.blockSize, 0, chunks.elems(c), sum.data());
         unsigned char* out = partial.data() + partialAt.offset(c) + b * pb;
         if (a.grad.any()) {
@@ -252,20 +288,17 @@ class HostBackend final : public Backend {
         }
       }
     }
-    world_->endReads(rank_);
-    ZPCHECK(world_->barrier(rank_, a.opName));  // hop 1 done: every rank has read its slots
-    ZPCHECK(world_->exchange(rank_, partial.data(), a.opName));
-    // Step 3 (hop 2): from the rank of this local rank on each node a, in node order, its partial of chunk c for
-    // this node.
+    ZPCHECK(transport_->endExchange(a.opName));  // hop 1 done: every rank has read its slots
+    // Step 3 (hop 2, across nodes): from the rank of this local rank on each node a, in node order, its partial of
+    // chunk c for this node.
+    ZPCHECK(transport_->allToAll(inter(), partial.data(), hopChunks(chunks, partialAt, 1),
+                                 receiveSpace(partialAt.bytes()), nullptr, a.opName, &got));
     for (int c = 0; c < chunks.chunks; ++c) {
       sources.clear();
-      for (int node = 0; node < N; ++node) {
-        sources.push_back(peerSlot(topo_.interRanks[node], partialAt.offset(c) + topo_.node * partialAt.slotBytes(c)));
-      }
+      for (int node = 0; node < N; ++node) sources.push_back(got.block(c, node));
       finish(c);
     }
-    world_->endReads(rank_);
-    return world_->barrier(rank_, a.opName);
+    return transport_->endExchange(a.opName);
   }
 
   // The GradQuant of slice `slice` of hop `hop` (0: sender, slice = destination rank; 1: intermediate, slice =
@@ -281,45 +314,54 @@ class HostBackend final : public Backend {
     return g;
   }
 
-  // The bytes at `offset` of what `peer` published for this exchange.
-  const unsigned char* peerSlot(int peer, size_t offset) const {
-    return static_cast<const unsigned char*>(world_->slot(peer)) + offset;
-  }
-
-  // Scratch buffers owned by the communicator, grown on demand (the host backend may allocate in a call).
+  // Scratch buffers owned by the communicator, grown on demand (the host backend may allocate in a call): what this
+  // rank gives to the first exchange, what a call works in between (qgZ's kept slice or partial sums), and where a
+  // transport that copies puts what it receives.
+  enum Scratch { kSend, kWork, kReceive, kScratchCount };
   std::vector<unsigned char>& scratch(int which, size_t bytes) {
     if (scratch_[which].size() < bytes) scratch_[which].resize(bytes);
     return scratch_[which];
   }
 
-  std::shared_ptr<HostWorld> world_;
+  // After a failed call whose transport cannot say that it is done with this rank's scratch: the buffers are kept
+  // where nothing frees them, for as long as the process lives, and the next call (if any) allocates new ones.
+  void abandonScratch() {
+    static std::mutex mutex;
+    static auto* kept = new std::vector<std::vector<unsigned char>>();
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& s : scratch_) {
+      if (!s.empty()) kept->push_back(std::move(s));
+      s = std::vector<unsigned char>();
+    }
+  }
+
+  std::shared_ptr<HostTransport> transport_;
   const int rank_;
   const Topology topo_;
   const QgzPlan qgz_;
   std::vector<int> allRanks_;
-  std::vector<unsigned char> scratch_[2];
+  std::vector<unsigned char> scratch_[kScratchCount];
 };
 
 }  // namespace
 
-zpResult_t hostBackendCreate(const zpUniqueId& id, int nranks, int rank, const RankInit& mine, const char* call,
+// Every rank judges the same RankInits the same way; agreeOnInit makes sure that a step failing on one rank only (out
+// of memory) fails them all.
+zpResult_t hostBackendCreate(std::unique_ptr<HostTransport> transport, int rank, const RankInit& mine, const char* call,
                              Topology* topo, std::unique_ptr<Backend>* backend) {
-  std::shared_ptr<HostWorld> world;
-  ZPCHECK(HostWorld::join(id, nranks, rank, mine, call, WorldTimeouts::fromParams(), &world));
-  // Every rank judges the same RankInits the same way; agreeOnInit makes sure that a step failing on one rank
-  // only (out of memory) fails them all.
   zpResult_t res = zpSuccess;
   Topology t;
   std::unique_ptr<Backend> created;
+  const std::shared_ptr<HostTransport> tr(std::move(transport));
   try {
-    const std::string why = initDisagreement(world->inits());
+    const std::string why = initDisagreement(tr->inits());
     if (!why.empty()) res = ZP_ERR(zpInvalidUsage, "%s : ranks disagree on %s", call, why.c_str());
-    if (res == zpSuccess) res = buildTopology(nodeKeysOf(world->inits()), rank, mine.hpzSize, call, &t);
-    if (res == zpSuccess) created = std::make_unique<HostBackend>(world, t);
+    if (res == zpSuccess) res = buildTopology(nodeKeysOf(tr->inits()), rank, mine.hpzSize, call, &t);
+    if (res == zpSuccess) created = std::make_unique<HostBackend>(tr, t);
   } catch (const std::bad_alloc&) {
     res = ZP_ERR(zpSystemError, "%s : out of host memory", call);
   }
-  ZPCHECK(world->agreeOnInit(rank, res, res == zpSuccess ? std::string() : pendingError(), call));
+  ZPCHECK(tr->agreeOnInit(res, res == zpSuccess ? std::string() : pendingError(), call));
   *topo = std::move(t);
   *backend = std::move(created);
   return zpSuccess;
