@@ -91,7 +91,8 @@ typedef enum ZP_ENUM_INT {
 typedef enum ZP_ENUM_INT {
   zpBackendDefault = 0, /* cuda when a CUDA device is visible, else host (overridden by ZP_BACKEND) */
   zpBackendCuda = 1,    /* NCCL and the device kernels; buffers are device memory */
-  zpBackendHost = 2     /* ranks are threads of one process; buffers are host memory; stream must be NULL */
+  zpBackendHost = 2     /* buffers are host memory, stream must be NULL; ranks are threads of one process, or
+                           processes over the caller's transport (zpCommInitFromTransport) */
 } zpBackend_t;
 
 #define ZP_UNIQUE_ID_BYTES 128
@@ -186,6 +187,86 @@ zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, i
  * all ranks of ncclComm. The caller keeps ownership: zpCommDestroy leaves ncclComm alive; the caller must
  * keep it alive until then. Sub-communicators are split from it. config may be NULL. */
 zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclComm, zpConfig_t* config);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Host backend across processes: the caller's transport                                                      */
+/*
+ * On the host backend, ranks are threads of one process by default (zpCommInitRank: they meet under the unique
+ * id). Ranks that are processes meet through a transport the caller provides: a few callbacks that move bytes among
+ * the ranks with an existing engine (torch.distributed, MPI), given to zpCommInitFromTransport. The collectives, their
+ * plans and their math are the host backend's whichever way the bytes move, so results are bit-equal to the threaded
+ * host backend on the same inputs.
+ *
+ * Who calls what: the library calls allGather and allToAll from the thread that called zpccl (init, a collective),
+ * one callback at a time per communicator, in the same order on every rank (every rank calls the communicator's
+ * collectives in the same order), so a callback may run the matching collective of its engine directly. Each
+ * collective makes a few exchanges: a small all-gather of the call's arguments (a mismatch is zpInvalidUsage on every
+ * rank, before any data moves), one exchange per hop of its plan and chunk (all-to-alls among groups of ranks are
+ * all-to-alls over every rank, with counts of 0 for ranks outside the group), and a small all-gather of every rank's
+ * outcome. Buffers are the library's own host memory (never the caller's sendbuff or recvbuff); a send buffer never
+ * overlaps a receive buffer.
+ *
+ * Errors: a callback returns 0 on success, else any nonzero value, with a message in call->error. A callback that
+ * fails, writes fewer bytes than asked (call->received), or does not come back within call->timeoutMs fails the
+ * communicator: the collective returns zpRemoteError on every rank (whose transport still works), naming the rank,
+ * the exchange and the message, and every later call on it returns zpRemoteError at once; abort or destroy it. A rank
+ * that met a failure still makes the call's remaining exchanges (ignoring their data), so that its peers are not
+ * left waiting. A peer that died makes the engine fail or time out: the same happens. The library cannot interrupt a
+ * callback: zpCommAbort from another thread returns once a callback in flight has returned. A callback must return
+ * within call->timeoutMs (ZP_INIT_TIMEOUT_MS during init, ZP_HOST_TIMEOUT_MS in a collective; 0: no limit), with an
+ * error when its peers did not come, and must be done with the buffers when it returns; after a failed callback the
+ * library never frees or reuses the memory it gave that call all the same (an engine may not stop at once).
+ *
+ * Exceptions (C++, Python) must not unwind through the library: catch them in the callback and return nonzero.
+ */
+
+#define ZP_TRANSPORT_MAGIC 0x7a707472u /* "zptr" */
+#define ZP_TRANSPORT_ERROR_BYTES 256
+
+/* One exchange, as the library asks a callback for it. */
+typedef struct {
+  const char* call;    /* the zpccl call it serves ("zpQuantAllGather", "zpCommInitFromTransport"), for messages */
+  long long timeoutMs; /* return within this many milliseconds, with an error if the peers did not come; 0: none */
+  size_t received;     /* out: the bytes the callback wrote into recvbuf, in all (the library checks it) */
+  char error[ZP_TRANSPORT_ERROR_BYTES]; /* out: on failure, why, NUL-terminated (the library sets it to "") */
+} zpTransportCall_t;
+
+/* A transport of nranks ranks, this caller being rank. Start from ZP_TRANSPORT_INITIALIZER and set every other
+ * field; size, magic and version as in zpConfig_t. The library copies the struct; context must stay valid until
+ * finalize is called. */
+typedef struct {
+  size_t size;          /* sizeof(zpTransport_t), set by the initializer */
+  unsigned int magic;   /* ZP_TRANSPORT_MAGIC, set by the initializer */
+  unsigned int version; /* ZPCCL_VERSION_CODE, set by the initializer */
+  int nranks;           /* ranks of the transport (> 0) */
+  int rank;             /* this rank, in [0, nranks) */
+  void* context;        /* handed back to every callback as it is */
+  /* All-gather over every rank: each sends bytes bytes from sendbuf; rank r's land at recvbuf + r * bytes (recvbuf
+   * holds nranks * bytes, this rank's own block included). bytes is equal on every rank. */
+  int (*allGather)(void* context, const void* sendbuf, void* recvbuf, size_t bytes, zpTransportCall_t* call);
+  /* All-to-all over every rank: rank r receives sendCounts[r] bytes from sendbuf + sendOffsets[r] (send regions may
+   * overlap: the same bytes may go to several ranks), and this rank receives recvCounts[r] bytes from rank r at
+   * recvbuf + recvOffsets[r]; sendCounts[r] on this rank equals recvCounts[this rank] on rank r. Counts may be 0
+   * (this rank's own included); each array holds nranks entries. */
+  int (*allToAll)(void* context, const void* sendbuf, const size_t* sendCounts, const size_t* sendOffsets,
+                  void* recvbuf, const size_t* recvCounts, const size_t* recvOffsets, zpTransportCall_t* call);
+  /* May be NULL. Called once, after the last callback, when zpCommDestroy or zpCommAbort frees the communicator that
+   * holds the transport: the context may be freed then. Not called when zpCommInitFromTransport fails (the caller
+   * still owns the context then). */
+  void (*finalize)(void* context);
+} zpTransport_t;
+
+#define ZP_TRANSPORT_INITIALIZER \
+  { sizeof(zpTransport_t), ZP_TRANSPORT_MAGIC, ZPCCL_VERSION_CODE, 0, -1, NULL, NULL, NULL, NULL }
+
+/* Creates a host-backend communicator of transport->nranks ranks, this caller being transport->rank, whose ranks
+ * meet and move bytes through the transport. Collective over the transport's ranks: each calls it with its own
+ * transport of the same ranks. config may be NULL; its backend must be unset, zpBackendDefault or zpBackendHost. A
+ * rank's node is its host hash unless config->ranksPerNode or nodeId says otherwise, and the settings that shape the
+ * communicator are compared across ranks, as in zpCommInitRankConfig. Ranks whose transports do not span the same
+ * ranks, a transport that fails, returns short data, or does not bring every rank within ZP_INIT_TIMEOUT_MS: an error
+ * on every rank whose transport reaches the others, naming the rank and what happened; no communicator. */
+zpResult_t zpCommInitFromTransport(zpComm_t* comm, const zpTransport_t* transport, zpConfig_t* config);
 
 /* Frees a communicator after the work enqueued on it has completed. The handle is invalid afterwards, for good
  * (handles are never reused): passing it again returns zpInvalidArgument. */

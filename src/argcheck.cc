@@ -16,6 +16,8 @@ constexpr unsigned kFirstConfigVersion = 100;
 // 0.2.0 appended gradRounding and gradSeed to zpConfig_t and introduced zpGradOptions_t.
 constexpr unsigned kGradConfigVersion = 200;
 constexpr size_t kConfigSize01 = offsetof(zpConfig_t, gradRounding);
+// The first release with zpTransport_t.
+constexpr unsigned kTransportVersion = 200;
 
 bool mulOverflows(size_t a, size_t b, size_t* out) { return __builtin_mul_overflow(a, b, out); }
 
@@ -58,6 +60,33 @@ zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char*
   if (rank < 0 || rank >= nranks) {
     return ZP_ERR(zpInvalidArgument, "%s : rank %d is out of range [0, %d)", call, rank, nranks);
   }
+  return zpSuccess;
+}
+
+zpResult_t checkTransport(const zpTransport_t* t, const char* call) {
+  ZPCHECK(checkNotNull(t, call, "transport"));
+  if (t->magic != ZP_TRANSPORT_MAGIC) {
+    return ZP_ERR(zpInvalidArgument, "%s : transport has a bad magic 0x%x: initialize it with ZP_TRANSPORT_INITIALIZER",
+                  call, t->magic);
+  }
+  if (t->version > static_cast<unsigned>(ZPCCL_VERSION_CODE) || t->version < kTransportVersion) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : transport->version %u is not one this library (%d) knows (the first with zpTransport_t is %u): "
+                  "initialize it with ZP_TRANSPORT_INITIALIZER of this library's zpccl.h",
+                  call, t->version, ZPCCL_VERSION_CODE, kTransportVersion);
+  }
+  if (t->size != sizeof(zpTransport_t)) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : transport size %zu differs from this library's %zu: rebuild against its "
+                  "zpccl.h",
+                  call, t->size, sizeof(zpTransport_t));
+  }
+  if (t->nranks <= 0) return ZP_ERR(zpInvalidArgument, "%s : transport->nranks %d must be positive", call, t->nranks);
+  if (t->rank < 0 || t->rank >= t->nranks) {
+    return ZP_ERR(zpInvalidArgument, "%s : transport->rank %d is out of range [0, %d)", call, t->rank, t->nranks);
+  }
+  if (t->allGather == nullptr) return ZP_ERR(zpInvalidArgument, "%s : transport->allGather is NULL", call);
+  if (t->allToAll == nullptr) return ZP_ERR(zpInvalidArgument, "%s : transport->allToAll is NULL", call);
   return zpSuccess;
 }
 

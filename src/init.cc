@@ -67,20 +67,33 @@ RankInit rankInitOf(const Settings& s, int rank) {
   return r;
 }
 
-zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, int nranks, const zpUniqueId& id, int rank,
-                    const zpConfig_t* config, const char* call) {
+// One of three ways in: a unique id (thread-ranks of the host backend, or the cuda backend), a caller's NCCL
+// communicator, or a caller's transport (the host backend's ranks as processes).
+zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, const zpTransport_t* transport, int nranks,
+                    const zpUniqueId& id, int rank, const zpConfig_t* config, const char* call) {
   auto comm = std::make_unique<Communicator>();
   ZPCHECK(resolveConfig(config, nranks, call, &comm->settings));
   // qgZ's rounding and seed: the config's, else the environment's (ZP_GRAD_ROUNDING, ZP_GRAD_SEED).
   if (comm->settings.gradRounding < 0) comm->settings.gradRounding = static_cast<int>(paramGradRounding());
   if (comm->settings.gradSeed < 0) comm->settings.gradSeed = static_cast<int>(paramGradSeed());
-  ZPCHECK(resolveBackend(callerComm ? zpBackendCuda : comm->settings.backend, call, &comm->settings.backend));
+  if (transport != nullptr && comm->settings.backend == zpBackendCuda) {
+    return ZP_ERR(zpInvalidArgument,
+                  "%s : config->backend cuda cannot run over a transport (host memory only): leave it "
+                  "unset or set zpBackendHost",
+                  call);
+  }
+  const zpBackend_t requested = callerComm ? zpBackendCuda : transport ? zpBackendHost : comm->settings.backend;
+  ZPCHECK(resolveBackend(requested, call, &comm->settings.backend));
   const Settings& s = comm->settings;
   const RankInit mine = rankInitOf(s, rank);
   if (s.backend == zpBackendHost) {
-    std::unique_ptr<HostTransport> transport;
-    ZPCHECK(joinThreadTransport(id, nranks, rank, mine, call, &transport));
-    ZPCHECK(hostBackendCreate(std::move(transport), rank, mine, call, &comm->topo, &comm->backend));
+    std::unique_ptr<HostTransport> meeting;
+    if (transport != nullptr) {
+      ZPCHECK(openCallbackTransport(*transport, mine, call, &meeting));
+    } else {
+      ZPCHECK(joinThreadTransport(id, nranks, rank, mine, call, &meeting));
+    }
+    ZPCHECK(hostBackendCreate(std::move(meeting), rank, mine, call, &comm->topo, &comm->backend));
   } else {
     ZPCHECK(cudaBackendCreate(callerComm, id, nranks, rank, mine, call, &comm->topo, &comm->cudaDev, &comm->backend));
   }
@@ -155,7 +168,7 @@ ZP_EXPORT zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId
     ZPCHECK(zp::checkNotNull(comm, "zpCommInitRankConfig", "comm"));
     *comm = nullptr;  // on every failure, as NCCL does
     ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRankConfig"));
-    return zp::commInit(comm, nullptr, nranks, commId, rank, config, "zpCommInitRankConfig");
+    return zp::commInit(comm, nullptr, nullptr, nranks, commId, rank, config, "zpCommInitRankConfig");
   });
 }
 
@@ -164,7 +177,7 @@ ZP_EXPORT zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commI
     ZPCHECK(zp::checkNotNull(comm, "zpCommInitRank", "comm"));
     *comm = nullptr;  // on every failure, as NCCL does
     ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRank"));
-    return zp::commInit(comm, nullptr, nranks, commId, rank, nullptr, "zpCommInitRank");
+    return zp::commInit(comm, nullptr, nullptr, nranks, commId, rank, nullptr, "zpCommInitRank");
   });
 }
 
@@ -185,7 +198,19 @@ ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclCom
     ZPCHECK(zp::ncclCheck(ncclCommUserRank(ncclComm, &rank), call, "ncclCommUserRank"));
     zpUniqueId unused;
     memset(&unused, 0, sizeof(unused));
-    return zp::commInit(comm, ncclComm, nranks, unused, rank, config, call);
+    return zp::commInit(comm, ncclComm, nullptr, nranks, unused, rank, config, call);
+  });
+}
+
+ZP_EXPORT zpResult_t zpCommInitFromTransport(zpComm_t* comm, const zpTransport_t* transport, zpConfig_t* config) {
+  return guardedCall("zpCommInitFromTransport", comm, [&]() -> zpResult_t {
+    const char* call = "zpCommInitFromTransport";
+    ZPCHECK(zp::checkNotNull(comm, call, "comm"));
+    *comm = nullptr;
+    ZPCHECK(zp::checkTransport(transport, call));
+    zpUniqueId unused;
+    memset(&unused, 0, sizeof(unused));
+    return zp::commInit(comm, nullptr, transport, transport->nranks, unused, transport->rank, config, call);
   });
 }
 

@@ -52,6 +52,7 @@ class HostBackend final : public Backend {
 
   zpResult_t finalize(bool abort) override {
     if (abort) transport_->abort();
+    transport_->release();
     return zpSuccess;
   }
 

@@ -50,9 +50,10 @@ std::string rankList(const std::vector<int>& sorted, int nranks, bool complement
   return out.empty() ? "none" : out;
 }
 
-// The first field in which rank r's signature b differs from rank 0's a, as "<field>: rank 0 ... X, rank r
-// ... Y"; empty when they agree. The kind comes first: the other fields only mean the same for one collective.
-std::string disagreement(const CallSignature& a, const CallSignature& b, int r) {
+std::chrono::milliseconds millis(int64_t ms) { return std::chrono::milliseconds(ms); }
+}  // namespace
+
+std::string callDisagreement(const CallSignature& a, const CallSignature& b, int r) {
   char buf[256];
   auto passed = [&](const char* field, const std::string& x, const std::string& y) {
     snprintf(buf, sizeof(buf), "%s: rank 0 passed %s, rank %d passed %s", field, x.c_str(), r, y.c_str());
@@ -75,9 +76,6 @@ std::string disagreement(const CallSignature& a, const CallSignature& b, int r) 
   }
   return std::string();
 }
-
-std::chrono::milliseconds millis(int64_t ms) { return std::chrono::milliseconds(ms); }
-}  // namespace
 
 WorldTimeouts WorldTimeouts::fromParams() { return WorldTimeouts{paramInitTimeoutMs(), paramHostTimeoutMs()}; }
 
@@ -253,7 +251,7 @@ zpResult_t HostWorld::exchangeAgreed(int rank, const void* mine, const CallSigna
   signatures_[rank] = sig;  // ordered before the peers' reads by the barrier's mutex, as the slot
   ZPCHECK(exchange(rank, mine, sig.call));
   for (int r = 1; r < nranks_; ++r) {
-    const std::string why = disagreement(signatures_[0], signatures_[r], r);
+    const std::string why = callDisagreement(signatures_[0], signatures_[r], r);
     if (why.empty()) continue;
     // Every rank compares the same signatures, so every rank is here, for the same r: leave together.
     endReads(rank);

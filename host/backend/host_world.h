@@ -39,6 +39,10 @@ struct CallSignature {
   int blockSize = 0;  // resolved; 0 where bits is 0
 };
 
+// The first field in which rank r's signature b differs from rank 0's a, as "<field>: rank 0 ... X, rank r ... Y";
+// empty when they agree. The kind comes first: the other fields only mean the same for one collective.
+std::string callDisagreement(const CallSignature& a, const CallSignature& b, int r);
+
 // How long a world's waits last, in milliseconds (kMaxWaitMs: as good as forever).
 struct WorldTimeouts {
   int64_t initMs;  // for all ranks to join (ZP_INIT_TIMEOUT_MS)

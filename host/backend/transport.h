@@ -104,11 +104,19 @@ class HostTransport {
   virtual void fail(const std::string& why) = 0;
   // fail() for zpCommAbort on this rank.
   virtual void abort() = 0;
+  // The communicator is being freed, after its last call: what the transport holds of its caller's goes (the
+  // caller's finalize callback).
+  virtual void release() {}
 };
 
 // Ranks as threads of this process: joins the HostWorld of `id` (host_world.h) with this rank's RankInit, waiting
 // for every rank (ZP_INIT_TIMEOUT_MS).
 zpResult_t joinThreadTransport(const zpUniqueId& id, int nranks, int rank, const RankInit& mine, const char* call,
                                std::unique_ptr<HostTransport>* out);
+// Ranks as processes: the caller's callbacks (include/zpccl.h, zpTransport_t, checked by the caller), which every rank
+// uses to all-gather its RankInit and its view of the ranks (ZP_INIT_TIMEOUT_MS). A failure is agreed with the ranks
+// that the transport reaches, and returned.
+zpResult_t openCallbackTransport(const zpTransport_t& t, const RankInit& mine, const char* call,
+                                 std::unique_ptr<HostTransport>* out);
 
 }  // namespace zp
