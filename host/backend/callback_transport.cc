@@ -126,10 +126,8 @@ class CallbackTransport final : public HostTransport {
       return zpSuccess;
     }
     // A group of some ranks: the same block to each member, through an all-to-all over every rank.
-    out->setFrom(group.self, static_cast<const unsigned char*>(mine), 0);
     clearCounts();
     for (int i = 0; i < group.size(); ++i) {
-      if (i == group.self) continue;
       const int r = (*group.ranks)[i];
       sendCounts_[r] = recvCounts_[r] = bytes;
       recvOffsets_[r] = i * bytes;
@@ -143,13 +141,12 @@ class CallbackTransport final : public HostTransport {
     if (signature != nullptr) ZPCHECK(agreeOnSignature(*signature, call));
     out->reset(chunks, group.size());
     for (int i = 0; i < group.size(); ++i) out->setFrom(i, space, i);
-    out->setFrom(group.self, static_cast<const unsigned char*>(mine), group.self);
     // One exchange per chunk, as the plan's hop makes one per chunk: the members' blocks of a chunk are contiguous
-    // in order, those of the whole call are not.
+    // in order, those of the whole call are not. This rank's own block goes through the transport too, so that the
+    // blocks stay contiguous (an engine moves them in one piece then, as torch's all_to_all_single does).
     for (const ExchangeChunk& c : chunks) {
       clearCounts();
       for (int i = 0; i < group.size(); ++i) {
-        if (i == group.self) continue;
         const int r = (*group.ranks)[i];
         sendCounts_[r] = recvCounts_[r] = c.blockBytes;
         sendOffsets_[r] = recvOffsets_[r] = c.offset + i * c.blockBytes;

@@ -45,6 +45,24 @@ class StructLayout(unittest.TestCase):
                          (80, VERSION_CODE, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 9))
         self.assertIn("#define ZP_GRAD_OPTIONS_MAGIC 0x7a70676fu", header_text())
 
+    def test_transport_matches_the_header(self) -> None:
+        def fields(struct: str) -> list[str]:
+            body = re.search(r"typedef struct \{([^{}]*)\} " + struct + ";", text).group(1)
+            body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+            names = []
+            for decl in filter(None, (d.strip() for d in body.split(";"))):
+                pointer = re.match(r"[\w\s]+\(\*(\w+)\)", decl)  # a callback
+                names.append(pointer.group(1) if pointer else re.findall(r"(\w+)\s*(?:\[\w+\])?$", decl)[0])
+            return names
+
+        text = header_text()
+        self.assertEqual(fields("zpTransport_t"), [name for name, _ in _lib.Transport._fields_])
+        self.assertEqual(fields("zpTransportCall_t"), [name for name, _ in _lib.TransportCall._fields_])
+        self.assertEqual(ctypes.sizeof(_lib.Transport), 56)
+        self.assertIn("#define ZP_TRANSPORT_MAGIC 0x7a707472u", text)
+        self.assertIn(f"#define ZP_TRANSPORT_ERROR_BYTES {zpccl.enums.TRANSPORT_ERROR_BYTES}", text)
+        self.assertEqual(zpccl.enums.TRANSPORT_MAGIC.to_bytes(4, "big"), b"zptr")
+
     def test_config_fields_match_the_header(self) -> None:
         body = re.search(r"typedef struct \{(.*?)\} zpConfig_t;", header_text(), re.S).group(1)
         c_fields = re.findall(r"^\s*(size_t|unsigned int|int)\s+(\w+);", body, re.M)
@@ -196,7 +214,7 @@ class Bounds(unittest.TestCase):
 class Prototypes(unittest.TestCase):
     def test_every_header_function_is_declared(self) -> None:
         declared = set(re.findall(r"^(?:zpResult_t|const char\*)\s+(zp\w+)\(", header_text(), re.M))
-        self.assertEqual(len(declared), 33)
+        self.assertEqual(len(declared), 34)
         self.assertEqual(declared, set(_lib.PROTOTYPES))
 
     def test_argument_counts_match_the_header(self) -> None:

@@ -23,11 +23,11 @@ import os
 import pathlib
 import sys
 import threading
-from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint, c_void_p
+from ctypes import CFUNCTYPE, POINTER, c_char, c_char_p, c_int, c_longlong, c_size_t, c_ubyte, c_uint, c_void_p
 from typing import Any
 
-from .enums import (CONFIG_MAGIC, CONFIG_UNDEF_INT, GRAD_OPTIONS_MAGIC, INT_MAX, UNIQUE_ID_BYTES, VERSION_CODE, Backend,
-                    DataType, Result, Rounding)
+from .enums import (CONFIG_MAGIC, CONFIG_UNDEF_INT, GRAD_OPTIONS_MAGIC, INT_MAX, TRANSPORT_ERROR_BYTES, TRANSPORT_MAGIC,
+                    UNIQUE_ID_BYTES, VERSION_CODE, Backend, DataType, Result, Rounding)
 from .errors import LibraryNotFoundError, ZpcclError, ZpcclTypeError, ZpcclValueError
 
 
@@ -124,6 +124,122 @@ class GradOptions(ctypes.Structure):
                    CONFIG_UNDEF_INT, CONFIG_UNDEF_INT, None, 0, int(DataType.BFLOAT16), None, 0, CONFIG_UNDEF_INT)
 
 
+class TransportCall(ctypes.Structure):
+    """``zpTransportCall_t``: one exchange as the library asks a transport's callback for it."""
+
+    _fields_ = [("call", c_char_p), ("timeoutMs", c_longlong), ("received", c_size_t),
+                ("error", c_char * TRANSPORT_ERROR_BYTES)]
+
+
+_SIZES_P = POINTER(c_size_t)
+#: The callbacks of ``zpTransport_t``.
+ALL_GATHER_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_size_t, POINTER(TransportCall))
+ALL_TO_ALL_FN = CFUNCTYPE(c_int, c_void_p, c_void_p, _SIZES_P, _SIZES_P, c_void_p, _SIZES_P, _SIZES_P,
+                          POINTER(TransportCall))
+FINALIZE_FN = CFUNCTYPE(None, c_void_p)
+
+
+class Transport(ctypes.Structure):
+    """``zpTransport_t``: a caller's transport for the host backend's ranks as processes (see
+    :class:`TransportBridge`, which fills one from a Python object)."""
+
+    _fields_ = [
+        ("size", c_size_t),
+        ("magic", c_uint),
+        ("version", c_uint),
+        ("nranks", c_int),
+        ("rank", c_int),
+        ("context", c_void_p),
+        ("allGather", ALL_GATHER_FN),
+        ("allToAll", ALL_TO_ALL_FN),
+        ("finalize", FINALIZE_FN),
+    ]
+
+
+class TransportBridge:
+    """A Python transport as a ``zpTransport_t`` whose callbacks call it (include/zpccl.h, "Host backend across
+    processes").
+
+    The transport has ``nranks`` and ``rank`` (ints) and two methods, called on the thread that called zpccl, one at
+    a time, each on writable ``memoryview`` objects of the library's own memory (no copy):
+
+    * ``all_gather(send, recv, timeout)``: every rank's ``send`` (equal sizes) into ``recv``, rank r's at
+      ``r * len(send)``;
+    * ``all_to_all(send, send_counts, send_offsets, recv, recv_counts, recv_offsets, timeout)``: rank r gets
+      ``send[send_offsets[r]:][:send_counts[r]]`` and this rank ``recv_counts[r]`` bytes from rank r at
+      ``recv_offsets[r]`` (lists of nranks ints; counts may be 0, send regions may overlap).
+
+    ``timeout`` is in seconds (None: no limit): the method returns within it, raising if its peers did not come, and
+    is done with the buffers when it returns. It returns the bytes it wrote into ``recv`` (or None: all of them).
+    Whatever it raises becomes the callback's error code and message (never an exception through C). The bridge
+    holds the callbacks: keep it alive as long as the communicator (``Comm.from_transport`` does).
+    """
+
+    def __init__(self, transport: Any, call: str) -> None:
+        for name in ("nranks", "rank"):
+            value = getattr(transport, name, None)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ZpcclTypeError(f"{call}: transport.{name} must be an int, got {type(value).__name__}", call)
+        for name in ("all_gather", "all_to_all"):
+            if not callable(getattr(transport, name, None)):
+                raise ZpcclTypeError(f"{call}: transport has no method {name}()", call)
+        self.transport = transport
+        self.finalized = False
+        self._callbacks = (ALL_GATHER_FN(self._all_gather), ALL_TO_ALL_FN(self._all_to_all),
+                           FINALIZE_FN(self._finalize))
+        self.struct = Transport(ctypes.sizeof(Transport), TRANSPORT_MAGIC, VERSION_CODE, transport.nranks,
+                                transport.rank, None, *self._callbacks)
+
+    @staticmethod
+    def _view(address: int | None, nbytes: int) -> memoryview:
+        if not nbytes or not address:
+            return memoryview(bytearray(0))
+        return memoryview((c_ubyte * nbytes).from_address(address)).cast("B")
+
+    @staticmethod
+    def _timeout(call: Any) -> float | None:
+        return call.timeoutMs / 1000.0 if call.timeoutMs > 0 else None
+
+    @staticmethod
+    def _fail(call: Any, exc: BaseException) -> int:
+        try:
+            text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+            call.error = text.encode("ascii", "replace")[:TRANSPORT_ERROR_BYTES - 1]  # never half a character
+        except BaseException:  # noqa: BLE001 - nothing may unwind into C
+            pass
+        return 1
+
+    def _all_gather(self, _context: int, send: int, recv: int, nbytes: int, call_p: Any) -> int:
+        call = call_p.contents
+        try:
+            nranks = self.transport.nranks
+            got = self.transport.all_gather(self._view(send, nbytes), self._view(recv, nbytes * nranks),
+                                            self._timeout(call))
+            call.received = nbytes * nranks if got is None else int(got)
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - an error code, never an exception through C
+            return self._fail(call, exc)
+
+    def _all_to_all(self, _context: int, send: int, send_counts: Any, send_offsets: Any, recv: int, recv_counts: Any,
+                    recv_offsets: Any, call_p: Any) -> int:
+        call = call_p.contents
+        try:
+            n = self.transport.nranks
+            sc, so = send_counts[:n], send_offsets[:n]
+            rc, ro = recv_counts[:n], recv_offsets[:n]
+            send_end = max((o + c for o, c in zip(so, sc) if c), default=0)
+            recv_end = max((o + c for o, c in zip(ro, rc) if c), default=0)
+            got = self.transport.all_to_all(self._view(send, send_end), sc, so, self._view(recv, recv_end), rc, ro,
+                                            self._timeout(call))
+            call.received = sum(rc) if got is None else int(got)
+            return 0
+        except BaseException as exc:  # noqa: BLE001
+            return self._fail(call, exc)
+
+    def _finalize(self, _context: int) -> None:
+        self.finalized = True
+
+
 _INT_P = POINTER(c_int)
 _SIZE_P = POINTER(c_size_t)
 _COMM_P = POINTER(c_void_p)
@@ -144,6 +260,7 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "zpCommInitRank": (c_int, [_COMM_P, c_int, UniqueId, c_int]),
     "zpCommInitRankConfig": (c_int, [_COMM_P, c_int, UniqueId, c_int, _CONFIG_P]),
     "zpCommInitFromNccl": (c_int, [_COMM_P, c_void_p, _CONFIG_P]),
+    "zpCommInitFromTransport": (c_int, [_COMM_P, POINTER(Transport), _CONFIG_P]),
     "zpCommDestroy": (c_int, [c_void_p]),
     "zpCommAbort": (c_int, [c_void_p]),
     "zpCommGetAsyncError": (c_int, [c_void_p, _INT_P]),

@@ -1,5 +1,6 @@
 """What ``Comm.from_torch_group`` and ``Comm.from_nccl_comm`` need from torch and from the process, imported
-lazily (torch is optional).
+lazily (torch is optional): on a group of CPU tensors, the host backend's transport over the group's collectives
+(:class:`TorchTransport`); on an NCCL group, the group's own NCCL communicator.
 
 An ``ncclComm_t`` is a private struct of one NCCL build, with its own global state (proxy threads, bootstrap,
 registrations): it may be handed only to the very NCCL library that made it. ``libzpccl.so`` needs
@@ -129,3 +130,130 @@ def nccl_comm_pointer(group: Any, device: Any) -> int | None:
     except (AttributeError, RuntimeError, TypeError):
         return None
     return ptr or None
+
+
+def launcher_node_id() -> int | None:
+    """This process's node as its launcher numbers it, or None when no launcher said: torchrun's ``GROUP_RANK``, else
+    ``RANK // LOCAL_WORLD_SIZE`` (launchers number ranks node by node), once ``LOCAL_WORLD_SIZE`` is set."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if not local:
+        return None
+    group_rank = os.environ.get("GROUP_RANK")
+    if group_rank is not None:
+        return int(group_rank)
+    return int(os.environ["RANK"]) // int(local)
+
+
+class TorchTransport:
+    """The host backend's exchanges (include/zpccl.h, "Host backend across processes") as collectives of a
+    ``torch.distributed`` process group whose backend moves CPU tensors (gloo, or any that does), for
+    :class:`~zpccl._lib.TransportBridge`: the library's buffers become uint8 CPU tensors without a copy
+    (``torch.frombuffer``), and each exchange is one all-gather or all-to-all of the group (the group's
+    ``all_gather_into_tensor`` and ``all_to_all_single``, the only all-to-all gloo runs with blocks of different
+    sizes).
+
+    Timeouts go to the group's backend as each operation's own (gloo gives up after them, closing its connections,
+    so that the operation is over when it raises; without one, the group's own timeout holds); where this torch does
+    not take them there, the wait is bounded instead. A closed connection (a peer that died) makes the operation
+    raise at once.
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        self.group = group
+        self.rank, self.nranks, _ = group_info(group)
+        self._pg = group if group is not None else dist.distributed_c10d._get_default_group()
+
+    @staticmethod
+    def _tensor(view: memoryview) -> Any:
+        import torch
+
+        return torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
+
+    @staticmethod
+    def _options(kind: str, timeout: float | None) -> Any:
+        import datetime
+
+        import torch
+
+        opts = getattr(torch._C._distributed_c10d, kind)()
+        if timeout is not None:
+            opts.timeout = datetime.timedelta(seconds=timeout)
+        return opts
+
+    def _wait(self, work: Any, timeout: float | None, bounded: bool) -> None:
+        import datetime
+
+        if bounded and timeout is not None:
+            if not work.wait(datetime.timedelta(seconds=timeout)):
+                raise TimeoutError(f"the group's operation did not finish within {timeout} s")
+        else:
+            work.wait()
+
+    def _check_alive(self) -> None:
+        """Raises when the group was destroyed (``destroy_process_group``): gloo's operations would still run on it."""
+        import torch.distributed as dist
+
+        live = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None)
+        if live is not None and self._pg not in live:
+            raise RuntimeError("the process group was destroyed (torch.distributed.destroy_process_group)")
+
+    def all_gather(self, send: memoryview, recv: memoryview, timeout: float | None) -> int:
+        import torch.distributed as dist
+
+        self._check_alive()
+        s, r = self._tensor(send), self._tensor(recv)
+        if r.numel() != s.numel() * self.nranks:
+            raise ValueError(f"the group has {self.nranks} ranks, but the communicator gathers "
+                             f"{r.numel() // max(1, s.numel())} blocks")
+        try:
+            work, bounded = self._pg._allgather_base(r, s, self._options("AllgatherOptions", timeout)), False
+        except (AttributeError, TypeError):  # a torch whose group takes no options here
+            work, bounded = dist.all_gather_into_tensor(r, s, group=self.group, async_op=True), True
+        self._wait(work, timeout, bounded)
+        return r.numel()
+
+    def all_to_all(self, send: memoryview, send_counts: list[int], send_offsets: list[int], recv: memoryview,
+                   recv_counts: list[int], recv_offsets: list[int], timeout: float | None) -> int:
+        import torch
+        import torch.distributed as dist
+
+        self._check_alive()
+        if len(send_counts) != self.nranks:
+            raise ValueError(f"the group has {self.nranks} ranks, the communicator {len(send_counts)}")
+        s, r = self._tensor(send), self._tensor(recv)
+        # all_to_all_single moves each rank's block from (and into) one contiguous tensor, in rank order: the blocks
+        # are used where they lie when they lie so (zpccl lays them out so, but for groups whose ranks are not in
+        # rank order and for the same block sent to several ranks), else they are copied into place.
+        src = _in_rank_order(s, send_counts, send_offsets)
+        if src is None:
+            src = torch.cat([s[o:o + c] for o, c in zip(send_offsets, send_counts)])
+        dst = _in_rank_order(r, recv_counts, recv_offsets)
+        out = dst if dst is not None else torch.empty(sum(recv_counts), dtype=torch.uint8)
+        args = (out, src, list(recv_counts), list(send_counts))
+        try:
+            work, bounded = self._pg.alltoall_base(*args, self._options("AllToAllOptions", timeout)), False
+        except (AttributeError, TypeError):  # a torch whose group takes no options here
+            work, bounded = dist.all_to_all_single(*args, group=self.group, async_op=True), True
+        self._wait(work, timeout, bounded)
+        if dst is None:
+            at = 0
+            for o, c in zip(recv_offsets, recv_counts):
+                r[o:o + c].copy_(out[at:at + c])
+                at += c
+        return sum(recv_counts)
+
+
+def _in_rank_order(t: Any, counts: list[int], offsets: list[int]) -> Any:
+    """The part of ``t`` holding every rank's block back to back in rank order, or None when they do not lie so."""
+    start = at = None
+    for c, o in zip(counts, offsets):
+        if not c:
+            continue
+        if at is None:
+            start = at = o
+        elif o != at:
+            return None
+        at += c
+    return t[start:at] if start is not None else t[:0]

@@ -133,7 +133,8 @@ class Comm:
 
     * ``backend``: ``"cuda"``, ``"host"`` or ``"default"`` (cuda when a GPU is visible, else host, or
       ``$ZP_BACKEND``). On the host backend, ranks are threads of this process and buffers NumPy arrays (or CPU
-      tensors); see :func:`zpccl.run_host_ranks`. On cuda, the communicator uses the CUDA device current in the
+      tensors); see :func:`zpccl.run_host_ranks` (ranks as processes: :meth:`from_torch_group` on a gloo group,
+      :meth:`from_transport`). On cuda, the communicator uses the CUDA device current in the
       calling thread (``torch.cuda.set_device``), and buffers are CUDA tensors of that device.
     * ``ranks_per_node``: emulate nodes of that many consecutive ranks; ``node_id``: this rank's node label.
     * ``hpz_size``: ranks of an hpZ group (a divisor of the ranks per node; default the whole node).
@@ -153,6 +154,7 @@ class Comm:
                  grad_rounding: Rounding | str | int | None = None, grad_seed: int | None = None) -> None:
         call = "Comm"
         self._handle: int | None = None
+        self._transport: _lib.TransportBridge | None = None
         config = _lib.make_config(call, backend=backend, ranks_per_node=ranks_per_node, node_id=node_id,
                                   hpz_size=hpz_size, weight_bits=weight_bits, grad_bits=grad_bits,
                                   block_size=block_size, blocking=blocking, grad_rounding=grad_rounding,
@@ -168,6 +170,7 @@ class Comm:
     def _wrap(cls, handle: int) -> "Comm":
         comm = cls.__new__(cls)
         comm._handle = None
+        comm._transport = None
         comm._adopt(handle)
         return comm
 
@@ -185,10 +188,21 @@ class Comm:
     @classmethod
     def from_torch_group(cls, group: Any = None, *, device: Any = None, wrap: bool | None = None,
                          **config: Any) -> "Comm":
-        """A cuda-backend communicator over the ranks of a ``torch.distributed`` process group.
+        """A communicator over the ranks of a ``torch.distributed`` process group: cuda-backend on an NCCL group,
+        host-backend on a group that moves CPU tensors (gloo, ...), or when ``backend="host"`` or ``device="cpu"``.
 
-        Collective over ``group`` (default: the world), on ``device`` (default: torch's current CUDA device).
-        ``wrap`` chooses how zpccl meets the group's NCCL:
+        Collective over ``group`` (default: the world): every rank of it calls this with the same group.
+
+        On the host backend each rank is a process, and the communicator's exchanges run as the group's own
+        collectives on CPU tensors over zpccl's buffers (:class:`zpccl._torch.TorchTransport`, through
+        :meth:`from_transport`): outputs are bit-equal to thread-ranks' on the same inputs. A rank's node is its
+        launcher's (torchrun's ``GROUP_RANK``, else ``RANK // LOCAL_WORLD_SIZE``, once ``LOCAL_WORLD_SIZE`` is set)
+        unless ``ranks_per_node`` or ``node_id`` is given, else its host. A peer that dies, a group destroyed under
+        the communicator, or a peer missing for ``ZP_HOST_TIMEOUT_MS`` makes the collective raise
+        :class:`ZpcclError` (``REMOTE_ERROR``) on every rank, naming the rank and the call; then close it.
+
+        On CUDA, on ``device`` (default: torch's current CUDA device), ``wrap`` chooses how zpccl meets the group's
+        NCCL:
 
         * ``None`` (default): wrap the group's own NCCL communicator when torch and zpccl call the same NCCL
           library (:func:`zpccl._torch.same_nccl_as_torch`; the installed package links the NCCL wheel torch
@@ -202,11 +216,26 @@ class Comm:
         ``weight_bits``, ...).
         """
         import torch
+        import torch.distributed as dist
 
         call = "from_torch_group"
-        if config.get("backend") not in (None, Backend.CUDA, "cuda", int(Backend.CUDA)):
-            raise ZpcclValueError(f"{call}: a torch process group spans processes; only the cuda backend does",
-                                  call)
+        requested = config.get("backend")
+        host_values = (Backend.HOST, "host", int(Backend.HOST))
+        on_cpu = device is not None and torch.device(device).type == "cpu"
+        if requested in host_values or on_cpu or "nccl" not in str(dist.get_backend(group)).lower():
+            if requested not in (None, *host_values) or wrap:
+                raise ZpcclValueError(f"{call}: a group of CPU tensors gives a host-backend communicator (backend="
+                                      f"{requested!r}, wrap={wrap!r} need an NCCL group on CUDA devices)", call)
+            if config.get("ranks_per_node") is None and config.get("node_id") is None:
+                config["node_id"] = _torch.launcher_node_id()
+            try:
+                return cls.from_transport(_torch.TorchTransport(group), **config)
+            except ZpcclError as exc:
+                if exc.code == Result.REMOTE_ERROR and hasattr(exc, "add_note"):
+                    exc.add_note(f"{call}: every rank of the group must call it, with the same group")
+                raise
+        if requested not in (None, Backend.CUDA, "cuda", int(Backend.CUDA)):
+            raise ZpcclValueError(f"{call}: backend {requested!r} over an NCCL group: the cuda backend serves it", call)
         config["backend"] = Backend.CUDA
         dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
         if dev.type != "cuda":
@@ -229,6 +258,28 @@ class Comm:
         uid = _torch.broadcast_bytes(uid, UNIQUE_ID_BYTES, group, dev)
         with torch.cuda.device(index):
             return cls(nranks, rank, uid, **config)
+
+    @classmethod
+    def from_transport(cls, transport: Any, **config: Any) -> "Comm":
+        """``zpCommInitFromTransport``: a host-backend communicator whose ranks (processes) meet and move bytes
+        through ``transport``, an object with ``nranks``, ``rank``, ``all_gather`` and ``all_to_all`` (the contract:
+        :class:`zpccl._lib.TransportBridge`; over torch.distributed: :class:`zpccl._torch.TorchTransport`, which
+        :meth:`from_torch_group` uses). Collective over the transport's ranks. The communicator keeps the callbacks
+        alive until :meth:`close` or :meth:`abort`. ``config`` takes the keyword arguments of :class:`Comm`.
+        """
+        call = "from_transport"
+        if config.get("backend") not in (None, Backend.HOST, "host", int(Backend.HOST)):
+            raise ZpcclValueError(f"{call}: a transport serves the host backend only (backend={config['backend']!r})",
+                                  call)
+        config["backend"] = Backend.HOST
+        bridge = _lib.TransportBridge(transport, call)
+        cfg = _lib.make_config(call, **config)
+        handle = c_void_p()
+        _lib.check(_lib.lib().zpCommInitFromTransport(byref(handle), byref(bridge.struct), byref(cfg)),
+                   "zpCommInitFromTransport")
+        comm = cls._wrap(handle.value)
+        comm._transport = bridge
+        return comm
 
     @classmethod
     def from_nccl_comm(cls, nccl_comm: int, *, allow_several_nccl: bool = False, **config: Any) -> "Comm":
@@ -270,14 +321,20 @@ class Comm:
         """``zpCommDestroy``, after the work enqueued on it completed. Idempotent."""
         handle, self._handle = self._handle, None
         if handle is not None:
-            _lib.check(_lib.lib().zpCommDestroy(handle), "zpCommDestroy")
+            try:
+                _lib.check(_lib.lib().zpCommDestroy(handle), "zpCommDestroy")
+            finally:
+                self._transport = None  # the library called its last callback
 
     def abort(self) -> None:
         """``zpCommAbort``: frees the communicator at once, aborting work in flight; peers waiting in a host
-        collective wake up with ``REMOTE_ERROR``. Idempotent."""
+        collective wake up with ``REMOTE_ERROR`` (over a transport, a callback in flight returns first). Idempotent."""
         handle, self._handle = self._handle, None
         if handle is not None:
-            _lib.check(_lib.lib().zpCommAbort(handle), "zpCommAbort")
+            try:
+                _lib.check(_lib.lib().zpCommAbort(handle), "zpCommAbort")
+            finally:
+                self._transport = None
 
     def __enter__(self) -> "Comm":
         return self

@@ -20,6 +20,8 @@ CONFIG_UNDEF_INT = -2147483647 - 1
 CONFIG_MAGIC = 0x7A70636F
 #: ``ZP_GRAD_OPTIONS_MAGIC`` ("zpgo").
 GRAD_OPTIONS_MAGIC = 0x7A70676F
+#: ``ZP_TRANSPORT_MAGIC`` ("zptr") and ``ZP_TRANSPORT_ERROR_BYTES``.
+TRANSPORT_MAGIC, TRANSPORT_ERROR_BYTES = 0x7A707472, 256
 #: ``INT_MAX``: the largest value of a C int (every integer field of ``zpConfig_t``, ``gradSeed`` included).
 INT_MAX = 2**31 - 1
 #: ``ZP_BITS_INT4``, ``ZP_BITS_INT8``: the code widths the quantized calls take, nothing between.
