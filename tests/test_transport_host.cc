@@ -18,6 +18,7 @@
 #include "tests/child_test.h"
 #include "tests/collective_check.h"
 #include "tests/loopback_transport.h"
+#include "tests/transport_battery.h"
 
 namespace {
 
@@ -82,43 +83,10 @@ void runOverHub(LoopbackHub& hub, int nranks, const std::function<void(int, zpCo
 // Two nodes of two (two-hop qgZ, hpZ groups of two), as config->ranksPerNode gives them.
 void twoNodes(int, zpConfig_t* c) { c->ranksPerNode = 2; }
 
-struct Outputs {
-  std::vector<Buffer> qwz, hpz, hpzQuant, qgz;
-};
-
-// qwZ, exact and quantized hpZ, and qgZ (Avg, stochastic rounding) on one rank, outputs kept.
-void threeCollectives(int rank, int nranks, zpComm_t comm, Outputs* out) {
-  const size_t n = 1000 + 37;
-  Buffer shard(n * 2), grads(nranks * n * 4);
-  zpcheck::fillRandom(zpBfloat16, shard.data(), n, 7, rank);
-  zpcheck::fillRandom(zpFloat32, grads.data(), nranks * n, 8, rank);
-  int hpz = 0;
-  ASSERT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
-  out->qwz[rank].resize(nranks * n * 2);
-  out->hpz[rank].resize(hpz * n * 2);
-  out->hpzQuant[rank].resize(hpz * n * 2);
-  out->qgz[rank].resize(n * 4);
-  ASSERT_EQ(zpQuantAllGather(shard.data(), out->qwz[rank].data(), n, zpBfloat16, comm, nullptr), zpSuccess)
-      << zpGetLastError(comm);
-  ASSERT_EQ(zpHierAllGather(shard.data(), out->hpz[rank].data(), n, zpBfloat16, comm, nullptr), zpSuccess)
-      << zpGetLastError(comm);
-  const zpQuantOptions_t four = {4, 64};
-  ASSERT_EQ(zpHierAllGatherEx(shard.data(), out->hpzQuant[rank].data(), n, zpBfloat16, &four, comm, nullptr), zpSuccess)
-      << zpGetLastError(comm);
-  zpGradOptions_t g = ZP_GRAD_OPTIONS_INITIALIZER;
-  g.rounding = zpRoundStochastic;
-  g.seed = 11;
-  ASSERT_EQ(zpQuantReduceScatterA2AEx2(grads.data(), out->qgz[rank].data(), n, zpFloat32, zpAvg, &g, comm, nullptr),
-            zpSuccess)
-      << zpGetLastError(comm);
-}
-
+// Thread-ranks and ranks over the loopback hub run the same battery on the same inputs, on two nodes of two.
 TEST(CallbackTransport, OutputsAreBitEqualToThreads) {
   const int nranks = 4;
-  Outputs threads, over;
-  for (Outputs* o : {&threads, &over}) {
-    for (auto* v : {&o->qwz, &o->hpz, &o->hpzQuant, &o->qgz}) v->resize(nranks);
-  }
+  std::vector<zptest::BatteryOutputs> threads(nranks), over(nranks);
   zpUniqueId id;
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
   std::vector<std::thread> ranks;
@@ -129,25 +97,17 @@ TEST(CallbackTransport, OutputsAreBitEqualToThreads) {
       twoNodes(r, &c);
       zpComm_t comm = nullptr;
       ASSERT_EQ(zpCommInitRankConfig(&comm, nranks, id, r, &c), zpSuccess) << zpGetLastError(nullptr);
-      threeCollectives(r, nranks, comm, &threads);
+      threads[r] = zptest::runBattery(r, nranks, comm);
       EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
     });
   }
   for (auto& t : ranks) t.join();
   LoopbackHub hub(nranks);
   runOverHub(hub, nranks, twoNodes, [&](int r, zpComm_t comm) {
-    threeCollectives(r, nranks, comm, &over);
+    over[r] = zptest::runBattery(r, nranks, comm);
     EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
   });
-  for (int r = 0; r < nranks; ++r) {
-    for (auto [a, b, name] : {std::tuple{&threads.qwz, &over.qwz, "qwZ"},
-                              {&threads.hpz, &over.hpz, "hpZ"},
-                              {&threads.hpzQuant, &over.hpzQuant, "hpZ int4"},
-                              {&threads.qgz, &over.qgz, "qgZ"}}) {
-      ASSERT_EQ((*a)[r].size(), (*b)[r].size()) << name;
-      EXPECT_TRUE(zpcheck::sameBits((*b)[r].data(), (*a)[r].data(), (*a)[r].size(), 1)) << name << ", rank " << r;
-    }
-  }
+  for (int r = 0; r < nranks; ++r) zptest::expectSameOutputs(over[r], threads[r], "rank " + std::to_string(r));
 }
 
 // ---- failures ----------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 # README's test job: set up, build, run every suite (host-only suites everywhere; GPU suites skip without a
 # GPU), then print one line "N passed, N failed" counting every test that ran (skips are not passes).
 #
-# Besides the GoogleTest suites: the C ABI test; a C program built with pkg-config against a `meson install`
+# Besides the GoogleTest suites: the C ABI test; the host backend over MPI (tests/test_mpi_host.cc under mpirun, with
+# Debian's Open MPI, installed when missing); a C program built with pkg-config against a `meson install`
 # tree (tests/pkgconfig_consumer.c, on the host backend); the wheel (pip wheel .), installed with torch into a
 # virtual environment made anew each run with the test-only frameworks (torchtitan, transformers, accelerate,
 # lightning), where the Python suite runs against the installed package (without meson-python or the network, the
@@ -13,6 +14,13 @@ set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZP_BUILD_DIR:-$top/build}
 SECONDS=0
+# Debian's Open MPI, for the host backend over MPI (libzpccl_mpi and its suite under mpirun), when missing: Meson
+# finds it when it configures the build.
+if ! command -v mpirun >/dev/null && command -v apt-get >/dev/null; then
+  echo "## setup: apt-get install libopenmpi-dev openmpi-bin"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null; } ||
+    echo "setup: apt-get could not install Open MPI (no network?): the MPI suite is skipped" >&2
+fi
 source "$top/tools/setup.sh" || { echo "0 passed, 1 failed"; exit 1; }
 set +e
 export NCCL_NVLS_ENABLE=0
@@ -33,6 +41,27 @@ done
 step c_abi_test
 "$build/tests/c_abi_test"
 outcome c_abi $?
+
+# The host backend over MPI: four ranks as processes under mpirun, with the plans' default chunks and with chunks of
+# 16 KiB. Rank 0 writes the report; every test fails there when it failed on any rank.
+step "zpccl_mpi_tests (mpirun -np 4)"
+if [ -x "$build/tests/zpccl_mpi_tests" ] && command -v mpirun >/dev/null; then
+  mpi_run=(timeout 300 mpirun -np 4 --oversubscribe)
+  [ "$(id -u)" = 0 ] && mpi_run+=(--allow-run-as-root)
+  for chunks in default 16384; do
+    report=$results/zpccl_mpi_tests_$chunks.json
+    env_args=()
+    [ "$chunks" = default ] || env_args=(-x "ZP_CHUNK_BYTES=$chunks")
+    "${mpi_run[@]}" "${env_args[@]}" "$build/tests/zpccl_mpi_tests" --gtest_output="json:$report" --gtest_brief=1 \
+      >"$results/zpccl_mpi_tests_$chunks.log" 2>&1
+    rc=$?
+    grep -E "PASSED|FAILED" "$results/zpccl_mpi_tests_$chunks.log" | sort | uniq -c
+    [ -f "$report" ] || { echo "mpirun exited $rc without a report (log: $results/zpccl_mpi_tests_$chunks.log)"; count "mpi_$chunks" 0 1; }
+  done
+else
+  echo "skipped: no MPI (the build found none, or mpirun is missing)"
+  count mpi 0 0 1
+fi
 
 # ---- C users: meson install, then a program built with pkg-config against the installed tree ---------------
 step "pkg-config consumer (meson install, tests/pkgconfig_consumer.c)"

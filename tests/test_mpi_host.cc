@@ -1,0 +1,146 @@
+// The host backend with ranks as MPI processes (libzpccl_mpi.so, include/zpccl_mpi.h), run under mpirun with four
+// ranks (tools/run-tests.sh): every collective of tests/transport_battery.h equals, byte for byte, what thread-ranks
+// of the threaded host backend give on the same inputs (each process runs those threads itself), on three node
+// layouts (two nodes of two, nodes whose ranks interleave, one node); arguments that differ are zpInvalidUsage on
+// every rank and leave the communicator usable; the MPI communicator a transport duplicated is freed with it.
+// Every test ends by agreeing across ranks, so that rank 0's report (the one CI reads) fails when any rank's did.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "include/zpccl.h"
+#include "include/zpccl_mpi.h"
+#include "tests/transport_battery.h"
+
+namespace {
+
+int gRank = 0, gSize = 1;
+
+using Configure = std::function<void(int rank, zpConfig_t* config)>;
+
+// Fails on rank 0 when a test failed on another rank.
+void expectEveryRankPassed() {
+  int mine = ::testing::Test::HasFailure() ? 1 : 0, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any && !mine) ADD_FAILURE() << "another rank failed (its output says which)";
+}
+
+// What thread-rank `rank` of the threaded host backend gives for the battery, nranks threads of this process.
+zptest::BatteryOutputs overThreads(const Configure& configure, int rank) {
+  std::vector<zptest::BatteryOutputs> all(gSize);
+  zpUniqueId id;
+  EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < gSize; ++r) {
+    threads.emplace_back([&, r] {
+      zpConfig_t c = ZP_CONFIG_INITIALIZER;
+      c.backend = zpBackendHost;
+      configure(r, &c);
+      zpComm_t comm = nullptr;
+      ASSERT_EQ(zpCommInitRankConfig(&comm, gSize, id, r, &c), zpSuccess) << zpGetLastError(nullptr);
+      all[r] = zptest::runBattery(r, gSize, comm);
+      EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return all[rank];
+}
+
+void expectBitEqualToThreads(const Configure& configure, const char* layout) {
+  zpConfig_t c = ZP_CONFIG_INITIALIZER;
+  configure(gRank, &c);
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitFromMpi(&comm, MPI_COMM_WORLD, &c), zpSuccess) << zpGetLastError(nullptr);
+  zpBackend_t backend = zpBackendDefault;
+  int count = 0, rank = -1;
+  EXPECT_EQ(zpCommBackend(comm, &backend), zpSuccess);
+  EXPECT_EQ(zpCommCount(comm, &count), zpSuccess);
+  EXPECT_EQ(zpCommUserRank(comm, &rank), zpSuccess);
+  EXPECT_EQ(backend, zpBackendHost);
+  EXPECT_EQ(count, gSize);
+  EXPECT_EQ(rank, gRank);
+  const zptest::BatteryOutputs got = zptest::runBattery(gRank, gSize, comm);
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  zptest::expectSameOutputs(got, overThreads(configure, gRank),
+                            std::string(layout) + ", rank " + std::to_string(gRank));
+}
+
+TEST(MpiHost, TwoNodesBitEqualToThreads) {
+  if (gSize % 2 == 0) expectBitEqualToThreads([](int, zpConfig_t* c) { c->ranksPerNode = 2; }, "two nodes");
+  expectEveryRankPassed();
+}
+
+// Node of rank r: r % 2 reversed in the second half, so that a rank's peers across nodes are not in rank order.
+TEST(MpiHost, InterleavedNodesBitEqualToThreads) {
+  if (gSize % 2 == 0) {
+    expectBitEqualToThreads([](int r, zpConfig_t* c) { c->nodeId = (r < gSize / 2) ? r % 2 : 1 - r % 2; },
+                            "interleaved nodes");
+  }
+  expectEveryRankPassed();
+}
+
+TEST(MpiHost, OneNodeBitEqualToThreads) {
+  expectBitEqualToThreads([](int, zpConfig_t* c) { c->nodeId = 0; }, "one node");
+  expectEveryRankPassed();
+}
+
+// Rank r passes sendcount 100 + r: every rank refuses the call, names the argument, and serves the next one.
+TEST(MpiHost, ArgumentsThatDifferAreRefusedOnEveryRank) {
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitFromMpi(&comm, MPI_COMM_WORLD, nullptr), zpSuccess) << zpGetLastError(nullptr);
+  std::vector<float> send(200, 1.0f + gRank), recv(200 * gSize, -1.0f);
+  EXPECT_EQ(zpQuantAllGather(send.data(), recv.data(), 100 + gRank, zpFloat32, comm, nullptr), zpInvalidUsage);
+  if (gSize > 1) {
+    EXPECT_STREQ(zpGetLastError(comm),
+                 "zpQuantAllGather : ranks disagree on sendcount: rank 0 passed 100, rank 1 passed 101");
+  }
+  EXPECT_EQ(recv[0], -1.0f);
+  ASSERT_EQ(zpQuantAllGather(send.data(), recv.data(), 100, zpFloat32, comm, nullptr), zpSuccess)
+      << zpGetLastError(comm);
+  for (int r = 0; r < gSize; ++r) EXPECT_NEAR(recv[r * 100], 1.0f + r, 1e-5f) << "rank " << r << "'s shard";
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  expectEveryRankPassed();
+}
+
+// The transport's duplicate of the communicator goes with the zpccl communicator (abort too), or by hand.
+TEST(MpiHost, TheDuplicatedCommunicatorIsFreed) {
+  zpTransport_t t;
+  ASSERT_EQ(zpMpiTransportCreate(MPI_COMM_WORLD, &t), zpSuccess);
+  EXPECT_EQ(t.nranks, gSize);
+  EXPECT_EQ(t.rank, gRank);
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitFromTransport(&comm, &t, nullptr), zpSuccess) << zpGetLastError(nullptr);
+  EXPECT_EQ(zpCommAbort(comm), zpSuccess);
+  ASSERT_EQ(zpMpiTransportCreate(MPI_COMM_WORLD, &t), zpSuccess);
+  EXPECT_EQ(zpMpiTransportFree(&t), zpSuccess);
+  EXPECT_EQ(zpMpiTransportFree(&t), zpInvalidArgument);  // freed already
+  EXPECT_EQ(zpMpiTransportCreate(MPI_COMM_NULL, &t), zpInvalidArgument);
+  zpConfig_t c = ZP_CONFIG_INITIALIZER;
+  c.backend = zpBackendCuda;
+  EXPECT_EQ(zpCommInitFromMpi(&comm, MPI_COMM_WORLD, &c), zpInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+  expectEveryRankPassed();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &gRank);
+  MPI_Comm_size(MPI_COMM_WORLD, &gSize);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (gRank != 0) {
+    // One report: rank 0's, which every test makes fail when another rank's did.
+    ::testing::GTEST_FLAG(output) = "";
+  }
+  const int failed = RUN_ALL_TESTS();
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}
