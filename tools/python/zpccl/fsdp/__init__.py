@@ -75,8 +75,9 @@ streams really overlap (one communicator serializes its calls). The gathers' com
 one post-forward group size (the smallest); each further size over the same shard group gets an hpZ
 communicator of its own. On CUDA they are cuda-backend communicators (``Comm.from_torch_group``: the gathers'
 and the hpZ ones wrap the group's NCCL communicator when torch and zpccl share one NCCL library); with CPU
-parameters and torch's threaded process group (ranks as threads, as torch's own FSDP tests run), host-backend
-communicators, which is how the CPU tests exercise every path.
+parameters, host-backend communicators: over the groups' own collectives when the ranks are processes (gloo, under
+torchrun: the node layout is the launcher's, ``LOCAL_WORLD_SIZE``, unless ``ranks_per_node`` says otherwise), or
+among threads under torch's threaded process group (as torch's own FSDP tests run).
 
 Inside, one module per concern: ``_api`` (``enable``, ``disable``, ``session_of``), ``_state`` (:class:`ZeroPlusPlus`
 and what it serves), ``_hooks`` (what FSDP calls) and ``_collectives`` (what they run: qwZ, hpZ, qgZ, the

@@ -5,7 +5,8 @@ reduce-scatter streams really overlap (one communicator serializes its calls). T
 serves hpZ for one post-forward group size (the smallest); each further size over the same shard group gets an
 hpZ communicator of its own. Before any is made for hpZ, every rank of the shard group checks that FSDP's
 post-forward groups are zpccl's hpZ groups. On CUDA they are cuda-backend communicators
-(``Comm.from_torch_group``); with CPU parameters and torch's threaded process group, host-backend ones.
+(``Comm.from_torch_group``); with CPU parameters host-backend ones: over the group's own collectives when its ranks
+are processes (gloo, under torchrun), among threads on torch's threaded process group.
 """
 from __future__ import annotations
 
@@ -96,12 +97,6 @@ class Communicators:
         if device.type == "cuda":
             self.backend = Backend.CUDA
         elif device.type == "cpu":
-            backend = str(self.fsdp.dist.get_backend(shard)).lower()
-            if backend != "threaded":
-                raise ZpcclValueError(
-                    f"{CALL}: the model's parameters are on the CPU and its process group is {backend!r}: zpccl's "
-                    "host backend runs ranks as threads of one process (torch's threaded process group); use CUDA "
-                    "devices, or a threaded group", CALL)
             self.backend = Backend.HOST
         else:
             raise ZpcclValueError(f"{CALL}: parameters on {device}: zpccl serves CUDA devices (and, on the host "
@@ -112,6 +107,11 @@ class Communicators:
         config = dict(self.policy.comm_config(reduce), hpz_size=hpz_size)
         if self.device.type == "cuda":
             return Comm.from_torch_group(shard, device=self.device, wrap=wrap, **config)
+        # Ranks as processes (gloo, under torchrun): the host backend's exchanges run as the group's own collectives,
+        # the node layout the launcher's unless given. Ranks as threads (torch's threaded group): they meet under a
+        # unique id.
+        if str(self.fsdp.dist.get_backend(shard)).lower() != "threaded":
+            return Comm.from_torch_group(shard, backend="host", **config)
         rank, nranks, _ = _ztorch.group_info(shard)
         uid = get_unique_id() if rank == 0 else bytes(UNIQUE_ID_BYTES)
         uid = _ztorch.broadcast_bytes(uid, UNIQUE_ID_BYTES, shard, "cpu")

@@ -77,8 +77,7 @@ class ZeroPlusPlus:
                       "reshard_after_forward=True get (None: none).")
     param_blocks = _reads("policy.param_blocks", "Whether blocks restart at parameter boundaries.")
     error_feedback = _reads("policy.error_feedback", "Whether qgZ keeps residuals per parameter group.")
-    backend = _reads("comms.backend", "The backend of zpccl's communicators (cuda, or host for CPU parameters on "
-                     "a threaded group).")
+    backend = _reads("comms.backend", "The backend of zpccl's communicators (cuda, or host for CPU parameters).")
     _groups = _reads("comms.groups", "Each shard group's communicators, by its global ranks.")
     reserved_bytes = _reads("collectives.reserved_bytes", "Bytes of the two staging buffers, in torch's caching "
                             "allocator.")
