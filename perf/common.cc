@@ -24,6 +24,9 @@
 #include "perf/options.h"
 #include "perf/proc_group.h"
 #include "perf/provenance.h"
+#ifdef ZP_PERF_MPI
+#include "include/zpccl_mpi.h"
+#endif
 
 namespace zp {
 namespace perf {
@@ -163,6 +166,7 @@ struct Runtime {
   Options opt;
   ProcGroup* group = nullptr;
   bool host = false;
+  bool hostOverMpi = false;  // the host backend's ranks are MPI processes, one a process (libzpccl_mpi's transport)
   int nranks = 0;
   int rankBase = 0;
   int localRanks = 0;
@@ -838,8 +842,8 @@ void printRankLines(Runtime& rt, RankState& st) {
   char host[64] = "?";
   gethostname(host, sizeof(host) - 1);
   if (rt.host) {
-    std::snprintf(line, sizeof(line), "#  rank %3d  proc %2d  pid %7d  host %.40s  node %d  (host backend thread)",
-                  st.rank, rt.group->rank(), int(getpid()), host, node);
+    std::snprintf(line, sizeof(line), "#  rank %3d  proc %2d  pid %7d  host %.40s  node %d  (host backend %s)", st.rank,
+                  rt.group->rank(), int(getpid()), host, node, rt.hostOverMpi ? "over MPI" : "thread");
   } else {
     cudaDeviceProp prop;
     H_CUDA(cudaGetDeviceProperties(&prop, st.device));
@@ -921,7 +925,14 @@ void rankMain(Runtime& rt, int t) {
         config.gradBits = plan.bits;
         config.blockSize = plan.block;
       }
-    H_ZP(nullptr, zpCommInitRankConfig(&st.comm, rt.nranks, rt.zpId, st.rank, &config));
+#ifdef ZP_PERF_MPI
+    if (rt.hostOverMpi) {
+      zpTransport_t transport;
+      H_ZP(nullptr, zpMpiTransportCreate(MPI_COMM_WORLD, &transport));
+      H_ZP(nullptr, zpCommInitFromTransport(&st.comm, &transport, &config));
+    }
+#endif
+    if (!rt.hostOverMpi) H_ZP(nullptr, zpCommInitRankConfig(&st.comm, rt.nranks, rt.zpId, st.rank, &config));
     adoptZpLayout(rt, st);
     if (!rt.host) H_ZP(st.comm, zpCommReserve(st.comm, rt.opt.maxBytes));
   }
@@ -1100,6 +1111,23 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
         mine.threads = op->defaultThreads;
         break;
       }
+  // The host backend across processes: its ranks meet over MPI (libzpccl_mpi's transport), one rank a process;
+  // processes that meet otherwise (-P) have no transport between their ranks.
+  if (rt.host && nprocs > 1) {
+    if (std::strcmp(group->kind(), "mpi") != 0) {
+      std::fprintf(stderr,
+                   "%s: -H with several processes runs under mpirun (a build with MPI): the host backend's "
+                   "ranks meet over MPI\n",
+                   program.c_str());
+      return 2;
+    }
+    if (opt.threads > 1) {
+      std::fprintf(stderr, "%s: under mpirun the host backend runs one rank a process (-t 1)\n", program.c_str());
+      return 2;
+    }
+    rt.hostOverMpi = true;
+    mine.threads = 1;
+  }
   std::vector<ProcInfo> info(static_cast<size_t>(nprocs));
   if (!group->allGather(&mine, sizeof(mine), info.data(), &error)) {
     std::fprintf(stderr, "%s: exchange between processes: %s\n", program.c_str(), error.c_str());

@@ -44,7 +44,7 @@ outcome c_abi $?
 
 # The host backend over MPI: four ranks as processes under mpirun, with the plans' default chunks and with chunks of
 # 16 KiB. Rank 0 writes the report; every test fails there when it failed on any rank.
-step "zpccl_mpi_tests (mpirun -np 4)"
+step "zpccl_mpi_tests and the perf binaries' host mode (mpirun -np 4)"
 if [ -x "$build/tests/zpccl_mpi_tests" ] && command -v mpirun >/dev/null; then
   mpi_run=(timeout 300 mpirun -np 4 --oversubscribe)
   [ "$(id -u)" = 0 ] && mpi_run+=(--allow-run-as-root)
@@ -58,6 +58,15 @@ if [ -x "$build/tests/zpccl_mpi_tests" ] && command -v mpirun >/dev/null; then
     grep -E "PASSED|FAILED" "$results/zpccl_mpi_tests_$chunks.log" | sort | uniq -c
     [ -f "$report" ] || { echo "mpirun exited $rc without a report (log: $results/zpccl_mpi_tests_$chunks.log)"; count "mpi_$chunks" 0 1; }
   done
+  # The perf binaries' host mode, one rank a process over MPI: every output checked against the host reference.
+  perf_mpi_ok=1
+  for bin in qwz_perf hpz_perf qgz_perf; do
+    [ -x "$build/perf/$bin" ] || continue
+    "${mpi_run[@]}" "$build/perf/$bin" -H 1 -b 1K -e 256K -f 4 -n 2 -w 1 >"$results/${bin}_mpi.log" 2>&1 &&
+      grep -q "Out of bounds values : 0 OK" "$results/${bin}_mpi.log" ||
+      { perf_mpi_ok=0; echo "$bin -H 1 under mpirun failed (log: $results/${bin}_mpi.log)"; }
+  done
+  outcome perf_mpi_host "$((1 - perf_mpi_ok))"
 else
   echo "skipped: no MPI (the build found none, or mpirun is missing)"
   count mpi 0 0 1
