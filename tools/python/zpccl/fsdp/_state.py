@@ -105,8 +105,7 @@ class ZeroPlusPlus:
         """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``.
         With error feedback, ``"grad_residuals"`` counts the qgZ calls that fed back (``calls``) and the memory of
         the residuals (``residual_bytes``, ``hop_residual_bytes``, ``tensors``); it sends nothing itself."""
-        out = {k: dict(calls=v.calls, logical_bytes=v.logical_bytes, wire_bytes=v.wire_bytes)
-               for k, v in sorted(self.stats.items())}
+        out = self.report.summary()
         if self.error_feedback:
             fed = out.pop("grad_residuals", dict(calls=0, logical_bytes=0, wire_bytes=0))
             out["grad_residuals"] = dict(fed, residual_bytes=self.residual_bytes,
