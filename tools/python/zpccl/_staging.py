@@ -57,6 +57,27 @@ class BlockLayout:
             at += n
         torch.cat(pieces, dim=-1, out=dst)
 
+    def slot(self, i: int) -> int:
+        """Elements part ``i`` occupies in the staged layout: its size and the zeros up to the next block."""
+        return self.sizes[i] + self.pad(i)
+
+    def fill(self, torch: Any, rows: list[list[Any]], dst: Any, zeros: Any) -> None:
+        """``dst`` (len(rows) x staged_count, contiguous) <- ``rows[r][i]``, 1-D tensors of at most ``sizes[i]``
+        elements each, on their block boundaries, zeros in the rest of each slot: for buffers whose parts the
+        framework pads with values nobody initialized (DeepSpeed's partitions), only the data reaches a block.
+        ``zeros`` is 1-D and at least as long as the largest gap."""
+        pieces = []
+        for row in rows:
+            for i, part in enumerate(row):
+                gap = self.slot(i) - part.numel()
+                if gap < 0 or gap > zeros.numel():
+                    raise ValueError(f"BlockLayout.fill: part {i} of {part.numel()} elements in a slot of "
+                                     f"{self.slot(i)}, with {zeros.numel()} zeros")
+                pieces.append(part)
+                if gap:
+                    pieces.append(zeros.narrow(0, 0, gap))
+        torch.cat(pieces, out=dst.view(-1))
+
     def unstage(self, torch: Any, src: Any, dst: Any) -> None:
         """``dst`` (rows x count) <- the parts of ``src`` (rows x staged_count)."""
         torch.cat([src.narrow(-1, o, n) for o, n in zip(self.staged_offsets, self.sizes)], dim=-1, out=dst)
