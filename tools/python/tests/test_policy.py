@@ -46,7 +46,9 @@ class PolicyChecks(unittest.TestCase):
                 self.refused(f"{name} {bits!r} must be {enums.BITS_RULE}", **{name: bits})
 
     def test_each_refusal_names_its_argument(self) -> None:
-        self.refused("both None, so zpccl would serve nothing", weight_bits=None, grad_bits=None)
+        self.refused("both None and hpz is False, so zpccl would serve nothing", weight_bits=None, grad_bits=None,
+                     hpz=False)
+        self.assertTrue(Policy(weight_bits=None, grad_bits=None).hpz)  # hpZ alone
         for name in ("hpz", "param_blocks", "error_feedback"):
             self.refused(f"{name} 1 must be True or False", **{name: 1})
         self.refused("grad_rounding 'up' must be one of 'nearest', 'stochastic'", grad_rounding="up")

@@ -30,7 +30,9 @@ class ZeroPlusPlusPolicy:
     """How zpccl serves a model's collectives. Every field has a default; ``dataclasses.replace`` makes a variant.
 
     * ``weight_bits`` (4 or 8): qwZ's codes; ``grad_bits`` (4 or 8): qgZ's. ``None`` leaves that collective (the
-      weights' all-gathers, or the gradients' reduce-scatters) on the framework's own; not both.
+      weights' all-gathers over the shard group, or the gradients' reduce-scatters) on the framework's own. Both
+      None leave hpZ alone, exact gathers inside the node (``hpz`` must then be True): an integration whose hpZ
+      gathers need no qwZ communicator serves it (zpccl.deepspeed), one that does refuses it (zpccl.fsdp).
     * ``block_size``: elements per quantization block, a power of two in [32, 8192]; ``grad_block_size``: the
       gradients' own, if given (else ``block_size``): smaller blocks follow a gradient's spread of magnitudes
       more closely, at a scale's 4 bytes a block.
@@ -64,9 +66,9 @@ class ZeroPlusPlusPolicy:
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and is_bits(value)):
                 _refuse(f"{name} {value!r} must be {BITS_RULE} (or None: the framework's own collective)")
-        if self.weight_bits is None and self.grad_bits is None:
-            _refuse("weight_bits and grad_bits are both None, so zpccl would serve nothing: give one of them, or "
-                    "leave zpccl out")
+        if self.weight_bits is None and self.grad_bits is None and not self.hpz:
+            _refuse("weight_bits and grad_bits are both None and hpz is False, so zpccl would serve nothing: give "
+                    "one of them, or leave zpccl out")
         for name in ("block_size", "grad_block_size"):
             value = getattr(self, name)
             if (value is not None or name == "block_size") and not (_is_int(value) and is_block_size(value)):

@@ -49,6 +49,10 @@ def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any)
     """
     fsdp = TorchFsdp.load()
     policy = resolve_policy(CALL, policy, options)
+    if policy.weight_bits is None and policy.grad_bits is None:
+        raise ZpcclValueError(f"{CALL}: weight_bits and grad_bits are both None, so zpccl would serve nothing: "
+                              "zpccl.fsdp serves hpZ only beside qwZ (its hpZ gathers use the gathers' "
+                              "communicator); give weight_bits or grad_bits, or leave zpccl out", CALL)
     served = _served_groups(fsdp, model)
     if policy.hpz_size is not None:
         fsdp.check_post_forward(served)
