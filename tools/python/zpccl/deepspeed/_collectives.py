@@ -1,0 +1,271 @@
+"""What the replaced functions run: one of ZeRO-3's parameter gathers or gradient reductions, on zpccl's
+communicators where they serve it (qwZ over the data-parallel group, hpZ over DeepSpeed's hpZ group, qgZ for the
+reduce-scatters), else on DeepSpeed's own function, which the log says once per kind.
+
+Blocks and padding: a gather's buffer is its parameters' partitions back to back, and a reduce-scatter's tensors
+are whole gradients that DeepSpeed splits into ``ceil(numel / n)``-element chunks, one per rank. Both end in
+padding nobody initialized (the last ranks' part of a parameter; a rank with none of a small one). Each call copies
+only the data into a staging buffer where every parameter's part starts on a block boundary
+(:meth:`BlockLayout.fill`), zeros in the rest of its slot, runs the collective there and copies the result back:
+whatever DeepSpeed leaves in its padding (at initialization, after a step, after ``load_checkpoint``) never reaches
+a block, and blocks restart at parameters. hpZ moves bits exactly and needs neither.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from .._policy import ZeroPlusPlusPolicy
+from .._report import Report
+from .._staging import BlockLayout, Staging
+from ..comm import Comm, payload_size
+from ..enums import QUANT_TYPES
+from ._deepspeed import DeepSpeed
+
+#: The element types zpccl quantizes, as torch names them.
+QUANT_DTYPES = tuple(t.name.lower() for t in QUANT_TYPES)
+
+
+class Done:
+    """What DeepSpeed waits on after a gather zpccl ran: on the host backend the gather is over; on CUDA it is
+    enqueued on the stream that was current, and ``wait`` orders the stream current then after it, as a
+    torch.distributed work's ``wait`` does."""
+
+    def __init__(self, torch: Any, event: Any) -> None:
+        self.torch, self.event = torch, event
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        if self.event is not None:
+            self.torch.cuda.current_stream().wait_event(self.event)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+
+class Collectives:
+    """zpccl's side of one engine's ZeRO-3 collectives: :meth:`all_gather`, :meth:`reduce_scatter` and
+    :meth:`quant_reduce` are what the replaced functions call, :meth:`fetching` what the wrapped
+    ``all_gather_coalesced`` does around DeepSpeed's own."""
+
+    def __init__(self, ds: DeepSpeed, policy: ZeroPlusPlusPolicy, device: Any, report: Report, dp_group: Any,
+                 hpz_group: Any) -> None:
+        self.ds, self.policy, self.device, self.report = ds, policy, device, report
+        self.dp_group, self.hpz_group = dp_group, hpz_group
+        self.dp_ranks = ds.group_ranks(dp_group)
+        self.gather: Comm | None = None  # qwZ, and hpZ when it serves DeepSpeed's hpZ group
+        self.reduce: Comm | None = None  # qgZ
+        self.hpz: Comm | None = None  # the communicator whose hpZ group is DeepSpeed's (the gathers' one)
+        torch = ds.torch
+        self.gather_stage = Staging(torch, device, 0)
+        self.reduce_stage = Staging(torch, device, 0)
+        self._cuda = device.type == "cuda"
+        self._layouts: dict[tuple[Any, ...], BlockLayout] = {}
+        self._zeros: dict[Any, Any] = {}
+        self._ranks: dict[int, tuple[int, ...]] = {}
+        self._fetch = threading.local()  # .params: the parameters of the fetch in progress, not yet gathered
+
+    # ---- what the replaced functions call ----
+
+    def all_gather(self, input: Any, output: Any, group: Any, theirs: Callable[[], Any]) -> Any:
+        """One of ZeRO-3's parameter gathers: hpZ over DeepSpeed's hpZ group, qwZ over the data-parallel group,
+        DeepSpeed's own otherwise."""
+        if self.hpz_group is not None and group is self.hpz_group:
+            if self.hpz is None:
+                return self._fallback("all_gather_hpz", "the backward gathers over DeepSpeed's hpZ group (hpz=False)",
+                                      theirs, logging.INFO)
+            self.hpz.hier_all_gather(input, output)
+            k = self.hpz.hpz_size
+            self.report.count("hpz", output.numel() * output.element_size(),
+                              (k - 1) * input.numel() * input.element_size())
+            return self._done()
+        if self.ranks(group) != self.dp_ranks:
+            return self._fallback("all_gather_group", f"an all-gather over group {list(self.ranks(group))}, which "
+                                  "zpccl has no communicator for", theirs)
+        if self.policy.weight_bits is None:
+            return self._fallback("all_gather_off", "the parameter gathers over the data-parallel group "
+                                  "(weight_bits=None)", theirs, logging.INFO)
+        dtype = str(input.dtype).replace("torch.", "")
+        if dtype not in QUANT_DTYPES or output.dtype != input.dtype:
+            return self._fallback("all_gather_dtype", f"{dtype} parameters are not quantized (qwZ takes fp16, bf16, "
+                                  "fp32)", theirs)
+        parts = self._gathered_parts(input)
+        if parts is None:
+            return self._fallback("all_gather_params", "a parameter gather that zpccl cannot map to its parameters "
+                                  "(not one of ZeRO-3's fetches, or parameters made after enable)", theirs)
+        self.qwz(input, output, parts)
+        return self._done()
+
+    def reduce_scatter(self, tensors: list[Any], group: Any, theirs: Callable[[], Any]) -> list[Any]:
+        """ZeRO-3's gradient reduce-scatter: qgZ over the data-parallel group, DeepSpeed's own otherwise."""
+        if self.reduce is None:
+            return self._fallback("reduce_scatter_off", "the gradient reduce-scatters (grad_bits=None)", theirs,
+                                  logging.INFO)
+        if self.ranks(group) != self.dp_ranks:
+            return self._fallback("reduce_scatter_group", f"a reduce-scatter over group {list(self.ranks(group))}, "
+                                  "which zpccl has no communicator for", theirs)
+        return self._reduce(tensors, theirs)
+
+    def quant_reduce(self, tensors: list[Any], theirs: Callable[[], Any]) -> list[Any]:
+        """The reduction DeepSpeed's own qgZ would run (``zero_quantized_gradients``): the same average over the
+        data-parallel group, as qgZ."""
+        if self.reduce is None:
+            return self._fallback("quant_reduce_off", "DeepSpeed's quantized gradient reduction (grad_bits=None)",
+                                  theirs, logging.INFO)
+        return self._reduce(tensors, theirs)
+
+    @contextmanager
+    def fetching(self, params: list[Any]) -> Iterator[None]:
+        """Around one of ZeRO-3's fetches: its parameters in ds_id order (the order DeepSpeed lays them out in),
+        for the gathers it runs to take theirs from."""
+        outer = getattr(self._fetch, "params", None)
+        self._fetch.params = sorted(params, key=lambda p: p.ds_id)
+        try:
+            yield
+        finally:
+            self._fetch.params = outer
+
+    # ---- zpccl's paths ----
+
+    def qwz(self, input: Any, output: Any, parts: list[tuple[int, int]]) -> None:
+        """qwZ: the data-parallel gather of block-quantized partitions, staged unless every part is whole data
+        already on its block boundary."""
+        torch, comm = self.ds.torch, self.gather
+        n, r, count = comm.nranks, comm.rank, input.numel()
+        layout = self.layout(tuple(size for size, _ in parts), reduce=False)
+        if layout.identity and all(size == data for size, data in parts):
+            comm.quant_all_gather(input, output)
+        else:
+            sp = layout.staged_count
+            self.gather_stage.begin()
+            staged = self.gather_stage.view(n * sp, input.dtype)
+            own = staged.narrow(0, r * sp, sp)
+            row, at = [], 0
+            for size, data in parts:
+                row.append(input.narrow(0, at, data))
+                at += size
+            gap = max(layout.slot(i) - data for i, (_, data) in enumerate(parts))
+            layout.fill(torch, [row], own, self.zeros(input.dtype, gap))
+            comm.quant_all_gather(own, staged)
+            layout.unstage(torch, staged.view(n, sp), output.view(n, count))
+            self.gather_stage.end()
+        wire = (n - 1) * payload_size(layout.staged_count, self.policy.weight_bits, self.policy.block_size)
+        self.report.count("qwz", output.numel() * output.element_size(), wire)
+
+    def _reduce(self, tensors: list[Any], theirs: Callable[[], Any]) -> list[Any]:
+        dtypes = {t.dtype for t in tensors}
+        name = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else "mixed"
+        if name not in QUANT_DTYPES:
+            return self._fallback("reduce_scatter_dtype", f"{name} gradients are not quantized (qgZ takes fp16, bf16, "
+                                  "fp32 of one type a call)", theirs)
+        return self.qgz(tensors)
+
+    def qgz(self, tensors: list[Any]) -> list[Any]:
+        """qgZ: each gradient's rank-r chunk of ceil(numel / n) elements to rank r, averaged over the group, staged
+        so that each chunk starts on a block boundary with zeros after its data; this rank's chunks returned as
+        DeepSpeed's reduce_scatter_coalesced returns them (each as long as its data)."""
+        torch, comm = self.ds.torch, self.reduce
+        n, r = comm.nranks, comm.rank
+        flats = [t.reshape(-1) for t in tensors]
+        chunks = tuple(-(-f.numel() // n) for f in flats)
+        layout = self.layout(chunks, reduce=True)
+        sp, dtype = layout.staged_count, flats[0].dtype
+        rows = [[f.narrow(0, min(q * c, f.numel()), _data(f.numel(), c, q)) for f, c in zip(flats, chunks)]
+                for q in range(n)]
+        self.reduce_stage.begin()
+        staged = self.reduce_stage.view(n * sp, dtype)
+        gap = max(layout.slot(i) - _data(f.numel(), c, n - 1) for i, (f, c) in enumerate(zip(flats, chunks)))
+        layout.fill(torch, rows, staged, self.zeros(dtype, gap))
+        own = staged.narrow(0, r * sp, sp)  # in place: the result over this rank's own row (NCCL's rule)
+        comm.quant_reduce_scatter(staged, own, op="avg")
+        mine = [_data(f.numel(), c, r) for f, c in zip(flats, chunks)]
+        out = torch.empty(sum(mine), dtype=dtype, device=flats[0].device)
+        torch.cat([own.narrow(0, o, m) for o, m in zip(layout.staged_offsets, mine)], out=out)
+        self.reduce_stage.end()
+        wire = (n - 1) * payload_size(sp, self.policy.grad_bits, self.policy.grad_block)
+        self.report.count("qgz", sum(f.numel() for f in flats) * flats[0].element_size(), wire)
+        return list(out.split(mine))
+
+    def _fallback(self, kind: str, message: str, call: Callable[[], Any], level: int = logging.WARNING) -> Any:
+        self.report.say_once(kind, message + "; it stays on DeepSpeed's own collective", level)
+        self.report.count("deepspeed_" + kind, 0, 0)
+        return call()
+
+    def _done(self) -> Done:
+        event = None
+        if self._cuda:
+            event = self.ds.torch.cuda.Event()
+            event.record()
+        return Done(self.ds.torch, event)
+
+    # ---- parameters, layouts, zeros ----
+
+    def ranks(self, group: Any) -> tuple[int, ...]:
+        """The global ranks of a process group (None: the world), looked up once a group."""
+        key = id(group)
+        ranks = self._ranks.get(key)
+        if ranks is None:
+            ranks = self._ranks[key] = self.ds.group_ranks(group)
+        return ranks
+
+    def _gathered_parts(self, input: Any) -> list[tuple[int, int]] | None:
+        """(partition size, elements of data on this rank) of each parameter whose partition ``input`` holds, in
+        order: the first of the fetch's parameters not yet gathered that ZeRO-3 gathers in ``input``'s dtype over
+        the data-parallel group, as many as fill it (one, when DeepSpeed gathers them one by one). None when the
+        fetch's parameters do not fill it exactly."""
+        pending = getattr(self._fetch, "params", None)
+        if not pending:
+            return None
+        want, total, taken = input.numel(), 0, []
+        for p in pending:
+            if self.ds.gather_dtype(p) != input.dtype or self.ranks(p.ds_process_group) != self.dp_ranks:
+                continue
+            taken.append(p)
+            total += p.ds_tensor.ds_numel
+            if total >= want:
+                break
+        if total != want:
+            return None
+        gone = {id(p) for p in taken}
+        self._fetch.params = [p for p in pending if id(p) not in gone]
+        r = self.gather.rank
+        return [(p.ds_tensor.ds_numel, _data(p.ds_numel, p.ds_tensor.ds_numel, r)) for p in taken]
+
+    def layout(self, sizes: tuple[int, ...], reduce: bool) -> BlockLayout:
+        """Parts of these sizes in the reduce-scatters' blocks or the gathers' (blocks of 1, no alignment, with
+        param_blocks=False); made once per shape."""
+        key = (sizes, self.policy.block(reduce) if self.policy.param_blocks else 1)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = BlockLayout(*key)
+        return layout
+
+    def zeros(self, dtype: Any, need: int) -> Any:
+        """At least ``need`` zeros of ``dtype``, for :meth:`BlockLayout.fill` (the largest gap of a call: a part's
+        slot beyond its data); made once per dtype, longer when a call needs more."""
+        z = self._zeros.get(dtype)
+        if z is None or z.numel() < need:
+            z = self._zeros[dtype] = self.ds.torch.zeros(max(need, 2 * (z.numel() if z is not None else 0)),
+                                                         dtype=dtype, device=self.device)
+        return z
+
+    def prepare(self, dtypes: set[Any], nranks: int) -> None:
+        """Zeros made before the first call, on the stream current at enable (on CUDA, a first call on one of
+        DeepSpeed's side streams would give that stream its own segment of the caching allocator)."""
+        need = nranks + max(self.policy.block(False), self.policy.block(True))
+        for dtype in dtypes:
+            if dtype not in self._zeros:
+                self._zeros[dtype] = self.ds.torch.zeros(need, dtype=dtype, device=self.device)
+
+    def release(self) -> None:
+        self._zeros.clear()
+        self._layouts.clear()
+        self.gather_stage = self.reduce_stage = None  # type: ignore[assignment]
+
+
+def _data(numel: int, chunk: int, rank: int) -> int:
+    """Elements of data in rank ``rank``'s chunk of ``chunk`` elements of a tensor of ``numel`` (the rest is
+    padding)."""
+    return max(0, min(numel - rank * chunk, chunk))

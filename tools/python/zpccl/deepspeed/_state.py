@@ -1,0 +1,234 @@
+"""The state of one ``enable``: :class:`ZeroPlusPlus`, which makes the communicators, checks DeepSpeed's hpZ groups
+against zpccl's, puts the replaced functions and the wrapped fetches in place, and takes them back."""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from .._policy import ZeroPlusPlusPolicy
+from .._report import PathStats, Report
+from ..comm import Comm
+from ..enums import Backend, Result
+from ..errors import ZpcclError, ZpcclValueError
+from ._collectives import Collectives
+from ._deepspeed import CALL, REPLACED, DeepSpeed, EngineFacts
+
+log = logging.getLogger("zpccl.deepspeed")
+
+#: The live session, if any: the functions it replaces are DeepSpeed's module-level ones, one set per process, so
+#: one engine at a time is served.
+LIVE: list["ZeroPlusPlus"] = []
+
+
+class ZeroPlusPlus:
+    """zpccl serving one DeepSpeed ZeRO-3 engine: its policy, communicators and counters.
+
+    Made by :func:`~zpccl.deepspeed.enable`; :meth:`disable` gives DeepSpeed its own functions back and frees the
+    communicators.
+    """
+
+    def __init__(self, ds: DeepSpeed, engine: Any, policy: ZeroPlusPlusPolicy, facts: EngineFacts) -> None:
+        self._ds, self.engine, self.facts = ds, engine, facts
+        #: What serves the engine, as :func:`~zpccl.deepspeed.enable` was told.
+        self.policy = policy
+        self.report = Report(log)
+        self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group,
+                                       facts.hpz_group if policy.hpz else None)
+        self._originals: dict[int, Any] = {}  # REPLACED index -> DeepSpeed's function
+        self._ours: dict[int, Any] = {}
+        self._fetches: list[tuple[Any, Any, Any]] = []  # (parameter, DeepSpeed's all_gather_coalesced, ours)
+        self._closed = False
+
+    # ---- what it serves ----
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend of zpccl's communicators (cuda, or host for an engine on DeepSpeed's CPU accelerator)."""
+        comm = self.collectives.gather or self.collectives.reduce
+        return comm.backend if comm is not None else None
+
+    @property
+    def hpz_size(self) -> int | None:
+        """The ranks of the hpZ groups zpccl serves (DeepSpeed's zero_hpz_partition_size), or None."""
+        return self.collectives.hpz.hpz_size if self.collectives.hpz is not None else None
+
+    @property
+    def stats(self) -> dict[str, PathStats]:
+        """The counters, by path (``"qwz"``, ``"hpz"``, ``"qgz"``, ``"deepspeed_..."`` for what stayed
+        DeepSpeed's)."""
+        return self.report.stats
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``."""
+        return self.report.summary()
+
+    def reset_stats(self) -> None:
+        self.stats.clear()
+
+    # ---- set-up ----
+
+    def attach(self) -> None:
+        """Makes the communicators over the data-parallel group (collectively, in the same order on every rank),
+        checks DeepSpeed's hpZ groups, then puts zpccl's functions in DeepSpeed's place."""
+        policy, facts, calls = self.policy, self.facts, self.collectives
+        serve_hpz = policy.hpz and facts.hpz_group is not None
+        if policy.weight_bits is None and policy.grad_bits is None and not serve_hpz:
+            raise ZpcclValueError(f"{CALL}: weight_bits=None and grad_bits=None leave zpccl hpZ alone, and the engine "
+                                  "has no hpZ group (zero_optimization.zero_hpz_partition_size of at least 2)", CALL)
+        if policy.grad_bits is not None or serve_hpz:
+            # With grad_bits=None it is made for the node layout only, and closed once the gathers' is made.
+            calls.reduce = self._make(reduce=True)
+        if serve_hpz:
+            self._check_hpz_groups(calls.reduce)
+        if policy.weight_bits is not None or serve_hpz:
+            calls.gather = self._make(reduce=False, hpz_size=facts.hpz_size if serve_hpz else None)
+        if serve_hpz:
+            calls.hpz = calls.gather
+            theirs = self._ds.dist.get_rank(facts.hpz_group)
+            if calls.hpz.hpz_rank != theirs:
+                raise ZpcclError(Result.INTERNAL_ERROR, f"{CALL}: zpccl's hpZ rank {calls.hpz.hpz_rank} is not this "
+                                 f"rank's place {theirs} in DeepSpeed's hpZ group", CALL)
+        if policy.grad_bits is None and calls.reduce is not None:
+            calls.reduce.close()
+            calls.reduce = None
+        calls.prepare({self._ds.gather_dtype(p) for p in facts.params}, len(calls.dp_ranks))
+        self._say_what_stays()
+        self._replace()
+        log.info("zpccl.deepspeed: ZeRO-3 over %d ranks on %s: %s, %s, %s, blocks of %d%s%s", len(calls.dp_ranks),
+                 self.backend.name.lower() if self.backend is not None else "?",
+                 "all-gathers on DeepSpeed's" if policy.weight_bits is None else "qwZ int%d" % policy.weight_bits,
+                 "hpZ groups of %d" % facts.hpz_size if serve_hpz else "no hpZ",
+                 "reduce-scatters on DeepSpeed's" if policy.grad_bits is None else "qgZ int%d" % policy.grad_bits,
+                 policy.block_size,
+                 " (gradients' of %d)" % policy.grad_block if policy.grad_block != policy.block_size else "",
+                 ", blocks restart at parameters" if policy.param_blocks else "")
+
+    def _make(self, reduce: bool, hpz_size: int | None = None) -> Comm:
+        """A communicator over the data-parallel group, in the blocks of its collective: cuda-backend on an NCCL
+        group (the reduce-scatters' not wrapping torch's NCCL communicator, so that DeepSpeed's gather and reduce
+        streams really overlap), host-backend on a group of CPU tensors (gloo)."""
+        config = dict(self.policy.comm_config(reduce), hpz_size=hpz_size)
+        device = self.facts.device
+        if device.type == "cuda":
+            return Comm.from_torch_group(self.facts.dp_group, device=device, wrap=False if reduce else None, **config)
+        if device.type != "cpu":
+            raise ZpcclValueError(f"{CALL}: DeepSpeed's accelerator runs on {device}: zpccl serves CUDA devices "
+                                  "and, on its host backend, the CPU", CALL)
+        return Comm.from_torch_group(self.facts.dp_group, device="cpu", **config)
+
+    def _check_hpz_groups(self, comm: Comm) -> None:
+        """Checks, with every rank of the data-parallel group, that each rank's DeepSpeed hpZ group is one of zpccl's
+        hpZ groups: k consecutive local ranks of one node, from a multiple of k, in order. Every rank reaches the
+        same verdict from the same gathered facts."""
+        dist, facts = self._ds.dist, self.facts
+        k = facts.hpz_size
+        mine = dict(rank=dist.get_rank(), node=comm.node_rank, local=comm.local_rank, local_size=comm.local_size,
+                    hpz=list(self._ds.group_ranks(facts.hpz_group)))
+        everyone: list[Any] = [None] * comm.nranks
+        dist.all_gather_object(everyone, mine, group=facts.dp_group)
+        by_rank = {e["rank"]: e for e in everyone}
+        for group in sorted({tuple(e["hpz"]) for e in everyone}):
+            members = [by_rank.get(r) for r in group]
+            problem = None
+            if any(m is None for m in members):
+                problem = "not all in the data-parallel group"
+            else:
+                nodes = sorted({m["node"] for m in members})
+                local = [m["local"] for m in members]
+                if len(nodes) > 1:
+                    problem = f"on nodes {nodes}"
+                elif members[0]["local_size"] % k:
+                    problem = f"on a node of {members[0]['local_size']} ranks, which groups of {k} do not divide"
+                elif local != list(range(local[0], local[0] + k)) or local[0] % k:
+                    problem = f"local ranks {local} of node {nodes[0]}, not {k} consecutive ones from a multiple of {k}"
+            if problem:
+                raise ZpcclValueError(
+                    f"{CALL}: zero_hpz_partition_size={k} makes DeepSpeed gather backward weights over ranks "
+                    f"{list(group)}, which are {problem}: hpZ keeps that gather inside one node, over {k} consecutive "
+                    "ranks of it. Use a zero_hpz_partition_size that divides the ranks per node (with ranks numbered "
+                    "node by node), or hpz=False to leave those gathers on DeepSpeed's", CALL)
+
+    def _say_what_stays(self) -> None:
+        facts, policy = self.facts, self.policy
+        if policy.grad_bits is not None and not facts.reduce_scatter:
+            self.report.say_once("reduce_scatter_false", "zero_optimization.reduce_scatter=false makes DeepSpeed "
+                                 "all-reduce gradient buckets that fit reduce_bucket_size; those stay DeepSpeed's")
+        if facts.hpz_group is not None and not policy.hpz:
+            self.report.say_once("hpz_off", "hpz=False: the backward gathers over DeepSpeed's hpZ groups stay "
+                                 "DeepSpeed's", logging.INFO)
+
+    def _replace(self) -> None:
+        """DeepSpeed's three functions and each parameter's all_gather_coalesced, replaced by zpccl's."""
+        calls, ds = self.collectives, self._ds
+        ours = {0: functools.partial(_all_gather, calls, ds.function(0)),
+                1: functools.partial(_reduce_scatter, calls, ds.function(1)),
+                2: functools.partial(_quant_reduce, calls, ds.function(2))}
+        for i, fn in ours.items():
+            self._originals[i] = ds.function(i)
+            self._ours[i] = fn
+            ds.set_function(i, fn)
+        if self.policy.weight_bits is not None:
+            for p in self.facts.params:
+                theirs = p.all_gather_coalesced
+                fetch = functools.partial(_fetch, calls, theirs)
+                p.all_gather_coalesced = fetch
+                self._fetches.append((p, theirs, fetch))
+
+    # ---- lifecycle ----
+
+    def disable(self) -> None:
+        """Gives DeepSpeed its own functions back and destroys zpccl's communicators. Idempotent. Call it between
+        steps."""
+        if self._closed:
+            return
+        self._closed = True
+        ds = self._ds
+        for i, theirs in self._originals.items():
+            if ds.function(i) is self._ours[i]:
+                ds.set_function(i, theirs)
+            else:
+                module, name, _ = REPLACED[i]
+                log.warning("zpccl.deepspeed: %s.%s was replaced again after enable; disable leaves it as it is",
+                            module, name)
+        for p, theirs, fetch in self._fetches:
+            if p.__dict__.get("all_gather_coalesced") is fetch:
+                p.all_gather_coalesced = theirs
+        self._fetches.clear()
+        if self.facts.device.type == "cuda":
+            ds.torch.cuda.synchronize(self.facts.device)
+        for comm in (self.collectives.gather, self.collectives.reduce):
+            if comm is not None:
+                comm.close()
+        self.collectives.gather = self.collectives.reduce = self.collectives.hpz = None
+        self.collectives.release()
+        if self in LIVE:
+            LIVE.remove(self)
+
+    def __enter__(self) -> "ZeroPlusPlus":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.disable()
+
+
+# What DeepSpeed calls in place of its own (bound to the session's Collectives and DeepSpeed's function).
+
+def _all_gather(calls: Collectives, theirs: Any, input_tensor: Any, output_tensor: Any, group: Any = None) -> Any:
+    return calls.all_gather(input_tensor, output_tensor, group, lambda: theirs(input_tensor, output_tensor, group))
+
+
+def _reduce_scatter(calls: Collectives, theirs: Any, tensors: Any, group: Any = None) -> Any:
+    tensors = list(tensors)
+    return calls.reduce_scatter(tensors, group, lambda: theirs(tensors, group))
+
+
+def _quant_reduce(calls: Collectives, theirs: Any, tensors: Any, groups: Any) -> Any:
+    tensors = list(tensors)
+    return calls.quant_reduce(tensors, lambda: theirs(tensors, groups))
+
+
+def _fetch(calls: Collectives, theirs: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+    params = list(params)
+    with calls.fetching(params):
+        return theirs(params, *args, **kwargs)
