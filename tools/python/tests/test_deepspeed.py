@@ -1,0 +1,744 @@
+"""zpccl.deepspeed on DeepSpeed's CPU accelerator: ranks as processes over gloo (the host backend across processes),
+covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
+
+* The config: split_config's mapping of DeepSpeed's ZeRO++ keys and the "zpccl" section, its refusals, and the
+  refusal of a DeepSpeed too old or without the functions zpccl replaces (a stand-in module, no DeepSpeed needed).
+* One node of four ranks: the sweep over hpZ sizes 1, 2 and 4 with overlap_comm and contiguous gradients in bf16,
+  and a variant without either; every qwZ and qgZ call checked bit for bit against the NumPy model of the format
+  (tests/_reference.py), blocks restarting at parameters; training steps against unpatched ZeRO-3 within the
+  quantization's reach; hpZ alone bit-identical to DeepSpeed's own hpZ; gradient accumulation and eval with the
+  secondary partitions where DeepSpeed keeps them; padding deliberately filled with NaN (partition tails and the
+  staging buffers) changing no bit; checkpoint save, load and resume to the same losses; GatheredParameters exact;
+  disable() giving DeepSpeed its functions back; each path counted in summary(); the refusals.
+* Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
+  the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
+  and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes.
+
+Each world is one spawn of processes (importing DeepSpeed costs each process seconds); its scenarios run in turn
+and the test methods check what they returned. Skipped without DeepSpeed or without torch's gloo.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import types
+import unittest
+from typing import Any
+
+import numpy as np
+
+import zpccl
+
+from . import _reference as ref
+from ._procs import run_procs, torch_for_procs
+from .test_fsdp import bits_of, ref_dtype, staged
+
+BLOCK = 64  # small blocks, so that the tiny model's parameters span several
+STEPS = 3
+# DeepSpeed's CPU accelerator: LOCAL_SIZE is its device count (the node size it assumes).
+ENV = {"DS_ACCELERATOR": "cpu"}
+
+
+def deepspeed_or_skip() -> None:
+    torch_for_procs()
+    if importlib.util.find_spec("deepspeed") is None:
+        raise unittest.SkipTest("deepspeed is not installed (pip install 'deepspeed>=0.19')")
+
+
+# ---- in the ranks -------------------------------------------------------------------------------------------------
+
+
+def _setup() -> tuple[Any, Any, Any]:
+    """torch, deepspeed and torch.distributed in a rank, quiet."""
+    import logging
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    # DeepSpeed's CPU communication backend JIT-compiles a shared-memory all-reduce when it starts (minutes of
+    # compiling, on every machine whose cache lacks it); nothing here uses it.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    return torch, deepspeed, dist
+
+
+def build_model(torch: Any, seed: int = 0) -> Any:
+    """A tiny model whose parameters are odd, 1-D, and smaller than the world (LayerNorm of 37, a bias of 5, a
+    1-element scale), as ZeRO-3 partitions them: every partition ends in padding somewhere."""
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(12, 37)
+            self.norm = nn.LayerNorm(37)
+            self.out = nn.Linear(37, 5)
+            self.scale = nn.Parameter(torch.ones(1))
+
+        def forward(self, x: Any) -> Any:
+            return self.out(torch.relu(self.norm(self.inp(x)))) * self.scale
+
+    torch.manual_seed(seed)
+    return Net()
+
+
+def ds_config(hpz: int = 1, quantized: bool = False, bf16: bool = True, **zero: Any) -> dict[str, Any]:
+    """A ZeRO-3 config in DeepSpeed's test sweep's shape: every parameter fetched per module (no persistence, no
+    reuse), so that the backward gathers again (over the hpZ group when hpz > 1)."""
+    z = {"stage": 3, "zero_hpz_partition_size": hpz, "overlap_comm": True, "contiguous_gradients": True,
+         "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}
+    if quantized:
+        z.update(zero_quantized_weights=True, zero_quantized_gradients=True)
+    z.update(zero)
+    cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": z, "zpccl": {}}
+    if bf16:
+        cfg["bf16"] = {"enabled": True}
+    if quantized:
+        cfg["zpccl"] = {"block_size": BLOCK}
+    else:
+        del cfg["zpccl"]
+    return cfg
+
+
+def make_engine(torch: Any, deepspeed: Any, config: dict[str, Any], zp: bool, seed: int = 0) -> Any:
+    """An engine of build_model over DeepSpeed (zp False) or zpccl.deepspeed.initialize (zp True); DeepSpeed's
+    hpZ group, one per process in DeepSpeed, remade for each engine's size."""
+    import zpccl.deepspeed
+    from deepspeed.utils import groups
+
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+    model = build_model(torch, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
+    engine, *_ = init(model=model, optimizer=opt, config=config)
+    return engine
+
+
+def batch(torch: Any, rank: int, step: int, dtype: Any) -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(4, 12, generator=g).to(dtype), torch.randn(4, 5, generator=g)
+
+
+def train(torch: Any, engine: Any, rank: int, steps: int, first: int = 0, poison: bool = False,
+          check: Any = None) -> list[float]:
+    """Losses of ``steps`` micro-steps (data by rank and step number); ``poison``: NaN in every padding zpccl
+    must not read before each one; ``check(step)`` after each forward."""
+    dtype = next(engine.module.parameters()).dtype
+    losses = []
+    for step in range(first, first + steps):
+        if poison:
+            poison_padding(torch, engine)
+        x, y = batch(torch, rank, step, dtype)
+        loss = (engine(x).float() - y).pow(2).mean()
+        if check is not None:
+            check(step)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def evaluate(torch: Any, engine: Any, rank: int) -> float:
+    """The loss of one forward in eval mode without gradients (a batch no step trained on)."""
+    engine.eval()
+    with torch.no_grad():
+        x, y = batch(torch, rank, 99, next(engine.module.parameters()).dtype)
+        loss = (engine(x).float() - y).pow(2).mean().item()
+    engine.train()
+    return loss
+
+
+def served(torch: Any, engine: Any, rank: int) -> dict[str, Any]:
+    """The losses of STEPS steps of a served engine, and its counters after them."""
+    import zpccl.deepspeed
+
+    losses = train(torch, engine, rank, STEPS)
+    return dict(losses=losses, summary=zpccl.deepspeed.session_of(engine).summary())
+
+
+def poison_padding(torch: Any, engine: Any) -> int:
+    """NaN in what DeepSpeed leaves uninitialized and zpccl must never quantize: each partition's tail beyond the
+    parameter's data, and all of zpccl's staging buffers. Returns the partition elements poisoned here."""
+    import zpccl.deepspeed
+
+    poisoned = 0
+    for p in engine.module.parameters():
+        t = p.ds_tensor
+        data = max(0, min(p.ds_numel - torch.distributed.get_rank(p.ds_process_group) * t.ds_numel, t.ds_numel))
+        if data < t.ds_numel:
+            t.data.narrow(0, data, t.ds_numel - data).fill_(float("nan"))
+            poisoned += t.ds_numel - data
+    zp = zpccl.deepspeed.session_of(engine)
+    if zp is not None:
+        for stage in (zp.collectives.gather_stage, zp.collectives.reduce_stage):
+            stage.buffer.fill_(0xFF)  # NaN in every float type
+    return poisoned
+
+
+class Exact:
+    """Keeps a copy of every qwZ and qgZ call's input and output, then checks each against the NumPy model of the
+    format, bit for bit (collective: every rank gathers every call's inputs, in the same order)."""
+
+    def __init__(self, torch: Any, zp: Any, nodes: list[int]) -> None:
+        self.torch, self.zp, self.nodes = torch, zp, nodes
+        self.calls: list[tuple] = []
+        calls = zp.collectives
+        qwz, qgz = calls.qwz, calls.qgz
+
+        def on_qwz(input: Any, output: Any, parts: list[tuple[int, int]]) -> None:
+            x = input.clone()
+            qwz(input, output, parts)
+            self.calls.append(("qwz", parts, x, output.clone()))
+
+        def on_qgz(tensors: list[Any]) -> list[Any]:
+            xs = [t.detach().clone() for t in tensors]
+            out = qgz(tensors)
+            self.calls.append(("qgz", None, xs, [o.clone() for o in out]))
+            return out
+
+        calls.qwz, calls.qgz = on_qwz, on_qgz
+
+    def verify(self) -> dict[str, int]:
+        """How many calls of each kind equal the model (a call that differs is not counted: the tests compare the
+        counts with summary()'s)."""
+        checked = {"qwz": 0, "qgz": 0}
+        for kind, parts, x, out in self.calls:
+            if kind == "qwz":
+                want = expected_qwz(self.everyone((bits_of(x), parts)), ref_dtype(x), self.zp.policy.weight_bits,
+                                    self.zp.policy.block_size)
+                same = np.array_equal(bits_of(out), want)
+            else:
+                sends = self.everyone([bits_of(t).reshape(-1) for t in x])
+                want = expected_qgz(sends, ref_dtype(x[0]), self.zp.policy.grad_bits, self.zp.policy.grad_block,
+                                    self.nodes, self.torch.distributed.get_rank())
+                got = [bits_of(o) for o in out]
+                same = len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
+            checked[kind] += int(same)
+        self.calls.clear()
+        return checked
+
+    def everyone(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.torch.distributed.get_world_size()
+        self.torch.distributed.all_gather_object(out, obj)
+        return out
+
+
+def expected_qwz(rows: list[tuple[np.ndarray, list[tuple[int, int]]]], dt: str, bits: int, block: int) -> np.ndarray:
+    """What qwZ gathers from each rank's partitions: per parameter, its data and zeros up to its partition size,
+    quantized in blocks from the partition's start (blocks restart at parameters), dequantized."""
+    out = []
+    for x, parts in rows:
+        at = 0
+        for size, data in parts:
+            part = np.concatenate([x[at:at + data], np.zeros(size - data, x.dtype)])
+            out.append(ref.round_trip(part, dt, bits, block))
+            at += size
+    return np.concatenate(out)
+
+
+def expected_qgz(sends: list[list[np.ndarray]], dt: str, bits: int, block: int, nodes: list[int],
+                 rank: int) -> list[np.ndarray]:
+    """What qgZ gives ``rank`` for the gradients each rank reduces (sends[q]: its flattened tensors): each
+    tensor's ceil(numel / n)-element chunk per rank, zeros after its data, on block boundaries, averaged."""
+    n = len(sends)
+    chunks = [-(-t.size // n) for t in sends[0]]
+
+    def data(numel: int, c: int, q: int) -> int:
+        return max(0, min(numel - q * c, c))
+
+    rows = [np.concatenate([staged([np.concatenate([t[d * c:d * c + data(t.size, c, d)],
+                                                     np.zeros(c - data(t.size, c, d), t.dtype)])
+                                     for t, c in zip(ts, chunks)], block) for d in range(n)]) for ts in sends]
+    mine = ref.quant_reduce_scatter(rows, dt, "avg", bits, block, nodes)[rank]
+    out, at = [], 0
+    for t, c in zip(sends[0], chunks):
+        out.append(mine[at:at + data(t.size, c, rank)])
+        at += c if t is sends[0][-1] else -(-c // block) * block
+    return out
+
+
+def secondary_sizes(engine: Any) -> list[int | None]:
+    """Each parameter's hpZ secondary partition size (None: none)."""
+    return [None if p.ds_secondary_tensor is None else p.ds_secondary_tensor.numel()
+            for p in engine.module.parameters()]
+
+
+def refusal(call: Any) -> str:
+    """The message of the exception ``call()`` raises ("" when it returns)."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the test compares messages
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
+    """World A: one node of four ranks."""
+    torch, deepspeed, dist = _setup()
+    import deepspeed.runtime.zero.partition_parameters as pp
+    import deepspeed.runtime.zero.stage3 as stage3
+
+    import zpccl.deepspeed
+
+    nodes = [0] * dist.get_world_size()
+    out: dict[str, Any] = {}
+    originals = (pp._dist_allgather_fn, stage3.reduce_scatter_coalesced, stage3.all_to_all_quant_reduce)
+
+    # Unpatched ZeRO-3, without and with DeepSpeed's own hpZ (exact), and with gradient accumulation.
+    engine = make_engine(torch, deepspeed, ds_config(), zp=False)
+    out["ref"] = train(torch, engine, rank, STEPS)
+    out["eval_ref"] = evaluate(torch, engine, rank)
+    out["ref_hpz2"] = train(torch, make_engine(torch, deepspeed, ds_config(hpz=2), zp=False), rank, STEPS)
+    accum = dict(ds_config(), gradient_accumulation_steps=2)
+    out["ref_accum"] = train(torch, make_engine(torch, deepspeed, accum, zp=False), rank, 2 * STEPS)
+
+    # The sweep: hpZ 1, 2, 4 with overlap_comm and contiguous gradients; every quantized call checked.
+    for hpz in (1, 2, 4):
+        engine = make_engine(torch, deepspeed, ds_config(hpz, quantized=True), zp=True)
+        zp = zpccl.deepspeed.session_of(engine)
+        exact = Exact(torch, zp, nodes)
+        before = secondary_sizes(engine)
+        out[f"sweep{hpz}"] = dict(losses=train(torch, engine, rank, STEPS), summary=zp.summary(),
+                                  checked=exact.verify(), secondary=before, hpz_size=zp.hpz_size,
+                                  partitions=[p.ds_tensor.numel() for p in engine.module.parameters()])
+        if hpz == 2:  # eval: forward gathers only, the secondary partitions made after it
+            calls = zp.summary()
+            loss = evaluate(torch, engine, rank)
+            out["eval"] = dict(loss=loss, before=calls, after=zp.summary(), secondary=secondary_sizes(engine))
+        zp.disable()
+
+    # Neither overlap_comm nor contiguous gradients.
+    engine = make_engine(torch, deepspeed, ds_config(2, True, overlap_comm=False, contiguous_gradients=False), True)
+    out["plain"] = served(torch, engine, rank)
+    zpccl.deepspeed.disable(engine)
+
+    # hpZ alone: zero_hpz_partition_size and no quantization, against DeepSpeed's own hpZ.
+    engine = make_engine(torch, deepspeed, dict(ds_config(hpz=2), zpccl={}), zp=True)
+    out["hpz_alone"] = served(torch, engine, rank)
+    zpccl.deepspeed.disable(engine)
+
+    # Gradient accumulation: the secondary partitions live through the micro-steps without an update.
+    engine = make_engine(torch, deepspeed, dict(ds_config(2, True), gradient_accumulation_steps=2), zp=True)
+    kept = []
+    losses = train(torch, engine, rank, 2 * STEPS,
+                   check=lambda step: kept.append(step % 2 == 0 or all(s is not None for s in secondary_sizes(engine))))
+    out["accum"] = dict(losses=losses, kept=kept, summary=zpccl.deepspeed.session_of(engine).summary())
+    zpccl.deepspeed.disable(engine)
+
+    # Padding filled with NaN before every step: the same bits as the clean sweep run.
+    engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True)
+    out["poisoned"] = dict(count=poison_padding(torch, engine), losses=train(torch, engine, rank, STEPS, poison=True))
+    zpccl.deepspeed.disable(engine)
+
+    # Checkpoint: save after 2 steps, go on 2; a fresh engine loads, finds NaN in its padding, and goes the same 2.
+    engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True)
+    train(torch, engine, rank, 2)
+    engine.save_checkpoint(ckpt, tag="two")
+    went_on = train(torch, engine, rank, 2, first=2)
+    zpccl.deepspeed.disable(engine)
+    engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True, seed=7)
+    engine.load_checkpoint(ckpt, tag="two")
+    out["resume"] = dict(went_on=went_on, resumed=train(torch, engine, rank, 2, first=2, poison=True))
+
+    # GatheredParameters stays DeepSpeed's exact gather; the checkpoint engine is still served.
+    zp = zpccl.deepspeed.session_of(engine)
+    calls = zp.summary()
+    params = list(engine.module.parameters())
+    want = []
+    for p in params:
+        parts = [torch.empty_like(p.ds_tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, p.ds_tensor)
+        want.append(torch.cat(parts)[:p.ds_numel].view(p.ds_shape))
+    with deepspeed.zero.GatheredParameters(params):
+        out["gathered"] = dict(exact=[torch.equal(p.data, w) for p, w in zip(params, want)])
+    out["gathered"]["calls_before"], out["gathered"]["calls_after"] = calls, zp.summary()
+
+    # disable(): DeepSpeed's functions and fetches back, training goes on DeepSpeed's, counters still.
+    replaced = (pp._dist_allgather_fn, stage3.reduce_scatter_coalesced, stage3.all_to_all_quant_reduce)
+    zp.disable()
+    zp.disable()  # idempotent
+    now = (pp._dist_allgather_fn, stage3.reduce_scatter_coalesced, stage3.all_to_all_quant_reduce)
+    summary = zp.summary()
+    train(torch, engine, rank, 1, first=4)
+    out["disable"] = dict(replaced=[a is not b for a, b in zip(replaced, originals)],
+                          restored=[a is b for a, b in zip(now, originals)],
+                          fetches=[not isinstance(p.all_gather_coalesced, functools.partial)
+                                   for p in engine.module.parameters()],
+                          unchanged=zp.summary() == summary, session=zpccl.deepspeed.session_of(engine) is None)
+
+    # enable on a plain engine, keyword arguments; a second enable refused while it lives.
+    engine = make_engine(torch, deepspeed, ds_config(), zp=False)
+    zp = zpccl.deepspeed.enable(engine, weight_bits=8, grad_bits=8, block_size=BLOCK)
+    exact = Exact(torch, zp, nodes)
+    losses = train(torch, engine, rank, STEPS)
+    out["enable"] = dict(losses=losses, summary=zp.summary(), checked=exact.verify(),
+                         again=refusal(lambda: zpccl.deepspeed.enable(engine)))
+    zp.disable()
+
+    out["refused"] = _refusals(torch, deepspeed, zpccl)
+    return out
+
+
+def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
+    """The refusals of enable and initialize, each rank's message."""
+    import zpccl.deepspeed
+
+    said = {}
+    engine = make_engine(torch, deepspeed, dict(ds_config(), zero_optimization={"stage": 2}), zp=False)
+    said["stage2"] = refusal(lambda: zpccl.deepspeed.enable(engine))
+    engine = make_engine(torch, deepspeed, ds_config(), zp=False)
+    said["hpz_size"] = refusal(lambda: zpccl.deepspeed.enable(engine, hpz_size=2))
+    said["error_feedback"] = refusal(lambda: zpccl.deepspeed.enable(engine, error_feedback=True))
+    said["no_hpz"] = refusal(lambda: zpccl.deepspeed.enable(engine, weight_bits=None, grad_bits=None))
+    said["not_engine"] = refusal(lambda: zpccl.deepspeed.enable(engine.module))
+    fake = types.SimpleNamespace(module=engine.module, zero_optimization_stage=lambda: 3, _config=types.SimpleNamespace(
+        zero_config=types.SimpleNamespace(zero_quantized_weights=True)))
+    said["quantized_weights"] = refusal(lambda: zpccl.deepspeed.enable(fake))
+    # DeepSpeed's hpZ groups of 4 span two nodes of two.
+    engine = make_engine(torch, deepspeed, ds_config(hpz=4), zp=False)
+    said["hpz_nodes"] = refusal(lambda: zpccl.deepspeed.enable(engine, ranks_per_node=2))
+    said["after"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
+    said["nothing"] = refusal(lambda: zpccl.deepspeed.initialize(model=build_model(torch), config=ds_config()))
+    zp = zpccl.deepspeed.enable(engine, ranks_per_node=2, hpz=False)  # hpz=False: the same engine is served
+    said["hpz_off"] = "" if zp.hpz_size is None else "hpZ served with hpz=False"
+    zp.disable()
+    return said
+
+
+def _three_nodes(rank: int) -> dict[str, Any]:
+    """World B: three nodes of two ranks (LOCAL_WORLD_SIZE=2)."""
+    torch, deepspeed, dist = _setup()
+    import zpccl.deepspeed
+
+    world = dist.get_world_size()
+    nodes = [r // 2 for r in range(world)]
+    out: dict[str, Any] = {}
+    out["ref"] = train(torch, make_engine(torch, deepspeed, ds_config(bf16=False), zp=False), rank, STEPS)
+    runs = []
+    for _ in range(2):
+        engine = make_engine(torch, deepspeed, ds_config(2, quantized=True, bf16=False), zp=True)
+        zp = zpccl.deepspeed.session_of(engine)
+        exact = Exact(torch, zp, nodes)
+        runs.append(dict(losses=train(torch, engine, rank, STEPS), summary=zp.summary(), checked=exact.verify(),
+                         layout=(zp.collectives.reduce.node_count, zp.collectives.reduce.local_size, zp.hpz_size)))
+        if len(runs) == 2:
+            out["direct"] = _direct(torch, deepspeed, dist, zp, nodes)
+        zp.disable()
+    out["runs"] = runs
+    return out
+
+
+def _direct(torch: Any, deepspeed: Any, dist: Any, zp: Any, nodes: list[int]) -> dict[str, Any]:
+    """The replaced functions called as DeepSpeed calls them, in each type: the reduce-scatter on gradients of
+    tiny, 1-D and odd sizes (a tensor smaller than the world among them), beside DeepSpeed's own; the gather on
+    parameters zero.Init partitions in that type, through their own all_gather_coalesced."""
+    import deepspeed.runtime.zero.stage3 as stage3
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    exact = Exact(torch, zp, nodes)
+    theirs = zp._originals[1]
+    shapes = [(1,), (5,), (7, 3), (13,), (2, 40)]
+    out: dict[str, Any] = {"shapes": [], "close": []}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        g = torch.Generator().manual_seed(rank)
+        tensors = [torch.randn(s, generator=g).to(dtype) for s in shapes]
+        mine = stage3.reduce_scatter_coalesced([t.clone() for t in tensors], None)
+        exact_ = theirs([t.float() for t in tensors], None)
+        out["shapes"].append([list(a.shape) == list(b.shape) for a, b in zip(mine, exact_)])
+        out["close"].append(max(float((a.float() - b).abs().max()) if a.numel() else 0.0 for a, b in zip(mine, exact_)))
+    with deepspeed.zero.Init(dtype=torch.float16, config_dict_or_path=ds_config(bf16=False)):
+        layer = torch.nn.Linear(9, 3)
+    params = list(layer.parameters())
+    for p in params:
+        p.ds_tensor.data.narrow(0, 0, p.ds_tensor.ds_numel).copy_(torch.randn(p.ds_tensor.ds_numel))
+    with zp.collectives.fetching(params):
+        params[0].all_gather_coalesced(params).wait()
+    out["fp16_gathered"] = [p.data.numel() == p.ds_numel and bool(torch.isfinite(p.data).all()) for p in params]
+    for p in params:
+        p.partition()
+    out["checked"] = exact.verify()
+    out["rank_world"] = (rank, world)
+    return out
+
+
+# ---- the tests ----------------------------------------------------------------------------------------------------
+
+
+def _spawned(test: unittest.TestCase, outcomes: list[Any]) -> list[dict[str, Any]]:
+    for o in outcomes:
+        test.assertIsNone(o.error, f"rank {o.rank}: {o.error}")
+        test.assertEqual(o.exitcode, 0)
+    return [o.value for o in outcomes]
+
+
+def _close(a: list[float], b: list[float], rel: float) -> bool:
+    return all(np.isfinite(x) and abs(x - y) <= rel * abs(y) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+class ConfigOfDeepSpeed(unittest.TestCase):
+    """split_config and the version checks: no DeepSpeed, no processes."""
+
+    def test_zero_plus_plus_keys_map_to_a_policy(self) -> None:
+        from zpccl.deepspeed import split_config
+
+        cfg = {"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": True,
+                                                            "zero_quantized_gradients": True,
+                                                            "zero_hpz_partition_size": 2},
+               "zpccl": {"grad_block_size": 64}}
+        ds, policy = split_config(cfg)
+        self.assertEqual(ds, {"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})
+        self.assertEqual((policy.weight_bits, policy.grad_bits, policy.block_size, policy.grad_block_size, policy.hpz),
+                         (8, 4, 256, 64, True))
+        self.assertIn("zpccl", cfg)  # the caller's dict is left as it was
+        self.assertTrue(cfg["zero_optimization"]["zero_quantized_weights"])
+        one = split_config({"zero_optimization": {"stage": 3, "zero_quantized_gradients": True}})[1]
+        self.assertEqual((one.weight_bits, one.grad_bits), (None, 4))
+        alone = split_config({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4}})
+        self.assertEqual((alone[1].weight_bits, alone[1].grad_bits, alone[1].hpz), (None, None, True))
+        self.assertEqual(alone[0]["zero_optimization"]["zero_hpz_partition_size"], 4)
+        section = split_config({"zero_optimization": {"stage": 3}, "zpccl": {"weight_bits": 4, "grad_bits": 8}})[1]
+        self.assertEqual((section.weight_bits, section.grad_bits), (4, 8))
+        self.assertEqual(split_config({"zero_optimization": {"stage": 3}}), ({"zero_optimization": {"stage": 3}},
+                                                                              None))
+        self.assertEqual(split_config({"zero_optimization": {"stage": 2}})[1], None)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "ds.json")
+            with open(path, "w") as f:
+                json.dump(cfg, f)
+            self.assertEqual(split_config(path), (ds, policy))
+
+    def test_refusals_name_what_to_change(self) -> None:
+        from zpccl.deepspeed import split_config
+
+        def refused(words: str, cfg: Any) -> None:
+            with self.assertRaises(zpccl.ZpcclError) as e:
+                split_config(cfg)
+            self.assertIn(words, str(e.exception))
+            self.assertIn("zpccl.deepspeed.split_config", str(e.exception))
+
+        zero = {"stage": 3, "zero_quantized_weights": True}
+        refused("zpccl serves ZeRO stage 3, and zero_optimization.stage is 2",
+                {"zero_optimization": dict(zero, stage=2)})
+        refused("zero_quantized_weights asks for weight_bits, and the \"zpccl\" section sets weight_bits=None",
+                {"zero_optimization": zero, "zpccl": {"weight_bits": None}})
+        refused("zero_quantized_nontrainable_weights: zpccl does not serve it",
+                {"zero_optimization": dict(zero, zero_quantized_nontrainable_weights=True)})
+        refused("unknown argument(s) blocksize", {"zero_optimization": zero, "zpccl": {"blocksize": 64}})
+        refused("block_size 100 must be a power of two", {"zero_optimization": zero, "zpccl": {"block_size": 100}})
+        refused("the config asks zpccl for nothing", {"zero_optimization": {"stage": 3}, "zpccl": {"grad_bits": None}})
+        refused("\"zpccl\" section must be a dict", {"zero_optimization": zero, "zpccl": 8})
+        refused("config must be a DeepSpeed config dict or the path of its JSON file", "/no/such/file.json")
+
+    def test_block_layout_fill_keeps_padding_out(self) -> None:
+        torch = torch_for_procs()
+        from zpccl._staging import BlockLayout
+
+        layout = BlockLayout((5, 3, 4), 4)
+        dst = torch.full((2, layout.staged_count), float("nan"))
+        rows = [[torch.full((5,), 1.0), torch.full((3,), 2.0), torch.full((4,), 3.0)],
+                [torch.full((2,), 1.0), torch.empty(0), torch.full((1,), 3.0)]]
+        layout.fill(torch, rows, dst, torch.zeros(8))
+        self.assertEqual(dst.tolist(), [[1, 1, 1, 1, 1, 0, 0, 0, 2, 2, 2, 0, 3, 3, 3, 3],
+                                        [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]])
+        with self.assertRaisesRegex(ValueError, "part 0 of 9 elements in a slot of 8"):
+            layout.fill(torch, [[torch.zeros(9), torch.zeros(3), torch.zeros(4)]], dst[:1], torch.zeros(8))
+
+    def test_an_older_or_different_deepspeed_is_refused(self) -> None:
+        from zpccl.deepspeed._deepspeed import DeepSpeed, parameter_names
+
+        def fake(version: str, **modules: Any) -> dict[str, Any]:
+            mods = {"deepspeed": types.SimpleNamespace(__version__=version)}
+            for name, attrs in modules.items():
+                mods[name] = types.SimpleNamespace(**attrs)
+            return mods
+
+        @contextlib.contextmanager
+        def installed(mods: dict[str, Any]) -> Any:
+            saved = {k: sys.modules.get(k) for k in mods}
+            sys.modules.update(mods)
+            try:
+                yield
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        sys.modules.pop(k, None)
+                    else:
+                        sys.modules[k] = v
+
+        if "deepspeed" in sys.modules:
+            self.skipTest("DeepSpeed is imported in this process; the stand-ins would shadow it")
+        with installed(fake("0.16.5")):
+            with self.assertRaisesRegex(zpccl.ZpcclError, r"needs DeepSpeed 0.19 or later .*this is DeepSpeed 0.16.5"):
+                DeepSpeed.load()
+
+        def gather(input_tensor: Any, output_tensor: Any, group: Any = None) -> None: ...
+
+        def renamed(tensors: Any, process_group: Any = None) -> None: ...
+
+        pp, s3 = "deepspeed.runtime.zero.partition_parameters", "deepspeed.runtime.zero.stage3"
+        with installed(fake("0.19.9", **{pp: dict(_dist_allgather_fn=gather),
+                                         s3: dict(reduce_scatter_coalesced=renamed, all_to_all_quant_reduce=renamed)})):
+            with self.assertRaisesRegex(zpccl.ZpcclError, r"replaces deepspeed.runtime.zero.stage3."
+                                                          r"reduce_scatter_coalesced\(tensors, group\), .*DeepSpeed "
+                                                          r"0.19.8 has and DeepSpeed 0.19.9 does not"):
+                DeepSpeed.load()
+        self.assertEqual(parameter_names(gather), ("input_tensor", "output_tensor", "group"))
+
+
+class DeepSpeedOneNode(unittest.TestCase):
+    """Four ranks on one node: the sweep, exactness, lifecycle and refusals (one spawn)."""
+
+    out: list[dict[str, Any]]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        deepspeed_or_skip()
+        cls._dir = tempfile.TemporaryDirectory()
+        env = dict(ENV, LOCAL_SIZE="4")
+        cls.outcomes = run_procs(4, _one_node, cls._dir.name, local=4, env=env, timeout=400)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls._dir.cleanup()
+
+    def setUp(self) -> None:
+        self.out = _spawned(self, self.outcomes)
+
+    def test_sweep_over_hpz_sizes_tracks_zero3(self) -> None:
+        for r, o in enumerate(self.out):
+            for hpz in (1, 2, 4):
+                run = o[f"sweep{hpz}"]
+                with self.subTest(rank=r, hpz=hpz):
+                    # int8 weights and int4 gradients in blocks of 64 on a model this small: a few percent.
+                    self.assertTrue(_close(run["losses"], o["ref"], 0.1), (run["losses"], o["ref"]))
+                    s = run["summary"]
+                    self.assertGreater(s["qwz"]["calls"], 0)
+                    self.assertGreater(s["qgz"]["calls"], 0)
+                    self.assertEqual("hpz" in s, hpz > 1, s)
+                    self.assertFalse([k for k in s if k.startswith("deepspeed_")], s)
+                    self.assertGreater(s["qwz"]["logical_bytes"], s["qwz"]["wire_bytes"] / 3)
+                    self.assertEqual(run["checked"], {"qwz": s["qwz"]["calls"], "qgz": s["qgz"]["calls"]})
+                    self.assertEqual(run["hpz_size"], hpz if hpz > 1 else None)
+                    if hpz > 1:  # every parameter's secondary partition is 1/hpz of its padded size
+                        self.assertEqual(run["secondary"], [4 * n // hpz for n in run["partitions"]])
+                    else:
+                        self.assertEqual(run["secondary"], [None] * len(run["partitions"]))
+
+    def test_without_overlap_comm_or_contiguous_gradients(self) -> None:
+        for o in self.out:
+            self.assertTrue(_close(o["plain"]["losses"], o["ref"], 0.1))
+            self.assertEqual(o["plain"]["losses"], o["sweep2"]["losses"])
+            self.assertEqual({k for k in o["plain"]["summary"]}, {"qwz", "hpz", "qgz"})
+
+    def test_hpz_alone_is_deepspeeds_hpz_bit_for_bit(self) -> None:
+        for o in self.out:
+            self.assertEqual(o["hpz_alone"]["losses"], o["ref_hpz2"])
+            s = o["hpz_alone"]["summary"]
+            self.assertGreater(s["hpz"]["calls"], 0)
+            self.assertEqual(s["hpz"]["wire_bytes"] * 2, s["hpz"]["logical_bytes"])  # k=2: half of each gather
+            self.assertGreater(s["deepspeed_all_gather_off"]["calls"], 0)
+            self.assertGreater(s["deepspeed_reduce_scatter_off"]["calls"], 0)
+            self.assertNotIn("qwz", s)
+
+    def test_gradient_accumulation(self) -> None:
+        for o in self.out:
+            self.assertTrue(all(o["accum"]["kept"]), o["accum"]["kept"])
+            self.assertTrue(_close(o["accum"]["losses"], o["ref_accum"], 0.1))
+            self.assertGreater(o["accum"]["summary"]["hpz"]["calls"], 0)
+
+    def test_eval(self) -> None:
+        for o in self.out:
+            e = o["eval"]
+            self.assertGreater(e["after"]["qwz"]["calls"], e["before"]["qwz"]["calls"])
+            self.assertEqual(e["after"]["qgz"], e["before"]["qgz"])
+            self.assertTrue(all(s is not None for s in e["secondary"]))
+            self.assertTrue(_close([e["loss"]], [o["eval_ref"]], 0.1), (e["loss"], o["eval_ref"]))
+
+    def test_nan_in_padding_changes_no_bit(self) -> None:
+        poisoned = [o["poisoned"]["count"] for o in self.out]
+        self.assertGreater(sum(poisoned), 0)
+        self.assertEqual(poisoned[0], 0)  # rank 0's partitions hold data only; the last ranks' end in padding
+        for o in self.out:
+            self.assertEqual(o["poisoned"]["losses"], o["sweep2"]["losses"])
+
+    def test_checkpoint_resumes_to_the_same_losses(self) -> None:
+        for o in self.out:
+            self.assertEqual(o["resume"]["resumed"], o["resume"]["went_on"])
+            self.assertEqual(o["resume"]["went_on"][:1], o["sweep2"]["losses"][2:3])
+
+    def test_gathered_parameters_stay_exact(self) -> None:
+        for o in self.out:
+            self.assertTrue(all(o["gathered"]["exact"]), o["gathered"])
+            self.assertEqual(o["gathered"]["calls_after"], o["gathered"]["calls_before"])
+
+    def test_disable_gives_deepspeed_its_functions_back(self) -> None:
+        for o in self.out:
+            d = o["disable"]
+            self.assertEqual(d["replaced"], [True, True, True])
+            self.assertEqual(d["restored"], [True, True, True])
+            self.assertTrue(all(d["fetches"]))
+            self.assertTrue(d["unchanged"] and d["session"], d)
+
+    def test_enable_on_a_plain_engine(self) -> None:
+        for o in self.out:
+            e = o["enable"]
+            self.assertTrue(_close(e["losses"], o["ref"], 0.05), (e["losses"], o["ref"]))
+            self.assertEqual(set(e["summary"]), {"qwz", "qgz"})
+            self.assertEqual(e["checked"], {"qwz": e["summary"]["qwz"]["calls"], "qgz": e["summary"]["qgz"]["calls"]})
+            self.assertIn("already serves a DeepSpeed engine", e["again"])
+
+    def test_refusals(self) -> None:
+        for o in self.out:
+            said = o["refused"]
+            self.assertIn("runs ZeRO stage 2", said["stage2"])
+            self.assertIn("hpz_size is DeepSpeed's zero_optimization.zero_hpz_partition_size", said["hpz_size"])
+            self.assertIn("drop error_feedback", said["error_feedback"])
+            self.assertIn("the engine has no hpZ group", said["no_hpz"])
+            self.assertIn("is not a DeepSpeed engine", said["not_engine"])
+            self.assertIn("built with zero_quantized_weights", said["quantized_weights"])
+            self.assertRegex(said["hpz_nodes"], r"zero_hpz_partition_size=4 .* ranks \[0, 1, 2, 3\], which are on "
+                                                r"nodes \[0, 1\]")
+            self.assertEqual(said["after"], "")
+            self.assertIn("the config asks for no ZeRO++ technique", said["nothing"])
+            self.assertEqual(said["hpz_off"], "")
+        self.assertEqual(len({o["refused"]["hpz_nodes"] for o in self.out}), 1)  # every rank, the same verdict
+
+
+class DeepSpeedThreeNodes(unittest.TestCase):
+    """Six ranks as three nodes of two: two-hop qgZ, hpZ inside each node, every type (one spawn)."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        deepspeed_or_skip()
+        cls.outcomes = run_procs(6, _three_nodes, local=2, env=dict(ENV, LOCAL_SIZE="2"), timeout=400)
+
+    def setUp(self) -> None:
+        self.out = _spawned(self, self.outcomes)
+
+    def test_fp32_training_bit_exact_and_deterministic(self) -> None:
+        for o in self.out:
+            first, second = o["runs"]
+            self.assertEqual(first["layout"], (3, 2, 2))
+            self.assertEqual(first["losses"], second["losses"])
+            self.assertTrue(_close(first["losses"], o["ref"], 0.1), (first["losses"], o["ref"]))
+            s = first["summary"]
+            self.assertEqual(set(s), {"qwz", "hpz", "qgz"})
+            self.assertEqual(first["checked"], {"qwz": s["qwz"]["calls"], "qgz": s["qgz"]["calls"]})
+
+    def test_replaced_functions_in_every_type(self) -> None:
+        for o in self.out:
+            d = o["direct"]
+            self.assertEqual(d["shapes"], [[True] * 5] * 3)  # DeepSpeed's shapes: a rank may get none of a tensor
+            self.assertLess(max(d["close"]), 0.5)  # int4 blocks of 64 of normal values: a fraction of one
+            self.assertEqual(d["fp16_gathered"], [True, True])
+            self.assertEqual(d["checked"], {"qwz": 1, "qgz": 3})
+
+
+if __name__ == "__main__":
+    unittest.main()
