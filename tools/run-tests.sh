@@ -6,8 +6,8 @@
 # Debian's Open MPI, installed when missing); a C program built with pkg-config against a `meson install`
 # tree (tests/pkgconfig_consumer.c, on the host backend); the wheel (pip wheel .), installed with torch into a
 # virtual environment made anew each run with the test-only frameworks (torchtitan, transformers, accelerate,
-# lightning), where the Python suite runs against the installed package (without meson-python or the network, the
-# wheel is skipped and the suite runs against the source tree); clang-format;
+# lightning, deepspeed), where the Python suite runs against the installed package (without meson-python or the
+# network, the wheel is skipped and the suite runs against the source tree); clang-format;
 # the check that perf/RESULTS.md's tables match perf/results (tools/render_results.py --check);
 # tools/run-sanitizers.sh (ZP_SKIP_SANITIZERS=1 skips it). Each step prints the seconds it took.
 set -uo pipefail
@@ -116,8 +116,9 @@ outcome results $?
 step "wheel (pip wheel .)"
 wheel_dir=$build/wheel
 wheel_venv=$build/wheel-venv
-# The versions the framework tests (test_torchtitan, test_recipes, test_foreign_models) were written against.
-test_frameworks=(torchtitan==0.3.0 transformers==5.25.0 accelerate==1.16.0 lightning==2.6.6)
+# The versions the framework tests (test_torchtitan, test_recipes, test_foreign_models, test_deepspeed) were written
+# against.
+test_frameworks=(torchtitan==0.3.0 transformers==5.25.0 accelerate==1.16.0 lightning==2.6.6 deepspeed==0.19.8)
 rm -rf "$wheel_dir"
 index_reachable() {
   local probe
@@ -169,11 +170,14 @@ if [ -n "$wheel" ]; then
     else
       echo "pip could not install $wheel with its dependencies into $wheel_venv"
     fi
-    # Test-only: the frameworks whose recipes and models the suite runs zpccl.fsdp under, each with the torch
-    # already there (a constraint keeps pip from replacing it); their tests skip, saying so, when missing.
+    # Test-only: the frameworks whose recipes and models the suite runs zpccl.fsdp and zpccl.deepspeed under, each
+    # with the torch already there (a constraint keeps pip from replacing it); their tests skip, saying so, when
+    # missing. DeepSpeed's source distribution builds none of its CUDA ops (DS_BUILD_OPS=0): the tests run its CPU
+    # accelerator, and zpccl replaces the collectives those ops would serve.
     if [ $installed = 1 ] && torch_version=$("$wheel_venv/bin/python" -c 'import torch; print(torch.__version__)' \
       2>/dev/null); then
-      "${vpip[@]}" -c <(echo "torch==$torch_version") "${test_frameworks[@]}" >"$results/frameworks.log" 2>&1 ||
+      DS_BUILD_OPS=0 "${vpip[@]}" -c <(echo "torch==$torch_version") "${test_frameworks[@]}" \
+        >"$results/frameworks.log" 2>&1 ||
         echo "pip could not install ${test_frameworks[*]} (no network?; log $results/frameworks.log): their" \
           "tests skip"
     fi
