@@ -24,6 +24,7 @@ import functools
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import types
@@ -34,6 +35,7 @@ import numpy as np
 
 import zpccl
 
+from . import SOURCE_TREE
 from . import _reference as ref
 from ._procs import run_procs, torch_for_procs
 from .test_fsdp import bits_of, ref_dtype, staged
@@ -708,6 +710,24 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertIn("the config asks for no ZeRO++ technique", said["nothing"])
             self.assertEqual(said["hpz_off"], "")
         self.assertEqual(len({o["refused"]["hpz_nodes"] for o in self.out}), 1)  # every rank, the same verdict
+
+
+class DeepSpeedExample(unittest.TestCase):
+    """tools/python/examples/deepspeed_train.py runs on DeepSpeed's CPU accelerator, every path served."""
+
+    def test_example_on_the_cpu(self) -> None:
+        deepspeed_or_skip()
+        script = SOURCE_TREE / "tools" / "python" / "examples" / "deepspeed_train.py"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("RANK", None)
+        done = subprocess.run([sys.executable, str(script), "--cpu", "--nproc", "2", "--hpz", "2", "--layers", "1",
+                               "--d-model", "192", "--heads", "4", "--seq", "32", "--batch", "2", "--steps", "3",
+                               "--log-every", "1"], capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        self.assertRegex(done.stdout, r"zpccl qwZ int8 / qgZ int4: 2 ranks \(CPU\), hpZ groups of 2")
+        self.assertRegex(done.stdout, r"validation loss \d")
+        for path in ("qwz", "hpz", "qgz"):
+            self.assertRegex(done.stdout, rf"\n  {path}: [1-9]\d* calls")
 
 
 class DeepSpeedThreeNodes(unittest.TestCase):
