@@ -190,18 +190,20 @@ class Exact:
     def __init__(self, torch: Any, zp: Any, nodes: list[int]) -> None:
         self.torch, self.zp, self.nodes = torch, zp, nodes
         self.calls: list[tuple] = []
+        self.active = True  # whether calls are kept now
         calls = zp.collectives
         qwz, qgz = calls.qwz, calls.qgz
 
         def on_qwz(input: Any, output: Any, parts: list[tuple[int, int]]) -> None:
-            x = input.clone()
+            x = input.clone() if self.active else None  # before the call: the input may lie in its output
             qwz(input, output, parts)
-            self.calls.append(("qwz", parts, x, output.clone()))
+            if x is not None:
+                self.calls.append(("qwz", parts, x, output.clone()))
 
         def on_qgz(tensors: list[Any]) -> list[Any]:
-            xs = [t.detach().clone() for t in tensors]
             out = qgz(tensors)
-            self.calls.append(("qgz", None, xs, [o.clone() for o in out]))
+            if self.active:
+                self.calls.append(("qgz", None, [t.detach().clone() for t in tensors], [o.clone() for o in out]))
             return out
 
         calls.qwz, calls.qgz = on_qwz, on_qgz
@@ -408,7 +410,10 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     said["after"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
     said["nothing"] = refusal(lambda: zpccl.deepspeed.initialize(model=build_model(torch), config=ds_config()))
     zp = zpccl.deepspeed.enable(engine, ranks_per_node=2, hpz=False)  # hpz=False: the same engine is served
-    said["hpz_off"] = "" if zp.hpz_size is None else "hpZ served with hpz=False"
+    train(torch, engine, torch.distributed.get_rank(), 1)
+    paths = zp.summary()
+    said["hpz_off"] = "" if zp.hpz_size is None and {"qwz", "qgz", "deepspeed_all_gather_hpz"} <= set(paths) \
+        else f"hpz=False served {sorted(paths)}"
     zp.disable()
     return said
 

@@ -57,7 +57,7 @@ class Collectives:
         self.dp_ranks = ds.group_ranks(dp_group)
         self.gather: Comm | None = None  # qwZ, and hpZ when it serves DeepSpeed's hpZ group
         self.reduce: Comm | None = None  # qgZ
-        self.hpz: Comm | None = None  # the communicator whose hpZ group is DeepSpeed's (the gathers' one)
+        self.hpz_comm: Comm | None = None  # the communicator whose hpZ group is DeepSpeed's (the gathers' one)
         torch = ds.torch
         self.gather_stage = Staging(torch, device, 0)
         self.reduce_stage = Staging(torch, device, 0)
@@ -73,13 +73,10 @@ class Collectives:
         """One of ZeRO-3's parameter gathers: hpZ over DeepSpeed's hpZ group, qwZ over the data-parallel group,
         DeepSpeed's own otherwise."""
         if self.hpz_group is not None and group is self.hpz_group:
-            if self.hpz is None:
+            if self.hpz_comm is None:
                 return self._fallback("all_gather_hpz", "the backward gathers over DeepSpeed's hpZ group (hpz=False)",
                                       theirs, logging.INFO)
-            self.hpz.hier_all_gather(input, output)
-            k = self.hpz.hpz_size
-            self.report.count("hpz", output.numel() * output.element_size(),
-                              (k - 1) * input.numel() * input.element_size())
+            self.hpz(input, output)
             return self._done()
         if self.ranks(group) != self.dp_ranks:
             return self._fallback("all_gather_group", f"an all-gather over group {list(self.ranks(group))}, which "
@@ -128,6 +125,12 @@ class Collectives:
             self._fetch.params = outer
 
     # ---- zpccl's paths ----
+
+    def hpz(self, input: Any, output: Any) -> None:
+        """hpZ: the exact gather of the secondary partitions inside DeepSpeed's hpZ group (in place or not)."""
+        self.hpz_comm.hier_all_gather(input, output)
+        k = self.hpz_comm.hpz_size
+        self.report.count("hpz", output.numel() * output.element_size(), (k - 1) * input.numel() * input.element_size())
 
     def qwz(self, input: Any, output: Any, parts: list[tuple[int, int]]) -> None:
         """qwZ: the data-parallel gather of block-quantized partitions, staged unless every part is whole data

@@ -33,8 +33,7 @@ class ZeroPlusPlus:
         #: What serves the engine, as :func:`~zpccl.deepspeed.enable` was told.
         self.policy = policy
         self.report = Report(log)
-        self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group,
-                                       facts.hpz_group if policy.hpz else None)
+        self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group, facts.hpz_group)
         self._originals: dict[int, Any] = {}  # REPLACED index -> DeepSpeed's function
         self._ours: dict[int, Any] = {}
         self._fetches: list[tuple[Any, Any, Any]] = []  # (parameter, DeepSpeed's all_gather_coalesced, ours)
@@ -51,7 +50,8 @@ class ZeroPlusPlus:
     @property
     def hpz_size(self) -> int | None:
         """The ranks of the hpZ groups zpccl serves (DeepSpeed's zero_hpz_partition_size), or None."""
-        return self.collectives.hpz.hpz_size if self.collectives.hpz is not None else None
+        comm = self.collectives.hpz_comm
+        return comm.hpz_size if comm is not None else None
 
     @property
     def stats(self) -> dict[str, PathStats]:
@@ -84,11 +84,11 @@ class ZeroPlusPlus:
         if policy.weight_bits is not None or serve_hpz:
             calls.gather = self._make(reduce=False, hpz_size=facts.hpz_size if serve_hpz else None)
         if serve_hpz:
-            calls.hpz = calls.gather
-            theirs = self._ds.dist.get_rank(facts.hpz_group)
-            if calls.hpz.hpz_rank != theirs:
-                raise ZpcclError(Result.INTERNAL_ERROR, f"{CALL}: zpccl's hpZ rank {calls.hpz.hpz_rank} is not this "
-                                 f"rank's place {theirs} in DeepSpeed's hpZ group", CALL)
+            calls.hpz_comm = calls.gather
+            ours, theirs = calls.gather.hpz_rank, self._ds.dist.get_rank(facts.hpz_group)
+            if ours != theirs:
+                raise ZpcclError(Result.INTERNAL_ERROR, f"{CALL}: zpccl's hpZ rank {ours} is not this rank's place "
+                                 f"{theirs} in DeepSpeed's hpZ group", CALL)
         if policy.grad_bits is None and calls.reduce is not None:
             calls.reduce.close()
             calls.reduce = None
@@ -200,7 +200,7 @@ class ZeroPlusPlus:
         for comm in (self.collectives.gather, self.collectives.reduce):
             if comm is not None:
                 comm.close()
-        self.collectives.gather = self.collectives.reduce = self.collectives.hpz = None
+        self.collectives.gather = self.collectives.reduce = self.collectives.hpz_comm = None
         self.collectives.release()
         if self in LIVE:
             LIVE.remove(self)

@@ -1,0 +1,146 @@
+"""zpccl.deepspeed on CUDA: DeepSpeed ZeRO-3 in spawned processes that share the visible GPUs as emulated nodes
+over sockets (distinct NCCL_HOSTIDs, NCCL's P2P and shared memory off, as tools/python/examples/fsdp2_train.py
+emulates them): two nodes of one rank, and two nodes of two with DeepSpeed's hpZ groups of two (two-hop qgZ), in
+bf16 and in fp16 with DeepSpeed's loss scaler. Checks that every qwZ and qgZ call of the first step and the last
+five equals the NumPy model bit for bit, that hpZ equals NCCL's exact all-gather over DeepSpeed's hpZ group, that
+the gathered weights are bit-identical on every rank, that every path was taken, and that a short training run
+tracks DeepSpeed's own ZeRO-3. Skipped without a GPU or without DeepSpeed."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import unittest
+from typing import Any
+
+from . import SOURCE_TREE
+from .test_deepspeed import Exact
+
+EXAMPLES = SOURCE_TREE / "tools" / "python" / "examples"
+STEPS = 30
+
+
+def _worker(nodes: int, hpz: int, dtype: str) -> None:
+    """One rank (zpccl.launch's rendezvous in the environment)."""
+    sys.path.insert(0, str(EXAMPLES))
+    import argparse
+
+    import deepspeed_train as dt
+    import torch
+    import torch.distributed as dist
+
+    args = argparse.Namespace(cpu=False, nodes=nodes, layers=2, d_model=256, heads=4, seq=128, batch=8, lr=1e-3,
+                              hpz=hpz, weight_bits=8, grad_bits=4, block_size=256, grad_block_size=None)
+    where = dt.where_am_i(args)
+    rank, world = where.rank, where.world
+    data = dt.ex.Batches(torch, dt.ex.corpus(4 << 20), args.seq, args.batch, rank, where.device)
+    losses: dict[str, float] = {}
+    for comm in ("deepspeed", "zpccl"):
+        engine, zp = make_engine(dt, torch, args, comm, where, dtype)
+        hashes: list[int] = []
+        inexact: list[int] = []
+        checker = None
+        if zp is not None:
+            checker = Exact(torch, zp, [r // where.ranks_per_node for r in range(world)])
+            calls, hpz_group = zp.collectives, zp.collectives.hpz_group
+            qwz, hpz_call = calls.qwz, calls.hpz
+
+            def on_qwz(input: Any, output: Any, parts: Any, _call: Any = qwz) -> None:
+                _call(input, output, parts)
+                hashes.append(int(output.view(torch.int16).to(torch.int64).mul(
+                    torch.arange(1, output.numel() + 1, device=output.device)).sum()))
+
+            def on_hpz(input: Any, output: Any, _call: Any = hpz_call) -> None:
+                x = input.clone()
+                _call(input, output)
+                exact = torch.empty_like(output)
+                dist.all_gather_into_tensor(exact, x, group=hpz_group)
+                inexact.append(int(not torch.equal(exact.view(torch.int16), output.view(torch.int16))))
+
+            calls.qwz, calls.hpz = on_qwz, on_hpz
+        curve = []
+        for s in range(STEPS):
+            if checker is not None:
+                checker.active = s == 0 or s >= STEPS - 5  # the first step and the last five
+            ids, targets = data.step(s)
+            loss = dt.loss_of(torch, engine, ids, targets)
+            engine.backward(loss)
+            engine.step()
+            curve.append(loss.detach().float())
+        mean = torch.stack(curve[-10:]).mean()
+        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+        losses[comm] = float(mean)
+        if zp is not None:
+            summary = zp.summary()
+            everyone: list[Any] = [None] * world
+            dist.all_gather_object(everyone, hashes)
+            assert all(h == hashes for h in everyone), "qwZ's gathered weights differ between ranks"
+            want = {"qwz", "qgz"} | ({"hpz"} if hpz > 1 else set())
+            assert want <= set(summary) and not [k for k in summary if k.startswith("deepspeed_")], summary
+            assert not any(inexact), f"hpZ differs from NCCL's all-gather in {sum(inexact)} calls"
+            checked = checker.verify()
+            assert min(checked.values()) >= 6, checked
+            zp.disable()
+        del engine
+        torch.cuda.empty_cache()
+    if rank == 0:
+        print(f"\n{world} ranks as {nodes} nodes, hpZ {hpz}, {dtype}: last-10 loss DeepSpeed "
+              f"{losses['deepspeed']:.4f}, zpccl {losses['zpccl']:.4f}", flush=True)
+    gap = abs(losses["zpccl"] - losses["deepspeed"]) / losses["deepspeed"]
+    assert gap < 0.02, f"mean loss of the last 10 steps: zpccl {losses['zpccl']:.4f}, DeepSpeed " \
+                       f"{losses['deepspeed']:.4f}"
+    dist.destroy_process_group()
+
+
+def make_engine(dt: Any, torch: Any, args: Any, comm: str, where: Any, dtype: str) -> tuple[Any, Any]:
+    """The example's engine of ``comm``, in bf16 or in fp16 with DeepSpeed's dynamic loss scaler; every parameter
+    fetched per module, so that the backward gathers again (over the hpZ group)."""
+    import deepspeed
+
+    zpccl = dt.ex.import_zpccl()
+    import zpccl.deepspeed
+
+    config = dt.zero_config(args, comm, where.ranks_per_node, args.hpz)
+    config["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0)
+    if dtype == "fp16":
+        del config["bf16"]
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 12}
+    model = dt.ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, 0)
+    opt, schedule = dt.ex.make_optimizer(torch, model, args.lr, STEPS)
+    init = zpccl.deepspeed.initialize if comm == "zpccl" else deepspeed.initialize
+    engine, *_ = init(model=model, optimizer=opt, lr_scheduler=schedule, config=config)
+    return engine, zpccl.deepspeed.session_of(engine)
+
+
+class DeepSpeedOnGpus(unittest.TestCase):
+    def spawn(self, world: int, nodes: int, hpz: int, dtype: str = "bf16") -> None:
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            self.skipTest("needs a CUDA GPU")
+        if importlib.util.find_spec("deepspeed") is None:
+            self.skipTest("deepspeed is not installed (pip install 'deepspeed>=0.19')")
+        import zpccl
+        import zpccl.launch
+
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
+        try:
+            zpccl.launch.spawn(_worker, world, nodes, hpz, dtype)
+        except zpccl.launch.RankFailed as e:
+            self.fail(str(e))
+
+    def test_two_nodes_of_one(self) -> None:
+        self.spawn(2, 2, 1)
+
+    def test_two_nodes_of_one_fp16(self) -> None:
+        self.spawn(2, 2, 1, "fp16")
+
+    def test_two_nodes_of_two_with_hpz(self) -> None:
+        self.spawn(4, 2, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
