@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""DeepSpeed training step: DeepSpeed ZeRO-3, DeepSpeed's own ZeRO++ and DeepSpeed ZeRO-3 with zpccl, same model,
+same process, alternating rounds.
+
+    python perf/deepspeed_step.py --nproc 2 --nodes 2 -J perf/results/deepspeed-step.json     # one GPU: two "nodes"
+    python perf/deepspeed_step.py --nproc 4 --nodes 2 --hpz 2                                  # two nodes of two
+    python perf/deepspeed_step.py --nproc 2 --nodes 2 --loss-only --loss-steps 400 --loss-seeds 0,1,2 \\
+        --grad-block-size 64 --loss-runs deepspeed,zpccl:8:4 -J perf/results/deepspeed-loss.json
+
+The protocol is perf/fsdp_step.py's, and so are its summaries (step_summary, ratio_of, loss_summary): each of
+``--rounds`` rounds (default 5) runs every configuration in turn on a freshly built engine (so that each one's peak
+memory is its own): ``--warmup`` steps, then ``--steps`` timed ones (CUDA synchronized around each). Every rank
+times its own steps; a step's time is its slowest rank's (each rank's times are gathered after the configuration's
+run and kept raw in the JSON). Per configuration: step time median and spread and each round's median, tokens per
+second (all ranks), peak memory per rank (torch's allocator), the bytes each collective sent from a rank per step,
+and for zpccl the device memory its ``enable`` took (communicators and scratch, outside torch's allocator).
+
+Configurations (``--configs``), the model, text and schedule of tools/python/examples/deepspeed_train.py:
+
+=========  ===============================================================================================
+deepspeed  ZeRO-3 on DeepSpeed's collectives (NCCL), overlap_comm and contiguous gradients
+zeropp     the same with DeepSpeed's ZeRO++: zero_quantized_weights, zero_quantized_gradients,
+           zero_hpz_partition_size ``--hpz`` (default: the ranks per node), its own CUDA quantizer (DeepSpeed
+           compiles it on first use: the machine needs nvcc and ninja)
+zpccl      the zeropp config through zpccl.deepspeed (qwZ ``--weight-bits``, qgZ ``--grad-bits`` in blocks of
+           ``--block-size`` / ``--grad-block-size``, hpZ over DeepSpeed's hpZ groups)
+=========  ===============================================================================================
+
+Bytes: DeepSpeed's collectives are counted in an untimed step by wrapping deepspeed.comm's functions (all-gathers,
+reduce-scatters, all-to-alls, all-reduces: (n - 1) / n of what each moves for a ring); zpccl's come from its
+counters ((n - 1) copies of a rank's payloads), beside what stays DeepSpeed's in the zpccl configuration.
+
+``--loss-steps N`` trains each of ``--loss-runs`` (deepspeed, zeropp, zpccl, or zpccl:W:G with W-bit weights and
+G-bit gradients, 0 leaving that collective DeepSpeed's) for N steps on a fresh engine per seed of
+``--loss-seeds``, seed-major, and reports the validation loss, the training loss of the last steps, and the paired
+gap to the deepspeed run of the same seed with its standard error and 95% interval. ``-J`` is rewritten after
+every loss run.
+
+DeepSpeed on a machine without network: here, ``pip wheel --no-deps -w wheels deepspeed==0.19.8 hjson msgpack
+py-cpuinfo ninja``; there, ``DS_BUILD_OPS=0 pip install --no-index --find-links wheels deepspeed``.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import pathlib
+import sys
+import time
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tools"))
+import fsdp_step as fs  # noqa: E402
+from provenance import provenance  # noqa: E402
+from render_results import gap_cells  # noqa: E402
+
+dt = fs.load_example("deepspeed_train")
+ex = dt.ex
+
+CONFIGS = ("deepspeed", "zeropp", "zpccl")
+TRAIN_TAIL = fs.TRAIN_TAIL
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ex.add_model_args(p)
+    ex.add_launch_args(p)
+    dt.add_zero_args(p)
+    p.add_argument("--shape", choices=sorted(fs.SHAPES), default=None, help="preset model and batch shape")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--rounds", type=int, default=5,
+                   help="alternating rounds of every configuration (at least 5 for a comparison: DESIGN.md)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--loss-steps", type=int, default=0, help="also train this many steps per loss run")
+    p.add_argument("--loss-runs", default="deepspeed,zeropp,zpccl",
+                   help="the loss runs, in order: deepspeed, zeropp, zpccl, or zpccl:WEIGHT_BITS:GRAD_BITS (4 or 8; "
+                        "0: that collective stays DeepSpeed's)")
+    p.add_argument("--loss-seeds", default=None, help="comma-separated seeds, each loss run once per seed")
+    p.add_argument("--loss-only", action="store_true", help="skip the timed rounds: only the loss runs")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("-J", "--json", help="write the rows here")
+    p.add_argument("--label", default="", help="regime label for the rows (default: from the layout)")
+    args = p.parse_args(argv)
+    args.cpu = False
+    if args.shape:
+        args.layers, args.d_model, args.heads, args.seq, args.batch = fs.SHAPES[args.shape]
+    try:
+        args.loss_specs = [parse_loss_spec(t) for t in args.loss_runs.split(",") if t.strip()]
+        args.seeds = fs.parse_seeds(args.loss_seeds, args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    if args.loss_only and not args.loss_steps:
+        p.error("--loss-only needs --loss-steps")
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
+        p.error("--rounds and --steps must be at least 1, --warmup at least 0")
+    unknown = [n for n in args.configs.split(",") if n.strip() and n.strip() not in CONFIGS]
+    if unknown:
+        p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    return args
+
+
+def parse_loss_spec(text: str) -> dict[str, Any]:
+    """One ``--loss-runs`` entry: ``{"spec", "comm", "config", "weight_bits", "grad_bits"}`` in fsdp_step's shape
+    (bits None: the configuration's own; 0: that collective stays DeepSpeed's)."""
+    spec = text.strip()
+    if spec in CONFIGS:
+        return dict(spec=spec, comm=spec, config=spec, weight_bits=None, grad_bits=None)
+    comm, *bits = spec.split(":")
+    if comm != "zpccl" or len(bits) != 2:
+        raise ValueError(f"loss run {spec!r}: not deepspeed, zeropp, zpccl or zpccl:W:G")
+    try:
+        w, g = (int(b) for b in bits)
+    except ValueError:
+        raise ValueError(f"loss run {spec!r}: bits must be integers") from None
+    if w not in (0, 4, 8) or g not in (0, 4, 8):
+        raise ValueError(f"loss run {spec!r}: bits must be 0, 4 or 8")
+    return dict(spec=spec, comm="zpccl", config="zpccl", weight_bits=w, grad_bits=g)
+
+
+# ---- DeepSpeed's bytes -------------------------------------------------------------------------------------------
+
+
+class Counting:
+    """deepspeed.comm's collectives behind wrappers that count the bytes each call sends from this rank, by kind,
+    while :meth:`counting` is on (they are looked up at call time, and coalesced_collectives' all-to-all under the
+    name it imported)."""
+
+    KINDS = {"allgather_fn": "all_gather", "all_gather_into_tensor": "all_gather",
+             "reduce_scatter_fn": "reduce_scatter", "all_reduce": "all_reduce", "all_to_all_single": "all_to_all"}
+
+    def __init__(self) -> None:
+        import deepspeed.comm as dcomm
+        import deepspeed.runtime.comm.coalesced_collectives as cc
+
+        self.sent: dict[str, int] = {}
+        self.on = False
+        self.saved: list[tuple[Any, str, Any]] = []
+        for module in (dcomm, cc):
+            for name, kind in self.KINDS.items():
+                fn = getattr(module, name, None)
+                if fn is not None:
+                    self.saved.append((module, name, fn))
+                    setattr(module, name, self._wrap(fn, kind))
+
+    def _wrap(self, fn: Any, kind: str) -> Any:
+        import deepspeed.comm as dcomm
+        from torch.distributed import ProcessGroup
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.on:
+                tensors = [a for a in list(args) + list(kwargs.values()) if hasattr(a, "nbytes")]
+                group = kwargs.get("group", next((a for a in args if isinstance(a, ProcessGroup)), None))
+                n = dcomm.get_world_size(group)
+                if tensors and n > 1:
+                    if kind == "all_gather":  # (output, input): each rank sends its input to n - 1 others
+                        sent = (n - 1) * tensors[1].nbytes
+                    elif kind == "reduce_scatter":  # (output, input): a ring sends n - 1 output-sized pieces
+                        sent = (n - 1) * tensors[0].nbytes
+                    elif kind == "all_to_all":  # (output, input)
+                        sent = tensors[1].nbytes * (n - 1) // n
+                    else:
+                        sent = 2 * tensors[0].nbytes * (n - 1) // n
+                    self.sent[kind] = self.sent.get(kind, 0) + sent
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def restore(self) -> None:
+        for module, name, fn in self.saved:
+            setattr(module, name, fn)
+
+
+# ---- one configuration -------------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        self.args, self.torch = args, torch
+        self.where = dt.where_am_i(args)
+        self.dist = torch.distributed
+        ex.import_zpccl()  # zpccl on sys.path, installed or from this tree
+
+        self.rpn = self.where.ranks_per_node or self._ranks_per_host()
+        self.hpz = args.hpz or self.rpn
+        self.text = ex.corpus()
+        self.data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, args.seed)
+        # fsdp_step's Bench helpers read only .where and .dist, which this Bench has too.
+        self.on_device = fs.Bench._ranks_on_device(self)
+        reuse_hpz_groups()
+
+    def _ranks_per_host(self) -> int:
+        return fs.Bench._ranks_per_host(self)
+
+    def engine(self, comm: str, seed: int, steps: int, weight_bits: int | None = None,
+               grad_bits: int | None = None) -> tuple[Any, Any, int]:
+        """(engine, zpccl session or None, the device memory zpccl's enable took on this rank) of a fresh model."""
+        import deepspeed
+        import zpccl.deepspeed
+
+        torch, args = self.torch, self.args
+        wargs = argparse.Namespace(**vars(args))
+        if weight_bits is not None:
+            wargs.weight_bits = weight_bits or None
+        if grad_bits is not None:
+            wargs.grad_bits = grad_bits or None
+        config = dt.zero_config(wargs, comm, self.where.ranks_per_node, self.hpz)
+        if comm == "zpccl":
+            section = config["zpccl"]
+            if section["grad_bits"] is None:
+                section.pop("grad_block_size", None)
+            config["zero_optimization"]["zero_quantized_weights"] = section["weight_bits"] is not None
+            config["zero_optimization"]["zero_quantized_gradients"] = section["grad_bits"] is not None
+            ds_config, policy = zpccl.deepspeed.split_config(config)
+        else:
+            ds_config, policy = config, None
+        model = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, seed)
+        opt, schedule = ex.make_optimizer(torch, model, args.lr, steps)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=schedule, config=ds_config)
+        zp, took = None, 0
+        if policy is not None:  # enable apart from initialize, to measure what it takes
+            torch.cuda.synchronize()
+            self.dist.barrier()
+            free_before = torch.cuda.mem_get_info(self.where.device)[0]
+            zp = zpccl.deepspeed.enable(engine, policy)
+            torch.cuda.synchronize()
+            self.dist.barrier()
+            took = (free_before - torch.cuda.mem_get_info(self.where.device)[0]) // self.on_device
+        return engine, zp, took
+
+    def step(self, engine: Any, step: int) -> float:
+        torch = self.torch
+        ids, targets = self.data.step(step)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = dt.loss_of(torch, engine, ids, targets)
+        engine.backward(loss)
+        engine.step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def release(self, engine: Any, zp: Any) -> None:
+        if zp is not None:
+            zp.disable()
+        engine.destroy()
+        gc.collect()
+        self.torch.cuda.empty_cache()
+
+    def run(self, name: str, round_index: int) -> dict[str, Any]:
+        torch, args = self.torch, self.args
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.where.device)
+        engine, zp, took = self.engine(name, args.seed, args.warmup + args.steps + 1)
+        times = []
+        for s in range(args.warmup + args.steps):
+            if s == args.warmup and zp is not None:
+                zp.reset_stats()
+            t = self.step(engine, round_index * 1000 + s)
+            if s >= args.warmup:
+                times.append(t)
+        row = dict(times=fs.Bench.every_rank(self, times), peak=torch.cuda.max_memory_allocated(self.where.device))
+        if zp is not None:
+            row["calls"] = {k: v["calls"] // args.steps for k, v in zp.summary().items()}
+            row["zpccl_sent"] = {k: v["wire_bytes"] // args.steps for k, v in zp.summary().items()}
+            row["enable_bytes"] = took
+        if round_index == 0:  # one untimed, counted step: what DeepSpeed's own collectives send
+            counting = Counting()
+            counting.on = True
+            try:
+                self.step(engine, 999_999)
+            finally:
+                counting.restore()
+            row["deepspeed_sent"] = counting.sent
+        self.release(engine, zp)
+        return row
+
+    def loss_run(self, run: dict[str, Any], seed: int) -> dict[str, Any]:
+        """Trains a fresh engine ``--loss-steps`` steps, initialized and fed batches by ``seed``."""
+        torch, args = self.torch, self.args
+        engine, zp, _ = self.engine(run["config"], seed, args.loss_steps, run["weight_bits"], run["grad_bits"])
+        data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, seed)
+        curve = []
+        tail_from = max(0, args.loss_steps - TRAIN_TAIL)
+        tail = torch.zeros((), device=self.where.device)
+        for s in range(args.loss_steps):
+            ids, targets = data.step(s)
+            loss = dt.loss_of(torch, engine, ids, targets)
+            engine.backward(loss)
+            engine.step()
+            if s >= tail_from:
+                tail += loss.detach().float()
+            if s % 10 == 0 or s == args.loss_steps - 1:
+                mean = loss.detach().float().clone()
+                self.dist.all_reduce(mean, op=self.dist.ReduceOp.AVG)
+                curve.append((s, float(mean)))
+        self.dist.all_reduce(tail, op=self.dist.ReduceOp.AVG)
+        valid = dt.validation_loss(torch, engine, data.validation())
+        calls = {k: v["calls"] for k, v in zp.summary().items()} if zp is not None else None
+        self.release(engine, zp)
+        bits = (lambda b, d: d if b is None else b)  # noqa: E731
+        return dict(spec=run["spec"], comm=run["comm"], seed=seed, hpz=self.hpz,
+                    weight_bits=bits(run["weight_bits"], args.weight_bits) if run["comm"] == "zpccl" else None,
+                    grad_bits=bits(run["grad_bits"], args.grad_bits) if run["comm"] == "zpccl" else None,
+                    steps=args.loss_steps, valid=valid, train_tail=float(tail) / max(1, args.loss_steps - tail_from),
+                    train_tail_steps=args.loss_steps - tail_from, zpccl_calls=calls, curve=curve)
+
+
+def reuse_hpz_groups() -> None:
+    """DeepSpeed makes its hpZ group once per process and asserts it is made once: every engine of one size gets
+    the group the first made (a new one per engine would leave a communicator behind each round)."""
+    from deepspeed.utils import groups
+
+    made: dict[int, Any] = {}
+    create = groups._create_zero_param_parallel_group
+
+    def once(size: int) -> None:
+        if size not in made:
+            groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+            create(size)
+            made[size] = groups._ZERO_PARAM_INTRA_PARALLEL_GROUP
+        groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = made[size]
+
+    groups._create_zero_param_parallel_group = once
+
+
+# ---- the run -------------------------------------------------------------------------------------------------
+
+
+def main(args: argparse.Namespace) -> None:
+    bench = Bench(args)
+    torch, where = bench.torch, bench.where
+    names = [] if args.loss_only else [n.strip() for n in args.configs.split(",") if n.strip()]
+    label = args.label or (f"net-on{torch.cuda.device_count()}gpu" if args.nodes else "local")
+    say = print if where.rank == 0 else (lambda *a, **k: None)
+    n_params = sum(p.numel() for p in ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq).parameters())
+    say(f"# DeepSpeed ZeRO-3 step: {where.world} ranks ({f'{args.nodes} nodes over sockets, ' if args.nodes else ''}"
+        f"{bench.rpn} a node, {bench.on_device} a GPU), hpZ groups of {bench.hpz}, {n_params / 1e6:.1f}M "
+        f"parameters, {args.batch} x {args.seq} tokens per rank; zpccl int{args.weight_bits} weights, "
+        f"int{args.grad_bits} gradients, blocks of {args.block_size}"
+        + (f" (gradients' {args.grad_block_size})" if args.grad_block_size else ""), flush=True)
+    out = timed_rows(bench, args, names, label, n_params, say) if names else []
+    losses: list[dict[str, Any]] = []
+    record = provenance(label) if where.rank == 0 else None
+
+    def save() -> None:
+        if where.rank == 0 and args.json:
+            import deepspeed
+
+            fs.write_json(pathlib.Path(args.json), dict(
+                provenance=record, deepspeed=deepspeed.__version__, rows=out, losses=losses,
+                loss_summary=fs.loss_summary(losses), loss_seeds=args.seeds,
+                loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
+                nodes=args.nodes or None, ranks_per_node=bench.rpn, hpz=bench.hpz, params=n_params,
+                block_size=args.block_size, grad_block_size=args.grad_block_size or args.block_size, lr=args.lr))
+
+    save()
+    if args.loss_steps:
+        t_start = time.perf_counter()
+        for seed in args.seeds:
+            for run in args.loss_specs:
+                x = bench.loss_run(run, seed)
+                losses.append(x)
+                say(f"#   loss {x['spec']} seed {seed}: validation {x['valid']:.4f}, training (last "
+                    f"{x['train_tail_steps']}) {x['train_tail']:.4f} ({time.perf_counter() - t_start:.0f} s)",
+                    flush=True)
+                save()
+    if where.rank == 0:
+        report(out, losses)
+    torch.distributed.destroy_process_group()
+
+
+def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: str, n_params: int,
+               say: Any) -> list[dict[str, Any]]:
+    """The alternating timed rounds: one row per configuration."""
+    where = bench.where
+    rows: dict[str, dict[str, Any]] = {n: dict(per_rank=[], peak=0) for n in names}
+    t_start = time.perf_counter()
+    for r in range(args.rounds):
+        for n in names:
+            got = bench.run(n, r)
+            row = rows[n]
+            row["per_rank"].append(got.pop("times"))
+            row["peak"] = max(row["peak"], got.pop("peak"))
+            row.update(got)
+        say(f"#   round {r + 1}/{args.rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
+    tokens = where.world * args.batch * args.seq
+    out = []
+    for n in names:
+        steps = fs.step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in rows[n]["per_rank"]])
+        sent = {f"deepspeed {k}": v for k, v in rows[n].get("deepspeed_sent", {}).items()}
+        sent.update(rows[n].get("zpccl_sent", {}))
+        out.append(dict(config=n, regime=label, ranks=where.world, nodes=args.nodes or None,
+                        ranks_per_node=bench.rpn, hpz=bench.hpz if n != "deepspeed" else None, params=n_params,
+                        layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch,
+                        weight_bits=args.weight_bits, grad_bits=args.grad_bits, block_size=args.block_size,
+                        grad_block_size=args.grad_block_size or args.block_size, rounds=args.rounds,
+                        warmup=args.warmup, **steps, tokens_per_s=tokens / (steps["median_ms"] / 1e3),
+                        peak_mib=rows[n]["peak"] / 2**20, sent_mib={k: v / 2**20 for k, v in sent.items()},
+                        calls=rows[n].get("calls"), enable_mib=rows[n].get("enable_bytes", 0) / 2**20))
+    return out
+
+
+def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
+    if rows:
+        base = {r["config"]: r for r in rows}
+
+        def vs(name: str, r: dict[str, Any]) -> str:
+            if name not in base:
+                return "-"
+            ratio, lo, hi = fs.ratio_of(base[name], r)
+            return f"{ratio:.2f}x" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None else "")
+
+        print(f"\n{'config':>10} {'median ms':>10} {'min-max ms':>15} {'tokens/s':>10} {'peak MiB':>9} "
+              f"{'enable MiB':>10} {'vs deepspeed':>18} {'vs zeropp':>18}  sent MiB/step (per rank)")
+        for r in rows:
+            sent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["sent_mib"].items()))
+            print(f"{r['config']:>10} {r['median_ms']:10.1f} {r['min_ms']:7.1f}-{r['max_ms']:<7.1f} "
+                  f"{r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} {r['enable_mib']:10.0f} "
+                  f"{vs('deepspeed', r):>18} {vs('zeropp', r):>18}  {sent}")
+        print("(a step's time is its slowest rank's; ratios: medians, in brackets the rounds' least and greatest)")
+    if losses:
+        report_losses(losses)
+
+
+def report_losses(losses: list[dict[str, Any]]) -> None:
+    """Per loss run: its validation loss over the seeds, and its paired gap to the reference run (the first
+    deepspeed one, fs.loss_summary's choice) of the same seed: mean, standard error, 95% interval, per seed."""
+    summary = fs.loss_summary(losses)
+    reference = summary[0]["reference"]
+    ref = {x["seed"]: x["valid"] for x in losses if x["spec"] == reference}
+    print(f"\nvalidation loss after {losses[0]['steps']} steps; gap: vs {reference}'s of the same seed")
+    print(f"{'run':>18} {'valid mean':>10} {'std':>7} {'seeds':>8} {'gap mean':>9} {'std err':>7} "
+          f"{'95% interval':>18}  per seed, %")
+    for row in summary:
+        gaps = {x["seed"]: 100 * (x["valid"] - ref[x["seed"]]) / ref[x["seed"]]
+                for x in losses if x["spec"] == row["spec"] and x["seed"] in ref}
+        seeds, mean, se, interval, per_seed = gap_cells(gaps) if gaps else ("-",) * 5
+        print(f"{row['label']:>18} {row['valid']['mean']:10.4f} {row['valid']['std']:7.4f} {seeds:>8} {mean:>9} "
+              f"{se:>7} {interval:>18}  {per_seed}")
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    ex.launch(main, arguments)
