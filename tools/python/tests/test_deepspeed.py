@@ -23,6 +23,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -57,8 +58,6 @@ def deepspeed_or_skip() -> None:
 
 def _setup() -> tuple[Any, Any, Any]:
     """torch, deepspeed and torch.distributed in a rank, quiet."""
-    import logging
-
     import deepspeed
     import torch
     import torch.distributed as dist
@@ -67,7 +66,19 @@ def _setup() -> tuple[Any, Any, Any]:
     # compiling, on every machine whose cache lacks it); nothing here uses it.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    zp_log = logging.getLogger("zpccl.deepspeed")  # kept (LOGGED), not printed: the tests provoke its warnings
+    zp_log.propagate = False
+    zp_log.addHandler(_Kept())
     return torch, deepspeed, dist
+
+
+#: What the zpccl.deepspeed logger said in this rank, in order.
+LOGGED: list[str] = []
+
+
+class _Kept(logging.Handler):
+    def emit(self, record: Any) -> None:
+        LOGGED.append(record.getMessage())
 
 
 def build_model(torch: Any, seed: int = 0) -> Any:
@@ -327,6 +338,15 @@ def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
     out["hpz_alone"] = served(torch, engine, rank)
     zpccl.deepspeed.disable(engine)
 
+    # qwZ alone and qgZ alone: one ZeRO++ switch each, the other collective left DeepSpeed's.
+    for alone in ("zero_quantized_weights", "zero_quantized_gradients"):
+        engine = make_engine(torch, deepspeed, dict(ds_config(), zpccl={"block_size": BLOCK},
+                                                    zero_optimization=dict(ds_config()["zero_optimization"],
+                                                                           **{alone: True})), zp=True)
+        exact = Exact(torch, zpccl.deepspeed.session_of(engine), nodes)
+        out[alone] = dict(served(torch, engine, rank), checked=exact.verify())
+        zpccl.deepspeed.disable(engine)
+
     # Gradient accumulation: the secondary partitions live through the micro-steps without an update.
     engine = make_engine(torch, deepspeed, dict(ds_config(2, True), gradient_accumulation_steps=2), zp=True)
     kept = []
@@ -410,7 +430,7 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     said["after"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
     said["nothing"] = refusal(lambda: zpccl.deepspeed.initialize(model=build_model(torch), config=ds_config()))
     zp = zpccl.deepspeed.enable(engine, ranks_per_node=2, hpz=False)  # hpz=False: the same engine is served
-    train(torch, engine, torch.distributed.get_rank(), 1)
+    train(torch, engine, torch.distributed.get_rank(), 2)  # the first forward gathers the secondary partitions
     paths = zp.summary()
     said["hpz_off"] = "" if zp.hpz_size is None and {"qwz", "qgz", "deepspeed_all_gather_hpz"} <= set(paths) \
         else f"hpz=False served {sorted(paths)}"
@@ -459,6 +479,20 @@ def _direct(torch: Any, deepspeed: Any, dist: Any, zp: Any, nodes: list[int]) ->
         exact_ = theirs([t.float() for t in tensors], None)
         out["shapes"].append([list(a.shape) == list(b.shape) for a, b in zip(mine, exact_)])
         out["close"].append(max(float((a.float() - b).abs().max()) if a.numel() else 0.0 for a, b in zip(mine, exact_)))
+    # Over a group other than the data-parallel one: DeepSpeed's own collectives, exact, counted.
+    import deepspeed.runtime.zero.partition_parameters as pp
+
+    halves = [dist.new_group(list(range(h, world, 2))) for h in (0, 1)]
+    half = halves[rank % 2]
+    x = torch.full((4,), float(rank))
+    gathered = torch.empty(4 * (world // 2))
+    said = len(LOGGED)
+    for _ in range(2):  # said once, counted twice
+        pp._dist_allgather_fn(x, gathered, half).wait()
+        reduced = stage3.reduce_scatter_coalesced([torch.arange(6.0) * rank], half)
+    out["other_group"] = dict(
+        gathered=gathered.tolist() == [float(r) for r in range(rank % 2, world, 2) for _ in range(4)],
+        reduced=reduced[0].tolist(), summary=zp.summary(), said=LOGGED[said:])
     with deepspeed.zero.Init(dtype=torch.float16, config_dict_or_path=ds_config(bf16=False)):
         layer = torch.nn.Linear(9, 3)
     params = list(layer.parameters())
@@ -653,6 +687,15 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertGreater(s["deepspeed_reduce_scatter_off"]["calls"], 0)
             self.assertNotIn("qwz", s)
 
+    def test_each_quantization_on_its_own(self) -> None:
+        for o in self.out:
+            w, g = o["zero_quantized_weights"], o["zero_quantized_gradients"]
+            self.assertTrue(_close(w["losses"], o["ref"], 0.1) and _close(g["losses"], o["ref"], 0.1), (w, g))
+            self.assertEqual(set(w["summary"]), {"qwz", "deepspeed_reduce_scatter_off"})
+            self.assertEqual(set(g["summary"]), {"qgz", "deepspeed_all_gather_off"})
+            self.assertEqual(w["checked"], {"qwz": w["summary"]["qwz"]["calls"], "qgz": 0})
+            self.assertEqual(g["checked"], {"qwz": 0, "qgz": g["summary"]["qgz"]["calls"]})
+
     def test_gradient_accumulation(self) -> None:
         for o in self.out:
             self.assertTrue(all(o["accum"]["kept"]), o["accum"]["kept"])
@@ -763,6 +806,20 @@ class DeepSpeedThreeNodes(unittest.TestCase):
             self.assertLess(max(d["close"]), 0.5)  # int4 blocks of 64 of normal values: a fraction of one
             self.assertEqual(d["fp16_gathered"], [True, True])
             self.assertEqual(d["checked"], {"qwz": 1, "qgz": 3})
+            other = d["other_group"]
+            self.assertTrue(other["gathered"])
+            self.assertEqual(other["summary"]["deepspeed_all_gather_group"]["calls"], 2)
+            self.assertEqual(other["summary"]["deepspeed_reduce_scatter_group"]["calls"], 2)
+            group = list(range(d["rank_world"][0] % 2, 6, 2))
+            self.assertEqual(other["said"], [
+                f"zpccl.deepspeed: an all-gather over group {group}, which zpccl has no communicator for; it stays "
+                "on DeepSpeed's own collective",
+                f"zpccl.deepspeed: a reduce-scatter over group {group}, which zpccl has no communicator for; it "
+                "stays on DeepSpeed's own collective"])
+        for rank, o in enumerate(self.out):  # the mean over ranks 0, 2, 4 or 1, 3, 5 of arange(6) * rank
+            mean = sum(range(rank % 2, 6, 2)) / 3
+            want = [mean * (2 * (rank // 2) + i) for i in range(2)]
+            self.assertTrue(np.allclose(o["direct"]["other_group"]["reduced"], want, rtol=1e-6), (rank, want))
 
 
 if __name__ == "__main__":
