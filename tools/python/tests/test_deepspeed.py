@@ -458,6 +458,16 @@ def _three_nodes(rank: int) -> dict[str, Any]:
             out["direct"] = _direct(torch, deepspeed, dist, zp, nodes)
         zp.disable()
     out["runs"] = runs
+
+    # An engine DeepSpeed built with its own qgZ: its reductions come to all_to_all_quant_reduce (several nodes),
+    # which zpccl serves as qgZ.
+    engine = make_engine(torch, deepspeed, ds_config(2, bf16=False, zero_quantized_gradients=True), zp=False)
+    zp = zpccl.deepspeed.enable(engine, block_size=BLOCK)
+    exact = Exact(torch, zp, nodes)
+    entered, quant_reduce = [], zp.collectives.quant_reduce
+    zp.collectives.quant_reduce = lambda *a: entered.append(1) or quant_reduce(*a)
+    out["deepspeed_qgz"] = dict(served(torch, engine, rank), checked=exact.verify(), entered=len(entered))
+    zp.disable()
     return out
 
 
@@ -798,6 +808,15 @@ class DeepSpeedThreeNodes(unittest.TestCase):
             s = first["summary"]
             self.assertEqual(set(s), {"qwz", "hpz", "qgz"})
             self.assertEqual(first["checked"], {"qwz": s["qwz"]["calls"], "qgz": s["qgz"]["calls"]})
+
+    def test_an_engine_built_with_deepspeeds_qgz(self) -> None:
+        for o in self.out:
+            run = o["deepspeed_qgz"]
+            self.assertTrue(_close(run["losses"], o["ref"], 0.1), (run["losses"], o["ref"]))
+            self.assertEqual(set(run["summary"]), {"qwz", "hpz", "qgz"})
+            self.assertEqual(run["entered"], run["summary"]["qgz"]["calls"])  # all through all_to_all_quant_reduce
+            self.assertEqual(run["checked"], {"qwz": run["summary"]["qwz"]["calls"],
+                                              "qgz": run["summary"]["qgz"]["calls"]})
 
     def test_replaced_functions_in_every_type(self) -> None:
         for o in self.out:
