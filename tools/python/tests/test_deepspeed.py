@@ -611,19 +611,18 @@ class ConfigOfDeepSpeed(unittest.TestCase):
 
         @contextlib.contextmanager
         def installed(mods: dict[str, Any]) -> Any:
-            saved = {k: sys.modules.get(k) for k in mods}
+            """The stand-ins in place of every deepspeed module (an imported DeepSpeed included), then back."""
+            saved = {k: v for k, v in sys.modules.items() if k == "deepspeed" or k.startswith("deepspeed.")}
+            for k in saved:
+                del sys.modules[k]
             sys.modules.update(mods)
             try:
                 yield
             finally:
-                for k, v in saved.items():
-                    if v is None:
-                        sys.modules.pop(k, None)
-                    else:
-                        sys.modules[k] = v
+                for k in mods:
+                    sys.modules.pop(k, None)
+                sys.modules.update(saved)
 
-        if "deepspeed" in sys.modules:
-            self.skipTest("DeepSpeed is imported in this process; the stand-ins would shadow it")
         with installed(fake("0.16.5")):
             with self.assertRaisesRegex(zpccl.ZpcclError, r"needs DeepSpeed 0.19 or later .*this is DeepSpeed 0.16.5"):
                 DeepSpeed.load()
