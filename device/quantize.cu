@@ -27,6 +27,7 @@
 #include "device/grad_rounding.h"
 #include "device/launch_geometry.h"
 #include "device/quantize.h"
+#include "device/warp_reduce.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
@@ -38,8 +39,7 @@ namespace {
 constexpr int kVecBytes = 16;      // one vector access
 constexpr int kVecsPerThread = 4;  // 64 bytes per thread in flight
 constexpr int kCtaThreads = 256;   // CTA size, except when one group is a whole CTA
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kStages = 2;  // quantize, blocks of a whole CTA: shared-memory pipeline depth
+constexpr int kStages = 2;         // quantize, blocks of a whole CTA: shared-memory pipeline depth
 #if __CUDA_ARCH__ >= 800 || !defined(__CUDA_ARCH__)
 constexpr bool kAsyncCopy = true;  // cp.async (sm_80+)
 #else
@@ -405,21 +405,6 @@ constexpr int blockShiftOf() {
   return kShift + threadElemsShift<Type>();
 }
 
-// Max over the aligned group of 1 << kShift (<= 32) lanes of a warp; every lane of the warp calls it.
-template <int kShift>
-__device__ __forceinline__ uint32_t warpGroupMax(uint32_t v) {
-#if __CUDA_ARCH__ >= 800
-  if constexpr (kShift == 5) {
-    return __reduce_max_sync(kFullMask, v);
-  } else
-#endif
-  {
-#pragma unroll
-    for (int s = (1 << kShift) >> 1; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, s));
-    return v;
-  }
-}
-
 // Steps 2 to 4 for one block whose vectors the thread holds in registers (vector j: the block's vector
 // j * P + lane). `out`: where the codes of the thread's vector 0 go. `whole`: the block lies within the segment
 // (its codes need no bounds checks). warpMax: CTA groups only, 2 * P / 32 words (double-buffered: one barrier
@@ -435,10 +420,10 @@ __device__ __forceinline__ void quantizeBlock(const QuantArgs& a, const uint32_t
   // step 2: absmax of the block: the thread's elements, then the group (NaN and Inf order above all).
   uint32_t absMax = threadAbsMaxBits<Type>(v);
   if constexpr (kShift <= 5) {
-    absMax = warpGroupMax<kShift>(absMax);
+    absMax = logicalWarpMax<1 << kShift>(absMax);
   } else {  // the CTA is the group: combine its warps
     constexpr int kWarps = 1 << (kShift - 5);
-    absMax = warpGroupMax<5>(absMax);
+    absMax = logicalWarpMax<32>(absMax);
     uint32_t* slots = warpMax + parity * kWarps;
     if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = absMax;
     __syncthreads();
@@ -994,7 +979,7 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
 #pragma unroll
         for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
       }
-      for (int s = lanes >> 1; s > 0; s >>= 1) absMax = max(absMax, __shfl_xor_sync(kFullMask, absMax, s));
+      absMax = logicalWarpReduce(absMax, lanes, MaxOp{});
       if (block >= a.blocks) continue;
       GradBlockScale b;
       b.scale = blockScale(absMax, Bits);

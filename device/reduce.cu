@@ -32,6 +32,7 @@
 #include "device/grad_rounding.h"
 #include "device/launch_geometry.h"
 #include "device/reduce.h"
+#include "device/warp_reduce.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
 #include "host/reduce_math.h"
@@ -45,7 +46,6 @@ constexpr int kElems = 32;                     // elements a thread owns (a bloc
 constexpr int kTileElems = kThreads * kElems;  // elements a CTA takes at a time
 constexpr int kWarpElems = 32 * kElems;        // elements a warp owns, contiguous
 constexpr int kWaves = 8;                      // grid: resident CTAs times this, grid-stride beyond (gridFor)
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // Code words a thread reads per source (int4: one 16-byte vector; int8: two).
 template <int Bits>
@@ -257,15 +257,6 @@ __device__ __forceinline__ bool sumSources(const ReduceArgs& a, const unsigned c
 }
 
 // ---- requantize --------------------------------------------------------------------------------------------------
-
-// Max over the aligned group of `threads` (<= 32, a power of two) lanes of a warp; every lane of the warp calls it.
-__device__ __forceinline__ uint32_t groupMax(uint32_t v, int threads) {
-#if __CUDA_ARCH__ >= 800
-  if (threads == 32) return __reduce_max_sync(kFullMask, v);
-#endif
-  for (int s = threads >> 1; s > 0; s >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, s));
-  return v;
-}
 
 // One word of packed codes: 4 int8 codes (element i in byte i) or 8 int4 codes (element 2i in the low nibble of
 // byte i), from their code words (higher bits ignored).
@@ -497,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     // step 2: absmax over the group: shuffles in the warp, then across the group's warps. Every thread of the
     // CTA gets here, those without elements too.
-    absMax = groupMax(absMax, min(groupThreads, 32));
+    absMax = logicalWarpMax(absMax, min(groupThreads, 32));
     if (groupThreads > 32) {
       if ((threadIdx.x & 31) == 0) warpMax[parity][threadIdx.x >> 5] = absMax;
       __syncthreads();
@@ -667,9 +658,7 @@ __device__ __forceinline__ bool blockAny(bool mine, int threads, int* warps) {
   if (threads <= 32) {
     if (!__any_sync(kFullMask, mine)) return false;
     if (threads == 32) return true;
-    unsigned v = mine ? 1u : 0u;
-    for (int s = threads >> 1; s > 0; s >>= 1) v |= __shfl_xor_sync(kFullMask, v, s);
-    return v != 0;
+    return logicalWarpReduce(mine ? 1u : 0u, threads, OrOp{}) != 0;
   }
   if (!__syncthreads_or(mine)) return false;
   const bool warp = __any_sync(kFullMask, mine);
