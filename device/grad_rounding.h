@@ -1,5 +1,5 @@
 // qgZ's gradient rounding (stochastic rounding, error feedback; include/zpccl.h) of one group of 8 elements, the
-// span of one Philox call (host/philox.h), for the hot loops of the sender's quantize (device/quantize.cu) and the
+// span of one Philox call (host/philox.h), for the hot loops of the sender's quantize (device/quantize_grad.cu) and the
 // requantize (device/reduce.cu). The arithmetic of every element is host/quant_math.h's, as the host reference
 // (host/quant_ref.cc) does it, so that codes and residuals stay bit-identical to it.
 //

@@ -1,32 +1,30 @@
 // Block quantization kernels (format: include/zpccl.h; arithmetic: host/quant_math.h, shared with the host
-// reference so that payloads and outputs are bit-identical).
+// reference so that payloads are bit-identical).
 //
-// Quantize: a group of P threads owns one quantization block of G elements; each thread takes kVecsPerThread
-// 16-byte vectors of it (vector j of the group's thread t is the block's vector j * P + t, so each load step of
-// a group covers P * 16 contiguous bytes). P = G / (16 elements for fp32, 32 for fp16/bf16) is a template
-// parameter (one kernel per P: constant offsets, unrolled shuffles): groups of 1 to 32 threads share a warp
-// (256-thread CTAs hold several) and load their vectors straight into registers; groups of 64 to 512 threads
+// A group of P threads owns one quantization block of G elements; each thread takes kVecsPerThread 16-byte vectors
+// of it (vector j of the group's thread t is the block's vector j * P + t, so each load step of a group covers
+// P * 16 contiguous bytes). P = G / (16 elements for fp32, 32 for fp16/bf16) is a template parameter (one kernel
+// per P: constant offsets, unrolled shuffles): groups of 1 to 32 threads share a warp (256-thread CTAs hold
+// several) and load their vectors straight into registers; groups of 64 to 512 threads
 // are a whole CTA and pipeline their blocks through shared memory with cp.async, so that loads stay in flight
 // while the CTA meets at its barrier (64 registers, no spills, either way). The thread's vectors stay in
 // registers for both passes: absmax (packed pairs for fp16/bf16; reduced over the group with shuffles, across
 // warps through shared memory), then the codes: the division's quotient from the reciprocal and one correction
 // step (quotientRn, host/quant_math.h), rounded by one add, with no data-dependent branch (see "quantize: codes").
-// Dequantize needs no reduction: each CTA step covers 256 * kVecsPerThread contiguous output vectors; each
-// thread reads its vectors' codes and scales.
-// Misaligned element pointers (an fp16 tensor at an odd element, say): quantize loads with the widest access
-// the address allows (8, 4 or 2 bytes); dequantize stores whole aligned 16-byte windows, each lane combining
-// its vector with its neighbour's (shuffles). Segments that are all 16-byte aligned run kernels without these
-// paths. Payloads are always 16-byte aligned.
-#include <algorithm>
+// Misaligned element pointers (an fp16 tensor at an odd element, say) load with the widest access the address
+// allows (8, 4 or 2 bytes); segments that are all 16-byte aligned run kernels without these paths. Payloads are
+// always 16-byte aligned.
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
-#include "device/grad_rounding.h"
+#include "device/code_pack.h"
 #include "device/launch_geometry.h"
 #include "device/quantize.h"
+#include "device/quantize_args.h"
+#include "device/vector_access.h"
 #include "device/warp_reduce.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
@@ -36,158 +34,12 @@
 namespace zp {
 namespace {
 
-constexpr int kVecBytes = 16;      // one vector access
-constexpr int kVecsPerThread = 4;  // 64 bytes per thread in flight
-constexpr int kCtaThreads = 256;   // CTA size, except when one group is a whole CTA
-constexpr int kStages = 2;         // quantize, blocks of a whole CTA: shared-memory pipeline depth
+constexpr int kStages = 2;  // quantize, blocks of a whole CTA: shared-memory pipeline depth
 #if __CUDA_ARCH__ >= 800 || !defined(__CUDA_ARCH__)
 constexpr bool kAsyncCopy = true;  // cp.async (sm_80+)
 #else
 constexpr bool kAsyncCopy = false;
 #endif
-
-template <class Type>
-constexpr int vecElems() {
-  return kVecBytes / static_cast<int>(sizeof(typename Type::Bits));
-}
-
-struct QuantArgs {
-  const char* input;     // segment 0's elements
-  char* payload;         // segment 0's payload
-  size_t count;          // elements per segment
-  size_t inputStride;    // bytes between segment inputs
-  size_t payloadStride;  // bytes between segment payloads
-  size_t blocks;         // quantization blocks per segment
-  size_t scaleBytes;     // where the codes start in a payload (scales plus padding)
-  size_t codeBytes;      // code bytes, padding included
-  int batch;
-  int blockShift;  // log2(blockSize)
-  int groupShift;  // log2(threads per quantization block)
-  PeerSync sync;   // KernelStream::sync
-};
-
-struct DequantArgs {
-  const char* payload;   // segment 0's payload
-  char* output;          // segment 0's elements
-  size_t count;          // elements per segment
-  size_t payloadStride;  // bytes between segment payloads
-  size_t outputStride;   // bytes between segment outputs
-  size_t scaleBytes;     // where the codes start in a payload
-  size_t tiles;          // CTA steps per segment
-  int batch;
-  int blockShift;  // log2(blockSize)
-  PeerSync sync;   // KernelStream::sync
-};
-
-// ---- vector access -------------------------------------------------------------------------------------------
-
-// Widest access (16, 8, 4 or 2 bytes) that the address allows.
-__device__ __forceinline__ int accessAlign(const void* p) {
-  const uint32_t a = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p)) | kVecBytes;
-  return static_cast<int>(a & (~a + 1u));
-}
-
-__device__ __forceinline__ void loadVec(const char* p, int align, uint32_t (&w)[4]) {
-  if (align == 16) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  } else if (align == 8) {
-    const uint2 a = __ldg(reinterpret_cast<const uint2*>(p)), b = __ldg(reinterpret_cast<const uint2*>(p) + 1);
-    w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
-  } else if (align == 4) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = __ldg(reinterpret_cast<const unsigned int*>(p) + k);
-  } else {
-    const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = __ldg(q + 2 * k) | (static_cast<uint32_t>(__ldg(q + 2 * k + 1)) << 16);
-  }
-}
-
-__device__ __forceinline__ void storeVec(char* p, int align, const uint32_t (&w)[4]) {
-  if (align == 16) {
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-  } else if (align == 8) {
-    reinterpret_cast<uint2*>(p)[0] = make_uint2(w[0], w[1]);
-    reinterpret_cast<uint2*>(p)[1] = make_uint2(w[2], w[3]);
-  } else if (align == 4) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(p)[k] = w[k];
-  } else {
-    unsigned short* q = reinterpret_cast<unsigned short*>(p);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      q[2 * k] = static_cast<unsigned short>(w[k]);
-      q[2 * k + 1] = static_cast<unsigned short>(w[k] >> 16);
-    }
-  }
-}
-
-// Element i of a vector held as four words (i a compile-time constant after unrolling: stays in registers).
-template <class Type>
-__device__ __forceinline__ typename Type::Bits getElem(const uint32_t (&w)[4], int i) {
-  if constexpr (sizeof(typename Type::Bits) == 4) {
-    return w[i];
-  } else {
-    return static_cast<typename Type::Bits>(w[i >> 1] >> (16 * (i & 1)));
-  }
-}
-
-template <class Type>
-__device__ __forceinline__ void setElem(uint32_t (&w)[4], int i, typename Type::Bits b) {
-  if constexpr (sizeof(typename Type::Bits) == 4) {
-    w[i] = b;
-  } else {
-    w[i >> 1] |= static_cast<uint32_t>(b) << (16 * (i & 1));
-  }
-}
-
-// The first n (< one vector) elements at p, element by element; the rest zero.
-template <class Type>
-__device__ __forceinline__ void loadTail(const char* p, size_t n, uint32_t (&w)[4]) {
-  using Bits = typename Type::Bits;
-  w[0] = w[1] = w[2] = w[3] = 0;
-#pragma unroll
-  for (int i = 0; i < vecElems<Type>(); ++i) {
-    if (static_cast<size_t>(i) < n) setElem<Type>(w, i, reinterpret_cast<const Bits*>(p)[i]);
-  }
-}
-
-template <class Type>
-__device__ __forceinline__ void storeTail(char* p, size_t n, const uint32_t (&w)[4]) {
-  using Bits = typename Type::Bits;
-#pragma unroll
-  for (int i = 0; i < vecElems<Type>(); ++i) {
-    if (static_cast<size_t>(i) < n) reinterpret_cast<Bits*>(p)[i] = getElem<Type>(w, i);
-  }
-}
-
-// Bytes [o, o + 16) of the 32 bytes lo || hi (o even, 0..14): an aligned window of a misaligned stream.
-__device__ __forceinline__ void window16(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int o, uint32_t (&r)[4]) {
-  const uint32_t c[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
-  const uint32_t shift = 8 * (o & 3);
-  switch (o >> 2) {  // word offset, uniform per segment: constant register indices in each case
-#define ZP_WINDOW_CASE(q)                                                              \
-  case q:                                                                              \
-    for (int k = 0; k < 4; ++k) r[k] = __funnelshift_r(c[q + k], c[q + k + 1], shift); \
-    break;
-    ZP_WINDOW_CASE(0)
-    ZP_WINDOW_CASE(1)
-    ZP_WINDOW_CASE(2)
-    ZP_WINDOW_CASE(3)
-#undef ZP_WINDOW_CASE
-  }
-}
-
-// Bytes [from, to) of the 16-byte vector w to p + from, in 2-byte stores (from and to even).
-__device__ __forceinline__ void storeBytes(char* p, const uint32_t (&w)[4], int from, int to) {
-#pragma unroll
-  for (int b = 0; b < 16; b += 2) {
-    if (b >= from && b < to) {
-      *reinterpret_cast<unsigned short*>(p + b) = static_cast<unsigned short>(w[b >> 2] >> (8 * (b & 2)));
-    }
-  }
-}
 
 // ---- reductions ----------------------------------------------------------------------------------------------
 
@@ -274,25 +126,6 @@ __device__ __forceinline__ uint32_t threadAbsMaxBits(const uint32_t (&v)[kVecsPe
 // instructions; quotientRn has no data-dependent branch. Blocks with a smaller scale (below 2^-96, zero, NaN)
 // take the division.
 
-// Host versions too, so that a host program can check the fast codes against quant_math.h.
-#define ZP_QHD __host__ __device__ __forceinline__
-#if defined(__CUDA_ARCH__)
-#define ZP_UNROLL _Pragma("unroll")
-#else
-#define ZP_UNROLL
-#endif
-
-ZP_QHD uint32_t bytePerm(uint32_t a, uint32_t b, uint32_t sel) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(a, b, sel);
-#else
-  const uint64_t ab = (static_cast<uint64_t>(b) << 32) | a;
-  uint32_t r = 0;
-  for (int k = 0; k < 4; ++k) r |= static_cast<uint32_t>((ab >> (8 * ((sel >> (4 * k)) & 7))) & 0xffu) << (8 * k);
-  return r;
-#endif
-}
-
 // The V elements of a vector as fp32 (exact): bf16 by a shift or a mask, fp16 two a conversion.
 template <class Type>
 ZP_QHD void unpackVec(const uint32_t (&w)[4], float (&x)[vecElems<Type>()]) {
@@ -320,33 +153,6 @@ ZP_QHD void unpackVec(const uint32_t (&w)[4], float (&x)[vecElems<Type>()]) {
 #endif
     }
   }
-}
-
-// The V codes of one vector, packed (int8: V bytes; int4: V / 2 bytes, element 2i in the low nibble; bits past
-// them are not zero), from words whose low byte holds each code in two's complement (higher bits ignored).
-template <int Bits, int V>
-ZP_QHD uint2 packCodes(const uint32_t (&c)[V]) {
-  uint32_t words[2] = {0, 0};
-  if constexpr (Bits == 8) {
-    ZP_UNROLL
-    for (int k = 0; k < V / 4; ++k) {
-      words[k] =
-          bytePerm(bytePerm(c[4 * k], c[4 * k + 1], 0x0040), bytePerm(c[4 * k + 2], c[4 * k + 3], 0x0040), 0x5410);
-    }
-  } else {
-    // The low bytes of the even elements (byte k: element 2k) and of the odd ones (byte k: element 2k + 1), then
-    // the even codes' low nibbles beside the odd ones moved up.
-    uint32_t even, odd;
-    if constexpr (V == 8) {
-      even = bytePerm(bytePerm(c[0], c[2], 0x0040), bytePerm(c[4], c[6], 0x0040), 0x5410);
-      odd = bytePerm(bytePerm(c[1], c[3], 0x0040), bytePerm(c[5], c[7], 0x0040), 0x5410);
-    } else {
-      even = bytePerm(c[0], c[2], 0x0040);
-      odd = bytePerm(c[1], c[3], 0x0040);
-    }
-    words[0] = (even & 0x0f0f0f0fu) | ((odd << 4) & 0xf0f0f0f0u);
-  }
-  return make_uint2(words[0], words[1]);
 }
 
 // The packed codes of one vector of a block whose scale is at least kQuotientMinScale: quantizeCode's codes (see
@@ -664,90 +470,6 @@ __global__ void __launch_bounds__(1 << kShift, 1024 >> kShift) quantizeCtaKernel
   peerLeave(a.sync);
 }
 
-// ---- dequantize ----------------------------------------------------------------------------------------------
-
-template <class Type, int Bits, bool kAligned>
-__global__ void __launch_bounds__(kCtaThreads) dequantizeKernel(const DequantArgs a) {
-  constexpr int V = vecElems<Type>();
-  constexpr int kTileVecs = kCtaThreads * kVecsPerThread;
-  using CodeWord =
-      typename std::conditional<V * Bits / 8 == 8, uint2,
-                                typename std::conditional<V * Bits / 8 == 4, uint32_t, uint16_t>::type>::type;
-
-  if (!peerEnter(a.sync)) return;
-  for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
-    const char* payload = a.payload + seg * a.payloadStride;
-    const float* scales = reinterpret_cast<const float*>(payload);
-    const CodeWord* codes = reinterpret_cast<const CodeWord*>(payload + a.scaleBytes);
-    char* out = a.output + seg * a.outputStride;
-    const int align = kAligned ? 16 : accessAlign(out);  // kAligned: every segment starts 16-byte aligned
-    for (size_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
-      // step 1: codes and scales of the thread's vectors (vector j at j * 256 + thread in the CTA's tile, so each
-      // store step of the CTA writes 4 KB contiguous), all loads in flight before the first use.
-      CodeWord code[kVecsPerThread];
-      float scale[kVecsPerThread];
-#pragma unroll
-      for (int j = 0; j < kVecsPerThread; ++j) {
-        const size_t vec = tile * kTileVecs + j * kCtaThreads + threadIdx.x;
-        if (vec * V < a.count) {
-          code[j] = __ldg(codes + vec);
-          scale[j] = __ldg(scales + ((vec * V) >> a.blockShift));
-        }
-      }
-      // step 2: x' = q * scale in the output type, stored as a vector (element by element at the end).
-#pragma unroll
-      for (int j = 0; j < kVecsPerThread; ++j) {
-        const size_t vec = tile * kTileVecs + j * kCtaThreads + threadIdx.x;
-        const size_t e0 = vec * V;
-        if (e0 >= a.count) break;
-        uint64_t bits;
-        if constexpr (sizeof(CodeWord) == 8) {
-          bits = code[j].x | (static_cast<uint64_t>(code[j].y) << 32);
-        } else {
-          bits = code[j];
-        }
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (dequantIsPlain<Type, Bits>(scale[j])) {  // the common case: product and conversion only
-#pragma unroll
-          for (int i = 0; i < V; ++i) {
-            const float q = decodeCode<Bits>(static_cast<uint32_t>(bits >> (Bits * i)));
-            setElem<Type>(w, i, Type::fromFloat(__fmul_rn(q, scale[j])));
-          }
-        } else {  // NaN block or a scale near the type's max
-#pragma unroll
-          for (int i = 0; i < V; ++i) {
-            const float q = decodeCode<Bits>(static_cast<uint32_t>(bits >> (Bits * i)));
-            setElem<Type>(w, i, dequantizeValue<Type>(q, scale[j]));
-          }
-        }
-        char* p = out + e0 * sizeof(typename Type::Bits);
-        const size_t warpEnd = (vec - (threadIdx.x & 31) + 32) * V;  // elements up to the warp's last vector
-        if (align != 16 && warpEnd <= a.count) {
-          // Misaligned output, whole warp in range: lane i stores the aligned window that holds the end of its
-          // vector and the start of lane i+1's (one 16-byte store); lanes 0 and 31 add the two ragged edges.
-          const int m = static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15);
-          uint32_t next[4], win[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) next[k] = __shfl_down_sync(kFullMask, w[k], 1);
-          window16(w, next, 16 - m, win);
-          char* aligned = p - m + 16;
-          if ((threadIdx.x & 31) != 31) {
-            *reinterpret_cast<uint4*>(aligned) = make_uint4(win[0], win[1], win[2], win[3]);
-          } else {
-            storeBytes(p, w, 16 - m, 16);  // the end of the warp's last vector
-          }
-          if ((threadIdx.x & 31) == 0) storeBytes(p, w, 0, 16 - m);  // the start of its first
-        } else if (e0 + V <= a.count) {
-          storeVec(p, align, w);
-        } else {
-          storeTail<Type>(p, a.count - e0, w);
-        }
-      }
-    }
-  }
-  peerLeave(a.sync);
-}
-
 // ---- launchers -----------------------------------------------------------------------------------------------
 
 // Lets Kernel take up to `bytes` of dynamic shared memory (beside its static shared memory, the total may pass
@@ -762,292 +484,6 @@ zpResult_t allowSharedMemory(size_t bytes) {
   CUDACHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   done.fetch_or(bit, std::memory_order_relaxed);
   return zpSuccess;
-}
-
-// ---- quantize with gradient rounding (stochastic rounding, error feedback) -----------------------------------
-//
-// The unit of work is a group of 8 elements (one Philox call, host/philox.h; 4 or 8 bytes of codes). A block of G
-// elements belongs to P = min(G / 32, 32) lanes of a warp (a warp holds 32 / P blocks side by side); the block's
-// lane t takes its groups t, t + P, t + 2P, ..., so that each load step of the warp covers whole contiguous lines.
-// A lane loads its first kGradKeptGroups groups (all of them for blocks of up to 1024 elements, 512 with residuals)
-// before anything else, so that 4 to 8 16-byte loads a lane are in flight, and keeps them in registers from the
-// absmax to the codes; larger blocks stream their other groups through the absmax and load them again for the
-// codes (from L1 or L2). Then: the block's absmax over its P lanes, the scale, and per group the codes by
-// quantizeCode or quantizeCodeStochastic and the new residuals. Groups move as 16-byte vectors where they are
-// aligned (the input is any element-aligned tensor, and the residual follows its layout), else element by element.
-// The quotients are quotientRn's, whose codes are the division's (host/quant_math.h), so the result equals
-// host/quant_ref.cc's quantizeGradTyped.
-
-// Groups a lane holds from the absmax to the codes: four, or two with residuals (their words double a group's
-// registers; four groups with residuals spill some 200 bytes a thread at 80 registers).
-template <bool kResidual>
-constexpr int kGradKeptGroups = kResidual ? 2 : 4;
-
-struct GradArgsDev : QuantArgs {  // QuantArgs' geometry; blockShift and groupShift unused
-  int blockSize;
-  int blockLanes;  // P: lanes a block, min(blockSize / 32, 32), a power of two
-  GradQuantLaunch grad;
-};
-
-template <class T, int N>
-__device__ __forceinline__ bool groupVectors(const T* p, size_t e, size_t count) {
-  return e + N <= count && (reinterpret_cast<uintptr_t>(p + e) & 15) == 0;
-}
-
-// A group's elements and residuals as loaded, before any use: the loads of several groups are issued before the
-// first of them is waited on.
-template <class Type, bool kResidual>
-struct GradGroupWords {
-  alignas(16) typename Type::Bits elems[kGradGroup];  // alignas: the vector loads write them as uint4
-  alignas(16) uint16_t residuals[kResidual ? kGradGroup : 1];
-};
-
-// Elements [e, e + 8) and their residuals, 0 past the end.
-template <class Type, bool kResidual>
-__device__ __forceinline__ void loadGradGroup(const GradArgsDev& a, const char* in, const uint16_t* res, size_t e,
-                                              GradGroupWords<Type, kResidual>& g) {
-  using Bits = typename Type::Bits;
-  const Bits* elems = reinterpret_cast<const Bits*>(in);
-  if (groupVectors<Bits, kGradGroup>(elems, e, a.count)) {
-    constexpr int kVecs = kGradGroup * sizeof(Bits) / 16;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i)
-      reinterpret_cast<uint4*>(g.elems)[i] = __ldg(reinterpret_cast<const uint4*>(elems + e) + i);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kGradGroup; ++k) g.elems[k] = e + k < a.count ? __ldg(elems + e + k) : Bits{0};
-  }
-  if constexpr (kResidual) {
-    if (groupVectors<uint16_t, kGradGroup>(res, e, a.count)) {
-      *reinterpret_cast<uint4*>(g.residuals) = *reinterpret_cast<const uint4*>(res + e);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kGradGroup; ++k) g.residuals[k] = e + k < a.count ? res[e + k] : 0;
-    }
-  }
-}
-
-// The group's values as fp32, residual added (elements past the segment's count: 0).
-template <class Type, bool kResidual>
-__device__ __forceinline__ void gradGroupValues(const GradGroupWords<Type, kResidual>& g, size_t e, size_t count,
-                                                float (&x)[kGradGroup]) {
-#pragma unroll
-  for (int k = 0; k < kGradGroup; ++k) {
-    x[k] = Type::toFloat(g.elems[k]);
-    if constexpr (kResidual) {
-      if (e + k < count) x[k] = withResidual(x[k], g.residuals[k]);
-    }
-  }
-}
-
-// What the codes of one block need: its scale and the reciprocal, and which path its groups take.
-struct GradBlockScale {
-  float scale, rcp, qmax;
-  bool fast;      // the quotient from the reciprocal (quotientRn) gives the division's codes
-  bool straight;  // gradScaleIsFast: device/grad_rounding.h's straight-line groups
-};
-
-// A group's packed codes and new residuals (bf16 pairs, element 2i in the low half of word i).
-struct GradGroupOut {
-  uint2 codes;
-  uint4 residuals;
-};
-
-// roundGradGroup for blocks that fail gradScaleIsFast (a zero, NaN, tiny or near-FLT_MAX scale): element by element,
-// as the host reference does. Out of line, so that its divisions and saturation checks cost the hot loop no
-// registers; `valid`: the group's elements below the segment's count (the others get code 0).
-template <int Bits, bool kStochastic, bool kResidual>
-__device__ __noinline__ GradGroupOut roundGradGroupByElement(float4 x0, float4 x1, int valid, float scale, float rcp,
-                                                             float qmax, bool fast, uint4 random) {
-  const float x[kGradGroup] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-  const Philox4x32 r{{random.x, random.y, random.z, random.w}};
-  uint32_t c[kGradGroup];
-#pragma unroll
-  for (int k = 0; k < kGradGroup; ++k) {
-    c[k] = gradElementCode<kStochastic>(x[k], scale, rcp, qmax, fast, gradRandom16(r, k));
-    if (k >= valid) c[k] = 0;
-  }
-  GradGroupOut out{packCodes<Bits, kGradGroup>(c), make_uint4(0, 0, 0, 0)};
-  if constexpr (kResidual) {
-    uint32_t w[kGradGroup / 2];
-#pragma unroll
-    for (int i = 0; i < kGradGroup / 2; ++i) {
-      w[i] = residualAfter<Bits>(x[2 * i], c[2 * i], scale) |
-             static_cast<uint32_t>(residualAfter<Bits>(x[2 * i + 1], c[2 * i + 1], scale)) << 16;
-    }
-    out.residuals = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  return out;
-}
-
-// The codes and new residuals of the group at element e (a multiple of 8, below the segment's count) whose values
-// (residual added) are x; stores both.
-template <class Type, int Bits, bool kStochastic, bool kResidual>
-__device__ __forceinline__ void roundGradGroup(const GradArgsDev& a, const float (&x)[kGradGroup], size_t e,
-                                               const GradBlockScale& b, uint32_t slice, unsigned char* codes,
-                                               uint16_t* res) {
-  Philox4x32 r{};
-  if constexpr (kStochastic) r = gradRandomGroup(a.grad.key, slice, (a.grad.firstElem + e) >> 3);
-  const bool whole = e + kGradGroup <= a.count;
-  GradGroupOut out;
-  if (b.straight) {
-    uint32_t c[kGradGroup];
-    gradGroupCodes<kStochastic>(x, b.scale, b.rcp, b.qmax, r, c);
-    if (!whole) {
-#pragma unroll
-      for (int k = 0; k < kGradGroup; ++k) c[k] = e + k < a.count ? c[k] : 0;
-    }
-    out.codes = packCodes<Bits, kGradGroup>(c);
-    if constexpr (kResidual) {
-      uint32_t w[kGradGroup / 2];
-      gradGroupResiduals<Bits>(x, c, b.scale, w);
-      out.residuals = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  } else {
-    const int valid = whole ? kGradGroup : static_cast<int>(a.count - e);
-    out = roundGradGroupByElement<Bits, kStochastic, kResidual>(
-        make_float4(x[0], x[1], x[2], x[3]), make_float4(x[4], x[5], x[6], x[7]), valid, b.scale, b.rcp, b.qmax, b.fast,
-        make_uint4(r.v[0], r.v[1], r.v[2], r.v[3]));
-  }
-  if constexpr (kResidual) {
-    if (groupVectors<uint16_t, kGradGroup>(res, e, a.count)) {
-      *reinterpret_cast<uint4*>(res + e) = out.residuals;
-    } else {
-      const uint32_t w[kGradGroup / 2] = {out.residuals.x, out.residuals.y, out.residuals.z, out.residuals.w};
-#pragma unroll
-      for (int k = 0; k < kGradGroup; ++k) {
-        if (e + k < a.count) res[e + k] = static_cast<uint16_t>(w[k >> 1] >> (16 * (k & 1)));
-      }
-    }
-  }
-  if constexpr (Bits == 8) {
-    *reinterpret_cast<uint2*>(codes + e) = out.codes;
-  } else {
-    *reinterpret_cast<uint32_t*>(codes + e / 2) = out.codes.x;
-  }
-}
-
-template <class Type, int Bits, bool kStochastic, bool kResidual>
-__global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradArgsDev a) {
-  constexpr int kWarps = kCtaThreads / 32;
-  const int lane = threadIdx.x & 31;
-  const int lanes = a.blockLanes;
-  const int sub = lane & (lanes - 1);  // the lane's place among its block's lanes
-  const size_t blocksPerWarp = 32 / lanes;
-  const size_t groupStep = static_cast<size_t>(lanes) * kGradGroup;  // elements between a lane's groups
-  const float qmax = static_cast<float>(quantMax(Bits));
-  if (!peerEnter(a.sync)) return;
-  for (int seg = blockIdx.y; seg < a.batch; seg += gridDim.y) {
-    const char* in = a.input + seg * a.inputStride;
-    char* payload = a.payload + seg * a.payloadStride;
-    float* scales = reinterpret_cast<float*>(payload);
-    unsigned char* codes = reinterpret_cast<unsigned char*>(payload + a.scaleBytes);
-    uint16_t* res = kResidual ? a.grad.residual + seg * a.grad.residualStrideElems : nullptr;
-    const uint32_t slice = a.grad.slice0 + static_cast<uint32_t>(seg * a.grad.sliceStride);
-    // Trip counts are uniform across the warp (its lanes shuffle): lanes past the last block run with none.
-    const size_t warpStep = static_cast<size_t>(gridDim.x) * kWarps * blocksPerWarp;
-    for (size_t warpFirst = (static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * blocksPerWarp;
-         warpFirst < a.blocks; warpFirst += warpStep) {
-      const size_t block = warpFirst + lane / lanes;
-      const size_t first = block * a.blockSize;
-      const size_t end = block < a.blocks ? min(first + a.blockSize, a.count) : first;
-      const size_t mine = first + sub * kGradGroup;  // the lane's first group
-      // step 1: the kept groups' loads, all issued before any is used; then the absmax of x (+ residual).
-      GradGroupWords<Type, kResidual> kept[kGradKeptGroups<kResidual>];
-#pragma unroll
-      for (int j = 0; j < kGradKeptGroups<kResidual>; ++j) {
-        const size_t e = mine + j * groupStep;
-        if (e < end) {
-          loadGradGroup<Type, kResidual>(a, in, res, e, kept[j]);
-        } else {
-          kept[j] = {};
-        }
-      }
-      uint32_t absMax = 0;
-#pragma unroll
-      for (int j = 0; j < kGradKeptGroups<kResidual>; ++j) {
-        float x[kGradGroup];
-        gradGroupValues<Type, kResidual>(kept[j], mine + j * groupStep, a.count, x);
-#pragma unroll
-        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
-      }
-      for (size_t e = mine + kGradKeptGroups<kResidual> * groupStep; e < end; e += groupStep) {
-        GradGroupWords<Type, kResidual> g;
-        loadGradGroup<Type, kResidual>(a, in, res, e, g);
-        float x[kGradGroup];
-        gradGroupValues<Type, kResidual>(g, e, a.count, x);
-#pragma unroll
-        for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
-      }
-      absMax = logicalWarpReduce(absMax, lanes, MaxOp{});
-      if (block >= a.blocks) continue;
-      GradBlockScale b;
-      b.scale = blockScale(absMax, Bits);
-      b.qmax = qmax;
-      b.fast = b.scale >= (kStochastic ? kStochasticQuotientMinScale : kQuotientMinScale);
-      b.rcp = b.fast ? divRn(1.0f, b.scale) : 0.0f;
-      b.straight = gradScaleIsFast<Bits, kStochastic, kResidual>(b.scale);
-      if (sub == 0) {
-        scales[block] = b.scale;
-        if (block == a.blocks - 1) {  // the scales' padding
-          for (size_t k = a.blocks; k < a.scaleBytes / sizeof(float); ++k) scales[k] = 0.0f;
-        }
-      }
-      // step 2: codes (zeros past the end) and residuals.
-#pragma unroll
-      for (int j = 0; j < kGradKeptGroups<kResidual>; ++j) {
-        const size_t e = mine + j * groupStep;
-        if (e < end) {
-          float x[kGradGroup];
-          gradGroupValues<Type, kResidual>(kept[j], e, a.count, x);
-          roundGradGroup<Type, Bits, kStochastic, kResidual>(a, x, e, b, slice, codes, res);
-        }
-      }
-      for (size_t e = mine + kGradKeptGroups<kResidual> * groupStep; e < end; e += groupStep) {
-        GradGroupWords<Type, kResidual> g;
-        loadGradGroup<Type, kResidual>(a, in, res, e, g);
-        float x[kGradGroup];
-        gradGroupValues<Type, kResidual>(g, e, a.count, x);
-        roundGradGroup<Type, Bits, kStochastic, kResidual>(a, x, e, b, slice, codes, res);
-      }
-      // The codes' padding, after the last group, up to the end of the code region.
-      if (block == a.blocks - 1) {
-        const size_t used = (a.count + kGradGroup - 1) / kGradGroup * kGradGroup * Bits / 8;
-        for (size_t k = used + sub; k < a.codeBytes; k += lanes) codes[k] = 0;
-      }
-    }
-  }
-  peerLeave(a.sync);
-}
-
-template <class Type, int Bits, bool kStochastic, bool kResidual>
-zpResult_t launchQuantizeGradKernel(const GradArgsDev& a, KernelStream stream) {
-  constexpr auto kKernel = quantizeGradKernel<Type, Bits, kStochastic, kResidual>;
-  if (stream.loadOnly) return loadKernel<kKernel>();
-  const size_t blocksPerCta = kCtaThreads / 32 * (32 / a.blockLanes);
-  dim3 grid;
-  ZPCHECK(gridFor<kKernel>((a.blocks + blocksPerCta - 1) / blocksPerCta, a.batch, kCtaThreads, 0, stream, &grid));
-  kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);
-  CUDACHECK(cudaGetLastError());
-  return zpSuccess;
-}
-
-// One kernel per rounding and residual; a load (KernelStream::loadOnly) loads all four.
-template <class Type, int Bits>
-zpResult_t launchQuantizeGradTyped(const GradArgsDev& a, KernelStream stream) {
-  if (stream.loadOnly) {
-    ZPCHECK((launchQuantizeGradKernel<Type, Bits, false, false>(a, stream)));
-    ZPCHECK((launchQuantizeGradKernel<Type, Bits, false, true>(a, stream)));
-    ZPCHECK((launchQuantizeGradKernel<Type, Bits, true, false>(a, stream)));
-    return launchQuantizeGradKernel<Type, Bits, true, true>(a, stream);
-  }
-  const bool residual = a.grad.residual != nullptr;
-  if (a.grad.stochastic) {
-    return residual ? launchQuantizeGradKernel<Type, Bits, true, true>(a, stream)
-                    : launchQuantizeGradKernel<Type, Bits, true, false>(a, stream);
-  }
-  return residual ? launchQuantizeGradKernel<Type, Bits, false, true>(a, stream)
-                  : launchQuantizeGradKernel<Type, Bits, false, false>(a, stream);
 }
 
 template <auto Kernel>
@@ -1081,103 +517,14 @@ zpResult_t launchQuantizeShift(const QuantArgs& a, KernelStream stream) {
   }
 }
 
-template <class Type, int Bits>
-zpResult_t quantizeTyped(QuantArgs a, bool aligned, KernelStream stream) {
-  return aligned ? launchQuantizeShift<Type, Bits, true>(a, stream) : launchQuantizeShift<Type, Bits, false>(a, stream);
-}
-
-template <class Type, int Bits, bool kAligned>
-zpResult_t launchDequantizeKernel(const DequantArgs& a, KernelStream stream) {
-  constexpr auto kKernel = dequantizeKernel<Type, Bits, kAligned>;
-  if (stream.loadOnly) return loadKernel<kKernel>();
-  dim3 grid;
-  ZPCHECK(gridFor<kKernel>(a.tiles, a.batch, kCtaThreads, 0, stream, &grid));
-  kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);
-  CUDACHECK(cudaGetLastError());
-  return zpSuccess;
-}
-
-template <class Type, int Bits>
-zpResult_t dequantizeTyped(DequantArgs a, bool aligned, KernelStream stream) {
-  return aligned ? launchDequantizeKernel<Type, Bits, true>(a, stream)
-                 : launchDequantizeKernel<Type, Bits, false>(a, stream);
-}
-
-// One dispatch over type x bits for both directions.
-template <template <class, int> class Launch, class Args>
-zpResult_t dispatch(zpDataType_t type, int bits, const Args& a, bool aligned, KernelStream stream) {
-  switch (type) {
-    case zpFloat16:
-      return bits == 8 ? Launch<Fp16Type, 8>::run(a, aligned, stream) : Launch<Fp16Type, 4>::run(a, aligned, stream);
-    case zpBfloat16:
-      return bits == 8 ? Launch<Bf16Type, 8>::run(a, aligned, stream) : Launch<Bf16Type, 4>::run(a, aligned, stream);
-    default:
-      return bits == 8 ? Launch<Fp32Type, 8>::run(a, aligned, stream) : Launch<Fp32Type, 4>::run(a, aligned, stream);
-  }
-}
-
+// One kernel per group size and alignment (1 << kShift threads); dispatch's Launch.
 template <class Type, int Bits>
 struct QuantizeLaunch {
-  static zpResult_t run(const QuantArgs& a, bool aligned, KernelStream s) {
-    return quantizeTyped<Type, Bits>(a, aligned, s);
+  static zpResult_t run(const QuantArgs& a, bool aligned, KernelStream stream) {
+    return aligned ? launchQuantizeShift<Type, Bits, true>(a, stream)
+                   : launchQuantizeShift<Type, Bits, false>(a, stream);
   }
 };
-template <class Type, int Bits>
-struct DequantizeLaunch {
-  static zpResult_t run(const DequantArgs& a, bool aligned, KernelStream s) {
-    return dequantizeTyped<Type, Bits>(a, aligned, s);
-  }
-};
-
-// True when every segment's elements start 16-byte aligned (the kernels then skip the fallback paths).
-bool segmentsAligned(const void* base, size_t strideBytes, int batch) {
-  return reinterpret_cast<uintptr_t>(base) % kVecBytes == 0 && (batch <= 1 || strideBytes % kVecBytes == 0);
-}
-
-zpResult_t checkCommon(const char* call, const void* elems, const void* payload, size_t payloadStride,
-                       zpDataType_t type, int bits, int blockSize, int batch) {
-  if (!isQuantType(type)) return ZP_ERR(zpInvalidArgument, "%s : invalid type %d", call, static_cast<int>(type));
-  if (!isValidBits(bits)) return ZP_ERR(zpInvalidArgument, "%s : invalid bits %d (4 or 8)", call, bits);
-  if (!isValidBlockSize(blockSize)) {
-    return ZP_ERR(zpInvalidArgument, "%s : invalid blockSize %d (a power of two in [32, 8192])", call, blockSize);
-  }
-  if (batch < 0) return ZP_ERR(zpInvalidArgument, "%s : invalid batch %d", call, batch);
-  if (reinterpret_cast<uintptr_t>(payload) % kPayloadAlign != 0) {
-    return ZP_ERR(zpInvalidArgument, "%s : payload %p is not 16-byte aligned", call, payload);
-  }
-  if (payloadStride % kPayloadAlign != 0) {
-    return ZP_ERR(zpInvalidArgument, "%s : payload stride %zu is not a multiple of 16", call, payloadStride);
-  }
-  if (reinterpret_cast<uintptr_t>(elems) % typeSize(type) != 0) {
-    return ZP_ERR(zpInvalidArgument, "%s : buffer %p is not aligned to its %s elements", call, elems, typeName(type));
-  }
-  return zpSuccess;
-}
-
-// The checks and the geometry shared by both quantize launchers; *empty when there is nothing to launch.
-zpResult_t quantArgsOf(const char* call, const void* input, void* payload, size_t count, zpDataType_t type, int bits,
-                       int blockSize, KernelStream stream, int batch, size_t inputStrideElems,
-                       size_t payloadStrideBytes, QuantArgs* a, bool* empty) {
-  const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
-  if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
-  ZPCHECK(checkCommon(call, input, payload, payloadStrideBytes, type, bits, blockSize, batch));
-  if (batch > 1 && payloadStrideBytes < payloadBytes) {
-    return ZP_ERR(zpInvalidArgument, "%s : payload stride %zu is below the payload size %zu", call, payloadStrideBytes,
-                  payloadBytes);
-  }
-  *empty = count == 0 || batch == 0;
-  a->input = static_cast<const char*>(input);
-  a->payload = static_cast<char*>(payload);
-  a->count = count;
-  a->inputStride = (inputStrideElems == 0 ? count : inputStrideElems) * typeSize(type);
-  a->payloadStride = payloadStrideBytes;
-  a->blocks = quantBlockCount(count, blockSize);
-  a->scaleBytes = quantScaleBytes(count, blockSize);
-  a->codeBytes = quantCodeBytes(count, bits);
-  a->batch = batch;
-  a->sync = stream.sync;
-  return zpSuccess;
-}
 
 }  // namespace
 
@@ -1193,61 +540,6 @@ zpResult_t launchQuantize(const void* input, void* payload, size_t count, zpData
   const int perThread = kVecsPerThread * kVecBytes / static_cast<int>(typeSize(type));
   a.groupShift = a.blockShift - log2Int(perThread);
   return dispatch<QuantizeLaunch>(type, bits, a, segmentsAligned(input, a.inputStride, batch), stream);
-}
-
-zpResult_t launchDequantize(const void* payload, void* output, size_t count, zpDataType_t type, int bits, int blockSize,
-                            KernelStream stream, int batch, size_t payloadStrideBytes, size_t outputStrideElems) {
-  const size_t payloadBytes = quantPayloadBytes(count, bits, blockSize);
-  if (payloadStrideBytes == 0) payloadStrideBytes = payloadBytes;
-  if (outputStrideElems == 0) outputStrideElems = count;
-  ZPCHECK(checkCommon("dequantize", output, payload, payloadStrideBytes, type, bits, blockSize, batch));
-  if (batch > 1 && outputStrideElems < count) {
-    return ZP_ERR(zpInvalidArgument, "dequantize : output stride %zu is below count %zu (segments overlap)",
-                  outputStrideElems, count);
-  }
-  if (count == 0 || batch == 0) return zpSuccess;
-  DequantArgs a;
-  a.payload = static_cast<const char*>(payload);
-  a.output = static_cast<char*>(output);
-  a.count = count;
-  a.payloadStride = payloadStrideBytes;
-  a.outputStride = outputStrideElems * typeSize(type);
-  a.scaleBytes = quantScaleBytes(count, blockSize);
-  const size_t vecs = (count * typeSize(type) + kVecBytes - 1) / kVecBytes;
-  a.tiles = (vecs + kCtaThreads * kVecsPerThread - 1) / (kCtaThreads * kVecsPerThread);
-  a.batch = batch;
-  a.blockShift = log2Int(blockSize);
-  a.sync = stream.sync;
-  return dispatch<DequantizeLaunch>(type, bits, a, segmentsAligned(output, a.outputStride, batch), stream);
-}
-
-zpResult_t launchQuantizeGrad(const void* input, void* payload, size_t count, zpDataType_t type, int bits,
-                              int blockSize, const GradQuantLaunch& grad, KernelStream stream, int batch,
-                              size_t inputStrideElems, size_t payloadStrideBytes) {
-  if (grad.firstElem % kGradGroup != 0 || reinterpret_cast<uintptr_t>(grad.residual) % 2 != 0) {
-    return ZP_ERR(zpInvalidArgument, "quantize : first element %zu is not a multiple of 8 or residual %p misaligned",
-                  grad.firstElem, static_cast<const void*>(grad.residual));
-  }
-  GradArgsDev a;
-  bool empty = false;
-  ZPCHECK(quantArgsOf("quantize (gradient rounding)", input, payload, count, type, bits, blockSize, stream, batch,
-                      inputStrideElems, payloadStrideBytes, &a, &empty));
-  if (empty) return zpSuccess;
-  a.blockShift = a.groupShift = 0;
-  a.blockSize = blockSize;
-  a.blockLanes = std::min(blockSize / 32, 32);
-  a.grad = grad;
-  switch (type) {
-    case zpFloat16:
-      return bits == 8 ? launchQuantizeGradTyped<Fp16Type, 8>(a, stream)
-                       : launchQuantizeGradTyped<Fp16Type, 4>(a, stream);
-    case zpBfloat16:
-      return bits == 8 ? launchQuantizeGradTyped<Bf16Type, 8>(a, stream)
-                       : launchQuantizeGradTyped<Bf16Type, 4>(a, stream);
-    default:
-      return bits == 8 ? launchQuantizeGradTyped<Fp32Type, 8>(a, stream)
-                       : launchQuantizeGradTyped<Fp32Type, 4>(a, stream);
-  }
 }
 
 }  // namespace zp

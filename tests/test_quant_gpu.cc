@@ -119,11 +119,11 @@ void checkRoundTrips(zpDataType_t type, int bits, int g, size_t count, const uns
 }
 
 // At most the elements one grid step of the quantize or of the dequantize kernel covers on `sms` SMs
-// (device/quantize.cu): the launchers' grid is one wave of resident CTAs (gridFor), at most `threadsPerSm`
-// threads an SM, and a thread holds kVecsPerThread = 4 vectors of 16 bytes of elements at a time, of its block
-// (quantize: a group of P threads owns a block of 64 P bytes, a CTA of 256 threads 256 / P blocks, or the CTA is
-// the group) or of its CTA's tile (dequantize: 256 x 4 vectors). Counts above take the grid-stride loops round
-// again.
+// (device/quantize.cu, device/dequantize.cu): the launchers' grid is one wave of resident CTAs (gridFor), at most
+// `threadsPerSm` threads an SM, and a thread holds kVecsPerThread = 4 vectors of 16 bytes of elements at a time, of
+// its block (quantize: a group of P threads owns a block of 64 P bytes, a CTA of 256 threads 256 / P blocks, or the
+// CTA is the group) or of its CTA's tile (dequantize: 256 x 4 vectors). Counts above take the grid-stride loops
+// round again.
 size_t gridStepElems(int sms, int threadsPerSm, zpDataType_t type) {
   return static_cast<size_t>(sms) * threadsPerSm * 64 / zptest::elemSize(type);
 }
