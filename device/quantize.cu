@@ -7,7 +7,7 @@
 // per P: constant offsets, unrolled shuffles): groups of 1 to 32 threads share a warp (256-thread CTAs hold
 // several) and load their vectors straight into registers; groups of 64 to 512 threads
 // are a whole CTA and pipeline their blocks through shared memory with cp.async, so that loads stay in flight
-// while the CTA meets at its barrier (64 registers, no spills, either way). The thread's vectors stay in
+// while the CTA meets at its barrier (registers and spills of each: perf/KERNELS.md). The thread's vectors stay in
 // registers for both passes: absmax (packed pairs for fp16/bf16; reduced over the group with shuffles, across
 // warps through shared memory), then the codes: the division's quotient from the reciprocal and one correction
 // step (quotientRn, host/quant_math.h), rounded by one add, with no data-dependent branch (see "quantize: codes").

@@ -30,7 +30,7 @@ namespace zp {
 namespace {
 
 // Groups a lane holds from the absmax to the codes: four, or two with residuals (their words double a group's
-// registers; four groups with residuals spill some 200 bytes a thread at 80 registers).
+// registers, and four groups with residuals spill: perf/KERNELS.md).
 template <bool kResidual>
 constexpr int kGradKeptGroups = kResidual ? 2 : 4;
 

@@ -60,16 +60,14 @@ constexpr int preparedWords() {
 }
 
 // Sources whose loads are in flight together when a thread keeps all its kElems sums (sumSources: the requantize
-// kernel, and the finish of more than kFewSources sources): two, so that three CTAs share an SM (80 registers; int8
-// spills 28 - 96 bytes a thread). Three CTAs an SM hide the loads' latency better than four sources in flight on
-// two CTAs an SM (128 registers), for the requantize and the finish alike, at both code widths (reduce_perf;
-// perf/RESULTS.md, Kernels).
+// kernel, and the finish of more than kFewSources sources): two, so that three CTAs share an SM (registers and
+// spills: perf/KERNELS.md). Three CTAs an SM hide the loads' latency better than four sources in flight on two CTAs
+// an SM, for the requantize and the finish alike, at both code widths (reduce_perf; perf/RESULTS.md, Kernels).
 constexpr int kBatch = 2;
 // Sources of a segment up to which the finish keeps 8 sums a thread live (finishFewSources).
 constexpr int kFewSources = 2;
 // CTAs an SM for the finish kernel of at most kFewSources sources (finishFewSources), which keeps kFewGroup sums a
-// thread live instead of kElems: 62 - 64 registers, no spill but a loop counter's 8 bytes for int8 into fp16 or bf16
-// (five CTAs, 48 registers, spill 42 - 114 bytes).
+// thread live instead of kElems: four fit its registers, five spill (perf/KERNELS.md).
 constexpr int kFewSourcesCtas = 4;
 
 // The constants of the code decoding (prepareCodes, codeValue), passed at run time so that the compiler keeps them
@@ -100,8 +98,8 @@ struct ReduceArgs {
   PeerSync sync;  // KernelStream::sync
 };
 
-// The segment of tile `work`: a 64-bit division is a call of ~70 instructions a tile, and most launches have one
-// segment (every tile of it below `tiles`).
+// The segment of tile `work`: a 64-bit division is a software routine, called each tile, and most launches have
+// one segment (every tile of it below `tiles`).
 __device__ __forceinline__ size_t segmentOf(size_t work, size_t tiles) { return work < tiles ? 0 : work / tiles; }
 
 // ---- summing the sources ---------------------------------------------------------------------------------------
@@ -536,7 +534,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 // bytes), so that neither the threads writing their 64 or 128 contiguous bytes (one row or half of one) nor the
 // lanes reading consecutive chunks hit the same banks. Unlike a permutation of each row, it keeps a thread's
 // chunks, and each lane's reads (chunk lane + 32 k at stagePos(lane) + 36 k), at constant offsets from one
-// address, ~35 instructions a tile fewer; the finish is as fast as with a permutation, or faster (reduce_perf).
+// address, which saves address arithmetic each tile (perf/KERNELS.md); the finish is as fast as with a
+// permutation, or faster (reduce_perf).
 constexpr int kRowChunks = 8;
 __host__ __device__ constexpr int stagePos(int c) { return c + c / kRowChunks; }
 
@@ -790,8 +789,8 @@ __global__ void __launch_bounds__(kThreads, FewSources ? kFewSourcesCtas : 3)
       Out* dst = out + seg * outputStride + warpElem;
       const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(dst) & 15);
       const int n = static_cast<int>(min(static_cast<size_t>(kWarpElems), a.count - warpElem));
-      // The common case, a whole aligned range, without the per-chunk bounds: ~35 instructions a thread instead of
-      // ~185 (bf16), which the finish's time shows (reduce_perf).
+      // The common case, a whole aligned range, without the per-chunk bounds: a fraction of the instructions
+      // (perf/KERNELS.md), which the finish's time shows (reduce_perf).
       if (shift == 0 && n == kWarpElems) {
         const uint4* const lanes = mine + stagePos(lane);  // chunk lane + 32 k at lanes[k * stagePos(32)]
 #pragma unroll
