@@ -161,7 +161,8 @@ constexpr size_t kLineBytes = 320;
 
 // State shared by the rank threads of this process.
 struct Runtime {
-  const std::vector<const PerfOp*>* ops = nullptr;
+  std::vector<PerfOp> ops;           // the binary's ops that this run measures
+  std::vector<std::string> leftOut;  // ops not run (device kernels only, on the host backend)
   std::vector<OpPlan> plans;
   Options opt;
   ProcGroup* group = nullptr;
@@ -623,7 +624,7 @@ void roundRatios(const SlotResult& r, int baseline, double* lo, double* hi) {
 
 // Thread 0: combine the ranks' results of one size, print the row, write the JSON.
 void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& c) {
-  const PerfOp& op = *(*rt.ops)[opIndex];
+  const PerfOp& op = rt.ops[opIndex];
   const OpPlan& plan = rt.plans[opIndex];
   std::vector<SlotResult> local(rt.slots.begin(), rt.slots.begin() + rt.localRanks);
   // Pad with "absent" records so that every process sends the same number of bytes.
@@ -705,7 +706,7 @@ void reportSize(Runtime& rt, size_t opIndex, const SizeArgs& s, const OpCounts& 
 void printOpFooter(const Runtime& rt, size_t opIndex) {
   if (rt.group->rank() != 0) return;
   const OpStats& st = rt.stats[opIndex];
-  const PerfOp& op = *(*rt.ops)[opIndex];
+  const PerfOp& op = rt.ops[opIndex];
   if (st.checked)
     std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(st.wrong),
                 st.wrong ? "FAILED" : "OK");
@@ -720,7 +721,7 @@ void printOpFooter(const Runtime& rt, size_t opIndex) {
 // ---- one op over the sweep, in one rank thread -------------------------------------------------------------
 
 void runOp(Runtime& rt, RankState& st, size_t opIndex) {
-  const PerfOp& op = *(*rt.ops)[opIndex];
+  const PerfOp& op = rt.ops[opIndex];
   const OpPlan& plan = rt.plans[opIndex];
 
   // Buffers for the largest point of the sweep.
@@ -947,7 +948,7 @@ void rankMain(Runtime& rt, int t) {
   }
   printRankLines(rt, st);
 
-  for (size_t i = 0; i < rt.ops->size(); ++i) runOp(rt, st, i);
+  for (size_t i = 0; i < rt.ops.size(); ++i) runOp(rt, st, i);
 
   if (st.comm != nullptr) H_ZP(st.comm, zpCommDestroy(st.comm));
   if (st.ncclMatched != nullptr) H_NCCL(st.ncclMatched, ncclCommDestroy(st.ncclMatched));
@@ -1020,7 +1021,7 @@ void printEnvironment() {
 
 }  // namespace
 
-int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
+int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const char* slash = std::strrchr(argv[0], '/');
   const std::string program = slash ? slash + 1 : argv[0];
@@ -1037,7 +1038,6 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
   }
 
   Runtime rt;
-  rt.ops = &ops;
   rt.program = program;
   switch (parseOptions(argc, argv, &rt.opt, &error)) {
     case ParseResult::kHelp:
@@ -1057,19 +1057,30 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
     return 2;
   }
   rt.host = opt.host != 0;
-  for (const PerfOp* op : ops) {
+  for (const PerfOp& op : ops) {
+    if (rt.host && op.gpuOnly) {
+      rt.leftOut.push_back(op.name);
+    } else {
+      rt.ops.push_back(op);
+    }
+  }
+  if (rt.ops.empty()) {  // every op runs device kernels only: planOp refuses -H
+    rt.ops = ops;
+    rt.leftOut.clear();
+  }
+  for (const PerfOp& op : rt.ops) {
     OpPlan plan;
-    if (!planOp(opt, rt.host, *op, &plan, &error)) {
+    if (!planOp(opt, rt.host, op, &plan, &error)) {
       std::fprintf(stderr, "%s: %s\n", program.c_str(), error.c_str());
       return 2;
     }
     rt.plans.push_back(plan);
-    if (!rt.host && ((op->uses | (plan.baseline ? op->baselineUses : 0u)) & kUsesNccl)) rt.needNccl = true;
-    if (plan.baseline && (op->baselineUses & kUsesNccl)) rt.ncclBaseline = true;
-    if ((op->uses | (plan.baseline ? op->baselineUses : 0u)) & kUsesZp) rt.needZp = true;
+    if (!rt.host && ((op.uses | (plan.baseline ? op.baselineUses : 0u)) & kUsesNccl)) rt.needNccl = true;
+    if (plan.baseline && (op.baselineUses & kUsesNccl)) rt.ncclBaseline = true;
+    if ((op.uses | (plan.baseline ? op.baselineUses : 0u)) & kUsesZp) rt.needZp = true;
   }
   rt.sizes = sizeSweep(opt);
-  rt.stats.resize(ops.size());
+  rt.stats.resize(rt.ops.size());
 
   if (!group) {
     if (opt.nprocs > 1) {
@@ -1096,8 +1107,8 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
   if (!rt.host) {
     cudaError_t err = cudaGetDeviceCount(&mine.deviceCount);
     if (err != cudaSuccess || mine.deviceCount == 0) {
-      bool hostRuns = true;  // whether -H would run these ops
-      for (const PerfOp* op : ops) hostRuns = hostRuns && !op->gpuOnly;
+      bool hostRuns = false;  // whether -H would run some of these ops
+      for (const PerfOp& op : rt.ops) hostRuns = hostRuns || !op.gpuOnly;
       std::fprintf(stderr, "%s: process %d: no usable CUDA device (%s)%s\n", program.c_str(), me,
                    err != cudaSuccess ? cudaGetErrorString(err) : "none visible",
                    hostRuns ? "; -H 1 runs the host backend" : "");
@@ -1106,9 +1117,9 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
   }
   mine.threads = opt.threads;
   if (mine.threads == 0)
-    for (const PerfOp* op : ops)
-      if (op->defaultThreads > 0) {
-        mine.threads = op->defaultThreads;
+    for (const PerfOp& op : rt.ops)
+      if (op.defaultThreads > 0) {
+        mine.threads = op.defaultThreads;
         break;
       }
   // The host backend across processes: its ranks meet over MPI (libzpccl_mpi's transport), one rank a process;
@@ -1222,8 +1233,8 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
   if (!ids.ok) return 1;
   rt.ncclId = ids.nccl;
   rt.zpId = ids.zp;
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (rt.plans[i].check && ops[i]->expectedFromHostBackend) {
+  for (size_t i = 0; i < rt.ops.size(); ++i)
+    if (rt.plans[i].check && rt.ops[i].expectedFromHostBackend) {
       zpResult_t res = zpGetUniqueId(&rt.hostRefId);
       if (res != zpSuccess) {
         std::fprintf(stderr, "%s: zpGetUniqueId failed: %s: %s\n", program.c_str(), zpGetErrorString(res),
@@ -1246,6 +1257,8 @@ int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv) {
                 opt.check, opt.inPlace);
     std::printf("#  source %s%s\n", rt.provenance.commit.empty() ? "unknown" : rt.provenance.commit.c_str(),
                 rt.provenance.dirty == 1 ? " (dirty: tracked files differed from it when this binary was built)" : "");
+    for (const std::string& name : rt.leftOut)
+      std::printf("#  %s runs device kernels only: not run on the host backend\n", name.c_str());
     printEnvironment();
   } else {
     std::printf("# zpccl perf: %s: process %d of %d (%s rendezvous); process 0 prints the results\n", program.c_str(),

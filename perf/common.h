@@ -1,8 +1,9 @@
-// The perf harness, nccl-tests' shape: each measured operation is one small file that fills a PerfOp (name,
-// buffer sizes for a logical size, deterministic inputs, host-reference output, bandwidth formula, the call
-// itself and optionally a baseline call measured in the same run) and calls perfMain. Everything else (flags,
-// ranks as threads or processes, communicators, timing, checking, the table and the JSON) lives in
-// perf/common.cc. See perf/README.md for the flags and launch modes.
+// The perf harness, nccl-tests' shape: each perf binary is one small file that fills a PerfOp per measured
+// operation (name, buffer sizes for a logical size, deterministic inputs, host-reference output, bandwidth formula,
+// the call itself and optionally a baseline call measured in the same run) and returns them from perfOps().
+// Everything else lives in the harness: the one main (perf/main.cc), flags (perf/options.h), processes
+// (perf/proc_group.h), and the sweep with its communicators, timing, checking, table and JSON (perf/common.cc).
+// See perf/README.md for the flags and launch modes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -165,11 +166,15 @@ struct PerfOp {
   WireFn ringWire = nullptr;
 };
 
-// Runs the binary: parses flags, sweeps sizes, prints the table; returns the process exit status (0 all
-// good, 1 wrong elements or a failed call, 2 bad flags). Ops run one after the other with the same flags and
-// communicators, each with its own table.
-int perfMain(const std::vector<const PerfOp*>& ops, int argc, char** argv);
-inline int perfMain(const PerfOp& op, int argc, char** argv) { return perfMain({&op}, argc, argv); }
+// The ops a perf binary measures, each with its own table, in this order. Each binary's own file defines it; the
+// harness's main (perf/main.cc) hands them to perfMain.
+std::vector<PerfOp> perfOps();
+
+// Runs the binary: parses flags, sweeps sizes, prints the tables; returns the process exit status (0 all good,
+// 1 wrong elements or a failed call, 2 bad flags). Ops run one after the other with the same flags and
+// communicators. On the host backend (-H), ops that run device kernels only (gpuOnly) are left out, with a line
+// saying so, unless every op is one: then -H is refused.
+int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv);
 
 // ---- host-side parallelism ---------------------------------------------------------------------------------
 // Inputs and references of 1 GB sizes take seconds on one core: the harness spreads them over the host's

@@ -102,11 +102,8 @@ PerfOp makeBoth() {
 }
 
 }  // namespace
+
+std::vector<PerfOp> perfOps() { return {makeHpz(), makeBoth()}; }
+
 }  // namespace perf
 }  // namespace zp
-
-int main(int argc, char** argv) {
-  static const zp::perf::PerfOp hpz = zp::perf::makeHpz();
-  static const zp::perf::PerfOp both = zp::perf::makeBoth();
-  return zp::perf::perfMain({&hpz, &both}, argc, argv);
-}

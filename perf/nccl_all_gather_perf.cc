@@ -2,12 +2,14 @@
 // harness so that its numbers line up with theirs. Size = total bytes received per rank, as nccl-tests.
 #include "perf/common.h"
 
-int main(int argc, char** argv) {
-  using namespace zp::perf;
-  static const PerfOp op = [] {
-    PerfOp o = ncclCollectiveOp("nccl_all_gather", countsAllGather, expectedAllGather, runNcclAllGather);
-    o.fill = Fill::kSpread;  // gathers move bits: any values check exactly
-    return o;
-  }();
-  return perfMain(op, argc, argv);
+namespace zp {
+namespace perf {
+
+std::vector<PerfOp> perfOps() {
+  PerfOp op = ncclCollectiveOp("nccl_all_gather", countsAllGather, expectedAllGather, runNcclAllGather);
+  op.fill = Fill::kSpread;  // gathers move bits: any values check exactly
+  return {op};
 }
+
+}  // namespace perf
+}  // namespace zp

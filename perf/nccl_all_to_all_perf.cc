@@ -3,12 +3,14 @@
 // from and receiving into one buffer at once is not a valid use of ncclSend/ncclRecv.
 #include "perf/common.h"
 
-int main(int argc, char** argv) {
-  using namespace zp::perf;
-  static const PerfOp op = [] {
-    PerfOp o = ncclCollectiveOp("nccl_all_to_all", countsAllToAll, expectedAllToAll, runNcclAllToAll);
-    o.hasInPlace = false;
-    return o;
-  }();
-  return perfMain(op, argc, argv);
+namespace zp {
+namespace perf {
+
+std::vector<PerfOp> perfOps() {
+  PerfOp op = ncclCollectiveOp("nccl_all_to_all", countsAllToAll, expectedAllToAll, runNcclAllToAll);
+  op.hasInPlace = false;
+  return {op};
 }
+
+}  // namespace perf
+}  // namespace zp

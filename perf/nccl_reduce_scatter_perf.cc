@@ -3,14 +3,15 @@
 // algorithm picks, equal the host reference bit for bit (-o sum|avg).
 #include "perf/common.h"
 
-int main(int argc, char** argv) {
-  using namespace zp::perf;
-  static const PerfOp op = [] {
-    PerfOp o =
-        ncclCollectiveOp("nccl_reduce_scatter", countsReduceScatter, expectedReduceScatter, runNcclReduceScatter);
-    o.reduces = true;
-    o.fill = Fill::kExact;
-    return o;
-  }();
-  return perfMain(op, argc, argv);
+namespace zp {
+namespace perf {
+
+std::vector<PerfOp> perfOps() {
+  PerfOp op = ncclCollectiveOp("nccl_reduce_scatter", countsReduceScatter, expectedReduceScatter, runNcclReduceScatter);
+  op.reduces = true;
+  op.fill = Fill::kExact;
+  return {op};
 }
+
+}  // namespace perf
+}  // namespace zp

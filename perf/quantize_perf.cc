@@ -173,19 +173,9 @@ PerfOp quantizeGradOp() {
 }
 
 }  // namespace
+
+// quantize_grad launches a kernel directly (gpuOnly): the host backend (-H) runs the other two.
+std::vector<PerfOp> perfOps() { return {quantizeOp(), dequantizeOp(), quantizeGradOp()}; }
+
 }  // namespace perf
 }  // namespace zp
-
-int main(int argc, char** argv) {
-  static const zp::perf::PerfOp quantize = zp::perf::quantizeOp();
-  static const zp::perf::PerfOp dequantize = zp::perf::dequantizeOp();
-  static const zp::perf::PerfOp quantizeGrad = zp::perf::quantizeGradOp();
-  // quantize_grad launches a kernel directly: the host backend (-H) runs the other two only.
-  for (int i = 1; i < argc; ++i) {
-    const bool hostFlag = std::strcmp(argv[i], "-H") == 0 || std::strcmp(argv[i], "--host") == 0;
-    if (hostFlag && (i + 1 >= argc || std::strcmp(argv[i + 1], "0") != 0)) {
-      return zp::perf::perfMain({&quantize, &dequantize}, argc, argv);
-    }
-  }
-  return zp::perf::perfMain({&quantize, &dequantize, &quantizeGrad}, argc, argv);
-}

@@ -29,10 +29,8 @@ PerfOp makeOp() {
 }
 
 }  // namespace
+
+std::vector<PerfOp> perfOps() { return {makeOp()}; }
+
 }  // namespace perf
 }  // namespace zp
-
-int main(int argc, char** argv) {
-  static const zp::perf::PerfOp op = zp::perf::makeOp();
-  return zp::perf::perfMain(op, argc, argv);
-}

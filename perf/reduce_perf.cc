@@ -166,18 +166,13 @@ PerfOp reduceOp(const char* name) {
 }
 
 }  // namespace
+
+std::vector<PerfOp> perfOps() {
+  return {reduceOp<2, true>("reduce_finish_s2"),      reduceOp<3, true>("reduce_finish_s3"),
+          reduceOp<4, true>("reduce_finish_s4"),      reduceOp<8, true>("reduce_finish_s8"),
+          reduceOp<2, false>("reduce_requantize_s2"), reduceOp<4, false>("reduce_requantize_s4"),
+          reduceOp<8, false>("reduce_requantize_s8")};
+}
+
 }  // namespace perf
 }  // namespace zp
-
-int main(int argc, char** argv) {
-  using namespace zp::perf;
-  static const PerfOp ops[] = {
-      reduceOp<2, true>("reduce_finish_s2"),      reduceOp<3, true>("reduce_finish_s3"),
-      reduceOp<4, true>("reduce_finish_s4"),      reduceOp<8, true>("reduce_finish_s8"),
-      reduceOp<2, false>("reduce_requantize_s2"), reduceOp<4, false>("reduce_requantize_s4"),
-      reduceOp<8, false>("reduce_requantize_s8"),
-  };
-  std::vector<const PerfOp*> list;
-  for (const PerfOp& op : ops) list.push_back(&op);
-  return perfMain(list, argc, argv);
-}
