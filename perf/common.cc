@@ -24,6 +24,7 @@
 #include "perf/options.h"
 #include "perf/proc_group.h"
 #include "perf/provenance.h"
+#include "perf/rank_layout.h"
 #ifdef ZP_PERF_MPI
 #include "include/zpccl_mpi.h"
 #endif
@@ -159,8 +160,8 @@ struct OpStats {
 
 constexpr size_t kLineBytes = 320;
 
-// State shared by the rank threads of this process.
-struct Runtime {
+// State shared by the rank threads of this process; the rank layout (perf/rank_layout.h) is its base.
+struct Runtime : RankLayout {
   std::vector<PerfOp> ops;           // the binary's ops that this run measures
   std::vector<std::string> leftOut;  // ops not run (device kernels only, on the host backend)
   std::vector<OpPlan> plans;
@@ -168,14 +169,6 @@ struct Runtime {
   ProcGroup* group = nullptr;
   bool host = false;
   bool hostOverMpi = false;  // the host backend's ranks are MPI processes, one a process (libzpccl_mpi's transport)
-  int nranks = 0;
-  int rankBase = 0;
-  int localRanks = 0;
-  int maxLocalRanks = 0;  // over processes: the size of per-process exchanges
-  int nodes = 1;
-  std::vector<int> nodeOf;            // per global rank
-  std::vector<std::string> nodeName;  // per node, for the rank lines
-  std::vector<int> devices;           // per local rank
   bool needNccl = false;
   bool needZp = false;
   bool ncclBaseline = false;  // some op's baseline is NCCL: it is also run with zpccl's settings (ncclChannels)
@@ -961,14 +954,7 @@ void rankMain(Runtime& rt, int t) {
   rt.expected[size_t(t)] = nullptr;
 }
 
-// ---- process setup -----------------------------------------------------------------------------------------
-
-struct ProcInfo {
-  char hostname[128];
-  char nodeKey[128];  // NCCL_HOSTID when set, else the host name: what makes a node for NCCL and zpccl
-  int deviceCount;    // -1: CUDA unusable in that process (everyone then stops)
-  int threads;        // requested ranks; 0: derive from the devices of the host
-};
+// ---- the run: options, rank layout, the sweep --------------------------------------------------------------
 
 struct Ids {
   ncclUniqueId nccl;
@@ -1007,54 +993,30 @@ bool planOp(const Options& opt, bool host, const PerfOp& op, OpPlan* plan, std::
   return true;
 }
 
-void printEnvironment() {
-  static const char* vars[] = {"NCCL_HOSTID", "NCCL_P2P_DISABLE",     "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE",
-                               "NCCL_NET",    "NCCL_SOCKET_IFNAME",   "NCCL_IB_DISABLE",  "NCCL_ALGO",
-                               "NCCL_PROTO",  "CUDA_VISIBLE_DEVICES", "ZP_BACKEND"};
-  std::string line;
-  for (const char* v : vars) {
-    const char* value = std::getenv(v);
-    if (value != nullptr) line += std::string("  ") + v + "=" + value;
-  }
-  if (!line.empty()) std::printf("#  env (process 0):%s\n", line.c_str());
-}
-
-}  // namespace
-
-int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const char* slash = std::strrchr(argv[0], '/');
-  const std::string program = slash ? slash + 1 : argv[0];
-
-  std::unique_ptr<ProcGroup> group;
+// Options: the flags, the ops this run measures (on the host backend, those that have one) and each one's plan,
+// the communicators they need, the sizes. False when the run ends here, with its exit status in *status (help,
+// bad flags).
+bool setUpOptions(Runtime& rt, const std::vector<PerfOp>& ops, int argc, char** argv, bool underMpi, int* status) {
   std::string error;
-  if (launchedByMpi()) {
-    group = makeMpiProcGroup(&argc, &argv, &error);
-    if (!group) {
-      std::fprintf(stderr, "%s: %s\n", program.c_str(), error.c_str());
-      return 1;
-    }
-    gGroup = group.get();
-  }
-
-  Runtime rt;
-  rt.program = program;
+  const char* program = rt.program.c_str();
   switch (parseOptions(argc, argv, &rt.opt, &error)) {
     case ParseResult::kHelp:
-      printUsage(stdout, program.c_str());
-      return 0;
+      printUsage(stdout, program);
+      *status = 0;
+      return false;
     case ParseResult::kError:
-      std::fprintf(stderr, "%s: %s\n", program.c_str(), error.c_str());
-      printUsage(stderr, program.c_str());
-      return 2;
+      std::fprintf(stderr, "%s: %s\n", program, error.c_str());
+      printUsage(stderr, program);
+      *status = 2;
+      return false;
     case ParseResult::kOk:
       break;
   }
   const Options& opt = rt.opt;
-  if (group && opt.nprocs > 1) {
-    std::fprintf(stderr, "%s: -P/-I/-D are for runs without mpirun; under mpirun the ranks come from MPI\n",
-                 program.c_str());
-    return 2;
+  if (underMpi && opt.nprocs > 1) {
+    std::fprintf(stderr, "%s: -P/-I/-D are for runs without mpirun; under mpirun the ranks come from MPI\n", program);
+    *status = 2;
+    return false;
   }
   rt.host = opt.host != 0;
   for (const PerfOp& op : ops) {
@@ -1071,8 +1033,9 @@ int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv) {
   for (const PerfOp& op : rt.ops) {
     OpPlan plan;
     if (!planOp(opt, rt.host, op, &plan, &error)) {
-      std::fprintf(stderr, "%s: %s\n", program.c_str(), error.c_str());
-      return 2;
+      std::fprintf(stderr, "%s: %s\n", program, error.c_str());
+      *status = 2;
+      return false;
     }
     rt.plans.push_back(plan);
     if (!rt.host && ((op.uses | (plan.baseline ? op.baselineUses : 0u)) & kUsesNccl)) rt.needNccl = true;
@@ -1081,23 +1044,11 @@ int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv) {
   }
   rt.sizes = sizeSweep(opt);
   rt.stats.resize(rt.ops.size());
+  return true;
+}
 
-  if (!group) {
-    if (opt.nprocs > 1) {
-      group = makeFileProcGroup(opt.rendezvousDir, opt.nprocs, opt.procIndex, rendezvousTimeoutSeconds(), &error);
-      if (!group) {
-        std::fprintf(stderr, "%s: rendezvous: %s\n", program.c_str(), error.c_str());
-        return 1;
-      }
-    } else {
-      group = makeSingleProcGroup();
-    }
-  }
-  gGroup = group.get();
-  rt.group = group.get();
-  const int nprocs = group->size(), me = group->rank();
-
-  // Who runs where: host names, node keys, devices and requested ranks of every process.
+// What this process says of itself before the ranks are laid out.
+ProcInfo describeProcess(const Runtime& rt) {
   ProcInfo mine;
   std::memset(&mine, 0, sizeof(mine));
   gethostname(mine.hostname, sizeof(mine.hostname) - 1);
@@ -1109,162 +1060,151 @@ int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv) {
     if (err != cudaSuccess || mine.deviceCount == 0) {
       bool hostRuns = false;  // whether -H would run some of these ops
       for (const PerfOp& op : rt.ops) hostRuns = hostRuns || !op.gpuOnly;
-      std::fprintf(stderr, "%s: process %d: no usable CUDA device (%s)%s\n", program.c_str(), me,
+      std::fprintf(stderr, "%s: process %d: no usable CUDA device (%s)%s\n", rt.program.c_str(), rt.group->rank(),
                    err != cudaSuccess ? cudaGetErrorString(err) : "none visible",
                    hostRuns ? "; -H 1 runs the host backend" : "");
       mine.deviceCount = -1;
     }
   }
-  mine.threads = opt.threads;
+  mine.threads = rt.opt.threads;
   if (mine.threads == 0)
     for (const PerfOp& op : rt.ops)
       if (op.defaultThreads > 0) {
         mine.threads = op.defaultThreads;
         break;
       }
+  return mine;
+}
+
+// Rank layout: every process's description, exchanged, then where each rank runs and which node it is on
+// (perf/rank_layout.h). False with the exit status in *status when the run cannot start.
+bool setUpRanks(Runtime& rt, int* status) {
+  const int nprocs = rt.group->size(), me = rt.group->rank();
+  ProcInfo mine = describeProcess(rt);
   // The host backend across processes: its ranks meet over MPI (libzpccl_mpi's transport), one rank a process;
   // processes that meet otherwise (-P) have no transport between their ranks.
   if (rt.host && nprocs > 1) {
-    if (std::strcmp(group->kind(), "mpi") != 0) {
+    if (std::strcmp(rt.group->kind(), "mpi") != 0) {
       std::fprintf(stderr,
                    "%s: -H with several processes runs under mpirun (a build with MPI): the host backend's "
                    "ranks meet over MPI\n",
-                   program.c_str());
-      return 2;
+                   rt.program.c_str());
+      *status = 2;
+      return false;
     }
-    if (opt.threads > 1) {
-      std::fprintf(stderr, "%s: under mpirun the host backend runs one rank a process (-t 1)\n", program.c_str());
-      return 2;
+    if (rt.opt.threads > 1) {
+      std::fprintf(stderr, "%s: under mpirun the host backend runs one rank a process (-t 1)\n", rt.program.c_str());
+      *status = 2;
+      return false;
     }
     rt.hostOverMpi = true;
     mine.threads = 1;
   }
   std::vector<ProcInfo> info(static_cast<size_t>(nprocs));
-  if (!group->allGather(&mine, sizeof(mine), info.data(), &error)) {
-    std::fprintf(stderr, "%s: exchange between processes: %s\n", program.c_str(), error.c_str());
-    return 1;
+  std::string error;
+  if (!rt.group->allGather(&mine, sizeof(mine), info.data(), &error)) {
+    std::fprintf(stderr, "%s: exchange between processes: %s\n", rt.program.c_str(), error.c_str());
+    *status = 1;
+    return false;
   }
   for (const ProcInfo& p : info)
-    if (p.deviceCount < 0) return 1;  // every process stops, the one without a device has said why
-
-  std::vector<int> threads(static_cast<size_t>(nprocs)), localBase(static_cast<size_t>(nprocs));
-  for (int p = 0; p < nprocs; ++p) {
-    int sameHost = 0;
-    for (int q = 0; q < nprocs; ++q)
-      if (std::strcmp(info[size_t(q)].hostname, info[size_t(p)].hostname) == 0) ++sameHost;
-    int n = info[size_t(p)].threads;
-    if (n == 0) n = rt.host ? 8 : std::max(1, info[size_t(p)].deviceCount / (opt.shareGpus ? 1 : sameHost));
-    threads[size_t(p)] = n;
-  }
-  // A host's processes take its GPUs in turn, unless they share them (-S: each from GPU 0).
-  for (int p = 0; p < nprocs && !opt.shareGpus; ++p)
-    for (int q = 0; q < p; ++q)
-      if (std::strcmp(info[size_t(q)].hostname, info[size_t(p)].hostname) == 0)
-        localBase[size_t(p)] += threads[size_t(q)];
-  rt.localRanks = threads[size_t(me)];
-  rt.maxLocalRanks = *std::max_element(threads.begin(), threads.end());
-  for (int p = 0; p < nprocs; ++p) {
-    if (p == me) rt.rankBase = rt.nranks;
-    rt.nranks += threads[size_t(p)];
-  }
-  if (!rt.host) {
-    for (int p = 0; p < nprocs; ++p) {
-      const int onHost = localBase[size_t(p)] + threads[size_t(p)];
-      if (onHost > info[size_t(p)].deviceCount) {
-        if (me == 0)
-          std::fprintf(stderr, "%s: %d ranks on host %s but only %d GPUs visible there (one GPU per rank; see -t)\n",
-                       program.c_str(), onHost, info[size_t(p)].hostname, info[size_t(p)].deviceCount);
-        return 2;
-      }
+    if (p.deviceCount < 0) {  // every process stops, the one without a device has said why
+      *status = 1;
+      return false;
     }
-    for (int t = 0; t < rt.localRanks; ++t) rt.devices.push_back(localBase[size_t(me)] + t);
+  if (!layOutRanks(info, me, rt.host, rt.opt.shareGpus != 0, rt.opt.nodes, &rt, &error)) {
+    if (me == 0) std::fprintf(stderr, "%s: %s\n", rt.program.c_str(), error.c_str());
+    *status = 2;
+    return false;
   }
+  return true;
+}
 
-  // Node layout: emulated (-N, or the host backend's default), else one node per distinct node key.
-  int nodes = opt.nodes;
-  if (nodes == 0 && rt.host) nodes = (rt.nranks % 2 == 0 && rt.nranks >= 4) ? 2 : 1;
-  if (nodes > 0) {
-    if (rt.nranks % nodes != 0) {
-      if (me == 0) std::fprintf(stderr, "%s: -N %d does not divide %d ranks\n", program.c_str(), nodes, rt.nranks);
-      return 2;
-    }
-    rt.nodes = nodes;
-    for (int r = 0; r < rt.nranks; ++r) rt.nodeOf.push_back(r / (rt.nranks / nodes));
-    for (int n = 0; n < nodes; ++n) rt.nodeName.push_back("emulated " + std::to_string(n));
-  } else {
-    for (int p = 0; p < nprocs; ++p) {
-      int node = -1;
-      for (size_t n = 0; n < rt.nodeName.size(); ++n)
-        if (rt.nodeName[n] == info[size_t(p)].nodeKey) node = int(n);
-      if (node < 0) {
-        node = int(rt.nodeName.size());
-        rt.nodeName.push_back(info[size_t(p)].nodeKey);
-      }
-      for (int t = 0; t < threads[size_t(p)]; ++t) rt.nodeOf.push_back(node);
-    }
-    rt.nodes = int(rt.nodeName.size());
-  }
-
-  // Unique ids from process 0.
+// The communicators' unique ids, from process 0; and the host-backend reference's meeting key.
+bool shareIds(Runtime& rt) {
+  const char* program = rt.program.c_str();
   Ids ids;
   std::memset(&ids, 0, sizeof(ids));
-  if (me == 0) {
+  if (rt.group->rank() == 0) {
     ids.ok = 1;
     if (rt.needNccl) {
       ncclResult_t res = ncclGetUniqueId(&ids.nccl);
       if (res != ncclSuccess) {
-        std::fprintf(stderr, "%s: ncclGetUniqueId failed: %s\n", program.c_str(), ncclGetErrorString(res));
+        std::fprintf(stderr, "%s: ncclGetUniqueId failed: %s\n", program, ncclGetErrorString(res));
         ids.ok = 0;
       }
     }
     if (rt.needZp && ids.ok) {
       zpResult_t res = zpGetUniqueId(&ids.zp);
       if (res != zpSuccess) {
-        std::fprintf(stderr, "%s: zpGetUniqueId failed: %s: %s\n", program.c_str(), zpGetErrorString(res),
+        std::fprintf(stderr, "%s: zpGetUniqueId failed: %s: %s\n", program, zpGetErrorString(res),
                      zpGetLastError(nullptr));
         ids.ok = 0;
       }
     }
   }
-  if (!group->broadcast(&ids, sizeof(ids), 0, &error)) {
-    std::fprintf(stderr, "%s: exchange between processes: %s\n", program.c_str(), error.c_str());
-    return 1;
+  std::string error;
+  if (!rt.group->broadcast(&ids, sizeof(ids), 0, &error)) {
+    std::fprintf(stderr, "%s: exchange between processes: %s\n", program, error.c_str());
+    return false;
   }
-  if (!ids.ok) return 1;
+  if (!ids.ok) return false;
   rt.ncclId = ids.nccl;
   rt.zpId = ids.zp;
   for (size_t i = 0; i < rt.ops.size(); ++i)
     if (rt.plans[i].check && rt.ops[i].expectedFromHostBackend) {
       zpResult_t res = zpGetUniqueId(&rt.hostRefId);
       if (res != zpSuccess) {
-        std::fprintf(stderr, "%s: zpGetUniqueId failed: %s: %s\n", program.c_str(), zpGetErrorString(res),
+        std::fprintf(stderr, "%s: zpGetUniqueId failed: %s: %s\n", program, zpGetErrorString(res),
                      zpGetLastError(nullptr));
-        return 1;
+        return false;
       }
       break;
     }
+  return true;
+}
 
-  if (me == 0) {
-    rt.provenance = collectProvenance(argc, argv, opt.regime);
-    std::printf("# zpccl perf: %s\n", program.c_str());
-    std::printf("#  backend %s  regime %s  ranks %d  nodes %d  processes %d (%s)\n", rt.host ? "host" : "cuda",
-                opt.regime.empty() ? "-" : opt.regime.c_str(), rt.nranks, rt.nodes, nprocs, group->kind());
-    std::printf("#  sizes %s .. %s (%zu)  iters %d  warmup %d  rounds %s  check %d  in-place %d\n",
-                formatBytes(opt.minBytes).c_str(), formatBytes(opt.maxBytes).c_str(), rt.sizes.size(), opt.iters,
-                opt.warmup,
-                opt.rounds > 0 ? std::to_string(opt.rounds).c_str()
-                               : (std::to_string(kDefaultComparedRounds) + " against a baseline, else 1").c_str(),
-                opt.check, opt.inPlace);
-    std::printf("#  source %s%s\n", rt.provenance.commit.empty() ? "unknown" : rt.provenance.commit.c_str(),
-                rt.provenance.dirty == 1 ? " (dirty: tracked files differed from it when this binary was built)" : "");
-    for (const std::string& name : rt.leftOut)
-      std::printf("#  %s runs device kernels only: not run on the host backend\n", name.c_str());
-    printEnvironment();
-  } else {
-    std::printf("# zpccl perf: %s: process %d of %d (%s rendezvous); process 0 prints the results\n", program.c_str(),
-                me, nprocs, group->kind());
+void printEnvironment() {
+  static const char* vars[] = {"NCCL_HOSTID", "NCCL_P2P_DISABLE",     "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE",
+                               "NCCL_NET",    "NCCL_SOCKET_IFNAME",   "NCCL_IB_DISABLE",  "NCCL_ALGO",
+                               "NCCL_PROTO",  "CUDA_VISIBLE_DEVICES", "ZP_BACKEND"};
+  std::string line;
+  for (const char* v : vars) {
+    const char* value = std::getenv(v);
+    if (value != nullptr) line += std::string("  ") + v + "=" + value;
   }
+  if (!line.empty()) std::printf("#  env (process 0):%s\n", line.c_str());
+}
 
+// The run's header: process 0 describes it, the others say who they are.
+void printHeader(Runtime& rt, int argc, char** argv) {
+  const Options& opt = rt.opt;
+  const char* program = rt.program.c_str();
+  const int nprocs = rt.group->size(), me = rt.group->rank();
+  if (me != 0) {
+    std::printf("# zpccl perf: %s: process %d of %d (%s rendezvous); process 0 prints the results\n", program, me,
+                nprocs, rt.group->kind());
+    return;
+  }
+  rt.provenance = collectProvenance(argc, argv, opt.regime);
+  std::printf("# zpccl perf: %s\n", program);
+  std::printf("#  backend %s  regime %s  ranks %d  nodes %d  processes %d (%s)\n", rt.host ? "host" : "cuda",
+              opt.regime.empty() ? "-" : opt.regime.c_str(), rt.nranks, rt.nodes, nprocs, rt.group->kind());
+  std::printf("#  sizes %s .. %s (%zu)  iters %d  warmup %d  rounds %s  check %d  in-place %d\n",
+              formatBytes(opt.minBytes).c_str(), formatBytes(opt.maxBytes).c_str(), rt.sizes.size(), opt.iters,
+              opt.warmup,
+              opt.rounds > 0 ? std::to_string(opt.rounds).c_str()
+                             : (std::to_string(kDefaultComparedRounds) + " against a baseline, else 1").c_str(),
+              opt.check, opt.inPlace);
+  std::printf("#  source %s%s\n", rt.provenance.commit.empty() ? "unknown" : rt.provenance.commit.c_str(),
+              rt.provenance.dirty == 1 ? " (dirty: tracked files differed from it when this binary was built)" : "");
+  for (const std::string& name : rt.leftOut)
+    std::printf("#  %s runs device kernels only: not run on the host backend\n", name.c_str());
+  printEnvironment();
+}
+
+// The sweep: one thread per local rank, every op over every size (rankMain).
+void runSweep(Runtime& rt) {
   // Host-side data and references use the cores left to each rank thread.
   setHostThreads(std::max(1, int(std::thread::hardware_concurrency()) / rt.localRanks));
   rt.barrier = std::make_unique<ThreadBarrier>(rt.localRanks);
@@ -1275,8 +1215,48 @@ int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv) {
   std::vector<std::thread> workers;
   for (int t = 0; t < rt.localRanks; ++t) workers.emplace_back(rankMain, std::ref(rt), t);
   for (auto& w : workers) w.join();
+}
 
-  if (me == 0) std::printf("# %s\n", rt.anyWrong ? "FAILED: wrong elements (see #wrong)" : "done");
+}  // namespace
+
+int perfMain(const std::vector<PerfOp>& ops, int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const char* slash = std::strrchr(argv[0], '/');
+  Runtime rt;
+  rt.program = slash ? slash + 1 : argv[0];
+
+  std::unique_ptr<ProcGroup> group;
+  std::string error;
+  if (launchedByMpi()) {
+    group = makeMpiProcGroup(&argc, &argv, &error);
+    if (!group) {
+      std::fprintf(stderr, "%s: %s\n", rt.program.c_str(), error.c_str());
+      return 1;
+    }
+    gGroup = group.get();
+  }
+  int status = 0;
+  if (!setUpOptions(rt, ops, argc, argv, group != nullptr, &status)) return status;
+  if (!group) {
+    if (rt.opt.nprocs > 1) {
+      group =
+          makeFileProcGroup(rt.opt.rendezvousDir, rt.opt.nprocs, rt.opt.procIndex, rendezvousTimeoutSeconds(), &error);
+      if (!group) {
+        std::fprintf(stderr, "%s: rendezvous: %s\n", rt.program.c_str(), error.c_str());
+        return 1;
+      }
+    } else {
+      group = makeSingleProcGroup();
+    }
+  }
+  gGroup = group.get();
+  rt.group = group.get();
+  if (!setUpRanks(rt, &status)) return status;
+  if (!shareIds(rt)) return 1;
+  printHeader(rt, argc, argv);
+  runSweep(rt);
+
+  if (rt.group->rank() == 0) std::printf("# %s\n", rt.anyWrong ? "FAILED: wrong elements (see #wrong)" : "done");
   gGroup = nullptr;
   return rt.anyWrong ? 1 : 0;
 }

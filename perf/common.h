@@ -1,9 +1,9 @@
 // The perf harness, nccl-tests' shape: each perf binary is one small file that fills a PerfOp per measured
 // operation (name, buffer sizes for a logical size, deterministic inputs, host-reference output, bandwidth formula,
 // the call itself and optionally a baseline call measured in the same run) and returns them from perfOps().
-// Everything else lives in the harness: the one main (perf/main.cc), flags (perf/options.h), processes
-// (perf/proc_group.h), and the sweep with its communicators, timing, checking, table and JSON (perf/common.cc).
-// See perf/README.md for the flags and launch modes.
+// Everything else lives in the harness: the one main (perf/main.cc), flags (perf/options.h), the rank layout
+// (perf/rank_layout.h), processes (perf/proc_group.h), and the sweep with its communicators, timing, checking,
+// table and JSON (perf/common.cc). See perf/README.md for the flags and launch modes.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // The perf harness's host-side pieces: flags, the size sweep, buffer sizes, bandwidth and wire-byte formulas,
 // deterministic data and references, the JSON writer and reader with the files' provenance, the NCCL settings of
-// the matched baseline, and the file rendezvous of multi-process runs.
+// the matched baseline, the rank layout, and the file rendezvous of multi-process runs.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -25,6 +25,7 @@
 #include "perf/options.h"
 #include "perf/proc_group.h"
 #include "perf/provenance.h"
+#include "perf/rank_layout.h"
 #include "src/include/params.h"
 
 namespace zp {
@@ -990,6 +991,65 @@ TEST(PerfProcGroup, SingleProcess) {
   EXPECT_EQ(out, 7);
   EXPECT_TRUE(g->barrier(&error));
   EXPECT_EQ(g->size(), 1);
+}
+
+ProcInfo procOn(const char* hostname, const char* nodeKey, int devices, int threads = 0) {
+  ProcInfo p;
+  std::memset(&p, 0, sizeof(p));
+  std::snprintf(p.hostname, sizeof(p.hostname), "%s", hostname);
+  std::snprintf(p.nodeKey, sizeof(p.nodeKey), "%s", nodeKey);
+  p.deviceCount = devices;
+  p.threads = threads;
+  return p;
+}
+
+TEST(PerfRankLayout, HostBackendEmulatesTwoNodesOfAnEvenCount) {
+  RankLayout l;
+  std::string error;
+  ASSERT_TRUE(layOutRanks({procOn("a", "a", 0)}, 0, true, false, 0, &l, &error)) << error;
+  EXPECT_EQ(l.nranks, 8);
+  EXPECT_EQ(l.localRanks, 8);
+  EXPECT_EQ(l.nodes, 2);
+  EXPECT_EQ(l.nodeOf, (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_TRUE(l.devices.empty());
+  ASSERT_TRUE(layOutRanks({procOn("a", "a", 0, 3)}, 0, true, false, 0, &l, &error)) << error;
+  EXPECT_EQ(l.nodes, 1);  // odd: one node
+  ASSERT_TRUE(layOutRanks({procOn("a", "a", 0, 6)}, 0, true, false, 3, &l, &error)) << error;
+  EXPECT_EQ(l.nodeOf, (std::vector<int>{0, 0, 1, 1, 2, 2}));
+  EXPECT_FALSE(layOutRanks({procOn("a", "a", 0, 6)}, 0, true, false, 4, &l, &error));
+  EXPECT_NE(error.find("-N 4 does not divide 6 ranks"), std::string::npos) << error;
+}
+
+TEST(PerfRankLayout, ProcessesOfAHostTakeItsGpusInTurnOrShareThem) {
+  // Two processes on one host of 4 GPUs, a third alone on another host of 2.
+  const std::vector<ProcInfo> procs = {procOn("a", "a", 4), procOn("a", "a", 4), procOn("b", "b", 2)};
+  RankLayout l;
+  std::string error;
+  ASSERT_TRUE(layOutRanks(procs, 1, false, false, 0, &l, &error)) << error;
+  EXPECT_EQ(l.nranks, 6);
+  EXPECT_EQ(l.rankBase, 2);
+  EXPECT_EQ(l.localRanks, 2);
+  EXPECT_EQ(l.maxLocalRanks, 2);
+  EXPECT_EQ(l.devices, (std::vector<int>{2, 3}));  // after process 0's two
+  EXPECT_EQ(l.nodes, 2);                           // one per node key
+  EXPECT_EQ(l.nodeOf, (std::vector<int>{0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(l.nodeName, (std::vector<std::string>{"a", "b"}));
+  // Sharing: every process numbers its GPUs from 0 and takes all of them.
+  ASSERT_TRUE(layOutRanks(procs, 1, false, true, 0, &l, &error)) << error;
+  EXPECT_EQ(l.nranks, 10);
+  EXPECT_EQ(l.devices, (std::vector<int>{0, 1, 2, 3}));
+  // Distinct node keys on one host (NCCL_HOSTID) make distinct nodes.
+  ASSERT_TRUE(layOutRanks({procOn("a", "x", 1, 1), procOn("a", "y", 1, 1)}, 0, false, true, 0, &l, &error)) << error;
+  EXPECT_EQ(l.nodeOf, (std::vector<int>{0, 1}));
+}
+
+TEST(PerfRankLayout, MoreRanksThanGpusAreRefused) {
+  RankLayout l;
+  std::string error;
+  EXPECT_FALSE(layOutRanks({procOn("a", "a", 2, 3)}, 0, false, false, 0, &l, &error));
+  EXPECT_NE(error.find("3 ranks on host a but only 2 GPUs visible there"), std::string::npos) << error;
+  EXPECT_FALSE(layOutRanks({procOn("a", "a", 2), procOn("a", "a", 2, 2)}, 0, false, false, 0, &l, &error));
+  EXPECT_NE(error.find("3 ranks on host a"), std::string::npos) << error;
 }
 
 }  // namespace
