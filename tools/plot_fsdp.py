@@ -2,7 +2,7 @@
 """Plot perf/fsdp_step.py's JSON (-J): step time of each configuration (median, with its min-max range), one
 panel per file (shape / layout), and the loss runs' training curves beside them when the files hold any.
 
-    python3 tools/plot_fsdp.py -o perf/fsdp-step.png perf/results/fsdp-small.json perf/results/fsdp-large.json
+    python3 tools/plot_fsdp.py -o perf/figures/fsdp-step.png perf/results/fsdp-small.json perf/results/fsdp-large.json
 
 Needs matplotlib (pip install matplotlib).
 """

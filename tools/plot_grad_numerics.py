@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Plot perf/grad_numerics.py's JSON (-J; several files are merged, each configuration and seed taken once, from
-the first file that has it): the training loss of every configuration (mean over seeds, smoothed),
+"""Plot perf/experiments/grad_numerics.py's JSON (-J; several files are merged, each configuration and seed taken
+once, from the first file that has it): the training loss of every configuration (mean over seeds, smoothed),
 and each configuration's validation-loss gap to exact bf16 gradients (per seed and mean, with the issue's 0.1%
 target).
 
-    python3 tools/plot_grad_numerics.py -o perf/grad-numerics.png perf/results/<date>-h200x1-grad-numerics.json
-    python3 tools/plot_grad_numerics.py -o perf/grad-numerics.png seeds01.json seeds23.json   # merged
+    python3 tools/plot_grad_numerics.py -o perf/figures/grad-numerics.png perf/results/<date>-h200x1-grad-numerics.json
+    python3 tools/plot_grad_numerics.py -o perf/figures/grad-numerics.png seeds01.json seeds23.json   # merged
 
 Needs matplotlib (pip install matplotlib).
 """
@@ -52,7 +52,7 @@ def main():
                     seen.add((r["config"], r["seed"]))
                     runs.append(r)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            sys.exit(f"plot_grad_numerics.py: {path} is not perf/grad_numerics.py's JSON: {e}")
+            sys.exit(f"plot_grad_numerics.py: {path} is not perf/experiments/grad_numerics.py's JSON: {e}")
         files.append(data)
     data = files[0]
     import matplotlib

@@ -309,7 +309,7 @@ def gap_cells(gaps: dict[int, float]) -> list[str]:
 
 def loss_table(store: Store, name: str, files: list[str], runs: list[tuple[str, str, list[str]]], reference: str,
                extra: tuple[str, ...] = (), label: str = "run") -> Table:
-    """Loss runs of several files (perf/grad_numerics.py's "runs", named by "config"; perf/fsdp_step.py's
+    """Loss runs of several files (perf/experiments/grad_numerics.py's "runs", named by "config"; perf/fsdp_step.py's
     "losses", named by "spec"): for each run (its name, a label, cells under ``extra``), the paired gap of its
     validation loss to the ``reference`` run of the same seed, in percent. A reference run found in several files
     must agree (runs are deterministic): pairing across files relies on it."""

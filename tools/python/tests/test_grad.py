@@ -134,7 +134,7 @@ if __name__ == "__main__":
 
 
 class GradNumericsScript(unittest.TestCase):
-    """perf/grad_numerics.py's plumbing on the CPU (ranks as threads, the host backend), a few steps: every
+    """perf/experiments/grad_numerics.py's plumbing on the CPU (ranks as threads, the host backend), a few steps: every
     configuration runs, the JSON holds its runs, gaps and the residuals' memory."""
 
     def test_runs_on_the_cpu(self) -> None:
@@ -148,7 +148,7 @@ class GradNumericsScript(unittest.TestCase):
         from ._threaded import torch_with_fsdp2
 
         torch_with_fsdp2()
-        script = SOURCE_TREE / "perf" / "grad_numerics.py"
+        script = SOURCE_TREE / "perf" / "experiments" / "grad_numerics.py"
         if not script.exists():
             raise unittest.SkipTest(f"{script} not found")
         with tempfile.TemporaryDirectory() as d:

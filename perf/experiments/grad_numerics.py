@@ -2,8 +2,8 @@
 """Loss runs of qgZ's gradient rounding (issue 33): FSDP2 training of a small byte-level GPT on real text, each
 configuration against exact bf16 gradients, through the library.
 
-    python perf/grad_numerics.py --seeds 0 -J perf/results/grad-numerics-0.json   # one GPU, one seed
-    python perf/grad_numerics.py --cpu --steps 3 -J /tmp/g.json              # the plumbing, on the CPU
+    python perf/experiments/grad_numerics.py --seeds 0 -J perf/results/grad-numerics-0.json   # one GPU, one seed
+    python perf/experiments/grad_numerics.py --cpu --steps 3 -J /tmp/g.json              # the plumbing, on the CPU
 
 GPU: ``--nproc`` processes (default 4) share the GPU, each its own ``NCCL_HOSTID`` with NCCL's P2P and shared
 memory off (sockets between them), as ``--nodes`` emulated nodes (default 2: two nodes of two, so qgZ takes its
@@ -50,9 +50,9 @@ import sys
 import time
 from typing import Any
 
-HERE = pathlib.Path(__file__).resolve().parent
-TOP = HERE.parent
-sys.path.insert(0, str(HERE))
+PERF = pathlib.Path(__file__).resolve().parents[1]
+TOP = PERF.parent
+sys.path.insert(0, str(PERF))
 sys.path.insert(0, str(TOP / "tools" / "python"))
 sys.path.insert(0, str(TOP / "tools" / "python" / "examples"))
 

@@ -15,7 +15,8 @@ Optionally the forward all-gather quantizes weights as qwZ does (--qwz 8: each r
 int8 blocks, restarting per parameter like the gradients' layout), and the backward gather over FSDP's
 post-forward group stays exact (hpZ), as in the GPU runs, where every zpccl row had qwZ int8.
 
-    python perf/grad_format_cpu.py --world 4 --nodes 2 --reshard 2 --steps 30 --variants exact,q8r,q8f,q4r --out x.json
+    python perf/experiments/grad_format_cpu.py --world 4 --nodes 2 --reshard 2 --steps 30 \\
+        --variants exact,q8r,q8f,q4r --out x.json
 
 The JSON (``--out``, rewritten after every variant) holds the provenance (perf/provenance.py), the arguments and
 each variant's curve.
@@ -26,7 +27,7 @@ import argparse, copy, json, os, pathlib, socket, sys, time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools/python"))
 sys.path.insert(0, str(ROOT / "tools/python/examples"))
 sys.path.insert(0, str(ROOT / "perf"))
