@@ -1,5 +1,5 @@
-// libFuzzer target over the host backend's argument checks and its planners (built and run by
-// tools/run-sanitizers.sh under AddressSanitizer and UndefinedBehaviorSanitizer; not part of the meson build).
+// libFuzzer target over the host backend's argument checks and its planners (Meson's -Dfuzz=true builds it, with
+// clang; tools/run-sanitizers.sh runs it under AddressSanitizer and UndefinedBehaviorSanitizer).
 //
 // The input is decoded into a sequence of operations:
 //   - an ABI call with buffers (zpQuantize, zpDequantize, qwZ, hpZ, qgZ and their Ex forms, hpZ's quantized

@@ -1,7 +1,7 @@
 // Host-only stand-ins for the CUDA kernel launchers (device/quantize.h, device/reduce.h, launchPeerWait of
-// device/peer_window.h), linked only by the sanitizer build of tools/run-sanitizers.sh, which compiles the
-// library with clang and without nvcc. The cuda backend is not exercised there (no GPU); should it be reached
-// anyway, every launch fails cleanly.
+// device/peer_window.h), linked in place of device/ by a host-only build (-Ddevice_kernels=false, device/meson.build):
+// the sanitizer and fuzz builds of tools/run-sanitizers.sh, made with clang and without nvcc. The cuda backend is
+// not exercised there (no GPU); should it be reached anyway, every launch fails cleanly.
 #include "device/peer_window.h"
 #include "device/quantize.h"
 #include "device/reduce.h"
