@@ -118,8 +118,11 @@ bool resetResidual(const RunArgs& a) {
   return true;
 }
 
-PerfOp baseOp() {
+// A kernel of one GPU against a memcpy of its input in the same run.
+PerfOp kernelOp(const char* name, CountsFn counts, InitFn init, ExpectedFn expected, CompareFn compare, RunFn run,
+                RunFn baseline) {
   PerfOp op;
+  op.name = name;
   op.runLabel = "zpccl";
   op.uses = kUsesZp;
   op.defaultType = zpBfloat16;
@@ -128,54 +131,37 @@ PerfOp baseOp() {
   op.hasInPlace = false;
   op.defaultThreads = 1;
   op.fill = Fill::kSpread;
+  op.counts = counts;
+  op.init = init;
+  op.expected = expected;
+  op.compare = compare;
   op.bw = bwLocal;
+  op.run = run;
   op.baselineName = "memcpy";
+  op.baseline = baseline;
   op.baselineBw = bwMemcpy;
   return op;
 }
 
-PerfOp quantizeOp() {
-  PerfOp op = baseOp();
-  op.name = "quantize";
-  op.counts = countsQuantize;
-  op.init = initStandard;
-  op.expected = expectedQuantize;
-  op.compare = comparePayload;
-  op.run = runQuantize;
-  op.baseline = memcpyQuantize;
-  return op;
-}
-
-PerfOp dequantizeOp() {
-  PerfOp op = baseOp();
-  op.name = "dequantize";
-  op.counts = countsDequantize;
-  op.init = initDequantize;
-  op.expected = expectedDequantize;
-  op.run = runDequantize;
-  op.baseline = memcpyDequantize;
-  return op;
-}
-
 PerfOp quantizeGradOp() {
-  PerfOp op = baseOp();
-  op.name = "quantize_grad";
+  PerfOp op = kernelOp("quantize_grad", countsQuantizeGrad, initStandard, expectedQuantizeGrad, comparePayload,
+                       runQuantizeGrad, memcpyQuantize);
   op.uses = 0;  // a kernel launch: no communicator
   op.gpuOnly = true;
-  op.counts = countsQuantizeGrad;
-  op.init = initStandard;
-  op.expected = expectedQuantizeGrad;
-  op.compare = comparePayload;
-  op.run = runQuantizeGrad;
   op.reset = resetResidual;
-  op.baseline = memcpyQuantize;
   return op;
 }
 
 }  // namespace
 
 // quantize_grad launches a kernel directly (gpuOnly): the host backend (-H) runs the other two.
-std::vector<PerfOp> perfOps() { return {quantizeOp(), dequantizeOp(), quantizeGradOp()}; }
+std::vector<PerfOp> perfOps() {
+  return {
+      kernelOp("quantize", countsQuantize, initStandard, expectedQuantize, comparePayload, runQuantize, memcpyQuantize),
+      kernelOp("dequantize", countsDequantize, initDequantize, expectedDequantize, nullptr, runDequantize,
+               memcpyDequantize),
+      quantizeGradOp()};
+}
 
 }  // namespace perf
 }  // namespace zp
