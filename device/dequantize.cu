@@ -144,23 +144,12 @@ __global__ void __launch_bounds__(kCtaThreads) dequantizeKernel(const DequantArg
 
 // ---- launchers -----------------------------------------------------------------------------------------------
 
-template <class Type, int Bits, bool kAligned>
-zpResult_t launchDequantizeKernel(const DequantArgs& a, KernelStream stream) {
-  constexpr auto kKernel = dequantizeKernel<Type, Bits, kAligned>;
-  if (stream.loadOnly) return loadKernel<kKernel>();
-  dim3 grid;
-  ZPCHECK(gridFor<kKernel>(a.tiles, a.batch, kCtaThreads, 0, stream, &grid));
-  kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);
-  CUDACHECK(cudaGetLastError());
-  return zpSuccess;
-}
-
 // One kernel per alignment; dispatch's Launch.
 template <class Type, int Bits>
 struct DequantizeLaunch {
   static zpResult_t run(const DequantArgs& a, bool aligned, KernelStream stream) {
-    return aligned ? launchDequantizeKernel<Type, Bits, true>(a, stream)
-                   : launchDequantizeKernel<Type, Bits, false>(a, stream);
+    return aligned ? launchSegments<dequantizeKernel<Type, Bits, true>>(a, a.tiles, kCtaThreads, 0, stream)
+                   : launchSegments<dequantizeKernel<Type, Bits, false>>(a, a.tiles, kCtaThreads, 0, stream);
   }
 };
 

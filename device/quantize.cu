@@ -489,13 +489,8 @@ zpResult_t allowSharedMemory(size_t bytes) {
 template <auto Kernel>
 zpResult_t launchQuantizeKernel(const QuantArgs& a, int threads, size_t smem, size_t ctasPerSegment,
                                 KernelStream stream) {
-  if (stream.loadOnly) return loadKernel<Kernel>();
-  if (smem > 0) ZPCHECK(allowSharedMemory<Kernel>(smem));
-  dim3 grid;
-  ZPCHECK(gridFor<Kernel>(ctasPerSegment, a.batch, threads, smem, stream, &grid));
-  Kernel<<<grid, threads, smem, stream.stream>>>(a);
-  CUDACHECK(cudaGetLastError());
-  return zpSuccess;
+  if (smem > 0 && !stream.loadOnly) ZPCHECK(allowSharedMemory<Kernel>(smem));
+  return launchSegments<Kernel>(a, ctasPerSegment, threads, smem, stream);
 }
 
 // One kernel per group size (1 << kShift threads): warp-sized groups from the smallest up to 32 threads, then

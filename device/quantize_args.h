@@ -7,8 +7,10 @@
 #include <cstdint>
 
 #include "device/kernel_stream.h"
+#include "device/launch_geometry.h"
 #include "host/quant_math.h"  // Fp16Type, Bf16Type, Fp32Type
 #include "include/zpccl.h"
+#include "src/include/check.h"
 
 namespace zp {
 
@@ -60,5 +62,20 @@ zpResult_t dispatch(zpDataType_t type, int bits, const Args&... args) {
       return bits == 8 ? Launch<Fp32Type, 8>::run(args...) : Launch<Fp32Type, 4>::run(args...);
   }
 }
+
+#ifdef __CUDACC__
+// Launches Kernel(a) on CTAs of `threads` threads with `smem` bytes of dynamic shared memory, ctasPerSegment CTAs for
+// each of a.batch segments (gridFor, device/launch_geometry.h: at most the CTAs resident on the stream's SMs,
+// grid-stride loops beyond); under KernelStream::loadOnly it only loads Kernel.
+template <auto Kernel, class Args>
+zpResult_t launchSegments(const Args& a, size_t ctasPerSegment, int threads, size_t smem, KernelStream stream) {
+  if (stream.loadOnly) return loadKernel<Kernel>();
+  dim3 grid;
+  ZPCHECK(gridFor<Kernel>(ctasPerSegment, a.batch, threads, smem, stream, &grid));
+  Kernel<<<grid, threads, smem, stream.stream>>>(a);
+  CUDACHECK(cudaGetLastError());
+  return zpSuccess;
+}
+#endif
 
 }  // namespace zp

@@ -275,14 +275,10 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
 
 template <class Type, int Bits, bool kStochastic, bool kResidual>
 zpResult_t launchQuantizeGradKernel(const GradArgsDev& a, KernelStream stream) {
-  constexpr auto kKernel = quantizeGradKernel<Type, Bits, kStochastic, kResidual>;
-  if (stream.loadOnly) return loadKernel<kKernel>();
-  const size_t blocksPerCta = kCtaThreads / 32 * (32 / a.blockLanes);
-  dim3 grid;
-  ZPCHECK(gridFor<kKernel>((a.blocks + blocksPerCta - 1) / blocksPerCta, a.batch, kCtaThreads, 0, stream, &grid));
-  kKernel<<<grid, kCtaThreads, 0, stream.stream>>>(a);
-  CUDACHECK(cudaGetLastError());
-  return zpSuccess;
+  // A warp holds 32 / blockLanes blocks (none of which a load-only call has).
+  const size_t blocksPerCta = stream.loadOnly ? 1 : kCtaThreads / 32 * (32 / a.blockLanes);
+  return launchSegments<quantizeGradKernel<Type, Bits, kStochastic, kResidual>>(
+      a, (a.blocks + blocksPerCta - 1) / blocksPerCta, kCtaThreads, 0, stream);
 }
 
 // One kernel per rounding and residual; a load (KernelStream::loadOnly) loads all four. dispatch's Launch.
