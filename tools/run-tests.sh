@@ -154,13 +154,16 @@ if [ -z "$wheel_skip" ]; then
   fi
 fi
 python_under_test=$ZP_PYTHON
+# A pip install, once more without pip's cache when it fails: a download cut short in an earlier run can leave a
+# cached file that fails its hash check on every later one.
+vinstall() { "$@" || { echo "retrying without pip's cache: ${*: -1}"; "$@" --no-cache-dir; }; }
 if [ -n "$wheel" ]; then
   step "virtual environment with the wheel and torch ($wheel_venv)"
   rm -rf "$wheel_venv"
   # The system's packages stay visible (a machine's own torch and NumPy, offline); the wheel goes on top.
   installed=0
   if "$ZP_PYTHON" -m venv --system-site-packages "$wheel_venv"; then
-    vpip=("$wheel_venv/bin/python" -m pip install -q --disable-pip-version-check --retries 2 --timeout 30)
+    vpip=(vinstall "$wheel_venv/bin/python" -m pip install -q --disable-pip-version-check --retries 2 --timeout 30)
     if ! "$wheel_venv/bin/python" -c 'import torch' 2>/dev/null; then
       "${vpip[@]}" torch || echo "pip could not install torch (no network?): the torch tests will skip"
     fi
