@@ -117,11 +117,19 @@ std::string fileOf(const void* address) {
   return n > 0 ? std::string(resolved, size_t(n)) : std::string();
 }
 
+// The build's own state, or, for a copy of the tree without its git folder (sent to a GPU machine), the state
+// that whoever sent it names in ZP_SOURCE_STATE ("<commit>" or "<commit>-dirty").
+std::string sourceState() {
+  const std::string built = ZP_PERF_SOURCE_STATE;
+  const char* named = std::getenv("ZP_SOURCE_STATE");
+  return built == "unknown" && named != nullptr ? std::string(named) : built;
+}
+
 }  // namespace
 
 Provenance collectProvenance(int argc, char** argv, const std::string& regime) {
   Provenance p;
-  parseSourceState(ZP_PERF_SOURCE_STATE, &p.commit, &p.dirty);
+  parseSourceState(sourceState(), &p.commit, &p.dirty);
   p.command = commandLine(argc, argv);
   char buf[PATH_MAX];
   if (getcwd(buf, sizeof(buf)) != nullptr) p.cwd = buf;

@@ -9,7 +9,8 @@ The record (schema ``zpccl-provenance/1``; the perf binaries' ``-J`` writes the 
 
 =================  ===============================================================================================
 schema             ``"zpccl-provenance/1"``
-commit             the source tree's ``git rev-parse HEAD`` (``null`` outside a git checkout)
+commit             the source tree's ``git rev-parse HEAD``; outside a git checkout (a copy sent to a GPU machine)
+                   the one ``ZP_SOURCE_STATE`` names (``<commit>`` or ``<commit>-dirty``), else ``null``
 dirty              whether tracked files differed from that commit (``null`` when unknown)
 command            the full command line, shell-quoted, as it was typed (interpreter, script, arguments)
 cwd                the working directory it ran in
@@ -56,10 +57,14 @@ def _git(*args: str) -> str | None:
 
 
 def source_state() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the source tree this file belongs to; (None, None) outside a git checkout."""
+    """(commit, dirty) of the source tree this file belongs to; outside a git checkout, what ZP_SOURCE_STATE names
+    (``<commit>`` or ``<commit>-dirty``), else (None, None)."""
     commit = _git("rev-parse", "HEAD")
     if commit is None:
-        return None, None
+        named = os.environ.get("ZP_SOURCE_STATE", "")
+        commit, dirty = named.removesuffix("-dirty"), named.endswith("-dirty")
+        valid = len(commit) == 40 and all(c in "0123456789abcdef" for c in commit)
+        return (commit, dirty) if valid else (None, None)
     status = _git("status", "--porcelain", "--untracked-files=no")
     return commit, None if status is None else bool(status)
 

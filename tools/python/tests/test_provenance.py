@@ -1,0 +1,56 @@
+"""perf/provenance.py, the record every result file carries: the source state it names inside a git checkout and in
+a copy without one (a tree sent to a GPU machine), where ZP_SOURCE_STATE names the commit."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from . import SOURCE_TREE
+
+SCRIPT = SOURCE_TREE / "perf" / "provenance.py"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+PRINT_STATE = "import provenance, json; print(json.dumps(provenance.source_state()))"
+
+
+def source_state_in(folder: pathlib.Path, state: str | None) -> list:
+    env = {k: v for k, v in os.environ.items() if k != "ZP_SOURCE_STATE"}
+    env["GIT_CEILING_DIRECTORIES"] = str(folder.parent)  # git must not find a repository above the copy
+    if state is not None:
+        env["ZP_SOURCE_STATE"] = state
+    done = subprocess.run([sys.executable, "-c", PRINT_STATE], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+@unittest.skipUnless(SCRIPT.exists(), f"{SCRIPT} not found")
+class SourceStateOutsideGit(unittest.TestCase):
+    def setUp(self) -> None:
+        self.top = pathlib.Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, self.top)
+        (self.top / "perf").mkdir()
+        shutil.copy(SCRIPT, self.top / "perf" / "provenance.py")
+        self.folder = self.top / "perf"
+
+    def test_named_commit_is_taken(self) -> None:
+        self.assertEqual(source_state_in(self.folder, COMMIT), [COMMIT, False])
+
+    def test_named_dirty_commit_is_dirty(self) -> None:
+        self.assertEqual(source_state_in(self.folder, COMMIT + "-dirty"), [COMMIT, True])
+
+    def test_nothing_named_is_unknown(self) -> None:
+        self.assertEqual(source_state_in(self.folder, None), [None, None])
+
+    def test_a_malformed_name_is_unknown(self) -> None:
+        for bad in ("HEAD", COMMIT[:12], COMMIT.upper(), "", COMMIT + "-dirty-dirty"):
+            with self.subTest(state=bad):
+                self.assertEqual(source_state_in(self.folder, bad), [None, None])
+
+
+if __name__ == "__main__":
+    unittest.main()
