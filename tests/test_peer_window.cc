@@ -6,7 +6,6 @@
 
 #include "src/cuda/cuda_backend.h"
 #include "src/cuda/peer_window.h"
-#include "src/include/params.h"
 
 namespace zp {
 namespace {
@@ -64,18 +63,6 @@ TEST(DirectLoads, NcclP2pDisableIsRespectedAsNcclReadsIt) {
     f.p2pOff = on;
     EXPECT_EQ(blocker(f), "") << "'" << on << "'";
   }
-}
-
-TEST(DirectLoads, CallsFromTheThresholdUp) {
-  PeerWindow w;
-  const size_t threshold = static_cast<size_t>(paramDirectMinBytes());
-  EXPECT_FALSE(useDirectLoads(w, threshold)) << "a communicator that cannot never does";
-  w.usable = true;
-  if (paramDirectMinBytes() > 0) {
-    EXPECT_FALSE(useDirectLoads(w, threshold - 1));
-  }
-  EXPECT_TRUE(useDirectLoads(w, threshold));
-  EXPECT_TRUE(useDirectLoads(w, size_t{1} << 40));
 }
 
 TEST(DirectLoads, RankPayloadsAreOneStridedBatchAfterTheFlags) {

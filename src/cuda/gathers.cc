@@ -1,12 +1,12 @@
 // The gathers of the cuda backend: qwZ (the quantized gather over the world) and hpZ (the secondary shards over
-// the hpZ group, as they are or quantized), on the pipeline of pipeline.h or, among the ranks of one NVLink
-// domain, by direct loads of the peers' payloads.
+// the hpZ group, as they are or quantized), on the path their plan chose (host/coll_plan.h): the pipeline of
+// pipeline.h or, among the ranks of one NVLink domain, direct loads of the peers' payloads.
 #include <nccl.h>
 
 #include "device/quantize.h"
 #include "host/chunk_plan.h"
+#include "host/coll_plan.h"
 #include "host/dtype.h"
-#include "host/quant_format.h"
 #include "src/cuda/cuda_exec.h"
 #include "src/cuda/pipeline.h"
 #include "src/cuda/pipeline_trace.h"
@@ -17,11 +17,12 @@ namespace zp {
 
 namespace {
 
-// The direct path (qwZ over the world's n ranks): each rank's window holds its quantized shard; one launch
-// dequantizes the n windows, the peers' read over NVLink, into recvbuff.
-zpResult_t gatherDirect(CudaExec& e, const CollArgs& a, int n) {
+// The direct path (qwZ, or hpZ over the whole world, of n ranks): each rank's window holds its quantized shard;
+// one launch dequantizes the n windows, the peers' read over NVLink, into recvbuff.
+zpResult_t gatherDirect(CudaExec& e, const CollArgs& a, const CollPlan& p) {
+  const int n = p.ranks;
   return directLoads(
-      e, a, a.count * n * typeSize(a.type),
+      e, a, p,
       [&](char* payload, KernelStream writeStream) {
         return launchQuantize(a.sendbuff, payload, a.count, a.type, a.bits, a.blockSize, writeStream);
       },
@@ -31,21 +32,22 @@ zpResult_t gatherDirect(CudaExec& e, const CollArgs& a, int n) {
       });
 }
 
-// The pipelined gather over `comm` (n ranks, this one `rank`). Quantize: the own shard into its slot of every
-// chunk's region. Move: all-gather the regions chunk by chunk. Finish: dequantize each gathered chunk (all ranks'
-// slots in one launch) into recvbuff.
-zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
+// The pipelined gather over the plan's group (n ranks, this one `rank`). Quantize: the own shard into its slot of
+// every chunk's region. Move: all-gather the regions chunk by chunk. Finish: dequantize each gathered chunk (all
+// ranks' slots in one launch) into recvbuff. The gather's kernels leave ZP_NCCL_SMS SMs to NCCL where the plan
+// runs its stages in the green context: its transfer is the longest stage, and its CTAs cannot start on an SM that
+// our CTAs occupy (src/cuda/green_context.h; perf/RESULTS.md, qwZ).
+zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, const CollPlan& p) {
   const size_t esz = typeSize(a.type);
-  const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
-  const ChunkRegion at(plan, n, a.bits, a.blockSize);  // chunk c: every rank's slot, in rank order
-  ZPCHECK(ensureScratch(e, 0, at.bytes(), a.stream, a.opName));
-  const bool ownEarly = ownSlotEarly(overSlowLink(e, comm), a.count * n * esz);
+  const int n = p.ranks, rank = p.rank;
+  const ncclComm_t comm = commOf(e, p.hop[0].comm);
+  const ChunkPlan& plan = p.chunks;
+  const ChunkRegion at(plan, p.sendSlots, a.bits, a.blockSize);  // chunk c: every rank's slot, in rank order
+  ZPCHECK(ensureScratch(e, 0, p.scratchBytes[0], a.stream, a.opName));
+  const bool ownEarly = p.ownEarly();
   Stages st;
-  // The gather's kernels leave ZP_NCCL_SMS SMs (32 by default) to NCCL: its transfer is the longest stage, and its
-  // CTAs cannot start on an SM that our CTAs occupy (src/cuda/green_context.h); leaving them shortens the gather
-  // (perf/RESULTS.md, qwZ).
-  ZPCHECK(beginPipeline(e, a.stream, plan.chunks, /*green=*/true, &st, ownEarly));
-  PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
+  ZPCHECK(beginPipeline(e, a.stream, p, &st));
+  PipelineTrace trace(e, a.opName, p.logicalBytes, plan.chunks, a.stream);
   char* region = static_cast<char*>(e.scratch[0].ptr);
   const auto* send = static_cast<const char*>(a.sendbuff);
   auto* recv = static_cast<char*>(a.recvbuff);
@@ -100,30 +102,27 @@ zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n
   return endPipeline(e, st, trace);
 }
 
-// The quantized gather over `comm` (n ranks, this one `rank`): qwZ over the world, hpZ's quantized mode over the
-// hpZ group; direct loads for the world only.
-zpResult_t quantizedGather(CudaExec& e, const CollArgs& a, ncclComm_t comm, int n, int rank) {
-  bool direct = false;
-  if (comm == e.comms.world && rank == e.topo.rank) {
-    ZPCHECK(takesDirectPath(e, a.count * n * typeSize(a.type), quantPayloadBytes(a.count, a.bits, a.blockSize),
-                            a.stream, a.opName, &direct));
+// qwZ over the world, hpZ's quantized mode over the hpZ group, and exact hpZ: the secondary shards as they are,
+// one all-gather over the hpZ group's communicator.
+zpResult_t gather(CudaExec& e, const CollArgs& a) {
+  CollPlan p;
+  ZPCHECK(planCall(e, a, &p));
+  switch (p.path) {
+    case PlanPath::kDirect:
+      return gatherDirect(e, a, p);
+    case PlanPath::kExact:
+      return ncclCheck(ncclAllGather(a.sendbuff, a.recvbuff, a.count * typeSize(a.type), ncclUint8,
+                                     commOf(e, p.hop[0].comm), a.stream),
+                       a.opName, "ncclAllGather over the hpZ group");
+    default:
+      return gatherPipeline(e, a, p);
   }
-  return direct ? gatherDirect(e, a, n) : gatherPipeline(e, a, comm, n, rank);
 }
 
 }  // namespace
 
-zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) {
-  return quantizedGather(e, a, e.comms.world, e.topo.nranks, e.topo.rank);
-}
+zpResult_t cudaQuantAllGather(CudaExec& e, const CollArgs& a) { return gather(e, a); }
 
-// hpZ moves the secondary shards as they are: one all-gather over the hpZ group's communicator (or, when the
-// call asks for bits, the quantized gather over that group).
-zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) {
-  if (a.bits != 0) return quantizedGather(e, a, e.comms.hpz, e.topo.hpzSize, e.topo.hpzRank);
-  const size_t bytes = a.count * typeSize(a.type);
-  return ncclCheck(ncclAllGather(a.sendbuff, a.recvbuff, bytes, ncclUint8, e.comms.hpz, a.stream), a.opName,
-                   "ncclAllGather over the hpZ group");
-}
+zpResult_t cudaHierAllGather(CudaExec& e, const CollArgs& a) { return gather(e, a); }
 
 }  // namespace zp

@@ -133,10 +133,6 @@ PeerSync PeerWindow::sync(bool write) const {
   return s;
 }
 
-bool useDirectLoads(const PeerWindow& w, size_t logicalBytes) {
-  return w.usable && logicalBytes >= static_cast<size_t>(paramDirectMinBytes());
-}
-
 zpResult_t peerBarrier(const PeerWindow& w, ncclComm_t world, cudaStream_t stream, const char* call) {
   // A maximum of zeros stays zero: the word never changes, whatever the number of calls.
   return ncclCheckWindow(ncclAllReduce(&w.words->barrier, &w.words->barrier, 1, ncclInt32, ncclMax, world, stream),

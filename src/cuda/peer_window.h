@@ -29,7 +29,8 @@
 // Used when every rank of the world is in NCCL's LSA team, zpccl's topology has one node, NCCL's P2P transport
 // is not disabled (NCCL_P2P_DISABLE: the user asked that GPUs not reach each other directly, and the perf
 // harness's shm regime relies on it), and the call moves at least ZP_DIRECT_MIN_BYTES logical bytes (by default
-// every call). The ranks agree on the choice at init (an all-reduce of it), so they never take different paths.
+// every call; the plan of the call decides, host/coll_plan.h). The ranks agree at init on whether direct loads are
+// usable (an all-reduce of it), so they never take different paths.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,7 +63,7 @@ struct PeerWindow {
   bool captured = false;             // a call captured in a CUDA graph on this rank uses it (its payload, flags)
   bool frozen = false;               // never grows again: some rank's graph holds it (growPeerWindow; every rank)
   bool broken = false;               // a growth failed part of the way: the ranks may disagree on the window, so
-                                     // every later call on the direct path fails (takesDirectPath)
+                                     // every later call on the direct path fails (prepareWindow)
   ncclWindow_t handle = nullptr;     // its registration on the world communicator
   uintptr_t rank0 = 0;               // rank 0's window as mapped in this process
   size_t rankStride = 0;             // bytes from rank r's window to rank r + 1's, as mapped here
@@ -103,11 +104,8 @@ const char* directLoadsBlocker(const DirectLoadsFacts& f);
 // Decides whether the communicator can use direct loads, with the other ranks (collective over world).
 zpResult_t initPeerWindow(ncclComm_t world, int nranks, int rank, int nodes, cudaStream_t setupStream, PeerWindow* w);
 
-// Whether a call moving logicalBytes takes the direct path.
-bool useDirectLoads(const PeerWindow& w, size_t logicalBytes);
-
 // Grows the window to at least `bytes`: collective over world, and a host rendezvous. The caller has made sure
-// that no work of this rank still uses the old window (src/cuda/pipeline.h, takesDirectPath); an all-reduce makes
+// that no work of this rank still uses the old window (src/cuda/pipeline.h, prepareWindow); an all-reduce makes
 // sure of the other ranks' before it is deregistered. That all-reduce is also a vote: when a call captured in a
 // CUDA graph on any rank uses the old window, a replay would read and write it after the growth freed it, so
 // every rank instead freezes the window at its size (w.frozen) and the calls it cannot hold take NCCL's path.

@@ -1,5 +1,5 @@
-// The cuda backend's pipeline plumbing (pipeline.h): chunk plans, scratch and window growth, the stages' streams
-// and events, the first exchange with every peer, and zpCommReserve.
+// The cuda backend's pipeline plumbing (pipeline.h): the plan of each call, scratch and window growth, the stages'
+// streams and events, the first exchange with every peer, and zpCommReserve.
 #include "src/cuda/pipeline.h"
 
 #include <algorithm>
@@ -9,12 +9,6 @@
 #include "src/include/debug.h"
 
 namespace zp {
-
-ChunkPlan chunkPlanFor(size_t count, int blockSize, size_t logicalBytes) {
-  const int maxChunks = static_cast<int>(std::min<int64_t>(paramPipelineMaxChunks(), kMaxPipelineChunks));
-  return makeChunkPlan(count, blockSize, logicalBytes, paramPipelineChunkBytes(), maxChunks,
-                       paramPipelineChunkRamp() != 0);
-}
 
 namespace {
 
@@ -62,27 +56,59 @@ zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stre
   return zpSuccess;
 }
 
-zpResult_t takesDirectPath(CudaExec& e, size_t logicalBytes, size_t payloadBytes, cudaStream_t stream, const char* call,
-                           bool* direct) {
+zpResult_t prepareWindow(CudaExec& e, size_t bytes, cudaStream_t stream, const char* call) {
   PeerWindow& w = e.peers;
-  *direct = false;
-  if (!useDirectLoads(w, logicalBytes)) return zpSuccess;
   if (w.broken) {
     return ZP_ERR(zpInternalError,
                   "%s : the direct-load window failed to grow in an earlier call (its error said why); "
                   "abort the communicator",
                   call);
   }
-  const size_t bytes = w.payloadOffset() + payloadBytes;
   if (w.bytes < bytes && !w.frozen) {
     ZPCHECK(beforeGrowing(e, stream, call, "direct-load window", bytes, w.bytes));
     ZPCHECK(growPeerWindow(w, e.comms.world, bytes, e.setupStream, &e.stopHostWaits, call));
   }
-  *direct = w.bytes >= bytes;
   return zpSuccess;
 }
 
-zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool green, Stages* stages, bool ownSlotEarly) {
+LinkFacts linkFactsOf(const CudaExec& e) { return LinkFacts{e.shmChannels, e.peers.usable, e.green.active()}; }
+
+namespace {
+
+WindowFacts windowFactsOf(const PeerWindow& w) { return WindowFacts{w.bytes, w.frozen, w.payloadOffset()}; }
+
+}  // namespace
+
+zpResult_t planCall(CudaExec& e, const CollArgs& a, CollPlan* plan) {
+  PlanFacts f = planFactsOf(e.topo, a);
+  f.link = linkFactsOf(e);
+  f.window = windowFactsOf(e.peers);
+  *plan = planCollective(f);
+  if (plan->path == PlanPath::kDirect) {
+    ZPCHECK(prepareWindow(e, plan->windowBytes, a.stream, a.opName));
+    if (e.peers.bytes < plan->windowBytes) {  // frozen instead of grown: a graph holds it
+      f.window = windowFactsOf(e.peers);
+      *plan = planCollective(f);
+    }
+  }
+  ZP_INFO(kSubsysColl, "%s : %s", a.opName, plan->describe().c_str());
+  return zpSuccess;
+}
+
+ncclComm_t commOf(const CudaExec& e, PlanComm c) {
+  switch (c) {
+    case PlanComm::kIntra:
+      return e.comms.intra;
+    case PlanComm::kInter:
+      return e.comms.inter;
+    case PlanComm::kHpz:
+      return e.comms.hpz;
+    default:
+      return e.comms.world;
+  }
+}
+
+zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, const CollPlan& plan, Stages* stages) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDACHECK(cudaStreamIsCapturing(stream, &status));
   const bool captured = status != cudaStreamCaptureStatusNone;
@@ -92,28 +118,20 @@ zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool gree
     for (ScratchBuffer& s : e.scratch) s.captured = s.captured || s.ptr != nullptr;
   }
   const GreenStreams& g = e.green;
-  if (chunks <= 1) {
+  if (!plan.pipelined()) {
     *stages = Stages{stream, stream, stream, stream, captured, stream};
-    if (ownSlotEarly) stages->own = g.active() ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
+    if (plan.ownSlot == OwnSlot::kSideStream) {
+      stages->own = plan.ownInGreen ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
+    }
     return zpSuccess;
   }
-  const bool useGreen = green && g.active();
-  const KernelStream quant = useGreen ? KernelStream(g.quant, g.sms) : KernelStream(e.quantStream);
-  const KernelStream finish = useGreen ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
+  const KernelStream quant = plan.greenStages ? KernelStream(g.quant, g.sms) : KernelStream(e.quantStream);
+  const KernelStream finish = plan.greenStages ? KernelStream(g.side, g.sms) : KernelStream(e.sideStream);
   *stages = Stages{stream, e.moveStream, quant, finish, captured, finish};
   CUDACHECK(cudaEventRecord(e.callStart, stream));
   CUDACHECK(cudaStreamWaitEvent(stages->quant.stream, e.callStart, 0));
   CUDACHECK(cudaStreamWaitEvent(e.moveStream, e.callStart, 0));
   return zpSuccess;
-}
-
-bool overSlowLink(const CudaExec& e, ncclComm_t comm) {
-  return e.shmChannels || (comm == e.comms.world && e.topo.nodes > 1);
-}
-
-bool ownSlotEarly(bool slowLink, size_t logicalBytes) {
-  const int64_t from = paramOwnSlotEarlyBytes();
-  return slowLink && from >= 0 && logicalBytes >= static_cast<size_t>(from);
 }
 
 zpResult_t afterQuantizeStage(CudaExec& e, const Stages& s, int chunks) {
@@ -180,17 +198,11 @@ zpResult_t connectPeers(CudaExec& e, const char* call) {
 }
 
 zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
-  // Size for the worst settings a call may ask for: 8 bits, the smallest block, 2-byte types.
-  const int bits = 8, blockSize = kMinBlockSize, n = e.topo.nranks;
-  const size_t count = maxBytes / (2 * n);  // elements per rank (qwZ shard, qgZ slice)
-  const ChunkPlan plan = chunkPlanFor(count, blockSize, maxBytes);
-  ZPCHECK(ensureScratch(e, 0, ChunkRegion(plan, n, bits, blockSize).bytes(), e.setupStream, "zpCommReserve"));
-  // qgZ's pair layout receives into three slots a chunk (cudaQuantReduceScatter).
-  ZPCHECK(
-      ensureScratch(e, 1, ChunkRegion(plan, std::max(n, 3), bits, blockSize).bytes(), e.setupStream, "zpCommReserve"));
-  bool direct = false;  // room for qgZ's n slots of one call (qwZ needs one)
-  ZPCHECK(takesDirectPath(e, maxBytes, n * quantPayloadBytes(count, bits, blockSize), e.setupStream, "zpCommReserve",
-                          &direct));
+  const ReservePlan r =
+      planReserve(e.topo, PlanTunables::fromParams(), linkFactsOf(e), e.peers.payloadOffset(), maxBytes);
+  ZPCHECK(ensureScratch(e, 0, r.scratchBytes[0], e.setupStream, "zpCommReserve"));
+  ZPCHECK(ensureScratch(e, 1, r.scratchBytes[1], e.setupStream, "zpCommReserve"));
+  if (r.windowBytes > 0) ZPCHECK(prepareWindow(e, r.windowBytes, e.setupStream, "zpCommReserve"));
   return connectPeers(e, "zpCommReserve");
 }
 

@@ -1,10 +1,10 @@
-// The plumbing of the cuda backend's collectives. Each is a chunk pipeline of three stages on three streams
-// (cuda_exec.h): quantize, move (the caller's stream, where NCCL runs), finish; events order each chunk through
-// them and join everything back to the caller's stream. Among the ranks of one NVLink domain, qwZ and one-hop qgZ
-// instead read the peers' payloads from their memory inside the finishing kernel (directLoads,
-// src/cuda/peer_window.h); over slow links each rank's own slot, which never crosses the link, is worked while
-// the others travel (ownSlotEarly). No host synchronization and no allocation once scratch is sized: every call
-// can be captured in a CUDA graph.
+// The plumbing of the cuda backend's collectives, which execute the plans of host/coll_plan.h (planCall). Each is
+// a chunk pipeline of three stages on three streams (cuda_exec.h): quantize, move (the caller's stream, where NCCL
+// runs), finish; events order each chunk through them and join everything back to the caller's stream. On the
+// direct path qwZ and one-hop qgZ instead read the peers' payloads from their memory inside the finishing kernel
+// (directLoads, src/cuda/peer_window.h); where the plan says so, each rank's own slot, which never crosses the
+// link, is worked while the others travel (CollPlan::ownSlot). No host synchronization and no allocation once
+// scratch is sized: every call can be captured in a CUDA graph.
 //
 // The collectives themselves: gathers.cc (qwZ, hpZ), qgz.cc (qgZ); the tracing diagnostic: pipeline_trace.h.
 #pragma once
@@ -16,27 +16,34 @@
 #include "device/kernel_stream.h"
 #include "device/peer_window.h"
 #include "host/chunk_plan.h"
+#include "host/coll_plan.h"
 #include "src/cuda/cuda_exec.h"
 #include "src/include/backend.h"
 #include "src/include/check.h"
 #include "src/include/nccl_check.h"
-#include "src/include/params.h"
 
 namespace zp {
-
-// How a call of `count` elements a rank (logicalBytes in all) is cut into chunks (ZP_CHUNK_BYTES, ZP_MAX_CHUNKS,
-// ZP_CHUNK_RAMP).
-ChunkPlan chunkPlanFor(size_t count, int blockSize, size_t logicalBytes);
 
 // Grows scratch buffer `which` to at least `bytes` (zeroed), outside graph capture only.
 zpResult_t ensureScratch(CudaExec& e, int which, size_t bytes, cudaStream_t stream, const char* call);
 
-// Whether a call moving logicalBytes takes the direct path (src/cuda/peer_window.h): direct loads are usable at
-// its size, and the window has room for `payloadBytes` after its flags, grown if needed (like scratch, outside
-// capture only) unless a captured graph froze it. Every rank answers the same: the window's size and freezing
-// are agreed.
-zpResult_t takesDirectPath(CudaExec& e, size_t logicalBytes, size_t payloadBytes, cudaStream_t stream, const char* call,
-                           bool* direct);
+// The link facts of this communicator (host/coll_plan.h): host shared memory on extra channels, direct loads agreed
+// at init, a green context.
+LinkFacts linkFactsOf(const CudaExec& e);
+
+// The plan of call `a` (host/coll_plan.h), chosen from this communicator's facts and logged (INFO COLL). A plan on
+// the direct path gets its window (prepareWindow). When that growth finds that some rank's CUDA graph holds the
+// window (growPeerWindow's vote, which every rank sees alike), the window stays as it is, frozen, and the call is
+// planned again with it: it takes NCCL's path on every rank.
+zpResult_t planCall(CudaExec& e, const CollArgs& a, CollPlan* plan);
+
+// Makes the direct-load window hold `bytes` (its flags included) for a call already planned on the direct path:
+// grown if it is smaller (like scratch, outside capture only, waiting for the stream and the previous call), unless
+// a captured graph froze it. A window that failed to grow in an earlier call fails the call.
+zpResult_t prepareWindow(CudaExec& e, size_t bytes, cudaStream_t stream, const char* call);
+
+// The NCCL communicator of a plan's group or hop.
+ncclComm_t commOf(const CudaExec& e, PlanComm c);
 
 // NCCL connects point-to-point peers on first use, which cannot happen inside graph capture: one tiny exchange
 // with every peer of each communicator that qgZ's all-to-alls use, outside capture, connects them all.
@@ -44,7 +51,7 @@ zpResult_t connectPeers(CudaExec& e, const char* call);
 
 // The streams of one call's three stages. A call of one chunk has nothing to overlap: all of it runs on the
 // caller's stream, which saves the events' latency on small messages; only its own slot, when worked early
-// (ownSlotEarly), goes to a side stream.
+// (OwnSlot::kSideStream), goes to a side stream.
 struct Stages {
   cudaStream_t caller, move;
   KernelStream quant, finish;
@@ -56,23 +63,10 @@ struct Stages {
 
 // Orders this call after the previous call's finish stage (which may still read scratch), unless the stream is
 // being captured (inside a graph the order of replays is the caller's; the scratch buffers are then marked as
-// captured, so that a later growth keeps them for the graph), then starts the quantize stage. With
-// `green`, the quantize and finish stages' kernels run in the green context (the finish stage must not call NCCL).
-// With `ownSlotEarly` (below), a one-chunk call works its own slot on a side stream, in the green context when
-// there is one whatever `green` says: it runs beside NCCL's kernel, whose CTAs need free SMs.
-zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, int chunks, bool green, Stages* stages,
-                         bool ownSlotEarly = false);
-
-// Whether `comm`'s transfers cross a slow link: host shared memory (one node without NCCL P2P, on the extra
-// channels) or sockets (the world over several nodes; an hpZ group shares a node).
-bool overSlowLink(const CudaExec& e, ncclComm_t comm);
-
-// Over a slow link (host shared memory, sockets) each rank's own slot, the one that never crosses it, is worked
-// while the first chunk travels (ZP_OWN_SLOT_EARLY_BYTES): qwZ dequantizes its own shard, qgZ quantizes the slice
-// it keeps, on the finish stage, or for a call of one chunk (whose kernels are all exposed) on a side stream while
-// the rest stays on the caller's. Those kernels then leave the transfer's critical path. NVLink keeps the plain
-// pipeline (the direct path, or NCCL's CTAs needing the SMs).
-bool ownSlotEarly(bool slowLink, size_t logicalBytes);
+// captured, so that a later growth keeps them for the graph), then starts the quantize stage. The streams are the
+// plan's: with greenStages, the quantize and finish stages' kernels run in the green context (the finish stage must
+// not call NCCL); the own slot on the finish stage, or on a side stream (in the green context with ownInGreen).
+zpResult_t beginPipeline(CudaExec& e, cudaStream_t stream, const CollPlan& plan, Stages* stages);
 
 // The own slots may be worked once every chunk is quantized (the quantize stage is in order)...
 zpResult_t afterQuantizeStage(CudaExec& e, const Stages& s, int chunks);
@@ -94,19 +88,19 @@ zpResult_t endPipeline(CudaExec& e, const Stages& s);
 
 // The direct path's frame (src/cuda/peer_window.h), around `write` (fills this rank's window's payload) and `read`
 // (reads every rank's payload into recvbuff), both on the caller's stream with every SM, after the previous
-// call's work; the window holds the payloads (takesDirectPath). The kernels order themselves with the peers' through
-// the window's flags (the KernelStream each gets, and a wait before each, inside them for small calls); two events
-// bracket them for an abort (cancelPeerReads). No NCCL call: at 1 MB the whole call is two launches.
+// call's work; the window holds the payloads (planCall). The kernels order themselves with the peers' through the
+// window's flags (the KernelStream each gets, and a wait before each, inside them where the plan says inlineWaits);
+// two events bracket them for an abort (cancelPeerReads). No NCCL call: at 1 MB the whole call is two launches.
 template <typename Write, typename Read>
-zpResult_t directLoads(CudaExec& e, const CollArgs& a, size_t logicalBytes, Write write, Read read) {
+zpResult_t directLoads(CudaExec& e, const CollArgs& a, const CollPlan& plan, Write write, Read read) {
   PeerWindow& w = e.peers;
   Stages st;
-  ZPCHECK(beginPipeline(e, a.stream, /*chunks=*/1, /*green=*/false, &st));
+  ZPCHECK(beginPipeline(e, a.stream, plan, &st));
   w.captured = w.captured || st.captured;  // a growth must then keep the window for the graph (growPeerWindow)
   KernelStream writeStream(a.stream), readStream(a.stream);
   writeStream.sync = w.sync(/*write=*/true);
   readStream.sync = w.sync(/*write=*/false);
-  const bool inlineWaits = logicalBytes <= static_cast<size_t>(paramDirectInlineWaitBytes());
+  const bool inlineWaits = plan.inlineWaits;
   if (inlineWaits) {
     for (KernelStream* k : {&writeStream, &readStream}) {
       k->sync.waitInKernel = true;

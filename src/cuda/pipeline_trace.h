@@ -15,10 +15,10 @@ namespace zp {
 
 // ZP_TRACE_PIPELINE=1: timing events around each stage of each chunk, read back at the end of the call and logged
 // (INFO COLL) as one line: when each stage of each chunk ran, relative to the call's start (and the own slot's
-// kernel, ownSlotEarly, wherever it runs), each stage's busy time, and the overlap achieved: (sum of the stages' busy
-// times - the call's time) / (that sum - the busiest stage's), 0 when the stages ran one after another, 1 for a perfect
-// pipeline. The read-back is a host wait, so a traced call is never captured (inside capture the trace is off) and
-// back-to-back traced calls do not overlap.
+// kernel, CollPlan::ownSlot, wherever it runs), each stage's busy time, and the overlap achieved: (sum of the stages'
+// busy times - the call's time) / (that sum - the busiest stage's), 0 when the stages ran one after another, 1 for a
+// perfect pipeline. The read-back is a host wait, so a traced call is never captured (inside capture the trace is off)
+// and back-to-back traced calls do not overlap.
 class PipelineTrace {
  public:
   enum Stage { kQuantize = 0, kMove = 1, kFinish = 2, kOwn = 3 };  // kOwn: not a stage of the overlap

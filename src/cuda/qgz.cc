@@ -1,5 +1,6 @@
 // qgZ on the cuda backend (zpQuantReduceScatterA2A), as host/qgz_plan.h describes it, chunk by chunk (each chunk
-// covers the same element range of every slice). Three paths, one named helper each:
+// covers the same element range of every slice), on the path its plan chose (host/coll_plan.h), one named helper
+// each:
 // - direct (one hop among the ranks of one NVLink domain): each rank quantizes its slices into its window, and
 //   one launch sums every window's slot for this rank (pipeline.h, directLoads);
 // - one hop: move = all-to-all of the slots; finish = sum the n received payloads into recvbuff;
@@ -15,6 +16,7 @@
 #include "device/quantize.h"
 #include "device/reduce.h"
 #include "host/chunk_plan.h"
+#include "host/coll_plan.h"
 #include "host/dtype.h"
 #include "host/qgz_plan.h"
 #include "host/quant_format.h"
@@ -23,28 +25,18 @@
 #include "src/cuda/pipeline_trace.h"
 #include "src/include/check.h"
 #include "src/include/nccl_check.h"
-#include "src/include/params.h"
 
 namespace zp {
 
-// Whether two ranks exchange their slots by one all-gather (exchangeSlots).
-bool pairGather(int peers, bool ringFaster) {
-  const int64_t mode = paramPairAllGather();
-  return peers == 2 && (mode == 1 || (mode == 2 && ringFaster));
-}
-
-// An all-to-all among the `peers` ranks of `comm` (this one `self`), `peerBytes` per peer: slot p of `send` goes
-// to peer p, slot p of `recv` comes from peer p (this rank's own slot included).
-// Between two ranks where `ringFaster` (ZP_PAIR_ALLGATHER) it is one all-gather of the slot each sends the other:
-// the same bytes on the wire, on NCCL's collective path. Over sockets that runs at the ring's bandwidth, which
-// NCCL's point-to-point does not reach; over host shared memory it gets the ZP_SHM_MIN_CTAS channels, which
-// point-to-point does not. Over NVLink the gather is the slower, so NVLink ranks keep ncclSend/ncclRecv
-// (perf/RESULTS.md, qgZ). The gather leaves this rank's outgoing slot in its own receive slot; a local copy then
-// puts there the slot it keeps.
-// With `withoutSelf`, this rank's slots are left out (point-to-point only: the caller fills its receive slot).
-zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int peers, int self, bool ringFaster,
-                         ncclComm_t comm, cudaStream_t stream, const char* call, bool withoutSelf = false) {
-  if (!withoutSelf && pairGather(peers, ringFaster)) {
+// An all-to-all among the hop's peers on `comm` (this rank hop.self), `peerBytes` per peer: slot p of `send` goes
+// to peer p, slot p of `recv` comes from peer p (this rank's own slot included, unless hop.withoutSelf: the caller
+// fills its receive slot). A pair's gather (Exchange::kPairGather, ZP_PAIR_ALLGATHER: the same bytes on the wire, on
+// NCCL's collective path, host/coll_plan.h says where it is faster) leaves this rank's outgoing slot in its own
+// receive slot; a local copy then puts there the slot it keeps.
+zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, const HopPlan& hop, ncclComm_t comm,
+                         cudaStream_t stream, const char* call) {
+  const int self = hop.self;
+  if (hop.exchange == Exchange::kPairGather) {
     const int other = 1 - self;
     ZPCHECK(ncclCheck(ncclAllGather(send + other * peerBytes, recv, peerBytes, ncclUint8, comm, stream), call,
                       "ncclAllGather of a pair's slots"));
@@ -52,9 +44,12 @@ zpResult_t exchangeSlots(const char* send, char* recv, size_t peerBytes, int pee
         cudaMemcpyAsync(recv + self * peerBytes, send + self * peerBytes, peerBytes, cudaMemcpyDeviceToDevice, stream));
     return zpSuccess;
   }
+  if (hop.exchange != Exchange::kSendRecv) {
+    return ZP_ERR(zpInternalError, "%s : exchangeSlots cannot run a %s", call, exchangeName(hop.exchange));
+  }
   ZPCHECK(ncclCheck(ncclGroupStart(), call, "ncclGroupStart"));
-  for (int peer = 0; peer < peers; ++peer) {
-    if (withoutSelf && peer == self) continue;
+  for (int peer = 0; peer < hop.peers; ++peer) {
+    if (hop.withoutSelf && peer == self) continue;
     ZPCHECK(ncclCheck(ncclSend(send + peer * peerBytes, peerBytes, ncclUint8, peer, comm, stream), call, "ncclSend"));
     ZPCHECK(ncclCheck(ncclRecv(recv + peer * peerBytes, peerBytes, ncclUint8, peer, comm, stream), call, "ncclRecv"));
   }
@@ -119,11 +114,12 @@ zpResult_t sumIntoRecv(const CollArgs& a, const ChunkPlan& plan, int c, const Re
 
 // The direct path: slot s of each rank's window holds its quantized slice for rank s; one launch sums slot
 // `rank` of every window, the peers' read over NVLink, in rank order into recvbuff.
-zpResult_t qgzDirect(CudaExec& e, const CollArgs& a, float divisor, size_t sliceBytes) {
+zpResult_t qgzDirect(CudaExec& e, const CollArgs& a, const CollPlan& coll, float divisor) {
   const QgzPlan& q = e.qgz;
   const int n = q.nranks;
+  const size_t sliceBytes = quantPayloadBytes(a.count, a.bits, a.blockSize);  // a whole slice's payload
   return directLoads(
-      e, a, a.count * n * typeSize(a.type),
+      e, a, coll,
       [&](char* payload, KernelStream writeStream) {
         return quantizeSlots(a, e.topo.rank, q.sliceOfSlot.data(), n, a.count, 0, a.count, payload, sliceBytes,
                              writeStream);
@@ -148,11 +144,11 @@ struct QgzPipeline {
       : plan(p), sendAt(p, n, bits, blockSize), recvAt(p, recvSlots, bits, blockSize) {}
 };
 
-// Sizes the scratch of a pipelined call, connects the peers (never inside capture), and begins the pipeline
-// (ownSlotEarly: see pipeline.h).
-zpResult_t beginQgzPipeline(CudaExec& e, const CollArgs& a, bool ownEarly, QgzPipeline* p) {
-  ZPCHECK(ensureScratch(e, 0, p->sendAt.bytes(), a.stream, a.opName));
-  ZPCHECK(ensureScratch(e, 1, p->recvAt.bytes(), a.stream, a.opName));
+// Sizes the scratch of a pipelined call (the plan's), connects the peers (never inside capture), and begins the
+// pipeline on the plan's streams.
+zpResult_t beginQgzPipeline(CudaExec& e, const CollArgs& a, const CollPlan& coll, QgzPipeline* p) {
+  ZPCHECK(ensureScratch(e, 0, coll.scratchBytes[0], a.stream, a.opName));
+  ZPCHECK(ensureScratch(e, 1, coll.scratchBytes[1], a.stream, a.opName));
   if (!e.peersConnected) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     CUDACHECK(cudaStreamIsCapturing(a.stream, &status));
@@ -162,32 +158,29 @@ zpResult_t beginQgzPipeline(CudaExec& e, const CollArgs& a, bool ownEarly, QgzPi
     }
     ZPCHECK(connectPeers(e, a.opName));
   }
-  ZPCHECK(beginPipeline(e, a.stream, p->plan.chunks, /*green=*/false, &p->st, ownEarly));
+  ZPCHECK(beginPipeline(e, a.stream, coll, &p->st));
   p->sendRegion = static_cast<char*>(e.scratch[0].ptr);
   p->recvRegion = static_cast<char*>(e.scratch[1].ptr);
   return zpSuccess;
 }
 
-// One hop. Over a slow link, from ZP_OWN_SLOT_EARLY_BYTES (`keptLate`): the slice this rank keeps is quantized on
-// the finish stage while the others travel (ownSlotEarly), straight into the received slot that the sum reads,
-// and is never sent. Between two ranks that exchange by a gather (`pairLayout`), each chunk receives into three
-// slots: the outgoing slot in the middle, gathered in place, so that NCCL writes only the peer's slot (left of it
-// on rank 1, right of it on rank 0), and the kept one at the other end: the two sources in rank order at slots 0
-// and 2.
-zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
-  const int n = e.qgz.nranks;
-  const size_t esz = typeSize(a.type);
-  const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
-  // Across nodes when the ranks are on several (two ranks: one each), or over host shared memory on the extra
-  // channels, which NCCL's collectives use and its point-to-point does not.
-  const bool ringFaster = overSlowLink(e, e.comms.world);
-  const bool keptLate = ownSlotEarly(ringFaster, a.count * n * esz);
-  const bool pairLayout = keptLate && pairGather(n, ringFaster);
-  const int self = e.topo.rank, other = 1 - self;  // other: pairLayout's peer
-  QgzPipeline p(plan, n, pairLayout ? 3 : n, a.bits, a.blockSize);
-  ZPCHECK(beginQgzPipeline(e, a, keptLate, &p));
+// One hop (or one flat hop on uneven nodes). Where the plan works the own slot early (`keptLate`): the slice this
+// rank keeps is quantized on the finish stage (or a side stream) while the others travel, straight into the
+// received slot that the sum reads (recv.keptSlot), and is never sent. In the pair layout
+// (Exchange::kPairGatherInPlace), each chunk receives into three slots: the outgoing slot in the middle, gathered in
+// place, so that NCCL writes only the peer's slot (left of it on rank 1, right of it on rank 0), and the kept one
+// at the other end: the two sources in rank order at slots 0 and 2.
+zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, const CollPlan& coll, float divisor) {
+  const int n = coll.ranks;
+  const ChunkPlan& plan = coll.chunks;
+  const HopPlan& hop = coll.hop[0];
+  const bool keptLate = coll.ownEarly();
+  const bool pairLayout = hop.exchange == Exchange::kPairGatherInPlace;
+  const int self = coll.rank, other = 1 - self;  // other: pairLayout's peer
+  QgzPipeline p(plan, coll.sendSlots, coll.recv.slots, a.bits, a.blockSize);
+  ZPCHECK(beginQgzPipeline(e, a, coll, &p));
   const Stages& st = p.st;
-  PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
+  PipelineTrace trace(e, a.opName, coll.logicalBytes, plan.chunks, a.stream);
   const int* slices = e.qgz.sliceOfSlot.data();
   // Quantizes chunk c of slots [first, first + count) into `slots` (slot `first` at its start).
   auto quantizeRun = [&](int c, int first, int count, char* slots, KernelStream stream) {
@@ -218,7 +211,7 @@ zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
     // Step 1b (while the first chunk travels): the kept slice of every chunk into its received slot. In place,
     // the finish stage writes that slice only after this.
     ZPCHECK(afterQuantizeStage(e, st, plan.chunks));
-    const int keptSlot = pairLayout ? 2 * self : self;
+    const int keptSlot = coll.recv.keptSlot;
     for (int c = 0; c < plan.chunks; ++c) {
       trace.mark(PipelineTrace::kOwn, c, false, st.own.stream);
       ZPCHECK(quantizeRun(c, self, 1, p.recvRegion + p.recvAt.offset(c) + keptSlot * p.recvAt.slotBytes(c), st.own));
@@ -232,18 +225,19 @@ zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
     trace.mark(PipelineTrace::kMove, c, false, st.move);
     // Step 2 (move): the all-to-all among the n ranks, one slot each.
     if (pairLayout) {
-      ZPCHECK(ncclCheck(ncclAllGather(received + pb, received + other * pb, pb, ncclUint8, e.comms.world, st.move),
-                        a.opName, "ncclAllGather of a pair's slots"));
+      ZPCHECK(
+          ncclCheck(ncclAllGather(received + pb, received + other * pb, pb, ncclUint8, commOf(e, hop.comm), st.move),
+                    a.opName, "ncclAllGather of a pair's slots"));
     } else {
-      ZPCHECK(exchangeSlots(p.sendRegion + p.sendAt.offset(c), received, pb, n, self, ringFaster, e.comms.world,
-                            st.move, a.opName, /*withoutSelf=*/keptLate));
+      ZPCHECK(
+          exchangeSlots(p.sendRegion + p.sendAt.offset(c), received, pb, hop, commOf(e, hop.comm), st.move, a.opName));
     }
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
     if (c == 0) ZPCHECK(joinOwnSlots(e, st));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
     // Step 3 (finish): the slot from rank j (j-th source) summed in rank order.
-    const ReduceSources sources{received, pairLayout ? 2 * pb : pb, 0, n, 1};
+    const ReduceSources sources{received, coll.recv.sourceStride * pb, 0, n, 1};
     ZPCHECK(sumIntoRecv(a, plan, c, sources, divisor, st.finish));
     trace.mark(PipelineTrace::kFinish, c, true, st.finish.stream);
   }
@@ -253,15 +247,16 @@ zpResult_t qgzOneHop(CudaExec& e, const CollArgs& a, float divisor) {
 // Two hops (N nodes of L ranks each): the intra-node all-to-all gives each local rank the N slices of its
 // destinations from every local peer, summed and requantized into N partials; the inter-node all-to-all among the
 // ranks of this local rank gives each destination its partial from every node.
-zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
+zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, const CollPlan& coll, float divisor) {
   const QgzPlan& q = e.qgz;
-  const int n = q.nranks, N = q.nodes, L = q.localSize;
-  const size_t esz = typeSize(a.type);
-  const ChunkPlan plan = chunkPlanFor(a.count, a.blockSize, a.count * n * esz);
-  QgzPipeline p(plan, n, n, a.bits, a.blockSize);
-  ZPCHECK(beginQgzPipeline(e, a, /*ownEarly=*/false, &p));
+  const int n = q.nranks;
+  const HopPlan &intra = coll.hop[0], &inter = coll.hop[1];
+  const int N = inter.peers, L = intra.peers;
+  const ChunkPlan& plan = coll.chunks;
+  QgzPipeline p(plan, coll.sendSlots, coll.recv.slots, a.bits, a.blockSize);
+  ZPCHECK(beginQgzPipeline(e, a, coll, &p));
   const Stages& st = p.st;
-  PipelineTrace trace(e, a.opName, a.count * n * esz, plan.chunks, a.stream);
+  PipelineTrace trace(e, a.opName, coll.logicalBytes, plan.chunks, a.stream);
 
   // Step 1 (quantize stage): chunk c of every slice into its send slot, in the plan's node-major order. In place
   // is safe: the finish stage of chunk c' writes only chunk c' of recvbuff, and chunk c' of every slice is
@@ -281,9 +276,8 @@ zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
     ZPCHECK(waitQuantized(e, st, c));
     trace.mark(PipelineTrace::kMove, c, false, st.move);
     // Step 2 (move): the intra-node all-to-all: L peers, N slots each.
-    const size_t peerBytes = N * pb;
-    ZPCHECK(exchangeSlots(slots, received, peerBytes, L, e.topo.localRank, /*ringFaster=*/false, e.comms.intra, st.move,
-                          a.opName));
+    const size_t peerBytes = intra.slotsPerPeer * pb;
+    ZPCHECK(exchangeSlots(slots, received, peerBytes, intra, commOf(e, intra.comm), st.move, a.opName));
     // Step 3 (move): partial b = sum over local peers l (in order) of received slot l*N + b, requantized
     // into the front of this chunk's send region (its slots have left).
     // With gradient rounding, partial b draws as slice b of hop 1 of this rank and feeds back through its part
@@ -299,8 +293,7 @@ zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
     ZPCHECK(handOver(e, st, c));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
     // Step 4 (finish): the inter-node all-to-all among ranks of this local rank: partial b to node b.
-    ZPCHECK(exchangeSlots(slots, received, pb, N, e.topo.node, /*ringFaster=*/true, e.comms.inter, st.finish.stream,
-                          a.opName));
+    ZPCHECK(exchangeSlots(slots, received, pb, inter, commOf(e, inter.comm), st.finish.stream, a.opName));
     // Step 5 (finish): node a's partial, summed in node order, into recvbuff.
     const ReduceSources finals{received, pb, 0, N, 1};
     ZPCHECK(sumIntoRecv(a, plan, c, finals, divisor, st.finish));
@@ -312,14 +305,17 @@ zpResult_t qgzTwoHop(CudaExec& e, const CollArgs& a, float divisor) {
 }  // namespace
 
 zpResult_t cudaQuantReduceScatter(CudaExec& e, const CollArgs& a) {
-  const QgzPlan& q = e.qgz;
-  const int n = q.nranks;
-  const float divisor = a.op == zpAvg ? static_cast<float>(n) : 1.0f;
-  if (q.twoHop) return qgzTwoHop(e, a, divisor);
-  const size_t sliceBytes = quantPayloadBytes(a.count, a.bits, a.blockSize);  // a whole slice's payload
-  bool direct = false;
-  ZPCHECK(takesDirectPath(e, a.count * n * typeSize(a.type), n * sliceBytes, a.stream, a.opName, &direct));
-  return direct ? qgzDirect(e, a, divisor, sliceBytes) : qgzOneHop(e, a, divisor);
+  CollPlan coll;
+  ZPCHECK(planCall(e, a, &coll));
+  const float divisor = a.op == zpAvg ? static_cast<float>(e.qgz.nranks) : 1.0f;
+  switch (coll.path) {
+    case PlanPath::kTwoHops:
+      return qgzTwoHop(e, a, coll, divisor);
+    case PlanPath::kDirect:
+      return qgzDirect(e, a, coll, divisor);
+    default:
+      return qgzOneHop(e, a, coll, divisor);
+  }
 }
 
 }  // namespace zp
