@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kCtaThreads, 3) quantizeGradKernel(const GradA
 #pragma unroll
         for (int k = 0; k < kGradGroup; ++k) absMax = max(absMax, absBits(x[k]));
       }
-      absMax = logicalWarpReduce(absMax, lanes, MaxOp{});
+      absMax = logicalWarpMax(absMax, lanes);
       if (block >= a.blocks) continue;
       GradBlockScale b;
       b.scale = blockScale(absMax, Bits);
