@@ -117,12 +117,11 @@ std::string fileOf(const void* address) {
   return n > 0 ? std::string(resolved, size_t(n)) : std::string();
 }
 
-// The build's own state, or, for a copy of the tree without its git folder (sent to a GPU machine), the state
-// that whoever sent it names in ZP_SOURCE_STATE ("<commit>" or "<commit>-dirty").
+// The state that ZP_SOURCE_STATE names ("<commit>" or "<commit>-dirty"), when it is set: a copy of the tree sent to
+// a GPU machine knows no commit, or carries a git folder that is not its own. Else the build's own state.
 std::string sourceState() {
-  const std::string built = ZP_PERF_SOURCE_STATE;
   const char* named = std::getenv("ZP_SOURCE_STATE");
-  return built == "unknown" && named != nullptr ? std::string(named) : built;
+  return named != nullptr ? std::string(named) : std::string(ZP_PERF_SOURCE_STATE);
 }
 
 }  // namespace

@@ -9,8 +9,9 @@ The record (schema ``zpccl-provenance/1``; the perf binaries' ``-J`` writes the 
 
 =================  ===============================================================================================
 schema             ``"zpccl-provenance/1"``
-commit             the source tree's ``git rev-parse HEAD``; outside a git checkout (a copy sent to a GPU machine)
-                   the one ``ZP_SOURCE_STATE`` names (``<commit>`` or ``<commit>-dirty``), else ``null``
+commit             the source tree's ``git rev-parse HEAD`` (``null`` outside a git checkout); when
+                   ``ZP_SOURCE_STATE`` is set, the state it names (``<commit>`` or ``<commit>-dirty``) instead: a
+                   copy sent to a GPU machine knows no commit, or carries a git folder that is not its own
 dirty              whether tracked files differed from that commit (``null`` when unknown)
 command            the full command line, shell-quoted, as it was typed (interpreter, script, arguments)
 cwd                the working directory it ran in
@@ -56,17 +57,33 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def parse_source_state(text: str) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of ``<commit>`` or ``<commit>-dirty`` (a full lower-case hash); (None, None) otherwise."""
+    commit, dirty = text.removesuffix("-dirty"), text.endswith("-dirty")
+    valid = len(commit) == 40 and all(c in "0123456789abcdef" for c in commit)
+    return (commit, dirty) if valid else (None, None)
+
+
 def source_state() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the source tree this file belongs to; outside a git checkout, what ZP_SOURCE_STATE names
-    (``<commit>`` or ``<commit>-dirty``), else (None, None)."""
+    """(commit, dirty) of the source tree this file belongs to: what ZP_SOURCE_STATE names when it is set (a
+    malformed name is unknown, never a guess), else git's answer, else (None, None)."""
+    named = os.environ.get("ZP_SOURCE_STATE")
+    if named is not None:
+        return parse_source_state(named)
     commit = _git("rev-parse", "HEAD")
     if commit is None:
-        named = os.environ.get("ZP_SOURCE_STATE", "")
-        commit, dirty = named.removesuffix("-dirty"), named.endswith("-dirty")
-        valid = len(commit) == 40 and all(c in "0123456789abcdef" for c in commit)
-        return (commit, dirty) if valid else (None, None)
+        return None, None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return commit, None if status is None else bool(status)
+
+
+def recorded_source(record: dict[str, Any]) -> tuple[str | None, bool | None]:
+    """(commit, dirty) a provenance record stands for. A ZP_SOURCE_STATE in its environment names the tree that was
+    measured, also in files whose writer took the commit from a git folder the copy carried but did not match."""
+    named = (record.get("env") or {}).get("ZP_SOURCE_STATE")
+    if isinstance(named, str):
+        return parse_source_state(named)
+    return record.get("commit"), record.get("dirty")
 
 
 def steering_env(environ: dict[str, str] | None = None) -> dict[str, str]:

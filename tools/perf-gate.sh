@@ -23,8 +23,8 @@
 # ZP_GATE_DEADLINE (seconds the whole gate may take, default 570), ZP_GPU_CHECK_MESON_ARGS (e.g. -Dnccl_home=DIR).
 # It needs nvcc, NCCL, ninja and Meson there (Meson on PATH, in .venv/, or as a meson-*.whl at the top of the tree,
 # as tools/gpu-check.sh finds it) and torch for the FSDP2 steps; nothing from the network and nothing outside the
-# tree. Result files and logs: $build/results-gate; with $OUT set, also $OUT/gate.txt (the report) and
-# $OUT/gate.tar.gz (the files).
+# tree. Result files and logs: $build/perf-gate (tools/gpu-check.sh's own stay in $build/results-gate*); with $OUT
+# set, also $OUT/gate.txt (the report) and $OUT/gate.tar.gz (the files).
 set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$top"
@@ -64,7 +64,7 @@ fi
 export NCCL_NVLS_ENABLE=0
 build=${ZP_GATE_BUILD_DIR:-build-gpu}
 case $build in /*) ;; *) build=$top/$build ;; esac
-results=$build/results-gate
+results=$build/perf-gate  # not results-gate: tools/gpu-check.sh empties that one as it starts
 rm -rf "$results" && mkdir -p "$results"
 deadline=${ZP_GATE_DEADLINE:-570}
 SECONDS=0

@@ -11,7 +11,12 @@ give none.
 from __future__ import annotations
 
 import json
+import pathlib
+import sys
 from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "perf"))
+from provenance import recorded_source  # noqa: E402
 
 
 def rows_of(data: Any) -> list[dict[str, Any]]:
@@ -23,9 +28,13 @@ def rows_of(data: Any) -> list[dict[str, Any]]:
 
 
 def provenance_of(data: Any) -> dict[str, Any] | None:
-    """The file's provenance record, or None (a bare array, or a file that records none)."""
+    """The file's provenance record, or None (a bare array, or a file that records none). Its commit and dirty are
+    the ones it stands for (perf/provenance.py's recorded_source)."""
     p = data.get("provenance") if isinstance(data, dict) else None
-    return p if isinstance(p, dict) else None
+    if not isinstance(p, dict):
+        return None
+    commit, dirty = recorded_source(p)
+    return dict(p, commit=commit, dirty=dirty)
 
 
 def load(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:

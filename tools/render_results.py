@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 TOP = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TOP / "tools"))
+from perf_files import provenance_of  # noqa: E402
 DOCUMENTS = ("perf/RESULTS.md", "README.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
@@ -80,8 +82,8 @@ class Store:
 
     def source(self, name: str) -> Source:
         data = self.data(name)
-        record = data.get("provenance") if isinstance(data, dict) else None
-        if isinstance(record, dict) and record.get("commit"):
+        record = provenance_of(data)
+        if record and record.get("commit"):
             return Source(name, record["commit"][:7] + ("+dirty" if record.get("dirty") else ""), "")
         if isinstance(data, dict) and isinstance(data.get("commit"), str) and data["commit"]:
             return Source(name, data["commit"][:7], "recorded in the file")

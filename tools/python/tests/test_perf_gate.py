@@ -35,9 +35,10 @@ def load_script() -> Any:
     return module
 
 
-def provenance(dirty: bool = False) -> dict[str, Any]:
+def provenance(dirty: bool = False, named: str | None = None) -> dict[str, Any]:
     return {"schema": "zpccl-provenance/1", "commit": COMMIT, "dirty": dirty, "regime": "net-on1gpu",
-            "gpu": {"count": 1, "models": ["NVIDIA H200"], "driver": "580.159.03"}}
+            "gpu": {"count": 1, "models": ["NVIDIA H200"], "driver": "580.159.03"},
+            "env": {} if named is None else {"ZP_SOURCE_STATE": named}}
 
 
 def perf_row(op: str, bits: int, size: int, speedup: float, lo: float, hi: float) -> dict[str, Any]:
@@ -50,13 +51,14 @@ def fsdp_row(config: str, rounds: list[float]) -> dict[str, Any]:
     return {"config": config, "median_ms": sorted(rounds)[len(rounds) // 2], "round_median_ms": rounds}
 
 
-def write_run(folder: pathlib.Path, zpccl_rounds: list[float], dirty: bool = False, extra_row: bool = False) -> None:
+def write_run(folder: pathlib.Path, zpccl_rounds: list[float], dirty: bool = False, extra_row: bool = False,
+              named: str | None = None) -> None:
     rows = [perf_row("qwz_all_gather", 8, 16 << 20, 1.20, 1.15, 1.25),
             perf_row("qwz_all_gather", 8, 64 << 20, 1.64, 1.60, 1.70)]
     if extra_row:
         rows.append(perf_row("qgz_reduce_scatter", 4, 64 << 20, 2.7, 2.6, 2.8))
-    (folder / "net_qwz_int8.json").write_text(json.dumps({"provenance": provenance(dirty), "rows": rows}))
-    fsdp = {"provenance": provenance(dirty), "rows": [
+    (folder / "net_qwz_int8.json").write_text(json.dumps({"provenance": provenance(dirty, named), "rows": rows}))
+    fsdp = {"provenance": provenance(dirty, named), "rows": [
         fsdp_row("nccl", [120.0, 118.0, 124.0, 121.0, 119.0]),
         fsdp_row("nccl-noreshard", [80.0, 79.0, 82.0, 81.0, 80.0]),
         fsdp_row("nccl-2comm", [70.0, 69.0, 72.0, 71.0, 70.0]),
@@ -165,6 +167,12 @@ class PerfGate(unittest.TestCase):
         self.assertIn("dirty", text)
         self.assertFalse(self.reference.exists())
         self.assertEqual(self.main("--record", "--allow-dirty")[0], 0)
+        self.reference.unlink()
+        # A copy sent to the GPU machine with a git folder not its own: the state its sender named is the one kept.
+        measured = "fedcba9876543210fedcba9876543210fedcba98"
+        write_run(self.run_dir, [48.0] * 5, dirty=True, named=measured)
+        self.assertEqual(self.main("--record")[0], 0)
+        self.assertEqual(json.loads(self.reference.read_text())["commits"], [measured])
         other = copy.deepcopy(json.loads((self.run_dir / "fsdp_small.json").read_text()))
         other["provenance"]["gpu"] = {"count": 2, "models": ["NVIDIA H200"]}
         (self.run_dir / "fsdp_small.json").write_text(json.dumps(other))

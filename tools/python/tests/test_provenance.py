@@ -1,7 +1,9 @@
 """perf/provenance.py, the record every result file carries: the source state it names inside a git checkout and in
-a copy without one (a tree sent to a GPU machine), where ZP_SOURCE_STATE names the commit."""
+a copy sent to a GPU machine, where ZP_SOURCE_STATE names the commit (the copy has no git folder, or one that is
+not its own), and the state a written record stands for."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -16,6 +18,13 @@ from . import SOURCE_TREE
 SCRIPT = SOURCE_TREE / "perf" / "provenance.py"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PRINT_STATE = "import provenance, json; print(json.dumps(provenance.source_state()))"
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("zpccl_perf_provenance", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def source_state_in(folder: pathlib.Path, state: str | None) -> list:
@@ -50,6 +59,37 @@ class SourceStateOutsideGit(unittest.TestCase):
         for bad in ("HEAD", COMMIT[:12], COMMIT.upper(), "", COMMIT + "-dirty-dirty"):
             with self.subTest(state=bad):
                 self.assertEqual(source_state_in(self.folder, bad), [None, None])
+
+
+@unittest.skipUnless(SCRIPT.exists(), f"{SCRIPT} not found")
+class SourceStateInsideGit(unittest.TestCase):
+    def test_a_named_state_wins_over_the_git_folder(self) -> None:
+        # The copy on a GPU machine may carry a git folder of another commit: the sender's name is the truth.
+        self.assertEqual(source_state_in(SCRIPT.parent, COMMIT), [COMMIT, False])
+
+    def test_git_answers_when_nothing_is_named(self) -> None:
+        commit, dirty = source_state_in(SCRIPT.parent, None)
+        self.assertRegex(commit, "^[0-9a-f]{40}$")
+        self.assertIsInstance(dirty, bool)
+
+
+@unittest.skipUnless(SCRIPT.exists(), f"{SCRIPT} not found")
+class RecordedSource(unittest.TestCase):
+    def setUp(self) -> None:
+        self.provenance = load_module()
+
+    def test_the_environment_names_the_measured_tree(self) -> None:
+        other = "f" * 40
+        record = {"commit": other, "dirty": True, "env": {"ZP_SOURCE_STATE": COMMIT}}
+        self.assertEqual(self.provenance.recorded_source(record), (COMMIT, False))
+
+    def test_without_a_name_the_record_stands(self) -> None:
+        record = {"commit": COMMIT, "dirty": True, "env": {"NCCL_NVLS_ENABLE": "0"}}
+        self.assertEqual(self.provenance.recorded_source(record), (COMMIT, True))
+
+    def test_a_malformed_name_is_unknown(self) -> None:
+        record = {"commit": COMMIT, "dirty": False, "env": {"ZP_SOURCE_STATE": "main"}}
+        self.assertEqual(self.provenance.recorded_source(record), (None, None))
 
 
 if __name__ == "__main__":
