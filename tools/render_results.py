@@ -412,6 +412,7 @@ R = "2026-11-30-h200x2-"
 R1 = "2026-12-01-h200x1-"
 R2 = "2026-12-02-h200x1-"
 R3 = "2026-12-03-h200x1-"
+R5 = "2026-12-05-h200x1-"
 SIZES = ["1M", "4M", "16M", "64M", "256M", "1G"]
 UPPER = ("64M", "256M", "1G")
 LOWER = ("1M", "4M", "16M")
@@ -458,43 +459,83 @@ def headline(store: Store) -> Table:
 
 def one_gpu(store: Store) -> Table:
     """qwZ, hpZ and qgZ on one time-shared GPU: two nodes of one rank (net-on1gpu) and of two (2x2-on1gpu)."""
-    net35, check25, two_by_two = R3 + "qwz-hpz-net-35f8470.json", R1 + "check-2533cb1.json", R1 + "2x2-on1gpu.json"
-    up_to_64m = LOWER + ("64M",)
+    check, check25, check5e, two_by_two = R5 + "check-1c1aab7.json", R1 + "check-2533cb1.json", \
+        R1 + "check-5e33917.json", R1 + "2x2-on1gpu.json"
     net, grid = dict(regime="net-on1gpu"), dict(regime="2x2-on1gpu")
-    lines = [Line(f"qwZ net-on1gpu int{b}", [Pick(net35, "qwz_all_gather", up_to_64m, dict(net, bits=b))], limit=True)
-             for b in (8, 4)]
-    lines += [Line(f"qwZ 2x2-on1gpu int{b}", [Pick(check25, "qwz_all_gather", ("64M",), dict(grid, bits=b))],
-                   limit=True) for b in (8, 4)]
-    lines.append(Line("qwZ 2x2-on1gpu int4", [Pick(two_by_two, "qwz_all_gather", ("64M", "256M"), dict(grid, bits=4))],
-                      limit=True))
-    lines += [Line(f"qwZ int{b} + hpZ, net-on1gpu", [Pick(net35, "qwz_hpz_gathers", up_to_64m, dict(net, bits=b))])
+    lines = []
+    for op, label in (("qwz_all_gather", "qwZ"), ("qgz_reduce_scatter", "qgZ")):
+        lines += [Line(f"{label} net-on1gpu int{b}", [Pick(check, op, None, dict(net, bits=b))], limit=True)
+                  for b in (8, 4)]
+    lines += [Line(f"qwZ int{b} + hpZ, net-on1gpu", [Pick(check, "qwz_hpz_gathers", None, dict(net, bits=b))])
               for b in (8, 4)]
-    lines.append(Line("hpZ exact, 2x2-on1gpu (two runs)", [Pick(check25, "hpz_all_gather", ("64M",), grid)],
+    lines += [Line(f"qwZ 2x2-on1gpu int{b}", [Pick(check, "qwz_all_gather", None, dict(grid, bits=b))], limit=True)
+              for b in (8, 4)]
+    lines.append(Line("qgZ 2x2-on1gpu int8", [Pick(check, "qgz_reduce_scatter", None, dict(grid, bits=8))]))
+    lines.append(Line("qgZ 2x2-on1gpu int4", [Pick(check5e, "qgz_reduce_scatter", ("64M", "256M"),
+                                                   dict(grid, bits=4))]))
+    lines.append(Line("hpZ exact, 2x2-on1gpu", [Pick(check25, "hpz_all_gather", ("64M",), grid, ),
+                                                Pick(two_by_two, "hpz_all_gather", ("256M",), grid)],
                       value="speedup-all"))
-    lines += [Line(f"qwZ int{b} + hpZ, 2x2-on1gpu", [Pick(check25, "qwz_hpz_gathers", ("64M",), dict(grid, bits=b))])
+    lines += [Line(f"qwZ int{b} + hpZ, 2x2-on1gpu", [Pick(check25, "qwz_hpz_gathers", ("64M",), dict(grid, bits=b))]
+                   + ([Pick(two_by_two, "qwz_hpz_gathers", ("256M",), dict(grid, bits=b))] if b == 4 else []))
               for b in (8, 4)]
-    lines.append(Line("hpZ exact, 2x2-on1gpu", [Pick(two_by_two, "hpz_all_gather", ("256M",), grid)]))
-    lines.append(Line("qwZ int4 + hpZ, 2x2-on1gpu",
-                      [Pick(two_by_two, "qwz_hpz_gathers", ("256M",), dict(grid, bits=4))]))
-    lines += [Line(f"qgZ net-on1gpu int{b}", [Pick(R2 + "check-cc65977.json", "qgz_reduce_scatter", ("64M", "256M"),
-                                                   dict(net, bits=b))], limit=True) for b in (4, 8)]
-    lines += [Line(f"qgZ 2x2-on1gpu int{b}", [Pick(R1 + "check-5e33917.json", "qgz_reduce_scatter", ("64M", "256M"),
-                                                   dict(grid, bits=b))]) for b in (4, 8)]
-    return size_table(store, "on1gpu", "", ["1M", "4M", "16M", "64M", "256M"], lines)
+    return size_table(store, "on1gpu", "", ["16M", "64M", "256M"], lines)
+
+
+def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Table:
+    """Separate runs of one FSDP2 step shape: FSDP2 + zpccl's step time and its ratio to FSDP2 + NCCL at either
+    resharding and to the ablation (NCCL with the reduce-scatters on a second communicator), each ratio of medians
+    with the least and greatest ratio of the rounds' medians; a run that lacks a configuration shows "-"."""
+    t = Table(store, name, ["run", "rounds", "zpccl ms (median, range)", "NCCL True ms", "NCCL False ms",
+                            "NCCL 2 comms ms", "vs NCCL True", "vs NCCL False", "vs NCCL 2 comms"])
+    for file, label in files:
+        rows = {r["config"]: r for r in store.data(file)["rows"]}
+        if "zpccl-hpz" not in rows:
+            raise RenderError(f"table {name}: {file} has no zpccl-hpz row")
+        z = rows["zpccl-hpz"]
+        rounds = z.get("round_median_ms") or []
+
+        def ms(config: str) -> str:
+            return f"{rows[config]['median_ms']:.1f}" if config in rows else "-"
+
+        def vs(config: str) -> str:
+            if config not in rows:
+                return "-"
+            b = rows[config]
+            text = f"{b['median_ms'] / z['median_ms']:.2f}x"
+            a = b.get("round_median_ms") or []
+            if a and len(a) == len(rounds):
+                ratios = [x / y for x, y in zip(a, rounds)]
+                text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+            return text
+
+        t.add([label, str(len(rounds)) if rounds else "-",
+               f"{z['median_ms']:.1f} ({z['min_ms']:.1f}-{z['max_ms']:.1f})", ms("nccl"), ms("nccl-noreshard"),
+               ms("nccl-2comm"), vs("nccl"), vs("nccl-noreshard"), vs("nccl-2comm")], [file])
+    return t
 
 
 TABLES: dict[str, Callable[[Store], Table]] = {
     "headline": headline,
-    "fsdp-step": lambda s: fsdp_step_table(s, "fsdp-step", [(R2 + "fsdp-step-small-0731899.json", "small"),
-                                                             (R2 + "fsdp-step-large-0731899.json", "large")], [
+    "fsdp-step": lambda s: fsdp_step_table(s, "fsdp-step", [(R5 + "fsdp-step-small-gate-1c1aab7.json", "small"),
+                                                             (R5 + "fsdp-step-large-gate-1c1aab7.json", "large")], [
         ("nccl", "FSDP2 + NCCL"), ("nccl-noreshard", "FSDP2 + NCCL"), ("nccl-2comm", "FSDP2 + NCCL, 2 comms"),
-        ("zpccl-hpz", "FSDP2 + zpccl"), ("zero3", "hand-rolled ZeRO-3 on zpccl")]),
+        ("zpccl-hpz", "FSDP2 + zpccl")]),
+    "fsdp-step-runs": lambda s: fsdp_runs_table(s, "fsdp-step-runs", [
+        (R5 + "fsdp-step-small-gate-1c1aab7.json", "1c1aab7, the gate's run"),
+        *((R5 + f"fsdp-step-small-run{i}-1c1aab7.json", f"1c1aab7, run {i}") for i in range(2, 7)),
+        (R5 + "fsdp-step-small-0731899-rerun.json", "0731899, same machine, after run 6"),
+        (R2 + "fsdp-step-small-0731899.json", "0731899, its own session"),
+        (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
+        (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, its own session")]),
     "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", R3 + "fsdp-memory-1bf77a3.json"),
     "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", [R3 + "fsdp-loss-cosine-35f8470.json",
                                                        R3 + "fsdp-loss-cosine-seeds345-1bf77a3.json"], [
         ("nccl-fp32", "NCCL, fp32 reduction (noise floor)", []),
         ("zpccl:8:4", "zpccl int8 weights, int4 gradients", []),
         ("zpccl:8:8", "zpccl int8 weights, int8 gradients", [])], "nccl-noreshard"),
+    "fsdp-loss-b64": lambda s: loss_table(s, "fsdp-loss-b64", [R5 + "fsdp-loss-int4-b64-1c1aab7.json"], [
+        ("zpccl:8:4", "zpccl int8 weights, int4 gradients in blocks of 64", [])], "nccl"),
     "qwz-nvlink": lambda s: collective_table(s, "qwz-nvlink", "qwz_all_gather", SIZES, [(NVLINK, None)], ["nvlink"],
                                              (8, 4), {8: (1.3, "256M")}),
     "qwz-shm-net": lambda s: collective_table(s, "qwz-shm-net", "qwz_all_gather", SIZES,

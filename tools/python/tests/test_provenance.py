@@ -92,5 +92,33 @@ class RecordedSource(unittest.TestCase):
         self.assertEqual(self.provenance.recorded_source(record), (None, None))
 
 
+def load_perf_files():
+    sys.path.insert(0, str(SOURCE_TREE / "tools"))
+    import perf_files
+    return perf_files
+
+
+class GatheredFiles(unittest.TestCase):
+    """tools/perf_files.py's provenance_of for a file that gathers several runs (tools/gpu-check.sh's results.json):
+    one source when every run stands for the same tree, none when they differ."""
+
+    def setUp(self) -> None:
+        self.perf_files = load_perf_files()
+
+    def gathered(self, *records: dict) -> dict:
+        return {"provenance_by_file": {f"run{i}.json": r for i, r in enumerate(records)}, "rows": []}
+
+    def test_runs_of_one_tree_stand_for_it(self) -> None:
+        stale = {"commit": "f" * 40, "dirty": True, "env": {"ZP_SOURCE_STATE": COMMIT}}
+        got = self.perf_files.provenance_of(self.gathered(stale, dict(stale)))
+        self.assertEqual((got["commit"], got["dirty"], got["runs"]), (COMMIT, False, 2))
+
+    def test_runs_of_different_trees_stand_for_none(self) -> None:
+        a = {"commit": COMMIT, "dirty": False}
+        b = {"commit": "f" * 40, "dirty": False}
+        self.assertIsNone(self.perf_files.provenance_of(self.gathered(a, b)))
+        self.assertIsNone(self.perf_files.provenance_of(self.gathered(a, {"commit": COMMIT, "dirty": True})))
+
+
 if __name__ == "__main__":
     unittest.main()
