@@ -5,6 +5,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "host/all_reduce_shards.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "src/include/params.h"
@@ -129,6 +130,51 @@ void planQgzTwoHops(const PlanFacts& f, CollPlan* p) {
   p->scratchBytes[1] = ChunkRegion(p->chunks, p->recv.slots, f.bits, f.blockSize).bytes();
 }
 
+// The all-reduce (the header's comment): qgZ's hops over the shards, then the gather's, all on the move stage. Its
+// scratch is qgZ's: n send slots a chunk (where the gather's payloads go once the chunk's reduce-scatter has sent
+// them) and n receive slots. Its own slots travel with the others.
+void planAllReduce(const PlanFacts& f, bool slowLink, CollPlan* p) {
+  const Topology& t = *f.topo;
+  const PlanTunables& tu = f.tunables;
+  p->shardCount = allReduceShardCount(f.count, t.nranks, f.blockSize);
+  p->chunks = planChunks(tu, p->shardCount, f.blockSize, p->logicalBytes);
+  if (t.hierarchical()) {
+    p->path = PlanPath::kTwoHops;
+    p->hops = 4;
+    p->hop[0] = HopPlan{pairGather(tu, t.localSize, false) ? Exchange::kPairGather : Exchange::kSendRecv,
+                        PlanComm::kIntra,
+                        t.localSize,
+                        t.localRank,
+                        t.nodes,
+                        false,
+                        false};
+    p->hop[1] = HopPlan{pairGather(tu, t.nodes, true) ? Exchange::kPairGather : Exchange::kSendRecv,
+                        PlanComm::kInter,
+                        t.nodes,
+                        t.node,
+                        1,
+                        false,
+                        false};
+    p->hop[2] = HopPlan{Exchange::kAllGather, PlanComm::kInter, t.nodes, t.node, 1, false, false};
+    p->hop[3] = HopPlan{Exchange::kAllGather, PlanComm::kIntra, t.localSize, t.localRank, t.nodes, false, false};
+  } else {
+    p->path = t.nodes > 1 && !t.even ? PlanPath::kFlat : PlanPath::kOneHop;
+    p->hops = 2;
+    p->hop[0] = HopPlan{pairGather(tu, p->ranks, slowLink) ? Exchange::kPairGather : Exchange::kSendRecv,
+                        PlanComm::kWorld,
+                        p->ranks,
+                        p->rank,
+                        1,
+                        false,
+                        false};
+    p->hop[1] = HopPlan{Exchange::kAllGather, PlanComm::kWorld, p->ranks, p->rank, 1, false, false};
+  }
+  p->sendSlots = p->ranks;
+  p->recv.slots = p->ranks;
+  p->scratchBytes[0] = ChunkRegion(p->chunks, p->sendSlots, f.bits, f.blockSize).bytes();
+  p->scratchBytes[1] = ChunkRegion(p->chunks, p->recv.slots, f.bits, f.blockSize).bytes();
+}
+
 }  // namespace
 
 CollPlan planCollective(const PlanFacts& f) {
@@ -140,7 +186,8 @@ CollPlan planCollective(const PlanFacts& f) {
   p.group = hpz ? PlanComm::kHpz : PlanComm::kWorld;
   p.ranks = hpz ? t.hpzSize : t.nranks;
   p.rank = hpz ? t.hpzRank : t.rank;
-  p.logicalBytes = f.count * p.ranks * f.elemBytes;
+  const bool allReduce = f.kind == CollKind::kQuantAllReduce;
+  p.logicalBytes = f.count * (allReduce ? 1 : p.ranks) * f.elemBytes;
   if (hpz && f.bits == 0) {  // moves the bits as they are
     p.path = PlanPath::kExact;
     p.chunks = oneChunk(f.count);
@@ -155,6 +202,10 @@ CollPlan planCollective(const PlanFacts& f) {
   // The group's link: host shared memory on the extra channels, or sockets when it spans several nodes (an hpZ
   // group never does).
   const bool slowLink = f.link.shmChannels || (p.group == PlanComm::kWorld && t.nodes > 1);
+  if (allReduce) {
+    planAllReduce(f, slowLink, &p);
+    return p;
+  }
 
   // The direct path: every payload of the call in the window (qgZ: each rank's n slots), which grows to hold them
   // unless a graph froze it.
@@ -197,6 +248,8 @@ PlanFacts planFactsOf(const Topology& topo, const CollArgs& a) {
   const auto send = reinterpret_cast<uintptr_t>(a.sendbuff), recv = reinterpret_cast<uintptr_t>(a.recvbuff);
   if (a.kind == CollKind::kQuantReduceScatter) {
     f.inPlace = recv == send + topo.rank * shard;
+  } else if (a.kind == CollKind::kQuantAllReduce) {
+    f.inPlace = recv == send;
   } else {
     f.inPlace = send == recv + (a.kind == CollKind::kHierAllGather ? topo.hpzRank : topo.rank) * shard;
   }
@@ -211,6 +264,13 @@ ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkF
   ReservePlan r;
   r.scratchBytes[0] = ChunkRegion(chunks, n, bits, blockSize).bytes();
   r.scratchBytes[1] = ChunkRegion(chunks, std::max(n, kPairLayoutSlots), bits, blockSize).bytes();
+  // The all-reduce of maxBytes / 2 elements: n slots a chunk in both buffers, of shards that round up to whole blocks
+  // (a large block may need more than the smallest when the shards are small).
+  for (int g = kMinBlockSize; g <= kMaxBlockSize; g *= 2) {
+    const size_t shard = allReduceShardCount(maxBytes / 2, n, g);
+    const size_t bytes = ChunkRegion(planChunks(t, shard, g, maxBytes), n, bits, g).bytes();
+    for (size_t& s : r.scratchBytes) s = std::max(s, bytes);
+  }
   if (link.directLoads && atLeast(maxBytes, t.directMinBytes)) {
     r.windowBytes = payloadOffset + n * quantPayloadBytes(count, bits, blockSize);
   }
@@ -257,7 +317,7 @@ std::ostream& operator<<(std::ostream& out, OwnSlot o) { return out << ownSlotNa
 namespace {
 
 const char* kindName(CollKind k) {
-  static const char* const kNames[] = {"zpQuantize", "zpDequantize", "qwZ", "hpZ", "qgZ"};
+  static const char* const kNames[] = {"zpQuantize", "zpDequantize", "qwZ", "hpZ", "qgZ", "all-reduce"};
   return nameOf(k, kNames);
 }
 
@@ -269,6 +329,7 @@ std::string CollPlan::describe() const {
       << ranks << "), " << logicalBytes << " bytes" << (inPlace ? " in place" : "") << ", " << chunks.chunks
       << (chunks.chunks == 1 ? " chunk" : " chunks");
   if (chunks.chunks > 0) out << (chunks.chunks > 1 ? ", the first of " : " of ") << chunks.elems(0) << " elements";
+  if (kind == CollKind::kQuantAllReduce) out << " of shards of " << shardCount;
   for (int h = 0; h < hops; ++h) {
     const HopPlan& x = hop[h];
     out << "; hop " << h + 1 << ": " << exchangeName(x.exchange) << " on " << planCommName(x.comm) << " (" << x.self

@@ -14,6 +14,11 @@
 // - two hops: qgZ on several nodes of several ranks each, all equal (host/qgz_plan.h);
 // - flat: qgZ's one hop where uneven nodes rule out the two (init's log says so);
 // - exact: hpZ without bits, one all-gather of the secondary shards as they are, not chunked.
+// The all-reduce (zpQuantAllReduce) is qgZ's reduce-scatter over its shards (host/all_reduce_shards.h) followed by
+// the gather of the reduced shards: one hop (an all-to-all, then an all-gather, among every rank; flat on uneven
+// nodes), or two hops each way (intra-node then inter-node all-to-all; inter-node then intra-node all-gather), every
+// exchange on the move stage. It never takes the direct path: the direct-load window and its flags serve one read
+// of the peers' payloads a call, and the all-reduce reads twice.
 #pragma once
 
 #include <cstddef>
@@ -60,8 +65,8 @@ struct PlanFacts {
   PlanTunables tunables;
   LinkFacts link;
   WindowFacts window;
-  CollKind kind = CollKind::kQuantAllGather;  // one of the three collectives
-  size_t count = 0;                           // sendcount (the gathers) or recvcount (qgZ), elements
+  CollKind kind = CollKind::kQuantAllGather;  // one of the collectives
+  size_t count = 0;  // sendcount (the gathers), recvcount (qgZ) or count (the all-reduce), elements
   size_t elemBytes = 0;
   int bits = 0;          // 0: exact hpZ
   int blockSize = 0;     // unused by exact hpZ
@@ -109,23 +114,27 @@ struct RecvLayout {
 };
 constexpr int kPairLayoutSlots = 3;
 
+// The most exchanges a plan makes (the all-reduce's two hops each way).
+constexpr int kMaxHops = 4;
+
 struct CollPlan {
   CollKind kind = CollKind::kQuantAllGather;
   PlanPath path = PlanPath::kNone;
   PlanComm group = PlanComm::kWorld;  // the ranks of the call: the world, or the hpZ group
   int ranks = 0;                      // in the group
   int rank = 0;                       // this rank's index in it
-  size_t logicalBytes = 0;            // the call's unquantized bytes: count x ranks x element bytes
+  size_t logicalBytes = 0;            // the call's unquantized bytes: count x ranks (all-reduce: 1) x element bytes
+  size_t shardCount = 0;              // the all-reduce: elements of a full shard (the chunks cut each shard)
   bool inPlace = false;
   ChunkPlan chunks;  // one chunk for the direct and exact paths
   int hops = 0;
-  HopPlan hop[2];
+  HopPlan hop[kMaxHops];  // in the order they run
   OwnSlot ownSlot = OwnSlot::kWithTheOthers;
   bool greenStages = false;  // the quantize and finish stages run in the green context
   bool ownInGreen = false;   // the own slot's kernels run in the green context
   bool inlineWaits = false;  // direct: the kernels wait for the peers themselves (no extra launches)
   int sendSlots = 0;         // payload slots a chunk in scratch 0 (every rank's, or every destination's)
-  RecvLayout recv;           // qgZ's pipelines; slots 0 for the others
+  RecvLayout recv;           // qgZ's and the all-reduce's pipelines; slots 0 for the others
   size_t scratchBytes[2] = {0, 0};
   size_t windowBytes = 0;  // direct: the window's size the call needs, its flags included
 
@@ -148,8 +157,9 @@ PlanFacts planFactsOf(const Topology& topo, const CollArgs& a);
 ChunkPlan planChunks(const PlanTunables& t, size_t count, int blockSize, size_t logicalBytes);
 
 // What zpCommReserve(maxBytes) sizes: scratch for every plan of up to maxBytes logical bytes at the worst
-// settings a call may ask for (8 bits, the smallest block, 2-byte types), and the direct-load window for qgZ's n
-// slots of such a call when direct loads would serve it (0 otherwise).
+// settings a call may ask for (8 bits, 2-byte types, the smallest block; for the all-reduce, whose shards round up
+// to whole blocks, the block size that needs most), and the direct-load window for qgZ's n slots of such a call
+// when direct loads would serve it (0 otherwise).
 struct ReservePlan {
   size_t scratchBytes[2] = {0, 0};
   size_t windowBytes = 0;

@@ -1,6 +1,6 @@
 /*
  * zpccl: ZeRO++ collectives (quantized weight all-gather, hierarchical all-gather, quantized gradient
- * reduce-scatter) behind an NCCL-style C ABI.
+ * reduce-scatter) and a quantized gradient all-reduce behind an NCCL-style C ABI.
  *
  * Conventions, as NCCL's:
  * - Every call returns a zpResult_t. On failure, zpGetLastError(comm) holds a message naming the call and the
@@ -448,6 +448,81 @@ zpResult_t zpQuantReduceScatterA2AEx2(const void* sendbuff, void* recvbuff, size
 /* Elements of the intermediate hop's residual for a call of recvcount: nodes * recvcount on a two-hop layout
  * (several nodes of several ranks, all of equal size), 0 where qgZ takes one hop. */
 zpResult_t zpGradHopResidualCount(size_t recvcount, size_t* count, zpComm_t comm);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Quantized all-reduce (the gradient all-reduce of DDP and of HSDP's replicate dimension)                    */
+/*
+ * zpQuantAllReduce(sendbuff, recvbuff, count, ...) is ncclAllReduce with Sum or Avg (which divides by the rank count)
+ * on fp16, bf16 or fp32, in place when sendbuff == recvbuff (any other overlap is refused), any count.
+ *
+ * Shards. The tensor is cut into one shard per rank, every shard a whole number of blocks: with G the call's block
+ * size and n the rank count, shardCount = ceil(ceil(count / n) / G) * G (zpQuantAllReduceShardCount), and rank r
+ * reduces elements [min(r * shardCount, count), min((r + 1) * shardCount, count)): every shard but the last non-empty
+ * one holds shardCount elements, later ones none (count 1000, 8 ranks, G 256: ranks 0-2 reduce 256 elements, rank 3
+ * 232, ranks 4-7 none). So the blocks of both quantizations are the tensor's own G-element blocks, from its first
+ * element, whatever the rank count: a block never straddles two shards, and the rules below hold per block of the
+ * tensor. A rank reduces at most G - 1 elements more than count / n (and moves payloads of shardCount elements).
+ *
+ * The plan (host/coll_plan.h), with the codes of the call's bits (default: the communicator's gradBits):
+ * 1. qgZ's reduce-scatter over the shards, as zpQuantReduceScatterA2A with recvcount = shardCount (a shorter or empty
+ *    shard quantizes and sums only its elements): each rank quantizes every destination's part of its sendbuff, one
+ *    all-to-all (one node, one rank a node, or uneven nodes) or two (several nodes of L ranks each: inside the node,
+ *    fp32 sums of the L contributions requantized, then across nodes), the fp32 sums in a fixed order, Avg's division,
+ *    and the rounding to the output type, into the rank's shard of recvbuff.
+ * 2. The all-gather of the reduced shards, in qwZ's format (zpQuantAllGather): each rank quantizes its reduced shard
+ *    (to nearest, always) and every rank dequantizes every rank's payload into its place, its own included. Where
+ *    reduce-scatter took two hops, so does the gather, in the reverse order: an all-gather among the ranks of this
+ *    local rank, one a node (the second hop's peers), then an all-gather inside the node of the N payloads each
+ *    rank then holds, forwarded as they arrived (never requantized). Each shard enters each other node once, on the
+ *    link of its own local rank there, as the second hop's partial sums left it: a node receives n - L payloads
+ *    from the network (a ring through the node, n - 1), spread evenly over its L ranks' links, on the same
+ *    sub-communicators as qgZ's hops, in N - 1 + L - 1 steps instead of n - 1; the rest moves over the node's own
+ *    links. The payloads are bit for bit those of a flat gather, so the output does not depend on the hops.
+ * Three quantization round trips at most (sender, intermediate of two hops, gather), whatever the scale.
+ *
+ * Guarantees: every rank's recvbuff is bit-identical, its own shard included (it holds the dequantized values, not
+ * the reduce-scatter's), so replicas never drift apart; deterministic; equal to the host backend's, which is the
+ * reference. Gradient rounding (zpQuantAllReduceEx): the options and the rules of qgZ's (above) for the
+ * reduce-scatter's quantizations, drawn as qgZ's with recvcount = shardCount (slice = destination rank or node,
+ * element j of the slice); all-reduce calls take sequence numbers from the same count as qgZ's calls. The residual
+ * has the sendbuff's layout (count elements); the hop residual zpGradHopResidualCount(shardCount) elements. The
+ * gather's quantization always rounds to nearest and keeps no residual: every rank must dequantize the same codes.
+ *
+ * NaN, Inf and overflow, as qgZ (a loss scaler still sees them), per block of G elements of the tensor: a block is
+ * all NaN on every rank when some rank's input block held NaN or +-Inf, when some fp32 sum in it overflows, or when
+ * some element of the reduced block rounds beyond the output type's range (fp16, bf16: qgZ's +-Inf in that element
+ * then makes the gather's block NaN). Every other block is finite.
+ *
+ * Error bound, per element i of block B, for values in the types' normal ranges: with q = qmax (127 for int8, 7 for
+ * int4), S_i the exact sum of the n inputs, A = sum over ranks r of max_{j in B} |x_r[j]| (the sum of the ranks' block
+ * maxima), M = max_{j in B} |S_j|, u the unit roundoff of the output type (2^-24 fp32, 2^-11 fp16, 2^-8 bf16), and E
+ * the reduce-scatter's bound,
+ *   E = A / (2q) with one hop,  E = (A / (2q)) (2 + 1/(2q)) with two hops,
+ *   |out_i - S_i| <= E + (M + E) (1/(2q) + 3u) + (n + 1) 2^-16 A
+ * (Avg: every term divided by n). E is each sender's half step (absmax / qmax / 2), plus on two hops each partial
+ * sum's half step; (M + E) / (2q) is the gather's half step on the reduced block; the u terms are the roundings to
+ * the output type, before and after the gather; the last term bounds the fp32 arithmetic (quotients, scales, sums).
+ * A value below a type's smallest normal rounds to its subnormal spacing instead. With stochastic rounding a code may
+ * move a whole step: E doubles (A / q, and (A / q)(2 + 1/q)), unbiased. With error feedback the inputs are
+ * x + residual.
+ */
+
+/* zpQuantAllReduce: the quantized all-reduce above. sendbuff and recvbuff hold count elements; op is zpSum or zpAvg;
+ * codes of the communicator's gradBits and blockSize. */
+zpResult_t zpQuantAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
+                            zpComm_t comm, cudaStream_t stream);
+/* As zpQuantAllReduce, with per-call options (NULL: as zpQuantAllReduce): zpGradOptions_t's bits and block size,
+ * rounding, seed and sequence, and the residuals of error feedback (residualCount = count; hopResidualCount =
+ * zpGradHopResidualCount(shardCount)), all as zpQuantReduceScatterA2AEx2 takes them. One struct carries the codes and
+ * the gradient rounding alike (versioned, so it grows without a further variant). Bad options are zpInvalidArgument
+ * naming the field; the communicator stays usable. */
+zpResult_t zpQuantAllReduceEx(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype, zpRedOp_t op,
+                              const zpGradOptions_t* options, zpComm_t comm, cudaStream_t stream);
+
+/* Elements of a full shard of zpQuantAllReduce for count elements with blocks of blockSize (0: the communicator's):
+ * ceil(ceil(count / nranks) / blockSize) * blockSize; rank r reduces elements [min(r * shardCount, count),
+ * min((r + 1) * shardCount, count)). */
+zpResult_t zpQuantAllReduceShardCount(size_t count, int blockSize, size_t* shardCount, zpComm_t comm);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "host/all_reduce_shards.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "src/include/check.h"
@@ -224,7 +225,8 @@ zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, Co
     return ZP_ERR(zpInvalidArgument, "%s : type %s is not supported (float16, bfloat16 and float32 are)", call,
                   typeName(a->type));
   }
-  if (a->kind == CollKind::kQuantReduceScatter && a->op != zpSum && a->op != zpAvg) {
+  const bool reduces = a->kind == CollKind::kQuantReduceScatter || a->kind == CollKind::kQuantAllReduce;
+  if (reduces && a->op != zpSum && a->op != zpAvg) {
     if (a->op < 0 || a->op >= zpNumOps) {
       return ZP_ERR(zpInvalidArgument, "%s : invalid op %d", call, static_cast<int>(a->op));
     }
@@ -275,6 +277,13 @@ zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, Co
     return ZP_ERR(zpInvalidArgument, "%s : count %zu x %zu ranks x %zu bytes overflows size_t", call, a->count,
                   groupRanks, elemBytes);
   }
+  // The all-reduce's payloads: a shard's for every rank.
+  if (a->kind == CollKind::kQuantAllReduce &&
+      mulOverflows(quantPayloadBytes(allReduceShardCount(a->count, topo.nranks, a->blockSize), a->bits, a->blockSize),
+                   static_cast<size_t>(topo.nranks), &payloadTotal)) {
+    return ZP_ERR(zpInvalidArgument, "%s : count %zu on %d ranks overflows size_t in its payloads", call, a->count,
+                  topo.nranks);
+  }
   if (a->count == 0) return zpSuccess;  // a successful no-op, whatever the pointers and the layout
 
   // Layout.
@@ -324,6 +333,9 @@ zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, Co
       sendBytes = totalBytes;
       inPlaceSend = recvChar - static_cast<size_t>(topo.rank) * localBytes;
       break;
+    case CollKind::kQuantAllReduce:
+      inPlaceSend = recvChar;
+      break;
   }
   if (overlaps(a->sendbuff, sendBytes, a->recvbuff, recvBytes) && sendChar != inPlaceSend) {
     if (inPlaceSend == nullptr) {  // zpQuantize, zpDequantize
@@ -371,6 +383,12 @@ zpResult_t checkGradOptionsHeader(const zpGradOptions_t* g, const char* call, zp
 
 namespace {
 
+// Elements of the call's sendbuff and recvbuff: qgZ's or the all-reduce's.
+size_t sendElemsOf(const Communicator* comm, const CollArgs& a) {
+  return a.kind == CollKind::kQuantAllReduce ? a.count : a.count * comm->topo.nranks;
+}
+size_t recvElemsOf(const CollArgs& a) { return a.count; }
+
 // One residual of zpGradOptions_t: its type, count, buffer, alignment and overlaps with the call's buffers.
 zpResult_t checkResidual(Communicator* comm, const CollArgs& a, const void* ptr, size_t count, size_t expected,
                          int type, const char* name, const char* countName, const void* other, size_t otherBytes,
@@ -384,8 +402,8 @@ zpResult_t checkResidual(Communicator* comm, const CollArgs& a, const void* ptr,
                   typeName(static_cast<zpDataType_t>(type)));
   }
   if (count != expected) {
-    return ZP_ERR(zpInvalidArgument, "%s : %s %zu must be %zu for recvcount %zu on %d ranks", call, countName, count,
-                  expected, a.count, comm->topo.nranks);
+    return ZP_ERR(zpInvalidArgument, "%s : %s %zu must be %zu for %s %zu on %d ranks", call, countName, count, expected,
+                  a.kind == CollKind::kQuantAllReduce ? "count" : "recvcount", a.count, comm->topo.nranks);
   }
   if (a.count == 0) return zpSuccess;
   ZPCHECK(checkBuffer(comm, ptr, call, name));
@@ -398,8 +416,8 @@ zpResult_t checkResidual(Communicator* comm, const CollArgs& a, const void* ptr,
     const void* p;
     size_t bytes;
     const char* name;
-  } others[] = {{a.sendbuff, a.count * comm->topo.nranks * elemBytes, "sendbuff"},
-                {a.recvbuff, a.count * elemBytes, "recvbuff"},
+  } others[] = {{a.sendbuff, sendElemsOf(comm, a) * elemBytes, "sendbuff"},
+                {a.recvbuff, recvElemsOf(a) * elemBytes, "recvbuff"},
                 {other, otherBytes, otherName}};
   for (const auto& o : others) {
     if (o.p != nullptr && overlaps(ptr, bytes, o.p, o.bytes)) {
@@ -428,7 +446,7 @@ zpResult_t checkGradArgs(Communicator* comm, const zpGradOptions_t* g, CollArgs*
       return ZP_ERR(zpInvalidArgument, "%s : options->sequence %d is negative", call, g->sequence);
     }
     const Topology& t = comm->topo;
-    const size_t full = a->count * t.nranks;
+    const size_t full = sendElemsOf(comm, *a);
     if (g->residual != nullptr) {
       ZPCHECK(checkResidual(comm, *a, g->residual, g->residualCount, full, g->residualType, "options->residual",
                             "options->residualCount", nullptr, 0, ""));
@@ -436,7 +454,10 @@ zpResult_t checkGradArgs(Communicator* comm, const zpGradOptions_t* g, CollArgs*
       return ZP_ERR(zpInvalidArgument, "%s : options->residualCount %zu without options->residual", call,
                     g->residualCount);
     }
-    const size_t hopCount = t.hierarchical() ? a->count * t.nodes : 0;
+    // The hop residual holds a slice of every destination node: qgZ's recvcount, the all-reduce's shard.
+    const size_t slice =
+        a->kind == CollKind::kQuantAllReduce ? allReduceShardCount(a->count, t.nranks, a->blockSize) : a->count;
+    const size_t hopCount = t.hierarchical() ? slice * t.nodes : 0;
     if (g->hopResidual != nullptr && hopCount != 0) {
       ZPCHECK(checkResidual(comm, *a, g->hopResidual, g->hopResidualCount, hopCount, g->residualType,
                             "options->hopResidual", "options->hopResidualCount", g->residual,
@@ -445,9 +466,10 @@ zpResult_t checkGradArgs(Communicator* comm, const zpGradOptions_t* g, CollArgs*
       return ZP_ERR(zpInvalidArgument, "%s : options->hopResidualCount %zu without options->hopResidual", call,
                     g->hopResidualCount);
     } else if (g->hopResidualCount != 0) {
-      return ZP_ERR(zpInvalidArgument,
-                    "%s : options->hopResidualCount %zu must be 0: qgZ takes one hop on this layout (%s)", call,
-                    g->hopResidualCount, t.describe().c_str());
+      return ZP_ERR(
+          zpInvalidArgument,
+          "%s : options->hopResidualCount %zu must be 0: the reduce-scatter takes one hop on this layout (%s)", call,
+          g->hopResidualCount, t.describe().c_str());
     }
     if (a->count > 0) {
       a->grad.residual = static_cast<uint16_t*>(g->residual);

@@ -35,8 +35,8 @@ zpResult_t checkRounding(int rounding, const char* call, const char* arg);
 // type, op, counts (no size_t overflow of any derived size), buffers (usable by the backend, aligned, not
 // overlapping except in NCCL's in-place layout), stream, and that the layout can serve the collective.
 zpResult_t checkCollArgs(Communicator* comm, const zpQuantOptions_t* options, CollArgs* args);
-// The header of zpQuantReduceScatterA2AEx2's options (NULL: none), and their bits and block size as the
-// zpQuantOptions_t override that checkCollArgs takes (*quant).
+// The header of zpGradOptions_t (zpQuantReduceScatterA2AEx2's, zpQuantAllReduceEx's; NULL: none), and their bits and
+// block size as the zpQuantOptions_t override that checkCollArgs takes (*quant).
 zpResult_t checkGradOptionsHeader(const zpGradOptions_t* options, const char* call, zpQuantOptions_t* quant);
 // After checkCollArgs: the rest of the gradient options (rounding, seed, residuals: type, count, buffer, alignment,
 // overlap), resolved into args->grad with the communicator's defaults. The sequence number is the caller's.

@@ -1,4 +1,5 @@
 // The collective entry points: each fills a CollArgs and hands it to one path that checks and runs it.
+#include "host/all_reduce_shards.h"
 #include "host/quant_format.h"
 #include "src/api_guard.h"
 #include "src/argcheck.h"
@@ -8,12 +9,15 @@
 namespace zp {
 namespace {
 
+// The gradient collectives: qgZ and the all-reduce (gradBits, gradient rounding, sequence numbers).
+bool isGradient(CollKind kind) { return kind == CollKind::kQuantReduceScatter || kind == CollKind::kQuantAllReduce; }
+
 int defaultBits(const Communicator* comm, CollKind kind) {
-  return kind == CollKind::kQuantReduceScatter ? comm->settings.gradBits : comm->settings.weightBits;
+  return isGradient(kind) ? comm->settings.gradBits : comm->settings.weightBits;
 }
 
-// The one enqueue path: resolve defaults, check everything, run. gradOptions: zpQuantReduceScatterA2AEx2's (its
-// bits and block size then come in `options`).
+// The one enqueue path: resolve defaults, check everything, run. gradOptions: zpGradOptions_t of
+// zpQuantReduceScatterA2AEx2 or zpQuantAllReduceEx (its bits and block size then come in `options`).
 zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, const zpGradOptions_t* gradOptions,
                    CollArgs args) {
   // Collectives take the communicator's settings; zpQuantize/zpDequantize name theirs explicitly.
@@ -23,9 +27,9 @@ zpResult_t enqueue(Communicator* comm, const zpQuantOptions_t* options, const zp
     args.blockSize = comm->settings.blockSize;
   }
   ZPCHECK(checkCollArgs(comm, options, &args));
-  if (args.kind == CollKind::kQuantReduceScatter) {
+  if (isGradient(args.kind)) {
     ZPCHECK(checkGradArgs(comm, gradOptions, &args));
-    // Every qgZ call that passed its checks takes the next number, on every rank alike (include/zpccl.h).
+    // Every gradient call that passed its checks takes the next number, on every rank alike (include/zpccl.h).
     const uint32_t next = comm->gradSequence.fetch_add(1, std::memory_order_relaxed);
     args.grad.sequence = args.grad.sequenceOverride >= 0 ? static_cast<uint32_t>(args.grad.sequenceOverride) : next;
   }
@@ -150,6 +154,34 @@ ZP_EXPORT zpResult_t zpGradHopResidualCount(size_t recvcount, size_t* count, zpC
         return ZP_ERR(zpInvalidArgument, "%s : recvcount %zu x %d nodes overflows size_t", call, recvcount, t.nodes);
       }
       *count = t.hierarchical() ? recvcount * t.nodes : 0;
+      return zpSuccess;
+    });
+  });
+}
+
+ZP_EXPORT zpResult_t zpQuantAllReduce(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype,
+                                      zpRedOp_t op, zpComm_t comm, cudaStream_t stream) {
+  return zp::call("zpQuantAllReduce", CollKind::kQuantAllReduce, sendbuff, recvbuff, count, datatype, op, 0, 0, nullptr,
+                  comm, stream);
+}
+
+ZP_EXPORT zpResult_t zpQuantAllReduceEx(const void* sendbuff, void* recvbuff, size_t count, zpDataType_t datatype,
+                                        zpRedOp_t op, const zpGradOptions_t* options, zpComm_t comm,
+                                        cudaStream_t stream) {
+  return zp::call("zpQuantAllReduceEx", CollKind::kQuantAllReduce, sendbuff, recvbuff, count, datatype, op, 0, 0,
+                  nullptr, comm, stream, options);
+}
+
+ZP_EXPORT zpResult_t zpQuantAllReduceShardCount(size_t count, int blockSize, size_t* shardCount, zpComm_t comm) {
+  return zp::guardedCall("zpQuantAllReduceShardCount", &comm, [&]() -> zpResult_t {
+    const char* call = "zpQuantAllReduceShardCount";
+    return zp::whileInUse(comm, call, [&](zp::Communicator* c) -> zpResult_t {
+      ZPCHECK(zp::checkNotNull(shardCount, call, "shardCount"));
+      if (blockSize != 0) ZPCHECK(zp::checkBlockSize(blockSize, call, "blockSize"));
+      if (count > SIZE_MAX / 16) {
+        return ZP_ERR(zpInvalidArgument, "%s : count %zu overflows the payload size", call, count);
+      }
+      *shardCount = zp::allReduceShardCount(count, c->topo.nranks, blockSize != 0 ? blockSize : c->settings.blockSize);
       return zpSuccess;
     });
   });

@@ -79,6 +79,9 @@ CollPlan plan(const Topology& t, const Call& c, const LinkFacts& link, const Pla
 Call qwz(size_t count, int bits = 8) { return Call{CollKind::kQuantAllGather, count, 2, bits, 256}; }
 Call hpz(size_t count, int bits) { return Call{CollKind::kHierAllGather, count, 2, bits, 256}; }
 Call qgz(size_t count, int bits = 4) { return Call{CollKind::kQuantReduceScatter, count, 2, bits, 256}; }
+Call allReduce(size_t count, int bits = 4, int blockSize = 256) {
+  return Call{CollKind::kQuantAllReduce, count, 2, bits, blockSize};
+}
 
 size_t payload(size_t count, int bits, int blockSize = 256) { return quantPayloadBytes(count, bits, blockSize); }
 
@@ -343,6 +346,89 @@ TEST(CollPlan, OneRankPlansAnExchangeWithItself) {
   EXPECT_EQ(h.ranks, 1);
 }
 
+TEST(CollPlan, AllReduceReduceScattersThenGathersOneHopOrTwoEachWay) {
+  // include/zpccl.h: "qgZ's reduce-scatter over the shards ... one all-to-all (one node, one rank a node, or uneven
+  // nodes) or two"; "where reduce-scatter took two hops, so does the gather, in the reverse order"; shards of
+  // "ceil(ceil(count / n) / G) * G" elements. Never direct, every exchange on the move stage, own slots with the
+  // others, qgZ's scratch.
+  const CollPlan one = plan(topologyOf({4}, 1), allReduce(1000), nvlink());
+  EXPECT_EQ(one.kind, CollKind::kQuantAllReduce);
+  EXPECT_EQ(one.path, PlanPath::kOneHop);
+  EXPECT_EQ(one.shardCount, 256u);
+  EXPECT_EQ(one.logicalBytes, 2000u);
+  EXPECT_EQ(one.chunks.chunks, 1);
+  EXPECT_EQ(one.chunks.count, 256u);
+  ASSERT_EQ(one.hops, 2);
+  EXPECT_EQ(one.hop[0].exchange, Exchange::kSendRecv);
+  EXPECT_EQ(one.hop[0].comm, PlanComm::kWorld);
+  EXPECT_EQ(one.hop[0].peers, 4);
+  EXPECT_EQ(one.hop[0].self, 1);
+  EXPECT_EQ(one.hop[1].exchange, Exchange::kAllGather);
+  EXPECT_EQ(one.hop[1].comm, PlanComm::kWorld);
+  EXPECT_EQ(one.ownSlot, OwnSlot::kWithTheOthers);
+  EXPECT_EQ(one.windowBytes, 0u);
+  EXPECT_EQ(one.scratchBytes[0], 4 * payload(256, 4));
+  EXPECT_EQ(one.scratchBytes[1], 4 * payload(256, 4));
+
+  const CollPlan two = plan(topologyOf({2, 2}, 3), allReduce(1 << 20, 8, 64), sockets());
+  EXPECT_EQ(two.path, PlanPath::kTwoHops);
+  EXPECT_EQ(two.shardCount, size_t{1} << 18);
+  ASSERT_EQ(two.hops, 4);
+  const PlanComm comms[] = {PlanComm::kIntra, PlanComm::kInter, PlanComm::kInter, PlanComm::kIntra};
+  const Exchange exchanges[] = {Exchange::kSendRecv, Exchange::kPairGather, Exchange::kAllGather, Exchange::kAllGather};
+  const int slots[] = {2, 1, 1, 2};  // N slots a local peer each way inside the node
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_EQ(two.hop[h].comm, comms[h]) << h;
+    EXPECT_EQ(two.hop[h].exchange, exchanges[h]) << h;
+    EXPECT_EQ(two.hop[h].peers, 2) << h;
+    EXPECT_EQ(two.hop[h].self, 1) << h;
+    EXPECT_EQ(two.hop[h].slotsPerPeer, slots[h]) << h;
+    EXPECT_FALSE(two.hop[h].onFinishStage) << h;
+  }
+  EXPECT_EQ(two.scratchBytes[0], 4 * payload(1 << 18, 8, 64));
+
+  // Uneven nodes: one flat hop each way; two ranks across nodes pair their all-to-all (ZP_PAIR_ALLGATHER 2).
+  const CollPlan uneven = plan(topologyOf({3, 1}, 3), allReduce(5000), sockets());
+  EXPECT_EQ(uneven.path, PlanPath::kFlat);
+  EXPECT_EQ(uneven.hops, 2);
+  EXPECT_EQ(uneven.shardCount, 1280u);
+  EXPECT_EQ(plan(topologyOf({1, 1}, 0), allReduce(5000), sockets()).hop[0].exchange, Exchange::kPairGather);
+  EXPECT_EQ(plan(topologyOf({2}, 0), allReduce(5000), nvlink()).hop[0].exchange, Exchange::kSendRecv);
+
+  // Chunks cut the shards, as many as the call's logical bytes ask for: 2^26 bf16 elements on 8 ranks are 128 MiB,
+  // two chunks of shards of 2^23.
+  const CollPlan big = plan(topologyOf({8}, 0), allReduce(size_t{1} << 26), nvlink());
+  EXPECT_EQ(big.shardCount, size_t{1} << 23);
+  EXPECT_EQ(big.chunks.chunks, 2);
+  EXPECT_EQ(big.chunks.elems(0), size_t{1} << 22);
+  // Count 1 on 8 ranks: one shard of a block (the others empty), one chunk.
+  const CollPlan tiny = plan(topologyOf({8}, 5), allReduce(1), nvlink());
+  EXPECT_EQ(tiny.shardCount, 256u);
+  EXPECT_EQ(tiny.chunks.chunks, 1);
+  const std::string d = two.describe();
+  for (const char* word : {"all-reduce", "two hops", "shards of 262144", "hop 3: all-gather on inter",
+                           "hop 4: all-gather on intra (1/2, 2 slots a peer)"}) {
+    EXPECT_NE(d.find(word), std::string::npos) << word << " in: " << d;
+  }
+}
+
+TEST(CollPlan, ReserveCoversTheAllReduceAtEveryBlockSize) {
+  // Small calls whose shards round up to a large block need more than the smallest block's sizing.
+  for (const std::vector<int>& gpus : {std::vector<int>{8}, std::vector<int>{2, 2}, std::vector<int>{1}}) {
+    const Topology t = topologyOf(gpus, 0);
+    for (size_t maxBytes : {size_t{1000}, size_t{64} << 10, size_t{64} * kMiB + 6}) {
+      const ReservePlan r = planReserve(t, readmeDefaults(), nvlink(false), kOffset, maxBytes);
+      for (int g = kMinBlockSize; g <= kMaxBlockSize; g *= 2) {
+        for (int bits : {4, 8}) {
+          const CollPlan p = plan(t, allReduce(maxBytes / 2, bits, g), nvlink(false));
+          EXPECT_GE(r.scratchBytes[0], p.scratchBytes[0]) << maxBytes << " " << g;
+          EXPECT_GE(r.scratchBytes[1], p.scratchBytes[1]) << maxBytes << " " << g;
+        }
+      }
+    }
+  }
+}
+
 TEST(CollPlan, ReserveSizesTheWorstCall) {
   // 8 bits, blocks of 32, 2-byte elements: maxBytes / (2 n) elements a rank. 64 MiB on one node of 2: 2^24
   // elements, one chunk; scratch 1 holds three slots (the pair layout), the window qgZ's two slots.
@@ -406,16 +492,18 @@ TEST(CollPlanHost, ChunkedPlansAndEarlyOwnSlotsGiveTheSameBits) {
   // chunks of 4 KiB (up to 16, the first and last halved) whose own slots are worked early from 0 bytes, the host
   // backend walks plans of many chunks, with the kept slice apart on every layout of several nodes, and the suites
   // (each against a reference written from the formats, not from the backend) still pass bit for bit.
-  const zptest::ChildRun run = zptest::runTestInChild(
-      "Qgz*:Qwz*:Hpz*:GradQgzHost.*", {"ZP_CHUNK_BYTES=4096", "ZP_MAX_CHUNKS=16", "ZP_CHUNK_RAMP=1",
-                                       "ZP_OWN_SLOT_EARLY_BYTES=0", "ZP_DEBUG=INFO", "ZP_DEBUG_SUBSYS=COLL"});
+  const zptest::ChildRun run =
+      zptest::runTestInChild("Qgz*:Qwz*:Hpz*:GradQgzHost.*:AllReduce*",
+                             {"ZP_CHUNK_BYTES=4096", "ZP_MAX_CHUNKS=16", "ZP_CHUNK_RAMP=1", "ZP_OWN_SLOT_EARLY_BYTES=0",
+                              "ZP_DEBUG=INFO", "ZP_DEBUG_SUBSYS=COLL"});
   EXPECT_EQ(run.exitCode, 0) << run.output.substr(run.output.size() > 20000 ? run.output.size() - 20000 : 0);
   EXPECT_NE(run.output.find("[  PASSED  ]"), std::string::npos);
   EXPECT_EQ(run.output.find("[  FAILED  ]"), std::string::npos);
   // The plans it walked (the log's lines, INFO COLL).
-  for (const char* walked : {"qgZ two hops", "qgZ one hop", "qgZ one flat hop", "qwZ one hop", "hpZ one hop",
-                             "hpZ exact", "16 chunks", "own slot early on the finish stage",
-                             "own slot early on a side stream", "own slot not sent", "pair all-gather in place"}) {
+  for (const char* walked :
+       {"qgZ two hops", "qgZ one hop", "qgZ one flat hop", "qwZ one hop", "hpZ one hop", "hpZ exact", "16 chunks",
+        "own slot early on the finish stage", "own slot early on a side stream", "own slot not sent",
+        "pair all-gather in place", "all-reduce two hops", "all-reduce one hop", "all-reduce one flat hop"}) {
     EXPECT_NE(run.output.find(walked), std::string::npos) << walked;
   }
 }

@@ -46,16 +46,16 @@ void expectChildSuitesPass(const std::string& filter, const std::vector<std::str
 }
 
 // The host-backend collective suites, whose bodies run through tests/host_ranks.h, over the loopback transport.
-const char* kSuites = "Qwz*:Hpz*:Qgz*:Shapes/*:MismatchHost*:GradRounding*:GradQgzHost*:BadInputGrad*";
+const char* kSuites = "Qwz*:Hpz*:Qgz*:Shapes/*:MismatchHost*:GradRounding*:GradQgzHost*:BadInputGrad*:AllReduce*";
 
 TEST(CallbackTransport, CollectiveSuitesPassOverCallbacks) {
   expectChildSuitesPass(kSuites, {"ZP_TEST_TRANSPORT=loopback"}, 100);
 }
 
-// Chunks of 64 KiB: qgZ's larger calls take several, each hop one all-to-all a chunk (the gathers move every chunk in
-// one all-gather, chunked or not).
-TEST(CallbackTransport, ChunkedQgzSuitesPassOverCallbacks) {
-  expectChildSuitesPass("Qgz/*", {"ZP_TEST_TRANSPORT=loopback", "ZP_CHUNK_BYTES=65536"}, 20);
+// Chunks of 64 KiB: qgZ's and the all-reduce's larger calls take several, each all-to-all hop one exchange a chunk
+// (the gathers move every chunk in one all-gather, chunked or not).
+TEST(CallbackTransport, ChunkedReductionSuitesPassOverCallbacks) {
+  expectChildSuitesPass("Qgz/*:AllReduce/*", {"ZP_TEST_TRANSPORT=loopback", "ZP_CHUNK_BYTES=65536"}, 40);
 }
 
 // ---- ranks over the loopback hub ---------------------------------------------------------------------------------

@@ -50,6 +50,15 @@ inline BatteryOutputs runBattery(int rank, int nranks, zpComm_t comm) {
     const zpQuantOptions_t hpz8 = {8, 256};
     check(zpHierAllGatherEx(x.data(), hp.data(), n, type, &hpz8, comm, nullptr), "hpZ int8");
     keep("hpZ int8 " + t, hp.data(), hp.size());
+    // The all-reduce of nranks * n elements (its last shard partial), out of place and in place.
+    check(zpQuantAllReduce(grads.data(), full.data(), nranks * n, type, zpAvg, comm, nullptr), "all-reduce");
+    keep("all-reduce avg " + t, full.data(), full.size());
+    zpGradOptions_t ar = ZP_GRAD_OPTIONS_INITIALIZER;
+    ar.bits = 8;
+    ar.blockSize = 32;
+    check(zpQuantAllReduceEx(grads.data(), grads.data(), nranks * n, type, zpSum, &ar, comm, nullptr),
+          "all-reduce in place");
+    keep("all-reduce sum int8/32 in place " + t, grads.data(), grads.size());
   }
   for (zpDataType_t type : {zpInt32, zpUint8}) {
     const size_t esz = zpcheck::bytesOf(type);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "host/all_reduce_shards.h"
 #include "host/chunk_plan.h"
 #include "host/coll_plan.h"
 #include "host/dtype.h"
@@ -101,12 +102,18 @@ class HostBackend final : public Backend {
       case CollKind::kDequantize:
         dequantizeRef(a.sendbuff, a.type, a.count, a.bits, a.blockSize, a.recvbuff);
         return zpSuccess;
-      case CollKind::kQuantAllGather:
-        return quantizedGather(a, planOf(a), world());
+      case CollKind::kQuantAllGather: {
+        const CallSignature sig = signatureOf(a);
+        return quantizedGather(a, planOf(a), world(), evenShards(a, topo_.nranks), a.sendbuff, &sig);
+      }
       case CollKind::kHierAllGather:
         return hierAllGather(a, planOf(a));
-      case CollKind::kQuantReduceScatter:
-        return quantReduceScatter(a, planOf(a));
+      case CollKind::kQuantReduceScatter: {
+        const CallSignature sig = signatureOf(a);
+        return quantReduceScatter(a, planOf(a), evenShards(a, topo_.nranks), a.recvbuff, &sig);
+      }
+      case CollKind::kQuantAllReduce:
+        return quantAllReduce(a, planOf(a));
     }
     return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
@@ -119,7 +126,7 @@ class HostBackend final : public Backend {
     s.kind = a.kind;
     s.count = a.count;
     s.type = a.type;
-    if (a.kind == CollKind::kQuantReduceScatter) s.op = a.op;
+    if (a.kind == CollKind::kQuantReduceScatter || a.kind == CollKind::kQuantAllReduce) s.op = a.op;
     s.bits = a.bits;
     if (a.bits != 0) s.blockSize = a.blockSize;  // exact hpZ ignores the block size
     return s;
@@ -146,28 +153,38 @@ class HostBackend final : public Backend {
     return transport_->sharesMemory() ? nullptr : scratch(kReceive, bytes).data();
   }
 
-  // The quantized gather over `group`: qwZ, and hpZ's quantized mode. Chunk by chunk: the own shard quantized into
-  // this rank's buffer, which one all-gather gives every member, and every member's payload dequantized in group
-  // order; the own slot first when the plan works it early.
-  zpResult_t quantizedGather(const CollArgs& a, const CollPlan& p, const PeerGroup& group) {
+  // The shards of a collective whose every member has `count` elements (qwZ's, hpZ's, qgZ's slices).
+  static AllReduceShards evenShards(const CollArgs& a, int members) {
+    return AllReduceShards{a.count * members, a.count};
+  }
+
+  // The quantized gather over `group`: qwZ, hpZ's quantized mode, and the all-reduce's one-hop gather. Member i's
+  // shard is `shards`' i-th, in its place in recvbuff; `own` holds this member's (the send buffer, or the all-reduce's
+  // reduced shard in recvbuff). Chunk by chunk: the own shard quantized into this rank's buffer, which one all-gather
+  // gives every member, and every member's payload dequantized in group order; the own slot first when the plan works
+  // it early. A chunk of a member's shard that is shorter or empty (the all-reduce's last shards) is quantized and
+  // dequantized as far as it goes. `sig`: the call's first exchange carries its signature.
+  zpResult_t quantizedGather(const CollArgs& a, const CollPlan& p, const PeerGroup& group,
+                             const AllReduceShards& shards, const void* own, const CallSignature* sig) {
     const size_t esz = typeSize(a.type);
     const ChunkPlan& chunks = p.chunks;
     const ChunkRegion at(chunks, 1, a.bits, a.blockSize);  // this rank's slot of every chunk
     std::vector<unsigned char>& mine = scratch(kSend, at.bytes());
     unsigned char* space = receiveSpace(at.bytes() * group.size());
-    const auto* send = static_cast<const char*>(a.sendbuff);
+    const auto* send = static_cast<const char*>(own);
     auto* recv = static_cast<char*>(a.recvbuff);
     for (int c = 0; c < chunks.chunks; ++c) {
-      quantizeRef(send + chunks.offset(c) * esz, a.type, chunks.elems(c), a.bits, a.blockSize,
-                  mine.data() + at.offset(c));
+      const size_t e = shards.chunkElems(p.rank, chunks.offset(c), chunks.elems(c));
+      if (e > 0) quantizeRef(send + chunks.offset(c) * esz, a.type, e, a.bits, a.blockSize, mine.data() + at.offset(c));
     }
-    const CallSignature sig = signatureOf(a);
     Received got;
-    ZPCHECK(transport_->allGather(group, mine.data(), at.bytes(), space, &sig, a.opName, &got));
+    ZPCHECK(transport_->allGather(group, mine.data(), at.bytes(), space, sig, a.opName, &got));
     // Slot i of chunk c: group member i's payload of it, into its shard's chunk c.
     auto dequantize = [&](int c, int i, const unsigned char* payloads) {
-      dequantizeRef(payloads + at.offset(c), a.type, chunks.elems(c), a.bits, a.blockSize,
-                    recv + (i * a.count + chunks.offset(c)) * esz);
+      const size_t e = shards.chunkElems(i, chunks.offset(c), chunks.elems(c));
+      if (e == 0) return;
+      dequantizeRef(payloads + at.offset(c), a.type, e, a.bits, a.blockSize,
+                    recv + (shards.offset(i) + chunks.offset(c)) * esz);
     };
     if (p.ownEarly()) {
       for (int c = 0; c < chunks.chunks; ++c) dequantize(c, p.rank, mine.data());
@@ -185,7 +202,8 @@ class HostBackend final : public Backend {
   // members read each other's memory the send buffer is given as it is; a transport that copies gets only the
   // communicator's memory, so the shard is staged first.
   zpResult_t hierAllGather(const CollArgs& a, const CollPlan& p) {
-    if (p.path != PlanPath::kExact) return quantizedGather(a, p, hpz());
+    const CallSignature sig = signatureOf(a);
+    if (p.path != PlanPath::kExact) return quantizedGather(a, p, hpz(), evenShards(a, topo_.hpzSize), a.sendbuff, &sig);
     const size_t shardBytes = a.count * typeSize(a.type);
     const void* mine = a.sendbuff;
     if (!transport_->sharesMemory()) {
@@ -194,7 +212,6 @@ class HostBackend final : public Backend {
       mine = staged.data();
     }
     unsigned char* space = receiveSpace(shardBytes * topo_.hpzSize);
-    const CallSignature sig = signatureOf(a);
     Received got;
     ZPCHECK(transport_->allGather(hpz(), mine, shardBytes, space, &sig, a.opName, &got));
     for (int i = 0; i < topo_.hpzSize; ++i) {
@@ -213,32 +230,39 @@ class HostBackend final : public Backend {
   }
 
   // qgZ, following qgz_plan.h step by step, chunk by chunk (each chunk covers the same element range of every
-  // slice; whole blocks, so the codes, the random draws and the sums are those of whole slices).
-  zpResult_t quantReduceScatter(const CollArgs& a, const CollPlan& p) {
+  // slice; whole blocks, so the codes, the random draws and the sums are those of whole slices). Slice d is `shards`'
+  // d-th of sendbuff (qgZ's slices are all recvcount long; the all-reduce's last ones may be shorter or empty: they
+  // are quantized and summed as far as they go); this rank's reduced slice goes to `out`. `sig`: as quantizedGather.
+  zpResult_t quantReduceScatter(const CollArgs& a, const CollPlan& p, const AllReduceShards& shards, void* out,
+                                const CallSignature* sig) {
     const size_t esz = typeSize(a.type);
     const ChunkPlan& chunks = p.chunks;
     const int n = qgz_.nranks;
     const float divisor = a.op == zpAvg ? static_cast<float>(topo_.nranks) : 1.0f;
     const ChunkRegion sendAt(chunks, n, a.bits, a.blockSize);
+    // Elements of destination d's slice in chunk c.
+    auto elemsOf = [&](int d, int c) { return shards.chunkElems(d, chunks.offset(c), chunks.elems(c)); };
     // The kept slice, when the plan works it early, is quantized apart and never read by a peer.
     const bool keptApart = p.ownEarly();
     const ChunkRegion keptAt(chunks, 1, a.bits, a.blockSize);
     std::vector<unsigned char>& send = scratch(kSend, sendAt.bytes());
     std::vector<unsigned char>& kept = scratch(kWork, keptApart ? keptAt.bytes() : 0);
     // Step 1: chunk c of every destination slice into its send slot. With gradient rounding (stochastic, error
-    // feedback: include/zpccl.h), slice d draws as slice d of hop 0 and owns elements [d n, d n + n) of the
-    // residual.
+    // feedback: include/zpccl.h), slice d draws as slice d of hop 0 and owns elements [d s, d s + s) of the
+    // residual (s: the slices' stride).
     for (int c = 0; c < chunks.chunks; ++c) {
       for (int s = 0; s < n; ++s) {
         const int d = qgz_.sliceOfSlot[s];
-        unsigned char* out = keptApart && d == rank_ ? kept.data() + keptAt.offset(c)
-                                                     : send.data() + sendAt.offset(c) + s * sendAt.slotBytes(c);
-        const char* in = static_cast<const char*>(a.sendbuff) + (d * a.count + chunks.offset(c)) * esz;
+        const size_t e = elemsOf(d, c);
+        if (e == 0) continue;
+        unsigned char* slot = keptApart && d == rank_ ? kept.data() + keptAt.offset(c)
+                                                      : send.data() + sendAt.offset(c) + s * sendAt.slotBytes(c);
+        const char* in = static_cast<const char*>(a.sendbuff) + (shards.offset(d) + chunks.offset(c)) * esz;
         if (a.grad.any()) {
-          quantizeGradRef(in, a.type, chunks.elems(c), a.bits, a.blockSize,
-                          gradQuant(a, 0, d, chunks.offset(c), a.grad.residual), out);
+          quantizeGradRef(in, a.type, e, a.bits, a.blockSize,
+                          gradQuant(a, 0, d, shards.shardCount, chunks.offset(c), a.grad.residual), slot);
         } else {
-          quantizeRef(in, a.type, chunks.elems(c), a.bits, a.blockSize, out);
+          quantizeRef(in, a.type, e, a.bits, a.blockSize, slot);
         }
       }
     }
@@ -246,17 +270,18 @@ class HostBackend final : public Backend {
     for (int c = 0; c < chunks.chunks; ++c) largest = std::max(largest, chunks.elems(c));
     std::vector<float> sum(largest);
     std::vector<const unsigned char*> sources;
+    // This rank's slice of chunk c: the sum of `sources`, divided and rounded into `out`.
     auto finish = [&](int c) {
-      sumPayloadsRef(sources, chunks.elems(c), a.bits, a.blockSize, 0, chunks.elems(c), sum.data());
-      finishRef(sum.data(), a.type, divisor, 0, chunks.elems(c),
-                static_cast<char*>(a.recvbuff) + chunks.offset(c) * esz);
+      const size_t e = elemsOf(rank_, c);
+      if (e == 0) return;
+      sumPayloadsRef(sources, e, a.bits, a.blockSize, 0, e, sum.data());
+      finishRef(sum.data(), a.type, divisor, 0, e, static_cast<char*>(out) + chunks.offset(c) * esz);
     };
-    const CallSignature sig = signatureOf(a);
     Received got;
     if (p.path != PlanPath::kTwoHops) {
       // One hop, among every rank: slot r of every rank's chunk c goes to rank r, which sums them in rank order.
       ZPCHECK(transport_->allToAll(world(), send.data(), hopChunks(chunks, sendAt, 1), receiveSpace(sendAt.bytes()),
-                                   &sig, a.opName, &got));
+                                   sig, a.opName, &got));
       for (int c = 0; c < chunks.chunks; ++c) {
         sources.clear();
         for (int r = 0; r < topo_.nranks; ++r) {
@@ -270,22 +295,24 @@ class HostBackend final : public Backend {
     // local rank; sum them per destination node b and requantize each partial sum into slot b of chunk c. Partial b
     // draws as slice b of hop 1 and feeds back through its part of the hop residual.
     const int N = qgz_.nodes, L = qgz_.localSize;
-    ZPCHECK(transport_->allToAll(intra(), send.data(), hopChunks(chunks, sendAt, N), receiveSpace(sendAt.bytes()), &sig,
+    ZPCHECK(transport_->allToAll(intra(), send.data(), hopChunks(chunks, sendAt, N), receiveSpace(sendAt.bytes()), sig,
                                  a.opName, &got));
     const ChunkRegion partialAt(chunks, N, a.bits, a.blockSize);
     std::vector<unsigned char>& partial = scratch(kWork, partialAt.bytes());
     for (int c = 0; c < chunks.chunks; ++c) {
       const size_t pb = sendAt.slotBytes(c);
       for (int b = 0; b < N; ++b) {
+        const size_t e = elemsOf(topo_.nodeRanks[b][topo_.localRank], c);
+        if (e == 0) continue;
         sources.clear();
         for (int l = 0; l < L; ++l) sources.push_back(got.block(c, l) + b * pb);
-        sumPayloadsRef(sources, chunks.elems(c), a.bits, a.blockSize, 0, chunks.elems(c), sum.data());
-        unsigned char* out = partial.data() + partialAt.offset(c) + b * pb;
+        sumPayloadsRef(sources, e, a.bits, a.blockSize, 0, e, sum.data());
+        unsigned char* slot = partial.data() + partialAt.offset(c) + b * pb;
         if (a.grad.any()) {
-          quantizeGradRef(sum.data(), zpFloat32, chunks.elems(c), a.bits, a.blockSize,
-                          gradQuant(a, 1, b, chunks.offset(c), a.grad.hopResidual), out);
+          quantizeGradRef(sum.data(), zpFloat32, e, a.bits, a.blockSize,
+                          gradQuant(a, 1, b, shards.shardCount, chunks.offset(c), a.grad.hopResidual), slot);
         } else {
-          quantizeRef(sum.data(), zpFloat32, chunks.elems(c), a.bits, a.blockSize, out);
+          quantizeRef(sum.data(), zpFloat32, e, a.bits, a.blockSize, slot);
         }
       }
     }
@@ -302,16 +329,73 @@ class HostBackend final : public Backend {
     return transport_->endExchange(a.opName);
   }
 
+  // The all-reduce (include/zpccl.h, "Quantized all-reduce"): qgZ's reduce-scatter of the shards into this rank's
+  // shard of recvbuff, then the gather of the reduced shards, one hop or two as the reduce-scatter. In place is safe:
+  // the reduce-scatter has quantized all of sendbuff before it writes the shard, and the gather quantizes the shard
+  // before it writes any of recvbuff.
+  zpResult_t quantAllReduce(const CollArgs& a, const CollPlan& p) {
+    const AllReduceShards shards{a.count, p.shardCount};
+    char* own = static_cast<char*>(a.recvbuff) + shards.offset(rank_) * typeSize(a.type);
+    const CallSignature sig = signatureOf(a);
+    ZPCHECK(quantReduceScatter(a, p, shards, own, &sig));
+    if (p.path != PlanPath::kTwoHops) return quantizedGather(a, p, world(), shards, own, nullptr);
+    return gatherTwoHops(a, p, shards, own);
+  }
+
+  // The all-reduce's gather on two-hop layouts: this rank's payload to the ranks of its local rank (one a node), then
+  // the N payloads it holds, in node order, to the ranks of its node; every payload dequantized into its shard.
+  zpResult_t gatherTwoHops(const CollArgs& a, const CollPlan& p, const AllReduceShards& shards, const char* own) {
+    const size_t esz = typeSize(a.type);
+    const ChunkPlan& chunks = p.chunks;
+    const int N = topo_.nodes, L = topo_.localSize;
+    const ChunkRegion oneAt(chunks, 1, a.bits, a.blockSize), nodesAt(chunks, N, a.bits, a.blockSize);
+    std::vector<unsigned char>& mine = scratch(kSend, oneAt.bytes());
+    for (int c = 0; c < chunks.chunks; ++c) {
+      const size_t e = shards.chunkElems(rank_, chunks.offset(c), chunks.elems(c));
+      if (e > 0)
+        quantizeRef(own + chunks.offset(c) * esz, a.type, e, a.bits, a.blockSize, mine.data() + oneAt.offset(c));
+    }
+    // Hop 3, across nodes: node b's payload lands in slot b of every chunk of this rank's N-slot region.
+    Received got;
+    ZPCHECK(transport_->allGather(inter(), mine.data(), oneAt.bytes(), receiveSpace(oneAt.bytes() * N), nullptr,
+                                  a.opName, &got));
+    std::vector<unsigned char>& held = scratch(kWork, nodesAt.bytes());
+    for (int c = 0; c < chunks.chunks; ++c) {
+      for (int b = 0; b < N; ++b) {
+        memcpy(held.data() + nodesAt.offset(c) + b * nodesAt.slotBytes(c), got.block(0, b) + oneAt.offset(c),
+               oneAt.slotBytes(c));
+      }
+    }
+    ZPCHECK(transport_->endExchange(a.opName));
+    // Hop 4, inside the node: local rank l's region holds the payloads of the ranks (b, l), b = 0..N-1.
+    ZPCHECK(transport_->allGather(intra(), held.data(), nodesAt.bytes(), receiveSpace(nodesAt.bytes() * L), nullptr,
+                                  a.opName, &got));
+    auto* recv = static_cast<char*>(a.recvbuff);
+    for (int l = 0; l < L; ++l) {
+      for (int b = 0; b < N; ++b) {
+        const int r = topo_.nodeRanks[b][l];
+        for (int c = 0; c < chunks.chunks; ++c) {
+          const size_t e = shards.chunkElems(r, chunks.offset(c), chunks.elems(c));
+          if (e == 0) continue;
+          dequantizeRef(got.block(0, l) + nodesAt.offset(c) + b * nodesAt.slotBytes(c), a.type, e, a.bits, a.blockSize,
+                        recv + (shards.offset(r) + chunks.offset(c)) * esz);
+        }
+      }
+    }
+    return transport_->endExchange(a.opName);
+  }
+
   // The GradQuant of slice `slice` of hop `hop` (0: sender, slice = destination rank; 1: intermediate, slice =
-  // destination node) from its element `first` on: its random stream and its part of `residual` (slice * count +
-  // first on, as the residuals' layouts).
-  GradQuant gradQuant(const CollArgs& a, uint32_t hop, int slice, size_t first, uint16_t* residual) const {
+  // destination node) from its element `first` on: its random stream and its part of `residual` (slice * stride +
+  // first on, as the residuals' layouts, whose slices lie `stride` elements apart).
+  GradQuant gradQuant(const CollArgs& a, uint32_t hop, int slice, size_t stride, size_t first,
+                      uint16_t* residual) const {
     GradQuant g;
     g.stochastic = a.grad.stochastic;
     g.key = GradRandomKey{a.grad.seed, a.grad.sequence, static_cast<uint32_t>(rank_), hop};
     g.slice = static_cast<uint32_t>(slice);
     g.firstElem = first;
-    g.residual = residual != nullptr ? residual + static_cast<size_t>(slice) * a.count + first : nullptr;
+    g.residual = residual != nullptr ? residual + static_cast<size_t>(slice) * stride + first : nullptr;
     return g;
   }
 

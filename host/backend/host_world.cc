@@ -64,7 +64,10 @@ std::string callDisagreement(const CallSignature& a, const CallSignature& b, int
     return buf;
   }
   if (a.count != b.count) {
-    const char* name = a.kind == CollKind::kQuantReduceScatter ? "recvcount" : "sendcount";  // as the ABI names it
+    // As the ABI names it.
+    const char* name = a.kind == CollKind::kQuantReduceScatter ? "recvcount"
+                       : a.kind == CollKind::kQuantAllReduce   ? "count"
+                                                               : "sendcount";
     return passed(name, std::to_string(a.count), std::to_string(b.count));
   }
   if (a.type != b.type) return passed("datatype", typeName(a.type), typeName(b.type));

@@ -34,7 +34,7 @@ struct CallSignature {
   CollKind kind = CollKind::kQuantize;
   size_t count = 0;
   int type = 0;       // zpDataType_t
-  int op = 0;         // zpRedOp_t, reduce-scatter only
+  int op = 0;         // zpRedOp_t, the reductions only
   int bits = 0;       // resolved (per-call option or config); 0 for exact hpZ
   int blockSize = 0;  // resolved; 0 where bits is 0
 };

@@ -9,22 +9,24 @@
 
 namespace zp {
 
-enum class CollKind { kQuantize, kDequantize, kQuantAllGather, kHierAllGather, kQuantReduceScatter };
+// (Numbered as the ranks exchange them in a call's signature: new kinds go last.)
+enum class CollKind { kQuantize, kDequantize, kQuantAllGather, kHierAllGather, kQuantReduceScatter, kQuantAllReduce };
 
 // qgZ's gradient rounding, resolved from the communicator and zpGradOptions_t (include/zpccl.h, "Gradient
-// rounding"). The default rounds to nearest and keeps no residual: the plain block format.
+// rounding"), for qgZ and for the all-reduce's reduce-scatter. The default rounds to nearest and keeps no residual:
+// the plain block format.
 struct GradArgs {
   bool stochastic = false;
   uint32_t seed = 0;
-  uint32_t sequence = 0;            // the call's number among the communicator's qgZ calls (or the caller's)
+  uint32_t sequence = 0;            // the call's number among the communicator's gradient calls (or the caller's)
   int64_t sequenceOverride = -1;    // zpGradOptions_t.sequence, -1 when unset (resolved into sequence)
-  uint16_t* residual = nullptr;     // bf16, nranks * count, the sendbuff's layout; nullptr: none
-  uint16_t* hopResidual = nullptr;  // bf16, nodes * count (two hops only); nullptr: none
+  uint16_t* residual = nullptr;     // bf16, the sendbuff's layout (qgZ: nranks * count); nullptr: none
+  uint16_t* hopResidual = nullptr;  // bf16, nodes * count (all-reduce: * shard count; two hops only); nullptr: none
   bool any() const { return stochastic || residual != nullptr || hopResidual != nullptr; }
 };
 
 // One request, NCCL's "info" struct. count is sendcount (all-gathers), recvcount (reduce-scatter) or the
-// element count (quantize/dequantize). bits and blockSize are resolved (per-call override or config).
+// element count (all-reduce, quantize/dequantize). bits and blockSize are resolved (per-call override or config).
 struct CollArgs {
   const char* opName;
   CollKind kind;
@@ -36,7 +38,7 @@ struct CollArgs {
   int bits;
   int blockSize;
   cudaStream_t stream;
-  GradArgs grad;  // kQuantReduceScatter only
+  GradArgs grad;  // kQuantReduceScatter and kQuantAllReduce only
 };
 
 class Backend {
