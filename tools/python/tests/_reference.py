@@ -152,23 +152,49 @@ def quant_reduce_scatter(sends: list[np.ndarray], dtype: str, op: str, bits: int
     node order. fp32 sums; avg divides the fp32 sum by nranks; one rounding to the output type at the end."""
     nranks = len(sends)
     n = sends[0].size // nranks
-    slices = [[to_f32(s[d * n:(d + 1) * n], dtype) for d in range(nranks)] for s in sends]
+    return [reduce_slice([s[d * n:(d + 1) * n] for s in sends], dtype, op, bits, block, node_of_rank)
+            for d in range(nranks)]
+
+
+def reduce_slice(parts: list[np.ndarray], dtype: str, op: str, bits: int, block: int,
+                 node_of_rank: list[int]) -> np.ndarray:
+    """qgZ's reduction of one destination's slice, ``parts[r]`` being rank r's (see :func:`quant_reduce_scatter`)."""
+    nranks = len(parts)
+    slices = [to_f32(p, dtype) for p in parts]
     nodes = node_layout(node_of_rank)
     two_hop = len(nodes) > 1 and len(nodes[0]) > 1 and all(len(g) == len(nodes[0]) for g in nodes)
-    results = []
-    for dest in range(nranks):
-        if not two_hop:
-            parts = [round_trip_f32(slices[r][dest], bits, block) for r in range(nranks)]
-        else:
-            parts = []
-            for group in nodes:  # node order
-                acc = None
-                for r in group:  # local order
-                    v = round_trip_f32(slices[r][dest], bits, block)
-                    acc = v if acc is None else (acc + v).astype(np.float32)
-                parts.append(round_trip_f32(acc, bits, block))
-        results.append(finish(parts, op, nranks, dtype))
-    return results
+    if not two_hop:
+        sums = [round_trip_f32(slices[r], bits, block) for r in range(nranks)]
+    else:
+        sums = []
+        for group in nodes:  # node order
+            acc = None
+            for r in group:  # local order
+                v = round_trip_f32(slices[r], bits, block)
+                acc = v if acc is None else (acc + v).astype(np.float32)
+            sums.append(round_trip_f32(acc, bits, block))
+    return finish(sums, op, nranks, dtype)
+
+
+def all_reduce_shard(count: int, nranks: int, block: int) -> int:
+    """Elements of a full shard of the quantized all-reduce: ceil(ceil(count / nranks) / block) * block."""
+    return -(-(-(-count // nranks)) // block) * block
+
+
+def quant_all_reduce(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int,
+                     node_of_rank: list[int]) -> np.ndarray:
+    """The quantized all-reduce's output (the same on every rank), from include/zpccl.h's "Quantized all-reduce":
+    the tensor cut into shards of whole blocks (the last non-empty one shorter, later ones empty), each reduced as
+    qgZ reduces a slice, then quantized and dequantized once more, as qwZ's gather moves it."""
+    nranks, count = len(sends), sends[0].size
+    shard = all_reduce_shard(count, nranks, block)
+    out = np.empty_like(sends[0])
+    for d in range(nranks):
+        lo, hi = min(d * shard, count), min((d + 1) * shard, count)
+        if hi > lo:
+            reduced = reduce_slice([s[lo:hi] for s in sends], dtype, op, bits, block, node_of_rank)
+            out[lo:hi] = round_trip(reduced, dtype, bits, block)
+    return out
 
 
 def reduce_scatter_bound(sends: list[np.ndarray], dtype: str, bits: int, block: int, two_hop: bool) -> np.ndarray:

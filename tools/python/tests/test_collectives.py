@@ -1,4 +1,5 @@
-"""The three collectives on the host backend with NumPy arrays, 2, 4 and 8 thread-ranks, several node layouts."""
+"""The collectives on the host backend with NumPy arrays, 2, 4 and 8 thread-ranks, several node layouts: the three of
+ZeRO++ and the quantized all-reduce."""
 from __future__ import annotations
 
 import unittest
@@ -224,6 +225,113 @@ class QuantReduceScatter(unittest.TestCase):
         for rank, (in_place, out) in enumerate(got):
             self.assertTrue(same_bits(in_place, exp4[rank]))  # default grad_bits 4, block 256
             self.assertTrue(same_bits(out, exp8[rank]))
+
+
+class QuantAllReduce(unittest.TestCase):
+    """``Comm.quant_all_reduce`` against the NumPy model (tests/_reference.py, from include/zpccl.h): bit-equal on
+    one-hop, two-hop, interleaved and uneven layouts, counts whose last shards are partial or empty, every rank's
+    output bit-identical; in place; the per-call options through ``zpQuantAllReduceEx``; refusals by name."""
+
+    def run_case(self, nranks: int, config: dict[str, Any], dtype: str, op: str, bits: int, block: int,
+                 count: int, seed: int, node_ids: list[int] | None = None) -> None:
+        rng = np.random.default_rng(seed)
+        sends = [ref.random_data(rng, count, dtype) for _ in range(nranks)]
+        configure = (lambda r: {"node_id": node_ids[r]}) if node_ids else None
+
+        def body(rank: int, comm: zpccl.Comm) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+            plain = comm.quant_all_reduce(sends[rank], op=op, dtype=zp_dtype(dtype))
+            buf = sends[rank].copy()
+            inplace = comm.quant_all_reduce(buf, buf, op=op, dtype=zp_dtype(dtype))
+            assert inplace is buf
+            # Ex: the same codes given per call, rounding to nearest given explicitly.
+            ex = comm.quant_all_reduce(sends[rank], op=op, bits=bits, block_size=block, dtype=zp_dtype(dtype),
+                                       rounding="nearest")
+            return plain, buf, ex, comm.all_reduce_shard_count(count)
+
+        got = run_host_ranks(nranks, body, configure=configure, **dict(config, grad_bits=bits, block_size=block))
+        expected = ref.quant_all_reduce(sends, dtype, op, bits, block, node_of_rank(nranks, config, node_ids))
+        for rank, (plain, inplace, ex, shard) in enumerate(got):
+            self.assertEqual(plain.shape, (count,))
+            self.assertEqual(shard, ref.all_reduce_shard(count, nranks, block))
+            self.assertTrue(same_bits(plain, expected), f"rank {rank} differs from the model")
+            self.assertTrue(same_bits(inplace, expected), f"rank {rank}: in place differs")
+            self.assertTrue(same_bits(ex, expected), f"rank {rank}: zpQuantAllReduceEx differs")
+        # Not the exact sum (the codes are lossy), but near it.
+        exact = sum(ref.to_f32(s, dtype).astype(np.float64) for s in sends) / (nranks if op == "avg" else 1)
+        err = np.abs(ref.to_f32(got[0][0], dtype) - exact)
+        self.assertGreater(float(err.max()), 0.0)
+        self.assertLess(float(err.max()), float(np.abs(exact).max()) * (0.5 if bits == 4 else 0.05) + 1e-30)
+
+    def test_one_hop_two_hops_interleaved_and_uneven(self) -> None:
+        seed = 300
+        cases: list[tuple[int, dict[str, Any], list[int] | None]] = [
+            (1, {}, None), (4, {}, None), (2, {"ranks_per_node": 1}, None), (4, {"ranks_per_node": 2}, None),
+            (6, {"ranks_per_node": 2}, None), (4, {"ranks_per_node": 1}, None), (6, {}, [r % 2 for r in range(6)]),
+            (5, {}, [0, 0, 0, 1, 1])]
+        for nranks, config, node_ids in cases:
+            for dtype in DTYPES:
+                for op, bits, block, count in (("sum", 4, 64, 1001), ("avg", 8, 32, 3), ("avg", 4, 256, 64 * 7)):
+                    seed += 1
+                    with self.subTest(nranks=nranks, config=config, nodes=node_ids, dtype=dtype, op=op, bits=bits,
+                                      block=block, count=count):
+                        self.run_case(nranks, config, dtype, op, bits, block, count, seed, node_ids)
+
+    def test_gradient_rounding_is_deterministic_and_seeded(self) -> None:
+        rng = np.random.default_rng(12)
+        sends = [ref.random_data(rng, 777, ref.F32) for _ in range(4)]
+
+        def body(rank: int, comm: zpccl.Comm) -> list[np.ndarray]:
+            def sr(seed: int) -> np.ndarray:
+                return comm.quant_all_reduce(sends[rank], rounding="stochastic", seed=seed, sequence=5)
+
+            residual = np.zeros(777, np.uint16)  # bf16 bits
+            hop = np.zeros(comm.grad_hop_residual_count(comm.all_reduce_shard_count(777)), np.uint16)
+            fed = comm.quant_all_reduce(sends[rank], residual=residual, hop_residual=hop)
+            return [sr(1), sr(1), sr(2), fed, residual]
+
+        got = run_host_ranks(4, body, ranks_per_node=2)
+        nearest = ref.quant_all_reduce(sends, ref.F32, "sum", 4, 256, [0, 0, 1, 1])
+        for rank, (a, b, c, fed, residual) in enumerate(got):
+            self.assertTrue(same_bits(a, got[0][0]) and same_bits(fed, got[0][3]), f"rank {rank} differs")
+            self.assertTrue(same_bits(a, b), "the same seed and sequence draw the same")
+            self.assertFalse(same_bits(a, c), "another seed draws otherwise")
+            self.assertFalse(same_bits(a, nearest), "stochastic rounding rounds otherwise than to nearest")
+            self.assertTrue(same_bits(fed, nearest), "a zero residual quantizes as to nearest")
+            self.assertTrue(np.any(residual != 0), "error feedback keeps what the codes lost")
+
+    def test_refusals_name_the_argument(self) -> None:
+        from .test_errors import on_ranks
+
+        x = np.zeros(100, np.float32)
+        for fn, message, kind in (
+                (lambda r, c: c.quant_all_reduce(x, np.zeros(99, np.float32)),
+                 "quant_all_reduce: recv has 99 elements, expected 100", ValueError),
+                (lambda r, c: c.quant_all_reduce(x, op="max"), "zpQuantAllReduce : op max is not supported", None),
+                (lambda r, c: c.quant_all_reduce(x, bits=6), "zpQuantAllReduceEx : options->bits 6 must be 4 or 8",
+                 None),
+                (lambda r, c: c.quant_all_reduce(x, bits=0), "quant_all_reduce: bits 0 must be 4 or 8", ValueError),
+                (lambda r, c: c.quant_all_reduce(x, np.zeros(100, np.float16)),
+                 "quant_all_reduce: recv dtype float16 differs from send dtype float32", ValueError),
+                (lambda r, c: c.quant_all_reduce(x, residual=np.zeros(99, np.uint16)),
+                 "zpQuantAllReduceEx : options->residualCount 99 must be 100 for count 100 on 2 ranks", None),
+                (lambda r, c: c.all_reduce_shard_count(10, block_size=48),
+                 "zpQuantAllReduceShardCount : blockSize 48 must be a power of two", None)):
+            with self.subTest(message=message):
+                for e in on_ranks(2, fn):
+                    self.assertIsInstance(e, zpccl.ZpcclError)
+                    if kind is not None:
+                        self.assertIsInstance(e, kind)
+                    self.assertIn(message, str(e))
+
+        def usable_after(rank: int, comm: zpccl.Comm) -> np.ndarray:
+            try:
+                comm.quant_all_reduce(x, op="max")
+            except zpccl.ZpcclError:
+                pass
+            return comm.quant_all_reduce(np.full(100, rank + 1.0, np.float32))
+
+        for out in run_host_ranks(2, usable_after):
+            self.assertTrue(np.all(out == 3.0), out[:4])  # 1 + 2, exact: one value a block quantizes exactly
 
 
 if __name__ == "__main__":

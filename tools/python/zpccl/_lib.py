@@ -99,7 +99,8 @@ class QuantOptions(ctypes.Structure):
 
 
 class GradOptions(ctypes.Structure):
-    """``zpGradOptions_t``: zpQuantReduceScatterA2AEx2's options (rounding, seed, error-feedback residuals)."""
+    """``zpGradOptions_t``: the options of zpQuantReduceScatterA2AEx2 and zpQuantAllReduceEx (bits, block size,
+    rounding, seed, error-feedback residuals)."""
 
     _fields_ = [
         ("size", c_size_t),
@@ -282,6 +283,10 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "zpQuantReduceScatterA2AEx2": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, POINTER(GradOptions),
                                            c_void_p, c_void_p]),
     "zpGradHopResidualCount": (c_int, [c_size_t, _SIZE_P, c_void_p]),
+    "zpQuantAllReduce": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p]),
+    "zpQuantAllReduceEx": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, POINTER(GradOptions), c_void_p,
+                                   c_void_p]),
+    "zpQuantAllReduceShardCount": (c_int, [c_size_t, c_int, _SIZE_P, c_void_p]),
 }
 
 _lock = threading.Lock()

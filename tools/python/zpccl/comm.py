@@ -627,6 +627,54 @@ class Comm:
         self._check(res, "zpQuantReduceScatterA2A")
         return rb.obj
 
+    def quant_all_reduce(self, send: Any, recv: Any = None, op: str | RedOp | int = "sum", bits: int | None = None,
+                         block_size: int | None = None, *, dtype: Any = None, stream: Any = None,
+                         rounding: str | Rounding | int | None = None, seed: int | None = None, residual: Any = None,
+                         hop_residual: Any = None, sequence: int | None = None) -> Any:
+        """The quantized all-reduce (``zpQuantAllReduce``): every rank's ``recv`` (``send.size`` elements) holds the
+        reduction (``"sum"`` or ``"avg"``, which divides by ``nranks``) of every rank's ``send``, bit-identical on
+        every rank, deterministic (include/zpccl.h, "Quantized all-reduce": qgZ's reduce-scatter of one shard a rank,
+        then the gather of the reduced shards in qwZ's format; its error bound). In place when ``recv`` is ``send``
+        (or shares its memory exactly). ``bits``/``block_size`` override ``grad_bits``/``block_size``; ``rounding``,
+        ``seed``, ``residual`` (bfloat16, ``send.size`` elements), ``hop_residual``
+        (``grad_hop_residual_count(all_reduce_shard_count(send.size))`` elements) and ``sequence`` as in
+        :meth:`quant_reduce_scatter` (``zpQuantAllReduceEx``).
+        """
+        call = "quant_all_reduce"
+        handle = self._live(call)
+        sb = self._input(send, call, "send", dtype, quantized=True)
+        rb = self._output(recv, sb, sb.count, call, "recv", dtype)
+        opcode = _parse_op(op, call)
+        opts = self._options(bits, block_size, call)
+        st = self._stream(sb, stream, call)
+        L = _lib.lib()
+        if opts is None and all(v is None for v in (rounding, seed, residual, hop_residual, sequence)):
+            self._check(L.zpQuantAllReduce(sb.ptr, rb.ptr, sb.count, int(sb.dtype), opcode, handle, st),
+                        "zpQuantAllReduce")
+            return rb.obj
+        shard = self.all_reduce_shard_count(sb.count, opts.blockSize if opts is not None and opts.blockSize else None)
+        g = self._grad_options(opts, rounding, seed, residual, hop_residual, shard, call)
+        if sequence is not None:
+            g.sequence = _c_int(sequence, call, "sequence")
+        self._check(L.zpQuantAllReduceEx(sb.ptr, rb.ptr, sb.count, int(sb.dtype), opcode, byref(g), handle, st),
+                    "zpQuantAllReduceEx")
+        return rb.obj
+
+    def all_reduce_shard_count(self, count: int, block_size: int | None = None) -> int:
+        """``zpQuantAllReduceShardCount``: elements of a full shard of :meth:`quant_all_reduce` for ``count``
+        elements in blocks of ``block_size`` (None: the communicator's): ``ceil(ceil(count / nranks) / block_size)
+        * block_size``; rank r reduces elements ``[min(r * shard, count), min((r + 1) * shard, count))``."""
+        call = "all_reduce_shard_count"
+        handle = self._live(call)
+        out = c_size_t()
+        block = 0 if block_size is None else _c_int(block_size, call, "block_size")
+        if block_size is not None and block == 0:
+            raise ZpcclValueError(f"{call}: block_size 0 must be {BLOCK_SIZE_RULE} (None keeps the communicator's)",
+                                  call)
+        self._check(_lib.lib().zpQuantAllReduceShardCount(_size_t(count, call, "count"), block, byref(out), handle),
+                    "zpQuantAllReduceShardCount")
+        return out.value
+
     def _residual(self, obj: Any, call: str, name: str) -> Buffer:
         """A residual buffer: bf16 (a NumPy uint16 array holds bf16 bits); another type reaches the library, which
         refuses it by name (options->residualType)."""
@@ -639,6 +687,8 @@ class Comm:
 
     def _grad_options(self, quant: _lib.QuantOptions | None, rounding: Any, seed: Any, residual: Any,
                       hop_residual: Any, recvcount: int, call: str) -> _lib.GradOptions:
+        """zpGradOptions_t of a gradient call; ``recvcount`` sizes the hop residual (qgZ's, or the all-reduce's
+        shard)."""
         g = _lib.GradOptions.initializer()
         if quant is not None:
             g.bits, g.blockSize = quant.bits or CONFIG_UNDEF_INT, quant.blockSize or CONFIG_UNDEF_INT
