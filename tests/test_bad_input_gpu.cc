@@ -211,7 +211,7 @@ TEST(BadInputGpu, AllReduceIsNotYetOnTheCudaBackend) {
                : zpQuantAllReduce(send.get(), recv.get(), k.count, zpFloat32, zpSum, comm, nullptr);
       EXPECT_EQ(res, zpInvalidUsage);
       const std::string message = zpGetLastError(comm);
-      EXPECT_TRUE(mentions(message, std::string(k.call) + " : not yet available on the cuda backend")) << message;
+      EXPECT_TRUE(mentions(message, std::string(k.call) + " : not yet available on GPU communicators")) << message;
       ASSERT_EQ(zpQuantAllGather(send.get(), recv.get(), kCount, zpFloat32, comm, nullptr), zpSuccess)
           << zpGetLastError(comm);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -267,11 +267,11 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // zpQuantAllReduce runs on the host backend; its cuda execution waits for a GPU to check it.
+  // zpQuantAllReduce runs on the host backend; its cuda execution waits for a GPU to check it (include/zpccl.h).
   static zpResult_t allReduceNotYet(const CollArgs& a) {
     return ZP_ERR(zpInvalidUsage,
-                  "%s : not yet available on the cuda backend (the host backend runs it: config.backend = "
-                  "zpBackendHost with host buffers)",
+                  "%s : not yet available on GPU communicators (cuda backend); the host backend runs it "
+                  "(config.backend = zpBackendHost, host buffers)",
                   a.opName);
   }
 

@@ -639,6 +639,10 @@ class Comm:
         ``seed``, ``residual`` (bfloat16, ``send.size`` elements), ``hop_residual``
         (``grad_hop_residual_count(all_reduce_shard_count(send.size))`` elements) and ``sequence`` as in
         :meth:`quant_reduce_scatter` (``zpQuantAllReduceEx``).
+
+        The host backend runs it (thread-ranks, or processes through :meth:`from_torch_group` on a gloo group); a
+        cuda-backend communicator raises :class:`ZpcclError` (``INVALID_USAGE``, "not yet available on GPU
+        communicators") at every count, 0 included.
         """
         call = "quant_all_reduce"
         handle = self._live(call)
