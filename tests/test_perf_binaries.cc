@@ -55,6 +55,14 @@ TEST(PerfBinaries, QwzAndQgzOnTheHostBackendGiveCleanTables) {
   expectCleanTable(runBinary("qgz_perf", "-H -t 4 -N 2 -b 64K -e 256K -f 2 -n 2 -w 1 -o avg"), 3);
 }
 
+// The all-reduce on one hop (one node of 4), two hops (2x2) and one hop across nodes of 1, an odd count of fp16
+// elements, int8 in blocks of 32: every output equal to the host reference, out of place and in place.
+TEST(PerfBinaries, AllReduceOnTheHostBackendGivesCleanTables) {
+  expectCleanTable(runBinary("all_reduce_perf", "-H -t 4 -N 1 -b 64K -e 256K -f 2 -n 2 -w 1 -o avg"), 3);
+  expectCleanTable(runBinary("all_reduce_perf", "-H -t 4 -N 2 -b 1K -e 1M -f 32 -n 2 -w 1"), 3);
+  expectCleanTable(runBinary("all_reduce_perf", "-H -t 3 -N 3 -b 2002 -e 2002 -n 1 -w 0 -d half -B 8 -G 32"), 1);
+}
+
 TEST(PerfBinaries, JsonCarriesProvenanceAndEveryRound) {
   char dir[] = "/tmp/zp_perf_binary_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);

@@ -60,7 +60,7 @@ if [ -x "$build/tests/zpccl_mpi_tests" ] && command -v mpirun >/dev/null; then
   done
   # The perf binaries' host mode, one rank a process over MPI: every output checked against the host reference.
   perf_mpi_ok=1
-  for bin in qwz_perf hpz_perf qgz_perf; do
+  for bin in qwz_perf hpz_perf qgz_perf all_reduce_perf; do
     [ -x "$build/perf/$bin" ] || continue
     "${mpi_run[@]}" "$build/perf/$bin" -H 1 -b 1K -e 256K -f 4 -n 2 -w 1 >"$results/${bin}_mpi.log" 2>&1 &&
       grep -q "Out of bounds values : 0 OK" "$results/${bin}_mpi.log" ||
