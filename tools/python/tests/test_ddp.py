@@ -1,0 +1,338 @@
+"""zpccl.ddp on CPU processes started by zpccl.launch (gloo, zpccl's host backend through Comm.from_torch_group):
+
+* DDP with zpccl's comm hook, on one node of 2 ranks (one hop, int8) and on 2 nodes of 2 (two hops, int4), with
+  buckets small enough that DDP makes several once it rebuilds them after the first iteration: the second step's
+  gradients equal, bit for bit, the NumPy model of the all-reduce (tests/_reference.py) over every rank's local
+  gradients laid out as zpccl.ddp stages each bucket (blocks restarting at each parameter); every rank's gradients
+  bit-identical; within the header's error bound of the exact average; after the training steps every replica's
+  parameters bit-identical, and the losses near those of DDP's own all-reduce, not equal to them;
+* refusals, each naming what to change;
+* HSDP's recipe (FSDP2 on the 1-D shard mesh, zpccl.ddp.enable_replicate over the replicate group) against native
+  HSDP on a 2x2 mesh: the replicas' shards bit-identical, the losses near native HSDP's.
+Skipped without torch's gloo."""
+from __future__ import annotations
+
+import hashlib
+import unittest
+from typing import Any
+
+import numpy as np
+
+import zpccl
+import zpccl.launch
+
+from . import _reference as ref
+from ._procs import torch_for_procs
+from .test_fsdp import batches, build_model
+
+STEPS = 4
+BLOCK = 32
+BUCKET_MB = 0.02  # several buckets of the small model once DDP rebuilds them after the first iteration
+# The steps (from 0) whose gradients are checked bit for bit: DDP's first iteration puts every parameter in one bucket,
+# larger than zpccl's staging, so reduced in pieces; the second has the rebuilt buckets, one call each.
+CHECKED_STEPS = (0, 1)
+LR = 1e-2
+
+
+def _setup() -> Any:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    return torch
+
+
+def _loss(torch: Any, model: Any, ids: Any) -> Any:
+    logits = model(ids).float()
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
+def _digest(tensors: list[Any]) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _ddp_rank(bits: int) -> dict[str, Any]:
+    """One rank: the training with zpccl's hook, where each of CHECKED_STEPS also gives every rank's local gradients
+    (no_sync) and zpccl's all-reduced ones with the buckets they came in; then the training with DDP's own
+    all-reduce."""
+    torch = _setup()
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    rank = dist.get_rank()
+    data = batches(torch, rank, STEPS)
+    model = DDP(build_model(torch), bucket_cap_mb=BUCKET_MB)
+    params = list(model.parameters())
+    index = {id(p): i for i, p in enumerate(params)}
+    state = zpccl.ddp.make_state(model, grad_bits=bits, block_size=BLOCK)
+    buckets: list[list[int]] = []
+
+    def recording(st: Any, bucket):  # type: ignore[no-untyped-def]
+        buckets.append([index[id(p)] for p in bucket.parameters()])
+        return zpccl.ddp.comm_hook(st, bucket)
+
+    model.register_comm_hook(state, recording)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, checked = [], []
+    for step, ids in enumerate(data):
+        if step in CHECKED_STEPS:  # the local gradients first
+            with model.no_sync():
+                _loss(torch, model, ids).backward()
+            local = [p.grad.numpy().copy() for p in params]
+            model.zero_grad(set_to_none=True)
+            calls_before = len(buckets)
+        loss = _loss(torch, model, ids)
+        loss.backward()
+        if step in CHECKED_STEPS:
+            everyone: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, local)
+            checked.append(dict(local=everyone, reduced=[p.grad.numpy().copy() for p in params],
+                                buckets=buckets[calls_before:]))
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    summary, grown = state.summary(), state.staging_grown
+    state.close()
+
+    exact_model = DDP(build_model(torch), bucket_cap_mb=BUCKET_MB)
+    exact_opt = torch.optim.AdamW(exact_model.parameters(), lr=LR)
+    exact_losses = []
+    for ids in data:
+        loss = _loss(torch, exact_model, ids)
+        loss.backward()
+        exact_opt.step()
+        exact_opt.zero_grad()
+        exact_losses.append(loss.item())
+    return dict(checked=checked, calls=len(buckets), losses=losses, exact_losses=exact_losses,
+                digest=_digest(params), summary=summary, grown=grown, staging=state.staging_bytes)
+
+
+def _refusals(_: int) -> list[tuple[str, str, str]]:
+    """Each refusal's exception type, message and zpccl code, in order."""
+    torch = _setup()
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    seen = []
+
+    def refused(fn: Any) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
+            seen.append((type(exc).__name__, str(exc), getattr(exc, "code", None)))
+        else:
+            seen.append(("", "not refused", None))
+
+    model = DDP(build_model(torch), bucket_cap_mb=BUCKET_MB)
+    refused(lambda: zpccl.ddp.enable(model.module))
+    refused(lambda: zpccl.ddp.enable(model, weight_bits=8))
+    refused(lambda: zpccl.ddp.enable(model, error_feedback=True))
+    refused(lambda: zpccl.ddp.enable(model, grad_bits=6))
+    refused(lambda: zpccl.ddp.enable(model, grad_bits=None))
+    refused(lambda: zpccl.ddp.enable(model, grad_bitz=8))
+    refused(lambda: zpccl.ddp.enable(model, zpccl.ZeroPlusPlusPolicy(), grad_bits=8))
+    refused(lambda: zpccl.ddp.enable(DDP(build_model(torch, dtype=torch.float64))))
+    state = zpccl.ddp.enable(model, grad_bits=8, block_size=BLOCK)
+    refused(lambda: zpccl.ddp.enable(model))
+    state.close()
+    refused(lambda: _loss(torch, model, batches(torch, 0, 1)[0]).backward())
+    return seen
+
+
+def _hsdp_rank(native: bool) -> dict[str, Any]:
+    """One rank of a 2x2 mesh (replicate, shard): native HSDP on the 2-D mesh, or FSDP2 on the shard mesh with
+    zpccl.ddp.enable_replicate over the replicate group."""
+    torch = _setup()
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import zpccl.ddp
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = build_model(torch)
+    target = mesh if native else mesh["shard"]
+    for block in model.blocks:
+        fully_shard(block, mesh=target)
+    fully_shard(model, mesh=target)
+    zp = None if native else zpccl.ddp.enable_replicate(model, mesh["replicate"].get_group(), grad_bits=8,
+                                                        block_size=BLOCK)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for ids in batches(torch, dist.get_rank(), STEPS):
+        loss = _loss(torch, model, ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    shards = [p.to_local() for p in model.parameters()]
+    out = dict(losses=losses, digest=_digest(shards))
+    if zp is not None:
+        out["summary"] = zp.summary()
+        zp.close()
+    return out
+
+
+def header_bound(parts: list[np.ndarray], bits: int, two_hops: bool) -> np.ndarray:
+    """include/zpccl.h's bound of |out - exact average| for one parameter, with the parameter's maxima in place of
+    each block's (every block of it lies inside it, blocks restarting at parameters): no smaller than the bound."""
+    n, q, u = len(parts), ref.QMAX[bits], 2.0**-24
+    A = sum(float(np.abs(p).max()) for p in parts)
+    M = float(np.abs(sum(p.astype(np.float64) for p in parts)).max())
+    E = A / (2 * q) * ((2 + 1 / (2 * q)) if two_hops else 1.0)
+    return (E + (M + E) * (1 / (2 * q) + 3 * u) + (n + 1) * 2.0**-16 * A) / n
+
+
+class DdpCommHook(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        torch_for_procs()
+
+    def check_layout(self, nranks: int, bits: int, env: dict[str, str], two_hops: bool) -> None:
+        ranks = zpccl.launch.spawn(_ddp_rank, nranks, bits, env=dict(env, OMP_NUM_THREADS="1"), timeout=600)
+        nodes = [0] * nranks if not two_hops else [r // 2 for r in range(nranks)]
+        first = ranks[0]
+        buckets = [len(c["buckets"]) for c in first["checked"]]
+        self.assertEqual(buckets[0], 1, "DDP's first iteration: one bucket of every parameter")
+        self.assertGreater(buckets[1], 1, "DDP's rebuilt buckets: the test means several")
+        self.assertLess(first["staging"], sum(g.nbytes for g in first["checked"][0]["reduced"]),
+                        "the first bucket fits the staging buffer: the test means pieces")
+        self.assertEqual(first["summary"]["quant_all_reduce"]["calls"], first["calls"])
+        self.assertFalse(first["grown"], "a call allocated a larger staging buffer")
+        for r, out in enumerate(ranks):
+            self.assertEqual(out["digest"], first["digest"], f"rank {r}'s parameters drifted from rank 0's")
+        for k, step in enumerate(CHECKED_STEPS):
+            with self.subTest(step=step):
+                self.check_step(ranks, k, bits, nodes, two_hops)
+        for r, out in enumerate(ranks):
+            self.assertNotEqual(out["losses"], out["exact_losses"])
+            for step, (a, b) in enumerate(zip(out["losses"], out["exact_losses"])):
+                self.assertLess(abs(a - b) / b, 0.01 if bits == 8 else 0.03, f"rank {r} step {step + 1}")
+
+    def check_step(self, ranks: list[dict[str, Any]], k: int, bits: int, nodes: list[int], two_hops: bool) -> None:
+        checked = ranks[0]["checked"][k]
+        nranks, local, reduced = len(ranks), checked["local"], checked["reduced"]  # local[rank][parameter]
+        self.assertEqual(sorted(i for b in checked["buckets"] for i in b), list(range(len(reduced))))
+        for r, out in enumerate(ranks):
+            for i, g in enumerate(out["checked"][k]["reduced"]):
+                self.assertTrue(np.array_equal(g, reduced[i]), f"rank {r} parameter {i}: differs from rank 0's")
+        # Bit for bit the model, bucket by bucket, over every rank's local gradients staged as zpccl.ddp stages them.
+        for bucket in checked["buckets"]:
+            parts = [[_staged_part(local[r][i].ravel(), BLOCK, last=(j == len(bucket) - 1))
+                      for j, i in enumerate(bucket)] for r in range(nranks)]
+            got = ref.quant_all_reduce([np.concatenate(p) for p in parts], ref.F32, "avg", bits, BLOCK, nodes)
+            at = 0
+            for j, i in enumerate(bucket):
+                expected = got[at:at + local[0][i].size].reshape(local[0][i].shape)
+                self.assertTrue(np.array_equal(reduced[i], expected), f"parameter {i} differs from the model")
+                at += parts[0][j].size
+        # Within the header's bound of the exact average.
+        worst = 0.0
+        for i, got in enumerate(reduced):
+            mean = sum(local[r][i].astype(np.float64) for r in range(nranks)) / nranks
+            bound = header_bound([local[r][i] for r in range(nranks)], bits, two_hops)
+            err = float(np.abs(got - mean).max())
+            self.assertLessEqual(err, bound, f"parameter {i}")
+            worst = max(worst, err / bound)
+        self.assertGreater(worst, 0.0, "no error at all: not quantized?")
+
+    def test_one_node_int8(self) -> None:
+        self.check_layout(2, 8, {}, two_hops=False)
+
+    def test_two_nodes_of_two_int4(self) -> None:
+        self.check_layout(4, 4, {"LOCAL_WORLD_SIZE": "2"}, two_hops=True)
+
+    def test_refusals_name_what_to_change(self) -> None:
+        got = zpccl.launch.spawn(_refusals, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        expected = [
+            ("ZpcclTypeError", "zpccl.ddp.enable: model must be a torch.nn.parallel.DistributedDataParallel, got Net"),
+            ("ZpcclValueError", "zpccl.ddp.enable: weight_bits applies to the weight gathers of sharded models "
+                                "(zpccl.fsdp)"),
+            ("ZpcclValueError", "zpccl.ddp.enable: error_feedback is not served here"),
+            ("ZpcclValueError", "zpccl.ddp.enable: grad_bits 6 must be 4 or 8"),
+            ("ZpcclValueError", "zpccl.ddp.enable: grad_bits=None leaves the all-reduce to torch"),
+            ("ZpcclTypeError", "zpccl.ddp.enable: unknown argument(s) grad_bitz"),
+            ("ZpcclValueError", "zpccl.ddp.enable: give policy or keyword arguments, not both"),
+            ("ZpcclValueError", "zpccl.ddp.enable: gradients of dtype float64: zpQuantAllReduce takes float16, "
+                                "bfloat16 and float32"),
+            ("ZpcclError", "zpccl.ddp.enable: the model already has a communication hook (comm_hook)"),
+            ("", "zpccl.ddp.enable: this zpccl.ddp state is closed"),
+        ]
+        for rank, seen in enumerate(got):
+            self.assertEqual(len(seen), len(expected), seen)
+            for (kind, text, _), (want_kind, want) in zip(seen, expected):
+                self.assertIn(want, text, f"rank {rank}")
+                if want_kind:
+                    self.assertEqual(kind, want_kind, text)
+
+
+def _staged_part(x: np.ndarray, block: int, last: bool) -> np.ndarray:
+    """A parameter's part of a staged bucket: padded with zeros to whole blocks unless it is the last (an
+    independent statement of zpccl's BlockLayout)."""
+    if last or x.size % block == 0:
+        return x
+    return np.concatenate([x, np.zeros(block - x.size % block, x.dtype)])
+
+
+class HsdpReplicateHook(unittest.TestCase):
+    def test_replicas_bit_identical_and_losses_near_native_hsdp(self) -> None:
+        torch_for_procs()
+        env = {"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+        ours = zpccl.launch.spawn(_hsdp_rank, 4, False, env=env, timeout=600)
+        native = zpccl.launch.spawn(_hsdp_rank, 4, True, env=env, timeout=600)
+        for r in range(4):
+            peer = (r + 2) % 4  # the same shard in the other replica
+            self.assertEqual(ours[r]["digest"], ours[peer]["digest"], f"ranks {r} and {peer}: the replicas drifted")
+            self.assertEqual(native[r]["digest"], native[peer]["digest"])
+            self.assertNotEqual(ours[r]["losses"], native[r]["losses"])
+            for step, (a, b) in enumerate(zip(ours[r]["losses"], native[r]["losses"])):
+                self.assertLess(abs(a - b) / b, 0.01, f"rank {r} step {step + 1}: {a} vs native HSDP's {b}")
+            # One call a step for each FSDP module (the blocks and the root).
+            self.assertEqual(ours[r]["summary"]["quant_all_reduce"]["calls"], 3 * STEPS)
+
+
+def _gpu_refusal(_: int) -> tuple[str, str, Any]:
+    """enable on a DDP model over an NCCL group: the refusal, as the parent sees it."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl")
+    model = DDP(build_model(torch).cuda(), device_ids=[0])
+    try:
+        zpccl.ddp.enable(model, grad_bits=8)
+    except zpccl.ZpcclError as exc:
+        return type(exc).__name__, str(exc), int(exc.code)
+    finally:
+        dist.destroy_process_group()
+    return "", "not refused", None
+
+
+class DdpOnGpu(unittest.TestCase):
+    """GPU communicators refuse zpQuantAllReduce until its cuda path has run on a GPU: zpccl.ddp says so when the
+    state is made, naming what to use instead."""
+
+    def test_refused_when_the_state_is_made(self) -> None:
+        torch = torch_for_procs()
+        if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
+            self.skipTest("needs a CUDA device and NCCL")
+        kind, text, code = zpccl.launch.spawn(_gpu_refusal, 1, 0, timeout=300)[0]
+        self.assertEqual(code, int(zpccl.Result.INVALID_USAGE), text)
+        self.assertIn("zpccl.ddp.enable: zpQuantAllReduce : not yet available on GPU communicators", text)
+        self.assertIn("bf16_compress_hook", text)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,193 @@
+"""What users call: :func:`enable` (DDP), :func:`make_state` and :func:`comm_hook` (DDP, composed by hand), and
+:func:`enable_replicate` (HSDP's replicate all-reduce through FSDP2's ``set_all_reduce_hook``)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .._policy import ZeroPlusPlusPolicy, resolve_policy
+from .._staging import BlockLayout
+from ..enums import Result
+from ..errors import ZpcclError, ZpcclTypeError, ZpcclValueError
+from ._state import QuantAllReduce
+
+#: The policy's fields an all-reduce takes; the others (weight_bits, hpz, hpz_size) are sharded models' gathers.
+FIELDS = ("grad_bits", "block_size", "grad_block_size", "param_blocks", "ranks_per_node", "node_id",
+          "grad_rounding", "seed")
+_GATHER_FIELDS = ("weight_bits", "hpz", "hpz_size")
+
+
+def resolve(call: str, policy: ZeroPlusPlusPolicy | None, options: dict[str, Any]) -> ZeroPlusPlusPolicy:
+    """The policy of an all-reduce: ``policy`` (its gradient fields serve; its weight fields are zpccl.fsdp's), or
+    one made from ``options`` (the fields in :data:`FIELDS`). Refusals name the argument and what to change."""
+    unknown = sorted(set(options) - set(FIELDS) - set(_GATHER_FIELDS) - {"error_feedback"})
+    if unknown:
+        raise ZpcclTypeError(f"{call}: unknown argument(s) {', '.join(unknown)}; it takes policy= or "
+                             f"{', '.join(FIELDS)}", call)
+    gathers = [name for name in _GATHER_FIELDS if name in options]
+    if gathers:
+        raise ZpcclValueError(f"{call}: {', '.join(gathers)} appl{'ies' if len(gathers) == 1 else 'y'} to the weight "
+                              "gathers of sharded models (zpccl.fsdp); a gradient all-reduce takes "
+                              f"{', '.join(FIELDS)}", call)
+    if policy is None:
+        if "grad_bits" in options and options["grad_bits"] is None:
+            raise ZpcclValueError(f"{call}: grad_bits=None leaves the all-reduce to torch, so zpccl would serve "
+                                  "nothing: give grad_bits 4 or 8, or leave zpccl out", call)
+        options = dict(options, weight_bits=None, hpz=False)
+    resolved = resolve_policy(call, policy, options)
+    if resolved.grad_bits is None:
+        raise ZpcclValueError(f"{call}: the policy's grad_bits is None, so zpccl would serve nothing: give grad_bits "
+                              "4 or 8", call)
+    if resolved.error_feedback:
+        raise ZpcclValueError(f"{call}: error_feedback is not served here: DDP rebuilds its buckets after the first "
+                              "iteration and FSDP's all-reduce hook gets no parameter group, so a residual would not "
+                              "follow its gradients; leave it False (grad_rounding='stochastic' is served)", call)
+    return resolved
+
+
+# ---- DDP ---------------------------------------------------------------------------------------------------------
+
+def make_state(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any) -> QuantAllReduce:
+    """The state of :func:`comm_hook` for a ``DistributedDataParallel`` model, made once: a communicator over the
+    model's process group (collective: every rank calls it), the staging buffer for its largest bucket, the zero
+    blocks. :func:`enable` registers it; call this to compose :func:`comm_hook` with a hook of your own."""
+    return _state_for(model, policy, options, "zpccl.ddp.make_state")
+
+
+def _state_for(model: Any, policy: ZeroPlusPlusPolicy | None, options: dict[str, Any], call: str) -> QuantAllReduce:
+    ddp = _ddp(model, call)
+    policy = resolve(call, policy, options)
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    if not params:
+        raise ZpcclValueError(f"{call}: the model has no parameter that requires a gradient", call)
+    return QuantAllReduce(ddp.process_group, policy, device=params[0].device, dtypes=[p.dtype for p in params],
+                          staging_bytes=_largest_bucket_bytes(ddp, params, policy.grad_block), call=call)
+
+
+def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any) -> QuantAllReduce:
+    """Registers zpccl's quantized all-reduce as ``model``'s DDP communication hook (``register_comm_hook``) and
+    returns its state (:func:`make_state`). Collective over the model's process group; before the first backward.
+
+    DDP's buckets are then averaged by zpQuantAllReduce (``grad_bits`` codes in blocks of ``grad_block_size`` or
+    ``block_size``, restarting at each parameter with ``param_blocks``), every rank's gradients bit-identical, so
+    that replicas never drift. DDP takes one hook for its lifetime: :meth:`QuantAllReduce.close` stops zpccl (the
+    hook then raises), and a model that must go back to torch's all-reduce is wrapped in DDP anew.
+    """
+    call = "zpccl.ddp.enable"
+    ddp = _ddp(model, call)
+    if getattr(ddp, "_comm_hooks", None):
+        hooks = ", ".join(getattr(h, "__qualname__", repr(h)) for h, _ in ddp._comm_hooks)
+        raise ZpcclError(Result.INVALID_USAGE, f"{call}: the model already has a communication hook ({hooks}); DDP "
+                         "takes one for its lifetime: wrap the module in DistributedDataParallel anew", call)
+    state = _state_for(ddp, policy, options, call)
+    try:
+        ddp.register_comm_hook(state, comm_hook)
+    except BaseException:
+        state.close()
+        raise
+    return state
+
+
+def comm_hook(state: QuantAllReduce, bucket):  # type: ignore[no-untyped-def]
+    """The DDP communication hook: the bucket's gradients (a ``dist.GradBucket``) averaged over the process group by
+    zpQuantAllReduce, in place in the bucket's buffer, which the returned (completed) ``torch.futures.Future``
+    holds. Blocks restart at the bucket's parameters (``param_blocks``). On the host backend the call returns when
+    the all-reduce is done; on CUDA it is enqueued on the current stream, which the future's device lists.
+
+    ``bucket`` and the result carry no annotation: DDP's register_comm_hook accepts only none or the objects
+    themselves, and this module's annotations are strings."""
+    import torch
+
+    buffer = bucket.buffer()
+    state.all_reduce(buffer, [p.numel() for p in bucket.parameters()])
+    future = torch.futures.Future(devices=[buffer.device] if buffer.device.type == "cuda" else None)
+    future.set_result(buffer)
+    return future
+
+
+def _ddp(model: Any, call: str) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        raise ZpcclTypeError(f"{call}: model must be a torch.nn.parallel.DistributedDataParallel, got "
+                             f"{type(model).__name__}: wrap it first (DistributedDataParallel(model, "
+                             "process_group=...)); for FSDP2's replicate dimension see zpccl.ddp.enable_replicate",
+                             call)
+    return model
+
+
+def _largest_bucket_bytes(ddp: Any, params: list[Any], block: int) -> int:
+    """Bytes of staging for DDP's largest bucket after it rebuilds them, each parameter padded to whole blocks: DDP
+    closes a bucket once it reaches its cap, so a bucket holds less than the cap plus its last parameter, plus a
+    block's padding per parameter; never more than every parameter together. (The first iteration's one bucket of
+    every parameter goes in pieces.)"""
+    padded = [-(-p.numel() // block) * block * p.element_size() for p in params]
+    caps = [getattr(ddp, "bucket_bytes_cap", 0)] + list(getattr(ddp, "bucket_bytes_cap_list", None) or [])
+    widest = max(p.element_size() for p in params)
+    bound = max(caps) + max(p.numel() * p.element_size() for p in params) + len(params) * block * widest
+    return min(sum(padded), bound)
+
+
+# ---- HSDP: FSDP2's all-reduce hook on a 1-D shard mesh -------------------------------------------------------------
+
+def enable_replicate(model: Any, replicate_group: Any, policy: ZeroPlusPlusPolicy | None = None,
+                     **options: Any) -> QuantAllReduce:
+    """HSDP's replicate all-reduce on zpccl: ``model`` is sharded with ``fully_shard`` on the 1-D shard mesh (the
+    ranks of one replica, e.g. ``mesh["shard"]`` of a 2-D mesh), and every FSDP module of it gets
+    ``set_all_reduce_hook``: after FSDP's reduce-scatter over the shard group, the reduced shard is averaged over
+    ``replicate_group`` (the ranks holding the same shard in the other replicas) by zpQuantAllReduce, in place,
+    bit-identical in every replica. Collective over the replicate group; returns the state
+    (:class:`QuantAllReduce`). The costs of this recipe are in the package's documentation (README, "DDP and
+    HSDP").
+    """
+    call = "zpccl.ddp.enable_replicate"
+    from ..fsdp._collectives import _collective_dtype
+    from ..fsdp._torch_fsdp import TorchFsdp, fsdp_modules
+
+    fsdp = TorchFsdp.load()
+    if not hasattr(fsdp.FSDPModule, "set_all_reduce_hook"):
+        raise ZpcclError(Result.INVALID_USAGE, f"{call}: this torch {fsdp.torch.__version__} has no "
+                         "FSDPModule.set_all_reduce_hook", call)
+    modules = [(name, m) for name, m in fsdp_modules(model) if isinstance(m, fsdp.FSDPModule)]
+    if not modules:
+        raise ZpcclValueError(f"{call}: {type(model).__name__} has no fully_shard-ed module: shard it on the 1-D shard "
+                              "mesh first", call)
+    groups = []
+    for name, m in modules:
+        for pg in fsdp.param_groups(m):
+            if getattr(pg.mesh_info, "replicate_process_group", None) is not None:
+                raise ZpcclValueError(f"{call}: module {name or fsdp.class_name(m)!r} is sharded on a 2-D (HSDP) mesh,"
+                                      " whose replicate all-reduce FSDP makes itself: shard it on the 1-D shard mesh "
+                                      "(mesh['shard']) for zpccl to serve the replicate dimension", call)
+            groups.append((m, pg))
+    policy = resolve(call, policy, options)
+    dtypes = [_collective_dtype(pg, reduce=True) for _, pg in groups if pg.fsdp_params]
+    staged = max((_staged_bytes(pg, policy.grad_block, _collective_dtype(pg, reduce=True))
+                  for _, pg in groups if pg.fsdp_params), default=0)
+    state = QuantAllReduce(replicate_group, policy, device=groups[0][1].device, dtypes=dtypes, staging_bytes=staged,
+                           call=call)
+    for m, pg in groups:
+        m.set_all_reduce_hook(_ShardHook(state, pg))
+    return state
+
+
+class _ShardHook:
+    """The all-reduce hook of one FSDP parameter group: its reduce-scatter output (each parameter's padded shard,
+    for the parameters that got a gradient) averaged over the replicate group, blocks restarting at each."""
+
+    def __init__(self, state: QuantAllReduce, pg: Any) -> None:
+        params = list(pg.fsdp_params)
+        self.state = state
+        self.candidates = [[p.padded_sharded_param_size.numel() for p in subset]
+                           for subset in ([p for p in params if p.sharded_param.requires_grad], params)]
+
+    def __call__(self, output: Any) -> None:
+        count = output.numel()
+        # Parameters that do not add up to the output (an extension of FSDP's): all_reduce says so once.
+        sizes = next((s for s in self.candidates if sum(s) == count), self.candidates[-1])
+        self.state.all_reduce(output, sizes)
+
+
+def _staged_bytes(pg: Any, block: int, dtype: Any) -> int:
+    """Bytes of one parameter group's reduce-scatter output laid out with blocks restarting at each parameter."""
+    return BlockLayout(tuple(p.padded_sharded_param_size.numel() for p in pg.fsdp_params), block).staged_count * \
+        dtype.itemsize
