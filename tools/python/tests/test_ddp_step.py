@@ -1,0 +1,93 @@
+"""perf/ddp_step.py on the CPU with tiny shapes, as a smoke test of its protocol: every configuration (DDP's own
+all-reduce, bf16_compress_hook, PowerSGD, zpccl's hook) timed in alternating rounds, every rank's raw step times
+kept, the JSON's provenance, the loss runs and their gaps; and its arguments' refusals."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+from typing import Any
+
+from . import SOURCE_TREE
+from ._procs import torch_for_procs
+
+SCRIPT = SOURCE_TREE / "perf" / "ddp_step.py"
+RANKS, ROUNDS, STEPS = 2, 2, 2
+
+
+def load_script() -> Any:
+    if not SCRIPT.exists():
+        raise unittest.SkipTest(f"{SCRIPT} not found")
+    spec = importlib.util.spec_from_file_location("ddp_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+class DdpStepScript(unittest.TestCase):
+    def test_arguments(self) -> None:
+        ds = load_script()
+        args = ds.parse_args([])
+        self.assertGreaterEqual(args.rounds, 5)
+        self.assertEqual(args.config_list, list(ds.CONFIGS))
+        self.assertEqual(args.loss_list, args.config_list)
+        for bad in (["--configs", "nccl,bogus"], ["--configs", "nccl,nccl"], ["--rounds", "0"],
+                    ["--warmup", "1"], ["--powersgd-start", "1"], ["--nproc", "3", "--nodes", "2"],
+                    ["--loss-only"], ["--loss-runs", "zpccl,fp8"]):
+            with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+                ds.parse_args(bad)
+        self.assertEqual(ds.parse_args(["--configs", "zpccl", "--warmup", "0"]).config_list, ["zpccl"])
+
+    def test_runs_on_the_cpu(self) -> None:
+        torch_for_procs()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "ddp.json")
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            env.pop("RANK", None)
+            done = subprocess.run(
+                [sys.executable, str(SCRIPT), "--cpu", "--nproc", str(RANKS), "--layers", "1", "--d-model", "32",
+                 "--heads", "2", "--seq", "16", "--batch", "2", "--rounds", str(ROUNDS), "--steps", str(STEPS),
+                 "--warmup", "2", "--loss-steps", "3", "--block-size", "32", "-J", path],
+                capture_output=True, text=True, timeout=600, env=env)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            with open(path) as f:
+                doc = json.load(f)
+        self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
+        self.assertIn("ddp_step.py --cpu", doc["provenance"]["command"])
+        self.assertEqual(doc["regime"], "cpu")
+        configs = ["nccl", "bf16-compress", "powersgd", "zpccl"]
+        self.assertEqual([r["config"] for r in doc["rows"]], configs)
+        self.assertEqual(doc["order"], [[r, c] for r in range(ROUNDS) for c in configs], "rounds alternate")
+        for row in doc["rows"]:
+            raw = row["step_ms_per_rank"]  # round, rank, step
+            self.assertEqual([len(raw)] + sorted({len(rnd) for rnd in raw}) + sorted({len(s) for rnd in raw
+                                                                                      for s in rnd}),
+                             [ROUNDS, RANKS, STEPS], row["config"])
+            self.assertTrue(all(t > 0 for rnd in raw for s in rnd for t in s))
+            slowest = [[max(s[i] for s in rnd) for i in range(STEPS)] for rnd in raw]  # a step: its slowest rank's
+            self.assertEqual(row["step_ms"], slowest)
+            self.assertEqual(row["median_ms"], statistics.median(t for rnd in slowest for t in rnd))
+        zp = doc["rows"][-1]
+        self.assertEqual(zp["zpccl_calls"], 1)  # the tiny model is one bucket a step
+        self.assertGreater(zp["zpccl_sent_mib"], 0)
+        self.assertIsNone(doc["rows"][0]["zpccl_calls"])
+        self.assertEqual([x["spec"] for x in doc["losses"]], configs)
+        for x in doc["losses"]:
+            self.assertTrue(math.isfinite(x["valid"]) and x["valid"] > 0, x)
+        self.assertEqual(doc["losses"][-1]["zpccl_calls"], 3)
+        gaps = {s["spec"]: s["gap_pct"] for s in doc["loss_summary"]}
+        self.assertEqual(gaps["nccl"]["mean"], 0.0)
+        self.assertNotEqual(gaps["zpccl"]["mean"], 0.0)  # quantized gradients: not DDP's bits
+        self.assertIn("vs bf16-compress", done.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
