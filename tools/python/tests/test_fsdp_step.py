@@ -6,30 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import io
 import unittest
 from typing import Any
 
-from . import SOURCE_TREE
+from . import load_script
 from ._threaded import run_threaded, torch_with_fsdp2
 
-SCRIPT = SOURCE_TREE / "perf" / "fsdp_step.py"
 WORLD = 4
-
-
-def load_script() -> Any:
-    if not SCRIPT.exists():
-        raise unittest.SkipTest(f"{SCRIPT} not found")
-    spec = importlib.util.spec_from_file_location("fsdp_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 class StepProtocol(unittest.TestCase):
     def test_a_step_takes_its_slowest_ranks_time(self) -> None:
-        fs = load_script()
+        fs = load_script("perf/fsdp_step.py")
         # Two rounds, two ranks, three steps: rank 1 is slower in step 0 of round 0 only.
         per_rank = [[[10.0, 11.0, 12.0], [30.0, 10.0, 12.5]],
                     [[20.0, 21.0, 22.0], [19.0, 25.0, 21.0]]]
@@ -45,7 +34,7 @@ class StepProtocol(unittest.TestCase):
                 fs.step_summary(ragged)
 
     def test_ratios_of_medians_with_the_rounds_spread(self) -> None:
-        fs = load_script()
+        fs = load_script("perf/fsdp_step.py")
         nccl = dict(median_ms=120.0, round_median_ms=[118.0, 121.0, 124.0])
         zp = dict(median_ms=48.0, round_median_ms=[50.0, 47.0, 40.0])
         ratio, lo, hi = fs.ratio_of(nccl, zp)
@@ -55,7 +44,7 @@ class StepProtocol(unittest.TestCase):
         self.assertEqual(fs.ratio_of(dict(median_ms=10.0), dict(median_ms=5.0)), (2.0, None, None))
 
     def test_arguments(self) -> None:
-        fs = load_script()
+        fs = load_script("perf/fsdp_step.py")
         args = fs.parse_args([])
         self.assertGreaterEqual(args.rounds, 5)
         self.assertIn("nccl-2comm", args.configs.split(","))
@@ -69,7 +58,7 @@ class StepProtocol(unittest.TestCase):
 class SecondGroupReduceScatter(unittest.TestCase):
     def test_equals_fsdps_own_reduce_scatter(self) -> None:
         torch = torch_with_fsdp2()
-        fs = load_script()
+        fs = load_script("perf/fsdp_step.py")
         from zpccl import fsdp as zfsdp
 
         from .test_fsdp import batches, build_model, shard
@@ -104,7 +93,7 @@ class SecondGroupReduceScatter(unittest.TestCase):
 
     def test_refuses_a_group_of_other_ranks(self) -> None:
         torch = torch_with_fsdp2()
-        fs = load_script()
+        fs = load_script("perf/fsdp_step.py")
         from zpccl import fsdp as zfsdp
 
         def body(rank: int) -> Any:

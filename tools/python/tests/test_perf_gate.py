@@ -5,34 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import io
 import json
 import os
 import pathlib
 import subprocess
-import sys
 import tempfile
 import unittest
 from typing import Any
 
-from . import SOURCE_TREE
+from . import SOURCE_TREE, load_script
 
-SCRIPT = SOURCE_TREE / "tools" / "perf_gate.py"
 SHELL = SOURCE_TREE / "tools" / "perf-gate.sh"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def load_script() -> Any:
-    if "perf_gate" in sys.modules:
-        return sys.modules["perf_gate"]
-    if not SCRIPT.exists():
-        raise unittest.SkipTest(f"{SCRIPT} not found")
-    spec = importlib.util.spec_from_file_location("perf_gate", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["perf_gate"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def provenance(dirty: bool = False, named: str | None = None) -> dict[str, Any]:
@@ -68,7 +53,7 @@ def write_run(folder: pathlib.Path, zpccl_rounds: list[float], dirty: bool = Fal
 
 class PerfGate(unittest.TestCase):
     def setUp(self) -> None:
-        self.gate = load_script()
+        self.gate = load_script("tools/perf_gate.py")
         self.tmp = tempfile.TemporaryDirectory()
         self.root = pathlib.Path(self.tmp.name)
         self.run_dir = self.root / "run"

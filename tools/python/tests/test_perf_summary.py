@@ -2,25 +2,13 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import tempfile
 import unittest
 from typing import Any
 
-from . import SOURCE_TREE
-
-SCRIPT = SOURCE_TREE / "tools" / "perf_summary.py"
-
-
-def load_script() -> Any:
-    if not SCRIPT.exists():
-        raise unittest.SkipTest(f"{SCRIPT} not found")
-    spec = importlib.util.spec_from_file_location("perf_summary", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+from . import load_script
 
 
 def gpu_row(op: str, bits: int, size: int, zp_us: float, nccl_us: float, wrong: int = 0) -> dict[str, Any]:
@@ -38,7 +26,7 @@ def host_row(op: str, bits: int, size: int, zp: tuple[int, int], ring: tuple[int
 
 class PerfSummary(unittest.TestCase):
     def summarize(self, *files: Any) -> tuple[int, str]:
-        script = load_script()
+        script = load_script("tools/perf_summary.py")
         with tempfile.TemporaryDirectory() as folder:
             paths = []
             for i, rows in enumerate(files):

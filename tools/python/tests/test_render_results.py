@@ -4,32 +4,17 @@ Runs on fake result folders written here, and checks that the project's own docu
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import pathlib
-import sys
 import tempfile
 import unittest
 from typing import Any
 
-from . import SOURCE_TREE
+from . import SOURCE_TREE, load_script
 
-SCRIPT = SOURCE_TREE / "tools" / "render_results.py"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LEGACY = "fedcba9876543210fedcba9876543210fedcba98"
-
-
-def load_script() -> Any:
-    if not SCRIPT.exists():
-        raise unittest.SkipTest(f"{SCRIPT} not found")
-    if "render_results" in sys.modules:
-        return sys.modules["render_results"]
-    spec = importlib.util.spec_from_file_location("render_results", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["render_results"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def perf_row(op: str, bits: int, regime: str, size: int, speedup: float, nccl_us: float) -> dict[str, Any]:
@@ -64,7 +49,7 @@ class Folder:
 
 class RenderResults(unittest.TestCase):
     def setUp(self) -> None:
-        self.rr = load_script()
+        self.rr = load_script("tools/render_results.py")
         self.tmp = tempfile.TemporaryDirectory()
         self.root = pathlib.Path(self.tmp.name)
         (self.root / "results").mkdir()
