@@ -7,7 +7,7 @@ same process, alternating rounds.
     python perf/deepspeed_step.py --nproc 2 --nodes 2 --loss-only --loss-steps 400 --loss-seeds 0,1,2 \\
         --grad-block-size 64 --loss-runs deepspeed,zpccl:8:4 -J perf/results/deepspeed-loss.json
 
-The protocol is perf/fsdp_step.py's, and so are its summaries (step_summary, ratio_of, loss_summary): each of
+The protocol is perf/fsdp_step.py's (perf/step_protocol.py), and so are its summaries: each of
 ``--rounds`` rounds (default 5) runs every configuration in turn on a freshly built engine (so that each one's peak
 memory is its own): ``--warmup`` steps, then ``--steps`` timed ones (CUDA synchronized around each). Every rank
 times its own steps; a step's time is its slowest rank's (each rank's times are gathered after the configuration's
@@ -53,15 +53,13 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tools"))
-import fsdp_step as fs  # noqa: E402
-from provenance import provenance  # noqa: E402
+import step_protocol as sp  # noqa: E402
 from render_results import gap_cells  # noqa: E402
 
-dt = fs.load_example("deepspeed_train")
+dt = sp.load_example("deepspeed_train")
 ex = dt.ex
 
 CONFIGS = ("deepspeed", "zeropp", "zpccl")
-TRAIN_TAIL = fs.TRAIN_TAIL
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,37 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ex.add_model_args(p)
     ex.add_launch_args(p)
     dt.add_zero_args(p)
-    p.add_argument("--shape", choices=sorted(fs.SHAPES), default=None, help="preset model and batch shape")
-    p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--rounds", type=int, default=5,
-                   help="alternating rounds of every configuration (at least 5 for a comparison: DESIGN.md)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and round")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--loss-steps", type=int, default=0, help="also train this many steps per loss run")
-    p.add_argument("--loss-runs", default="deepspeed,zeropp,zpccl",
-                   help="the loss runs, in order: deepspeed, zeropp, zpccl, or zpccl:WEIGHT_BITS:GRAD_BITS (4 or 8; "
-                        "0: that collective stays DeepSpeed's)")
-    p.add_argument("--loss-seeds", default=None, help="comma-separated seeds, each loss run once per seed")
-    p.add_argument("--loss-only", action="store_true", help="skip the timed rounds: only the loss runs")
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("-J", "--json", help="write the rows here")
-    p.add_argument("--label", default="", help="regime label for the rows (default: from the layout)")
+    sp.add_protocol_args(p, CONFIGS, "deepspeed,zeropp,zpccl",
+                         "the loss runs, in order: deepspeed, zeropp, zpccl, or zpccl:WEIGHT_BITS:GRAD_BITS (4 or 8; "
+                         "0: that collective stays DeepSpeed's)")
     args = p.parse_args(argv)
     args.cpu = False
-    if args.shape:
-        args.layers, args.d_model, args.heads, args.seq, args.batch = fs.SHAPES[args.shape]
-    try:
-        args.loss_specs = [parse_loss_spec(t) for t in args.loss_runs.split(",") if t.strip()]
-        args.seeds = fs.parse_seeds(args.loss_seeds, args.seed)
-    except ValueError as e:
-        p.error(str(e))
-    if args.loss_only and not args.loss_steps:
-        p.error("--loss-only needs --loss-steps")
-    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
-        p.error("--rounds and --steps must be at least 1, --warmup at least 0")
-    unknown = [n for n in args.configs.split(",") if n.strip() and n.strip() not in CONFIGS]
-    if unknown:
-        p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec)
     return args
 
 
@@ -186,16 +159,12 @@ class Bench:
         self.dist = torch.distributed
         ex.import_zpccl()  # zpccl on sys.path, installed or from this tree
 
-        self.rpn = self.where.ranks_per_node or self._ranks_per_host()
+        self.rpn = self.where.ranks_per_node or sp.ranks_per_host(self)
         self.hpz = args.hpz or self.rpn
         self.text = ex.corpus()
         self.data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, args.seed)
-        # fsdp_step's Bench helpers read only .where and .dist, which this Bench has too.
-        self.on_device = fs.Bench._ranks_on_device(self)
+        self.on_device = sp.ranks_on_device(self)
         reuse_hpz_groups()
-
-    def _ranks_per_host(self) -> int:
-        return fs.Bench._ranks_per_host(self)
 
     def engine(self, comm: str, seed: int, steps: int, weight_bits: int | None = None,
                grad_bits: int | None = None) -> tuple[Any, Any, int]:
@@ -224,13 +193,7 @@ class Bench:
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=schedule, config=ds_config)
         zp, took = None, 0
         if policy is not None:  # enable apart from initialize, to measure what it takes
-            torch.cuda.synchronize()
-            self.dist.barrier()
-            free_before = torch.cuda.mem_get_info(self.where.device)[0]
-            zp = zpccl.deepspeed.enable(engine, policy)
-            torch.cuda.synchronize()
-            self.dist.barrier()
-            took = (free_before - torch.cuda.mem_get_info(self.where.device)[0]) // self.on_device
+            zp, took = sp.memory_taken(self, self.on_device, lambda: zpccl.deepspeed.enable(engine, policy))
         return engine, zp, took
 
     def step(self, engine: Any, step: int) -> float:
@@ -252,22 +215,13 @@ class Bench:
         self.torch.cuda.empty_cache()
 
     def run(self, name: str, round_index: int) -> dict[str, Any]:
-        torch, args = self.torch, self.args
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.where.device)
+        args = self.args
+        sp.fresh_peak(self)
         engine, zp, took = self.engine(name, args.seed, args.warmup + args.steps + 1)
-        times = []
-        for s in range(args.warmup + args.steps):
-            if s == args.warmup and zp is not None:
-                zp.reset_stats()
-            t = self.step(engine, round_index * 1000 + s)
-            if s >= args.warmup:
-                times.append(t)
-        row = dict(times=fs.Bench.every_rank(self, times), peak=torch.cuda.max_memory_allocated(self.where.device))
+        row = sp.timed_steps(self, args, round_index, lambda s: self.step(engine, s),
+                             lambda: zp.reset_stats() if zp is not None else None)
         if zp is not None:
-            row["calls"] = {k: v["calls"] // args.steps for k, v in zp.summary().items()}
-            row["zpccl_sent"] = {k: v["wire_bytes"] // args.steps for k, v in zp.summary().items()}
+            row["calls"], row["zpccl_sent"] = sp.zpccl_per_step(zp, args.steps)
             row["enable_bytes"] = took
         if round_index == 0:  # one untimed, counted step: what DeepSpeed's own collectives send
             counting = Counting()
@@ -285,21 +239,15 @@ class Bench:
         torch, args = self.torch, self.args
         engine, zp, _ = self.engine(run["config"], seed, args.loss_steps, run["weight_bits"], run["grad_bits"])
         data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, seed)
-        curve = []
-        tail_from = max(0, args.loss_steps - TRAIN_TAIL)
-        tail = torch.zeros((), device=self.where.device)
-        for s in range(args.loss_steps):
+
+        def train_step(s: int) -> Any:
             ids, targets = data.step(s)
             loss = dt.loss_of(torch, engine, ids, targets)
             engine.backward(loss)
             engine.step()
-            if s >= tail_from:
-                tail += loss.detach().float()
-            if s % 10 == 0 or s == args.loss_steps - 1:
-                mean = loss.detach().float().clone()
-                self.dist.all_reduce(mean, op=self.dist.ReduceOp.AVG)
-                curve.append((s, float(mean)))
-        self.dist.all_reduce(tail, op=self.dist.ReduceOp.AVG)
+            return loss
+
+        trained = sp.train_for_loss(self, args.loss_steps, train_step)
         valid = dt.validation_loss(torch, engine, data.validation())
         calls = {k: v["calls"] for k, v in zp.summary().items()} if zp is not None else None
         self.release(engine, zp)
@@ -307,8 +255,7 @@ class Bench:
         return dict(spec=run["spec"], comm=run["comm"], seed=seed, hpz=self.hpz,
                     weight_bits=bits(run["weight_bits"], args.weight_bits) if run["comm"] == "zpccl" else None,
                     grad_bits=bits(run["grad_bits"], args.grad_bits) if run["comm"] == "zpccl" else None,
-                    steps=args.loss_steps, valid=valid, train_tail=float(tail) / max(1, args.loss_steps - tail_from),
-                    train_tail_steps=args.loss_steps - tail_from, zpccl_calls=calls, curve=curve)
+                    steps=args.loss_steps, valid=valid, zpccl_calls=calls, **trained)
 
 
 def reuse_hpz_groups() -> None:
@@ -333,88 +280,38 @@ def reuse_hpz_groups() -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    import deepspeed
+
     bench = Bench(args)
-    torch, where = bench.torch, bench.where
-    names = [] if args.loss_only else [n.strip() for n in args.configs.split(",") if n.strip()]
-    label = args.label or (f"net-on{torch.cuda.device_count()}gpu" if args.nodes else "local")
-    say = print if where.rank == 0 else (lambda *a, **k: None)
-    n_params = sum(p.numel() for p in ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq).parameters())
-    say(f"# DeepSpeed ZeRO-3 step: {where.world} ranks ({f'{args.nodes} nodes over sockets, ' if args.nodes else ''}"
-        f"{bench.rpn} a node, {bench.on_device} a GPU), hpZ groups of {bench.hpz}, {n_params / 1e6:.1f}M "
-        f"parameters, {args.batch} x {args.seq} tokens per rank; zpccl int{args.weight_bits} weights, "
-        f"int{args.grad_bits} gradients, blocks of {args.block_size}"
-        + (f" (gradients' {args.grad_block_size})" if args.grad_block_size else ""), flush=True)
+    names, label, say = sp.session(bench, args)
+    model = ex.build_gpt(bench.torch, args.layers, args.d_model, args.heads, args.seq)
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    sp.say_layout(say, "DeepSpeed ZeRO-3 step", bench, args, n_params, f", hpZ groups of {bench.hpz}")
     out = timed_rows(bench, args, names, label, n_params, say) if names else []
-    losses: list[dict[str, Any]] = []
-    record = provenance(label) if where.rank == 0 else None
-
-    def save() -> None:
-        if where.rank == 0 and args.json:
-            import deepspeed
-
-            fs.write_json(pathlib.Path(args.json), dict(
-                provenance=record, deepspeed=deepspeed.__version__, rows=out, losses=losses,
-                loss_summary=fs.loss_summary(losses), loss_seeds=args.seeds,
-                loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
-                nodes=args.nodes or None, ranks_per_node=bench.rpn, hpz=bench.hpz, params=n_params,
-                block_size=args.block_size, grad_block_size=args.grad_block_size or args.block_size, lr=args.lr))
-
-    save()
-    if args.loss_steps:
-        t_start = time.perf_counter()
-        for seed in args.seeds:
-            for run in args.loss_specs:
-                x = bench.loss_run(run, seed)
-                losses.append(x)
-                say(f"#   loss {x['spec']} seed {seed}: validation {x['valid']:.4f}, training (last "
-                    f"{x['train_tail_steps']}) {x['train_tail']:.4f} ({time.perf_counter() - t_start:.0f} s)",
-                    flush=True)
-                save()
-    if where.rank == 0:
-        report(out, losses)
-    torch.distributed.destroy_process_group()
+    sp.finish(bench, args, label, say, out, bench.loss_run, report, deepspeed=deepspeed.__version__,
+              ranks_per_node=bench.rpn, hpz=bench.hpz, params=n_params)
 
 
 def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: str, n_params: int,
                say: Any) -> list[dict[str, Any]]:
     """The alternating timed rounds: one row per configuration."""
-    where = bench.where
-    rows: dict[str, dict[str, Any]] = {n: dict(per_rank=[], peak=0) for n in names}
-    t_start = time.perf_counter()
-    for r in range(args.rounds):
-        for n in names:
-            got = bench.run(n, r)
-            row = rows[n]
-            row["per_rank"].append(got.pop("times"))
-            row["peak"] = max(row["peak"], got.pop("peak"))
-            row.update(got)
-        say(f"#   round {r + 1}/{args.rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
-    tokens = where.world * args.batch * args.seq
+    rows: dict[str, dict[str, Any]] = {n: {} for n in names}
+    sp.alternate_rounds(rows, args.rounds, bench.run, say)
     out = []
     for n in names:
-        steps = fs.step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in rows[n]["per_rank"]])
         sent = {f"deepspeed {k}": v for k, v in rows[n].get("deepspeed_sent", {}).items()}
         sent.update(rows[n].get("zpccl_sent", {}))
-        out.append(dict(config=n, regime=label, ranks=where.world, nodes=args.nodes or None,
-                        ranks_per_node=bench.rpn, hpz=bench.hpz if n != "deepspeed" else None, params=n_params,
-                        layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch,
-                        weight_bits=args.weight_bits, grad_bits=args.grad_bits, block_size=args.block_size,
-                        grad_block_size=args.grad_block_size or args.block_size, rounds=args.rounds,
-                        warmup=args.warmup, **steps, tokens_per_s=tokens / (steps["median_ms"] / 1e3),
-                        peak_mib=rows[n]["peak"] / 2**20, sent_mib={k: v / 2**20 for k, v in sent.items()},
-                        calls=rows[n].get("calls"), enable_mib=rows[n].get("enable_bytes", 0) / 2**20))
+        out.append(dict(sp.timed_row(n, rows[n], args, bench.where, label, bench.rpn, n_params),
+                        hpz=bench.hpz if n != "deepspeed" else None,
+                        sent_mib={k: v / 2**20 for k, v in sent.items()}))
     return out
 
 
 def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
     if rows:
-        base = {r["config"]: r for r in rows}
-
         def vs(name: str, r: dict[str, Any]) -> str:
-            if name not in base:
-                return "-"
-            ratio, lo, hi = fs.ratio_of(base[name], r)
-            return f"{ratio:.2f}x" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None else "")
+            return sp.vs_cell(rows, name, r)
 
         print(f"\n{'config':>10} {'median ms':>10} {'min-max ms':>15} {'tokens/s':>10} {'peak MiB':>9} "
               f"{'enable MiB':>10} {'vs deepspeed':>18} {'vs zeropp':>18}  sent MiB/step (per rank)")
@@ -423,15 +320,15 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
             print(f"{r['config']:>10} {r['median_ms']:10.1f} {r['min_ms']:7.1f}-{r['max_ms']:<7.1f} "
                   f"{r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} {r['enable_mib']:10.0f} "
                   f"{vs('deepspeed', r):>18} {vs('zeropp', r):>18}  {sent}")
-        print("(a step's time is its slowest rank's; ratios: medians, in brackets the rounds' least and greatest)")
+        print(sp.STEP_NOTE)
     if losses:
         report_losses(losses)
 
 
 def report_losses(losses: list[dict[str, Any]]) -> None:
     """Per loss run: its validation loss over the seeds, and its paired gap to the reference run (the first
-    deepspeed one, fs.loss_summary's choice) of the same seed: mean, standard error, 95% interval, per seed."""
-    summary = fs.loss_summary(losses)
+    deepspeed one, sp.loss_summary's choice) of the same seed: mean, standard error, 95% interval, per seed."""
+    summary = sp.loss_summary(losses)
     reference = summary[0]["reference"]
     ref = {x["seed"]: x["valid"] for x in losses if x["spec"] == reference}
     print(f"\nvalidation loss after {losses[0]['steps']} steps; gap: vs {reference}'s of the same seed")

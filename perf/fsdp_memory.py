@@ -64,6 +64,7 @@ from typing import Any, Iterator
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import fsdp_step as fs  # noqa: E402  (perf/fsdp_step.py: the model, the launch, the step)
+import step_protocol as sp  # noqa: E402
 from provenance import provenance  # noqa: E402
 
 ex = fs.ex
@@ -74,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ex.add_model_args(p)
     ex.add_launch_args(p)
-    p.add_argument("--shape", choices=sorted(fs.SHAPES), default=None, help="preset model and batch shape")
+    p.add_argument("--shape", choices=sorted(sp.SHAPES), default=None, help="preset model and batch shape")
     p.add_argument("--reshard", default="false", help="reshard_after_forward of both configurations: true, "
                    "false, or k (hpZ groups of k with zpccl)")
     p.add_argument("--configs", default="nccl,zpccl,zpccl",
@@ -93,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-J", "--json", help="write the results here")
     args = p.parse_args(argv)
     if args.shape:
-        args.layers, args.d_model, args.heads, args.seq, args.batch = fs.SHAPES[args.shape]
+        args.layers, args.d_model, args.heads, args.seq, args.batch = sp.SHAPES[args.shape]
     args.reshard = ex.parse_reshard(args.reshard)
     return args
 

@@ -1,5 +1,6 @@
-"""perf/fsdp_step.py's pieces that run on the CPU: the step-time protocol (every rank timed, a step its slowest
-rank's, rounds kept raw; ratios of medians with the rounds' spread), its arguments, and nccl-2comm's reduce-scatter
+"""perf/fsdp_step.py's pieces that run on the CPU: the step-time protocol it shares with perf/deepspeed_step.py
+(perf/step_protocol.py: every rank timed, a step its slowest rank's, rounds kept raw; ratios of medians with the
+rounds' spread; the loss runs' reference), both scripts' arguments, and nccl-2comm's reduce-scatter
 hook, which must give FSDP2's own reduce-scatter results bit for bit on a second process group (torch's threaded
 process group, ranks as threads)."""
 from __future__ import annotations
@@ -8,6 +9,7 @@ import contextlib
 import copy
 import io
 import unittest
+from types import SimpleNamespace
 from typing import Any
 
 from . import load_script
@@ -18,11 +20,11 @@ WORLD = 4
 
 class StepProtocol(unittest.TestCase):
     def test_a_step_takes_its_slowest_ranks_time(self) -> None:
-        fs = load_script("perf/fsdp_step.py")
+        sp = load_script("perf/step_protocol.py")
         # Two rounds, two ranks, three steps: rank 1 is slower in step 0 of round 0 only.
         per_rank = [[[10.0, 11.0, 12.0], [30.0, 10.0, 12.5]],
                     [[20.0, 21.0, 22.0], [19.0, 25.0, 21.0]]]
-        s = fs.step_summary(per_rank)
+        s = sp.step_summary(per_rank)
         self.assertEqual(s["step_ms"], [[30.0, 11.0, 12.5], [20.0, 25.0, 22.0]])
         self.assertEqual(s["round_median_ms"], [12.5, 22.0])
         self.assertEqual(s["steps"], 6)
@@ -31,17 +33,17 @@ class StepProtocol(unittest.TestCase):
         self.assertIs(s["step_ms_per_rank"], per_rank)  # kept raw
         for ragged in ([], [[]], [[[1.0], [1.0, 2.0]]], [[[1.0]], []]):
             with self.subTest(ragged=ragged), self.assertRaises(ValueError):
-                fs.step_summary(ragged)
+                sp.step_summary(ragged)
 
     def test_ratios_of_medians_with_the_rounds_spread(self) -> None:
-        fs = load_script("perf/fsdp_step.py")
+        sp = load_script("perf/step_protocol.py")
         nccl = dict(median_ms=120.0, round_median_ms=[118.0, 121.0, 124.0])
         zp = dict(median_ms=48.0, round_median_ms=[50.0, 47.0, 40.0])
-        ratio, lo, hi = fs.ratio_of(nccl, zp)
+        ratio, lo, hi = sp.ratio_of(nccl, zp)
         self.assertAlmostEqual(ratio, 2.5)
         self.assertAlmostEqual(lo, 118.0 / 50.0)
         self.assertAlmostEqual(hi, 124.0 / 40.0)
-        self.assertEqual(fs.ratio_of(dict(median_ms=10.0), dict(median_ms=5.0)), (2.0, None, None))
+        self.assertEqual(sp.ratio_of(dict(median_ms=10.0), dict(median_ms=5.0)), (2.0, None, None))
 
     def test_arguments(self) -> None:
         fs = load_script("perf/fsdp_step.py")
@@ -53,6 +55,62 @@ class StepProtocol(unittest.TestCase):
                 fs.parse_args(bad)
         self.assertEqual(fs.reshard_of("nccl-2comm", 2), fs.reshard_of("zpccl-hpz", 2))
         self.assertEqual(fs.reshard_of("nccl-2comm", 1), False)
+
+    def test_deepspeed_step_arguments(self) -> None:
+        ds = load_script("perf/deepspeed_step.py")
+        args = ds.parse_args(["--shape", "small", "--loss-runs", "zeropp,deepspeed,zpccl:8:0", "--loss-seeds", "3,1"])
+        self.assertEqual((args.layers, args.seq, args.batch), (8, 256, 8))
+        self.assertEqual(args.seeds, [3, 1])
+        self.assertEqual([r["spec"] for r in args.loss_specs], ["zeropp", "deepspeed", "zpccl:8:0"])
+        self.assertEqual((args.loss_specs[2]["weight_bits"], args.loss_specs[2]["grad_bits"]), (8, 0))
+        for bad in (["--configs", "deepspeed,nccl"], ["--loss-runs", "zpccl:8:5"], ["--loss-seeds", "1,1"],
+                    ["--loss-only"]):
+            with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+                ds.parse_args(bad)
+
+    def test_alternating_rounds_make_the_rows(self) -> None:
+        sp = load_script("perf/step_protocol.py")
+        order: list[tuple[str, int]] = []
+
+        def run(name: str, r: int) -> dict[str, Any]:  # two ranks, two steps; b twice as slow, peaks per round
+            order.append((name, r))
+            t = (0.010 if name == "a" else 0.020) * (r + 1)
+            return dict(times=[[t, t], [t, 2 * t]], peak=(r + 1) << 20, calls={"qwz": r})
+
+        rows: dict[str, dict[str, Any]] = {"a": {}, "b": {"sent": 1}}
+        sp.alternate_rounds(rows, 2, run, lambda *a, **k: None)
+        self.assertEqual(order, [("a", 0), ("b", 0), ("a", 1), ("b", 1)])
+        args = SimpleNamespace(nodes=2, batch=4, seq=8, layers=1, d_model=8, weight_bits=8, grad_bits=4,
+                               block_size=256, grad_block_size=None, rounds=2, warmup=1)
+        a, b = (sp.timed_row(n, rows[n], args, SimpleNamespace(world=2), "net", 1, 100) for n in ("a", "b"))
+        self.assertEqual(a["round_median_ms"], [15.0, 30.0])  # of the steps 10, 20 and 20, 40
+        self.assertEqual(b["max_ms"], 80.0)  # the slower rank's step
+        self.assertEqual((a["peak_mib"], a["calls"], a["grad_block_size"]), (2.0, {"qwz": 1}, 256))
+        self.assertEqual(rows["b"]["sent"], 1)  # what the row held stays
+        self.assertEqual(sp.vs_cell([a, b], "a", b), "0.50x (0.50-0.50)")
+        self.assertEqual(sp.vs_cell([b], "a", b), "-")
+
+    def test_training_tail_and_curve(self) -> None:
+        import torch
+
+        sp = load_script("perf/step_protocol.py")
+        one_rank = SimpleNamespace(ReduceOp=SimpleNamespace(AVG=None), all_reduce=lambda t, op: None)  # AVG of one
+        bench = SimpleNamespace(torch=torch, dist=one_rank, where=SimpleNamespace(device="cpu"))
+        got = sp.train_for_loss(bench, 25, lambda s: torch.tensor(float(s)))
+        self.assertEqual(got["train_tail_steps"], sp.TRAIN_TAIL)
+        self.assertAlmostEqual(got["train_tail"], sum(range(5, 25)) / 20)
+        self.assertEqual(got["curve"], [(0, 0.0), (10, 10.0), (20, 20.0), (24, 24.0)])
+
+    def test_the_loss_reference_is_the_exact_run(self) -> None:
+        sp = load_script("perf/step_protocol.py")
+        for exact, other in (("nccl", "zpccl"), ("deepspeed", "zeropp")):
+            losses = [dict(spec=other, comm=other, seed=0, valid=2.2, grad_bits=None),
+                      dict(spec=exact, comm=exact, seed=0, valid=2.0)]
+            summary = sp.loss_summary(losses)
+            with self.subTest(exact=exact):
+                self.assertEqual([r["reference"] for r in summary], [exact, exact])
+                self.assertAlmostEqual(summary[0]["gap_pct"]["mean"], 10.0)
+                self.assertEqual(summary[1]["gap_pct"]["mean"], 0.0)
 
 
 class SecondGroupReduceScatter(unittest.TestCase):

@@ -1,0 +1,360 @@
+"""The training-step protocol that perf/fsdp_step.py and perf/deepspeed_step.py share: their common arguments, the
+alternating timed rounds (every rank timed, a step its slowest rank's, the rounds kept raw), the loss runs (seed by
+seed, the JSON rewritten after each), and the summaries of both (step_summary, ratio_of, loss_summary).
+
+A bench (each script's ``Bench``) gives ``torch``, ``dist`` (torch.distributed) and ``where`` (the example's
+``Launch``: ``rank``, ``world``, ``device``); the scripts keep what differs: the configurations, how one is built
+and stepped, and what each row says beyond the common fields.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+HERE = pathlib.Path(__file__).resolve().parent
+EXAMPLES = HERE.parent / "tools" / "python" / "examples"
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from provenance import provenance  # noqa: E402
+
+SHAPES = {  # name: (layers, d_model, heads, seq, batch)
+    "small": (8, 768, 12, 256, 8),
+    "large": (8, 768, 12, 512, 32),
+}
+
+TRAIN_TAIL = 20  # the steps whose mean training loss a loss run reports
+
+
+def load_example(name: str) -> Any:
+    """An example script as a module (importable by name, so that spawned processes find its functions)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
+
+
+# ---- arguments ---------------------------------------------------------------------------------------------------
+
+
+def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss_runs: str,
+                      loss_runs_help: str) -> None:
+    """The arguments of the protocol: shape, configurations, rounds, loss runs, JSON and label."""
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="preset model and batch shape")
+    p.add_argument("--configs", default=",".join(configs))
+    p.add_argument("--rounds", type=int, default=5,
+                   help="alternating rounds of every configuration (at least 5 for a comparison: DESIGN.md)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--loss-steps", type=int, default=0, help="also train this many steps per loss run")
+    p.add_argument("--loss-runs", default=loss_runs, help=loss_runs_help)
+    p.add_argument("--loss-seeds", default=None,
+                   help="comma-separated seeds (model initialization and data order), each loss run once per "
+                        "seed, seed-major (default: --seed)")
+    p.add_argument("--loss-only", action="store_true", help="skip the timed rounds: only the loss runs")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("-J", "--json", help="write the rows here")
+    p.add_argument("--label", default="", help="regime label for the rows (default: from the layout)")
+
+
+def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, configs: tuple[str, ...],
+                        parse_loss_spec: Callable[[str], dict[str, Any]]) -> None:
+    """Applies ``--shape``, parses the loss runs (``args.loss_specs``) and seeds (``args.seeds``), and refuses
+    what the protocol cannot run through ``p.error``."""
+    if args.shape:
+        args.layers, args.d_model, args.heads, args.seq, args.batch = SHAPES[args.shape]
+    try:
+        args.loss_specs = [parse_loss_spec(t) for t in args.loss_runs.split(",") if t.strip()]
+        args.seeds = parse_seeds(args.loss_seeds, args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    if args.loss_only and not args.loss_steps:
+        p.error("--loss-only needs --loss-steps")
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
+        p.error("--rounds and --steps must be at least 1, --warmup at least 0")
+    unknown = [n for n in args.configs.split(",") if n.strip() and n.strip() not in configs]
+    if unknown:
+        p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(configs)})")
+
+
+def parse_seeds(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--loss-seeds {text!r}: comma-separated integers") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"--loss-seeds {text!r}: distinct integers >= 0, at least one")
+    return seeds
+
+
+def session(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any]:
+    """The configurations to time (none with ``--loss-only``), the regime label of the rows, and ``say``: print on
+    rank 0, nothing elsewhere."""
+    names = [] if args.loss_only else [n.strip() for n in args.configs.split(",") if n.strip()]
+    label = args.label or (f"net-on{bench.torch.cuda.device_count()}gpu" if args.nodes else "local")
+    say = print if bench.where.rank == 0 else (lambda *a, **k: None)
+    return names, label, say
+
+
+def say_layout(say: Any, title: str, bench: Any, args: argparse.Namespace, n_params: int, groups: str = "") -> None:
+    """The run's first line: the layout, the model, the timed rounds and zpccl's formats (``groups``: more about
+    the layout, after the ranks)."""
+    where = bench.where
+    timed = "no timed rounds" if args.loss_only else f"{args.rounds} rounds of {args.warmup}+{args.steps} steps"
+    say(f"# {title}: {where.world} ranks ({f'{args.nodes} nodes over sockets, ' if args.nodes else ''}"
+        f"{bench.rpn} a node, {bench.on_device} a GPU){groups}, {n_params / 1e6:.1f}M parameters, "
+        f"{args.layers} layers d {args.d_model}, {args.batch} x {args.seq} tokens per rank; {timed}; zpccl "
+        f"int{args.weight_bits} weights, int{args.grad_bits} gradients, blocks of {args.block_size}"
+        + (f" (gradients' {args.grad_block_size})" if args.grad_block_size else ""), flush=True)
+
+
+# ---- the ranks ---------------------------------------------------------------------------------------------------
+
+
+def ranks_per_host(bench: Any) -> int:
+    """How many ranks share this rank's host (by host name)."""
+    import socket
+
+    names: list[Any] = [None] * bench.where.world
+    bench.dist.all_gather_object(names, socket.gethostname())
+    return names.count(names[bench.where.rank])
+
+
+def ranks_on_device(bench: Any) -> int:
+    """How many ranks share this rank's GPU."""
+    devs: list[Any] = [None] * bench.where.world
+    bench.dist.all_gather_object(devs, (os.environ.get("NCCL_HOSTID", ""), bench.where.device.index))
+    return sum(1 for d in devs if d[1] == bench.where.device.index)
+
+
+def every_rank(bench: Any, times: list[float]) -> list[list[float]]:
+    """Every rank's step times (seconds), in rank order: gathered after the timed steps, outside them."""
+    everyone: list[Any] = [None] * bench.where.world
+    bench.dist.all_gather_object(everyone, [float(t) for t in times])
+    return everyone
+
+
+def memory_taken(bench: Any, on_device: int, make: Callable[[], Any]) -> tuple[Any, int]:
+    """``make()``'s result and the device memory it took on this rank: device-wide free memory before and after,
+    between barriers, shared among the ``on_device`` ranks of this GPU (what zpccl's enable takes lies outside
+    torch's allocator)."""
+    torch = bench.torch
+    torch.cuda.synchronize()
+    bench.dist.barrier()
+    free_before = torch.cuda.mem_get_info(bench.where.device)[0]
+    made = make()
+    torch.cuda.synchronize()
+    bench.dist.barrier()
+    return made, (free_before - torch.cuda.mem_get_info(bench.where.device)[0]) // on_device
+
+
+# ---- the timed rounds --------------------------------------------------------------------------------------------
+
+
+def fresh_peak(bench: Any) -> None:
+    """Frees what the configuration before left and restarts torch's peak count, so that each one's peak memory is
+    its own (a dropped FSDP2 model is cyclic: without the collection its memory counts in the next one's peak)."""
+    gc.collect()
+    bench.torch.cuda.empty_cache()
+    bench.torch.cuda.reset_peak_memory_stats(bench.where.device)
+
+
+def timed_steps(bench: Any, args: argparse.Namespace, round_index: int, step: Callable[[int], float],
+                warmed: Callable[[], None]) -> dict[str, Any]:
+    """``--warmup`` steps, ``warmed()``, then ``--steps`` timed ones (``step(s)`` gives its seconds; ``s`` picks the
+    batch, distinct per round): every rank's times of the timed steps (``times``) and the peak memory (``peak``)."""
+    times = []
+    for s in range(args.warmup + args.steps):
+        if s == args.warmup:
+            warmed()
+        t = step(round_index * 1000 + s)
+        if s >= args.warmup:
+            times.append(t)
+    return dict(times=every_rank(bench, times), peak=bench.torch.cuda.max_memory_allocated(bench.where.device))
+
+
+def zpccl_per_step(zp: Any, steps: int) -> tuple[dict[str, int], dict[str, int]]:
+    """zpccl's calls and bytes sent from this rank per step, by path, from its counters over ``steps`` steps."""
+    summary = zp.summary()
+    return ({k: v["calls"] // steps for k, v in summary.items()},
+            {k: v["wire_bytes"] // steps for k, v in summary.items()})
+
+
+def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable[[str, int], dict[str, Any]],
+                     say: Any) -> None:
+    """``rounds`` rounds of every configuration of ``rows`` in turn: ``run(name, round)`` gives ``times`` (every
+    rank's) and ``peak``, collected into the row's ``per_rank`` and ``peak``; the rest updates the row."""
+    for row in rows.values():
+        row.setdefault("per_rank", [])
+        row.setdefault("peak", 0)
+    t_start = time.perf_counter()
+    for r in range(rounds):
+        for name, row in rows.items():
+            got = run(name, r)
+            row["per_rank"].append(got.pop("times"))
+            row["peak"] = max(row["peak"], got.pop("peak"))
+            row.update(got)
+        say(f"#   round {r + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
+
+
+def timed_row(name: str, row: dict[str, Any], args: argparse.Namespace, where: Any, label: str, ranks_per_node: int,
+              n_params: int) -> dict[str, Any]:
+    """The fields every timed row has, from one configuration's collected rounds (alternate_rounds)."""
+    steps = step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in row["per_rank"]])
+    tokens = where.world * args.batch * args.seq
+    return dict(config=name, regime=label, ranks=where.world, nodes=args.nodes or None, ranks_per_node=ranks_per_node,
+                params=n_params, layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch,
+                weight_bits=args.weight_bits, grad_bits=args.grad_bits, block_size=args.block_size,
+                grad_block_size=args.grad_block_size or args.block_size, rounds=args.rounds, warmup=args.warmup,
+                **steps, tokens_per_s=tokens / (steps["median_ms"] / 1e3), peak_mib=row["peak"] / 2**20,
+                calls=row.get("calls"), enable_mib=row.get("enable_bytes", 0) / 2**20)
+
+
+def step_summary(per_rank_ms: list[list[list[float]]]) -> dict[str, Any]:
+    """Step times of one configuration from every rank's, ``per_rank_ms[round][rank][step]`` (ms): a step takes its
+    slowest rank's time. Gives ``step_ms_per_rank`` (the input, kept raw), ``step_ms`` (round, step: the max over
+    ranks), ``round_median_ms`` (each round's median), and the median, min and max over every step of every
+    round (``median_ms``, ``min_ms``, ``max_ms``; ``steps``: how many)."""
+    if not per_rank_ms or any(not rnd or any(len(rank) != len(rnd[0]) or not rank for rank in rnd)
+                              for rnd in per_rank_ms):
+        raise ValueError("step_summary: every round needs every rank's times of the same, non-zero number of steps")
+    step_ms = [[max(rank[i] for rank in rnd) for i in range(len(rnd[0]))] for rnd in per_rank_ms]
+    every = [t for rnd in step_ms for t in rnd]
+    return dict(steps=len(every), median_ms=statistics.median(every), min_ms=min(every), max_ms=max(every),
+                round_median_ms=[statistics.median(rnd) for rnd in step_ms], step_ms=step_ms,
+                step_ms_per_rank=per_rank_ms)
+
+
+def ratio_of(base: dict[str, Any], row: dict[str, Any]) -> tuple[float, float | None, float | None]:
+    """``base``'s step time over ``row``'s: the ratio of their medians, and the least and greatest of the rounds'
+    own ratios (each round's median of ``base`` over ``row``'s in the same round; None without rounds)."""
+    ratio = base["median_ms"] / row["median_ms"]
+    a, b = base.get("round_median_ms") or [], row.get("round_median_ms") or []
+    if not a or len(a) != len(b):
+        return ratio, None, None
+    per_round = [x / y for x, y in zip(a, b)]
+    return ratio, min(per_round), max(per_round)
+
+
+def vs_cell(rows: list[dict[str, Any]], name: str, row: dict[str, Any]) -> str:
+    """A report's "vs NAME" cell: ratio_of the row of configuration ``name`` over ``row``, "-" without one."""
+    base = next((r for r in rows if r["config"] == name), None)
+    if base is None:
+        return "-"
+    ratio, lo, hi = ratio_of(base, row)
+    return f"{ratio:.2f}x" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None else "")
+
+
+STEP_NOTE = "(a step's time is its slowest rank's; ratios: medians, in brackets the rounds' least and greatest)"
+
+
+# ---- the loss runs -----------------------------------------------------------------------------------------------
+
+
+def train_for_loss(bench: Any, steps: int, train_step: Callable[[int], Any]) -> dict[str, Any]:
+    """Runs ``train_step(s)`` (one optimizer step on step ``s``'s batch, returning its loss) ``steps`` times; gives
+    the training curve (every tenth step's loss, averaged over ranks) and the mean training loss over the last
+    TRAIN_TAIL steps (``train_tail``, over ``train_tail_steps``)."""
+    torch, dist = bench.torch, bench.dist
+    curve = []
+    tail_from = max(0, steps - TRAIN_TAIL)
+    tail = torch.zeros((), device=bench.where.device)
+    for s in range(steps):
+        loss = train_step(s).detach().float()
+        if s >= tail_from:
+            tail += loss
+        if s % 10 == 0 or s == steps - 1:
+            mean = loss.clone()
+            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+            curve.append((s, float(mean)))
+    dist.all_reduce(tail, op=dist.ReduceOp.AVG)
+    return dict(train_tail=float(tail) / max(1, steps - tail_from), train_tail_steps=steps - tail_from, curve=curve)
+
+
+def finish(bench: Any, args: argparse.Namespace, label: str, say: Any, rows: list[dict[str, Any]],
+           loss_run: Callable[[dict[str, Any], int], dict[str, Any]],
+           report: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None], **doc: Any) -> None:
+    """The loss runs (seed-major: every run of one seed, then the next, so that runs cut short leave whole seeds),
+    the JSON (``-J``: provenance, the timed rows, the loss runs and their summary, and ``doc``'s fields), rewritten
+    after every loss run, and the report on rank 0; then the process group goes."""
+    where = bench.where
+    losses: list[dict[str, Any]] = []
+    record = provenance(label) if where.rank == 0 else None
+
+    def save() -> None:
+        if where.rank == 0 and args.json:
+            write_json(pathlib.Path(args.json), dict(
+                provenance=record, rows=rows, losses=losses, loss_summary=loss_summary(losses), loss_seeds=args.seeds,
+                loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
+                nodes=args.nodes or None, **doc, block_size=args.block_size,
+                grad_block_size=args.grad_block_size or args.block_size, lr=args.lr))
+
+    save()
+    if args.loss_steps:
+        t_start = time.perf_counter()
+        for seed in args.seeds:
+            for run in args.loss_specs:
+                x = loss_run(run, seed)
+                losses.append(x)
+                say(f"#   loss {x['spec']} seed {seed}: validation {x['valid']:.4f}, training (last "
+                    f"{x['train_tail_steps']}) {x['train_tail']:.4f} ({time.perf_counter() - t_start:.0f} s)",
+                    flush=True)
+                save()
+    if where.rank == 0:
+        report(rows, losses)
+    bench.dist.destroy_process_group()
+
+
+def write_json(path: pathlib.Path, doc: dict[str, Any]) -> None:
+    """Writes through a temporary file and a rename, so that a run killed mid-write leaves the previous file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def run_label(x: dict[str, Any]) -> str:
+    """A loss run as the report names it: ``nccl``, ``nccl-noreshard``, ``zpccl w8/g4`` (bf16: left on FSDP's)."""
+    if x["comm"] != "zpccl":
+        return x.get("spec", x["comm"])
+    if x["grad_bits"] is None:
+        return "zpccl"
+    bits = lambda b: "bf16" if b == 0 else str(b)  # noqa: E731
+    return f"zpccl w{bits(x['weight_bits'])}/g{bits(x['grad_bits'])}"
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return dict(mean=statistics.fmean(values), std=statistics.stdev(values) if len(values) > 1 else 0.0,
+                min=min(values), max=max(values))
+
+
+def loss_summary(losses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per loss run (in first-seen order): its seeds, the validation and last-steps training loss over them
+    (mean, sample standard deviation, min, max), and the paired gap to the reference's validation loss in percent,
+    seed by seed (``gap_pct``: mean, min, max over the seeds both ran, and each seed's). The reference is the first
+    run whose ``comm`` is ``nccl`` or ``deepspeed`` (the exact collectives), else the first run."""
+    if not losses:
+        return []
+    specs = list(dict.fromkeys(x.get("spec", x["comm"]) for x in losses))
+    ref = next((x.get("spec", x["comm"]) for x in losses if x["comm"] in ("nccl", "deepspeed")), specs[0])
+    ref_valid = {x.get("seed"): x["valid"] for x in losses if x.get("spec", x["comm"]) == ref}
+    out = []
+    for spec in specs:
+        mine = [x for x in losses if x.get("spec", x["comm"]) == spec]
+        gaps = {x.get("seed"): 100 * (x["valid"] - ref_valid[x.get("seed")]) / ref_valid[x.get("seed")]
+                for x in mine if x.get("seed") in ref_valid}
+        row = dict(spec=spec, label=run_label(mine[0]), reference=ref, seeds=[x.get("seed") for x in mine],
+                   valid=_spread([x["valid"] for x in mine]),
+                   train_tail=_spread([x["train_tail"] for x in mine]) if all("train_tail" in x for x in mine)
+                   else None,
+                   gap_pct=dict(_spread(list(gaps.values())), per_seed=gaps) if gaps else None)
+        out.append(row)
+    return out
