@@ -1,14 +1,18 @@
 """zpccl.ZeroPlusPlusPolicy: checked once when made, at the library's bounds (zpccl.enums), each refusal naming the
-argument; frozen; and resolve_policy, which integrations' entry points use to take a policy or its fields as
-keyword arguments. Needs neither torch nor the library."""
+argument; frozen; resolve_policy, which integrations' entry points use to take a policy or its fields as keyword
+arguments; and what the integrations' sessions share (zpccl._session): the policy read through the session, the
+hpZ group rule. Needs neither torch nor the library."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import unittest
 
 import zpccl
 from zpccl import enums
 from zpccl._policy import resolve_policy
+from zpccl._report import Report
+from zpccl._session import Session, hpz_group_problem, refuse_hpz_group
 
 Policy = zpccl.ZeroPlusPlusPolicy
 
@@ -96,6 +100,48 @@ class ResolvePolicy(unittest.TestCase):
             resolve_policy(self.CALL, None, dict(blocksize=64))
         with self.assertRaisesRegex(TypeError, "policy must be a zpccl.ZeroPlusPlusPolicy, got dict"):
             resolve_policy(self.CALL, dict(weight_bits=8), {})
+
+
+class SessionBase(unittest.TestCase):
+    def test_the_policy_read_through_the_session(self) -> None:
+        class Zp(Session):
+            disabled = 0
+
+            def __init__(self, policy: zpccl.ZeroPlusPlusPolicy) -> None:
+                self.policy, self.report = policy, Report(logging.getLogger("zpccl.test"))
+
+            def disable(self) -> None:
+                self.disabled += 1
+
+        policy = Policy(weight_bits=4, grad_bits=8, block_size=64, grad_block_size=32, hpz_size=2)
+        with Zp(policy) as zp:
+            self.assertEqual((zp.weight_bits, zp.grad_bits, zp.block_size, zp.grad_block_size, zp.hpz_size),
+                             (4, 8, 64, 32, 2))
+            self.assertEqual((zp.hpz, zp.param_blocks, zp.error_feedback), (True, True, False))
+            self.assertEqual(Zp(Policy(block_size=128)).grad_block_size, 128)  # the gradients' blocks default
+            with self.assertRaises(AttributeError):
+                zp.weight_bits = 8  # type: ignore[misc]
+            zp.report.count("qwz", 10, 4)
+            self.assertEqual(zp.summary(), {"qwz": dict(calls=1, logical_bytes=10, wire_bytes=4)})
+            zp.reset_stats()
+            self.assertEqual(zp.summary(), {})
+        self.assertEqual(zp.disabled, 1)
+
+    def test_hpz_group_rule(self) -> None:
+        def members(*placed: tuple[int, int]) -> list[dict[str, int]]:  # (node, local rank), nodes of 4 ranks
+            return [dict(node=n, local=r, local_size=4) for n, r in placed]
+
+        self.assertIsNone(hpz_group_problem(members((1, 2), (1, 3)), 2))
+        self.assertEqual(hpz_group_problem(members((0, 3), (1, 0)), 2), "on nodes [0, 1]")
+        self.assertIn("not 2 consecutive ones from a multiple of 2", hpz_group_problem(members((0, 1), (0, 2)), 2))
+        self.assertIn("not 2 consecutive", hpz_group_problem(members((0, 1), (0, 0)), 2))
+        self.assertIn("a node of 4 ranks, which groups of 3 do not divide",
+                      hpz_group_problem(members((0, 0), (0, 1), (0, 2)), 3))
+        error = refuse_hpz_group("zpccl.x.enable", "hpz_size", 2, "X gather over ranks [1, 2]", "on nodes [0, 1]",
+                                 "X's", " (modules ['a'])")
+        self.assertIsInstance(error, ValueError)
+        self.assertRegex(error.message, r"^zpccl\.x\.enable: hpz_size=2 makes X gather over ranks \[1, 2\], which are "
+                         r"on nodes \[0, 1\]: .* \(modules \['a'\]\)\. Use a hpz_size that divides .* on X's$")
 
 
 if __name__ == "__main__":

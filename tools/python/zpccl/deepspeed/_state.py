@@ -7,7 +7,8 @@ import logging
 from typing import Any
 
 from .._policy import ZeroPlusPlusPolicy
-from .._report import PathStats, Report
+from .._report import Report
+from .._session import Session, hpz_group_problem, refuse_hpz_group
 from ..comm import Comm
 from ..enums import Backend, Result
 from ..errors import ZpcclError, ZpcclValueError
@@ -21,7 +22,7 @@ log = logging.getLogger("zpccl.deepspeed")
 LIVE: list["ZeroPlusPlus"] = []
 
 
-class ZeroPlusPlus:
+class ZeroPlusPlus(Session):
     """zpccl serving one DeepSpeed ZeRO-3 engine: its policy, communicators and counters.
 
     Made by :func:`~zpccl.deepspeed.enable`; :meth:`disable` gives DeepSpeed its own functions back and frees the
@@ -52,19 +53,6 @@ class ZeroPlusPlus:
         """The ranks of the hpZ groups zpccl serves (DeepSpeed's zero_hpz_partition_size), or None."""
         comm = self.collectives.hpz_comm
         return comm.hpz_size if comm is not None else None
-
-    @property
-    def stats(self) -> dict[str, PathStats]:
-        """The counters, by path (``"qwz"``, ``"hpz"``, ``"qgz"``, ``"deepspeed_..."`` for what stayed
-        DeepSpeed's)."""
-        return self.report.stats
-
-    def summary(self) -> dict[str, dict[str, int]]:
-        """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``."""
-        return self.report.summary()
-
-    def reset_stats(self) -> None:
-        self.stats.clear()
 
     # ---- set-up ----
 
@@ -130,24 +118,11 @@ class ZeroPlusPlus:
         by_rank = {e["rank"]: e for e in everyone}
         for group in sorted({tuple(e["hpz"]) for e in everyone}):
             members = [by_rank.get(r) for r in group]
-            problem = None
-            if any(m is None for m in members):
-                problem = "not all in the data-parallel group"
-            else:
-                nodes = sorted({m["node"] for m in members})
-                local = [m["local"] for m in members]
-                if len(nodes) > 1:
-                    problem = f"on nodes {nodes}"
-                elif members[0]["local_size"] % k:
-                    problem = f"on a node of {members[0]['local_size']} ranks, which groups of {k} do not divide"
-                elif local != list(range(local[0], local[0] + k)) or local[0] % k:
-                    problem = f"local ranks {local} of node {nodes[0]}, not {k} consecutive ones from a multiple of {k}"
+            problem = ("not all in the data-parallel group" if any(m is None for m in members)
+                       else hpz_group_problem(members, k))
             if problem:
-                raise ZpcclValueError(
-                    f"{CALL}: zero_hpz_partition_size={k} makes DeepSpeed gather backward weights over ranks "
-                    f"{list(group)}, which are {problem}: hpZ keeps that gather inside one node, over {k} consecutive "
-                    "ranks of it. Use a zero_hpz_partition_size that divides the ranks per node (with ranks numbered "
-                    "node by node), or hpz=False to leave those gathers on DeepSpeed's", CALL)
+                raise refuse_hpz_group(CALL, "zero_hpz_partition_size", k, f"DeepSpeed gather backward weights over "
+                                       f"ranks {list(group)}", problem, "DeepSpeed's")
 
     def _say_what_stays(self) -> None:
         facts, policy = self.facts, self.policy
@@ -204,12 +179,6 @@ class ZeroPlusPlus:
         self.collectives.release()
         if self in LIVE:
             LIVE.remove(self)
-
-    def __enter__(self) -> "ZeroPlusPlus":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.disable()
 
 
 # What DeepSpeed calls in place of its own (bound to the session's Collectives and DeepSpeed's function).

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _torch as _ztorch
 from .._policy import ZeroPlusPlusPolicy
+from .._session import hpz_group_problem, refuse_hpz_group
 from ..comm import Comm, get_unique_id
 from ..enums import UNIQUE_ID_BYTES, Backend, Result
 from ..errors import ZpcclError, ZpcclValueError
@@ -169,21 +170,9 @@ class Communicators:
                                   "must shard the same model the same way", CALL)
         for k in sorted(mine):
             for pf in (t[k] for t in theirs):
-                members = [g.nodes[index[r]] for r in pf]
-                nodes = sorted({m["node"] for m in members})
-                local = [m["local"] for m in members]
-                problem = None
-                if len(nodes) > 1:
-                    problem = f"on nodes {nodes}"
-                elif members[0]["local_size"] % k:
-                    problem = f"on a node of {members[0]['local_size']} ranks, which groups of {k} do not divide"
-                elif local != list(range(local[0], local[0] + k)) or local[0] % k:
-                    problem = f"local ranks {local} of node {nodes[0]}, not {k} consecutive ones from a multiple of {k}"
+                problem = hpz_group_problem([g.nodes[index[r]] for r in pf], k)
                 if problem:
                     given = "hpz_size" if all(s.post_forward for s in by_k[k]) else "reshard_after_forward"
-                    raise ZpcclValueError(
-                        f"{CALL}: {given}={k} makes FSDP gather backward weights over ranks "
-                        f"{[index[r] for r in pf]} of the shard group, which are {problem}: hpZ keeps that gather "
-                        f"inside one node, over {k} consecutive ranks of it (modules {[s.name for s in by_k[k]]}). "
-                        f"Use a {given} that divides the ranks per node (with ranks numbered node by node), or "
-                        "hpz=False to leave that gather on NCCL", CALL)
+                    raise refuse_hpz_group(CALL, given, k, f"FSDP gather backward weights over ranks "
+                                           f"{[index[r] for r in pf]} of the shard group", problem, "NCCL",
+                                           f" (modules {[s.name for s in by_k[k]]})")

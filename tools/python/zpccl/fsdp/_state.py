@@ -7,12 +7,13 @@ from operator import attrgetter
 from typing import Any
 
 from .._policy import ZeroPlusPlusPolicy
+from .._session import Session
 from ..enums import Result
 from ..errors import ZpcclError
 from ._collectives import Collectives
 from ._groups import Communicators, Group, Hpz
 from ._post_forward import PostForward
-from ._report import PathStats, Report
+from ._report import Report
 from ._torch_fsdp import TorchFsdp
 
 
@@ -47,7 +48,7 @@ def _reads(path: str, doc: str) -> property:
     return property(lambda self: get(self), doc=doc)
 
 
-class ZeroPlusPlus:
+class ZeroPlusPlus(Session):
     """zpccl serving one FSDP2 model: its policy, communicators (:attr:`comms`), the collectives its hooks call
     (:attr:`collectives`, with their staging buffers) and counters.
 
@@ -66,17 +67,8 @@ class ZeroPlusPlus:
         self._served = list(served)  # the parameter groups, in module order
         self._closed = False
 
-    # ---- the policy's choices, and the memory it holds ----
+    # ---- what it holds (the policy's choices: Session) ----
 
-    weight_bits = _reads("policy.weight_bits", "qwZ's code bits (None: the all-gathers stay on FSDP's).")
-    grad_bits = _reads("policy.grad_bits", "qgZ's code bits (None: the reduce-scatters stay on FSDP's).")
-    block_size = _reads("policy.block_size", "Elements per quantization block of the weights (qwZ).")
-    grad_block_size = _reads("policy.grad_block", "Elements per quantization block of the gradients (qgZ).")
-    hpz = _reads("policy.hpz", "Whether hpZ serves the backward gathers over FSDP's post-forward groups.")
-    hpz_size = _reads("policy.hpz_size", "The post-forward group size that modules sharded with "
-                      "reshard_after_forward=True get (None: none).")
-    param_blocks = _reads("policy.param_blocks", "Whether blocks restart at parameter boundaries.")
-    error_feedback = _reads("policy.error_feedback", "Whether qgZ keeps residuals per parameter group.")
     backend = _reads("comms.backend", "The backend of zpccl's communicators (cuda, or host for CPU parameters).")
     _groups = _reads("comms.groups", "Each shard group's communicators, by its global ranks.")
     reserved_bytes = _reads("collectives.reserved_bytes", "Bytes of the two staging buffers, in torch's caching "
@@ -96,11 +88,6 @@ class ZeroPlusPlus:
 
     # ---- reporting ----
 
-    @property
-    def stats(self) -> dict[str, PathStats]:
-        """The counters, by path (``"qwz"``, ``"hpz"``, ``"qgz"``, ``"torch_..."`` for what stayed on FSDP's)."""
-        return self.report.stats
-
     def summary(self) -> dict[str, dict[str, int]]:
         """The counters as plain dicts: ``{"qwz": {"calls": .., "logical_bytes": .., "wire_bytes": ..}, ...}``.
         With error feedback, ``"grad_residuals"`` counts the qgZ calls that fed back (``calls``) and the memory of
@@ -112,9 +99,6 @@ class ZeroPlusPlus:
                                          hop_residual_bytes=self.hop_residual_bytes,
                                          tensors=len(self.collectives.residuals))
         return out
-
-    def reset_stats(self) -> None:
-        self.stats.clear()
 
     # ---- lifecycle ----
 
@@ -143,9 +127,3 @@ class ZeroPlusPlus:
             self._fsdp.torch.cuda.synchronize(self.device)
         self.comms.close()
         self.collectives.release()
-
-    def __enter__(self) -> "ZeroPlusPlus":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.disable()
