@@ -8,8 +8,9 @@ nor any integration.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["BlockLayout", "Staging"]
 
@@ -102,6 +103,17 @@ class Staging:
             self.buffer = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
             self.grown = True
         return self.buffer.narrow(0, 0, nbytes).view(dtype)
+
+    @contextmanager
+    def rows(self, nranks: int, rank: int, count: int, dtype: Any) -> Iterator[tuple[Any, Any]]:
+        """For one staged collective: the buffer as ``nranks`` rows of ``count`` elements (a 1-D view) and this
+        rank's own row in it, used between :meth:`begin` and :meth:`end`."""
+        self.begin()
+        staged = self.view(nranks * count, dtype)
+        try:
+            yield staged, staged.narrow(0, rank * count, count)
+        finally:
+            self.end()
 
     def begin(self) -> None:
         """Orders this use after the previous one, when that was on another stream."""

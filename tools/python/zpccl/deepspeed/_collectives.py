@@ -142,18 +142,15 @@ class Collectives:
             comm.quant_all_gather(input, output)
         else:
             sp = layout.staged_count
-            self.gather_stage.begin()
-            staged = self.gather_stage.view(n * sp, input.dtype)
-            own = staged.narrow(0, r * sp, sp)
             row, at = [], 0
             for size, data in parts:
                 row.append(input.narrow(0, at, data))
                 at += size
             gap = max(layout.slot(i) - data for i, (_, data) in enumerate(parts))
-            layout.fill(torch, [row], own, self.zeros(input.dtype, gap))
-            comm.quant_all_gather(own, staged)
-            layout.unstage(torch, staged.view(n, sp), output.view(n, count))
-            self.gather_stage.end()
+            with self.gather_stage.rows(n, r, sp, input.dtype) as (staged, own):
+                layout.fill(torch, [row], own, self.zeros(input.dtype, gap))
+                comm.quant_all_gather(own, staged)
+                layout.unstage(torch, staged.view(n, sp), output.view(n, count))
         wire = (n - 1) * payload_size(layout.staged_count, self.policy.weight_bits, self.policy.block_size)
         self.report.count("qwz", output.numel() * output.element_size(), wire)
 
@@ -177,16 +174,13 @@ class Collectives:
         sp, dtype = layout.staged_count, flats[0].dtype
         rows = [[f.narrow(0, min(q * c, f.numel()), _data(f.numel(), c, q)) for f, c in zip(flats, chunks)]
                 for q in range(n)]
-        self.reduce_stage.begin()
-        staged = self.reduce_stage.view(n * sp, dtype)
         gap = max(layout.slot(i) - _data(f.numel(), c, n - 1) for i, (f, c) in enumerate(zip(flats, chunks)))
-        layout.fill(torch, rows, staged, self.zeros(dtype, gap))
-        own = staged.narrow(0, r * sp, sp)  # in place: the result over this rank's own row (NCCL's rule)
-        comm.quant_reduce_scatter(staged, own, op="avg")
         mine = [_data(f.numel(), c, r) for f, c in zip(flats, chunks)]
         out = torch.empty(sum(mine), dtype=dtype, device=flats[0].device)
-        torch.cat([own.narrow(0, o, m) for o, m in zip(layout.staged_offsets, mine)], out=out)
-        self.reduce_stage.end()
+        with self.reduce_stage.rows(n, r, sp, dtype) as (staged, own):
+            layout.fill(torch, rows, staged, self.zeros(dtype, gap))
+            comm.quant_reduce_scatter(staged, own, op="avg")  # in place, over its own row (NCCL's rule)
+            torch.cat([own.narrow(0, o, m) for o, m in zip(layout.staged_offsets, mine)], out=out)
         wire = (n - 1) * payload_size(sp, self.policy.grad_bits, self.policy.grad_block)
         self.report.count("qgz", sum(f.numel() for f in flats) * flats[0].element_size(), wire)
         return list(out.split(mine))

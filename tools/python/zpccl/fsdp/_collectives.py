@@ -106,13 +106,10 @@ class Collectives:
             comm.quant_all_gather(input, output)
         else:
             sp = layout.staged_count
-            self.gather_stage.begin()
-            staged = self.gather_stage.view(n * sp, output.dtype)
-            own = staged.narrow(0, r * sp, sp)
-            layout.stage(torch, input, own, self.zeros(1, output.dtype, reduce=False)[0])
-            comm.quant_all_gather(own, staged)
-            layout.unstage(torch, staged.view(n, sp), output.view(n, count))
-            self.gather_stage.end()
+            with self.gather_stage.rows(n, r, sp, output.dtype) as (staged, own):
+                layout.stage(torch, input, own, self.zeros(1, output.dtype, reduce=False)[0])
+                comm.quant_all_gather(own, staged)
+                layout.unstage(torch, staged.view(n, sp), output.view(n, count))
         wire = (n - 1) * payload_size(layout.staged_count, self.policy.weight_bits, self.policy.block_size)
         self.report.count("qwz", output.numel() * output.element_size(), wire)
 
@@ -135,13 +132,10 @@ class Collectives:
             # In place in the staging buffer (the result over this rank's own slice, NCCL's rule): it holds the
             # staged input only, no second buffer for the output.
             sp = layout.staged_count
-            self.reduce_stage.begin()
-            staged = self.reduce_stage.view(n * sp, output.dtype)
-            own = staged.narrow(0, comm.rank * sp, sp)
-            layout.stage(torch, input.view(n, count), staged.view(n, sp), self.zeros(n, output.dtype, reduce=True))
-            comm.quant_reduce_scatter(staged, own, op=op, **grad)
-            layout.unstage(torch, own, output)
-            self.reduce_stage.end()
+            with self.reduce_stage.rows(n, comm.rank, sp, output.dtype) as (staged, own):
+                layout.stage(torch, input.view(n, count), staged.view(n, sp), self.zeros(n, output.dtype, reduce=True))
+                comm.quant_reduce_scatter(staged, own, op=op, **grad)
+                layout.unstage(torch, own, output)
         divide(output, factor)
         wire = (n - 1) * payload_size(layout.staged_count, self.policy.grad_bits, self.policy.grad_block)
         self.report.count("qgz", input.numel() * output.element_size(), wire)
