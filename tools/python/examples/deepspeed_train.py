@@ -28,11 +28,9 @@ under alternating rounds.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import pathlib
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -151,12 +149,10 @@ def validation_loss(torch: Any, engine: Any, batches: list[tuple[Any, Any]]) -> 
 
 def train(args: argparse.Namespace) -> None:
     import torch
-    import torch.distributed as dist
 
     where = where_am_i(args)
     engine, zp = make_engine(torch, args, args.comm, where, args.seed, args.steps)
     data = ex.Batches(torch, ex.corpus(), args.seq, args.batch, where.rank, where.device, args.seed)
-    sync = torch.cuda.synchronize if where.device.type == "cuda" else (lambda: None)
     if where.rank == 0:
         n = sum(p.ds_numel for p in engine.module.parameters())
         what = {"deepspeed": "DeepSpeed's collectives", "zeropp": "DeepSpeed's ZeRO++",
@@ -165,35 +161,15 @@ def train(args: argparse.Namespace) -> None:
               f"{f' as {args.nodes} nodes over sockets' if args.nodes else ''}{' (CPU)' if args.cpu else ''}"
               f"{f', hpZ groups of {zp.hpz_size}' if zp is not None and zp.hpz_size else ''}; {n / 1e6:.1f}M "
               f"parameters, {args.batch} x {args.seq} bytes per rank and step", flush=True)
-    times = []
-    for step in range(args.steps):
-        ids, targets = data.step(step)
-        sync()
-        t0 = time.perf_counter()
+
+    def step(ids: Any, targets: Any) -> Any:
         loss = loss_of(torch, engine, ids, targets)
         engine.backward(loss)
         engine.step()
-        sync()
-        times.append(time.perf_counter() - t0)
-        if step % args.log_every == 0 or step == args.steps - 1:
-            mean = loss.detach().float().clone()
-            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-            if where.rank == 0:
-                recent = sorted(times[-args.log_every:])
-                peak = (f"  peak {torch.cuda.max_memory_allocated(where.device) / 2**20:7.0f} MiB"
-                        if where.device.type == "cuda" else "")
-                print(f"step {step:5d}  loss {float(mean):.4f}  step {1e3 * recent[len(recent) // 2]:7.1f} ms{peak}",
-                      flush=True)
-    valid = validation_loss(torch, engine, data.validation())
-    if where.rank == 0:
-        print(f"validation loss {valid:.4f} (random guessing: {math.log(256):.4f})")
-        if zp is not None:
-            for path, s in zp.summary().items():
-                print(f"  {path}: {s['calls']} calls, {s['logical_bytes'] / 2**20:.1f} MiB logical, "
-                      f"{s['wire_bytes'] / 2**20:.1f} MiB on the wire from this rank")
-    if zp is not None:
-        zp.disable()
-    dist.destroy_process_group()
+        return loss
+
+    ex.train_loop(torch, args, where, data, step)
+    ex.finish(torch, where, validation_loss(torch, engine, data.validation()), zp)
 
 
 if __name__ == "__main__":

@@ -300,7 +300,6 @@ def launch(main: Any, args: argparse.Namespace) -> None:
 
 def train(args: argparse.Namespace) -> None:
     import torch
-    import torch.distributed as dist
 
     where = Launch(args.nodes)
     mesh = where.init()
@@ -321,33 +320,53 @@ def train(args: argparse.Namespace) -> None:
         print(f"FSDP2 on {what}: {where.world} ranks{f' as {args.nodes} nodes over sockets' if args.nodes else ''}"
               f", reshard_after_forward={reshard}; {n / 1e6:.1f}M parameters, {args.batch} x {args.seq} bytes "
               "per rank and step", flush=True)
-    times = []
-    for step in range(args.steps):
-        ids, targets = data.step(step)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step(ids: Any, targets: Any) -> Any:
         loss = loss_of(torch, model, ids, targets)
         loss.backward()
         optimizer_step(torch, model, opt, schedule)
-        torch.cuda.synchronize()
+        return loss
+
+    train_loop(torch, args, where, data, step)
+    finish(torch, where, validation_loss(torch, model, data.validation()), zp)
+
+
+def train_loop(torch: Any, args: argparse.Namespace, where: Any, data: Any, step: Any) -> None:
+    """``args.steps`` training steps, ``step(ids, targets)`` each (it returns the loss), timed on this rank; every
+    ``--log-every``-th step, rank 0 prints the loss averaged over the ranks, the median step time of the last
+    ones and, on a GPU, the peak memory."""
+    dist = torch.distributed
+    sync = torch.cuda.synchronize if where.device.type == "cuda" else (lambda: None)
+    times = []
+    for s in range(args.steps):
+        ids, targets = data.step(s)
+        sync()
+        t0 = time.perf_counter()
+        loss = step(ids, targets)
+        sync()
         times.append(time.perf_counter() - t0)
-        if step % args.log_every == 0 or step == args.steps - 1:
-            mean = loss.detach().clone()
+        if s % args.log_every == 0 or s == args.steps - 1:
+            mean = loss.detach().float().clone()
             dist.all_reduce(mean, op=dist.ReduceOp.AVG)
             if where.rank == 0:
                 recent = sorted(times[-args.log_every:])
-                print(f"step {step:5d}  loss {float(mean):.4f}  step {1e3 * recent[len(recent) // 2]:7.1f} ms  "
-                      f"peak {torch.cuda.max_memory_allocated(where.device) / 2**20:7.0f} MiB", flush=True)
-    valid = validation_loss(torch, model, data.validation())
+                peak = (f"  peak {torch.cuda.max_memory_allocated(where.device) / 2**20:7.0f} MiB"
+                        if where.device.type == "cuda" else "")
+                print(f"step {s:5d}  loss {float(mean):.4f}  step {1e3 * recent[len(recent) // 2]:7.1f} ms{peak}",
+                      flush=True)
+
+
+def finish(torch: Any, where: Any, valid: float, zp: Any) -> None:
+    """Rank 0 prints the validation loss and zpccl's counters; zpccl goes, then the process group."""
     if where.rank == 0:
         print(f"validation loss {valid:.4f} (random guessing: {math.log(256):.4f})")
         if zp is not None:
             for path, s in zp.summary().items():
-                print(f"  {path}: {s['calls']} calls, {s['logical_bytes'] / 2**20:.0f} MiB logical, "
-                      f"{s['wire_bytes'] / 2**20:.0f} MiB on the wire from this rank")
+                print(f"  {path}: {s['calls']} calls, {s['logical_bytes'] / 2**20:.1f} MiB logical, "
+                      f"{s['wire_bytes'] / 2**20:.1f} MiB on the wire from this rank")
     if zp is not None:
         zp.disable()
-    dist.destroy_process_group()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
