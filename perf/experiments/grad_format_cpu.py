@@ -48,25 +48,25 @@ def bf16_tensor(bits: np.ndarray):
     return torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16)
 
 
-def rt_parts(x32: np.ndarray, sizes, bits: int, restart: bool) -> np.ndarray:
-    """fp32 round trip of one rank's slice: blocks per parameter part (restart) or over the whole slice."""
+def by_parts(fn, x32: np.ndarray, sizes, bits: int, restart: bool) -> np.ndarray:
+    """``fn(x, bits, BLOCK)`` over one rank's slice: per parameter part (restart) or over the whole slice."""
     if not restart:
-        return ref.round_trip_f32(x32, bits, BLOCK)
+        return fn(x32, bits, BLOCK)
     out, at = [], 0
     for s in sizes:
-        out.append(ref.round_trip_f32(x32[at:at + s], bits, BLOCK))
+        out.append(fn(x32[at:at + s], bits, BLOCK))
         at += s
     return np.concatenate(out)
+
+
+def rt_parts(x32: np.ndarray, sizes, bits: int, restart: bool) -> np.ndarray:
+    """fp32 round trip of one rank's slice, blocks per parameter part (restart) or over the whole slice."""
+    return by_parts(ref.round_trip_f32, x32, sizes, bits, restart)
 
 
 def scales_parts(x32: np.ndarray, sizes, bits: int, restart: bool) -> np.ndarray:
-    if not restart:
-        return ref.block_scales_per_element(x32, bits, BLOCK)
-    out, at = [], 0
-    for s in sizes:
-        out.append(ref.block_scales_per_element(x32[at:at + s], bits, BLOCK))
-        at += s
-    return np.concatenate(out)
+    """Each element's block scale, blocks as rt_parts'."""
+    return by_parts(ref.block_scales_per_element, x32, sizes, bits, restart)
 
 
 def qgz_dest(slices: list[np.ndarray], sizes, bits, restart, node_of_rank) -> np.ndarray:
