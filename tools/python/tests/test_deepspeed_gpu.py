@@ -7,6 +7,7 @@ the gathered weights are bit-identical on every rank, that every path was taken,
 tracks DeepSpeed's own ZeRO-3. Skipped without a GPU or without DeepSpeed."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -14,6 +15,7 @@ import unittest
 from typing import Any
 
 from . import SOURCE_TREE
+from ._gpu_runs import GatherChecks, train_checked
 from .test_deepspeed import Exact
 
 EXAMPLES = SOURCE_TREE / "tools" / "python" / "examples"
@@ -37,9 +39,7 @@ def _worker(nodes: int, hpz: int, dtype: str) -> None:
     losses: dict[str, float] = {}
     for comm in ("deepspeed", "zpccl"):
         engine, zp = make_engine(dt, torch, args, comm, where, dtype)
-        hashes: list[int] = []
-        inexact: list[int] = []
-        checker = None
+        gathers, checker = GatherChecks(torch), None
         if zp is not None:
             checker = Exact(torch, zp, [r // where.ranks_per_node for r in range(world)])
             calls, hpz_group = zp.collectives, zp.collectives.hpz_group
@@ -47,41 +47,23 @@ def _worker(nodes: int, hpz: int, dtype: str) -> None:
 
             def on_qwz(input: Any, output: Any, parts: Any, _call: Any = qwz) -> None:
                 _call(input, output, parts)
-                hashes.append(int(output.view(torch.int16).to(torch.int64).mul(
-                    torch.arange(1, output.numel() + 1, device=output.device)).sum()))
+                gathers.qwz(output)
 
             def on_hpz(input: Any, output: Any, _call: Any = hpz_call) -> None:
-                x = input.clone()
-                _call(input, output)
-                exact = torch.empty_like(output)
-                dist.all_gather_into_tensor(exact, x, group=hpz_group)
-                inexact.append(int(not torch.equal(exact.view(torch.int16), output.view(torch.int16))))
+                gathers.hpz(lambda: _call(input, output), input, output, hpz_group)
 
             calls.qwz, calls.hpz = on_qwz, on_hpz
-        curve = []
-        for s in range(STEPS):
-            if checker is not None:
-                checker.active = s == 0 or s >= STEPS - 5  # the first step and the last five
-            ids, targets = data.step(s)
-            loss = dt.loss_of(torch, engine, ids, targets)
-            engine.backward(loss)
-            engine.step()
-            curve.append(loss.detach().float())
-        mean = torch.stack(curve[-10:]).mean()
-        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-        losses[comm] = float(mean)
+        step = functools.partial(_engine_step, dt, torch, engine)
+        losses[comm] = train_checked(torch, data, STEPS, checker, step)
         if zp is not None:
             summary = zp.summary()
-            everyone: list[Any] = [None] * world
-            dist.all_gather_object(everyone, hashes)
-            assert all(h == hashes for h in everyone), "qwZ's gathered weights differ between ranks"
+            gathers.verify(world)
             want = {"qwz", "qgz"} | ({"hpz"} if hpz > 1 else set())
             assert want <= set(summary) and not [k for k in summary if k.startswith("deepspeed_")], summary
-            assert not any(inexact), f"hpZ differs from NCCL's all-gather in {sum(inexact)} calls"
             checked = checker.verify()
             assert min(checked.values()) >= 6, checked
             zp.disable()
-        del engine
+        del step, engine  # the step holds it too
         torch.cuda.empty_cache()
     if rank == 0:
         print(f"\n{world} ranks as {nodes} nodes, hpZ {hpz}, {dtype}: last-10 loss DeepSpeed "
@@ -90,6 +72,13 @@ def _worker(nodes: int, hpz: int, dtype: str) -> None:
     assert gap < 0.02, f"mean loss of the last 10 steps: zpccl {losses['zpccl']:.4f}, DeepSpeed " \
                        f"{losses['deepspeed']:.4f}"
     dist.destroy_process_group()
+
+
+def _engine_step(dt: Any, torch: Any, engine: Any, ids: Any, targets: Any) -> Any:
+    loss = dt.loss_of(torch, engine, ids, targets)
+    engine.backward(loss)
+    engine.step()
+    return loss
 
 
 def make_engine(dt: Any, torch: Any, args: Any, comm: str, where: Any, dtype: str) -> tuple[Any, Any]:

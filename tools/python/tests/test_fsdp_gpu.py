@@ -5,6 +5,7 @@ every rank, that hpZ equals NCCL's exact all-gather, that every path was taken, 
 tracks FSDP2 with NCCL. Skipped without a GPU or without torch 2.9 or later."""
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _reference as ref
+from ._gpu_runs import GatherChecks, train_checked
 from .test_fsdp import bits_of, ref_dtype, split, staged
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
@@ -102,8 +104,7 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad
     for comm in ("nccl", "zpccl", "zpccl-synchronized"):
         model = ex.shard_gpt(torch, copy.deepcopy(base).to(where.device), mesh, reshard)
         zp = checker = None
-        hashes: list[int] = []
-        inexact: list[int] = []
+        gathers = GatherChecks(torch)
         if comm == "zpccl-synchronized":
             # The same, with the device synchronized after every collective: a result that differs from the
             # unsynchronized run's by more than noise points at a race.
@@ -122,48 +123,30 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad
 
             def on_qwz(hook: Any, comm: Any, output: Any, input: Any) -> None:
                 qwz(hook, comm, output, input)
-                hashes.append(int(output.view(torch.int16).to(torch.int64).mul(
-                    torch.arange(1, output.numel() + 1, device=output.device)).sum()))
+                gathers.qwz(output)
 
             def on_hpz(g: Any, output: Any, input: Any) -> None:
-                x = input.clone()
-                hpz(g, output, input)
-                exact = torch.empty_like(output)
                 group = next(pg.post_forward_mesh_info.shard_process_group
                              for m in zp.model.modules() if isinstance(m, zp._fsdp.FSDPModule)
                              for pg in zp._fsdp.param_groups(m))
-                dist.all_gather_into_tensor(exact, x, group=group)
-                inexact.append(int(not torch.equal(exact.view(torch.int16), output.view(torch.int16))))
+                gathers.hpz(lambda: hpz(g, output, input), input, output, group)
 
             zp.collectives.qwz, zp.collectives.hpz = on_qwz, on_hpz
             checker = _Exact(torch, zp, world, [r // (world // nodes) for r in range(world)], grad_bits)
         opt, schedule = ex.make_optimizer(torch, model, 1e-3, steps)
-        curve = []
-        for s in range(steps):
-            if checker is not None:
-                checker.active = s == 0 or s >= steps - 5  # the first step and the last five
-            ids, targets = data.step(s)
-            loss = ex.loss_of(torch, model, ids, targets)
-            loss.backward()
-            ex.optimizer_step(torch, model, opt, schedule)
-            curve.append(loss.detach())
-        mean = torch.stack(curve[-10:]).mean()
-        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-        losses[comm] = float(mean)
+        step = functools.partial(_step, ex, torch, model, opt, schedule)
+        losses[comm] = train_checked(torch, data, steps, checker, step)
         if comm == "zpccl-synchronized":
             zp.disable()
         elif zp is not None:
             summary = zp.summary()
-            everyone: list[Any] = [None] * world
-            dist.all_gather_object(everyone, hashes)
-            assert all(h == hashes for h in everyone), "qwZ's gathered weights differ between ranks"
+            gathers.verify(world)
             want = {"qwz", "qgz"} | ({"hpz"} if isinstance(reshard, int) and reshard > 1 else set())
             assert set(summary) == want, f"paths {sorted(summary)}, expected {sorted(want)}"
-            assert not any(inexact), f"hpZ differs from NCCL's all-gather in {sum(inexact)} calls"
             checker.verify()
             assert min(checker.checked.values()) >= 6, checker.checked
             zp.disable()
-        del model, opt
+        del step, model, opt  # the step holds them too
     if rank == 0:
         print(f"\n{world} ranks as {nodes} nodes, reshard_after_forward={reshard}, int{grad_bits} gradients"
               f"{f' in blocks of {grad_block}' if grad_block else ''}: "
@@ -172,6 +155,13 @@ def _check(rank: int, world: int, nodes: int, reshard: Any, grad_bits: int, grad
     gap = abs(losses["zpccl"] - losses["nccl"]) / losses["nccl"]
     assert gap < 0.02, f"mean loss of the last 10 steps: zpccl {losses['zpccl']:.4f}, NCCL {losses['nccl']:.4f}"
     dist.destroy_process_group()
+
+
+def _step(ex: Any, torch: Any, model: Any, opt: Any, schedule: Any, ids: Any, targets: Any) -> Any:
+    loss = ex.loss_of(torch, model, ids, targets)
+    loss.backward()
+    ex.optimizer_step(torch, model, opt, schedule)
+    return loss
 
 
 class FsdpOnGpus(unittest.TestCase):
