@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from . import _foreign
 from ._threaded import run_threaded
-from .test_fsdp import BLOCK, cpu_mesh, torch_for_threads
+from .test_fsdp import BLOCK, cpu_mesh, next_token_loss, torch_for_threads
 
 WORLD, STEPS, MICROBATCHES, BATCH, SEQ = 4, 3, 2, 2, 24
 ZPCCL = dict(ranks_per_node=2, block_size=BLOCK)
@@ -143,8 +143,7 @@ def step(spec: Foreign, model: Any, optimizer: Any, microbatches: list[Any]) -> 
     total = 0.0
     for i, ids in enumerate(microbatches):
         model.set_requires_gradient_sync(i == len(microbatches) - 1)
-        logits = spec.logits(model, ids).float()
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        loss = next_token_loss(torch, spec.logits(model, ids), ids)
         (loss / len(microbatches)).backward()
         total += loss.item() / len(microbatches)
     optimizer.step()

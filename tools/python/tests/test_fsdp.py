@@ -75,17 +75,23 @@ def batches(torch: Any, rank: int, steps: int, vocab: int = 64) -> list[Any]:
     return [torch.randint(0, vocab, (4, 12), generator=g) for _ in range(steps)]
 
 
+def next_token_loss(torch: Any, logits: Any, ids: Any) -> Any:
+    """The language model's loss: each position's logits (in fp32) against the next token."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+
+
+def train_step(torch: Any, model: Any, opt: Any, ids: Any) -> float:
+    """One optimizer step on one batch; its loss."""
+    loss = next_token_loss(torch, model(ids), ids)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
 def train(torch: Any, model: Any, data: list[Any], lr: float = 1e-2) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for ids in data:
-        logits = model(ids).float()
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return [train_step(torch, model, opt, ids) for ids in data]
 
 
 def bits_of(t: Any) -> np.ndarray:

@@ -119,7 +119,7 @@ class SecondGroupReduceScatter(unittest.TestCase):
         fs = load_script("perf/fsdp_step.py")
         from zpccl import fsdp as zfsdp
 
-        from .test_fsdp import batches, build_model, shard
+        from .test_fsdp import batches, build_model, next_token_loss, shard
 
         base = build_model(torch)  # here: torch's generator is the process's, shared by the thread-ranks
 
@@ -135,9 +135,7 @@ class SecondGroupReduceScatter(unittest.TestCase):
                 model = shard(torch, copy.deepcopy(base), mesh, True)
                 if hooked:
                     hook = fs.use_second_group(model, zfsdp._Fsdp.load(), second)
-                logits = model(ids).float()
-                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-                loss.backward()
+                next_token_loss(torch, model(ids), ids).backward()
                 grads.append([p.grad.to_local().clone() for p in model.parameters()])
             return grads, hook.calls
 

@@ -19,7 +19,7 @@ import zpccl
 import zpccl.fsdp
 
 from ._procs import run_procs, torch_for_procs
-from .test_fsdp import BLOCK, WORLD, batches, build_model, shard
+from .test_fsdp import BLOCK, WORLD, batches, build_model, shard, train_step
 
 STEPS = 4
 KILLED_RANK, KILLED_STEP = 3, 3  # step 3 (from 1) dies in its backward; the checkpoint of step 2 is the last
@@ -48,13 +48,7 @@ def _training(torch: Any, rank: int, mesh: Any, *, use_zpccl: bool, steps: range
     for step in steps:  # from 1
         if on_step is not None:
             on_step(step)
-        ids = data[step - 1]
-        logits = model(ids).float()
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+        losses.append(train_step(torch, model, opt, data[step - 1]))
         if checkpoints is not None:
             msd, osd = get_state_dict(model, opt)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(checkpoints, f"step{step}"))

@@ -14,15 +14,14 @@ from typing import Any, Callable, Iterator
 
 from ._foreign import quiet_loggers
 from ._threaded import run_threaded
-from .test_fsdp import BLOCK, batches, build_model, torch_for_threads
+from .test_fsdp import BLOCK, batches, build_model, next_token_loss, torch_for_threads
 
 WORLD, STEPS, LAYERS = 4, 3, 2
 ZPCCL = dict(ranks_per_node=2, hpz_size=2, block_size=BLOCK)
 
 
 def lm_loss(torch: Any, model: Any, ids: Any) -> Any:
-    logits = model(ids).float()
-    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    return next_token_loss(torch, model(ids), ids)
 
 
 def fsdp_groups(model: Any) -> int:
