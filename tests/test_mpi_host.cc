@@ -29,27 +29,6 @@ void expectEveryRankPassed() {
   if (any && !mine) ADD_FAILURE() << "another rank failed (its output says which)";
 }
 
-// What thread-rank `rank` of the threaded host backend gives for the battery, nranks threads of this process.
-zptest::BatteryOutputs overThreads(const Configure& configure, int rank) {
-  std::vector<zptest::BatteryOutputs> all(gSize);
-  zpUniqueId id;
-  EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < gSize; ++r) {
-    threads.emplace_back([&, r] {
-      zpConfig_t c = ZP_CONFIG_INITIALIZER;
-      c.backend = zpBackendHost;
-      configure(r, &c);
-      zpComm_t comm = nullptr;
-      ASSERT_EQ(zpCommInitRankConfig(&comm, gSize, id, r, &c), zpSuccess) << zpGetLastError(nullptr);
-      all[r] = zptest::runBattery(r, gSize, comm);
-      EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return all[rank];
-}
-
 void expectBitEqualToThreads(const Configure& configure, const char* layout) {
   zpConfig_t c = ZP_CONFIG_INITIALIZER;
   configure(gRank, &c);
@@ -65,7 +44,7 @@ void expectBitEqualToThreads(const Configure& configure, const char* layout) {
   EXPECT_EQ(rank, gRank);
   const zptest::BatteryOutputs got = zptest::runBattery(gRank, gSize, comm);
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
-  zptest::expectSameOutputs(got, overThreads(configure, gRank),
+  zptest::expectSameOutputs(got, zptest::batteryOverThreads(gSize, configure)[gRank],
                             std::string(layout) + ", rank " + std::to_string(gRank));
 }
 

@@ -86,22 +86,8 @@ void twoNodes(int, zpConfig_t* c) { c->ranksPerNode = 2; }
 // Thread-ranks and ranks over the loopback hub run the same battery on the same inputs, on two nodes of two.
 TEST(CallbackTransport, OutputsAreBitEqualToThreads) {
   const int nranks = 4;
-  std::vector<zptest::BatteryOutputs> threads(nranks), over(nranks);
-  zpUniqueId id;
-  ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < nranks; ++r) {
-    ranks.emplace_back([&, r] {
-      zpConfig_t c = ZP_CONFIG_INITIALIZER;
-      c.backend = zpBackendHost;
-      twoNodes(r, &c);
-      zpComm_t comm = nullptr;
-      ASSERT_EQ(zpCommInitRankConfig(&comm, nranks, id, r, &c), zpSuccess) << zpGetLastError(nullptr);
-      threads[r] = zptest::runBattery(r, nranks, comm);
-      EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
-    });
-  }
-  for (auto& t : ranks) t.join();
+  const std::vector<zptest::BatteryOutputs> threads = zptest::batteryOverThreads(nranks, twoNodes);
+  std::vector<zptest::BatteryOutputs> over(nranks);
   LoopbackHub hub(nranks);
   runOverHub(hub, nranks, twoNodes, [&](int r, zpComm_t comm) {
     over[r] = zptest::runBattery(r, nranks, comm);

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -99,6 +101,30 @@ inline BatteryOutputs runBattery(int rank, int nranks, zpComm_t comm) {
   // Count 0: the ranks still meet.
   check(zpQuantAllGather(full.data(), full.data(), 0, zpFloat32, comm, nullptr), "qwZ count 0");
   return out;
+}
+
+// The battery on nranks thread-ranks of the threaded host backend, each rank's config ZP_CONFIG_INITIALIZER with
+// backend host, then configure(rank, &config): the reference that ranks as processes must equal. Each rank's
+// outputs, in rank order.
+inline std::vector<BatteryOutputs> batteryOverThreads(int nranks,
+                                                      const std::function<void(int, zpConfig_t*)>& configure) {
+  std::vector<BatteryOutputs> all(nranks);
+  zpUniqueId id;
+  EXPECT_EQ(zpGetUniqueId(&id), zpSuccess);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      zpConfig_t c = ZP_CONFIG_INITIALIZER;
+      c.backend = zpBackendHost;
+      configure(r, &c);
+      zpComm_t comm = nullptr;
+      ASSERT_EQ(zpCommInitRankConfig(&comm, nranks, id, r, &c), zpSuccess) << zpGetLastError(nullptr);
+      all[r] = runBattery(r, nranks, comm);
+      EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return all;
 }
 
 // rank's outputs against the reference's, byte for byte.
