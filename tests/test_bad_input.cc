@@ -86,6 +86,17 @@ struct Row {
   const char* knownIssue = nullptr;
 };
 
+// The communicator's queries of one int, by name.
+struct IntQuery {
+  const char* name;
+  zpResult_t (*fn)(const zpComm_t, int*);
+};
+const IntQuery kIntQueries[] = {
+    {"zpCommCount", zpCommCount},         {"zpCommUserRank", zpCommUserRank}, {"zpCommCuDevice", zpCommCuDevice},
+    {"zpCommNodeCount", zpCommNodeCount}, {"zpCommNodeRank", zpCommNodeRank}, {"zpCommLocalRank", zpCommLocalRank},
+    {"zpCommLocalSize", zpCommLocalSize}, {"zpCommHpzRank", zpCommHpzRank},   {"zpCommHpzSize", zpCommHpzSize},
+};
+
 // ---- the calls with a bad argument -------------------------------------------------------------------------
 
 using zptest::Call;
@@ -247,15 +258,8 @@ std::vector<CommCall> commCalls() {
          return zpHierSecondaryShard(kCount, &offset, &count, comm);
        }},
   };
-  using IntQuery = zpResult_t (*)(const zpComm_t, int*);
-  const std::pair<const char*, IntQuery> queries[] = {
-      {"zpCommCount", zpCommCount},         {"zpCommUserRank", zpCommUserRank}, {"zpCommCuDevice", zpCommCuDevice},
-      {"zpCommNodeCount", zpCommNodeCount}, {"zpCommNodeRank", zpCommNodeRank}, {"zpCommLocalRank", zpCommLocalRank},
-      {"zpCommLocalSize", zpCommLocalSize}, {"zpCommHpzRank", zpCommHpzRank},   {"zpCommHpzSize", zpCommHpzSize},
-  };
-  for (const auto& q : queries) {
-    IntQuery fn = q.second;
-    calls.push_back({q.first, q.first, [fn](const Ctx&, zpComm_t comm) {
+  for (const IntQuery& q : kIntQueries) {
+    calls.push_back({q.name, q.name, [fn = q.fn](const Ctx&, zpComm_t comm) {
                        int value;
                        return fn(comm, &value);
                      }});
@@ -548,21 +552,12 @@ std::vector<Row> table() {
        [](const Ctx& c) { return zpCommBackend(c.comm, nullptr); },
        bad,
        {"zpCommBackend", "output pointer"}});
-  {
-    using IntQuery = zpResult_t (*)(const zpComm_t, int*);
-    const std::pair<const char*, IntQuery> queries[] = {
-        {"zpCommCount", zpCommCount},         {"zpCommUserRank", zpCommUserRank}, {"zpCommCuDevice", zpCommCuDevice},
-        {"zpCommNodeCount", zpCommNodeCount}, {"zpCommNodeRank", zpCommNodeRank}, {"zpCommLocalRank", zpCommLocalRank},
-        {"zpCommLocalSize", zpCommLocalSize}, {"zpCommHpzRank", zpCommHpzRank},   {"zpCommHpzSize", zpCommHpzSize},
-    };
-    for (const auto& q : queries) {
-      IntQuery fn = q.second;
-      add({std::string(q.first) + " NULL",
-           one,
-           [fn](const Ctx& c) { return fn(c.comm, nullptr); },
-           bad,
-           {q.first, "output pointer"}});
-    }
+  for (const IntQuery& q : kIntQueries) {
+    add({std::string(q.name) + " NULL",
+         one,
+         [fn = q.fn](const Ctx& c) { return fn(c.comm, nullptr); },
+         bad,
+         {q.name, "output pointer"}});
   }
   add({"zpHierSecondaryShard NULL offset",
        one,

@@ -17,6 +17,8 @@
 #include "tests/buffer_calls.h"
 #include "tests/gpu_util.h"
 
+// In zptest: the table speaks of tests/buffer_calls.h's calls by their short names.
+namespace zptest {
 namespace {
 
 constexpr size_t kCount = 1024;             // fp32 elements of the calls
@@ -71,14 +73,9 @@ struct Row {
   std::vector<std::string> mention;
 };
 
-using zptest::Call;
-using zptest::kCalls;
-using zptest::nameOf;
-using zptest::recvIsPayload;
-using zptest::recvName;
-using zptest::rowName;
-using zptest::sendIsPayload;
-using zptest::sendName;
+// The good buffers of a call: its payload where it takes one, else its elements.
+const unsigned char* goodSend(Call call, const Ctx& c) { return sendIsPayload(call) ? c.payload : c.send; }
+unsigned char* goodRecv(Call call, const Ctx& c) { return recvIsPayload(call) ? c.payload : c.recv; }
 
 zpResult_t invoke(Call call, const void* send, void* recv, zpComm_t comm) {
   const zpQuantOptions_t options = {8, 256};
@@ -109,15 +106,14 @@ std::vector<Row> table() {
     const char* fault = source == Source::kHost ? "host memory" : "another CUDA device";
     const std::string from = source == Source::kHost ? " in host memory" : " on GPU 1";
     for (Call call : kCalls) {
-      const bool sendIsPayload = call == Call::kDequantize, recvIsPayload = call == Call::kQuantize;
       rows.push_back({rowName(call) + " " + sendName(call) + from,
                       source,
-                      [=](const Ctx& c) { return invoke(call, c.bad, recvIsPayload ? c.payload : c.recv, c.comm); },
+                      [=](const Ctx& c) { return invoke(call, c.bad, goodRecv(call, c), c.comm); },
                       zpInvalidArgument,
                       {nameOf(call), sendName(call), fault}});
       rows.push_back({rowName(call) + " " + recvName(call) + from,
                       source,
-                      [=](const Ctx& c) { return invoke(call, sendIsPayload ? c.payload : c.send, c.bad, c.comm); },
+                      [=](const Ctx& c) { return invoke(call, goodSend(call, c), c.bad, c.comm); },
                       zpInvalidArgument,
                       {nameOf(call), recvName(call), fault}});
     }
@@ -224,6 +220,7 @@ TEST(BadInputGpu, AllReduceIsNotYetOnTheCudaBackend) {
 }
 
 }  // namespace
+}  // namespace zptest
 
 #include <nccl.h>
 
