@@ -20,18 +20,7 @@ inline const zpDataType_t kQuantTypes[] = {zpFloat16, zpBfloat16, zpFloat32};
 
 inline size_t elemSize(zpDataType_t type) { return type == zpFloat32 ? 4 : 2; }
 
-// Element i of a buffer of `type`, exactly, as a double.
-inline double loadElem(zpDataType_t type, const unsigned char* p, size_t i) {
-  if (type == zpFloat32) {
-    float f;
-    std::memcpy(&f, p + 4 * i, 4);
-    return f;
-  }
-  uint16_t b;
-  std::memcpy(&b, p + 2 * i, 2);
-  return type == zpFloat16 ? zp::halfBitsToFloat(b) : zp::bf16BitsToFloat(b);
-}
-
+// Element i of a buffer of `type`, its bits in the low bits.
 inline uint32_t loadElemBits(zpDataType_t type, const unsigned char* p, size_t i) {
   if (type == zpFloat32) {
     uint32_t u;
@@ -43,16 +32,19 @@ inline uint32_t loadElemBits(zpDataType_t type, const unsigned char* p, size_t i
   return b;
 }
 
-// Stores v rounded to `type` (nearest even).
-inline void storeElem(zpDataType_t type, unsigned char* p, size_t i, float v) {
+// Element i of a buffer of `type`, exactly, as a double.
+inline double loadElem(zpDataType_t type, const unsigned char* p, size_t i) {
+  const uint32_t bits = loadElemBits(type, p, i);
   if (type == zpFloat32) {
-    std::memcpy(p + 4 * i, &v, 4);
-    return;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
   }
-  const uint16_t b = type == zpFloat16 ? zp::floatToHalfBitsRn(v) : zp::floatToBf16BitsRn(v);
-  std::memcpy(p + 2 * i, &b, 2);
+  const uint16_t b = static_cast<uint16_t>(bits);
+  return type == zpFloat16 ? zp::halfBitsToFloat(b) : zp::bf16BitsToFloat(b);
 }
 
+// Stores element i of a buffer of `type` from its bits (the low bits of `bits`).
 inline void storeElemBits(zpDataType_t type, unsigned char* p, size_t i, uint32_t bits) {
   if (type == zpFloat32) {
     std::memcpy(p + 4 * i, &bits, 4);
@@ -60,6 +52,17 @@ inline void storeElemBits(zpDataType_t type, unsigned char* p, size_t i, uint32_
     const uint16_t b = static_cast<uint16_t>(bits);
     std::memcpy(p + 2 * i, &b, 2);
   }
+}
+
+// Stores v rounded to `type` (nearest even).
+inline void storeElem(zpDataType_t type, unsigned char* p, size_t i, float v) {
+  uint32_t bits;
+  if (type == zpFloat32) {
+    std::memcpy(&bits, &v, 4);
+  } else {
+    bits = type == zpFloat16 ? zp::floatToHalfBitsRn(v) : zp::floatToBf16BitsRn(v);
+  }
+  storeElemBits(type, p, i, bits);
 }
 
 struct TypeLimits {
