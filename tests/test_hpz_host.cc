@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -69,6 +70,19 @@ Group hpzGroupOf(const Layout& L, int rank) {
 
 std::string layoutName(const ::testing::TestParamInfo<Layout>& info) { return info.param.name; }
 
+// Runs body(rank, comm, group) on every rank of layout L, with the rank's hpZ group as the layout alone gives it,
+// and checks that every rank ran it.
+void onEveryRank(const Layout& L, const std::function<void(int, zpComm_t, const Group&)>& body) {
+  std::atomic<int> ran{0};
+  runHostRanks(
+      L.nranks, [&](int rank, zpConfig_t* c) { configure(L, c, rank); },
+      [&](int rank, zpComm_t comm) {
+        body(rank, comm, hpzGroupOf(L, rank));
+        ran++;
+      });
+  EXPECT_EQ(ran.load(), L.nranks);
+}
+
 const Layout kLayouts[] = {
     {"n1x4", 4, 4, 0, 0},           {"n2x4", 8, 4, 0, 0},
     {"n4x2", 8, 2, 0, 0},           {"n2x8", 16, 8, 0, 0},
@@ -82,89 +96,75 @@ class HpzLayout : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(HpzLayout, ExactForEveryTypeInAndOutOfPlace) {
   const Layout L = GetParam();
-  std::atomic<int> finished{0};
-  runHostRanks(
-      L.nranks, [&](int rank, zpConfig_t* c) { configure(L, c, rank); },
-      [&](int rank, zpComm_t comm) {
-        const Group g = hpzGroupOf(L, rank);
-        const int hpz = static_cast<int>(g.ranks.size());
-        int value = -1;
-        ASSERT_EQ(zpCommHpzSize(comm, &value), zpSuccess);
-        ASSERT_EQ(value, hpz);
-        ASSERT_EQ(zpCommHpzRank(comm, &value), zpSuccess);
-        ASSERT_EQ(value, g.hpzRank);
-        for (int t = 0; t < zpNumTypes; ++t) {
-          const zpDataType_t type = static_cast<zpDataType_t>(t);
-          const size_t es = zpcheck::bytesOf(type);
-          for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
-            SCOPED_TRACE(::testing::Message()
-                         << "rank " << rank << " type " << zp::typeName(type) << " count " << count);
-            const size_t shard = count * es;
-            const uint64_t seed = 31 * t + count;
-            Buffer expected(shard * hpz);
-            for (int i = 0; i < hpz; ++i) zpcheck::fillBytes(expected.data() + i * shard, shard, seed, g.ranks[i]);
-            Buffer send(shard), recv(shard * hpz);
-            zpcheck::fillBytes(send.data(), shard, seed, rank);
-            ASSERT_EQ(zpHierAllGather(send.data(), recv.data(), count, type, comm, nullptr), zpSuccess)
-                << zpGetLastError(comm);
-            EXPECT_STREQ(zpGetLastError(comm), "");
-            EXPECT_TRUE(sameBits(recv.data(), expected.data(), count * hpz, es)) << "out of place";
-            EXPECT_TRUE(sameBits(send.data(), expected.data() + g.hpzRank * shard, count, es)) << "sendbuff changed";
-            Buffer inplace(shard * hpz);
-            std::memcpy(inplace.data() + g.hpzRank * shard, send.data(), shard);
-            ASSERT_EQ(zpHierAllGather(inplace.data() + g.hpzRank * shard, inplace.data(), count, type, comm, nullptr),
-                      zpSuccess)
-                << zpGetLastError(comm);
-            EXPECT_TRUE(sameBits(inplace.data(), expected.data(), count * hpz, es)) << "in place";
-          }
-        }
-        finished++;
-      });
-  EXPECT_EQ(finished.load(), L.nranks);
+  onEveryRank(L, [&](int rank, zpComm_t comm, const Group& g) {
+    const int hpz = static_cast<int>(g.ranks.size());
+    int value = -1;
+    ASSERT_EQ(zpCommHpzSize(comm, &value), zpSuccess);
+    ASSERT_EQ(value, hpz);
+    ASSERT_EQ(zpCommHpzRank(comm, &value), zpSuccess);
+    ASSERT_EQ(value, g.hpzRank);
+    for (int t = 0; t < zpNumTypes; ++t) {
+      const zpDataType_t type = static_cast<zpDataType_t>(t);
+      const size_t es = zpcheck::bytesOf(type);
+      for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
+        SCOPED_TRACE(::testing::Message() << "rank " << rank << " type " << zp::typeName(type) << " count " << count);
+        const size_t shard = count * es;
+        const uint64_t seed = 31 * t + count;
+        Buffer expected(shard * hpz);
+        for (int i = 0; i < hpz; ++i) zpcheck::fillBytes(expected.data() + i * shard, shard, seed, g.ranks[i]);
+        Buffer send(shard), recv(shard * hpz);
+        zpcheck::fillBytes(send.data(), shard, seed, rank);
+        ASSERT_EQ(zpHierAllGather(send.data(), recv.data(), count, type, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_STREQ(zpGetLastError(comm), "");
+        EXPECT_TRUE(sameBits(recv.data(), expected.data(), count * hpz, es)) << "out of place";
+        EXPECT_TRUE(sameBits(send.data(), expected.data() + g.hpzRank * shard, count, es)) << "sendbuff changed";
+        Buffer inplace(shard * hpz);
+        std::memcpy(inplace.data() + g.hpzRank * shard, send.data(), shard);
+        ASSERT_EQ(zpHierAllGather(inplace.data() + g.hpzRank * shard, inplace.data(), count, type, comm, nullptr),
+                  zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_TRUE(sameBits(inplace.data(), expected.data(), count * hpz, es)) << "in place";
+      }
+    }
+  });
 }
 
 // The ZeRO++ flow: forward qwZ gather of the primary shards; each rank keeps its secondary shard of the gathered
 // tensor; the backward hpZ gather rebuilds exactly the forward tensor on every rank.
 TEST_P(HpzLayout, SecondaryShardsRebuildTheForwardGatherBitForBit) {
   const Layout L = GetParam();
-  std::atomic<int> finished{0};
-  runHostRanks(
-      L.nranks, [&](int rank, zpConfig_t* c) { configure(L, c, rank); },
-      [&](int rank, zpComm_t comm) {
-        const Group g = hpzGroupOf(L, rank);
-        const size_t hpz = g.ranks.size();
-        for (zpDataType_t type : zpcheck::kQuantTypes) {
-          const size_t es = zpcheck::bytesOf(type);
-          for (size_t shardCount : {size_t{4}, size_t{5}, size_t{257}, size_t{1000}}) {
-            const size_t full = shardCount * L.nranks;  // a multiple of hpz: hpz divides the node, the node nranks
-            SCOPED_TRACE(::testing::Message()
-                         << "rank " << rank << " type " << zp::typeName(type) << " shard " << shardCount);
-            Buffer primary(shardCount * es), forward(full * es);
-            zpcheck::fillRandom(type, primary.data(), shardCount, 77 + shardCount, rank);
-            ASSERT_EQ(zpQuantAllGather(primary.data(), forward.data(), shardCount, type, comm, nullptr), zpSuccess)
-                << zpGetLastError(comm);
-            size_t offset = SIZE_MAX, count = SIZE_MAX;
-            ASSERT_EQ(zpHierSecondaryShard(full, &offset, &count, comm), zpSuccess) << zpGetLastError(comm);
-            EXPECT_EQ(count, full / hpz);
-            EXPECT_EQ(offset, g.hpzRank * (full / hpz));
-            ASSERT_LE(offset + count, full);
-            Buffer secondary(count * es);
-            std::memcpy(secondary.data(), forward.data() + offset * es, count * es);
-            Buffer rebuilt(full * es);
-            ASSERT_EQ(zpHierAllGather(secondary.data(), rebuilt.data(), count, type, comm, nullptr), zpSuccess)
-                << zpGetLastError(comm);
-            EXPECT_TRUE(sameBits(rebuilt.data(), forward.data(), full, type)) << "out of place";
-            Buffer inplace(full * es);
-            std::memcpy(inplace.data() + offset * es, secondary.data(), count * es);
-            ASSERT_EQ(zpHierAllGather(inplace.data() + offset * es, inplace.data(), count, type, comm, nullptr),
-                      zpSuccess)
-                << zpGetLastError(comm);
-            EXPECT_TRUE(sameBits(inplace.data(), forward.data(), full, type)) << "in place";
-          }
-        }
-        finished++;
-      });
-  EXPECT_EQ(finished.load(), L.nranks);
+  onEveryRank(L, [&](int rank, zpComm_t comm, const Group& g) {
+    const size_t hpz = g.ranks.size();
+    for (zpDataType_t type : zpcheck::kQuantTypes) {
+      const size_t es = zpcheck::bytesOf(type);
+      for (size_t shardCount : {size_t{4}, size_t{5}, size_t{257}, size_t{1000}}) {
+        const size_t full = shardCount * L.nranks;  // a multiple of hpz: hpz divides the node, the node nranks
+        SCOPED_TRACE(::testing::Message()
+                     << "rank " << rank << " type " << zp::typeName(type) << " shard " << shardCount);
+        Buffer primary(shardCount * es), forward(full * es);
+        zpcheck::fillRandom(type, primary.data(), shardCount, 77 + shardCount, rank);
+        ASSERT_EQ(zpQuantAllGather(primary.data(), forward.data(), shardCount, type, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        size_t offset = SIZE_MAX, count = SIZE_MAX;
+        ASSERT_EQ(zpHierSecondaryShard(full, &offset, &count, comm), zpSuccess) << zpGetLastError(comm);
+        EXPECT_EQ(count, full / hpz);
+        EXPECT_EQ(offset, g.hpzRank * (full / hpz));
+        ASSERT_LE(offset + count, full);
+        Buffer secondary(count * es);
+        std::memcpy(secondary.data(), forward.data() + offset * es, count * es);
+        Buffer rebuilt(full * es);
+        ASSERT_EQ(zpHierAllGather(secondary.data(), rebuilt.data(), count, type, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_TRUE(sameBits(rebuilt.data(), forward.data(), full, type)) << "out of place";
+        Buffer inplace(full * es);
+        std::memcpy(inplace.data() + offset * es, secondary.data(), count * es);
+        ASSERT_EQ(zpHierAllGather(inplace.data() + offset * es, inplace.data(), count, type, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_TRUE(sameBits(inplace.data(), forward.data(), full, type)) << "in place";
+      }
+    }
+  });
 }
 
 // The optional quantized mode (zpHierAllGatherEx with bits): every rank of a group receives each member's shard
@@ -175,31 +175,28 @@ TEST_P(HpzLayout, QuantizedModeGathersDequantizedShards) {
     for (int bits : {8, 4}) {
       SCOPED_TRACE(std::string(zp::typeName(type)) + " bits " + std::to_string(bits));
       const size_t count = 777, esz = zpcheck::bytesOf(type);
-      runHostRanks(
-          L.nranks, [&](int rank, zpConfig_t* c) { configure(L, c, rank); },
-          [&](int rank, zpComm_t comm) {
-            const Group g = hpzGroupOf(L, rank);
-            const int hpz = static_cast<int>(g.ranks.size());
-            Buffer send(count * esz), recv(count * esz * hpz), expected(count * esz * hpz);
-            zpcheck::fillRandom(type, send.data(), count, 91, rank);
-            Buffer shard(count * esz), payload(zp::quantPayloadBytes(count, bits, 128));
-            for (int i = 0; i < hpz; ++i) {
-              zpcheck::fillRandom(type, shard.data(), count, 91, g.ranks[i]);
-              zp::quantizeRef(shard.data(), type, count, bits, 128, payload.data());
-              zp::dequantizeRef(payload.data(), type, count, bits, 128, expected.data() + i * count * esz);
-            }
-            const zpQuantOptions_t options = {bits, 128};
-            ASSERT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, type, &options, comm, nullptr), zpSuccess)
-                << zpGetLastError(comm);
-            EXPECT_TRUE(sameBits(recv.data(), expected.data(), count * hpz, type));
-            // Exact mode is still the default, and integer types cannot be quantized.
-            const zpQuantOptions_t exact = {0, 0};
-            ASSERT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, type, &exact, comm, nullptr), zpSuccess);
-            EXPECT_TRUE(sameBits(recv.data() + g.hpzRank * count * esz, send.data(), count, type));
-            EXPECT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, zpInt32, &options, comm, nullptr),
-                      zpInvalidArgument);
-            EXPECT_TRUE(mentions(zpGetLastError(comm), "type int32 is not supported")) << zpGetLastError(comm);
-          });
+      onEveryRank(L, [&](int rank, zpComm_t comm, const Group& g) {
+        const int hpz = static_cast<int>(g.ranks.size());
+        Buffer send(count * esz), recv(count * esz * hpz), expected(count * esz * hpz);
+        zpcheck::fillRandom(type, send.data(), count, 91, rank);
+        Buffer shard(count * esz), payload(zp::quantPayloadBytes(count, bits, 128));
+        for (int i = 0; i < hpz; ++i) {
+          zpcheck::fillRandom(type, shard.data(), count, 91, g.ranks[i]);
+          zp::quantizeRef(shard.data(), type, count, bits, 128, payload.data());
+          zp::dequantizeRef(payload.data(), type, count, bits, 128, expected.data() + i * count * esz);
+        }
+        const zpQuantOptions_t options = {bits, 128};
+        ASSERT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, type, &options, comm, nullptr), zpSuccess)
+            << zpGetLastError(comm);
+        EXPECT_TRUE(sameBits(recv.data(), expected.data(), count * hpz, type));
+        // Exact mode is still the default, and integer types cannot be quantized.
+        const zpQuantOptions_t exact = {0, 0};
+        ASSERT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, type, &exact, comm, nullptr), zpSuccess);
+        EXPECT_TRUE(sameBits(recv.data() + g.hpzRank * count * esz, send.data(), count, type));
+        EXPECT_EQ(zpHierAllGatherEx(send.data(), recv.data(), count, zpInt32, &options, comm, nullptr),
+                  zpInvalidArgument);
+        EXPECT_TRUE(mentions(zpGetLastError(comm), "type int32 is not supported")) << zpGetLastError(comm);
+      });
     }
   }
 }
