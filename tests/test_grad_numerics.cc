@@ -152,25 +152,18 @@ TEST(GradRounding, SameKeySameBitsAnyOtherKeyOtherBits) {
   g.slice = 4;
   const auto base = quantizeWith(x, 4, g);
   EXPECT_EQ(quantizeWith(x, 4, g), base);
-  auto other = [&](const char* what, zp::GradQuant h) { EXPECT_NE(quantizeWith(x, 4, h), base) << what; };
-  zp::GradQuant h = g;
-  h.key.seed = 9;
-  other("seed", h);
-  h = g;
-  h.key.sequence = 3;
-  other("sequence", h);
-  h = g;
-  h.key.rank = 0;
-  other("rank", h);
-  h = g;
-  h.key.hop = 1;
-  other("hop", h);
-  h = g;
-  h.slice = 5;
-  other("slice", h);
-  h = g;
-  h.stochastic = false;
-  other("nearest", h);
+  // g with one thing changed draws other bits.
+  auto differs = [&](const char* what, void (*change)(zp::GradQuant*)) {
+    zp::GradQuant h = g;
+    change(&h);
+    EXPECT_NE(quantizeWith(x, 4, h), base) << what;
+  };
+  differs("seed", [](zp::GradQuant* h) { h->key.seed = 9; });
+  differs("sequence", [](zp::GradQuant* h) { h->key.sequence = 3; });
+  differs("rank", [](zp::GradQuant* h) { h->key.rank = 0; });
+  differs("hop", [](zp::GradQuant* h) { h->key.hop = 1; });
+  differs("slice", [](zp::GradQuant* h) { h->slice = 5; });
+  differs("nearest", [](zp::GradQuant* h) { h->stochastic = false; });
   // A chunk that starts inside the slice draws as the slice does there.
   std::vector<float> tail(x.begin() + 1024, x.end());
   zp::GradQuant t = g;
