@@ -19,6 +19,23 @@ inline int gpuCount() {
   return count;
 }
 
+// A non-blocking stream of the current device, destroyed with the object; get() is null when it could not be made.
+class Stream {
+ public:
+  Stream() {
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) stream_ = nullptr;
+  }
+  ~Stream() {
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
 }  // namespace zptest
 
 #define ZP_REQUIRE_GPUS(n)                                                                \

@@ -550,9 +550,9 @@ TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
       CaseBuffers bufA, bufB;
       prepareCase(c, rank, commA, &bufA);
       prepareCase(c, rank, commB, &bufB);
-      cudaStream_t streamA, streamB;
-      CUDA_ASSERT(cudaStreamCreateWithFlags(&streamA, cudaStreamNonBlocking));
-      CUDA_ASSERT(cudaStreamCreateWithFlags(&streamB, cudaStreamNonBlocking));
+      const zptest::Stream ownA, ownB;
+      const cudaStream_t streamA = ownA.get(), streamB = ownB.get();
+      ASSERT_TRUE(streamA != nullptr && streamB != nullptr);
       std::atomic<bool> aEnqueued{false};
       std::thread other([&] {
         ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
@@ -564,8 +564,6 @@ TEST(GpuConcurrency, TwoCommunicatorsInFlightOnDifferentStreams) {
       other.join();
       collectCase(&bufA, streamA, &a[rank]);
       collectCase(&bufB, streamB, &b[rank]);
-      CUDA_ASSERT(cudaStreamDestroy(streamA));
-      CUDA_ASSERT(cudaStreamDestroy(streamB));
       EXPECT_EQ(zpCommDestroy(commA), zpSuccess);
       EXPECT_EQ(zpCommDestroy(commB), zpSuccess);
     });
@@ -636,9 +634,9 @@ TEST(GpuConcurrency, OneCommunicatorOnTwoStreamsKeepsItsScratchInOrder) {
     CaseBuffers a, b;
     prepareCase(gather, rank, comm, &a);
     prepareCase(reduce, rank, comm, &b);
-    cudaStream_t streamA, streamB;
-    CUDA_ASSERT(cudaStreamCreateWithFlags(&streamA, cudaStreamNonBlocking));
-    CUDA_ASSERT(cudaStreamCreateWithFlags(&streamB, cudaStreamNonBlocking));
+    const zptest::Stream ownA, ownB;
+    const cudaStream_t streamA = ownA.get(), streamB = ownB.get();
+    ASSERT_TRUE(streamA != nullptr && streamB != nullptr);
     ASSERT_TRUE(gate.hold(streamA));
     // Should an enqueue below wait for the held stream (it must not), the gate opens after a while: the test then
     // fails instead of hanging.
@@ -663,8 +661,6 @@ TEST(GpuConcurrency, OneCommunicatorOnTwoStreamsKeepsItsScratchInOrder) {
     collectCase(&b, streamB, &reduced);
     EXPECT_TRUE(zpcheck::sameBits(gathered.data(), expectGather[0].data(), gathered.size(), 1));
     EXPECT_TRUE(zpcheck::sameBits(reduced.data(), expectReduce[0].data(), reduced.size(), 1));
-    CUDA_ASSERT(cudaStreamDestroy(streamA));
-    CUDA_ASSERT(cudaStreamDestroy(streamB));
   });
 }
 
