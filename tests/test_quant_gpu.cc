@@ -53,6 +53,13 @@ class CudaBuffer {
   Kind kind_;
 };
 
+// The device side of round trips: the elements in, the payload, the elements out.
+struct DeviceRoundTrip {
+  DeviceRoundTrip(size_t elemBytes, size_t payloadBytes) : in(elemBytes), payload(payloadBytes), out(elemBytes) {}
+  bool allocated() const { return in.get() != nullptr && payload.get() != nullptr && out.get() != nullptr; }
+  CudaBuffer in, payload, out;
+};
+
 // First differing byte of two buffers, or -1.
 long firstDiff(const unsigned char* a, const unsigned char* b, size_t n) {
   if (n == 0 || std::memcmp(a, b, n) == 0) return -1;  // the common case, fast on the large buffers
@@ -79,8 +86,8 @@ std::string caseName(zpDataType_t type, int bits, int g, size_t count, size_t of
 // equal the host reference bit for bit, and the kGuard bytes after each, like the output's bytes before the
 // offset, must keep the poison. The device buffers must hold the largest offset's case.
 void checkRoundTrips(zpDataType_t type, int bits, int g, size_t count, const unsigned char* in,
-                     std::initializer_list<size_t> offsets, zp::KernelStream stream, const CudaBuffer& dIn,
-                     const CudaBuffer& dPayload, const CudaBuffer& dOut) {
+                     std::initializer_list<size_t> offsets, zp::KernelStream stream, const DeviceRoundTrip& d) {
+  const CudaBuffer &dIn = d.in, &dPayload = d.payload, &dOut = d.out;
   const size_t esize = zptest::elemSize(type);
   const size_t payloadBytes = zp::quantPayloadBytes(count, bits, g);
   const size_t elemBytes = count * esize;
@@ -135,10 +142,8 @@ TEST(QuantGpu, MatchesHostReferenceBitForBit) {
   const size_t maxOffset = 7;
   const size_t maxPayload = zp::quantPayloadBytes(maxCount, 8, 32);
   const size_t maxElemBytes = (maxCount + maxOffset) * 4 + kGuard;
-  CudaBuffer dIn(maxElemBytes), dPayload(maxPayload + kGuard), dOut(maxElemBytes);
-  ASSERT_NE(dIn.get(), nullptr);
-  ASSERT_NE(dPayload.get(), nullptr);
-  ASSERT_NE(dOut.get(), nullptr);
+  DeviceRoundTrip d(maxElemBytes, maxPayload + kGuard);
+  ASSERT_TRUE(d.allocated());
   std::vector<unsigned char> in(maxElemBytes);
 
   uint32_t seed = 1;
@@ -148,7 +153,7 @@ TEST(QuantGpu, MatchesHostReferenceBitForBit) {
         for (size_t count : counts) {
           for (size_t offset : {0, 1, 3, 7}) {
             zptest::fillData(type, in.data(), count, g, bits, seed++, /*specials=*/true);
-            checkRoundTrips(type, bits, g, count, in.data(), {offset}, nullptr, dIn, dPayload, dOut);
+            checkRoundTrips(type, bits, g, count, in.data(), {offset}, nullptr, d);
             if (::testing::Test::HasFatalFailure()) return;
           }
         }
@@ -177,10 +182,8 @@ TEST(QuantGpu, GridStrideLoopsOnFewSmsMatchHostReference) {
     const size_t maxStep = gridStepElems(3, threadsPerSm, type);
     const size_t maxCount = 2 * maxStep + maxStep / 2 + 4097;
     const size_t maxElemBytes = (maxCount + 6) * esize + kGuard;
-    CudaBuffer dIn(maxElemBytes), dPayload(zp::quantPayloadBytes(maxCount, 8, 32) + kGuard), dOut(maxElemBytes);
-    ASSERT_NE(dIn.get(), nullptr);
-    ASSERT_NE(dPayload.get(), nullptr);
-    ASSERT_NE(dOut.get(), nullptr);
+    DeviceRoundTrip d(maxElemBytes, zp::quantPayloadBytes(maxCount, 8, 32) + kGuard);
+    ASSERT_TRUE(d.allocated());
     std::vector<unsigned char> in(maxCount * esize);
     zptest::fillData(type, in.data(), maxCount, 256, 8, seed++, /*specials=*/true);
     for (int sms : {1, 3}) {
@@ -188,8 +191,7 @@ TEST(QuantGpu, GridStrideLoopsOnFewSmsMatchHostReference) {
       const size_t count = 2 * step + step / 2 + 4097;
       for (int bits : {4, 8}) {
         for (int g : {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
-          checkRoundTrips(type, bits, g, count, in.data(), {0, 1, 2, 4, 6}, zp::KernelStream(nullptr, sms), dIn,
-                          dPayload, dOut);
+          checkRoundTrips(type, bits, g, count, in.data(), {0, 1, 2, 4, 6}, zp::KernelStream(nullptr, sms), d);
           if (HasFatalFailure()) return;
         }
       }
@@ -215,15 +217,13 @@ TEST(QuantGpu, GridStrideLoopsOnWholeDeviceMatchHostReference) {
     const size_t step = gridStepElems(sms, threadsPerSm, type);
     const size_t count = step + step / 2 + 4097;
     const size_t elemBytes = (count + 1) * esize + kGuard;
-    CudaBuffer dIn(elemBytes), dPayload(zp::quantPayloadBytes(count, 8, 256) + kGuard), dOut(elemBytes);
-    ASSERT_NE(dIn.get(), nullptr);
-    ASSERT_NE(dPayload.get(), nullptr);
-    ASSERT_NE(dOut.get(), nullptr);
+    DeviceRoundTrip d(elemBytes, zp::quantPayloadBytes(count, 8, 256) + kGuard);
+    ASSERT_TRUE(d.allocated());
     std::vector<unsigned char> in(count * esize);
     zptest::fillData(type, in.data(), count, 256, 8, 9001 + t, /*specials=*/true);
     for (int g : {256, 8192}) {
       const int bits = (g == 256) == (t % 2 == 0) ? 8 : 4;  // fp16, fp32: int8 at G = 256; bf16: int4
-      checkRoundTrips(type, bits, g, count, in.data(), {0, 1}, nullptr, dIn, dPayload, dOut);
+      checkRoundTrips(type, bits, g, count, in.data(), {0, 1}, nullptr, d);
       if (HasFatalFailure()) return;
     }
   }
@@ -397,10 +397,8 @@ TEST(GpuQuantLarge, MoreThan2To31ElementsMatchHostReference) {
     GTEST_SKIP() << "needs " << ((2 * elemBytes + maxPayload) >> 30) + 1 << " GiB of free device memory, "
                  << (freeBytes >> 30) << " GiB free";
   }
-  CudaBuffer dIn(elemBytes), dPayload(maxPayload), dOut(elemBytes);
-  ASSERT_NE(dIn.get(), nullptr);
-  ASSERT_NE(dPayload.get(), nullptr);
-  ASSERT_NE(dOut.get(), nullptr);
+  DeviceRoundTrip d(elemBytes, maxPayload);
+  ASSERT_TRUE(d.allocated());
   const CudaBuffer scratch(size_t{256} << 20, CudaBuffer::kPinnedHost);
   ASSERT_NE(scratch.get(), nullptr);
   std::vector<unsigned char> period(kPeriod * kEsize);
@@ -448,41 +446,41 @@ TEST(GpuQuantLarge, MoreThan2To31ElementsMatchHostReference) {
     }
 
     // The input: the period, then the filled part copied after itself until `count` elements.
-    unsigned char* in = dIn.get() + lead;
+    unsigned char* in = d.in.get() + lead;
     CUDA_ASSERT(cudaMemcpy(in, period.data(), period.size(), cudaMemcpyHostToDevice));
     for (size_t n = kPeriod; n < count;) {
       const size_t k = std::min(n, count - n);
       CUDA_ASSERT(cudaMemcpy(in + n * kEsize, in, k * kEsize, cudaMemcpyDeviceToDevice));
       n += k;
     }
-    CUDA_ASSERT(cudaMemset(dPayload.get(), kPoison, payloadBytes + kGuard));
-    CUDA_ASSERT(cudaMemset(dOut.get(), kPoison, lead + count * kEsize + kGuard));
-    ASSERT_EQ(zp::launchQuantize(in, dPayload.get(), count, kType, c.bits, c.g, nullptr), zpSuccess);
-    ASSERT_EQ(zp::launchDequantize(dPayload.get(), dOut.get() + lead, count, kType, c.bits, c.g, nullptr), zpSuccess);
+    CUDA_ASSERT(cudaMemset(d.payload.get(), kPoison, payloadBytes + kGuard));
+    CUDA_ASSERT(cudaMemset(d.out.get(), kPoison, lead + count * kEsize + kGuard));
+    ASSERT_EQ(zp::launchQuantize(in, d.payload.get(), count, kType, c.bits, c.g, nullptr), zpSuccess);
+    ASSERT_EQ(zp::launchDequantize(d.payload.get(), d.out.get() + lead, count, kType, c.bits, c.g, nullptr), zpSuccess);
     CUDA_ASSERT(cudaDeviceSynchronize());
 
     // Payload: the scales of whole blocks, then the last block's, zeros to the codes; the codes of whole blocks,
     // then the last block's, zeros to the end of the payload, the guard.
     const size_t wholeScales = whole / c.g * sizeof(float), wholeCodes = whole * c.bits / 8;
-    expectPeriodic("scales", dPayload.get(), wholeScales, refPayload.data(), kPeriod / c.g * sizeof(float), scratch);
+    expectPeriodic("scales", d.payload.get(), wholeScales, refPayload.data(), kPeriod / c.g * sizeof(float), scratch);
     if (HasFatalFailure()) return;
     std::vector<unsigned char> scaleEnd(scaleBytes - wholeScales, 0);
     if (tail > 0) std::memcpy(scaleEnd.data(), tailPayload.data(), sizeof(float));
-    expectBytes("scale region end", dPayload.get() + wholeScales, scaleEnd);
-    expectPeriodic("codes", dPayload.get() + scaleBytes, wholeCodes, refCodes, kPeriod * c.bits / 8, scratch);
+    expectBytes("scale region end", d.payload.get() + wholeScales, scaleEnd);
+    expectPeriodic("codes", d.payload.get() + scaleBytes, wholeCodes, refCodes, kPeriod * c.bits / 8, scratch);
     if (HasFatalFailure()) return;
     std::vector<unsigned char> codeEnd(payloadBytes - scaleBytes - wholeCodes, 0);
     std::memcpy(codeEnd.data(), tailPayload.data() + zp::quantScaleBytes(tail, c.g), (tail * c.bits + 7) / 8);
     codeEnd.insert(codeEnd.end(), kGuard, kPoison);
-    expectBytes("code region end and guard", dPayload.get() + scaleBytes + wholeCodes, codeEnd);
+    expectBytes("code region end and guard", d.payload.get() + scaleBytes + wholeCodes, codeEnd);
 
     // Output: poison before it, whole blocks, the last block, the guard.
-    expectBytes("before output", dOut.get(), std::vector<unsigned char>(lead, kPoison));
-    expectPeriodic("output", dOut.get() + lead, whole * kEsize, refOut.data(), refOut.size(), scratch);
+    expectBytes("before output", d.out.get(), std::vector<unsigned char>(lead, kPoison));
+    expectPeriodic("output", d.out.get() + lead, whole * kEsize, refOut.data(), refOut.size(), scratch);
     if (HasFatalFailure()) return;
     std::vector<unsigned char> outEnd(tailOut);
     outEnd.insert(outEnd.end(), kGuard, kPoison);
-    expectBytes("output end and guard", dOut.get() + lead + whole * kEsize, outEnd);
+    expectBytes("output end and guard", d.out.get() + lead + whole * kEsize, outEnd);
     if (HasFatalFailure()) return;
   }
 }
