@@ -23,7 +23,7 @@ each variant's curve.
 """
 from __future__ import annotations
 
-import argparse, copy, json, os, pathlib, socket, sys, time
+import argparse, copy, json, os, pathlib, sys, time
 
 import numpy as np
 
@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tools/python"))
 sys.path.insert(0, str(ROOT / "tools/python/examples"))
 sys.path.insert(0, str(ROOT / "perf"))
 
+import zpccl.launch  # noqa: E402  (the spawned ranks; loads neither torch nor the library)
 from provenance import provenance  # noqa: E402  (perf/provenance.py)
 from tests import _reference as ref  # noqa: E402  (pure NumPy, no zpccl)
 
@@ -89,8 +90,9 @@ def qgz_dest(slices: list[np.ndarray], sizes, bits, restart, node_of_rank) -> np
     return acc, two_hop
 
 
-def worker(rank: int, a: argparse.Namespace, port: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def worker(a: argparse.Namespace) -> None:
+    """One rank (zpccl.launch's rendezvous in the environment)."""
+    rank = int(os.environ["RANK"])
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -98,7 +100,7 @@ def worker(rank: int, a: argparse.Namespace, port: int) -> None:
     import fsdp2_train as ex
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=a.world)
+    dist.init_process_group("gloo")
     record = provenance("cpu-gloo") if rank == 0 else None
     mesh = init_device_mesh("cpu", (a.world,))
     world = a.world
@@ -318,11 +320,7 @@ def main() -> None:
     p.add_argument("--variants", default="exact,q8r,q8f,q4r")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(a, port), nprocs=a.world, join=True)
+    zpccl.launch.spawn(worker, a.world, a)
 
 
 if __name__ == "__main__":

@@ -41,11 +41,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -100,7 +97,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes (ranks / nodes a node)")
     p.add_argument("--cpu", action="store_true", help="ranks as threads on the CPU, zpccl's host backend")
     p.add_argument("-J", "--json", default="", help="write the runs here")
-    p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: config:seed:outfile of one GPU run
     return p.parse_args(argv)
 
 
@@ -144,44 +140,27 @@ def train_rank(torch: Any, args: argparse.Namespace, config: dict[str, Any] | No
                 parameters=sum(p.numel() for p in model.parameters()) * world)
 
 
-# ---- GPU: one run = nproc processes (spawned by a child of this script, so that each run's NCCL is fresh) --------
+# ---- GPU: one run = nproc processes spawned afresh (zpccl.launch), so that each run's NCCL is fresh ---------------
 
 
-def gpu_rank(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
+def gpu_rank(args: argparse.Namespace) -> dict[str, Any] | None:
+    """One rank of a GPU run (zpccl.launch's rendezvous in the environment); rank 0 returns the run's result."""
     import torch
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
     where = ex.Launch(args.nodes)  # distinct NCCL_HOSTID, NCCL P2P and shared memory off, one GPU shared
     mesh = where.init()
     config = CONFIGS[args.run_config]
     result = train_rank(torch, args, config, where.rank, where.world, where.device, mesh, where.ranks_per_node)
     if where.rank == 0:
         result["peak_mib"] = torch.cuda.max_memory_allocated(where.device) / 2**20
-        pathlib.Path(out).write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
-
-
-def run_one_gpu(args: argparse.Namespace) -> None:
-    import torch.multiprocessing as mp
-
-    config, seed, out = args.one.split(":", 2)
-    args.run_config, args.run_seed = config, int(seed)
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(gpu_rank, args=(args, port, out), nprocs=args.nproc, join=True)
+    return result if where.rank == 0 else None
 
 
 def run_gpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
-    out = f"/tmp/zpccl-grad-numerics-{os.getpid()}-{config}-{seed}.json"
-    argv = [sys.executable, __file__, "--one", f"{config}:{seed}:{out}"] + [a for a in sys.argv[1:] if a != "--one"]
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
-    subprocess.run(argv, check=True, env=env)
-    result = json.loads(pathlib.Path(out).read_text())
-    os.unlink(out)
-    return result
+    args.run_config, args.run_seed = config, seed
+    env = dict(NCCL_NVLS_ENABLE="0", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
+    return ex.import_zpccl().launch.spawn(gpu_rank, args.nproc, args, env=env)[0]
 
 
 # ---- CPU: ranks as threads ---------------------------------------------------------------------------------------
@@ -209,9 +188,6 @@ def run_cpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
-    if args.one:
-        run_one_gpu(args)
-        return
     configs = [c for c in args.configs.split(",") if c]
     for c in configs:
         if c not in CONFIGS:
@@ -254,7 +230,7 @@ def gaps_to_exact(runs: list[dict[str, Any]], configs: list[str]) -> dict[str, A
 def write_json(args: argparse.Namespace, record: dict[str, Any], runs: list[dict[str, Any]],
                gaps: dict[str, Any]) -> None:
     if args.json:
-        meta = {k: v for k, v in vars(args).items() if k not in ("one", "run_config", "run_seed")}
+        meta = {k: v for k, v in vars(args).items() if k not in ("run_config", "run_seed")}
         pathlib.Path(args.json).write_text(json.dumps(dict(provenance=record, args=meta, runs=runs, gaps=gaps),
                                                       indent=1))
 
