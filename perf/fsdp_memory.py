@@ -232,7 +232,7 @@ def run_config(bench: Any, probe: Probe, name: str, steps: int, args: argparse.N
             stages.append((f"step {s + 1}", probe.take()))
     if zp is not None:
         row.update(calls={k: v["calls"] for k, v in zp.summary().items()},
-                   staging_grown=zp._gather_stage.grown or zp._reduce_stage.grown)
+                   staging_grown=zp.staging_grown)
         if not args.no_probe:
             further_comm(bench, probe, row)
         zp.disable()

@@ -323,6 +323,28 @@ class FsdpOnThreads(unittest.TestCase):
         for made in run_threaded(WORLD, communicators):
             self.assertEqual(made, [(False, True), (True, False)])
 
+    def test_staging_is_reserved_before_the_first_call(self) -> None:
+        """enable reserves the staging buffers that blocks restarting at parameters need, so that no call
+        allocates in the training loop (staging_grown stays False); a buffer found too small grows and says so."""
+        torch, base = self.torch, build_model(self.torch)
+
+        def body(rank: int) -> tuple[int, bool, bool]:
+            model = shard(torch, copy.deepcopy(base), self.mesh(), 2)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
+            data = batches(torch, rank, 3)
+            train(torch, model, data[:2])
+            reserved, grown = zp.reserved_bytes, zp.staging_grown
+            zp.collectives.gather_stage.buffer = torch.empty(0, dtype=torch.uint8)  # as if reserved too little
+            train(torch, model, data[2:])
+            grown_after = zp.staging_grown
+            zp.disable()
+            return reserved, grown, grown_after
+
+        for rank, (reserved, grown, grown_after) in enumerate(run_threaded(WORLD, body)):
+            self.assertGreater(reserved, 0, f"rank {rank}: the model's layouts need staging")
+            self.assertFalse(grown, f"rank {rank}: a call allocated staging in the loop")
+            self.assertTrue(grown_after, f"rank {rank}")
+
     def test_blocks_restart_at_parameter_boundaries(self) -> None:
         """A small parameter after a large one in the flat shard: its worst relative error, with and without
         blocks restarting at parameter boundaries (the numbers are printed for perf/RESULTS.md)."""

@@ -76,9 +76,6 @@ class ZeroPlusPlus(Session):
     residual_bytes = _reads("collectives.residual_bytes", "Bytes the error-feedback residuals hold (the senders').")
     hop_residual_bytes = _reads("collectives.hop_residual_bytes", "Bytes the intermediate hop's error-feedback "
                                 "residuals hold.")
-    # perf/fsdp_memory.py reads these two.
-    _gather_stage = _reads("collectives.gather_stage", "The gathers' staging buffer.")
-    _reduce_stage = _reads("collectives.reduce_stage", "The reduce-scatters' staging buffer.")
 
     @property
     def staging_grown(self) -> bool:
