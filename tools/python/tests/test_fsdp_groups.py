@@ -156,5 +156,47 @@ class ParameterGroups(unittest.TestCase):
         run_threaded(4, body)
 
 
+    def test_shard_groups_of_one_rank_are_left_to_fsdp_said_once(self) -> None:
+        """A module sharded over a group of one rank has nothing to communicate: enable makes nothing for it,
+        leaves its collectives FSDP's and says so once (INFO where it serves other modules, WARNING where it
+        serves none), instead of failing or keeping quiet."""
+        torch = self.torch
+        from torch.distributed.fsdp import fully_shard
+
+        base = build_model(torch)
+
+        def body(rank: int, blocks_alone: bool, root_alone: bool) -> Any:
+            model = copy.deepcopy(base)
+            alone, world = cpu_mesh((4, 1), ("replicate", "shard"))["shard"], cpu_mesh((4,))
+            for b in model.blocks:
+                fully_shard(b, mesh=alone if blocks_alone else world)
+            fully_shard(model, mesh=alone if root_alone else world)
+            theirs = [m._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm for m in model.blocks]
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK)
+            served = [s.name for s in zp._served]
+            hooked = [m._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm is not t
+                      for m, t in zip(model.blocks, theirs)]
+            train(torch, model, batches(torch, rank, STEPS))
+            summary = {k: v["calls"] for k, v in zp.summary().items()}
+            zp.disable()
+            return served, hooked, summary
+
+        for blocks_alone, root_alone, level in ((True, False, logging.INFO), (True, True, logging.WARNING)):
+            with self.subTest(root_alone=root_alone), self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
+                out = run_threaded(4, lambda rank: body(rank, blocks_alone, root_alone))
+            said = [r for r in logs.records if "group of one rank" in r.getMessage()]
+            self.assertEqual(len(said), 4, logs.output)  # once a rank
+            self.assertTrue(all(r.levelno == level for r in said), logs.output)
+            self.assertIn("'blocks.0', 'blocks.1'", said[0].getMessage())
+            for served, hooked, summary in out:
+                self.assertEqual(hooked, [False, False])  # the blocks keep FSDP's collectives
+                if root_alone:
+                    self.assertEqual((served, summary), ([], {}))
+                    self.assertIn("serves nothing", said[0].getMessage())
+                else:  # the root, over the four ranks: its forward gather and its reduce-scatter, each step
+                    self.assertEqual(served, [""])
+                    self.assertEqual(summary, {"qwz": STEPS, "qgz": STEPS})
+
+
 if __name__ == "__main__":
     unittest.main()

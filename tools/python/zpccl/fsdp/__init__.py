@@ -39,9 +39,10 @@ module, is refused until the first is disabled.
 What zpccl does not serve stays on FSDP's collectives, and the ``zpccl.fsdp`` logger says so once per kind:
 groups FSDP gathers as uint8 (their parameters mix dtypes), element types other than fp16/bf16/fp32, groups
 other than the shard and hpZ groups (``hpz=False`` leaves the hpZ gather on NCCL too, and so does a
-post-forward group set after ``enable``), and the replicate dimension of a 2-D (HSDP) mesh, whose all-reduce
-FSDP makes itself. ``weight_bits=None`` leaves every all-gather
-on FSDP's collectives (qgZ only), ``grad_bits=None`` every reduce-scatter (qwZ and hpZ only).
+post-forward group set after ``enable``), the replicate dimension of a 2-D (HSDP) mesh, whose all-reduce
+FSDP makes itself, and modules sharded over a group of one rank, where FSDP communicates nothing (``enable``
+makes nothing for them, and says so as a warning when no module is left for zpccl). ``weight_bits=None`` leaves
+every all-gather on FSDP's collectives (qgZ only), ``grad_bits=None`` every reduce-scatter (qwZ and hpZ only).
 
 Blocks and parameters: FSDP concatenates the padded shards of a module's parameters into one flat buffer per
 rank, so a quantization block could hold the end of a LayerNorm weight (values near 1) and the start of a

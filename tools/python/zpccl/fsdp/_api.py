@@ -53,10 +53,12 @@ def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any)
         raise ZpcclValueError(f"{CALL}: weight_bits and grad_bits are both None, so zpccl would serve nothing: "
                               "zpccl.fsdp serves hpZ only beside qwZ (its hpZ gathers use the gathers' "
                               "communicator); give weight_bits or grad_bits, or leave zpccl out", CALL)
-    served = _served_groups(fsdp, model)
+    groups = _served_groups(fsdp, model)
+    served = [s for s in groups if fsdp.dist.get_world_size(s.param_group.mesh_info.shard_process_group) > 1]
     if policy.hpz_size is not None:
         fsdp.check_post_forward(served)
-    session = ZeroPlusPlus(fsdp, model, policy, served)
+    session = ZeroPlusPlus(fsdp, model, policy, served, groups[0].param_group.device)
+    _say_alone(session, [s for s in groups if s not in served])
     try:
         _attach(fsdp, session, served)
     except BaseException:
@@ -116,6 +118,18 @@ def _served_groups(fsdp: TorchFsdp, model: Any) -> list[Served]:
                              f"({fsdp.class_name(s.module)}), {as_} the {fsdp.class_name(other.model)} it was "
                              "enabled on; call disable() on that ZeroPlusPlus first", CALL)
     return list(served.values())
+
+
+def _say_alone(session: ZeroPlusPlus, alone: list[Served]) -> None:
+    """Says, once, which modules zpccl leaves to FSDP because their shard group is one rank: FSDP moves nothing
+    over such a group (each rank holds the whole of those parameters), so zpccl makes no communicator for it."""
+    if not alone:
+        return
+    nothing = not session._served
+    session.report.say_once("shard_group_of_one", f"{', '.join(s.label for s in alone)}: sharded over a group of "
+                            "one rank, where FSDP communicates nothing (each rank holds those parameters whole); "
+                            "zpccl leaves them to FSDP" + (" and serves nothing in this model" if nothing else ""),
+                            logging.WARNING if nothing else logging.INFO)
 
 
 def _attach(fsdp: TorchFsdp, session: ZeroPlusPlus, served: list[Served]) -> None:

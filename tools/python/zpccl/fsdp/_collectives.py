@@ -225,8 +225,10 @@ class Collectives:
         on CUDA) each communicator's scratch for the largest collective it makes, in the element types the groups
         use."""
         torch = self.fsdp.torch
-        gather_bytes = max(self._staged_bytes(s.param_group, len(s.group.ranks), reduce=False) for s in served)
-        reduce_bytes = max(self._staged_bytes(s.param_group, len(s.group.ranks), reduce=True) for s in served)
+        gather_bytes = max((self._staged_bytes(s.param_group, len(s.group.ranks), reduce=False) for s in served),
+                           default=0)
+        reduce_bytes = max((self._staged_bytes(s.param_group, len(s.group.ranks), reduce=True) for s in served),
+                           default=0)
         self.gather_stage = Staging(torch, self.device, gather_bytes)
         self.reduce_stage = Staging(torch, self.device, reduce_bytes)
         self.reserved_bytes = gather_bytes + reduce_bytes

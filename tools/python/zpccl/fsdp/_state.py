@@ -56,11 +56,12 @@ class ZeroPlusPlus(Session):
     communicators.
     """
 
-    def __init__(self, fsdp: TorchFsdp, model: Any, policy: ZeroPlusPlusPolicy, served: list[Served]) -> None:
+    def __init__(self, fsdp: TorchFsdp, model: Any, policy: ZeroPlusPlusPolicy, served: list[Served],
+                 device: Any) -> None:
         self._fsdp, self.model = fsdp, model
         #: What serves the model, as :func:`~zpccl.fsdp.enable` was told.
         self.policy = policy
-        self.device: Any = served[0].param_group.device
+        self.device: Any = device
         self.report = Report()
         self.comms = Communicators(fsdp, policy, self.device)
         self.collectives = Collectives(fsdp, policy, self.device, self.report, self.comms.ranks)
