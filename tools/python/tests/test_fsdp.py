@@ -345,6 +345,56 @@ class FsdpOnThreads(unittest.TestCase):
             self.assertFalse(grown, f"rank {rank}: a call allocated staging in the loop")
             self.assertTrue(grown_after, f"rank {rank}")
 
+    def test_a_group_reduced_in_parts(self) -> None:
+        """A parameter group whose gradients come in two backward passes, as torchtitan's chunked loss makes them
+        (lm_head's backward apart from the decoder's, lm_head sharded with the final norm): FSDP reduces the group
+        in two reduce-scatters, one a pass. qgZ serves each with blocks restarting at its own parameters, bit-exact
+        to the model; with error feedback, those two run without it and the log says once, naming the
+        parameters and what to change."""
+        torch, base = self.torch, build_model(self.torch)
+        from torch.distributed.fsdp import fully_shard
+
+        def body(rank: int, error_feedback: bool) -> Any:
+            model, mesh = copy.deepcopy(base), self.mesh()
+            for m in [model.emb, *model.blocks]:
+                fully_shard(m, mesh=mesh)
+            fully_shard([model.ln, model.head], mesh=mesh, reshard_after_forward=False)
+            fully_shard(model, mesh=mesh)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, error_feedback=error_feedback)
+            rec = Recorder(torch, zp)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for ids in batches(torch, rank, 2):
+                model.head.set_reshard_after_backward(False)  # the final norm's parameters wait for pass two
+                kept: dict[str, Any] = {}
+                cut = model.ln.register_forward_hook(
+                    lambda m, a, out: kept.setdefault("h", out).detach().requires_grad_())
+                head_in = model.head.register_forward_pre_hook(lambda m, a: kept.setdefault("x", a[0]))
+                logits = model(ids)
+                cut.remove()
+                head_in.remove()
+                next_token_loss(torch, logits, ids).backward()  # pass one: the head's gradients
+                kept["h"].backward(kept["x"].grad)  # pass two: the final norm's and the decoder's
+                opt.step()
+                opt.zero_grad()
+            summary = zp.summary()
+            zp.disable()
+            return None, None, summary, rec.calls
+
+        head = [p.numel() // WORLD for p in base.head.parameters()]
+        norm = [p.numel() // WORLD for p in base.ln.parameters()]
+        results = run_threaded(WORLD, lambda rank: body(rank, False))
+        self.check_calls(results, 8, 4)
+        parts = [c[3] for c in results[0][3] if c[0] == "qgz"][:2]  # each step's first two: the [ln, head] group
+        self.assertEqual(parts, [head, norm])
+        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+            results = run_threaded(WORLD, lambda rank: body(rank, True))
+        said = [r for r in logs.records if "runs without error feedback" in r.getMessage()]
+        self.assertEqual(len(said), WORLD, logs.output)  # once a rank
+        self.assertIn("only ['head.weight', 'head.bias']", said[0].getMessage())
+        self.assertIn("fully_shard each on its own", said[0].getMessage())
+        for _, _, summary, _ in results:  # two steps, two reduce-scatters of the group each without feedback
+            self.assertEqual(summary["grad_residuals"]["calls"], summary["qgz"]["calls"] - 4)
+
     def test_blocks_restart_at_parameter_boundaries(self) -> None:
         """A small parameter after a large one in the flat shard: its worst relative error, with and without
         blocks restarting at parameter boundaries (the numbers are printed for perf/RESULTS.md)."""

@@ -29,6 +29,11 @@ parsed.
   smaller group, so those modules' backward gathers stay qwZ over the whole shard group, and the log says so.
 * torchtitan sets ``set_gradient_divide_factor(1.0)`` on every module (it divides by the token count itself):
   qgZ serves that as a sum, bit for bit what FSDP's force-sum path gives.
+* torchtitan's chunked loss (``ChunkedLossWrapper``, its llama3 configs' loss) runs lm_head's backward apart from
+  the decoder's, so FSDP reduces the gradients of its ``[norm, lm_head]`` group in two reduce-scatters: qgZ serves
+  each, its blocks restarting at that part's parameters. With ``--zpccl.error_feedback`` those two run without
+  error feedback (its residual is made for the whole group), and the ``zpccl.fsdp`` logger says so once, with
+  what to change (a loss that is not chunked, or norm and lm_head sharded apart).
 * A model part that torchtitan did not shard over more than one rank (``data_parallel_shard_degree`` 1, no
   context parallelism) moves nothing between ranks in FSDP's collectives: zpccl leaves it to FSDP, and the
   ``zpccl.torchtitan`` logger says so.

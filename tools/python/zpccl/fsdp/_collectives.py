@@ -125,7 +125,7 @@ class Collectives:
         torch = self.fsdp.torch
         n, count = comm.nranks, output.numel()
         layout = self.layout(self.reduce_sizes(served, count), count, reduce=True)
-        grad = self._grad_kwargs(served, n * layout.staged_count)
+        grad = self._grad_kwargs(served, count, n * layout.staged_count)
         if layout.identity:
             comm.quant_reduce_scatter(input, output, op=op, **grad)
         else:
@@ -147,15 +147,25 @@ class Collectives:
         self.report.count("torch_" + kind, 0, 0)
         return call()
 
-    def _grad_kwargs(self, served: Any, elements: int) -> dict[str, Any]:
-        """The residuals of this parameter group's reduce-scatter of ``elements`` (staged) elements, or {}."""
+    def _grad_kwargs(self, served: Any, count: int, elements: int) -> dict[str, Any]:
+        """The residuals of this parameter group's reduce-scatter of ``elements`` (staged) elements, ``count`` a
+        rank, or {} (no error feedback, or a reduce-scatter of part of the group, which the log names once)."""
         if not self.policy.error_feedback:
             return {}
         res, hop = self.residuals.get(id(served.param_group), (None, None))
         if res is None or res.numel() != elements:
-            self.report.say_once("residual_size", f"a reduce-scatter of {elements} elements has no residual of its "
-                                 "size (FSDP reduced a subset of the group's parameters): it runs without error "
-                                 "feedback", logging.INFO)
+            part = self._reduced_params(served, count)
+            names = [getattr(p, "_param_fqn", None) for p in part[1]] if part and part[1] else None
+            which = f"only {names}" if names and None not in names else "part"
+            self.report.say_once(
+                "residual_size " + served.label,
+                f"{served.label}: a gradient reduce-scatter holds {which} of its FSDP parameter group, whose "
+                "error-feedback residual is made for the whole group: it runs without error feedback. FSDP reduces "
+                "a group in parts when its parameters get their gradients in separate backward passes (torchtitan's "
+                "chunked loss, ChunkedLossWrapper, runs lm_head's backward apart from the final norm it is sharded "
+                "with). To keep error feedback there, shard those modules apart (fully_shard each on its own) or "
+                "give them their gradients in one backward (torchtitan: a loss that is not chunked, "
+                "CrossEntropyLoss)")
             return {}
         return dict(residual=res, hop_residual=hop)
 
@@ -174,19 +184,42 @@ class Collectives:
         return sizes if sum(sizes) == count else self._unknown_sizes("all-gather")
 
     def reduce_sizes(self, served: Any, count: int) -> list[int] | None:
-        """Each parameter's part of one rank's slice of the reduce-scatter input, or None when it cannot be told:
-        FSDP reduces the parameters that got a gradient, in order; padded shards as in the all-gather."""
+        """Each parameter's part of one rank's slice of the reduce-scatter input, or None when it cannot be told
+        (see :meth:`_reduced_params`)."""
         if not self.policy.param_blocks:
             return None
+        part = self._reduced_params(served, count)
+        if part is None:
+            return self._unknown_sizes("reduce-scatter")
+        return part[0]
+
+    def _reduced_params(self, served: Any, count: int) -> tuple[list[int], list[Any] | None] | None:
+        """The padded shard sizes of the parameters a reduce-scatter of ``count`` elements a rank holds, and the
+        parameters (None where several runs of them have those sizes), or None when no run of the group's
+        parameters adds up to ``count``. FSDP reduces the parameters that got a gradient, in order: the group's
+        trainable ones, all of them, or, when their gradients come in separate backward passes, a run of them
+        per pass."""
         params = list(getattr(served.param_group, "fsdp_params", ()))
-        for subset in ([p for p in params if p.sharded_param.requires_grad], params):
-            try:
-                sizes = [p.padded_sharded_param_size.numel() for p in subset]
-            except AttributeError:
-                break
-            if sum(sizes) == count:
-                return sizes
-        return self._unknown_sizes("reduce-scatter")
+        try:
+            sizes = [p.padded_sharded_param_size.numel() for p in params]
+        except AttributeError:
+            return None
+        trainable = [i for i, p in enumerate(params) if p.sharded_param.requires_grad]
+        for subset in (trainable, list(range(len(params)))):
+            if sum(sizes[i] for i in subset) == count:
+                return [sizes[i] for i in subset], [params[i] for i in subset]
+        runs = []
+        for first in range(len(params)):
+            total = 0
+            for last in range(first, len(params)):
+                total += sizes[last]
+                if total == count:
+                    runs.append(range(first, last + 1))
+                if total >= count:
+                    break
+        if len({tuple(sizes[i] for i in run) for run in runs}) != 1:
+            return None
+        return [sizes[i] for i in runs[0]], [params[i] for i in runs[0]] if len(runs) == 1 else None
 
     def _unknown_sizes(self, what: str) -> None:
         self.report.say_once("sizes_" + what, f"the parameter boundaries of a {what} input are not what FSDP's "
