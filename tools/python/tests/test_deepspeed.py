@@ -43,6 +43,14 @@ from .test_fsdp import bits_of, ref_dtype, staged
 
 BLOCK = 64  # small blocks, so that the tiny model's parameters span several
 STEPS = 3
+# How far (relative) a quantized run's loss may stray from unpatched ZeRO-3's at any step of these runs. The
+# quantization's error sets the scale: int4 gradients steer AdamW's first steps visibly, int8 (weights, or weights
+# and gradients) barely. Each bound is one and a half times the largest gap any step of the test's scenarios shows
+# over three model seeds (perf/experiments/deepspeed_loss_gaps.py measures them): the test runs one seed, bit for
+# bit the same on a machine, and the spread over seeds stands for what another CPU's float order or another torch
+# does to its trajectory; more than that would be an error of the plumbing, not of the format.
+GAP_INT4 = 0.05  # int4 gradients, int8 weights or not
+GAP_INT8 = 0.02  # int8 weights alone, or int8 weights and gradients
 # DeepSpeed's CPU accelerator: LOCAL_SIZE is its device count (the node size it assumes).
 ENV = {"DS_ACCELERATOR": "cpu"}
 
@@ -669,8 +677,7 @@ class DeepSpeedOneNode(unittest.TestCase):
             for hpz in (1, 2, 4):
                 run = o[f"sweep{hpz}"]
                 with self.subTest(rank=r, hpz=hpz):
-                    # int8 weights and int4 gradients in blocks of 64 on a model this small: a few percent.
-                    self.assertTrue(_close(run["losses"], o["ref"], 0.1), (run["losses"], o["ref"]))
+                    self.assertTrue(_close(run["losses"], o["ref"], GAP_INT4), (run["losses"], o["ref"]))
                     s = run["summary"]
                     self.assertGreater(s["qwz"]["calls"], 0)
                     self.assertGreater(s["qgz"]["calls"], 0)
@@ -686,7 +693,7 @@ class DeepSpeedOneNode(unittest.TestCase):
 
     def test_without_overlap_comm_or_contiguous_gradients(self) -> None:
         for o in self.out:
-            self.assertTrue(_close(o["plain"]["losses"], o["ref"], 0.1))
+            self.assertTrue(_close(o["plain"]["losses"], o["ref"], GAP_INT4))
             self.assertEqual(o["plain"]["losses"], o["sweep2"]["losses"])
             self.assertEqual({k for k in o["plain"]["summary"]}, {"qwz", "hpz", "qgz"})
 
@@ -703,7 +710,8 @@ class DeepSpeedOneNode(unittest.TestCase):
     def test_each_quantization_on_its_own(self) -> None:
         for o in self.out:
             w, g = o["zero_quantized_weights"], o["zero_quantized_gradients"]
-            self.assertTrue(_close(w["losses"], o["ref"], 0.1) and _close(g["losses"], o["ref"], 0.1), (w, g))
+            self.assertTrue(_close(w["losses"], o["ref"], GAP_INT8) and _close(g["losses"], o["ref"], GAP_INT4),
+                            (w, g))
             self.assertEqual(set(w["summary"]), {"qwz", "deepspeed_reduce_scatter_off"})
             self.assertEqual(set(g["summary"]), {"qgz", "deepspeed_all_gather_off"})
             self.assertEqual(w["checked"], {"qwz": w["summary"]["qwz"]["calls"], "qgz": 0})
@@ -712,7 +720,7 @@ class DeepSpeedOneNode(unittest.TestCase):
     def test_gradient_accumulation(self) -> None:
         for o in self.out:
             self.assertTrue(all(o["accum"]["kept"]), o["accum"]["kept"])
-            self.assertTrue(_close(o["accum"]["losses"], o["ref_accum"], 0.1))
+            self.assertTrue(_close(o["accum"]["losses"], o["ref_accum"], GAP_INT4))
             self.assertGreater(o["accum"]["summary"]["hpz"]["calls"], 0)
 
     def test_eval(self) -> None:
@@ -721,7 +729,7 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertGreater(e["after"]["qwz"]["calls"], e["before"]["qwz"]["calls"])
             self.assertEqual(e["after"]["qgz"], e["before"]["qgz"])
             self.assertTrue(all(s is not None for s in e["secondary"]))
-            self.assertTrue(_close([e["loss"]], [o["eval_ref"]], 0.1), (e["loss"], o["eval_ref"]))
+            self.assertTrue(_close([e["loss"]], [o["eval_ref"]], GAP_INT4), (e["loss"], o["eval_ref"]))
 
     def test_nan_in_padding_changes_no_bit(self) -> None:
         poisoned = [o["poisoned"]["count"] for o in self.out]
@@ -751,7 +759,7 @@ class DeepSpeedOneNode(unittest.TestCase):
     def test_enable_on_a_plain_engine(self) -> None:
         for o in self.out:
             e = o["enable"]
-            self.assertTrue(_close(e["losses"], o["ref"], 0.05), (e["losses"], o["ref"]))
+            self.assertTrue(_close(e["losses"], o["ref"], GAP_INT8), (e["losses"], o["ref"]))
             self.assertEqual(set(e["summary"]), {"qwz", "qgz"})
             self.assertEqual(e["checked"], {"qwz": e["summary"]["qwz"]["calls"], "qgz": e["summary"]["qgz"]["calls"]})
             self.assertIn("already serves a DeepSpeed engine", e["again"])
@@ -807,7 +815,7 @@ class DeepSpeedThreeNodes(unittest.TestCase):
             first, second = o["runs"]
             self.assertEqual(first["layout"], (3, 2, 2))
             self.assertEqual(first["losses"], second["losses"])
-            self.assertTrue(_close(first["losses"], o["ref"], 0.1), (first["losses"], o["ref"]))
+            self.assertTrue(_close(first["losses"], o["ref"], GAP_INT4), (first["losses"], o["ref"]))
             s = first["summary"]
             self.assertEqual(set(s), {"qwz", "hpz", "qgz"})
             self.assertEqual(first["checked"], {"qwz": s["qwz"]["calls"], "qgz": s["qgz"]["calls"]})
@@ -815,7 +823,7 @@ class DeepSpeedThreeNodes(unittest.TestCase):
     def test_an_engine_built_with_deepspeeds_qgz(self) -> None:
         for o in self.out:
             run = o["deepspeed_qgz"]
-            self.assertTrue(_close(run["losses"], o["ref"], 0.1), (run["losses"], o["ref"]))
+            self.assertTrue(_close(run["losses"], o["ref"], GAP_INT4), (run["losses"], o["ref"]))
             self.assertEqual(set(run["summary"]), {"qwz", "hpz", "qgz"})
             self.assertEqual(run["entered"], run["summary"]["qgz"]["calls"])  # all through all_to_all_quant_reduce
             self.assertEqual(run["checked"], {"qwz": run["summary"]["qwz"]["calls"],
