@@ -19,7 +19,7 @@ zpccl            ``zpccl.ddp.enable``: zpQuantAllReduce, ``--grad-bits`` codes i
 
 Each of ``--rounds`` rounds (default 5) runs every configuration in turn on a fresh copy of the model: ``--warmup``
 steps, then ``--steps`` timed ones (CUDA synchronized around each). Every rank times its own steps; a step takes
-its slowest rank's time (perf/fsdp_step.py's protocol, whose summaries this reuses); the raw times of every rank,
+its slowest rank's time (perf/step_protocol.py, whose summaries this reuses); the raw times of every rank,
 round and step go in the JSON. The report gives each configuration's median step time with its spread, tokens per
 second, and its ratio to ``nccl`` and to ``bf16-compress`` (ratios of medians, in brackets the rounds' least and
 greatest own ratios). ``--loss-steps N`` trains each loss run N steps per seed (``--loss-seeds``, seed-major) from
@@ -46,12 +46,13 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-import fsdp_step  # noqa: E402  (the step protocol and the example's model and data)
+import fsdp_step  # noqa: E402  (the FSDP2 step's loss report)
+import step_protocol as sp  # noqa: E402  (the step protocol shared with the FSDP2 and DeepSpeed steps)
 from provenance import provenance  # noqa: E402
 
-ex = fsdp_step.ex
+ex = sp.load_example("fsdp2_train")
 CONFIGS = ("nccl", "bf16-compress", "powersgd", "zpccl")
-TRAIN_TAIL = fsdp_step.TRAIN_TAIL
+TRAIN_TAIL = sp.TRAIN_TAIL
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.config_list = _names(p, args.configs, "--configs")
     args.loss_list = _names(p, args.loss_runs, "--loss-runs") if args.loss_runs else args.config_list
     try:
-        args.seeds = fsdp_step.parse_seeds(args.loss_seeds, args.seed)
+        args.seeds = sp.parse_seeds(args.loss_seeds, args.seed)
     except ValueError as e:
         p.error(str(e))
     if args.loss_only and not args.loss_steps:
@@ -248,7 +249,7 @@ class Bench:
         if zp is not None:
             calls = zp.summary().get("quant_all_reduce", {}).get("calls", 0)
             zp.close()
-        # comm: what fsdp_step.loss_summary reads ("nccl" is the reference; zpccl.fsdp's label is "zpccl").
+        # comm: what step_protocol.loss_summary reads ("nccl" is the reference; zpccl.fsdp's label is "zpccl").
         comm = "zpccl-ddp" if config == "zpccl" else config
         return dict(spec=config, comm=comm, seed=seed, steps=args.loss_steps, valid=self.mean_over_ranks(valid),
                     train_tail=self.mean_over_ranks(tail) / max(1, args.loss_steps - tail_from),
@@ -273,9 +274,9 @@ def main(args: argparse.Namespace) -> None:
 
     def save() -> None:
         if where.rank == 0 and args.json:
-            fsdp_step.write_json(pathlib.Path(args.json), dict(
+            sp.write_json(pathlib.Path(args.json), dict(
                 provenance=record, rows=rows, order=order, losses=losses,
-                loss_summary=fsdp_step.loss_summary(losses), loss_seeds=args.seeds, loss_runs=args.loss_list,
+                loss_summary=sp.loss_summary(losses), loss_seeds=args.seeds, loss_runs=args.loss_list,
                 regime=label, ranks=where.world, nodes=args.nodes or None, params=n_params, grad_bits=args.grad_bits,
                 block_size=args.block_size, grad_block_size=args.grad_block_size or args.block_size, lr=args.lr))
 
@@ -292,7 +293,7 @@ def main(args: argparse.Namespace) -> None:
             say(f"#   round {r + 1}/{args.rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
         tokens = where.world * args.batch * args.seq
         for n in names:
-            steps = fsdp_step.step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in raw[n]["per_rank"]])
+            steps = sp.step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in raw[n]["per_rank"]])
             rows.append(dict(config=n, regime=label, ranks=where.world, nodes=args.nodes or None, params=n_params,
                              layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch,
                              grad_bits=args.grad_bits if n == "zpccl" else None, rounds=args.rounds,
@@ -326,7 +327,7 @@ def report(rows: list[dict[str, Any]]) -> None:
     def vs(name: str, r: dict[str, Any]) -> str:
         if name not in base:
             return "-"
-        ratio, lo, hi = fsdp_step.ratio_of(base[name], r)
+        ratio, lo, hi = sp.ratio_of(base[name], r)
         return f"{ratio:.2f}x" + (f" ({lo:.2f}-{hi:.2f})" if lo is not None else "")
 
     print(f"\n{'config':>14} {'median ms':>10} {'min-max ms':>17} {'tokens/s':>10} {'peak MiB':>9} "
