@@ -12,10 +12,10 @@
 #include "device/quantize_args.h"
 #include "device/vector_access.h"
 #include "device/warp_reduce.h"
+#include "host/base/check.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
-#include "src/include/check.h"
 
 namespace zp {
 namespace {

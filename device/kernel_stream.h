@@ -7,8 +7,8 @@
 #include <cstddef>
 
 #include "device/peer_sync.h"
+#include "host/base/check.h"
 #include "include/zpccl.h"
-#include "src/include/check.h"
 
 namespace zp {
 

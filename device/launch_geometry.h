@@ -10,8 +10,8 @@
 #include <cstddef>
 
 #include "device/kernel_stream.h"
+#include "host/base/check.h"
 #include "include/zpccl.h"
-#include "src/include/check.h"
 
 namespace zp {
 

@@ -1,5 +1,5 @@
 #include "device/peer_window.h"
-#include "src/include/check.h"
+#include "host/base/check.h"
 
 #if ZP_HAVE_NCCL_DEVICE
 // NCCL's device headers trip -Wunused-parameter; they are not ours to change.

@@ -1,9 +1,9 @@
 // The checks of the quantization launchers' arguments (device/quantize_args.h).
 #include "device/quantize_args.h"
 
+#include "host/base/check.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/include/check.h"
 
 namespace zp {
 

@@ -8,9 +8,9 @@
 
 #include "device/kernel_stream.h"
 #include "device/launch_geometry.h"
+#include "host/base/check.h"
 #include "host/quant_math.h"  // Fp16Type, Bf16Type, Fp32Type
 #include "include/zpccl.h"
-#include "src/include/check.h"
 
 namespace zp {
 

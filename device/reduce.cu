@@ -33,10 +33,10 @@
 #include "device/launch_geometry.h"
 #include "device/reduce.h"
 #include "device/warp_reduce.h"
+#include "host/base/check.h"
 #include "host/quant_format.h"
 #include "host/quant_math.h"
 #include "host/reduce_math.h"
-#include "src/include/check.h"
 
 namespace zp {
 namespace {

@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "host/all_reduce_shards.h"
+#include "host/base/params.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/include/params.h"
 
 namespace zp {
 

@@ -26,13 +26,13 @@
 #include <iosfwd>
 #include <string>
 
+#include "host/base/backend.h"
 #include "host/chunk_plan.h"
 #include "host/topology.h"
-#include "src/include/backend.h"
 
 namespace zp {
 
-// The values of the tunables that shape a plan (src/include/params.h has each one's meaning and range).
+// The values of the tunables that shape a plan (host/base/params.h has each one's meaning and range).
 struct PlanTunables {
   int64_t chunkBytes = 0;             // ZP_CHUNK_BYTES (0: kDefaultChunkBytes)
   int64_t maxChunks = 0;              // ZP_MAX_CHUNKS (at most kMaxPipelineChunks are planned)

@@ -7,7 +7,7 @@
 #include <map>
 #include <sstream>
 
-#include "src/include/check.h"
+#include "host/base/check.h"
 
 namespace zp {
 

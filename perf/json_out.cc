@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "src/include/params.h"
+#include "host/base/params.h"
 
 namespace zp {
 namespace perf {

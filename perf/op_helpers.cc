@@ -8,12 +8,12 @@
 #include <thread>
 #include <vector>
 
+#include "host/base/params.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
 #include "perf/common.h"
 #include "src/cuda/cuda_backend.h"
-#include "src/include/params.h"
 
 namespace zp {
 namespace perf {

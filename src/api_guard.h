@@ -6,7 +6,7 @@
 #include <exception>
 #include <new>
 
-#include "src/include/check.h"
+#include "host/base/check.h"
 
 #define ZP_EXPORT extern "C" __attribute__((visibility("default")))
 

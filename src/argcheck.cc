@@ -4,9 +4,9 @@
 #include <cstdint>
 
 #include "host/all_reduce_shards.h"
+#include "host/base/check.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
-#include "src/include/check.h"
 
 namespace zp {
 

@@ -2,10 +2,10 @@
 // zpInvalidUsage (a valid value the call cannot serve here), with a message "<call> : <argument> ...".
 #pragma once
 
+#include "host/base/backend.h"
+#include "host/base/check.h"
 #include "include/zpccl.h"
 #include "src/comm.h"
-#include "src/include/backend.h"
-#include "src/include/check.h"
 
 namespace zp {
 

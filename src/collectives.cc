@@ -1,10 +1,10 @@
 // The collective entry points: each fills a CollArgs and hands it to one path that checks and runs it.
 #include "host/all_reduce_shards.h"
+#include "host/base/check.h"
 #include "host/quant_format.h"
 #include "src/api_guard.h"
 #include "src/argcheck.h"
 #include "src/comm.h"
-#include "src/include/check.h"
 
 namespace zp {
 namespace {

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <string>
 
+#include "host/base/backend.h"
 #include "host/topology.h"
 #include "include/zpccl.h"
-#include "src/include/backend.h"
 
 namespace zp {
 

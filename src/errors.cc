@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <string>
 
+#include "host/base/check.h"
 #include "src/api_guard.h"
 #include "src/comm.h"
-#include "src/include/check.h"
 
 namespace zp {
 

@@ -5,14 +5,14 @@
 #include <cstring>
 #include <random>
 
-#include "host/backend/host_backend.h"
+#include "host/base/check.h"
+#include "host/base/params.h"
 #include "src/api_guard.h"
 #include "src/argcheck.h"
 #include "src/comm.h"
 #include "src/cuda/cuda_backend.h"
-#include "src/include/check.h"
-#include "src/include/nccl_check.h"
-#include "src/include/params.h"
+#include "src/cuda/nccl_check.h"
+#include "src/host/host_backend.h"
 
 namespace zp {
 

@@ -1,5 +1,5 @@
 // Runs one test of this binary in a child process with more environment variables. Tunables are read once per
-// process (src/include/params.h), so a test of a short ZP_INIT_TIMEOUT_MS or ZP_HOST_TIMEOUT_MS needs a process of its
+// process (host/base/params.h), so a test of a short ZP_INIT_TIMEOUT_MS or ZP_HOST_TIMEOUT_MS needs a process of its
 // own: its body is a DISABLED_ test, which the normal run skips and the child runs alone.
 #pragma once
 

@@ -17,7 +17,7 @@
 //     or forged handle, which must fail with zpInvalidArgument;
 //   - zpCommInitRankConfig with random nranks, rank and config fields (only combinations that cannot wait for
 //     absent peers), against an oracle of the config rules;
-//   - the tunables' parser (src/include/params.h, readParamText) on random texts and ranges, against strtoll: text that
+//   - the tunables' parser (host/base/params.h, readParamText) on random texts and ranges, against strtoll: text that
 //   is
 //     no integer is refused as such, an integer outside the range (beyond int64 too) as outside it, with the
 //     default; an integer in range is taken, without a warning;
@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "host/base/params.h"
 #include "host/chunk_plan.h"
 #include "host/dtype.h"
 #include "host/qgz_plan.h"
@@ -47,7 +48,6 @@
 #include "host/topology.h"
 #include "include/zpccl.h"
 #include "src/comm.h"
-#include "src/include/params.h"
 
 namespace {
 

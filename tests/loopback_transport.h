@@ -2,7 +2,7 @@
 // transport: it copies every byte, as a transport between processes does, honours call->timeoutMs, and lets a test
 // make one rank's callbacks fail, return short data, or leave (as a killed process's connections close: its peers'
 // callbacks fail at once). It is a test double written against the header alone: the library's own threaded
-// transport (host/backend/) is not used.
+// transport (src/host/) is not used.
 #pragma once
 
 #include <algorithm>

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "host/base/params.h"
 #include "host/chunk_plan.h"
 #include "host/coll_plan.h"
 #include "host/quant_format.h"
 #include "host/topology.h"
-#include "src/include/params.h"
 #include "tests/child_test.h"
 
 namespace zp {

@@ -1,4 +1,4 @@
-// The host backend's meeting place (host/backend/host_world.h) with short timeouts of its own: joins that give up leave
+// The host backend's meeting place (src/host/host_world.h) with short timeouts of its own: joins that give up leave
 // no trace (neither in a world that later completes nor in the map of pending worlds), a huge nranks costs
 // nothing until its ranks exist, a rank that failed waits until no peer reads what it published, and every rank
 // learns why the world failed.
@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "host/backend/host_world.h"
+#include "host/base/check.h"
 #include "include/zpccl.h"
-#include "src/include/check.h"
+#include "src/host/host_world.h"
 
 namespace {
 

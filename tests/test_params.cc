@@ -1,4 +1,4 @@
-// The environment tunables' parsing (src/include/params.h): a bad value is refused and the default used, never taken;
+// The environment tunables' parsing (host/base/params.h): a bad value is refused and the default used, never taken;
 // a wait in milliseconds is clamped to one that std::chrono can add to now().
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/include/params.h"
+#include "host/base/params.h"
 
 namespace zp {
 namespace {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "perf/json_in.h"
 #include "tests/child_test.h"
 #include "tests/gpu_util.h"
+#include "tools/model/json_in.h"
 
 namespace {
 

@@ -17,16 +17,16 @@
 #include <utility>
 #include <vector>
 
+#include "host/base/params.h"
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
 #include "perf/common.h"
-#include "perf/json_in.h"
 #include "perf/json_out.h"
 #include "perf/options.h"
 #include "perf/proc_group.h"
 #include "perf/provenance.h"
 #include "perf/rank_layout.h"
-#include "src/include/params.h"
+#include "tools/model/json_in.h"
 
 namespace zp {
 namespace perf {

@@ -1,4 +1,4 @@
-"""The perf binaries' JSON files (``-J``), as Python tools read them (perf/json_in.h is the C++ reader).
+"""The perf binaries' JSON files (``-J``), as Python tools read them (tools/model/json_in.h is the C++ reader).
 
 A file is ``{"provenance": {...}, "rows": [row, ...]}`` (perf/json_out.h; the provenance's keys are
 perf/provenance.py's), or, gathering several such files (tools/gpu-check.sh's results.json), ``{"provenance_by_file":

@@ -15,13 +15,13 @@
 #include "device/peer_window.h"
 #include "device/quantize.h"
 #include "device/reduce.h"
+#include "host/base/check.h"
+#include "host/base/params.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "src/cuda/cuda_exec.h"
+#include "src/cuda/nccl_check.h"
 #include "src/cuda/watchdog.h"
-#include "src/include/check.h"
-#include "src/include/nccl_check.h"
-#include "src/include/params.h"
 
 namespace zp {
 

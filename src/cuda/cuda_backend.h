@@ -5,9 +5,9 @@
 
 #include <memory>
 
+#include "host/base/backend.h"
 #include "host/rank_init.h"
 #include "host/topology.h"
-#include "src/include/backend.h"
 
 namespace zp {
 

@@ -8,12 +8,12 @@
 #include <atomic>
 #include <vector>
 
+#include "host/base/backend.h"
 #include "host/chunk_plan.h"
 #include "host/qgz_plan.h"
 #include "host/topology.h"
 #include "src/cuda/green_context.h"
 #include "src/cuda/peer_window.h"
-#include "src/include/backend.h"
 
 namespace zp {
 

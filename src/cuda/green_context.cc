@@ -7,8 +7,8 @@
 #include <map>
 #include <mutex>
 
-#include "src/include/check.h"
-#include "src/include/debug.h"
+#include "host/base/check.h"
+#include "host/base/debug.h"
 
 namespace zp {
 

@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "src/include/check.h"
+#include "host/base/check.h"
 
 namespace zp {
 

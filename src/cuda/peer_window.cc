@@ -5,12 +5,12 @@
 #include <vector>
 
 #include "device/peer_window.h"
+#include "host/base/check.h"
+#include "host/base/debug.h"
+#include "host/base/params.h"
 #include "host/quant_format.h"
 #include "src/cuda/host_wait.h"
-#include "src/include/check.h"
-#include "src/include/debug.h"
-#include "src/include/nccl_check.h"
-#include "src/include/params.h"
+#include "src/cuda/nccl_check.h"
 
 #if ZP_HAVE_NCCL_DEVICE
 #if __has_include(<nccl_device/host.h>)

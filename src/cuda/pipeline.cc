@@ -4,9 +4,9 @@
 
 #include <algorithm>
 
+#include "host/base/debug.h"
 #include "host/quant_format.h"
 #include "src/cuda/host_wait.h"
-#include "src/include/debug.h"
 
 namespace zp {
 

@@ -15,12 +15,12 @@
 
 #include "device/kernel_stream.h"
 #include "device/peer_window.h"
+#include "host/base/backend.h"
+#include "host/base/check.h"
 #include "host/chunk_plan.h"
 #include "host/coll_plan.h"
 #include "src/cuda/cuda_exec.h"
-#include "src/include/backend.h"
-#include "src/include/check.h"
-#include "src/include/nccl_check.h"
+#include "src/cuda/nccl_check.h"
 
 namespace zp {
 

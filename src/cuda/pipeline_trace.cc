@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <string>
 
-#include "src/include/debug.h"
-#include "src/include/params.h"
+#include "host/base/debug.h"
+#include "host/base/params.h"
 
 namespace zp {
 

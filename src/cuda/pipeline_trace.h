@@ -6,10 +6,10 @@
 #include <bitset>
 #include <cstddef>
 
+#include "host/base/check.h"
 #include "host/chunk_plan.h"
 #include "src/cuda/cuda_exec.h"
 #include "src/cuda/pipeline.h"
-#include "src/include/check.h"
 
 namespace zp {
 

@@ -15,16 +15,16 @@
 
 #include "device/quantize.h"
 #include "device/reduce.h"
+#include "host/base/check.h"
 #include "host/chunk_plan.h"
 #include "host/coll_plan.h"
 #include "host/dtype.h"
 #include "host/qgz_plan.h"
 #include "host/quant_format.h"
 #include "src/cuda/cuda_exec.h"
+#include "src/cuda/nccl_check.h"
 #include "src/cuda/pipeline.h"
 #include "src/cuda/pipeline_trace.h"
-#include "src/include/check.h"
-#include "src/include/nccl_check.h"
 
 namespace zp {
 

@@ -4,7 +4,7 @@
 #include <cstdarg>
 #include <cstdio>
 
-#include "src/include/debug.h"
+#include "host/base/debug.h"
 
 namespace zp {
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "host/coll_plan.h"
-#include "perf/json_in.h"
+#include "tools/model/json_in.h"
 
 namespace zp {
 
@@ -252,7 +252,7 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
 
 // ---- calibration from the perf binaries' JSON --------------------------------------------------------------
 
-// Rows as perf/json_in.h reads them.
+// Rows as tools/model/json_in.h reads them.
 using perf::parsePerfJson;
 using perf::PerfRow;
 

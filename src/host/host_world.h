@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "host/base/backend.h"
 #include "host/rank_init.h"
 #include "include/zpccl.h"
-#include "src/include/backend.h"
 
 namespace zp {
 

@@ -1,4 +1,4 @@
-#include "src/include/debug.h"
+#include "host/base/debug.h"
 
 #include <unistd.h>
 

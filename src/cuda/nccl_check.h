@@ -4,8 +4,8 @@
 
 #include <nccl.h>
 
+#include "host/base/check.h"
 #include "include/zpccl.h"
-#include "src/include/check.h"
 
 namespace zp {
 

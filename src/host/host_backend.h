@@ -6,9 +6,9 @@
 
 #include <memory>
 
-#include "host/backend/transport.h"
+#include "host/base/backend.h"
 #include "host/topology.h"
-#include "src/include/backend.h"
+#include "src/host/transport.h"
 
 namespace zp {
 

@@ -7,8 +7,8 @@
 
 #include <string>
 
+#include "host/base/debug.h"
 #include "include/zpccl.h"
-#include "src/include/debug.h"
 
 namespace zp {
 
@@ -63,4 +63,4 @@ const std::string& pendingError();
     }                                                                                                       \
   } while (0)
 
-// NCCL calls: ncclCheck (src/include/nccl_check.h).
+// NCCL calls: ncclCheck (src/cuda/nccl_check.h).

@@ -1,4 +1,4 @@
-#include "perf/json_in.h"
+#include "tools/model/json_in.h"
 
 #include <cctype>
 #include <cstdio>

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "host/backend/transport.h"
-#include "src/include/check.h"
-#include "src/include/params.h"
+#include "host/base/check.h"
+#include "host/base/params.h"
+#include "src/host/transport.h"
 
 namespace zp {
 

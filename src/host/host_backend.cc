@@ -1,4 +1,4 @@
-#include "host/backend/host_backend.h"
+#include "src/host/host_backend.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "host/all_reduce_shards.h"
+#include "host/base/check.h"
+#include "host/base/debug.h"
 #include "host/chunk_plan.h"
 #include "host/coll_plan.h"
 #include "host/dtype.h"
@@ -14,8 +16,6 @@
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
 #include "host/reduce_ref.h"
-#include "src/include/check.h"
-#include "src/include/debug.h"
 
 namespace zp {
 

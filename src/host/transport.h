@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "host/backend/host_world.h"
 #include "host/rank_init.h"
 #include "include/zpccl.h"
+#include "src/host/host_world.h"
 
 namespace zp {
 

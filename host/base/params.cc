@@ -1,11 +1,11 @@
-#include "src/include/params.h"
+#include "host/base/params.h"
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#include "src/include/debug.h"
+#include "host/base/debug.h"
 
 namespace zp {
 

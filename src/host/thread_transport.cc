@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "host/backend/host_world.h"
-#include "host/backend/transport.h"
-#include "src/include/check.h"
+#include "host/base/check.h"
+#include "src/host/host_world.h"
+#include "src/host/transport.h"
 
 namespace zp {
 

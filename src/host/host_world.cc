@@ -1,13 +1,13 @@
-#include "host/backend/host_world.h"
+#include "src/host/host_world.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
 
+#include "host/base/check.h"
+#include "host/base/params.h"
 #include "host/dtype.h"
-#include "src/include/check.h"
-#include "src/include/params.h"
 
 namespace zp {
 
