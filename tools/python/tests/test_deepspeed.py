@@ -12,13 +12,18 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   disable() giving DeepSpeed its functions back; each path counted in summary(); the refusals.
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
-  and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes.
+  and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
+  gather of two steps and two eval forwards with hpZ, phase by phase (the first forward's from the secondary
+  partitions included), served or counted in summary(), against what DeepSpeed's own engine gathers and what its
+  communication backend runs, with stage3_use_all_reduce_for_fetch_params, persistent parameters and a parameter
+  used outside its module's forward.
 
 Each world is one spawn of processes (importing DeepSpeed costs each process seconds); its scenarios run in turn
 and the test methods check what they returned. Skipped without DeepSpeed or without torch's gloo.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -76,6 +81,7 @@ def _setup() -> tuple[Any, Any, Any]:
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     zp_log = logging.getLogger("zpccl.deepspeed")  # kept (LOGGED), not printed: the tests provoke its warnings
     zp_log.propagate = False
+    zp_log.setLevel(logging.INFO)  # what stays DeepSpeed's by design is said at INFO
     zp_log.addHandler(_Kept())
     return torch, deepspeed, dist
 
@@ -89,9 +95,11 @@ class _Kept(logging.Handler):
         LOGGED.append(record.getMessage())
 
 
-def build_model(torch: Any, seed: int = 0) -> Any:
+def build_model(torch: Any, seed: int = 0, external: bool = False) -> Any:
     """A tiny model whose parameters are odd, 1-D, and smaller than the world (LayerNorm of 37, a bias of 5, a
-    1-element scale), as ZeRO-3 partitions them: every partition ends in padding somewhere."""
+    1-element scale), as ZeRO-3 partitions them: every partition ends in padding somewhere. ``external``: the
+    model's own forward applies the head's parameters (a parameter used outside its module's forward, which
+    DeepSpeed gathers by itself the first time), the same function."""
     nn = torch.nn
 
     class Net(nn.Module):
@@ -103,7 +111,9 @@ def build_model(torch: Any, seed: int = 0) -> Any:
             self.scale = nn.Parameter(torch.ones(1))
 
         def forward(self, x: Any) -> Any:
-            return self.out(torch.relu(self.norm(self.inp(x)))) * self.scale
+            h = torch.relu(self.norm(self.inp(x)))
+            head = nn.functional.linear(h, self.out.weight, self.out.bias) if external else self.out(h)
+            return head * self.scale
 
     torch.manual_seed(seed)
     return Net()
@@ -127,14 +137,15 @@ def ds_config(hpz: int = 1, quantized: bool = False, bf16: bool = True, **zero: 
     return cfg
 
 
-def make_engine(torch: Any, deepspeed: Any, config: dict[str, Any], zp: bool, seed: int = 0) -> Any:
+def make_engine(torch: Any, deepspeed: Any, config: dict[str, Any], zp: bool, seed: int = 0,
+                external: bool = False) -> Any:
     """An engine of build_model over DeepSpeed (zp False) or zpccl.deepspeed.initialize (zp True); DeepSpeed's
     hpZ group, one per process in DeepSpeed, remade for each engine's size."""
     import zpccl.deepspeed
     from deepspeed.utils import groups
 
     groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
-    model = build_model(torch, seed)
+    model = build_model(torch, seed, external)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
     engine, *_ = init(model=model, optimizer=opt, config=config)
@@ -286,6 +297,107 @@ def expected_qgz(sends: list[list[np.ndarray]], dt: str, bits: int, block: int, 
     return out
 
 
+class Phases:
+    """What ran in each phase of :func:`phased_steps`: the collectives DeepSpeed's communication backend ran
+    (``"ds.<name>"``: every one DeepSpeed runs goes through it, and zpccl's never do), and either zpccl's summary()
+    calls by path (an engine zpccl serves) or, on DeepSpeed's own engine, the calls ZeRO-3 made of the functions
+    zpccl replaces: ``gather_dp`` and ``gather_hpz`` (``_dist_allgather_fn`` over the data-parallel group and over
+    the hpZ group) and ``reduce`` (``reduce_scatter_coalesced``)."""
+
+    NAMES = ("all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced", "all_reduce",
+             "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "all_to_all",
+             "broadcast", "reduce")
+
+    def __init__(self, engine: Any, dist: Any) -> None:
+        import deepspeed.comm.comm as comm
+        import deepspeed.runtime.zero.partition_parameters as pp
+        import deepspeed.runtime.zero.stage3 as stage3
+
+        import zpccl.deepspeed
+
+        self.zp = zpccl.deepspeed.session_of(engine)
+        self.phases: dict[str, collections.Counter] = {}
+        self.now: collections.Counter | None = None
+        self._undo: list[tuple[Any, str, Any]] = []
+        self._summary: dict[str, dict[str, int]] = {}
+        depth = [0]
+
+        def counted(name: str, fn: Any) -> Any:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                if depth[0] == 0 and self.now is not None:
+                    self.now[name] += 1
+                depth[0] += 1
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    depth[0] -= 1
+            return run
+
+        for name in self.NAMES:
+            if hasattr(comm.cdb, name):
+                self._swap(comm.cdb, name, counted("ds." + name, getattr(comm.cdb, name)))
+        if self.zp is None:
+            hpz, gather = next(engine.module.parameters()).ds_zero_param_process_group, pp._dist_allgather_fn
+
+            def by_group(input_tensor: Any, output_tensor: Any, group: Any = None) -> Any:
+                if self.now is not None:
+                    self.now["gather_hpz" if hpz is not None and group is hpz else "gather_dp"] += 1
+                return gather(input_tensor, output_tensor, group)
+
+            self._swap(pp, "_dist_allgather_fn", by_group)
+            self._swap(stage3, "reduce_scatter_coalesced", counted("reduce", stage3.reduce_scatter_coalesced))
+
+    def _swap(self, owner: Any, name: str, fn: Any) -> None:
+        self._undo.append((owner, name, vars(owner).get(name)))
+        setattr(owner, name, fn)
+
+    def enter(self, phase: str | None) -> None:
+        """Ends the phase in progress (its zpccl calls taken from summary()), and starts ``phase`` (None: none)."""
+        if self.zp is not None and self.now is not None:
+            summary = self.zp.summary()
+            for path, s in summary.items():
+                self.now[path] += s["calls"] - self._summary.get(path, {}).get("calls", 0)
+            self._summary = summary
+        elif self.zp is not None:
+            self._summary = self.zp.summary()
+        self.now = None
+        if phase is not None:
+            self.now = self.phases[phase] = collections.Counter()
+
+    def close(self) -> dict[str, dict[str, int]]:
+        self.enter(None)
+        for owner, name, fn in reversed(self._undo):
+            if fn is None:
+                delattr(owner, name)  # the class's method again
+            else:
+                setattr(owner, name, fn)
+        return {phase: {k: v for k, v in c.items() if v} for phase, c in self.phases.items()}
+
+
+def phased_steps(torch: Any, engine: Any, rank: int, phases: Phases, steps: int = 2) -> list[float]:
+    """``steps`` training steps, each in three phases (``forward<i>``, ``backward<i>``, ``step<i>``), then two eval
+    forwards (``eval0``, ``eval1``) without a step between; the training losses."""
+    dtype = next(engine.module.parameters()).dtype
+    losses = []
+    for step in range(steps):
+        x, y = batch(torch, rank, step, dtype)
+        phases.enter(f"forward{step}")
+        loss = (engine(x).float() - y).pow(2).mean()
+        phases.enter(f"backward{step}")
+        engine.backward(loss)
+        phases.enter(f"step{step}")
+        engine.step()
+        losses.append(loss.item())
+    engine.eval()
+    with torch.no_grad():
+        for i in range(2):
+            phases.enter(f"eval{i}")
+            engine(batch(torch, rank, 99, dtype)[0])
+    engine.train()
+    phases.enter(None)
+    return losses
+
+
 def secondary_sizes(engine: Any) -> list[int | None]:
     """Each parameter's hpZ secondary partition size (None: none)."""
     return [None if p.ds_secondary_tensor is None else p.ds_secondary_tensor.numel()
@@ -401,6 +513,7 @@ def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
     out["disable"] = dict(replaced=[a is not b for a, b in zip(replaced, originals)],
                           restored=[a is b for a, b in zip(now, originals)],
                           fetches=[not isinstance(p.all_gather_coalesced, functools.partial)
+                                   and not isinstance(p.all_gather, functools.partial)
                                    for p in engine.module.parameters()],
                           unchanged=zp.summary() == summary, session=zpccl.deepspeed.session_of(engine) is None)
 
@@ -476,6 +589,36 @@ def _three_nodes(rank: int) -> dict[str, Any]:
     zp.collectives.quant_reduce = lambda *a: entered.append(1) or quant_reduce(*a)
     out["deepspeed_qgz"] = dict(served(torch, engine, rank), checked=exact.verify(), entered=len(entered))
     zp.disable()
+    out["paths"] = _paths(torch, deepspeed, dist, rank)
+    return out
+
+
+def _paths(torch: Any, deepspeed: Any, dist: Any, rank: int) -> dict[str, Any]:
+    """Every way ZeRO-3 with hpZ gathers parameters, phase by phase, on DeepSpeed's own engine and on the same
+    engine served by zpccl: the fetches (from the secondary partitions over the hpZ group wherever they exist,
+    from the primary ones over the data-parallel group otherwise), the fetches stage3_use_all_reduce_for_fetch_params
+    makes all-reduces, the persistent parameters gathered after each step, and a parameter used outside its
+    module's forward (the head, applied by the model's own forward)."""
+    import zpccl.deepspeed
+
+    out: dict[str, Any] = {}
+    for zp in (False, True):
+        said = len(LOGGED)
+        config = ds_config(2, quantized=zp, bf16=False, stage3_use_all_reduce_for_fetch_params=True,
+                           stage3_param_persistence_threshold=10)  # the bias of 5 and the scale of 1 persist
+        engine = make_engine(torch, deepspeed, config, zp=zp, external=True)
+        if zp:
+            engine_zp = zpccl.deepspeed.session_of(engine)
+            owners = engine_zp.facts.fetch_owners
+            out["all_reduce_fetch"] = [o.use_all_reduce_for_fetch_params for o in owners]
+        phases = Phases(engine, dist)
+        losses = phased_steps(torch, engine, rank, phases)
+        out["zpccl" if zp else "deepspeed"] = dict(losses=losses, phases=phases.close(), said=LOGGED[said:],
+                                                   persistent=sum(getattr(p, "ds_persist", False)
+                                                                  for p in engine.module.parameters()))
+        if zp:
+            engine_zp.disable()
+            out["all_reduce_fetch_after"] = [o.use_all_reduce_for_fetch_params for o in owners]
     return out
 
 
@@ -613,7 +756,7 @@ class ConfigOfDeepSpeed(unittest.TestCase):
             import torch  # noqa: F401 - DeepSpeed.load imports torch before it reads DeepSpeed's version
         except ImportError:
             self.skipTest("torch is not installed")
-        from zpccl.deepspeed._deepspeed import DeepSpeed, parameter_names
+        from zpccl.deepspeed._deepspeed import DeepSpeed, fetch_owner, parameter_names
 
         def fake(version: str, **modules: Any) -> dict[str, Any]:
             mods = {"deepspeed": types.SimpleNamespace(__version__=version)}
@@ -652,6 +795,23 @@ class ConfigOfDeepSpeed(unittest.TestCase):
                 DeepSpeed.load()
         self.assertEqual(parameter_names(gather), ("input_tensor", "output_tensor", "group"))
 
+        # The Init a parameter's fetch reads its settings from: the self its closure holds, through an
+        # instrument_w_nvtx-like wrapper; None where there is none.
+        def fetch_of(self: Any) -> Any:  # self: the Init, as DeepSpeed's closure names it
+            def all_gather_coalesced(params: Any, safe_mode: bool = False, quantize: bool = False) -> Any:
+                return self, params
+
+            return all_gather_coalesced
+
+        def nvtx(func: Any) -> Any:
+            def wrapped_fn(*args: Any, **kwargs: Any) -> Any:
+                return func(*args, **kwargs)
+            return wrapped_fn
+
+        owner = types.SimpleNamespace(use_all_reduce_for_fetch_params=True)
+        self.assertIs(fetch_owner(nvtx(fetch_of(owner))), owner)
+        self.assertIsNone(fetch_owner(nvtx(gather)))
+
 
 class DeepSpeedOneNode(unittest.TestCase):
     """Four ranks on one node: the sweep, exactness, lifecycle and refusals (one spawn)."""
@@ -686,6 +846,10 @@ class DeepSpeedOneNode(unittest.TestCase):
                     self.assertGreater(s["qwz"]["logical_bytes"], s["qwz"]["wire_bytes"] / 3)
                     self.assertEqual(run["checked"], {"qwz": s["qwz"]["calls"], "qgz": s["qgz"]["calls"]})
                     self.assertEqual(run["hpz_size"], hpz if hpz > 1 else None)
+                    # The first forward gathers the secondary partitions DeepSpeed made of the model's own weights
+                    # where hpZ is on (hpZ, exact), the primary ones (qwZ) where it is not: the first loss is
+                    # ZeRO-3's, bit for bit, with hpZ only.
+                    self.assertEqual(run["losses"][0] == o["ref"][0], hpz > 1, (run["losses"], o["ref"]))
                     if hpz > 1:  # every parameter's secondary partition is 1/hpz of its padded size
                         self.assertEqual(run["secondary"], [4 * n // hpz for n in run["partitions"]])
                     else:
@@ -828,6 +992,57 @@ class DeepSpeedThreeNodes(unittest.TestCase):
             self.assertEqual(run["entered"], run["summary"]["qgz"]["calls"])  # all through all_to_all_quant_reduce
             self.assertEqual(run["checked"], {"qwz": run["summary"]["qwz"]["calls"],
                                               "qgz": run["summary"]["qgz"]["calls"]})
+
+    def test_every_parameter_gather_served_or_counted(self) -> None:
+        # The first forward after initialize gathers from the secondary partitions DeepSpeed made when it
+        # partitioned the model (hpZ, exact); later forwards gather the primary partitions (qwZ) until a forward
+        # makes the secondary partitions again, which the backward and the eval forwards after the first use.
+        served = {"forward0": "hpz", "backward0": "hpz", "forward1": "qwz", "backward1": "hpz", "eval0": "qwz",
+                  "eval1": "hpz"}
+        for r, o in enumerate(self.out):
+            ds, zp = o["paths"]["deepspeed"], o["paths"]["zpccl"]
+            self.assertEqual(list(zp["phases"]), list(ds["phases"]))
+            for phase, d in ds["phases"].items():
+                z = zp["phases"][phase]
+                with self.subTest(rank=r, phase=phase):
+                    ds_gathers = sum(v for k, v in d.items() if k.startswith("ds.all_gather"))
+                    zp_gathers = sum(v for k, v in z.items() if k.startswith("ds.all_gather"))
+                    fetch_all_reduce = 0 if phase.startswith("step") else d.get("ds.all_reduce", 0)
+                    # DeepSpeed's fetches, each served: its all-reduce fetches as qwZ gathers.
+                    self.assertEqual(z.get("qwz", 0), d.get("gather_dp", 0) + fetch_all_reduce, (d, z))
+                    self.assertEqual(z.get("hpz", 0), d.get("gather_hpz", 0), (d, z))
+                    self.assertEqual(z.get("qgz", 0), d.get("reduce", 0), (d, z))
+                    # What stays DeepSpeed's: its exact gathers outside the fetches, the same ones, each counted
+                    # (one parameter a gather); the gradient norm's all-reduce in the step.
+                    exact = ds_gathers - d.get("gather_dp", 0) - d.get("gather_hpz", 0)
+                    self.assertEqual(zp_gathers, exact, (d, z))
+                    self.assertEqual(z.get("ds.all_reduce", 0), d.get("ds.all_reduce", 0) - fetch_all_reduce)
+                    self.assertFalse({k for k in z if k.startswith("ds.reduce") or k.startswith("ds.all_to_all")})
+                    if phase in served:
+                        self.assertGreater(z.get(served[phase], 0), 0, z)
+                        self.assertNotIn({"hpz": "qwz", "qwz": "hpz"}[served[phase]], z)
+                    if phase.startswith("step"):
+                        self.assertEqual(z.get("deepspeed_all_gather_persistent"), 1, z)
+                        self.assertEqual(zp_gathers, zp["persistent"])
+                    self.assertEqual(z.get("deepspeed_all_gather_external", 0), zp_gathers if phase == "forward0"
+                                     else 0, z)
+                    self.assertFalse({k for k in z if k.startswith("deepspeed_")} - {
+                        "deepspeed_all_gather_external", "deepspeed_all_gather_persistent"}, z)
+            self.assertEqual(zp["persistent"], 2)
+            self.assertEqual(ds["phases"]["forward0"].get("gather_dp", 0), 0)
+            self.assertGreater(ds["phases"]["forward1"]["ds.all_reduce"], 0)  # the setting at work in DeepSpeed's
+            # The first step's weights are exact in both (hpZ from the secondary partitions made of the model's
+            # own), so its loss is DeepSpeed's bit for bit; the next forward's are qwZ.
+            self.assertEqual(zp["losses"][0], ds["losses"][0])
+            self.assertNotEqual(zp["losses"][1], ds["losses"][1])
+            self.assertTrue(_close(zp["losses"], ds["losses"], GAP_INT4), (zp["losses"], ds["losses"]))
+            self.assertEqual(o["paths"]["all_reduce_fetch"], [False])
+            self.assertEqual(o["paths"]["all_reduce_fetch_after"], [True])
+            said = " | ".join(zp["said"])
+            for words in ("stage3_use_all_reduce_for_fetch_params: the parameter fetches it all-reduces are qwZ",
+                          "2 persistent parameters (6 elements", "a parameter used outside its module's forward"):
+                self.assertIn(words, said)
+            self.assertEqual(len(zp["said"]), len(set(zp["said"])))  # each said once
 
     def test_replaced_functions_in_every_type(self) -> None:
         for o in self.out:

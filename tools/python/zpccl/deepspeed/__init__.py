@@ -24,20 +24,30 @@ secondary partitions (their lifecycle: made after the forward, dropped after eac
 What zpccl serves, through the module-level functions ZeRO-3 looks up at call time (``_deepspeed`` names them):
 
 * parameter all-gathers over the data-parallel group (forward, backward without hpZ, prefetch): qwZ,
-  block-quantized (``weight_bits``); every rank's gathered weights are bit-identical;
-* all-gathers over DeepSpeed's hpZ group (the backward's, from the secondary partitions): hpZ, exact, inside the
-  node. ``enable`` first checks, with every rank, that DeepSpeed's groups of k consecutive ranks are zpccl's hpZ
-  groups (k consecutive local ranks of one node, from a multiple of k), and refuses otherwise. With no quantization
-  at all (``weight_bits=None, grad_bits=None``, or a config with ``zero_hpz_partition_size`` alone), hpZ alone;
+  block-quantized (``weight_bits``); every rank's gathered weights are bit-identical. The fetches
+  ``stage3_use_all_reduce_for_fetch_params`` would run as all-reduces are qwZ gathers too, as DeepSpeed's own
+  quantized gathers take precedence over that setting (zpccl turns it off while it serves, and ``disable`` back);
+* all-gathers over DeepSpeed's hpZ group, from the secondary partitions: hpZ, exact, inside the node. DeepSpeed
+  gathers from them wherever they exist: in the backward, and in any forward that finds them, which is the first
+  after ``deepspeed.initialize`` (DeepSpeed makes them when it partitions the model, from its own weights: the
+  first step's weights are exact), a gradient-accumulation micro-step's after the first, and an eval forward after
+  another without a step between. A step and a checkpoint drop them, so the next forward is qwZ, and makes them
+  of the weights qwZ gathered. ``enable`` first checks, with every rank, that DeepSpeed's groups of k consecutive
+  ranks are zpccl's hpZ groups (k consecutive local ranks of one node, from a multiple of k), and refuses
+  otherwise. With no quantization at all (``weight_bits=None, grad_bits=None``, or a config with
+  ``zero_hpz_partition_size`` alone), hpZ alone;
 * gradient reduce-scatters (``reduce_scatter_coalesced``, and ``all_to_all_quant_reduce`` where the engine was
   built with DeepSpeed's own qgZ): qgZ (``grad_bits``), the average over the data-parallel group that DeepSpeed's
   returns; its predivide and postscale settings act around the call as they do around DeepSpeed's.
 
-What stays DeepSpeed's, exact: ZeRO stages 1 and 2 (refused), ``GatheredParameters``, persistent parameters and
-the 16-bit checkpoint gathers (``param.all_gather``, which calls torch.distributed itself), gathers and
-reductions over any other group (tensor, pipeline and expert parallel: said once in the ``zpccl.deepspeed`` log),
-other element types, and the bucket all-reduce of ``reduce_scatter: false``. Prefetch, ``overlap_comm``'s
-streams, contiguous gradients, gradient accumulation, ``eval`` and checkpoints work as they do without zpccl.
+What stays DeepSpeed's, exact, as in DeepSpeed's own ZeRO++: ZeRO stages 1 and 2 (refused), the gathers of
+``param.all_gather``, which calls torch.distributed itself (``GatheredParameters`` and the 16-bit checkpoint
+gathers; the persistent parameters, gathered after each step; a parameter used outside its module's forward, the
+first time DeepSpeed meets it so: the last two said once in the ``zpccl.deepspeed`` log and counted in
+``summary()`` as ``deepspeed_all_gather_persistent`` and ``deepspeed_all_gather_external``), gathers and
+reductions over any other group (tensor, pipeline and expert parallel: said once), other element types, and the
+bucket all-reduce of ``reduce_scatter: false``. Prefetch, ``overlap_comm``'s streams, contiguous gradients,
+gradient accumulation, ``eval`` and checkpoints work as they do without zpccl.
 
 Blocks and padding: blocks restart at parameter boundaries (``param_blocks``), and each call copies only
 parameters' data into its blocks, zeros in the rest: the padding DeepSpeed leaves uninitialized (the last ranks'

@@ -74,8 +74,8 @@ class Collectives:
         DeepSpeed's own otherwise."""
         if self.hpz_group is not None and group is self.hpz_group:
             if self.hpz_comm is None:
-                return self._fallback("all_gather_hpz", "the backward gathers over DeepSpeed's hpZ group (hpz=False)",
-                                      theirs, logging.INFO)
+                return self._fallback("all_gather_hpz", "the gathers over DeepSpeed's hpZ group, from the secondary "
+                                      "partitions (hpz=False)", theirs, logging.INFO)
             self.hpz(input, output)
             return self._done()
         if self.ranks(group) != self.dp_ranks:
@@ -112,6 +112,22 @@ class Collectives:
             return self._fallback("quant_reduce_off", "DeepSpeed's quantized gradient reduction (grad_bits=None)",
                                   theirs, logging.INFO)
         return self._reduce(tensors, theirs)
+
+    def exact_gather(self, params: list[Any], alone: bool, theirs: Callable[[], Any]) -> Any:
+        """DeepSpeed's own exact gather of parameters (``param.all_gather``, which calls torch.distributed itself, not
+        the function zpccl replaces), as DeepSpeed's own ZeRO++ leaves it exact too. Counted where ZeRO-3 runs it
+        by itself: a parameter gathered alone (``alone``: one used outside its module's forward, which DeepSpeed
+        gathers so the first time it meets it, then registers with the module that used it, whose fetches zpccl
+        serves) and the persistent parameters after each step (said at enable). A user's GatheredParameters and the
+        16-bit checkpoint gathers are exact by contract, and not counted."""
+        gathered = [p for p in params if getattr(p.ds_status, "name", None) == "NOT_AVAILABLE"]
+        if gathered and alone:
+            return self._fallback("all_gather_external", "a parameter used outside its module's forward is gathered "
+                                  "by DeepSpeed itself (param.all_gather) the first time DeepSpeed meets it so, "
+                                  "exact, then fetched with the module that used it", theirs, logging.INFO)
+        if gathered and all(getattr(p, "ds_persist", False) for p in gathered):
+            self.report.count("deepspeed_all_gather_persistent", 0, 0)
+        return theirs()
 
     @contextmanager
     def fetching(self, params: list[Any]) -> Iterator[None]:

@@ -16,7 +16,9 @@ calls it, so replacing the module's attribute reroutes the call and nothing else
 
 A gather's buffer is its parameters' partitions back to back, and nothing in it says where one ends: each
 parameter's ``all_gather_coalesced`` (an attribute ZeRO-3's ``Init`` sets on every parameter) is wrapped to tell
-the gathers it runs which parameters they hold.
+the gathers it runs which parameters they hold. Each parameter's ``all_gather`` (DeepSpeed's own exact gather,
+which calls torch.distributed itself) is wrapped to count the ones ZeRO-3 runs by itself. The fetch reads its
+settings from the ``Init`` that made it (:func:`fetch_owner`), among them ``use_all_reduce_for_fetch_params``.
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ REPLACED = (("deepspeed.runtime.zero.partition_parameters", "_dist_allgather_fn"
             ("deepspeed.runtime.zero.stage3", "reduce_scatter_coalesced", ("tensors", "group")),
             ("deepspeed.runtime.zero.stage3", "all_to_all_quant_reduce", ("tensors", "groups")))
 #: What zpccl.deepspeed reads (or wraps: all_gather_coalesced) on every ZeRO-3 parameter.
-PARAM_ATTRS = ("ds_id", "ds_numel", "ds_tensor", "ds_process_group", "ds_zero_param_process_group",
-               "all_gather_coalesced")
+PARAM_ATTRS = ("ds_id", "ds_numel", "ds_tensor", "ds_status", "ds_process_group", "ds_zero_param_process_group",
+               "all_gather_coalesced", "all_gather")
 
 
 def deepspeed_version(text: str) -> tuple[int, ...]:
@@ -50,20 +52,42 @@ def deepspeed_version(text: str) -> tuple[int, ...]:
     return tuple(int(g) for g in m.groups() if g is not None) if m else (0,)
 
 
-def parameter_names(fn: Any) -> tuple[str, ...]:
-    """The parameter names of ``fn`` as written, through DeepSpeed's decorators: functools.wraps' ``__wrapped__``,
-    and instrument_w_nvtx's ``(*args, **kwargs)`` closure over the function it wraps."""
+def unwrapped(fn: Any) -> Any:
+    """``fn`` as written, through DeepSpeed's decorators: functools.wraps' ``__wrapped__``, and instrument_w_nvtx's
+    ``(*args, **kwargs)`` closure over the function it wraps; None where they nest deeper than DeepSpeed's do."""
     for _ in range(8):
         if hasattr(fn, "__wrapped__"):
             fn = fn.__wrapped__
             continue
-        names = tuple(inspect.signature(fn).parameters)
+        try:
+            names = tuple(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            return fn
         inner = [v for v in map(_cell, getattr(fn, "__closure__", None) or ()) if inspect.isfunction(v)]
         if names == ("args", "kwargs") and len(inner) == 1:
             fn = inner[0]
             continue
-        return names
-    return ()
+        return fn
+    return None
+
+
+def parameter_names(fn: Any) -> tuple[str, ...]:
+    """The parameter names of ``fn`` as written (:func:`unwrapped`)."""
+    fn = unwrapped(fn)
+    try:
+        return tuple(inspect.signature(fn).parameters) if fn is not None else ()
+    except (TypeError, ValueError):
+        return ()
+
+
+def fetch_owner(fetch: Any) -> Any:
+    """The ZeRO-3 ``Init`` whose settings a parameter's ``all_gather_coalesced`` reads when it runs (the ``self``
+    its closure holds), or None where DeepSpeed builds that function otherwise."""
+    fn = unwrapped(fetch)
+    code = getattr(fn, "__code__", None)
+    if code is None or "self" not in code.co_freevars:
+        return None
+    return _cell(fn.__closure__[code.co_freevars.index("self")])
 
 
 def _cell(cell: Any) -> Any:
@@ -164,11 +188,15 @@ class DeepSpeed:
 
         hpz = params[0].ds_zero_param_process_group
         optimizer = getattr(engine, "optimizer", None)
+        owners = {id(o): o for o in (fetch_owner(p.all_gather_coalesced) for p in params)}
         return EngineFacts(params=params, dp_group=params[0].ds_process_group, hpz_group=hpz,
                            hpz_size=self.dist.get_world_size(hpz) if hpz is not None else 1,
                            device=self.torch.device(get_accelerator().current_device_name()),
                            reduce_scatter=bool(getattr(optimizer, "reduce_scatter", True)),
-                           quantized_gradients=bool(getattr(zero, "zero_quantized_gradients", False)))
+                           quantized_gradients=bool(getattr(zero, "zero_quantized_gradients", False)),
+                           all_reduce_fetch=bool(getattr(zero, "use_all_reduce_for_fetch_params", False)),
+                           fetch_owners=list(owners.values()),
+                           persistent=[p for p in params if getattr(p, "ds_persist", False)])
 
 
 @dataclass
@@ -182,3 +210,6 @@ class EngineFacts:
     device: Any  # where gathers and reductions run (the accelerator's current device)
     reduce_scatter: bool  # zero_optimization.reduce_scatter (False: DeepSpeed all-reduces gradient buckets)
     quantized_gradients: bool  # zero_quantized_gradients: all_to_all_quant_reduce is the reduction's entry
+    all_reduce_fetch: bool  # stage3_use_all_reduce_for_fetch_params: fetches all-reduce rather than gather
+    fetch_owners: list[Any]  # the ZeRO-3 Inits the parameters' fetches read their settings from (None: not found)
+    persistent: list[Any]  # the parameters DeepSpeed keeps gathered (stage3_param_persistence_threshold)

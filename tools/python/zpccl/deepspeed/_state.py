@@ -37,7 +37,8 @@ class ZeroPlusPlus(Session):
         self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group, facts.hpz_group)
         self._originals: dict[int, Any] = {}  # REPLACED index -> DeepSpeed's function
         self._ours: dict[int, Any] = {}
-        self._fetches: list[tuple[Any, Any, Any]] = []  # (parameter, DeepSpeed's all_gather_coalesced, ours)
+        self._fetches: list[tuple[Any, str, Any, Any]] = []  # (parameter, attribute, DeepSpeed's function, ours)
+        self._all_reduce_owners: list[Any] = []  # the Inits whose use_all_reduce_for_fetch_params zpccl turned off
         self._closed = False
 
     # ---- what it serves ----
@@ -64,6 +65,12 @@ class ZeroPlusPlus(Session):
         if policy.weight_bits is None and policy.grad_bits is None and not serve_hpz:
             raise ZpcclValueError(f"{CALL}: weight_bits=None and grad_bits=None leave zpccl hpZ alone, and the engine "
                                   "has no hpZ group (zero_optimization.zero_hpz_partition_size of at least 2)", CALL)
+        if policy.weight_bits is not None and facts.all_reduce_fetch and None in facts.fetch_owners:
+            raise ZpcclError(Result.INVALID_USAGE, f"{CALL}: stage3_use_all_reduce_for_fetch_params makes ZeRO-3 "
+                             "fetch parameters with an exact all-reduce, which never reaches the gather zpccl "
+                             f"replaces, and DeepSpeed {self._ds.version} keeps that setting where zpccl cannot "
+                             "reach it: set zero_optimization.stage3_use_all_reduce_for_fetch_params to false, or "
+                             "weight_bits=None", CALL)
         if policy.grad_bits is not None or serve_hpz:
             # With grad_bits=None it is made for the node layout only, and closed once the gathers' is made.
             calls.reduce = self._make(reduce=True)
@@ -121,8 +128,9 @@ class ZeroPlusPlus(Session):
             problem = ("not all in the data-parallel group" if any(m is None for m in members)
                        else hpz_group_problem(members, k))
             if problem:
-                raise refuse_hpz_group(CALL, "zero_hpz_partition_size", k, f"DeepSpeed gather backward weights over "
-                                       f"ranks {list(group)}", problem, "DeepSpeed's")
+                raise refuse_hpz_group(CALL, "zero_hpz_partition_size", k, "DeepSpeed gather weights from its "
+                                       f"secondary partitions (the backward's) over ranks {list(group)}", problem,
+                                       "DeepSpeed's")
 
     def _say_what_stays(self) -> None:
         facts, policy = self.facts, self.policy
@@ -130,11 +138,18 @@ class ZeroPlusPlus(Session):
             self.report.say_once("reduce_scatter_false", "zero_optimization.reduce_scatter=false makes DeepSpeed "
                                  "all-reduce gradient buckets that fit reduce_bucket_size; those stay DeepSpeed's")
         if facts.hpz_group is not None and not policy.hpz:
-            self.report.say_once("hpz_off", "hpz=False: the backward gathers over DeepSpeed's hpZ groups stay "
-                                 "DeepSpeed's", logging.INFO)
+            self.report.say_once("hpz_off", "hpz=False: the gathers over DeepSpeed's hpZ groups (from the secondary "
+                                 "partitions) stay DeepSpeed's", logging.INFO)
+        if facts.persistent and policy.weight_bits is not None:
+            numel = sum(p.ds_numel for p in facts.persistent)
+            self.report.say_once("persistent", f"{len(facts.persistent)} persistent parameters ({numel} elements, "
+                                 "each smaller than stage3_param_persistence_threshold) stay gathered, DeepSpeed "
+                                 "gathering them again after each step with its own exact all-gather, as its ZeRO++ "
+                                 "does (summary()'s deepspeed_all_gather_persistent)", logging.INFO)
 
     def _replace(self) -> None:
-        """DeepSpeed's three functions and each parameter's all_gather_coalesced, replaced by zpccl's."""
+        """DeepSpeed's three functions and each parameter's all_gather_coalesced and all_gather, replaced by zpccl's;
+        with qwZ, the fetches' use_all_reduce_for_fetch_params off."""
         calls, ds = self.collectives, self._ds
         ours = {0: functools.partial(_all_gather, calls, ds.function(0)),
                 1: functools.partial(_reduce_scatter, calls, ds.function(1)),
@@ -144,11 +159,22 @@ class ZeroPlusPlus(Session):
             self._ours[i] = fn
             ds.set_function(i, fn)
         if self.policy.weight_bits is not None:
+            # stage3_use_all_reduce_for_fetch_params fetches several parameters with an all-reduce of a zero-padded
+            # buffer instead of a gather. DeepSpeed's own quantized gathers take precedence over it; zpccl's qwZ
+            # takes the same precedence, so that the fetches reach the gather it replaces.
+            for owner in self.facts.fetch_owners:
+                if getattr(owner, "use_all_reduce_for_fetch_params", False):
+                    owner.use_all_reduce_for_fetch_params = False
+                    self._all_reduce_owners.append(owner)
+            if self._all_reduce_owners:
+                self.report.say_once("all_reduce_fetch", "stage3_use_all_reduce_for_fetch_params: the parameter "
+                                     "fetches it all-reduces are qwZ gathers instead, as DeepSpeed's own quantized "
+                                     "gathers are (disable() gives the setting back)", logging.INFO)
             for p in self.facts.params:
-                theirs = p.all_gather_coalesced
-                fetch = functools.partial(_fetch, calls, theirs)
-                p.all_gather_coalesced = fetch
-                self._fetches.append((p, theirs, fetch))
+                for name, fn in (("all_gather_coalesced", functools.partial(_fetch, calls, p.all_gather_coalesced)),
+                                 ("all_gather", functools.partial(_exact, calls, p.all_gather, p))):
+                    self._fetches.append((p, name, getattr(p, name), fn))
+                    setattr(p, name, fn)
 
     # ---- lifecycle ----
 
@@ -166,10 +192,13 @@ class ZeroPlusPlus(Session):
                 module, name, _ = REPLACED[i]
                 log.warning("zpccl.deepspeed: %s.%s was replaced again after enable; disable leaves it as it is",
                             module, name)
-        for p, theirs, fetch in self._fetches:
-            if p.__dict__.get("all_gather_coalesced") is fetch:
-                p.all_gather_coalesced = theirs
+        for p, name, theirs, fn in self._fetches:
+            if p.__dict__.get(name) is fn:
+                setattr(p, name, theirs)
         self._fetches.clear()
+        for owner in self._all_reduce_owners:
+            owner.use_all_reduce_for_fetch_params = True
+        self._all_reduce_owners.clear()
         if self.facts.device.type == "cuda":
             ds.torch.cuda.synchronize(self.facts.device)
         for comm in (self.collectives.gather, self.collectives.reduce):
@@ -201,3 +230,8 @@ def _fetch(calls: Collectives, theirs: Any, params: Any, *args: Any, **kwargs: A
     params = list(params)
     with calls.fetching(params):
         return theirs(params, *args, **kwargs)
+
+
+def _exact(calls: Collectives, theirs: Any, param: Any, param_list: Any = None, *args: Any, **kwargs: Any) -> Any:
+    params = [param] if param_list is None else list(param_list)
+    return calls.exact_gather(params, param_list is None, lambda: theirs(params, *args, **kwargs))
