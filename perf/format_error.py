@@ -1,0 +1,626 @@
+#!/usr/bin/env python3
+"""Each quantized format's error on the 57M model's own weights and gradients, through zpccl's own collectives:
+a deterministic measure of what loss runs over a few seeds cannot resolve.
+
+    python3 perf/format_error.py -J perf/results/format-error.json        # about an hour on one core
+    python3 perf/format_error.py --table perf/results/format-error.json   # RESULTS.md's summary tables
+
+1. A real training run, one process on the CPU: ``perf/fsdp_step.py``'s ``--shape`` (default small: the byte-level
+   GPT of ``tools/python/examples/fsdp2_train.py``, 8 layers, d 768, 12 heads, 57.3M parameters, 8 sequences of
+   256 bytes), its data (Python's standard library sources, ``fsdp2_train.corpus``) and optimizer
+   (``make_optimizer``: AdamW at 6e-4 ramped over a tenth of ``--schedule-steps``, then a cosine to a tenth;
+   clipping at norm 1). Compute in bf16 as FSDP2 with ``MixedPrecisionPolicy(bf16, bf16)`` does it: each step
+   casts the fp32 master weights to bf16 and differentiates with respect to those, so each gradient is the bf16
+   gradient FSDP2 would hand its reduce-scatter. The update uses rank 0's batch only (one process, 8 sequences).
+2. Captures at ``--capture`` steps (default 0, 50, 200), each a window of ``--window`` consecutive steps: the bf16
+   weights the step's forward uses (and their fp32 masters), and real per-rank gradients: rank r's gradient is the
+   one of ``fsdp2_train.Batches(rank=r)``'s batch of that step at those weights (ranks differ in data only).
+3. Each format through zpccl's host backend, ranks as threads (``zpccl.run_host_ranks``; the host backend is
+   bit-equal to the CUDA kernels), on every ``--layouts`` layout (``NxR``: N nodes of R ranks; ``2x2`` takes qgZ's
+   two hops, ``4x1`` and ``2x1`` one):
+
+   * weights, qwZ (``quant_all_gather``): each rank's shard (FSDP2's dim-0 chunk of every parameter) gathered, the
+     gathered tensor compared with the bf16 weights (what FSDP's exact all-gather returns);
+   * gradients, qgZ (``quant_reduce_scatter``, ``avg``): every rank's gradients reduce-scattered, the output
+     compared with the float64 mean of the ranks' bf16 gradients, over the window's calls in order (a residual
+     or a stochastic draw carries from one call to the next, as in training; residuals start at zero).
+
+   Blocks restart at parameter boundaries as ``zpccl.fsdp`` makes them (``param_blocks``, its ``BlockLayout``):
+   one collective a call over the whole model, staged so that each parameter's part of each rank's shard starts
+   on a block boundary (FSDP2's padded dim-0 chunks, zeros between parts). Grouping parameters into FSDP's units
+   changes no block, so the whole model is one unit here.
+
+Figures per (format, layout, capture step, tensor class): per call, the relative error ``||q - x|| / ||x||``, the
+cosine similarity ``<q, x> / (||q|| ||x||)`` and, per quantization block, the largest error over the block's
+largest exact value (max and mean over blocks); over the window, the same two for the sum of the window's outputs
+against the sum of the exact means (what a residual or an unbiased rounding is meant to improve). Classes:
+attention and MLP weights, embedding (token and position), head, LayerNorm (weights and biases), Linear biases,
+and all of them. Two rows are no format but the floor: gradients' exact mean rounded once to bf16 (the best a
+bf16 collective returns), and the bf16 weights against their fp32 masters.
+
+JSON (``-J``, rewritten after each capture): provenance (``provenance("cpu-threads")``), the setup, the training
+loss of every step, and one row per figure set. ``--measure-layers`` restricts the measure to some blocks (and the
+root's parameters) when the whole model is too slow; the JSON says which.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+HERE = pathlib.Path(__file__).resolve().parent
+TOP = HERE.parent
+for _p in (str(HERE), str(TOP / "tools" / "python"), str(TOP / "tools" / "python" / "examples")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import fsdp2_train as ex  # noqa: E402  (the example's model, data and optimizer)
+from fsdp_step import SHAPES  # noqa: E402  (the step benchmark's model shapes)
+
+CLASSES = ("attention", "mlp", "embedding", "head", "norm", "bias")
+ALL = "all"
+DEFAULT_GRAD_FORMATS = {
+    "2x2": "int8-b256,int8-b64,int8-b32,int4-b256,int4-b64,int4-b32,int4-b256-sr,int4-b256-ef,int4-b256-sr-ef,"
+           "int4-b64-sr,int4-b64-ef,int4-b32-sr,int4-b32-ef,int8-b256-sr,int8-b256-ef",
+    "4x1": "int8-b256,int8-b64,int8-b32,int4-b256,int4-b64,int4-b32,int4-b256-sr,int4-b256-ef",
+    "2x1": "int8-b256,int8-b64,int8-b32,int4-b256,int4-b64,int4-b32",
+}
+DEFAULT_WEIGHT_FORMATS = "int8-b256,int4-b256,int8-b64,int4-b64"
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def tensor_class(name: str) -> str:
+    """The class of a parameter of fsdp2_train's GPT, by its name."""
+    leaf = name.rsplit(".", 2)
+    module, kind = (leaf[-2] if len(leaf) > 1 else ""), leaf[-1]
+    if name.startswith("tok.") or name == "pos":
+        return "embedding"
+    if module.startswith("ln"):
+        return "norm"
+    if kind == "bias":
+        return "bias"
+    if module == "head":
+        return "head"
+    if module in ("qkv", "proj"):
+        return "attention"
+    if module in ("fc1", "fc2"):
+        return "mlp"
+    raise ValueError(f"format_error: parameter {name!r} has no class")
+
+
+# ---- formats and layouts -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Format:
+    """A quantized format: ``int<bits>-b<block>[-sr][-ef]``."""
+
+    bits: int
+    block: int
+    stochastic: bool = False
+    feedback: bool = False
+
+    @staticmethod
+    def parse(text: str) -> "Format":
+        words = text.strip().split("-")
+        try:
+            if not (words[0].startswith("int") and words[1].startswith("b")):
+                raise ValueError
+            bits, block = int(words[0][3:]), int(words[1][1:])
+        except (ValueError, IndexError):
+            raise ValueError(f"format {text!r}: not int<bits>-b<block>[-sr][-ef]") from None
+        extra = words[2:]
+        if bits not in (4, 8) or block < 32 or block & (block - 1) or any(w not in ("sr", "ef") for w in extra) \
+                or len(set(extra)) != len(extra):
+            raise ValueError(f"format {text!r}: bits 4 or 8, a power-of-two block >= 32, then -sr and/or -ef")
+        return Format(bits, block, "sr" in extra, "ef" in extra)
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits}-b{self.block}" + ("-sr" if self.stochastic else "") + ("-ef" if self.feedback else "")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``nodes`` nodes of ``per_node`` ranks (zpccl's ``ranks_per_node``)."""
+
+    nodes: int
+    per_node: int
+
+    @staticmethod
+    def parse(text: str) -> "Layout":
+        try:
+            nodes, per_node = (int(x) for x in text.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"layout {text!r}: NODESxRANKS_PER_NODE, e.g. 2x2") from None
+        if nodes < 1 or per_node < 1 or nodes * per_node < 2:
+            raise ValueError(f"layout {text!r}: at least two ranks")
+        return Layout(nodes, per_node)
+
+    @property
+    def name(self) -> str:
+        return f"{self.nodes}x{self.per_node}"
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.per_node
+
+    @property
+    def hops(self) -> int:
+        """qgZ's hops (DESIGN.md): two with several nodes of several ranks each."""
+        return 2 if self.nodes > 1 and self.per_node > 1 else 1
+
+
+# ---- staging: FSDP2's shards, blocks restarting at parameters --------------------------------------------------
+
+
+class Staging:
+    """Where each parameter's dim-0 chunk of each rank goes in a rank's staged shard of ``count`` elements.
+
+    FSDP2 cuts a parameter into ``n`` chunks of ceil(dim0 / n) rows (the last ones shorter or empty, zero-padded
+    to that size); zpccl.fsdp's ``BlockLayout`` then starts each parameter's part on a block boundary.
+    """
+
+    def __init__(self, shapes: list[tuple[int, ...]], n: int, block: int) -> None:
+        from zpccl.fsdp import BlockLayout
+
+        self.n, self.block = n, block
+        self.numels = [math.prod(s) for s in shapes]
+        self.chunk = []  # padded elements per rank of each parameter
+        for shape, numel in zip(shapes, self.numels):
+            rows = shape[0] if shape else 1
+            self.chunk.append(-(-rows // n) * (numel // rows if rows else 0))
+        self.layout = BlockLayout(tuple(self.chunk), block)
+        self.count = self.layout.staged_count
+        self.offsets = self.layout.staged_offsets
+
+    def stage(self, torch: Any, tensors: Iterable[Any], dtype: Any) -> Any:
+        """(n, count): row d holds every parameter's chunk d at its staged offset, zeros elsewhere."""
+        out = torch.zeros(self.n, self.count, dtype=dtype)
+        for t, numel, size, off in zip(tensors, self.numels, self.chunk, self.offsets):
+            flat = t.reshape(-1).to(dtype)
+            if numel == self.n * size:
+                out[:, off:off + size] = flat.view(self.n, size)
+                continue
+            for d in range(self.n):
+                piece = flat[d * size:(d + 1) * size]
+                out[d, off:off + piece.numel()] = piece
+        return out
+
+
+# ---- the figures -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sums:
+    """Sums from which a class's figures follow: squares of error, exact and output, their product, and the
+    blocks' error ratios."""
+
+    err2: float = 0.0
+    x2: float = 0.0
+    q2: float = 0.0
+    qx: float = 0.0
+    elements: int = 0
+    block_max: float = 0.0
+    block_sum: float = 0.0
+    blocks: int = 0
+
+    def add(self, other: "Sums") -> None:
+        for k in ("err2", "x2", "q2", "qx", "elements", "block_sum", "blocks"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        self.block_max = max(self.block_max, other.block_max)
+
+    def figures(self) -> dict[str, float]:
+        return dict(rel_err=math.sqrt(self.err2 / self.x2) if self.x2 else float("nan"),
+                    cosine=self.qx / math.sqrt(self.x2 * self.q2) if self.x2 and self.q2 else float("nan"),
+                    block_err_max=self.block_max, block_err_mean=self.block_sum / self.blocks if self.blocks else 0.0)
+
+
+class Classes:
+    """Parameters' classes and their staged ranges, to reduce a staged (n, count) comparison to per-class sums."""
+
+    def __init__(self, names: list[str], staging: Staging, measured: list[bool]) -> None:
+        self.staging = staging
+        self.of_part = [tensor_class(n) if m else None for n, m in zip(names, measured)]
+
+    def sums(self, torch: Any, q: Any, x: Any) -> dict[str, Sums]:
+        """Per class (and ``all``): sums of q (output) against x (exact), both (n, count) staged."""
+        st = self.staging
+        q = q.double()
+        err = q - x
+
+        def running(v: Any) -> Any:  # per staged column, summed over ranks, then running sums (with a leading 0)
+            return torch.cat([torch.zeros(1, dtype=torch.float64), v.sum(0).cumsum(0)])
+
+        cols = {"err2": running(err * err), "x2": running(x * x), "q2": running(q * q), "qx": running(q * x)}
+        # Blocks: staged parts start on block boundaries, so block j of a row belongs to the part holding j*block.
+        g = st.block
+        nb = -(-st.count // g)
+        pad = nb * g - st.count
+        emax = torch.nn.functional.pad(err.abs(), (0, pad)).view(st.n, nb, g).amax(-1)
+        xmax = torch.nn.functional.pad(x.abs(), (0, pad)).view(st.n, nb, g).amax(-1)
+        starts = torch.arange(nb, dtype=torch.int64) * g
+        part_of_block = torch.searchsorted(torch.tensor(st.offsets, dtype=torch.int64), starts, right=True) - 1
+        out = {c: Sums() for c in CLASSES + (ALL,)}
+        for p, cls in enumerate(self.of_part):
+            if cls is None:
+                continue
+            lo, hi = st.offsets[p], st.offsets[p] + st.chunk[p]
+            s = Sums(**{k: float(c[hi] - c[lo]) for k, c in cols.items()}, elements=st.numels[p])
+            sel = part_of_block == p
+            e, m = emax[:, sel], xmax[:, sel]
+            live = m > 0  # all-zero exact blocks (padding, dead rows) hold no ratio
+            if bool(live.any()):
+                ratio = e[live] / m[live]
+                s.block_max, s.block_sum, s.blocks = float(ratio.max()), float(ratio.sum()), int(live.sum())
+            out[cls].add(s)
+            out[ALL].add(s)
+        return {c: s for c, s in out.items() if s.elements}
+
+
+# ---- training and captures --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Capture:
+    """A window's weights (bf16 and fp32 masters, at its first step) and per-step, per-rank bf16 gradients."""
+
+    step: int
+    names: list[str]
+    weights_bf16: list[Any]
+    weights_fp32: list[Any]
+    grads: list[list[list[Any]]] = field(default_factory=list)  #: [call][rank][parameter]
+
+
+def bf16_gradients(torch: Any, model: Any, names: list[str], batch: tuple[Any, Any]) -> tuple[float, list[Any]]:
+    """The loss and the bf16 gradients of a bf16 copy of the model's weights on one batch (FSDP2's mixed
+    precision: parameters cast to bf16, gradients with respect to the cast)."""
+    params = dict(model.named_parameters())
+    cast = {n: params[n].detach().to(torch.bfloat16).requires_grad_() for n in names}
+    ids, targets = batch
+    loss = ex.loss_of(torch, lambda x: torch.func.functional_call(model, cast, (x,)), ids, targets)
+    loss.backward()
+    return float(loss.detach()), [cast[n].grad for n in names]
+
+
+def train_and_capture(torch: Any, a: argparse.Namespace, on_capture: Any, say: Any = _say) -> list[float]:
+    """Trains the model of ``a`` for max(captures) + window steps, calling ``on_capture(Capture)`` as each window
+    ends. Returns the training loss of every step (rank 0's batch)."""
+    model = ex.build_gpt(torch, a.layers, a.d_model, a.heads, a.seq, a.seed)
+    names = [n for n, _ in model.named_parameters()]
+    opt, schedule = ex.make_optimizer(torch, model, a.lr, a.schedule_steps)
+    text = ex.corpus()
+    data = [ex.Batches(torch, text, a.seq, a.batch, r, "cpu", a.seed) for r in range(a.ranks)]
+    losses: list[float] = []
+    open_: Capture | None = None
+    t0 = time.time()
+    for step in range(max(a.captures) + a.window):
+        if step in a.captures:
+            params = dict(model.named_parameters())
+            open_ = Capture(step, names, [params[n].detach().to(torch.bfloat16) for n in names],
+                            [params[n].detach().clone() for n in names])
+        ranks = range(a.ranks) if open_ is not None else range(1)
+        per_rank = []
+        for r in ranks:
+            loss, grads = bf16_gradients(torch, model, names, data[r].step(step))
+            if r == 0:
+                losses.append(loss)
+            per_rank.append(grads)
+        for p, g in zip(model.parameters(), per_rank[0]):
+            p.grad = g.float()
+        ex.optimizer_step(torch, model, opt, schedule)
+        if step % a.log_every == 0:
+            say(f"step {step:4d}  loss {losses[-1]:.4f}  ({time.time() - t0:.0f} s)")
+        if open_ is not None:
+            open_.grads.append(per_rank)
+            if len(open_.grads) == a.window:
+                on_capture(open_)
+                open_ = None
+    return losses
+
+
+# ---- the measure ------------------------------------------------------------------------------------------------
+
+
+def measured_parameters(names: list[str], layers: list[int] | None) -> list[bool]:
+    """Which parameters the figures cover: all, or the root's and those of the blocks in ``layers``."""
+    if layers is None:
+        return [True] * len(names)
+    keep = {f"blocks.{i}." for i in layers}
+    return [not n.startswith("blocks.") or any(n.startswith(k) for k in keep) for n in names]
+
+
+def rows_of(sums_per_call: list[dict[str, Sums]], window: dict[str, Sums] | None, base: dict[str, Any]) -> list[dict]:
+    rows = []
+    for cls in sums_per_call[0]:
+        per = [s[cls].figures() for s in sums_per_call]
+        row = dict(base, **{"class": cls, "elements": sums_per_call[0][cls].elements, "calls": len(per),
+                            "rel_err": sum(f["rel_err"] for f in per) / len(per),
+                            "cosine": sum(f["cosine"] for f in per) / len(per),
+                            "rel_err_calls": [f["rel_err"] for f in per], "cosine_calls": [f["cosine"] for f in per],
+                            "block_err_max": max(f["block_err_max"] for f in per),
+                            "block_err_mean": sum(f["block_err_mean"] for f in per) / len(per)})
+        if window is not None:
+            w = window[cls].figures()
+            row.update(window_rel_err=w["rel_err"], window_cosine=w["cosine"])
+        rows.append(row)
+    return rows
+
+
+def measure_capture(torch: Any, cap: Capture, layouts: list[Layout], grad_formats: dict[str, list[Format]],
+                    weight_formats: list[Format], measured: list[bool], seed: int,
+                    say: Any = _say) -> list[dict[str, Any]]:
+    """Every format's figures on one capture (the module's docstring)."""
+    import zpccl
+
+    shapes = [tuple(w.shape) for w in cap.weights_bf16]
+    rows: list[dict[str, Any]] = []
+    calls = len(cap.grads)
+
+    # Weights: qwZ over each distinct rank count, against the bf16 weights; the floor is bf16 against fp32.
+    counts = sorted({lay.ranks for lay in layouts})
+    for n in counts:
+        for fmt in ([None] if n == counts[0] else []) + weight_formats:  # the floor does not depend on n
+            g = fmt.block if fmt else 256
+            st = Staging(shapes, n, g)
+            cl = Classes(cap.names, st, measured)
+            x = st.stage(torch, cap.weights_bf16, torch.float64)
+            t0 = time.time()
+            if fmt is None:
+                sums = cl.sums(torch, x, st.stage(torch, cap.weights_fp32, torch.float64))
+                base = dict(tensor="weights", format="bf16", reference="fp32 master weights", collective=None)
+            else:
+                sends = st.stage(torch, cap.weights_bf16, torch.bfloat16)
+
+                def gather(rank: int, comm: Any) -> Any:
+                    return comm.quant_all_gather(sends[rank], bits=fmt.bits, block_size=fmt.block)
+
+                outs = zpccl.run_host_ranks(n, gather)
+                for o in outs[1:]:
+                    if not torch.equal(o, outs[0]):
+                        raise RuntimeError(f"format_error: qwZ {fmt.name} gave ranks different outputs")
+                sums = cl.sums(torch, outs[0].view(n, st.count), x)
+                base = dict(tensor="weights", format=fmt.name, bits=fmt.bits, block=fmt.block,
+                            reference="bf16 weights", collective="quant_all_gather")
+            rows += rows_of([sums], None, dict(base, step=cap.step, ranks=n))
+            say(f"  weights {base['format']:10s} {n} ranks: rel {sums[ALL].figures()['rel_err']:.3e} "
+                f"({time.time() - t0:.0f} s)")
+
+    # Gradients: qgZ on each layout, the window's calls in order, against the float64 mean of the ranks' inputs.
+    for lay in layouts:
+        n = lay.ranks
+        formats = grad_formats[lay.name]
+        for g in sorted({f.block for f in formats}, reverse=True):
+            st = Staging(shapes, n, g)
+            cl = Classes(cap.names, st, measured)
+            exact = []
+            for k in range(calls):
+                mean = st.stage(torch, cap.grads[k][0], torch.float64)
+                for r in range(1, n):
+                    mean += st.stage(torch, cap.grads[k][r], torch.float64)
+                exact.append(mean / n)
+            exact_sum = sum(exact)
+            todo: list[Format | None] = [f for f in formats if f.block == g]
+            if g == max(f.block for f in formats):
+                todo = [None] + todo  # the floor once per layout
+            for fmt in todo:
+                t0 = time.time()
+                if fmt is None:
+                    outs = [x.to(torch.bfloat16) for x in exact]
+                    base = dict(tensor="gradients", format="bf16", reference="float64 mean", collective=None)
+                else:
+                    outs = run_qgz(torch, zpccl, cap, st, lay, fmt, seed)
+                    base = dict(tensor="gradients", format=fmt.name, bits=fmt.bits, block=fmt.block,
+                                stochastic=fmt.stochastic, error_feedback=fmt.feedback, reference="float64 mean",
+                                collective="quant_reduce_scatter avg")
+                per_call = [cl.sums(torch, o, x) for o, x in zip(outs, exact)]
+                window = cl.sums(torch, sum(o.double() for o in outs), exact_sum)
+                rows += rows_of(per_call, window, dict(base, step=cap.step, layout=lay.name, ranks=n,
+                                                       hops=lay.hops))
+                f = rows[-1]  # the class "all" comes last
+                say(f"  gradients {base['format']:16s} {lay.name}: rel {f['rel_err']:.3e} window "
+                    f"{f['window_rel_err']:.3e} cos {f['cosine']:.6f} ({time.time() - t0:.0f} s)")
+    return rows
+
+
+def run_qgz(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt: Format, seed: int) -> list[Any]:
+    """The window's qgZ calls on every rank; per call, the ranks' outputs stacked (n, count) in bf16."""
+    n = lay.ranks
+
+    def body(rank: int, comm: Any) -> list[Any]:
+        res = hop = None
+        if fmt.feedback:
+            res = torch.zeros(n * st.count, dtype=torch.bfloat16)
+            hop_count = comm.grad_hop_residual_count(st.count)
+            hop = torch.zeros(hop_count, dtype=torch.bfloat16) if hop_count else None
+        outs = []
+        for k in range(len(cap.grads)):
+            send = st.stage(torch, cap.grads[k][rank], torch.bfloat16).view(-1)
+            outs.append(comm.quant_reduce_scatter(send, None, "avg", bits=fmt.bits, block_size=fmt.block,
+                                                  rounding="stochastic" if fmt.stochastic else "nearest",
+                                                  residual=res, hop_residual=hop))
+        return outs
+
+    per_rank = zpccl.run_host_ranks(n, body, ranks_per_node=lay.per_node, grad_seed=seed)
+    return [torch.stack([per_rank[r][k] for r in range(n)]) for k in range(len(cap.grads))]
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small", help="perf/fsdp_step.py's model shape")
+    p.add_argument("--layers", type=int, help="override the shape's layers (tests)")
+    p.add_argument("--d-model", type=int, help="override the shape's width (tests)")
+    p.add_argument("--heads", type=int, help="override the shape's heads (tests)")
+    p.add_argument("--seq", type=int, help="override the shape's sequence length (tests)")
+    p.add_argument("--batch", type=int, help="override the shape's sequences per rank (tests)")
+    p.add_argument("--seed", type=int, default=0, help="model initialization, data order, stochastic rounding")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--schedule-steps", type=int, default=400,
+                   help="the learning-rate schedule's length (the FSDP2 loss runs'); training stops after the "
+                        "last capture's window")
+    p.add_argument("--capture", default="0,50,200", help="steps whose window is captured")
+    p.add_argument("--window", type=int, default=4, help="consecutive steps per capture")
+    p.add_argument("--layouts", default="2x2,4x1,2x1", help="NODESxRANKS_PER_NODE, comma-separated")
+    p.add_argument("--grad-formats", default="",
+                   help="int<bits>-b<block>[-sr][-ef], comma-separated, for every layout (default: per layout, "
+                        "DEFAULT_GRAD_FORMATS)")
+    p.add_argument("--weight-formats", default=DEFAULT_WEIGHT_FORMATS)
+    p.add_argument("--measure-layers", default="", help="blocks whose parameters are measured (default: all)")
+    p.add_argument("--threads", type=int, default=1, help="torch's threads")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("-J", "--json", default="", help="write the figures here")
+    p.add_argument("--table", default="", help="print RESULTS.md's tables from this JSON, and stop")
+    a = p.parse_args(argv)
+    if a.table:
+        return a
+    shape = dict(zip(("layers", "d_model", "heads", "seq", "batch"), SHAPES[a.shape]))
+    for k, v in shape.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    try:
+        a.captures = sorted({int(s) for s in a.capture.split(",") if s.strip()})
+        a.layout_list = [Layout.parse(t) for t in a.layouts.split(",") if t.strip()]
+        a.weight_list = [Format.parse(t) for t in a.weight_formats.split(",") if t.strip()]
+        a.grad_map = {lay.name: [Format.parse(t) for t in (a.grad_formats or DEFAULT_GRAD_FORMATS.get(
+            lay.name, DEFAULT_GRAD_FORMATS["2x2"])).split(",") if t.strip()] for lay in a.layout_list}
+        a.layer_list = [int(s) for s in a.measure_layers.split(",") if s.strip()] or None
+    except ValueError as e:
+        p.error(str(e))
+    if not a.captures or min(a.captures) < 0 or a.window < 1 or not a.layout_list:
+        p.error("--capture needs steps >= 0, --window >= 1, --layouts at least one")
+    if a.layer_list and not all(0 <= i < a.layers for i in a.layer_list):
+        p.error(f"--measure-layers: blocks are 0..{a.layers - 1}")
+    a.ranks = max(lay.ranks for lay in a.layout_list)
+    return a
+
+
+def setup_of(a: argparse.Namespace, parameters: int) -> dict[str, Any]:
+    return dict(
+        model=dict(shape=a.shape, layers=a.layers, d_model=a.d_model, heads=a.heads, seq=a.seq, batch=a.batch,
+                   parameters=parameters),
+        seed=a.seed, lr=a.lr, schedule_steps=a.schedule_steps, captures=a.captures, window=a.window,
+        layouts=[lay.name for lay in a.layout_list], grad_formats={k: [f.name for f in v] for k, v in a.grad_map.items()},
+        weight_formats=[f.name for f in a.weight_list],
+        measured_layers="all" if a.layer_list is None else a.layer_list,
+        data="fsdp2_train.corpus (Python's standard library sources), fsdp2_train.Batches per rank",
+        training="one process, bf16 compute on fp32 masters, rank 0's batch per update, make_optimizer "
+                 "(AdamW, warmup, cosine), clipping at 1",
+        gradients="real per-rank gradients: rank r's batch of the step, at the step's weights",
+        blocks="restart at parameter boundaries and at each rank's shard (zpccl.fsdp's BlockLayout over FSDP2's "
+               "padded dim-0 chunks); one collective per call over the whole model",
+        references="weights: the bf16 weights (bf16 row: against the fp32 masters); gradients: the float64 mean "
+                   "of the ranks' bf16 gradients",
+        op="avg")
+
+
+def run(a: argparse.Namespace, say: Any = _say) -> dict[str, Any]:
+    import torch
+
+    import zpccl  # noqa: F401  (imported before provenance, which records its library)
+    from provenance import provenance
+
+    torch.set_num_threads(a.threads)
+    doc: dict[str, Any] = dict(provenance=provenance("cpu-threads"), rows=[], losses=[])
+    probe = ex.build_gpt(torch, a.layers, a.d_model, a.heads, a.seq, a.seed)
+    names = [n for n, _ in probe.named_parameters()]
+    doc["setup"] = setup_of(a, sum(p.numel() for p in probe.parameters()))
+    del probe
+    measured = measured_parameters(names, a.layer_list)
+    t0 = time.time()
+
+    def on_capture(cap: Capture) -> None:
+        say(f"capture at step {cap.step}: measuring")
+        doc["rows"] += measure_capture(torch, cap, a.layout_list, a.grad_map, a.weight_list, measured, a.seed, say)
+        doc["seconds"] = time.time() - t0
+        write(a, doc)
+
+    doc["losses"] = train_and_capture(torch, a, on_capture, say)
+    doc["seconds"] = time.time() - t0
+    write(a, doc)
+    return doc
+
+
+def write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+# ---- RESULTS.md's tables ----------------------------------------------------------------------------------------
+
+
+def tables(doc: dict[str, Any]) -> str:
+    """Summary tables: per gradient format, the relative error over all parameters at each capture step (per call,
+    two-hop layout first), the window sum's, the cosine; then the weights'; then by class at the last step."""
+    rows = doc["rows"]
+    steps = doc["setup"]["captures"]
+    last = steps[-1]
+    out = []
+
+    def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
+        return "" if r is None or r.get(key) is None else format(r[key], fmt)
+
+    def find(**kw: Any) -> dict[str, Any] | None:
+        return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
+
+    for lay in doc["setup"]["layouts"]:
+        names = list(dict.fromkeys(r["format"] for r in rows if r["tensor"] == "gradients" and r["layout"] == lay))
+        hops = next(r["hops"] for r in rows if r["tensor"] == "gradients" and r["layout"] == lay)
+        out += [f"Gradients, {lay} ({hops} hop{'s' if hops > 1 else ''}), all parameters: relative error per call "
+                f"(mean of {doc['setup']['window']}) at steps {' / '.join(map(str, steps))}; at step {last}: the "
+                "window sum's relative error, the cosine per call, the worst block's error over its absmax", "",
+                "| format | rel. error per call | window sum | cosine | worst block |", "|---|---|---|---|---|"]
+        for name in names:
+            per = [find(tensor="gradients", layout=lay, format=name, step=s, **{"class": ALL}) for s in steps]
+            r = per[-1]
+            out.append(f"| {name} | {' / '.join(cell(x, 'rel_err', '.2e') for x in per)} | "
+                       f"{cell(r, 'window_rel_err', '.2e')} | {cell(r, 'cosine', '.6f')} | "
+                       f"{cell(r, 'block_err_max', '.3f')} |")
+        out.append("")
+    ranks = sorted({r["ranks"] for r in rows if r["tensor"] == "weights"})
+    out += [f"Weights (qwZ), all parameters: relative error at steps {' / '.join(map(str, steps))} and cosine at "
+            f"step {last}, {' and '.join(map(str, ranks))} ranks", "",
+            "| format | " + " | ".join(f"rel. error, {n} ranks | cosine, {n} ranks" for n in ranks) + " |",
+            "|---|" + "---|---|" * len(ranks)]
+    for name in dict.fromkeys(r["format"] for r in rows if r["tensor"] == "weights"):
+        cells = []
+        for n in ranks:
+            per = [find(tensor="weights", ranks=n, format=name, step=s, **{"class": ALL}) for s in steps]
+            cells += [" / ".join(cell(x, "rel_err", ".2e") for x in per), cell(per[-1], "cosine", ".6f")]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out.append("")
+    lay = doc["setup"]["layouts"][0]
+    classes = [c for c in CLASSES + (ALL,) if find(tensor="gradients", layout=lay, step=last, **{"class": c})]
+    out += [f"By class at step {last}: gradients ({lay}) and weights ({ranks[0]} ranks), relative error per call", "",
+            "| format | " + " | ".join(classes) + " |", "|---|" + "---|" * len(classes)]
+    for tensor, where in (("gradients", dict(layout=lay)), ("weights", dict(ranks=ranks[0]))):
+        for name in dict.fromkeys(r["format"] for r in rows if r["tensor"] == tensor):
+            cells = [cell(find(tensor=tensor, format=name, step=last, **where, **{"class": c}), "rel_err", ".2e")
+                     for c in classes]
+            out.append(f"| {tensor} {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.table:
+        print(tables(json.loads(pathlib.Path(a.table).read_text())))
+        return 0
+    run(a)
+    if a.json:
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
