@@ -12,12 +12,12 @@ sample. Per configuration:
 * the paired relative gap of each seed, ``100 * (valid - valid_ref) / valid_ref`` (percent);
 * n (seeds), the mean gap, its sample standard deviation s (n - 1 in the denominator), the standard error
   ``se = s / sqrt(n)``;
-* the two-sided 95% interval ``mean +- t * se``, t the 0.975 quantile of Student's t with n - 1 degrees of freedom
+* the two-sided 95% interval ``mean ± t * se``, t the 0.975 quantile of Student's t with n - 1 degrees of freedom
   (:func:`t_quantile`, computed here: the standard library and NumPy have no t distribution);
 * what the interval supports (:func:`verdict`), at a tolerance of X%:
 
   ==============================  ===========================================================================
-  ``within +-X%``                 the whole interval lies inside [-X, +X]
+  ``within ±X%``                  the whole interval lies inside [-X, +X]
   ``more than +X%``               the whole interval lies above +X: the configuration costs more than X
   ``below -X%``                   the whole interval lies below -X
   ``at most +X%``                 the interval lies below +X but reaches under -X: no cost above X, but
@@ -124,7 +124,7 @@ class GapStats:
 
     @property
     def bound(self) -> float | None:
-        """The narrowest X for which the interval supports "within +-X%"."""
+        """The narrowest X for which the interval supports "within ±X%"."""
         return None if self.lo is None else max(abs(self.lo), abs(self.hi))
 
     @property
@@ -166,7 +166,7 @@ def verdict(stats: GapStats, tolerance: float) -> str:
     if stats.hi < -tolerance:
         return f"below -{x}"
     if stats.lo >= -tolerance and stats.hi <= tolerance:
-        return f"within +-{x}"
+        return f"within ±{x}"
     if stats.hi <= tolerance:
         return f"at most +{x}"
     return f"cannot tell at {x}"
@@ -243,6 +243,8 @@ class Campaign:
     files: tuple[str, ...]
     reference: str
     configs: dict[str, tuple[str, float | None]] = field(default_factory=dict)  #: config -> (label, tolerance)
+    #: (config, against): paired gaps between two configurations of the campaign, seed by seed
+    contrasts: tuple[tuple[str, str], ...] = ()
 
 
 #: The loss campaigns in perf/results/. Tolerances are the targets DESIGN.md and the issues set: int8 gradients
@@ -280,7 +282,8 @@ CAMPAIGNS = (
          "int4-b64": ("int4, nearest, blocks of 64", 0.1),
          "int4-b64-sr": ("int4, stochastic rounding, 64", 0.1),
          "int4-b32": ("int4, nearest, blocks of 32", 0.1),
-         "int8": ("int8, nearest, 256", 0.1)}),
+         "int8": ("int8, nearest, 256", 0.1)},
+        (("int4-b64", "int4"), ("int4-b32", "int4"), ("int4-sr", "int4"), ("int4-ef", "int4"))),
     Campaign(
         "grad-gpu", "the same runs on one H200 (4 processes as 2 nodes of 2, CUDA kernels); weights exact",
         ("2026-12-04-h200x1-grad-numerics-seed0-b6e1f2a.json", "2026-12-04-h200x1-grad-numerics-seed1-b6e1f2a.json",
@@ -288,7 +291,8 @@ CAMPAIGNS = (
         "exact",
         {"int4": ("int4, nearest, blocks of 256", 0.1),
          "int4-b64": ("int4, nearest, blocks of 64", 0.1),
-         "int4-b32": ("int4, nearest, blocks of 32", 0.1)}),
+         "int4-b32": ("int4, nearest, blocks of 32", 0.1)},
+        (("int4-b64", "int4"), ("int4-b32", "int4"))),
     Campaign(
         "grad-gpu-w8", "the same on one H200 with int8 weights (qwZ) in every zpccl run",
         ("2026-12-03-h200x1-grad-numerics-root-1bf77a3.json",),
@@ -330,7 +334,7 @@ class Row:
 
 def campaign_rows(c: Campaign, results: pathlib.Path = RESULTS) -> list[Row]:
     """Every configuration of the campaign that has a seed in common with its baseline, in the campaign's order
-    (then any other configuration found, in file order)."""
+    (then any other configuration found, in file order), then the campaign's contrasts."""
     runs = [r for f in c.files for r in runs_of_file(results / f)]
     table = merge_runs(runs)
     if c.reference not in table:
@@ -345,6 +349,14 @@ def campaign_rows(c: Campaign, results: pathlib.Path = RESULTS) -> list[Row]:
             continue
         label, tolerance = c.configs.get(config, (config, None))
         rows.append(Row(c.name, config, label, c.reference, tolerance, gap_stats(gaps)))
+    for config, against in c.contrasts:
+        for name in (config, against):
+            if name not in table:
+                raise ValueError(f"campaign {c.name}: contrast {config} against {against}: no {name!r} run")
+        gaps = paired_gaps(table[config], table[against])
+        if gaps:
+            label = f"{c.configs.get(config, (config,))[0]}, against {c.configs.get(against, (against,))[0]}"
+            rows.append(Row(c.name, config, label, against, None, gap_stats(gaps)))
     return rows
 
 
@@ -363,22 +375,23 @@ def describe(row: Row) -> str:
     words = []
     if row.tolerance is not None:
         words.append(verdict(s, row.tolerance))
-    words.append({"above": "above the baseline", "below": "below the baseline", "none": "sign unresolved"}[s.sign])
-    words.append(f"within +-{s.bound:.2f}% at best")
+    words.append({"above": f"above `{row.reference}`", "below": f"below `{row.reference}`",
+                  "none": "sign not resolved"}[s.sign])
+    words.append(f"within ±{s.bound:.2f}% at best")
     return "; ".join(words)
 
 
 def markdown(rows: list[Row], title: str) -> str:
-    lines = [f"*{title}* (baseline `{rows[0].reference}`)" if rows else f"*{title}*", "",
-             "| configuration | seeds | gap per seed, % | mean gap | SE | 95% interval | the interval supports |",
-             "|---|---|---|---|---|---|---|"]
+    """One campaign's table: per row, the seeds, the mean gap and its standard error (percent), the interval, and
+    what it supports (the per-seed gaps are in the JSON)."""
+    lines = [f"*{title}*; gaps to `{rows[0].reference}` unless a row names another" if rows else f"*{title}*", "",
+             "| configuration | seeds | mean gap | SE | 95% interval | the interval supports |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         s = r.stats
-        ci = "" if s.lo is None else f"[{s.lo:+.2f}, {s.hi:+.2f}]"
-        per_seed = " / ".join(f"{g:+.2f}" for _, g in sorted(s.gaps.items()))
+        ci = "" if s.lo is None else f"{s.lo:+.2f} .. {s.hi:+.2f}%"
         seeds = ",".join(str(x) for x in s.seeds)
-        lines.append(f"| {r.label} (`{r.config}`) | {seeds} | {per_seed} | {_pct(s.mean)}% | {_pct(s.se, False)} | "
-                     f"{ci} | {describe(r)} |")
+        lines.append(f"| {r.label} | {seeds} | {_pct(s.mean)}% | {_pct(s.se, False)} | {ci} | {describe(r)} |")
     return "\n".join(lines)
 
 

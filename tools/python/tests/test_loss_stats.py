@@ -106,7 +106,7 @@ class Gaps(unittest.TestCase):
             ls.gap_stats({})
 
     def test_verdicts(self) -> None:
-        cases = [((-0.05, 0.08), "within +-0.1%"), ((-0.1, 0.1), "within +-0.1%"), ((0.11, 0.9), "more than +0.1%"),
+        cases = [((-0.05, 0.08), "within ±0.1%"), ((-0.1, 0.1), "within ±0.1%"), ((0.11, 0.9), "more than +0.1%"),
                  ((-0.9, -0.2), "below -0.1%"), ((-0.6, 0.05), "at most +0.1%"), ((-0.05, 0.3), "cannot tell at 0.1%"),
                  ((-0.64, 0.64), "cannot tell at 0.1%"), ((0.02, 0.3), "cannot tell at 0.1%")]
         for (lo, hi), words in cases:
@@ -145,11 +145,16 @@ class Files(unittest.TestCase):
             self.write(d, "b.json", {"runs": [{"config": "ref", "seed": 1, "valid": 2.0},
                                               {"config": "x", "seed": 1, "valid": 1.99},
                                               {"config": "ref", "seed": 0, "valid": 2.0}]})
-            c = ls.Campaign("t", "test", ("a.json", "b.json"), "ref", {"x": ("X", 0.5)})
+            self.write(d, "e.json", {"runs": [{"config": "y", "seed": 0, "valid": 2.02 * 1.1},
+                                              {"config": "y", "seed": 1, "valid": 1.99 * 0.9}]})
+            c = ls.Campaign("t", "test", ("a.json", "b.json", "e.json"), "ref", {"x": ("X", 0.5)}, (("y", "x"),))
             rows = ls.campaign_rows(c, d)
-            self.assertEqual([r.config for r in rows], ["x"])
+            self.assertEqual([(r.config, r.reference) for r in rows], [("x", "ref"), ("y", "ref"), ("y", "x")])
             self.assertEqual(rows[0].stats.seeds, [0, 1])
             self.assertAlmostEqual(rows[0].stats.mean, (1.0 - 0.5) / 2)
+            self.assertAlmostEqual(rows[2].stats.mean, (10.0 - 10.0) / 2)
+            for seed, want in ((0, 10.0), (1, -10.0)):
+                self.assertAlmostEqual(rows[2].stats.gaps[seed], want)
             self.write(d, "c.json", {"runs": [{"config": "ref", "seed": 0, "valid": 2.5}]})
             with self.assertRaisesRegex(ValueError, "ref seed 0.*a.json.*c.json"):
                 ls.campaign_rows(ls.Campaign("t", "t", ("a.json", "c.json"), "ref"), d)
@@ -166,7 +171,7 @@ class Files(unittest.TestCase):
                 rows = ls.campaign_rows(c)
                 self.assertTrue(rows)
                 for r in rows:
-                    self.assertEqual(r.reference, c.reference)
+                    self.assertIn(r.reference, {c.reference} | {against for _, against in c.contrasts})
                     self.assertTrue(all(math.isfinite(g) for g in r.stats.gaps.values()))
 
     def test_the_57m_figures_quoted_in_results(self) -> None:
@@ -178,6 +183,14 @@ class Files(unittest.TestCase):
         self.assertAlmostEqual(int8.mean, 0.004, delta=0.001)
         self.assertEqual(ls.verdict(int8, 0.1), "cannot tell at 0.1%")
         self.assertEqual(ls.verdict(rows["zpccl:8:4"].stats, 0.5), "at most +0.5%")
+
+    def test_blocks_of_64_against_256_on_the_cpu_threads(self) -> None:
+        if not ls.RESULTS.is_dir():
+            raise unittest.SkipTest(f"{ls.RESULTS} not found")
+        rows = ls.campaign_rows(next(c for c in ls.CAMPAIGNS if c.name == "grad-cpu"))
+        b64 = next(r for r in rows if r.config == "int4-b64" and r.reference == "int4")
+        self.assertEqual(b64.stats.seeds, [0, 1, 2, 3])
+        self.assertEqual(b64.stats.sign, "below")  # seed by seed 0.49 - 0.67% below blocks of 256
 
 
 if __name__ == "__main__":
