@@ -560,54 +560,52 @@ def write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
 
 
 def tables(doc: dict[str, Any]) -> str:
-    """Summary tables: per gradient format, the relative error over all parameters at each capture step (per call,
-    two-hop layout first), the window sum's, the cosine; then the weights'; then by class at the last step."""
+    """RESULTS.md's tables, all parameters unless a column says otherwise: the gradient formats (the first layout
+    at every capture step, the window sum and the other layouts at the last), the weights', then per class at the
+    last step (gradients on the first layout rounded to nearest, weights on the fewest ranks)."""
     rows = doc["rows"]
-    steps = doc["setup"]["captures"]
-    last = steps[-1]
-    out = []
+    steps, layouts = doc["setup"]["captures"], doc["setup"]["layouts"]
+    last, first = steps[-1], layouts[0]
+    index = {(r["tensor"], r["format"], r.get("layout") or r["ranks"], r["step"], r["class"]): r for r in rows}
 
-    def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
+    def get(tensor: str, name: str, where: Any, step: int, key: str, fmt: str, cls: str = ALL) -> str:
+        r = index.get((tensor, name, where, step, cls))
         return "" if r is None or r.get(key) is None else format(r[key], fmt)
 
-    def find(**kw: Any) -> dict[str, Any] | None:
-        return next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
+    def hops(lay: str) -> str:
+        return f"{lay}, {Layout.parse(lay).hops} hop{'s' if Layout.parse(lay).hops > 1 else ''}"
 
-    for lay in doc["setup"]["layouts"]:
-        names = list(dict.fromkeys(r["format"] for r in rows if r["tensor"] == "gradients" and r["layout"] == lay))
-        hops = next(r["hops"] for r in rows if r["tensor"] == "gradients" and r["layout"] == lay)
-        out += [f"Gradients, {lay} ({hops} hop{'s' if hops > 1 else ''}), all parameters: relative error per call "
-                f"(mean of {doc['setup']['window']}) at steps {' / '.join(map(str, steps))}; at step {last}: the "
-                "window sum's relative error, the cosine per call, the worst block's error over its absmax", "",
-                "| format | rel. error per call | window sum | cosine | worst block |", "|---|---|---|---|---|"]
-        for name in names:
-            per = [find(tensor="gradients", layout=lay, format=name, step=s, **{"class": ALL}) for s in steps]
-            r = per[-1]
-            out.append(f"| {name} | {' / '.join(cell(x, 'rel_err', '.2e') for x in per)} | "
-                       f"{cell(r, 'window_rel_err', '.2e')} | {cell(r, 'cosine', '.6f')} | "
-                       f"{cell(r, 'block_err_max', '.3f')} |")
-        out.append("")
+    grads = list(dict.fromkeys(r["format"] for r in rows if r["tensor"] == "gradients"))
+    others = layouts[1:]
+    out = [f"| gradients | {hops(first)}: step {' / '.join(map(str, steps))} | window sum, step {last} | "
+           + "".join(f"{hops(lay)}, step {last} | " for lay in others)
+           + f"cosine, {first}, step {last} | worst block, {first}, step {last} |",
+           "|---|---|---|" + "---|" * len(others) + "---|---|"]
+    for name in grads:
+        per = " / ".join(get("gradients", name, first, s, "rel_err", ".2e") for s in steps)
+        out.append(f"| {name} | {per} | {get('gradients', name, first, last, 'window_rel_err', '.2e')} | "
+                   + "".join(f"{get('gradients', name, lay, last, 'rel_err', '.2e')} | " for lay in others)
+                   + f"{get('gradients', name, first, last, 'cosine', '.6f')} | "
+                   f"{get('gradients', name, first, last, 'block_err_max', '.3f')} |")
     ranks = sorted({r["ranks"] for r in rows if r["tensor"] == "weights"})
-    out += [f"Weights (qwZ), all parameters: relative error at steps {' / '.join(map(str, steps))} and cosine at "
-            f"step {last}, {' and '.join(map(str, ranks))} ranks", "",
-            "| format | " + " | ".join(f"rel. error, {n} ranks | cosine, {n} ranks" for n in ranks) + " |",
-            "|---|" + "---|---|" * len(ranks)]
+    out += ["", f"| weights | {ranks[0]} ranks: step {' / '.join(map(str, steps))} | "
+            + "".join(f"{n} ranks, step {last} | " for n in ranks[1:])
+            + f"cosine, step {last} | worst block, step {last} |", "|---|---|" + "---|" * len(ranks[1:]) + "---|---|"]
     for name in dict.fromkeys(r["format"] for r in rows if r["tensor"] == "weights"):
-        cells = []
-        for n in ranks:
-            per = [find(tensor="weights", ranks=n, format=name, step=s, **{"class": ALL}) for s in steps]
-            cells += [" / ".join(cell(x, "rel_err", ".2e") for x in per), cell(per[-1], "cosine", ".6f")]
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
-    out.append("")
-    lay = doc["setup"]["layouts"][0]
-    classes = [c for c in CLASSES + (ALL,) if find(tensor="gradients", layout=lay, step=last, **{"class": c})]
-    out += [f"By class at step {last}: gradients ({lay}) and weights ({ranks[0]} ranks), relative error per call", "",
-            "| format | " + " | ".join(classes) + " |", "|---|" + "---|" * len(classes)]
-    for tensor, where in (("gradients", dict(layout=lay)), ("weights", dict(ranks=ranks[0]))):
-        for name in dict.fromkeys(r["format"] for r in rows if r["tensor"] == tensor):
-            cells = [cell(find(tensor=tensor, format=name, step=last, **where, **{"class": c}), "rel_err", ".2e")
-                     for c in classes]
-            out.append(f"| {tensor} {name} | " + " | ".join(cells) + " |")
+        per = " / ".join(get("weights", name, ranks[0], s, "rel_err", ".2e") for s in steps)
+        out.append(f"| {name} | {per} | " + "".join(f"{get('weights', name, n, last, 'rel_err', '.2e')} | "
+                                                   for n in ranks[1:])
+                   + f"{get('weights', name, ranks[0], last, 'cosine', '.6f')} | "
+                   f"{get('weights', name, ranks[0], last, 'block_err_max', '.3f')} |")
+    classes = [c for c in CLASSES + (ALL,) if ("gradients", "bf16", first, last, c) in index]
+    out += ["", f"| step {last}, by class | " + " | ".join(classes) + " |", "|---|" + "---|" * len(classes)]
+    for tensor, where, names in (("gradients", first, [n for n in grads if n == "bf16" or n.count("-") == 1]),
+                                 ("weights", ranks[0], list(dict.fromkeys(r["format"] for r in rows
+                                                                          if r["tensor"] == "weights")))):
+        for name in names:
+            label = f"{tensor} {name}" + (f" ({where})" if tensor == "gradients" else f" ({where} ranks)")
+            out.append(f"| {label} | " + " | ".join(get(tensor, name, where, last, "rel_err", ".2e", c)
+                                                    for c in classes) + " |")
     return "\n".join(out)
 
 

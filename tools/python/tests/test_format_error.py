@@ -142,8 +142,12 @@ class FormatError(unittest.TestCase):
         doc = dict(rows=self.rows, setup=dict(captures=[0, 2], window=2, layouts=["2x2", "2x1"]))
         text = self.fe.tables(doc)
         for name in ("int8-b64", "int4-b32", "int4-b32-sr-ef", "bf16"):
-            self.assertIn(f"| {name} |", text)
-        self.assertIn("| weights int4-b32 |", text)
+            self.assertIn(f"| {name} | ", text)
+        r = self.row(tensor="gradients", layout="2x2", format="int4-b32", step=2, **{"class": "mlp"})
+        self.assertIn(f"| gradients int4-b32 (2x2) | ", text)
+        self.assertIn(f" {r['rel_err']:.2e} |", text)
+        self.assertIn("| weights int4-b32 (2 ranks) | ", text)
+        self.assertNotIn("|  |", text.split("| step 2, by class")[1])  # every class of the last step filled
 
     def test_bad_formats_and_layouts_are_named(self) -> None:
         for text in ("int6-b64", "int4-b48", "int4-b64-xx", "int4", "int4-b64-sr-sr"):
