@@ -44,7 +44,7 @@ import math
 import pathlib
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -144,7 +144,7 @@ class FormatError(unittest.TestCase):
         for name in ("int8-b64", "int4-b32", "int4-b32-sr-ef", "bf16"):
             self.assertIn(f"| {name} | ", text)
         r = self.row(tensor="gradients", layout="2x2", format="int4-b32", step=2, **{"class": "mlp"})
-        self.assertIn(f"| gradients int4-b32 (2x2) | ", text)
+        self.assertIn("| gradients int4-b32 (2x2) | ", text)
         self.assertIn(f" {r['rel_err']:.2e} |", text)
         self.assertIn("| weights int4-b32 (2 ranks) | ", text)
         self.assertNotIn("|  |", text.split("| step 2, by class")[1])  # every class of the last step filled
