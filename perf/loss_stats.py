@@ -364,7 +364,11 @@ def campaign_rows(c: Campaign, results: pathlib.Path = RESULTS) -> list[Row]:
 
 
 def _pct(x: float | None, signed: bool = True) -> str:
-    return "" if x is None else (f"{x:+.2f}" if signed else f"{x:.2f}")
+    """Two decimals, three under 0.01 (so that a mean of +0.004 does not read +0.00)."""
+    if x is None:
+        return ""
+    digits = 3 if 0 < abs(x) < 0.01 else 2
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
 def describe(row: Row) -> str:
