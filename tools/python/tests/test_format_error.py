@@ -4,6 +4,7 @@ through zpccl.fsdp's BlockLayout, FSDP2's dim-0 chunks and the per-class sums ar
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 import unittest
@@ -15,6 +16,7 @@ from . import SOURCE_TREE
 from . import _reference as ref
 
 SCRIPT = SOURCE_TREE / "perf" / "format_error.py"
+RESULT = "2026-12-05-cpu-threads-format-error-6508252.json"  #: the run perf/RESULTS.md quotes
 # seq 18: the position table's 18 rows make uneven chunks on 4 ranks (FSDP2's zero padding)
 TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "18", "--batch", "2", "--capture", "0,2",
         "--window", "2", "--layouts", "2x2,2x1", "--grad-formats", "int8-b64,int4-b32,int4-b32-sr-ef",
@@ -148,6 +150,13 @@ class FormatError(unittest.TestCase):
         self.assertIn(f" {r['rel_err']:.2e} |", text)
         self.assertIn("| weights int4-b32 (2 ranks) | ", text)
         self.assertNotIn("|  |", text.split("| step 2, by class")[1])  # every class of the last step filled
+
+    def test_results_md_quotes_the_tables_of_its_json(self) -> None:
+        doc = SOURCE_TREE / "perf" / "RESULTS.md"
+        data = SOURCE_TREE / "perf" / "results" / RESULT
+        if not doc.exists() or not data.exists():
+            raise unittest.SkipTest(f"perf/RESULTS.md or {data} not found")
+        self.assertIn(self.fe.tables(json.loads(data.read_text())), doc.read_text())
 
     def test_bad_formats_and_layouts_are_named(self) -> None:
         for text in ("int6-b64", "int4-b48", "int4-b64-xx", "int4", "int4-b64-sr-sr"):

@@ -29,6 +29,9 @@ def load_script() -> Any:
 
 ls = load_script()
 
+#: The campaigns perf/RESULTS.md quotes ("Accuracy"), rendered by loss_stats.py.
+RESULTS_CAMPAIGNS = ("fsdp2-57m", "grad-cpu", "grad-gpu")
+
 #: Two-sided 95% critical values of Student's t (0.975 quantiles) from published tables, by degrees of freedom.
 T_TABLE = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 5: 2.5705818, 6: 2.4469119, 9: 2.2621572,
            10: 2.2281389, 20: 2.0859634, 30: 2.0422725}
@@ -183,6 +186,16 @@ class Files(unittest.TestCase):
         self.assertAlmostEqual(int8.mean, 0.004, delta=0.001)
         self.assertEqual(ls.verdict(int8, 0.1), "cannot tell at 0.1%")
         self.assertEqual(ls.verdict(rows["zpccl:8:4"].stats, 0.5), "at most +0.5%")
+
+    def test_results_md_quotes_the_tables_as_rendered(self) -> None:
+        doc = SOURCE_TREE / "perf" / "RESULTS.md"
+        if not doc.exists() or not ls.RESULTS.is_dir():
+            raise unittest.SkipTest("perf/RESULTS.md or perf/results/ not found")
+        text = doc.read_text()
+        for c in ls.CAMPAIGNS:
+            if c.name in RESULTS_CAMPAIGNS:
+                with self.subTest(campaign=c.name):
+                    self.assertIn(ls.markdown(ls.campaign_rows(c), c.title), text)
 
     def test_blocks_of_64_against_256_on_the_cpu_threads(self) -> None:
         if not ls.RESULTS.is_dir():
