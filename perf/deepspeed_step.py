@@ -53,8 +53,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tools"))
+import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps' statistics)
 import step_protocol as sp  # noqa: E402
-from render_results import gap_cells  # noqa: E402
 
 dt = sp.load_example("deepspeed_train")
 ex = dt.ex
@@ -335,9 +335,8 @@ def report_losses(losses: list[dict[str, Any]]) -> None:
     print(f"{'run':>18} {'valid mean':>10} {'std':>7} {'seeds':>8} {'gap mean':>9} {'std err':>7} "
           f"{'95% interval':>18}  per seed, %")
     for row in summary:
-        gaps = {x["seed"]: 100 * (x["valid"] - ref[x["seed"]]) / ref[x["seed"]]
-                for x in losses if x["spec"] == row["spec"] and x["seed"] in ref}
-        seeds, mean, se, interval, per_seed = gap_cells(gaps) if gaps else ("-",) * 5
+        gaps = ls.paired_gaps({x["seed"]: x["valid"] for x in losses if x["spec"] == row["spec"]}, ref)
+        seeds, mean, se, interval, per_seed = ls.gap_cells(ls.gap_stats(gaps)) if gaps else ("-",) * 5
         print(f"{row['label']:>18} {row['valid']['mean']:10.4f} {row['valid']['std']:7.4f} {seeds:>8} {mean:>9} "
               f"{se:>7} {interval:>18}  {per_seed}")
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Renders the tables of perf/RESULTS.md, and the figures README.md quotes, from perf/results/*.json.
+"""Renders the tables of perf/RESULTS.md, the figures README.md quotes and the tables of perf/notebook/accuracy.md
+from perf/results/*.json.
 
     python3 tools/render_results.py            # rewrite the tables in place
     python3 tools/render_results.py --check    # exit 1, with a diff, when a document differs from the files
@@ -11,25 +12,25 @@ commit it was measured at: from the file's provenance (perf/provenance.py, perf/
 "commit" the file records itself, else from perf/results/legacy.json, the hand-kept manifest of the files written
 before provenance was recorded (their commit and command as RESULTS.md's prose gave them, recorded after the
 fact). A file none of these dates is an error, as are a missing file, a row that is not there and a row that is
-there twice: a table shows only what a file holds. tools/run-tests.sh runs ``--check``.
+there twice: a table shows only what a file holds. Loss tables take their files, baselines, targets and statistics
+from tools/loss_stats.py's campaigns. tools/run-tests.sh runs ``--check``.
 """
 from __future__ import annotations
 
 import argparse
 import difflib
 import json
-import math
 import pathlib
 import re
-import statistics
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 TOP = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tools"))
+import loss_stats as ls  # noqa: E402  (the loss runs' campaigns and their paired statistics)
 from perf_files import provenance_of  # noqa: E402
-DOCUMENTS = ("perf/RESULTS.md", "README.md")
+DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
 
@@ -288,59 +289,122 @@ def fsdp_memory_table(store: Store, name: str, file: str) -> Table:
     return t
 
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 20: 2.086, 30: 2.042}
+@dataclass
+class LossLine:
+    """A row of a loss table: a configuration of the table's campaign, its label and cells under ``extra``, and
+    the configuration it is paired with (None: the campaign's baseline; another: one of the campaign's contrasts)."""
+
+    config: str
+    label: str
+    cells: list[str] = field(default_factory=list)
+    against: str | None = None
 
 
-def gap_cells(gaps: dict[int, float]) -> list[str]:
-    """Mean paired gap (%), its standard error and 95% interval (Student's t over the seeds), per seed."""
-    seeds = sorted(gaps)
-    values = [gaps[s] for s in seeds]
-    mean = statistics.fmean(values)
-    if len(values) > 1:
-        se = statistics.stdev(values) / math.sqrt(len(values))
-        df = len(values) - 1
-        t95 = T95.get(df) or T95[max(k for k in T95 if k <= df)]
-        interval = f"{mean - t95 * se:+.2f} .. {mean + t95 * se:+.2f}%"
-        se_text = f"{se:.2f}"
-    else:
-        se_text, interval = "-", "-"
-    per_seed = " / ".join(f"{v:+.2f}" for v in values)
-    return [",".join(str(s) for s in seeds), f"{mean:+.2f}%", se_text, interval, per_seed]
+def loss_table(store: Store, name: str, campaign: ls.Campaign, lines: list[LossLine], extra: tuple[str, ...] = (),
+               label: str = "run") -> Table:
+    """Loss runs of one campaign of tools/loss_stats.py (its files, its baseline, its tolerances): for each line,
+    the paired gap of its validation loss to the baseline's (or the contrast's) of the same seed, in percent, with
+    loss_stats' standard error, 95% interval and what that interval supports. A run found in several files must
+    agree (runs are deterministic): pairing across files relies on it; a seed without its pair is refused."""
+    try:
+        rows = ls.campaign_rows(campaign, store.folder, store.data)
+    except ValueError as e:
+        raise RenderError(f"table {name}: {e}") from None
+    t = Table(store, name, [label, *extra, "seeds", "gap: mean", "standard error", "95% interval", "per seed, %",
+                            "the interval supports"])
+    for line in lines:
+        against = line.against or campaign.reference
+        row = next((r for r in rows if r.config == line.config and r.reference == against), None)
+        if row is None:
+            raise RenderError(f"table {name}: no {line.config} runs paired with {against} in campaign {campaign.name}"
+                              f" ({', '.join(campaign.files)})")
+        if row.unpaired:
+            raise RenderError(f"table {name}: {line.config} seeds {list(row.unpaired)} have no {against} run to "
+                              "pair with")
+        t.add([line.label, *line.cells, *ls.gap_cells(row.stats), ls.describe(row)], list(row.files))
+    return t
 
 
-def loss_table(store: Store, name: str, files: list[str], runs: list[tuple[str, str, list[str]]], reference: str,
-               extra: tuple[str, ...] = (), label: str = "run") -> Table:
-    """Loss runs of several files (perf/experiments/grad_numerics.py's "runs", named by "config"; perf/fsdp_step.py's
-    "losses", named by "spec"): for each run (its name, a label, cells under ``extra``), the paired gap of its
-    validation loss to the ``reference`` run of the same seed, in percent. A reference run found in several files
-    must agree (runs are deterministic): pairing across files relies on it."""
-    ref: dict[int, tuple[float, str]] = {}
-    found: dict[str, dict[int, tuple[float, str]]] = {r[0]: {} for r in runs}
-    for f in files:
-        data = store.data(f)
-        for r in data.get("runs") or data.get("losses") or []:
-            run, seed, valid = r.get("config") or r.get("spec"), r.get("seed"), r["valid"]
-            if run == reference:
-                if seed in ref and abs(ref[seed][0] - valid) > 1e-6:
-                    raise RenderError(f"table {name}: {reference} of seed {seed} differs between {ref[seed][1]} "
-                                      f"and {f}")
-                ref.setdefault(seed, (valid, f))
-            if run in found:
-                if seed in found[run]:
-                    raise RenderError(f"table {name}: {run} of seed {seed} twice ({found[run][seed][1]}, {f})")
-                found[run][seed] = (valid, f)
-    t = Table(store, name, [label, *extra, "seeds", "gap: mean", "standard error", "95% interval",
-                            "per seed, %"])
-    for run, text, cells in runs:
-        if not found[run]:
-            raise RenderError(f"table {name}: no {run} runs in {', '.join(files)}")
-        missing = sorted(s for s in found[run] if s not in ref)
-        if missing:
-            raise RenderError(f"table {name}: {run} seeds {missing} have no {reference} run to pair with")
-        gaps = {s: 100 * (v - ref[s][0]) / ref[s][0] for s, (v, _) in found[run].items()}
-        used = [f for _, f in found[run].values()] + [ref[s][1] for s in found[run]]
-        t.add([text, *cells, *gap_cells(gaps)], list(dict.fromkeys(used)))
+class FormatErrors:
+    """perf/experiments/format_error.py's rows of one file, by tensor, format, layout (gradients) or rank count
+    (weights), capture step and class of tensors."""
+
+    def __init__(self, store: Store, table: str, file: str) -> None:
+        data = store.data(file)
+        try:
+            self.steps, self.layouts = data["setup"]["captures"], data["setup"]["layouts"]
+            self.index = {(r["tensor"], r["format"], r.get("layout") or r["ranks"], r["step"], r["class"]): r
+                          for r in data["rows"]}
+        except (KeyError, TypeError) as e:
+            raise RenderError(f"table {table}: {file} is not format_error.py's ({e!r} missing)") from None
+        self.last, self.first = self.steps[-1], self.layouts[0]
+
+    def formats(self, tensor: str) -> list[str]:
+        return list(dict.fromkeys(k[1] for k in self.index if k[0] == tensor))
+
+    def cell(self, tensor: str, fmt: str, where: Any, step: int, key: str, spec: str, cls: str = "all") -> str:
+        """One figure; "-" where the file has no such row (not every format ran on every layout)."""
+        r = self.index.get((tensor, fmt, where, step, cls))
+        return "-" if r is None or r.get(key) is None else format(r[key], spec)
+
+
+def format_error_gradients(store: Store, name: str, file: str) -> Table:
+    """Each gradient format's error (qgZ avg against the float64 mean): per call on the first layout at every
+    capture step, the window sum's, per call on the other layouts, cosine and worst block at the last step."""
+    fe = FormatErrors(store, name, file)
+    last, first = fe.last, fe.first
+
+    def hops(lay: str) -> str:
+        r = next((v for k, v in fe.index.items() if k[0] == "gradients" and k[2] == lay), None)
+        if r is None:
+            raise RenderError(f"table {name}: {file} has no gradient rows on layout {lay}")
+        return f"{lay}, {r['hops']} hop{'s' if r['hops'] > 1 else ''}"
+
+    others = fe.layouts[1:]
+    t = Table(store, name, ["gradients", f"{hops(first)}: step {' / '.join(map(str, fe.steps))}",
+                            f"window sum, step {last}", *[f"{hops(lay)}, step {last}" for lay in others],
+                            f"cosine, {first}, step {last}", f"worst block, {first}, step {last}"])
+    for fmt in fe.formats("gradients"):
+        t.add([fmt, " / ".join(fe.cell("gradients", fmt, first, s, "rel_err", ".2e") for s in fe.steps),
+               fe.cell("gradients", fmt, first, last, "window_rel_err", ".2e"),
+               *[fe.cell("gradients", fmt, lay, last, "rel_err", ".2e") for lay in others],
+               fe.cell("gradients", fmt, first, last, "cosine", ".6f"),
+               fe.cell("gradients", fmt, first, last, "block_err_max", ".3f")], [file])
+    return t
+
+
+def format_error_weights(store: Store, name: str, file: str) -> Table:
+    """Each weight format's error (qwZ against the bf16 weights): on the fewest ranks at every capture step, on
+    the other rank counts, cosine and worst block at the last step."""
+    fe = FormatErrors(store, name, file)
+    last = fe.last
+    ranks = sorted({k[2] for k in fe.index if k[0] == "weights"})
+    t = Table(store, name, ["weights", f"{ranks[0]} ranks: step {' / '.join(map(str, fe.steps))}",
+                            *[f"{n} ranks, step {last}" for n in ranks[1:]], f"cosine, step {last}",
+                            f"worst block, step {last}"])
+    for fmt in fe.formats("weights"):
+        t.add([fmt, " / ".join(fe.cell("weights", fmt, ranks[0], s, "rel_err", ".2e") for s in fe.steps),
+               *[fe.cell("weights", fmt, n, last, "rel_err", ".2e") for n in ranks[1:]],
+               fe.cell("weights", fmt, ranks[0], last, "cosine", ".6f"),
+               fe.cell("weights", fmt, ranks[0], last, "block_err_max", ".3f")], [file])
+    return t
+
+
+def format_error_classes(store: Store, name: str, file: str, classes: tuple[str, ...]) -> Table:
+    """Per class of tensors at the last step: gradients on the first layout rounded to nearest (no -sr or -ef),
+    weights on the fewest ranks."""
+    fe = FormatErrors(store, name, file)
+    last, first = fe.last, fe.first
+    ranks = min(k[2] for k in fe.index if k[0] == "weights")
+    t = Table(store, name, [f"step {last}, by class", *classes])
+    for tensor, where in (("gradients", first), ("weights", ranks)):
+        names = [f for f in fe.formats(tensor) if tensor == "weights" or f == "bf16" or f.count("-") == 1]
+        for fmt in names:
+            label = f"{tensor} {fmt} ({where}{' ranks' if tensor == 'weights' else ''})"
+            cells = [fe.cell(tensor, fmt, where, last, "rel_err", ".2e", c) for c in classes]
+            if "-" in cells:
+                raise RenderError(f"table {name}: {file} lacks a class of {tensor} {fmt} at step {last}")
+            t.add([label, *cells], [file])
     return t
 
 
@@ -421,14 +485,7 @@ SLOW = R + "check-c6724ef-shm-net.json"
 SLOW_OLD = R + "check-af5e648-shm-net.json"
 EVERY_OP = R + "nvlink-shm-every-op.json"
 H200X2 = "2026-11-30-h200x2.json"
-CPU_LOSS = ["2026-12-03-cpu-threads-grad-numerics-6e43048.json",
-            "2026-12-03-cpu-threads-grad-numerics-int8-b64-2ed87f4.json",
-            "2026-12-03-cpu-threads-grad-numerics-b32-b64sr-9177042.json",
-            "2026-12-03-cpu-threads-grad-numerics-seeds23-b382d1a.json",
-            "2026-12-03-cpu-threads-grad-numerics-sr-ef-seeds23-3d2dce1.json",
-            "2026-12-04-cpu-threads-grad-numerics-b32-seeds23-5594eac.json"]
-GPU_LOSS = ["2026-12-04-h200x1-grad-numerics-seed0-b6e1f2a.json", "2026-12-04-h200x1-grad-numerics-seed1-b6e1f2a.json",
-            "2026-12-04-h200x1-grad-numerics-b32-b6e1f2a.json"]
+FORMAT_ERROR = "2026-12-05-cpu-threads-format-error-6508252.json"
 QWZ_TARGET = {8: (1.9, "64M"), 4: (3.5, "64M")}  # over shm and net
 HOST_WIRE = "2026-12-05-cpu-host-wire-bytes-"
 GRAD_COLUMNS = ("blocks", "bytes vs bf16")
@@ -437,6 +494,15 @@ GRAD_COLUMNS = ("blocks", "bytes vs bf16")
 def fmt_blocks(bits: int, block: int) -> list[str]:
     """The gradient rows' blocks and wire ratio over bf16 (by the format, not measured)."""
     return [str(block), f"{wire_limit(bits, block):.2f}x"]
+
+
+def grad_loss(store: Store, name: str, campaign: str, lines: list[LossLine]) -> Table:
+    """A loss table of grad_numerics.py's runs: gradient formats with their blocks and bytes."""
+    return loss_table(store, name, ls.campaign(campaign), lines, GRAD_COLUMNS, "gradients")
+
+
+def int4_lines(label: str, configs: list[tuple[str, int]], against: str | None = None) -> list[LossLine]:
+    return [LossLine(c, label, fmt_blocks(4, b), against) for c, b in configs]
 
 
 def headline(store: Store) -> Table:
@@ -529,13 +595,12 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
         (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, its own session")]),
     "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", R3 + "fsdp-memory-1bf77a3.json"),
-    "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", [R3 + "fsdp-loss-cosine-35f8470.json",
-                                                       R3 + "fsdp-loss-cosine-seeds345-1bf77a3.json"], [
-        ("nccl-fp32", "NCCL, fp32 reduction (noise floor)", []),
-        ("zpccl:8:4", "zpccl int8 weights, int4 gradients", []),
-        ("zpccl:8:8", "zpccl int8 weights, int8 gradients", [])], "nccl-noreshard"),
-    "fsdp-loss-b64": lambda s: loss_table(s, "fsdp-loss-b64", [R5 + "fsdp-loss-int4-b64-1c1aab7.json"], [
-        ("zpccl:8:4", "zpccl int8 weights, int4 gradients in blocks of 64", [])], "nccl"),
+    "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", ls.campaign("fsdp2-57m"), [
+        LossLine("nccl-fp32", "NCCL, fp32 reduction (noise floor)"),
+        LossLine("zpccl:8:4", "zpccl int8 weights, int4 gradients"),
+        LossLine("zpccl:8:8", "zpccl int8 weights, int8 gradients")]),
+    "fsdp-loss-b64": lambda s: loss_table(s, "fsdp-loss-b64", ls.campaign("fsdp2-57m-b64"), [
+        LossLine("zpccl:8:4", "zpccl int8 weights, int4 gradients in blocks of 64")]),
     "qwz-nvlink": lambda s: collective_table(s, "qwz-nvlink", "qwz_all_gather", SIZES, [(NVLINK, None)], ["nvlink"],
                                              (8, 4), {8: (1.3, "256M")}),
     "qwz-shm-net": lambda s: collective_table(s, "qwz-shm-net", "qwz_all_gather", SIZES,
@@ -574,21 +639,26 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         ("reduce_requantize_s4", "requantize, S = 4, us", "local"),
         ("reduce_requantize_s8", "requantize, S = 8, us", "local"),
         ("qgz_reduce_scatter", "qgZ net-on1gpu, ms", "net-on1gpu")]),
-    "grad-loss-cpu": lambda s: loss_table(s, "grad-loss-cpu", CPU_LOSS, [
-        ("exact-fp32", "FSDP's, fp32 reduction (noise floor)", ["", "1"]),
-        ("int4", "int4, nearest", fmt_blocks(4, 256)), ("int4-sr", "int4, stochastic rounding", fmt_blocks(4, 256)),
-        ("int4-ef", "int4, error feedback", fmt_blocks(4, 256)), ("int4-sr-ef", "int4, SR + EF", fmt_blocks(4, 256)),
-        ("int4-b64", "int4, nearest", fmt_blocks(4, 64)),
-        ("int4-b64-sr", "int4, stochastic rounding", fmt_blocks(4, 64)),
-        ("int4-b32", "int4, nearest", fmt_blocks(4, 32)), ("int8", "int8, nearest", fmt_blocks(8, 256))], "exact",
-        GRAD_COLUMNS, "gradients"),
-    "grad-loss-gpu": lambda s: loss_table(s, "grad-loss-gpu", GPU_LOSS, [
-        ("int4", "int4, nearest", fmt_blocks(4, 256)), ("int4-b64", "int4, nearest", fmt_blocks(4, 64)),
-        ("int4-b32", "int4, nearest", fmt_blocks(4, 32))], "exact", GRAD_COLUMNS, "gradients"),
-    "readme-grad-loss": lambda s: loss_table(s, "readme-grad-loss", CPU_LOSS, [
-        ("int4", "int4", fmt_blocks(4, 256)), ("int4-b64", "int4", fmt_blocks(4, 64)),
-        ("int4-b32", "int4", fmt_blocks(4, 32))],
-        "exact", GRAD_COLUMNS, "gradients"),
+    "grad-loss-cpu": lambda s: grad_loss(s, "grad-loss-cpu", "grad-cpu", [
+        LossLine("exact-fp32", "FSDP's, fp32 reduction (noise floor)", ["", "1"])]
+        + int4_lines("int4, nearest", [("int4", 256)])
+        + int4_lines("int4, stochastic rounding", [("int4-sr", 256)])
+        + int4_lines("int4, error feedback", [("int4-ef", 256)]) + int4_lines("int4, SR + EF", [("int4-sr-ef", 256)])
+        + int4_lines("int4, nearest", [("int4-b64", 64)])
+        + int4_lines("int4, stochastic rounding", [("int4-b64-sr", 64)])
+        + int4_lines("int4, nearest", [("int4-b32", 32)]) + [LossLine("int8", "int8, nearest", fmt_blocks(8, 256))]
+        + int4_lines("int4, nearest, against blocks of 256", [("int4-b64", 64), ("int4-b32", 32)], "int4")
+        + int4_lines("int4, stochastic rounding, against nearest", [("int4-sr", 256)], "int4")
+        + int4_lines("int4, error feedback, against nearest", [("int4-ef", 256)], "int4")),
+    "grad-loss-gpu": lambda s: grad_loss(s, "grad-loss-gpu", "grad-gpu", int4_lines(
+        "int4, nearest", [("int4", 256), ("int4-b64", 64), ("int4-b32", 32)])
+        + int4_lines("int4, nearest, against blocks of 256", [("int4-b64", 64), ("int4-b32", 32)], "int4")),
+    "readme-grad-loss": lambda s: grad_loss(s, "readme-grad-loss", "grad-cpu", int4_lines(
+        "int4", [("int4", 256), ("int4-b64", 64), ("int4-b32", 32)])),
+    "format-error-gradients": lambda s: format_error_gradients(s, "format-error-gradients", FORMAT_ERROR),
+    "format-error-weights": lambda s: format_error_weights(s, "format-error-weights", FORMAT_ERROR),
+    "format-error-classes": lambda s: format_error_classes(s, "format-error-classes", FORMAT_ERROR, (
+        "attention", "mlp", "embedding", "head", "norm", "bias", "all")),
 }
 
 

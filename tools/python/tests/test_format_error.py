@@ -1,12 +1,15 @@
-"""perf/format_error.py on a tiny GPT: its figures for qwZ and qgZ (one hop and two hops) equal the ones computed
-parameter by parameter from the NumPy model of the format (tests/_reference.py), so that the whole-model staging
-through zpccl.fsdp's BlockLayout, FSDP2's dim-0 chunks and the per-class sums are what the script says."""
+"""perf/experiments/format_error.py on a tiny GPT: its figures for qwZ and qgZ (one hop and two hops) equal the ones
+computed parameter by parameter from the NumPy model of the format (tests/_reference.py), so that the whole-model
+staging through zpccl.fsdp's BlockLayout, FSDP2's dim-0 chunks and the per-class sums are what the script says; and
+tools/render_results.py's tables of its rows show every format, layout and class."""
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
+import pathlib
 import sys
+import tempfile
 import unittest
 from typing import Any
 
@@ -15,8 +18,8 @@ import numpy as np
 from . import SOURCE_TREE
 from . import _reference as ref
 
-SCRIPT = SOURCE_TREE / "perf" / "format_error.py"
-RESULT = "2026-12-05-cpu-threads-format-error-6508252.json"  #: the run perf/RESULTS.md quotes
+SCRIPT = SOURCE_TREE / "perf" / "experiments" / "format_error.py"
+RENDER = SOURCE_TREE / "tools" / "render_results.py"
 # seq 18: the position table's 18 rows make uneven chunks on 4 ranks (FSDP2's zero padding)
 TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "18", "--batch", "2", "--capture", "0,2",
         "--window", "2", "--layouts", "2x2,2x1", "--grad-formats", "int8-b64,int4-b32,int4-b32-sr-ef",
@@ -140,23 +143,40 @@ class FormatError(unittest.TestCase):
                     for got, want in zip(r["rel_err_calls"], rel):
                         self.assertAlmostEqual(got, want, delta=1e-12)
 
-    def test_tables_name_every_format(self) -> None:
-        doc = dict(rows=self.rows, setup=dict(captures=[0, 2], window=2, layouts=["2x2", "2x1"]))
-        text = self.fe.tables(doc)
-        for name in ("int8-b64", "int4-b32", "int4-b32-sr-ef", "bf16"):
-            self.assertIn(f"| {name} | ", text)
+    def test_rendered_tables_show_every_format_layout_and_class(self) -> None:
+        if "render_results" in sys.modules:
+            rr = sys.modules["render_results"]
+        else:
+            spec = importlib.util.spec_from_file_location("render_results", RENDER)
+            rr = importlib.util.module_from_spec(spec)
+            sys.modules["render_results"] = rr  # its dataclasses look their module up there
+            spec.loader.exec_module(rr)  # type: ignore[union-attr]
+        doc = dict(provenance=dict(commit="0123456789abcdef0123456789abcdef01234567", dirty=False), rows=self.rows,
+                   setup=dict(captures=[0, 2], window=2, layouts=["2x2", "2x1"]))
+        with tempfile.TemporaryDirectory() as tmp:
+            (pathlib.Path(tmp) / "fe.json").write_text(json.dumps(doc))
+            store = rr.Store(pathlib.Path(tmp))
+            grads = rr.format_error_gradients(store, "g", "fe.json").lines()
+            weights = rr.format_error_weights(store, "w", "fe.json").lines()
+            classes = rr.format_error_classes(store, "c", "fe.json", self.fe.CLASSES + ("all",)).lines()
+        self.assertEqual(grads[0], "| gradients | 2x2, 2 hops: step 0 / 2 | window sum, step 2 | 2x1, 1 hop, step 2 | "
+                                   "cosine, 2x2, step 2 | worst block, 2x2, step 2 | src |")
+        for name in ("bf16", "int8-b64", "int4-b32", "int4-b32-sr-ef"):
+            line = next(x for x in grads if x.startswith(f"| {name} | "))
+            r = self.row(tensor="gradients", layout="2x1", format=name, step=2, **{"class": "all"})
+            self.assertIn(f" {r['rel_err']:.2e} |", line)
+            self.assertNotIn("| - |", line)  # every format ran on both layouts
+        self.assertEqual(weights[0], "| weights | 2 ranks: step 0 / 2 | 4 ranks, step 2 | cosine, step 2 | "
+                                     "worst block, step 2 | src |")
+        self.assertEqual({x.split(" | ")[0] for x in weights[2:] if x.startswith("| ")},
+                         {"| bf16", "| int4-b32", "| int8-b64"})
+        # by class: gradients rounded to nearest on the first layout, weights on 2 ranks; every cell filled
         r = self.row(tensor="gradients", layout="2x2", format="int4-b32", step=2, **{"class": "mlp"})
-        self.assertIn("| gradients int4-b32 (2x2) | ", text)
-        self.assertIn(f" {r['rel_err']:.2e} |", text)
-        self.assertIn("| weights int4-b32 (2 ranks) | ", text)
-        self.assertNotIn("|  |", text.split("| step 2, by class")[1])  # every class of the last step filled
-
-    def test_results_md_quotes_the_tables_of_its_json(self) -> None:
-        doc = SOURCE_TREE / "perf" / "RESULTS.md"
-        data = SOURCE_TREE / "perf" / "results" / RESULT
-        if not doc.exists() or not data.exists():
-            raise unittest.SkipTest(f"perf/RESULTS.md or {data} not found")
-        self.assertIn(self.fe.tables(json.loads(data.read_text())), doc.read_text())
+        line = next(x for x in classes if x.startswith("| gradients int4-b32 (2x2) | "))
+        self.assertEqual(line.split(" | ")[2], f"{r['rel_err']:.2e}")
+        self.assertFalse(any(x.startswith("| gradients int4-b32-sr-ef") for x in classes))
+        self.assertTrue(any(x.startswith("| weights int8-b64 (2 ranks) | ") for x in classes))
+        self.assertEqual(classes[-1], "Sources: a: `fe.json`, 0123456.")
 
     def test_bad_formats_and_layouts_are_named(self) -> None:
         for text in ("int6-b64", "int4-b48", "int4-b64-xx", "int4", "int4-b64-sr-sr"):

@@ -1,4 +1,4 @@
-"""perf/loss_stats.py: Student's t, the paired gaps' interval and its wording, against values computed apart from
+"""tools/loss_stats.py: Student's t, the paired gaps' interval and its wording, against values computed apart from
 it (published t tables, a numerical integral of the density, sums done by hand), and the result files it reads."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from . import SOURCE_TREE
 
-SCRIPT = SOURCE_TREE / "perf" / "loss_stats.py"
+SCRIPT = SOURCE_TREE / "tools" / "loss_stats.py"
 
 
 def load_script() -> Any:
@@ -28,9 +28,6 @@ def load_script() -> Any:
 
 
 ls = load_script()
-
-#: The campaigns perf/RESULTS.md quotes ("Accuracy"), rendered by loss_stats.py.
-RESULTS_CAMPAIGNS = ("fsdp2-57m", "grad-cpu", "grad-gpu")
 
 #: Two-sided 95% critical values of Student's t (0.975 quantiles) from published tables, by degrees of freedom.
 T_TABLE = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 5: 2.5705818, 6: 2.4469119, 9: 2.2621572,
@@ -127,6 +124,22 @@ class Gaps(unittest.TestCase):
         self.assertAlmostEqual(s.hi - s.mean, 0.64, delta=0.01)
         self.assertEqual(ls.verdict(s, 0.1), "cannot tell at 0.1%")
 
+    def test_cells_and_words(self) -> None:
+        s = ls.gap_stats({0: 1.0, 1: 2.0, 2: 6.0})  # the interval by hand above: 3 -+ 4.3026527 * 1.5275
+        self.assertEqual(ls.gap_cells(s), ["0,1,2", "+3.00%", "1.53", "-3.57 .. +9.57%", "+1.00 / +2.00 / +6.00"])
+        self.assertEqual(ls.gap_cells(ls.gap_stats({3: 0.004})), ["3", "+0.004%", "-", "-", "+0.00"])
+
+        def row(lo: float, hi: float, tolerance: float | None) -> Any:
+            return ls.Row("c", "x", "X", "ref", tolerance, stats_of(lo, hi))
+
+        self.assertEqual(ls.describe(row(-0.6, 0.05, 0.1)), "at most +0.1%")
+        self.assertEqual(ls.describe(row(0.2, 0.9, 0.1)), "more than +0.1%")  # the verdict says the sign
+        self.assertEqual(ls.describe(row(0.02, 0.3, 0.1)), "cannot tell at 0.1%; above `ref`")
+        self.assertEqual(ls.describe(row(-0.3, -0.02, None)), "below `ref`")
+        self.assertEqual(ls.describe(row(-0.3, 0.2, None)), "no difference resolved")
+        self.assertEqual(ls.describe(ls.Row("c", "x", "X", "ref", 0.1, ls.gap_stats({0: 0.1}))),
+                         "one seed: no interval")
+
     def test_seeds_for_half_width(self) -> None:
         for sd, h in ((0.61, 0.1), (1.0, 1.0), (0.2, 0.5)):
             n = ls.seeds_for_half_width(sd, h)
@@ -150,10 +163,22 @@ class Files(unittest.TestCase):
                                               {"config": "ref", "seed": 0, "valid": 2.0}]})
             self.write(d, "e.json", {"runs": [{"config": "y", "seed": 0, "valid": 2.02 * 1.1},
                                               {"config": "y", "seed": 1, "valid": 1.99 * 0.9}]})
-            c = ls.Campaign("t", "test", ("a.json", "b.json", "e.json"), "ref", {"x": ("X", 0.5)}, (("y", "x"),))
+            self.write(d, "f.json", {"runs": [{"config": "x", "seed": 9, "valid": 1.0}]})
+            c = ls.Campaign("t", "test", ("a.json", "b.json", "e.json", "f.json"), "ref", {"x": ("X", 0.5)},
+                            (("y", "x"),))
             rows = ls.campaign_rows(c, d)
             self.assertEqual([(r.config, r.reference) for r in rows], [("x", "ref"), ("y", "ref"), ("y", "x")])
             self.assertEqual(rows[0].stats.seeds, [0, 1])
+            # the files of the runs paired (ref seed 0 from a.json, the first to hold it), and x's seed 9 unpaired
+            self.assertEqual(rows[0].files, ("a.json", "b.json"))
+            self.assertEqual(rows[0].unpaired, (9,))
+            self.assertEqual(rows[1].files, ("a.json", "b.json", "e.json"))
+            self.assertEqual(rows[2].files, ("a.json", "b.json", "e.json"))
+            read = []
+            loaded = ls.campaign_rows(c, d / "elsewhere", lambda name: read.append(name) or
+                                      json.loads((d / name).read_text()))
+            self.assertEqual(read, list(c.files))
+            self.assertEqual([r.stats for r in loaded], [r.stats for r in rows])
             self.assertAlmostEqual(rows[0].stats.mean, (1.0 - 0.5) / 2)
             self.assertAlmostEqual(rows[2].stats.mean, (10.0 - 10.0) / 2)
             for seed, want in ((0, 10.0), (1, -10.0)):
@@ -186,16 +211,6 @@ class Files(unittest.TestCase):
         self.assertAlmostEqual(int8.mean, 0.004, delta=0.001)
         self.assertEqual(ls.verdict(int8, 0.1), "cannot tell at 0.1%")
         self.assertEqual(ls.verdict(rows["zpccl:8:4"].stats, 0.5), "at most +0.5%")
-
-    def test_results_md_quotes_the_tables_as_rendered(self) -> None:
-        doc = SOURCE_TREE / "perf" / "RESULTS.md"
-        if not doc.exists() or not ls.RESULTS.is_dir():
-            raise unittest.SkipTest("perf/RESULTS.md or perf/results/ not found")
-        text = doc.read_text()
-        for c in ls.CAMPAIGNS:
-            if c.name in RESULTS_CAMPAIGNS:
-                with self.subTest(campaign=c.name):
-                    self.assertIn(ls.markdown(ls.campaign_rows(c), c.title), text)
 
     def test_blocks_of_64_against_256_on_the_cpu_threads(self) -> None:
         if not ls.RESULTS.is_dir():

@@ -2,10 +2,11 @@
 """Each quantized format's error on the 57M model's own weights and gradients, through zpccl's own collectives:
 a deterministic measure of what loss runs over a few seeds cannot resolve.
 
-    python3 perf/format_error.py -J perf/results/format-error.json        # about an hour on one core
-    python3 perf/format_error.py --table perf/results/format-error.json   # RESULTS.md's summary tables
+    python3 perf/experiments/format_error.py -J perf/results/format-error.json   # about 80 minutes on one core
 
-1. A real training run, one process on the CPU: ``perf/fsdp_step.py``'s ``--shape`` (default small: the byte-level
+tools/render_results.py renders its tables (perf/RESULTS.md, perf/notebook/accuracy.md) from the JSON.
+
+1. A real training run, one process on the CPU: the step benchmarks' ``--shape`` (default small: the byte-level
    GPT of ``tools/python/examples/fsdp2_train.py``, 8 layers, d 768, 12 heads, 57.3M parameters, 8 sequences of
    256 bytes), its data (Python's standard library sources, ``fsdp2_train.corpus``) and optimizer
    (``make_optimizer``: AdamW at 6e-4 ramped over a tenth of ``--schedule-steps``, then a cosine to a tenth;
@@ -45,6 +46,7 @@ root's parameters) when the whole model is too slow; the JSON says which.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import pathlib
@@ -53,14 +55,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-HERE = pathlib.Path(__file__).resolve().parent
-TOP = HERE.parent
-for _p in (str(HERE), str(TOP / "tools" / "python"), str(TOP / "tools" / "python" / "examples")):
+PERF = pathlib.Path(__file__).resolve().parents[1]
+TOP = PERF.parent
+for _p in (str(PERF), str(TOP / "tools" / "python"), str(TOP / "tools" / "python" / "examples")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
 import fsdp2_train as ex  # noqa: E402  (the example's model, data and optimizer)
-from fsdp_step import SHAPES  # noqa: E402  (the step benchmark's model shapes)
+from step_protocol import SHAPES  # noqa: E402  (the step benchmarks' model shapes)
 
 CLASSES = ("attention", "mlp", "embedding", "head", "norm", "bias")
 ALL = "all"
@@ -458,7 +460,7 @@ def run_qgz(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="small", help="perf/fsdp_step.py's model shape")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small", help="the step benchmarks' model shape")
     p.add_argument("--layers", type=int, help="override the shape's layers (tests)")
     p.add_argument("--d-model", type=int, help="override the shape's width (tests)")
     p.add_argument("--heads", type=int, help="override the shape's heads (tests)")
@@ -480,10 +482,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch's threads")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("-J", "--json", default="", help="write the figures here")
-    p.add_argument("--table", default="", help="print RESULTS.md's tables from this JSON, and stop")
     a = p.parse_args(argv)
-    if a.table:
-        return a
     shape = dict(zip(("layers", "d_model", "heads", "seq", "batch"), SHAPES[a.shape]))
     for k, v in shape.items():
         if getattr(a, k) is None:
@@ -528,8 +527,9 @@ def setup_of(a: argparse.Namespace, parameters: int) -> dict[str, Any]:
 def run(a: argparse.Namespace, say: Any = _say) -> dict[str, Any]:
     import torch
 
-    import zpccl  # noqa: F401  (imported before provenance, which records its library)
     from provenance import provenance
+
+    importlib.import_module("zpccl")  # before provenance(), which records the library of an imported zpccl
 
     torch.set_num_threads(a.threads)
     doc: dict[str, Any] = dict(provenance=provenance("cpu-threads"), rows=[], losses=[])
@@ -557,64 +557,8 @@ def write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
         pathlib.Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-# ---- RESULTS.md's tables ----------------------------------------------------------------------------------------
-
-
-def tables(doc: dict[str, Any]) -> str:
-    """RESULTS.md's tables, all parameters unless a column says otherwise: the gradient formats (the first layout
-    at every capture step, the window sum and the other layouts at the last), the weights', then per class at the
-    last step (gradients on the first layout rounded to nearest, weights on the fewest ranks)."""
-    rows = doc["rows"]
-    steps, layouts = doc["setup"]["captures"], doc["setup"]["layouts"]
-    last, first = steps[-1], layouts[0]
-    index = {(r["tensor"], r["format"], r.get("layout") or r["ranks"], r["step"], r["class"]): r for r in rows}
-
-    def get(tensor: str, name: str, where: Any, step: int, key: str, fmt: str, cls: str = ALL) -> str:
-        r = index.get((tensor, name, where, step, cls))
-        return "" if r is None or r.get(key) is None else format(r[key], fmt)
-
-    def hops(lay: str) -> str:
-        return f"{lay}, {Layout.parse(lay).hops} hop{'s' if Layout.parse(lay).hops > 1 else ''}"
-
-    grads = list(dict.fromkeys(r["format"] for r in rows if r["tensor"] == "gradients"))
-    others = layouts[1:]
-    out = [f"| gradients | {hops(first)}: step {' / '.join(map(str, steps))} | window sum, step {last} | "
-           + "".join(f"{hops(lay)}, step {last} | " for lay in others)
-           + f"cosine, {first}, step {last} | worst block, {first}, step {last} |",
-           "|---|---|---|" + "---|" * len(others) + "---|---|"]
-    for name in grads:
-        per = " / ".join(get("gradients", name, first, s, "rel_err", ".2e") for s in steps)
-        out.append(f"| {name} | {per} | {get('gradients', name, first, last, 'window_rel_err', '.2e')} | "
-                   + "".join(f"{get('gradients', name, lay, last, 'rel_err', '.2e')} | " for lay in others)
-                   + f"{get('gradients', name, first, last, 'cosine', '.6f')} | "
-                   f"{get('gradients', name, first, last, 'block_err_max', '.3f')} |")
-    ranks = sorted({r["ranks"] for r in rows if r["tensor"] == "weights"})
-    out += ["", f"| weights | {ranks[0]} ranks: step {' / '.join(map(str, steps))} | "
-            + "".join(f"{n} ranks, step {last} | " for n in ranks[1:])
-            + f"cosine, step {last} | worst block, step {last} |", "|---|---|" + "---|" * len(ranks[1:]) + "---|---|"]
-    for name in dict.fromkeys(r["format"] for r in rows if r["tensor"] == "weights"):
-        per = " / ".join(get("weights", name, ranks[0], s, "rel_err", ".2e") for s in steps)
-        out.append(f"| {name} | {per} | " + "".join(f"{get('weights', name, n, last, 'rel_err', '.2e')} | "
-                                                   for n in ranks[1:])
-                   + f"{get('weights', name, ranks[0], last, 'cosine', '.6f')} | "
-                   f"{get('weights', name, ranks[0], last, 'block_err_max', '.3f')} |")
-    classes = [c for c in CLASSES + (ALL,) if ("gradients", "bf16", first, last, c) in index]
-    out += ["", f"| step {last}, by class | " + " | ".join(classes) + " |", "|---|" + "---|" * len(classes)]
-    for tensor, where, names in (("gradients", first, [n for n in grads if n == "bf16" or n.count("-") == 1]),
-                                 ("weights", ranks[0], list(dict.fromkeys(r["format"] for r in rows
-                                                                          if r["tensor"] == "weights")))):
-        for name in names:
-            label = f"{tensor} {name}" + (f" ({where})" if tensor == "gradients" else f" ({where} ranks)")
-            out.append(f"| {label} | " + " | ".join(get(tensor, name, where, last, "rel_err", ".2e", c)
-                                                    for c in classes) + " |")
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    if a.table:
-        print(tables(json.loads(pathlib.Path(a.table).read_text())))
-        return 0
     run(a)
     if a.json:
         print(f"wrote {a.json}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Paired statistics of loss runs: what a set of seeds says about a configuration's loss against its exact baseline.
 
-    python3 perf/loss_stats.py                 # every campaign below, as Markdown tables (RESULTS.md, "Accuracy")
-    python3 perf/loss_stats.py --json out.json # the same figures as JSON
+    python3 tools/loss_stats.py                 # every campaign below, as Markdown tables
+    python3 tools/loss_stats.py --json out.json # the same figures as JSON
+    python3 tools/loss_stats.py --check         # fail on a loss file in perf/results/ that no campaign reads
 
 A loss run is a row (configuration, seed, validation loss). A configuration is compared with its campaign's exact
 baseline seed by seed: the two runs of one seed share the model's initialization and the data order, so their
@@ -30,6 +31,8 @@ sample. Per configuration:
   sign it resolves (``above`` the baseline when lo > 0, ``below`` when hi < 0, else none).
 
 A mean inside the tolerance with an interval that straddles it is "cannot tell", never "met in the mean".
+tools/render_results.py renders perf/RESULTS.md's and README's loss tables from the campaigns through this module,
+and perf/deepspeed_step.py reports its loss runs with :func:`gap_cells`: one computation of every loss interval.
 
 Campaigns (:data:`CAMPAIGNS`) say which result files belong together (one setup: model, steps, schedule, layout),
 which configuration is the exact baseline, and each configuration's tolerance. Runs are deterministic, so a
@@ -45,10 +48,10 @@ import pathlib
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-HERE = pathlib.Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+TOP = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = TOP / "perf" / "results"
 LEVEL = 0.95  #: the intervals' coverage
 
 
@@ -201,28 +204,32 @@ class Run:
     file: str
 
 
-def runs_of_file(path: pathlib.Path) -> list[Run]:
-    """The loss runs of a result file: ``perf/fsdp_step.py``'s (``losses``: spec, seed, valid) or
-    ``perf/grad_numerics.py``'s (``runs``: config, seed, valid). Rows without a seed are refused: they cannot be
-    paired."""
-    doc = json.loads(path.read_text())
-    if "losses" in doc:
+def runs_of_doc(doc: Any, name: str) -> list[Run]:
+    """The loss runs of a parsed result file named ``name``: ``perf/fsdp_step.py``'s or ``perf/deepspeed_step.py``'s
+    (``losses``: spec, seed, valid) or ``perf/experiments/grad_numerics.py``'s (``runs``: config, seed, valid). Rows
+    without a seed are refused: they cannot be paired."""
+    if isinstance(doc, dict) and "losses" in doc:
         rows = [(r.get("spec"), r.get("seed"), r.get("valid")) for r in doc["losses"]]
-    elif "runs" in doc:
+    elif isinstance(doc, dict) and "runs" in doc:
         rows = [(r.get("config"), r.get("seed"), r.get("valid")) for r in doc["runs"]]
     else:
-        raise ValueError(f"{path.name}: neither 'losses' (fsdp_step) nor 'runs' (grad_numerics)")
+        raise ValueError(f"{name}: neither 'losses' (fsdp_step) nor 'runs' (grad_numerics)")
     out = []
     for config, seed, valid in rows:
         if config is None or seed is None or valid is None:
-            raise ValueError(f"{path.name}: a loss row without a configuration, seed or validation loss "
+            raise ValueError(f"{name}: a loss row without a configuration, seed or validation loss "
                              f"({config!r}, {seed!r}, {valid!r}): it cannot be paired")
-        out.append(Run(str(config), int(seed), float(valid), path.name))
+        out.append(Run(str(config), int(seed), float(valid), name))
     return out
 
 
-def merge_runs(runs: Iterable[Run]) -> dict[str, dict[int, float]]:
-    """configuration -> seed -> validation loss; a (configuration, seed) seen twice must agree exactly."""
+def runs_of_file(path: pathlib.Path) -> list[Run]:
+    """The loss runs of a result file (:func:`runs_of_doc`)."""
+    return runs_of_doc(json.loads(path.read_text()), path.name)
+
+
+def merge_runs(runs: Iterable[Run]) -> dict[str, dict[int, Run]]:
+    """configuration -> seed -> its run (the first file's); a (configuration, seed) seen twice must agree exactly."""
     table: dict[str, dict[int, Run]] = {}
     for r in runs:
         seen = table.setdefault(r.config, {}).get(r.seed)
@@ -231,7 +238,7 @@ def merge_runs(runs: Iterable[Run]) -> dict[str, dict[int, float]]:
                              f"{r.valid!r} in {r.file}: a run is deterministic, so these files do not belong "
                              "to one campaign")
         table[r.config][r.seed] = seen or r
-    return {c: {s: r.valid for s, r in seeds.items()} for c, seeds in table.items()}
+    return table
 
 
 @dataclass(frozen=True)
@@ -257,6 +264,12 @@ CAMPAIGNS = (
         {"nccl-fp32": ("NCCL, fp32 reduction (noise floor)", None),
          "zpccl:8:4": ("zpccl int8 weights, int4 gradients (blocks of 256)", 0.5),
          "zpccl:8:8": ("zpccl int8 weights, int8 gradients", 0.1)}),
+    Campaign(
+        "fsdp2-57m-b64", "57M FSDP2 model as above, int4 gradients in blocks of 64, paired to NCCL with "
+        "reshard_after_forward=True",
+        ("2026-12-05-h200x1-fsdp-loss-int4-b64-1c1aab7.json",),
+        "nccl",
+        {"zpccl:8:4": ("zpccl int8 weights, int4 gradients in blocks of 64", 0.5)}),
     Campaign(
         "fsdp2-57m-constant", "57M FSDP2 model as above, constant learning rate (superseded by the cosine runs)",
         ("2026-12-02-h200x1-fsdp-loss-seeds-460dffb.json",),
@@ -322,6 +335,8 @@ class Row:
     reference: str
     tolerance: float | None
     stats: GapStats
+    files: tuple[str, ...] = ()  #: the files of the paired runs, in the campaign's order
+    unpaired: tuple[int, ...] = ()  #: seeds of ``config`` with no ``reference`` run
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
@@ -332,32 +347,45 @@ class Row:
                     verdict=None if self.tolerance is None else verdict(s, self.tolerance))
 
 
-def campaign_rows(c: Campaign, results: pathlib.Path = RESULTS) -> list[Row]:
+def campaign_rows(c: Campaign, results: pathlib.Path = RESULTS, load: Callable[[str], Any] | None = None) -> list[Row]:
     """Every configuration of the campaign that has a seed in common with its baseline, in the campaign's order
-    (then any other configuration found, in file order), then the campaign's contrasts."""
-    runs = [r for f in c.files for r in runs_of_file(results / f)]
-    table = merge_runs(runs)
+    (then any other configuration found, in file order), then the campaign's contrasts. ``load`` reads a file by
+    name (default: JSON from ``results``)."""
+    read = load or (lambda name: json.loads((results / name).read_text()))
+    table = merge_runs(r for f in c.files for r in runs_of_doc(read(f), f))
     if c.reference not in table:
         raise ValueError(f"campaign {c.name}: no {c.reference!r} run in {', '.join(c.files)}")
+
+    def row(config: str, against: str, label: str, tolerance: float | None) -> Row | None:
+        mine, theirs = table[config], table[against]
+        gaps = paired_gaps({s: r.valid for s, r in mine.items()}, {s: r.valid for s, r in theirs.items()})
+        if not gaps:
+            return None
+        used = {mine[s].file for s in gaps} | {theirs[s].file for s in gaps}
+        return Row(c.name, config, label, against, tolerance, gap_stats(gaps), tuple(f for f in c.files if f in used),
+                   tuple(s for s in sorted(mine) if s not in theirs))
+
     order = list(c.configs) + [k for k in table if k not in c.configs and k != c.reference]
     rows = []
     for config in order:
-        if config not in table:
-            continue
-        gaps = paired_gaps(table[config], table[c.reference])
-        if not gaps:
-            continue
-        label, tolerance = c.configs.get(config, (config, None))
-        rows.append(Row(c.name, config, label, c.reference, tolerance, gap_stats(gaps)))
+        if config in table:
+            label, tolerance = c.configs.get(config, (config, None))
+            rows.append(row(config, c.reference, label, tolerance))
     for config, against in c.contrasts:
         for name in (config, against):
             if name not in table:
                 raise ValueError(f"campaign {c.name}: contrast {config} against {against}: no {name!r} run")
-        gaps = paired_gaps(table[config], table[against])
-        if gaps:
-            label = f"{c.configs.get(config, (config,))[0]}, against {c.configs.get(against, (against,))[0]}"
-            rows.append(Row(c.name, config, label, against, None, gap_stats(gaps)))
-    return rows
+        label = f"{c.configs.get(config, (config,))[0]}, against {c.configs.get(against, (against,))[0]}"
+        rows.append(row(config, against, label, None))
+    return [r for r in rows if r is not None]
+
+
+def campaign(name: str) -> Campaign:
+    """The campaign of :data:`CAMPAIGNS` called ``name``."""
+    for c in CAMPAIGNS:
+        if c.name == name:
+            return c
+    raise ValueError(f"no loss campaign {name!r} (known: {', '.join(c.name for c in CAMPAIGNS)})")
 
 
 # ---- output ---------------------------------------------------------------------------------------------------
@@ -372,30 +400,33 @@ def _pct(x: float | None, signed: bool = True) -> str:
 
 
 def describe(row: Row) -> str:
-    """What the interval supports, in words: the verdict at the row's tolerance, the sign, the narrowest bound."""
+    """What the interval supports, in words: the verdict at the row's tolerance, and the sign where the interval
+    resolves one (the interval itself is beside it in every table)."""
     s = row.stats
     if s.lo is None:
         return "one seed: no interval"
-    words = []
-    if row.tolerance is not None:
-        words.append(verdict(s, row.tolerance))
-    words.append({"above": f"above `{row.reference}`", "below": f"below `{row.reference}`",
-                  "none": "sign not resolved"}[s.sign])
-    words.append(f"within ±{s.bound:.2f}% at best")
-    return "; ".join(words)
+    words = [verdict(s, row.tolerance)] if row.tolerance is not None else []
+    if s.sign != "none" and not (words and words[0].startswith(("more than", "below"))):  # those say the sign
+        words.append(f"{s.sign} `{row.reference}`")
+    return "; ".join(words) or "no difference resolved"
+
+
+def gap_cells(stats: GapStats) -> list[str]:
+    """A row's cells: seeds, mean gap (%), standard error, 95% interval and the gap of each seed."""
+    ci = "-" if stats.lo is None else f"{stats.lo:+.2f} .. {stats.hi:+.2f}%"
+    se = "-" if stats.se is None else _pct(stats.se, False)
+    per_seed = " / ".join(f"{stats.gaps[s]:+.2f}" for s in stats.seeds)
+    return [",".join(str(x) for x in stats.seeds), f"{_pct(stats.mean)}%", se, ci, per_seed]
 
 
 def markdown(rows: list[Row], title: str) -> str:
-    """One campaign's table: per row, the seeds, the mean gap and its standard error (percent), the interval, and
-    what it supports (the per-seed gaps are in the JSON)."""
+    """One campaign's table: per row, the seeds, the mean gap and its standard error (percent), the interval, the
+    gap of each seed and what the interval supports."""
     lines = [f"*{title}*; gaps to `{rows[0].reference}` unless a row names another" if rows else f"*{title}*", "",
-             "| configuration | seeds | mean gap | SE | 95% interval | the interval supports |",
-             "|---|---|---|---|---|---|"]
+             "| configuration | seeds | mean gap | SE | 95% interval | per seed, % | the interval supports |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        s = r.stats
-        ci = "" if s.lo is None else f"{s.lo:+.2f} .. {s.hi:+.2f}%"
-        seeds = ",".join(str(x) for x in s.seeds)
-        lines.append(f"| {r.label} | {seeds} | {_pct(s.mean)}% | {_pct(s.se, False)} | {ci} | {describe(r)} |")
+        lines.append("| " + " | ".join([r.label, *gap_cells(r.stats), describe(r)]) + " |")
     return "\n".join(lines)
 
 
