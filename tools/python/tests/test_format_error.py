@@ -4,22 +4,18 @@ staging through zpccl.fsdp's BlockLayout, FSDP2's dim-0 chunks and the per-class
 tools/render_results.py's tables of its rows show every format, layout and class."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
-import sys
 import tempfile
 import unittest
 from typing import Any
 
 import numpy as np
 
-from . import SOURCE_TREE
+from . import SOURCE_TREE, load_script
 from . import _reference as ref
 
-SCRIPT = SOURCE_TREE / "perf" / "experiments" / "format_error.py"
-RENDER = SOURCE_TREE / "tools" / "render_results.py"
 # seq 18: the position table's 18 rows make uneven chunks on 4 ranks (FSDP2's zero padding)
 TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "18", "--batch", "2", "--capture", "0,2",
         "--window", "2", "--layouts", "2x2,2x1", "--grad-formats", "int8-b64,int4-b32,int4-b32-sr-ef",
@@ -31,13 +27,7 @@ def load() -> tuple[Any, Any]:
         import torch
     except ImportError:
         raise unittest.SkipTest("torch is not installed") from None
-    if not SCRIPT.exists():
-        raise unittest.SkipTest(f"{SCRIPT} not found")
-    spec = importlib.util.spec_from_file_location("format_error", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["format_error"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return torch, module
+    return torch, load_script("perf/experiments/format_error.py")
 
 
 def bits_of(torch: Any, t: Any) -> np.ndarray:
@@ -144,13 +134,7 @@ class FormatError(unittest.TestCase):
                         self.assertAlmostEqual(got, want, delta=1e-12)
 
     def test_rendered_tables_show_every_format_layout_and_class(self) -> None:
-        if "render_results" in sys.modules:
-            rr = sys.modules["render_results"]
-        else:
-            spec = importlib.util.spec_from_file_location("render_results", RENDER)
-            rr = importlib.util.module_from_spec(spec)
-            sys.modules["render_results"] = rr  # its dataclasses look their module up there
-            spec.loader.exec_module(rr)  # type: ignore[union-attr]
+        rr = load_script("tools/render_results.py")
         doc = dict(provenance=dict(commit="0123456789abcdef0123456789abcdef01234567", dirty=False), rows=self.rows,
                    setup=dict(captures=[0, 2], window=2, layouts=["2x2", "2x1"]))
         with tempfile.TemporaryDirectory() as tmp:
@@ -177,6 +161,23 @@ class FormatError(unittest.TestCase):
         self.assertFalse(any(x.startswith("| gradients int4-b32-sr-ef") for x in classes))
         self.assertTrue(any(x.startswith("| weights int8-b64 (2 ranks) | ") for x in classes))
         self.assertEqual(classes[-1], "Sources: a: `fe.json`, 0123456.")
+
+    def test_the_measured_library_and_mains_give_the_same_figures(self) -> None:
+        # perf/RESULTS.md's claim for the format-error file: the same run (57M, capture 0, figures over block 0)
+        # on the library it was measured with (1d711a1's, commit 6508252) and on main's, bit for bit.
+        results = SOURCE_TREE / "perf" / "results"
+        pair = [results / f"2026-12-05-cpu-threads-format-error-layer0-{c}.json" for c in ("6508252", "81cf410")]
+        if not all(p.exists() for p in pair):
+            raise unittest.SkipTest("the layer-0 pair of perf/results/ not found")
+        old, new = (json.loads(p.read_text()) for p in pair)
+        self.assertNotEqual(old["provenance"]["commit"], new["provenance"]["commit"])
+        self.assertEqual(old["setup"], new["setup"])
+        self.assertEqual(old["setup"]["model"]["parameters"], 57294592)
+        self.assertEqual(len(old["rows"]), 287)
+        self.assertEqual(old["rows"], new["rows"])
+        self.assertEqual(old["losses"], new["losses"])
+        full = json.loads((results / "2026-12-05-cpu-threads-format-error-6508252.json").read_text())
+        self.assertEqual(full["losses"][:4], new["losses"])
 
     def test_bad_formats_and_layouts_are_named(self) -> None:
         for text in ("int6-b64", "int4-b48", "int4-b64-xx", "int4", "int4-b64-sr-sr"):

@@ -2,32 +2,17 @@
 it (published t tables, a numerical integral of the density, sums done by hand), and the result files it reads."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
 import statistics
-import sys
 import tempfile
 import unittest
 from typing import Any
 
-from . import SOURCE_TREE
+from . import load_script
 
-SCRIPT = SOURCE_TREE / "tools" / "loss_stats.py"
-
-
-def load_script() -> Any:
-    if not SCRIPT.exists():
-        raise unittest.SkipTest(f"{SCRIPT} not found")
-    spec = importlib.util.spec_from_file_location("loss_stats", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["loss_stats"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-ls = load_script()
+ls = load_script("tools/loss_stats.py")
 
 #: Two-sided 95% critical values of Student's t (0.975 quantiles) from published tables, by degrees of freedom.
 T_TABLE = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 5: 2.5705818, 6: 2.4469119, 9: 2.2621572,
