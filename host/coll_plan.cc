@@ -101,6 +101,29 @@ void planQgzOneHop(const PlanFacts& f, bool slowLink, CollPlan* p) {
   p->scratchBytes[1] = ChunkRegion(p->chunks, p->recv.slots, f.bits, f.blockSize).bytes();
 }
 
+// qgZ's first hop of two: among the ranks of one node, each sending its node's N slices a destination.
+HopPlan qgzIntraHop(const PlanTunables& tu, const Topology& t) {
+  return HopPlan{pairGather(tu, t.localSize, false) ? Exchange::kPairGather : Exchange::kSendRecv,
+                 PlanComm::kIntra,
+                 t.localSize,
+                 t.localRank,
+                 t.nodes,
+                 false,
+                 false};
+}
+
+// qgZ's second hop: among the ranks of this local rank, one a node, over the slow link; on the finish stage where
+// it follows a first hop of its own call (qgZ), on the move stage where the all-reduce runs every hop there.
+HopPlan qgzInterHop(const PlanTunables& tu, const Topology& t, bool onFinishStage) {
+  return HopPlan{pairGather(tu, t.nodes, true) ? Exchange::kPairGather : Exchange::kSendRecv,
+                 PlanComm::kInter,
+                 t.nodes,
+                 t.node,
+                 1,
+                 false,
+                 onFinishStage};
+}
+
 // qgZ's two hops (host/qgz_plan.h): the intra-node all-to-all (N slots to each local peer) on the move stage, the
 // inter-node one among the ranks of this local rank on the finish stage. The first hop's ranks share a node, the
 // second's do not: only the second crosses a slow link.
@@ -110,20 +133,8 @@ void planQgzTwoHops(const PlanFacts& f, CollPlan* p) {
   p->path = PlanPath::kTwoHops;
   p->chunks = planChunks(tu, f.count, f.blockSize, p->logicalBytes);
   p->hops = 2;
-  p->hop[0] = HopPlan{pairGather(tu, t.localSize, false) ? Exchange::kPairGather : Exchange::kSendRecv,
-                      PlanComm::kIntra,
-                      t.localSize,
-                      t.localRank,
-                      t.nodes,
-                      false,
-                      false};
-  p->hop[1] = HopPlan{pairGather(tu, t.nodes, true) ? Exchange::kPairGather : Exchange::kSendRecv,
-                      PlanComm::kInter,
-                      t.nodes,
-                      t.node,
-                      1,
-                      false,
-                      true};
+  p->hop[0] = qgzIntraHop(tu, t);
+  p->hop[1] = qgzInterHop(tu, t, /*onFinishStage=*/true);
   p->sendSlots = p->ranks;
   p->recv.slots = p->ranks;
   p->scratchBytes[0] = ChunkRegion(p->chunks, p->sendSlots, f.bits, f.blockSize).bytes();
@@ -141,20 +152,8 @@ void planAllReduce(const PlanFacts& f, bool slowLink, CollPlan* p) {
   if (t.hierarchical()) {
     p->path = PlanPath::kTwoHops;
     p->hops = 4;
-    p->hop[0] = HopPlan{pairGather(tu, t.localSize, false) ? Exchange::kPairGather : Exchange::kSendRecv,
-                        PlanComm::kIntra,
-                        t.localSize,
-                        t.localRank,
-                        t.nodes,
-                        false,
-                        false};
-    p->hop[1] = HopPlan{pairGather(tu, t.nodes, true) ? Exchange::kPairGather : Exchange::kSendRecv,
-                        PlanComm::kInter,
-                        t.nodes,
-                        t.node,
-                        1,
-                        false,
-                        false};
+    p->hop[0] = qgzIntraHop(tu, t);
+    p->hop[1] = qgzInterHop(tu, t, /*onFinishStage=*/false);
     p->hop[2] = HopPlan{Exchange::kAllGather, PlanComm::kInter, t.nodes, t.node, 1, false, false};
     p->hop[3] = HopPlan{Exchange::kAllGather, PlanComm::kIntra, t.localSize, t.localRank, t.nodes, false, false};
   } else {
