@@ -211,18 +211,10 @@ run() {
   }
 
   # Builds: one a library key, several at once, each ninja with its share of the cores.
-  for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
-    command -v nvcc >/dev/null || { [ -x "$d/nvcc" ] && export PATH=$d:$PATH; }
-  done
-  local meson_cmd=(meson) whl
-  if ! command -v meson >/dev/null; then
-    if [ -x "$top/.venv/bin/meson" ]; then
-      meson_cmd=("$top/.venv/bin/meson")
-    else
-      whl=$(ls "$top"/meson-*.whl 2>/dev/null | head -1)
-      [ -n "$whl" ] && meson_cmd=(env "PYTHONPATH=$whl" python3 -m mesonbuild.mesonmain)
-    fi
-  fi
+  local meson_cmd
+  # shellcheck source=tools/gpu-build-tools.sh
+  source "$top/tools/gpu-build-tools.sh"
+  find_gpu_build_tools "$top"
   local cores
   cores=$(nproc 2>/dev/null || echo 4)
   local per_build=$(((cores + jobs - 1) / jobs)) build_limit=$((deadline / 3))

@@ -179,18 +179,9 @@ run_step() {
 }
 
 # ---- build -------------------------------------------------------------------------------------------------
-for d in /usr/local/cuda/bin /usr/local/cuda-13.0/bin; do
-  command -v nvcc >/dev/null || { [ -x "$d/nvcc" ] && export PATH=$d:$PATH; }
-done
-meson_cmd=(meson)
-if ! command -v meson >/dev/null; then
-  if [ -x "$top/.venv/bin/meson" ]; then
-    meson_cmd=("$top/.venv/bin/meson")
-  else
-    whl=$(ls "$top"/meson-*.whl 2>/dev/null | head -1)
-    [ -n "$whl" ] && meson_cmd=(env "PYTHONPATH=$whl" python3 -m mesonbuild.mesonmain)
-  fi
-fi
+# shellcheck source=tools/gpu-build-tools.sh
+source "$top/tools/gpu-build-tools.sh"
+find_gpu_build_tools "$top"
 # The architecture option was renamed once (cuda_archs is reserved by Meson); take whichever this tree has.
 arch_opt=gpu_archs
 grep -q "option('cuda_archs'" meson.options 2>/dev/null && arch_opt=cuda_archs
