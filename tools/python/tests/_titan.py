@@ -36,7 +36,8 @@ SMALL = ["--training.seq_len", "32", "--training.local_batch_size", "1", "--trai
 
 
 def torchtitan_or_skip() -> Any:
-    """torchtitan, or SkipTest when it is missing or lacks what 0.3 has (config modules, post_optimizer_build_fn)."""
+    """torchtitan, or SkipTest when it is missing or lacks what 0.3 has (config modules, post_optimizer_build_fn),
+    or when torch lacks what torchtitan 0.3 calls."""
     try:
         import torchtitan
         from torchtitan.config import ConfigManager  # noqa: F401
@@ -46,6 +47,18 @@ def torchtitan_or_skip() -> Any:
     if "post_optimizer_build_fn" not in getattr(ModelSpec, "__dataclass_fields__", {}):
         raise unittest.SkipTest(f"torchtitan {torchtitan.__version__} has no ModelSpec.post_optimizer_build_fn "
                                 "(0.3 has)")
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.fsdp as fsdp
+
+    # torchtitan 0.3's trainer, and so every config registry, imports DataParallelMeshDims when loaded and calls
+    # set_timeout after its first step: a torch without either cannot run it, whatever zpccl does.
+    needs = {"torch.distributed.fsdp.DataParallelMeshDims": (fsdp, "DataParallelMeshDims"),
+             "torch.distributed.set_timeout": (dist, "set_timeout")}
+    lacks = [name for name, (module, attr) in needs.items() if not hasattr(module, attr)]
+    if lacks:
+        raise unittest.SkipTest(f"torchtitan {torchtitan.__version__} needs {' and '.join(lacks)}, which torch "
+                                f"{torch.__version__} lacks (torch 2.14 has them)")
     return torchtitan
 
 

@@ -2,7 +2,8 @@
 ...``), with zpccl.fsdp enabled on every model part by the post_optimizer_build_fn hook. On the CPU, torchtitan's
 trainer runs its Llama 3 debug model on four thread-ranks as two nodes of two (what the CPU needs that torchtitan
 does not give it: tests/_titan.py), and its losses track torchtitan's own run. The GPU test spawns ranks on two
-GPUs. Skipped without torchtitan (0.3) or without torch 2.12 or later."""
+GPUs. Skipped without torchtitan (0.3), without torch 2.12 or later (ranks as threads), or on a torch that lacks
+what torchtitan 0.3 calls (tests/_titan.py)."""
 from __future__ import annotations
 
 import contextlib
