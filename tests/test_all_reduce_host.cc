@@ -23,6 +23,7 @@
 #include "host/reduce_math.h"
 #include "include/zpccl.h"
 #include "tests/collective_check.h"
+#include "tests/host_layout.h"
 #include "tests/host_ranks.h"
 
 namespace {
@@ -35,32 +36,11 @@ using zptest::runHostRanks;
 
 // ---- layouts ---------------------------------------------------------------------------------------------------
 
-struct Layout {
-  const char* name;
-  int nranks;
-  int ranksPerNode;          // > 0: node = rank / ranksPerNode
-  std::vector<int> nodeIds;  // else: config.nodeId of each rank
-  bool large = false;        // also run count 100003
-};
-
-void PrintTo(const Layout& L, std::ostream* os) { *os << L.name; }
-std::string layoutName(const ::testing::TestParamInfo<Layout>& info) { return info.param.name; }
-
-void configure(const Layout& L, int rank, zpConfig_t* c) {
-  if (L.ranksPerNode > 0) {
-    c->ranksPerNode = L.ranksPerNode;
-  } else {
-    c->nodeId = L.nodeIds[rank];
-  }
-}
-
-zpcheck::RefTopo refTopo(const Layout& L) { return zpcheck::refTopo(L.nranks, L.ranksPerNode, L.nodeIds); }
-
-std::vector<int> labels(int nranks, int mod) {
-  std::vector<int> v;
-  for (int r = 0; r < nranks; ++r) v.push_back(r % mod);
-  return v;
-}
+using zptest::configure;
+using zptest::labels;
+using zptest::Layout;
+using zptest::layoutName;
+using zptest::refTopo;
 
 const std::vector<Layout>& allLayouts() {
   static const std::vector<Layout> layouts = {

@@ -20,6 +20,7 @@
 #include "host/reduce_math.h"
 #include "include/zpccl.h"
 #include "tests/collective_check.h"
+#include "tests/host_layout.h"
 #include "tests/host_ranks.h"
 
 namespace {
@@ -34,30 +35,12 @@ constexpr size_t kLarge = 100003;
 
 // ---- layouts ---------------------------------------------------------------------------------------------------
 
-struct Layout {
-  const char* name;
-  int nranks;
-  int ranksPerNode;          // > 0: node = rank / ranksPerNode (config.ranksPerNode)
-  std::vector<int> nodeIds;  // else: config.nodeId of each rank
-  bool large = false;        // also run recvcount 100003
-  int configBits = 0;        // config.gradBits (0: default 4)
-  int configBlock = 0;       // config.blockSize (0: default 256)
-};
-
-// gtest prints a parameter with this (else as raw bytes).
-void PrintTo(const Layout& L, std::ostream* os) { *os << L.name; }
-
-void configure(const Layout& L, int rank, zpConfig_t* c) {
-  if (L.ranksPerNode > 0)
-    c->ranksPerNode = L.ranksPerNode;
-  else
-    c->nodeId = L.nodeIds[rank];
-  if (L.configBits) c->gradBits = L.configBits;
-  if (L.configBlock) c->blockSize = L.configBlock;
-}
-
 using zpcheck::RefTopo;
-RefTopo refTopo(const Layout& L) { return zpcheck::refTopo(L.nranks, L.ranksPerNode, L.nodeIds); }
+using zptest::configure;
+using zptest::labels;
+using zptest::Layout;
+using zptest::layoutName;
+using zptest::refTopo;
 
 // ---- inputs ----------------------------------------------------------------------------------------------------
 
@@ -272,14 +255,6 @@ Spec makeSpec(const Layout& L, const Setting& st, zpDataType_t type, size_t coun
 std::string describe(const Spec& s, const Setting& st) {
   return std::string(zp::typeName(s.type)) + " count " + std::to_string(s.count) + " " + st.name + " (bits " +
          std::to_string(s.bits) + ", block " + std::to_string(s.blockSize) + ") " + zp::opName(s.op);
-}
-
-std::string layoutName(const ::testing::TestParamInfo<Layout>& info) { return info.param.name; }
-
-std::vector<int> labels(int nranks, int mod) {
-  std::vector<int> v;
-  for (int r = 0; r < nranks; ++r) v.push_back(r % mod);
-  return v;
 }
 
 const std::vector<Layout>& allLayouts() {
