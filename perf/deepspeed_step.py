@@ -168,7 +168,8 @@ class Bench:
 
     def engine(self, comm: str, seed: int, steps: int, weight_bits: int | None = None,
                grad_bits: int | None = None) -> tuple[Any, Any, int]:
-        """(engine, zpccl session or None, the device memory zpccl's enable took on this rank) of a fresh model."""
+        """(engine, the handle zpccl.deepspeed.enable returned or None, the device memory zpccl's enable took on this
+        rank) of a fresh model."""
         import deepspeed
         import zpccl.deepspeed
 
@@ -283,7 +284,7 @@ def main(args: argparse.Namespace) -> None:
     import deepspeed
 
     bench = Bench(args)
-    names, label, say = sp.session(bench, args)
+    names, label, say = sp.run_setup(bench, args)
     model = ex.build_gpt(bench.torch, args.layers, args.d_model, args.heads, args.seq)
     n_params = sum(p.numel() for p in model.parameters())
     del model

@@ -334,7 +334,7 @@ class Bench:
 
 def main(args: argparse.Namespace) -> None:
     bench = Bench(args)
-    names, label, say = sp.session(bench, args)
+    names, label, say = sp.run_setup(bench, args)
     n_params = sum(p.numel() for p in bench.base.parameters())
     sp.say_layout(say, "FSDP2 step", bench, args, n_params)
     out = timed_rows(bench, args, names, label, n_params, say) if names else []

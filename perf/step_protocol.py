@@ -95,7 +95,7 @@ def parse_seeds(text: str | None, default: int) -> list[int]:
     return seeds
 
 
-def session(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any]:
+def run_setup(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any]:
     """The configurations to time (none with ``--loss-only``), the regime label of the rows, and ``say``: print on
     rank 0, nothing elsewhere."""
     names = [] if args.loss_only else [n.strip() for n in args.configs.split(",") if n.strip()]
