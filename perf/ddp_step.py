@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import importlib
-import os
 import pathlib
 import sys
 import time
@@ -108,45 +106,24 @@ def _names(p: argparse.ArgumentParser, text: str, flag: str) -> list[str]:
     return names
 
 
-class Where:
-    """This rank's place on CPUs (``--cpu``): gloo, no device; the node layout from ``--nodes``."""
-
-    def __init__(self, nodes: int) -> None:
-        import torch
-
-        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        self.device = torch.device("cpu")
-        self.ranks_per_node = self.world // nodes if nodes else None
-
-    def init(self) -> None:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
 
         self.args, self.torch = args, torch
         if args.cpu:
-            torch.set_num_threads(1)
-            self.where: Any = Where(args.nodes)
+            self.where: Any = ex.CpuLaunch(args.nodes)
         else:
             self.where = ex.Launch(args.nodes)
         self.where.init()
         self.dist = torch.distributed
-        self.cuda = not args.cpu
+        self.cuda = sp.on_cuda(self)
         ex.import_zpccl()  # the installed package, or the source tree's
         self.zpccl_ddp = importlib.import_module("zpccl.ddp")
 
         self.text = ex.corpus()
         self.base = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, args.seed)
         self.data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, args.seed)
-
-    def sync(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize()
 
     def build(self, config: str, base: Any = None) -> tuple[Any, Any]:
         """A fresh DDP model of ``base`` (default: the benchmark's) with ``config``'s hook; and zpccl's state."""
@@ -177,21 +154,18 @@ class Bench:
 
     def step(self, model: Any, opt: Any, step: int) -> float:
         ids, targets = self.data.step(step)
-        self.sync()
+        sp.synchronize(self)
         t0 = time.perf_counter()
         loss = self.forward_loss(model, ids, targets)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        self.sync()
+        sp.synchronize(self)
         return time.perf_counter() - t0
 
     def run(self, config: str, round_index: int) -> dict[str, Any]:
         torch, args = self.torch, self.args
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.where.device)
+        sp.fresh_peak(self)
         model, zp = self.build(config)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
         times = []
@@ -201,8 +175,7 @@ class Bench:
             t = self.step(model, opt, round_index * 1000 + s)
             if s >= args.warmup:
                 times.append(t)
-        row: dict[str, Any] = dict(times=self.every_rank(times),
-                                   peak=torch.cuda.max_memory_allocated(self.where.device) if self.cuda else 0)
+        row: dict[str, Any] = dict(times=sp.every_rank(self, times), peak=sp.peak_memory(self))
         if zp is not None:
             summary = zp.summary().get("quant_all_reduce", dict(calls=0, wire_bytes=0))
             row["calls"] = summary["calls"] // args.steps
@@ -211,11 +184,6 @@ class Bench:
             zp.close()
         del model, opt
         return row
-
-    def every_rank(self, values: list[float]) -> list[list[float]]:
-        everyone: list[Any] = [None] * self.where.world
-        self.dist.all_gather_object(everyone, [float(v) for v in values])
-        return everyone
 
     def mean_over_ranks(self, value: Any) -> float:
         total = value.detach().clone().float()
@@ -259,9 +227,7 @@ class Bench:
 def main(args: argparse.Namespace) -> None:
     bench = Bench(args)
     torch, where = bench.torch, bench.where
-    names = [] if args.loss_only else args.config_list
-    label = args.label or ("cpu" if args.cpu else f"net-on{torch.cuda.device_count()}gpu" if args.nodes else "local")
-    say = print if where.rank == 0 else (lambda *a, **k: None)
+    names, label, say = sp.run_setup(bench, args)
     n_params = sum(p.numel() for p in bench.base.parameters())
     say(f"# DDP step: {where.world} ranks ({f'{args.nodes} nodes, ' if args.nodes else ''}"
         f"{'CPU, gloo' if args.cpu else 'CUDA'}), {n_params / 1e6:.2f}M parameters, {args.layers} layers d "

@@ -3,8 +3,10 @@ alternating timed rounds (every rank timed, a step its slowest rank's, the round
 seed, the JSON rewritten after each), and the summaries of both (step_summary, ratio_of, loss_summary).
 
 A bench (each script's ``Bench``) gives ``torch``, ``dist`` (torch.distributed) and ``where`` (the example's
-``Launch``: ``rank``, ``world``, ``device``); the scripts keep what differs: the configurations, how one is built
-and stepped, and what each row says beyond the common fields.
+``Launch`` or ``CpuLaunch``: ``rank``, ``world``, ``device``); the scripts keep what differs: the configurations, how
+one is built and stepped, and what each row says beyond the common fields. On a CPU (``--cpu``: gloo, zpccl's host
+backend) the protocol runs as on a GPU, with no device to synchronize and no device memory to count (peaks and
+what an enable takes read 0): a smoke test of a script, whose times say nothing about a GPU's.
 """
 from __future__ import annotations
 
@@ -99,7 +101,10 @@ def run_setup(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any
     """The configurations to time (none with ``--loss-only``), the regime label of the rows, and ``say``: print on
     rank 0, nothing elsewhere."""
     names = [] if args.loss_only else [n.strip() for n in args.configs.split(",") if n.strip()]
-    label = args.label or (f"net-on{bench.torch.cuda.device_count()}gpu" if args.nodes else "local")
+    if not on_cuda(bench):
+        label = args.label or "cpu"
+    else:
+        label = args.label or (f"net-on{bench.torch.cuda.device_count()}gpu" if args.nodes else "local")
     say = print if bench.where.rank == 0 else (lambda *a, **k: None)
     return names, label, say
 
@@ -109,14 +114,33 @@ def say_layout(say: Any, title: str, bench: Any, args: argparse.Namespace, n_par
     the layout, after the ranks)."""
     where = bench.where
     timed = "no timed rounds" if args.loss_only else f"{args.rounds} rounds of {args.warmup}+{args.steps} steps"
-    say(f"# {title}: {where.world} ranks ({f'{args.nodes} nodes over sockets, ' if args.nodes else ''}"
-        f"{bench.rpn} a node, {bench.on_device} a GPU){groups}, {n_params / 1e6:.1f}M parameters, "
+    cuda = on_cuda(bench)
+    nodes = f"{args.nodes} nodes{' over sockets' if cuda else ''}, " if args.nodes else ""
+    shared = f"{bench.on_device} a GPU" if cuda else "CPU, gloo"
+    say(f"# {title}: {where.world} ranks ({nodes}"
+        f"{bench.rpn} a node, {shared}){groups}, {n_params / 1e6:.1f}M parameters, "
         f"{args.layers} layers d {args.d_model}, {args.batch} x {args.seq} tokens per rank; {timed}; zpccl "
         f"int{args.weight_bits} weights, int{args.grad_bits} gradients, blocks of {args.block_size}"
         + (f" (gradients' {args.grad_block_size})" if args.grad_block_size else ""), flush=True)
 
 
 # ---- the ranks ---------------------------------------------------------------------------------------------------
+
+
+def on_cuda(bench: Any) -> bool:
+    """Whether the bench's ranks run on GPUs (else on CPUs: ``--cpu``)."""
+    return bench.where.device.type == "cuda"
+
+
+def synchronize(bench: Any) -> None:
+    """Waits for the rank's GPU work (nothing to wait for on a CPU), around a timed step."""
+    if on_cuda(bench):
+        bench.torch.cuda.synchronize()
+
+
+def peak_memory(bench: Any) -> int:
+    """The rank's peak device memory in torch's allocator since :func:`fresh_peak` (0 on a CPU)."""
+    return bench.torch.cuda.max_memory_allocated(bench.where.device) if on_cuda(bench) else 0
 
 
 def ranks_per_host(bench: Any) -> int:
@@ -145,8 +169,10 @@ def every_rank(bench: Any, times: list[float]) -> list[list[float]]:
 def memory_taken(bench: Any, on_device: int, make: Callable[[], Any]) -> tuple[Any, int]:
     """``make()``'s result and the device memory it took on this rank: device-wide free memory before and after,
     between barriers, shared among the ``on_device`` ranks of this GPU (what zpccl's enable takes lies outside
-    torch's allocator)."""
+    torch's allocator); 0 on a CPU."""
     torch = bench.torch
+    if not on_cuda(bench):
+        return make(), 0
     torch.cuda.synchronize()
     bench.dist.barrier()
     free_before = torch.cuda.mem_get_info(bench.where.device)[0]
@@ -163,8 +189,9 @@ def fresh_peak(bench: Any) -> None:
     """Frees what the configuration before left and restarts torch's peak count, so that each one's peak memory is
     its own (a dropped FSDP2 model is cyclic: without the collection its memory counts in the next one's peak)."""
     gc.collect()
-    bench.torch.cuda.empty_cache()
-    bench.torch.cuda.reset_peak_memory_stats(bench.where.device)
+    if on_cuda(bench):
+        bench.torch.cuda.empty_cache()
+        bench.torch.cuda.reset_peak_memory_stats(bench.where.device)
 
 
 def timed_steps(bench: Any, args: argparse.Namespace, round_index: int, step: Callable[[int], float],
@@ -178,7 +205,7 @@ def timed_steps(bench: Any, args: argparse.Namespace, round_index: int, step: Ca
         t = step(round_index * 1000 + s)
         if s >= args.warmup:
             times.append(t)
-    return dict(times=every_rank(bench, times), peak=bench.torch.cuda.max_memory_allocated(bench.where.device))
+    return dict(times=every_rank(bench, times), peak=peak_memory(bench))
 
 
 def zpccl_per_step(zp: Any, steps: int) -> tuple[dict[str, int], dict[str, int]]:

@@ -82,31 +82,22 @@ def zero_config(args: argparse.Namespace, comm: str, ranks_per_node: int | None,
     return cfg
 
 
-class CpuLaunch:
-    """This process's place on DeepSpeed's CPU accelerator: gloo, one node of every rank."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        self.device = torch.device("cpu")
-        self.nodes, self.ranks_per_node = 0, None
-        torch.set_num_threads(1)
+class CpuLaunch(ex.CpuLaunch):
+    """This process's place on DeepSpeed's CPU accelerator: gloo, ranks as processes."""
 
     def init(self) -> None:
         import deepspeed
-        import torch.distributed as dist
 
         # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce when it starts (minutes, once per
         # machine); nothing here uses it.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        dist.init_process_group("gloo")
+        super().init()
 
 
 def where_am_i(args: argparse.Namespace) -> Any:
     """The launch (GPU: fsdp2_train's, with DeepSpeed told the device by LOCAL_RANK; CPU: gloo), initialized."""
     if args.cpu:
-        where = CpuLaunch()
+        where = CpuLaunch(args.nodes)
     else:
         where = ex.Launch(args.nodes)
         os.environ["LOCAL_RANK"] = str(where.device.index)  # DeepSpeed places itself on LOCAL_RANK's device
@@ -158,7 +149,8 @@ def train(args: argparse.Namespace) -> None:
         what = {"deepspeed": "DeepSpeed's collectives", "zeropp": "DeepSpeed's ZeRO++",
                 "zpccl": f"zpccl qwZ int{args.weight_bits} / qgZ int{args.grad_bits}"}[args.comm]
         print(f"DeepSpeed ZeRO-3 on {what}: {where.world} ranks"
-              f"{f' as {args.nodes} nodes over sockets' if args.nodes else ''}{' (CPU)' if args.cpu else ''}"
+              f"{f' as {args.nodes} nodes' if args.nodes else ''}{' over sockets' if args.nodes and not args.cpu else ''}"
+              f"{' (CPU)' if args.cpu else ''}"
               f"{f', hpZ groups of {zp.hpz_size}' if zp is not None and zp.hpz_size else ''}; {n / 1e6:.1f}M "
               f"parameters, {args.batch} x {args.seq} bytes per rank and step", flush=True)
 

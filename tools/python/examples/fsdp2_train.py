@@ -276,6 +276,28 @@ class Launch:
         return init_device_mesh("cuda", (self.world,))
 
 
+class CpuLaunch:
+    """This process's place on CPUs: gloo, ranks as processes, one thread each; ``nodes`` only tells zpccl the
+    layout (gloo has no links to emulate), so that its host backend plans the hops a cluster of that many nodes
+    would take."""
+
+    def __init__(self, nodes: int) -> None:
+        import torch
+
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.device = torch.device("cpu")
+        if nodes and self.world % nodes:
+            raise SystemExit(f"--nodes {nodes} does not divide {self.world} processes")
+        self.nodes = nodes
+        self.ranks_per_node = self.world // nodes if nodes else None
+        torch.set_num_threads(1)
+
+    def init(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+
+
 def import_zpccl() -> Any:
     """zpccl, installed or from the source tree this script sits in (tools/python). Importing it loads neither
     torch nor the library."""

@@ -1,0 +1,99 @@
+"""perf/deepspeed_step.py on DeepSpeed's CPU accelerator with tiny shapes, as a smoke test of the benchmark behind
+issue 48's figures: ZeRO-3 on DeepSpeed's collectives and on zpccl's timed in alternating rounds, every rank's raw
+step times kept, the bytes of each side counted, the JSON's provenance, the loss runs and their gaps; and the
+arguments it refuses on a CPU."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from . import SOURCE_TREE, load_script
+from .test_deepspeed import deepspeed_or_skip
+
+SCRIPT = SOURCE_TREE / "perf" / "deepspeed_step.py"
+RANKS, NODES, ROUNDS, STEPS = 4, 2, 2, 2
+
+
+class DeepSpeedStepScript(unittest.TestCase):
+    def test_cpu_arguments(self) -> None:
+        ds = load_script("perf/deepspeed_step.py")
+        args = ds.parse_args(["--cpu", "--configs", "deepspeed,zpccl", "--loss-runs", "deepspeed,zpccl:8:4"])
+        self.assertTrue(args.cpu)
+        # zeropp is refused on a CPU wherever it would run; a loss run list is read only with --loss-steps.
+        self.assertFalse(ds.parse_args(["--cpu", "--configs", "zpccl"]).loss_steps)
+        for bad in (["--cpu"], ["--cpu", "--configs", "deepspeed,zeropp"],
+                    ["--cpu", "--configs", "zpccl", "--loss-steps", "2", "--loss-runs", "deepspeed,zeropp"],
+                    ["--nproc", "3", "--nodes", "2"]):
+            with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()) as err, \
+                    self.assertRaises(SystemExit):
+                ds.parse_args(bad)
+            if "zeropp" in " ".join(bad) or bad == ["--cpu"]:
+                self.assertIn("zeropp needs CUDA", err.getvalue())
+
+    def test_runs_on_the_cpu(self) -> None:
+        deepspeed_or_skip()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "deepspeed.json")
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            env.pop("RANK", None)
+            # Four ranks as two nodes of two (DeepSpeed's hpZ groups of two are zpccl's; qgZ takes two hops). d 192:
+            # the matrices are over DeepSpeed's persistence threshold, so they are gathered.
+            done = subprocess.run(
+                [sys.executable, str(SCRIPT), "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1",
+                 "--d-model", "192", "--heads", "2", "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl",
+                 "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "1", "--loss-steps", "3",
+                 "--loss-runs", "deepspeed,zpccl:8:4", "-J", path],
+                capture_output=True, text=True, timeout=600, env=env)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            with open(path) as f:
+                doc = json.load(f)
+        self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
+        self.assertIn("deepspeed_step.py --cpu", doc["provenance"]["command"])
+        self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["hpz"]), ("cpu", RANKS, NODES, 2))
+        self.assertRegex(doc["deepspeed"], r"^\d+\.\d+")
+        rows = {r["config"]: r for r in doc["rows"]}
+        self.assertEqual(list(rows), ["deepspeed", "zpccl"])
+        for name, row in rows.items():
+            raw = row["step_ms_per_rank"]  # round, rank, step
+            self.assertEqual([len(raw)] + sorted({len(rnd) for rnd in raw}) + sorted({len(s) for rnd in raw
+                                                                                      for s in rnd}),
+                             [ROUNDS, RANKS, STEPS], name)
+            self.assertTrue(all(t > 0 for rnd in raw for s in rnd for t in s))
+            slowest = [[max(s[i] for s in rnd) for i in range(STEPS)] for rnd in raw]  # a step: its slowest rank's
+            self.assertEqual(row["step_ms"], slowest)
+            self.assertEqual(row["median_ms"], statistics.median(t for rnd in slowest for t in rnd))
+            self.assertEqual((row["peak_mib"], row["enable_mib"]), (0, 0))  # no device memory on a CPU
+        ds, zp = rows["deepspeed"], rows["zpccl"]
+        self.assertIsNone(ds["calls"])
+        self.assertGreater(ds["sent_mib"]["deepspeed all_gather"], 0)
+        self.assertGreater(ds["sent_mib"]["deepspeed reduce_scatter"], 0)
+        # qwZ and two-hop qgZ in each timed step. No backward gather (so no hpZ call) under the benchmark's config:
+        # DeepSpeed keeps a parameter gathered until its backward when it is reused within
+        # stage3_max_reuse_distance elements (DeepSpeed's default, 1e9: the whole model here and at 57M).
+        for path in ("qwz", "qgz"):
+            self.assertGreater(zp["calls"].get(path, 0), 0, zp["calls"])
+        self.assertEqual(zp["hpz"], 2)
+        # zpccl's gradients left DeepSpeed's reduce-scatter: what DeepSpeed still sends is less than ZeRO-3's.
+        self.assertLess(zp["sent_mib"].get("deepspeed reduce_scatter", 0), ds["sent_mib"]["deepspeed reduce_scatter"])
+        self.assertEqual([x["spec"] for x in doc["losses"]], ["deepspeed", "zpccl:8:4"])
+        for x in doc["losses"]:
+            self.assertTrue(math.isfinite(x["valid"]) and x["valid"] > 0, x)
+        self.assertIsNone(doc["losses"][0]["zpccl_calls"])
+        self.assertGreater(doc["losses"][1]["zpccl_calls"]["qgz"], 0)
+        gaps = {s["spec"]: s["gap_pct"] for s in doc["loss_summary"]}
+        self.assertEqual(gaps["deepspeed"]["mean"], 0.0)
+        self.assertNotEqual(gaps["zpccl:8:4"]["mean"], 0.0)  # quantized: not DeepSpeed's bits
+        self.assertIn("vs deepspeed", done.stdout)
+        self.assertIn("(4 ranks (2 nodes, 2 a node, CPU, gloo)", done.stdout.replace("# DeepSpeed ZeRO-3 step: ", "("))
+
+
+if __name__ == "__main__":
+    unittest.main()
