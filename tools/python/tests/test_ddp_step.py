@@ -4,37 +4,20 @@ kept, the JSON's provenance, the loss runs and their gaps; and its arguments' re
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import json
 import math
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
 import unittest
-from typing import Any
 
-from . import SOURCE_TREE
+from . import load_script
 from ._procs import torch_for_procs
+from ._step_scripts import check_timed_row, run_step_script
 
-SCRIPT = SOURCE_TREE / "perf" / "ddp_step.py"
 RANKS, ROUNDS, STEPS = 2, 2, 2
-
-
-def load_script() -> Any:
-    if not SCRIPT.exists():
-        raise unittest.SkipTest(f"{SCRIPT} not found")
-    spec = importlib.util.spec_from_file_location("ddp_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 class DdpStepScript(unittest.TestCase):
     def test_arguments(self) -> None:
-        ds = load_script()
+        ds = load_script("perf/ddp_step.py")
         args = ds.parse_args([])
         self.assertGreaterEqual(args.rounds, 5)
         self.assertEqual(args.config_list, list(ds.CONFIGS))
@@ -48,18 +31,10 @@ class DdpStepScript(unittest.TestCase):
 
     def test_runs_on_the_cpu(self) -> None:
         torch_for_procs()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "ddp.json")
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            env.pop("RANK", None)
-            done = subprocess.run(
-                [sys.executable, str(SCRIPT), "--cpu", "--nproc", str(RANKS), "--layers", "1", "--d-model", "32",
-                 "--heads", "2", "--seq", "16", "--batch", "2", "--rounds", str(ROUNDS), "--steps", str(STEPS),
-                 "--warmup", "2", "--loss-steps", "3", "--block-size", "32", "-J", path],
-                capture_output=True, text=True, timeout=600, env=env)
-            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-            with open(path) as f:
-                doc = json.load(f)
+        doc, stdout = run_step_script(self, "perf/ddp_step.py", [
+            "--cpu", "--nproc", str(RANKS), "--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16",
+            "--batch", "2", "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "2", "--loss-steps", "3",
+            "--block-size", "32"])
         self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
         self.assertIn("ddp_step.py --cpu", doc["provenance"]["command"])
         self.assertEqual(doc["regime"], "cpu")
@@ -67,14 +42,7 @@ class DdpStepScript(unittest.TestCase):
         self.assertEqual([r["config"] for r in doc["rows"]], configs)
         self.assertEqual(doc["order"], [[r, c] for r in range(ROUNDS) for c in configs], "rounds alternate")
         for row in doc["rows"]:
-            raw = row["step_ms_per_rank"]  # round, rank, step
-            self.assertEqual([len(raw)] + sorted({len(rnd) for rnd in raw}) + sorted({len(s) for rnd in raw
-                                                                                      for s in rnd}),
-                             [ROUNDS, RANKS, STEPS], row["config"])
-            self.assertTrue(all(t > 0 for rnd in raw for s in rnd for t in s))
-            slowest = [[max(s[i] for s in rnd) for i in range(STEPS)] for rnd in raw]  # a step: its slowest rank's
-            self.assertEqual(row["step_ms"], slowest)
-            self.assertEqual(row["median_ms"], statistics.median(t for rnd in slowest for t in rnd))
+            check_timed_row(self, row, ROUNDS, RANKS, STEPS)
         zp = doc["rows"][-1]
         self.assertEqual(zp["zpccl_calls"], 1)  # the tiny model is one bucket a step
         self.assertGreater(zp["zpccl_sent_mib"], 0)
@@ -86,7 +54,7 @@ class DdpStepScript(unittest.TestCase):
         gaps = {s["spec"]: s["gap_pct"] for s in doc["loss_summary"]}
         self.assertEqual(gaps["nccl"]["mean"], 0.0)
         self.assertNotEqual(gaps["zpccl"]["mean"], 0.0)  # quantized gradients: not DDP's bits
-        self.assertIn("vs bf16-compress", done.stdout)
+        self.assertIn("vs bf16-compress", stdout)
 
 
 if __name__ == "__main__":

@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
 import unittest
 
-from . import SOURCE_TREE, load_script
+from . import load_script
+from ._step_scripts import check_timed_row, run_step_script
 from .test_deepspeed import deepspeed_or_skip
 
-SCRIPT = SOURCE_TREE / "perf" / "deepspeed_step.py"
 RANKS, NODES, ROUNDS, STEPS = 4, 2, 2, 2
 
 
@@ -40,36 +34,20 @@ class DeepSpeedStepScript(unittest.TestCase):
 
     def test_runs_on_the_cpu(self) -> None:
         deepspeed_or_skip()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "deepspeed.json")
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            env.pop("RANK", None)
-            # Four ranks as two nodes of two (DeepSpeed's hpZ groups of two are zpccl's; qgZ takes two hops). d 192:
-            # the matrices are over DeepSpeed's persistence threshold, so they are gathered.
-            done = subprocess.run(
-                [sys.executable, str(SCRIPT), "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1",
-                 "--d-model", "192", "--heads", "2", "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl",
-                 "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "1", "--loss-steps", "3",
-                 "--loss-runs", "deepspeed,zpccl:8:4", "-J", path],
-                capture_output=True, text=True, timeout=600, env=env)
-            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-            with open(path) as f:
-                doc = json.load(f)
+        # Four ranks as two nodes of two (DeepSpeed's hpZ groups of two are zpccl's; qgZ takes two hops). d 192: the
+        # matrices are over DeepSpeed's persistence threshold, so they are gathered.
+        doc, stdout = run_step_script(self, "perf/deepspeed_step.py", [
+            "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1", "--d-model", "192", "--heads", "2",
+            "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl", "--rounds", str(ROUNDS), "--steps",
+            str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs", "deepspeed,zpccl:8:4"])
         self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
         self.assertIn("deepspeed_step.py --cpu", doc["provenance"]["command"])
         self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["hpz"]), ("cpu", RANKS, NODES, 2))
         self.assertRegex(doc["deepspeed"], r"^\d+\.\d+")
         rows = {r["config"]: r for r in doc["rows"]}
         self.assertEqual(list(rows), ["deepspeed", "zpccl"])
-        for name, row in rows.items():
-            raw = row["step_ms_per_rank"]  # round, rank, step
-            self.assertEqual([len(raw)] + sorted({len(rnd) for rnd in raw}) + sorted({len(s) for rnd in raw
-                                                                                      for s in rnd}),
-                             [ROUNDS, RANKS, STEPS], name)
-            self.assertTrue(all(t > 0 for rnd in raw for s in rnd for t in s))
-            slowest = [[max(s[i] for s in rnd) for i in range(STEPS)] for rnd in raw]  # a step: its slowest rank's
-            self.assertEqual(row["step_ms"], slowest)
-            self.assertEqual(row["median_ms"], statistics.median(t for rnd in slowest for t in rnd))
+        for row in rows.values():
+            check_timed_row(self, row, ROUNDS, RANKS, STEPS)
             self.assertEqual((row["peak_mib"], row["enable_mib"]), (0, 0))  # no device memory on a CPU
         ds, zp = rows["deepspeed"], rows["zpccl"]
         self.assertIsNone(ds["calls"])
@@ -91,8 +69,8 @@ class DeepSpeedStepScript(unittest.TestCase):
         gaps = {s["spec"]: s["gap_pct"] for s in doc["loss_summary"]}
         self.assertEqual(gaps["deepspeed"]["mean"], 0.0)
         self.assertNotEqual(gaps["zpccl:8:4"]["mean"], 0.0)  # quantized: not DeepSpeed's bits
-        self.assertIn("vs deepspeed", done.stdout)
-        self.assertIn("(4 ranks (2 nodes, 2 a node, CPU, gloo)", done.stdout.replace("# DeepSpeed ZeRO-3 step: ", "("))
+        self.assertIn("vs deepspeed", stdout)
+        self.assertIn("(4 ranks (2 nodes, 2 a node, CPU, gloo)", stdout.replace("# DeepSpeed ZeRO-3 step: ", "("))
 
 
 if __name__ == "__main__":

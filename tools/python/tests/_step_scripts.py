@@ -1,0 +1,44 @@
+"""What the smoke tests of the training-step benchmarks (perf/ddp_step.py, perf/deepspeed_step.py) share: running a
+script on the CPU as a newcomer would, and the checks every timed row of the step protocol must pass."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+from typing import Any
+
+from . import SOURCE_TREE
+
+
+def run_step_script(test: unittest.TestCase, relative: str, args: list[str],
+                    timeout: float = 600) -> tuple[dict[str, Any], str]:
+    """Runs the script at ``relative`` (in the source tree) with ``args`` and ``-J FILE``, its ranks spawned by
+    the script itself; asserts that it succeeded and gives the JSON it wrote and its standard output."""
+    script = SOURCE_TREE / relative
+    if not script.exists():
+        raise unittest.SkipTest(f"{script} not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rows.json")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("RANK", None)  # not one rank of a launched world: the script spawns its ranks
+        done = subprocess.run([sys.executable, str(script), *args, "-J", path], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+        test.assertEqual(done.returncode, 0, done.stderr[-3000:])
+        with open(path) as f:
+            return json.load(f), done.stdout
+
+
+def check_timed_row(test: unittest.TestCase, row: dict[str, Any], rounds: int, ranks: int, steps: int) -> None:
+    """A timed row keeps every rank's raw times (round, rank, step), all positive; a step takes its slowest rank's
+    time, and the median is over every step of every round."""
+    raw = row["step_ms_per_rank"]
+    test.assertEqual([len(raw)] + sorted({len(rnd) for rnd in raw}) + sorted({len(s) for rnd in raw for s in rnd}),
+                     [rounds, ranks, steps], row["config"])
+    test.assertTrue(all(t > 0 for rnd in raw for s in rnd for t in s))
+    slowest = [[max(s[i] for s in rnd) for i in range(steps)] for rnd in raw]
+    test.assertEqual(row["step_ms"], slowest)
+    test.assertEqual(row["median_ms"], statistics.median(t for rnd in slowest for t in rnd))
