@@ -37,8 +37,8 @@ gap to the deepspeed run of the same seed with its standard error and 95% interv
 every loss run.
 
 ``--cpu`` runs deepspeed and zpccl on DeepSpeed's CPU accelerator over gloo (zpccl's host backend, ranks as
-processes; ``--nodes`` tells zpccl the layout): a smoke test of the protocol and the JSON, whose times say nothing
-about a GPU's.
+processes; ``--nodes`` tells zpccl the layout; zeropp needs CUDA): a smoke test of the protocol and the JSON, whose
+times say nothing about a GPU's.
 
 DeepSpeed on a machine without network: here, ``pip wheel --no-deps -w wheels deepspeed==0.19.8 hjson msgpack
 py-cpuinfo ninja``; there, ``DS_BUILD_OPS=0 pip install --no-index --find-links wheels deepspeed``.
@@ -71,21 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ex.add_model_args(p)
     ex.add_launch_args(p)
     dt.add_zero_args(p)
-    p.add_argument("--cpu", action="store_true",
-                   help="DeepSpeed's CPU accelerator over gloo, zpccl's host backend: a smoke test of the protocol "
-                        "(deepspeed and zpccl only: DeepSpeed's ZeRO++ quantizer needs CUDA)")
     sp.add_protocol_args(p, CONFIGS, "deepspeed,zeropp,zpccl",
                          "the loss runs, in order: deepspeed, zeropp, zpccl, or zpccl:WEIGHT_BITS:GRAD_BITS (4 or 8; "
                          "0: that collective stays DeepSpeed's)")
     args = p.parse_args(argv)
-    sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec)
-    if args.cpu:
-        timed = [] if args.loss_only else [n.strip() for n in args.configs.split(",")]
-        if "zeropp" in timed or any(r["comm"] == "zeropp" for r in args.loss_specs if args.loss_steps):
-            p.error("--cpu: zeropp needs CUDA (DeepSpeed's ZeRO++ quantizer); time deepspeed and zpccl "
-                    "(--configs deepspeed,zpccl, --loss-runs without zeropp)")
-    if args.nodes and args.nproc % args.nodes:
-        p.error(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
+    sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec, cuda_only={"zeropp": "DeepSpeed's ZeRO++ quantizer"})
     return args
 
 

@@ -13,7 +13,8 @@ all rounds' steps) and each round's median, tokens per second (all ranks), peak 
 allocator), the bytes each collective sent from a rank per step, and for zpccl the device memory its ``enable``
 took (communicators and scratch, outside torch's allocator). The report's ratios are of medians, with the least
 and greatest of the rounds' own ratios (each round's median against the other's in the same round).
-``--loss-only`` skips all that.
+``--loss-only`` skips all that. ``--cpu`` runs it on gloo with zpccl's host backend (every configuration but
+zero3): a smoke test of the protocol, whose times say nothing about a GPU's.
 
 ``--loss-steps N`` then trains each of ``--loss-runs`` for N steps on a fresh model and reports the validation
 loss and the training loss over the last 20 steps. A loss run is ``nccl`` or ``nccl-noreshard`` (FSDP's own
@@ -84,7 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="loss runs: the learning rate at the last step, as a fraction of --lr (cosine decay after "
                         "the warmup; 1: constant)")
     args = p.parse_args(argv)
-    sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec)
+    sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec,
+                           cuda_only={"zero3": "tools/python/examples/zero3_train.py runs on GPUs"})
     return args
 
 
@@ -192,7 +194,7 @@ class Bench:
         import torch
 
         self.args, self.torch = args, torch
-        self.where = ex.Launch(args.nodes)
+        self.where = ex.CpuLaunch(args.nodes) if args.cpu else ex.Launch(args.nodes)
         self.mesh = self.where.init()
         self.dist = torch.distributed
         self.zpccl = ex.import_zpccl()
@@ -223,13 +225,13 @@ class Bench:
     def step(self, model: Any, opt: Any, step: int) -> float:
         torch = self.torch
         ids, targets = self.data.step(step)
-        torch.cuda.synchronize()
+        sp.synchronize(self)
         t0 = time.perf_counter()
         loss = ex.loss_of(torch, model, ids, targets)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        torch.cuda.synchronize()
+        sp.synchronize(self)
         return time.perf_counter() - t0
 
     def nccl_bytes(self, name: str) -> dict[str, int]:
@@ -296,7 +298,8 @@ class Bench:
         """Trains a fresh model ``--loss-steps`` steps (a run of :func:`parse_loss_spec`), initialized and fed
         batches by ``seed``, with the example's warmup and gradient clipping (make_optimizer, optimizer_step)."""
         row = self._train(run, seed)
-        self.torch.cuda.empty_cache()  # the model and its optimizer went with _train's frame
+        if sp.on_cuda(self):
+            self.torch.cuda.empty_cache()  # the model and its optimizer went with _train's frame
         return row
 
     def _train(self, run: dict[str, Any], seed: int) -> dict[str, Any]:

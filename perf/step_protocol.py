@@ -63,12 +63,17 @@ def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("-J", "--json", help="write the rows here")
     p.add_argument("--label", default="", help="regime label for the rows (default: from the layout)")
+    p.add_argument("--cpu", action="store_true",
+                   help="gloo process groups on CPUs, zpccl's host backend (--nodes tells zpccl the layout): a smoke "
+                        "test of the protocol and the JSON, whose times say nothing about a GPU's")
 
 
 def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, configs: tuple[str, ...],
-                        parse_loss_spec: Callable[[str], dict[str, Any]]) -> None:
+                        parse_loss_spec: Callable[[str], dict[str, Any]],
+                        cuda_only: dict[str, str] | None = None) -> None:
     """Applies ``--shape``, parses the loss runs (``args.loss_specs``) and seeds (``args.seeds``), and refuses
-    what the protocol cannot run through ``p.error``."""
+    what the protocol cannot run through ``p.error``; with ``--cpu``, also the configurations of ``cuda_only``
+    (name: why), timed or trained."""
     if args.shape:
         args.layers, args.d_model, args.heads, args.seq, args.batch = SHAPES[args.shape]
     try:
@@ -80,9 +85,18 @@ def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, co
         p.error("--loss-only needs --loss-steps")
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--rounds and --steps must be at least 1, --warmup at least 0")
-    unknown = [n for n in args.configs.split(",") if n.strip() and n.strip() not in configs]
+    timed = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in timed if n not in configs]
     if unknown:
         p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(configs)})")
+    if args.nodes and args.nproc % args.nodes:
+        p.error(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
+    if args.cpu:
+        trained = [r["config"] for r in args.loss_specs] if args.loss_steps else []
+        wanted = ([] if args.loss_only else timed) + trained
+        for name, why in (cuda_only or {}).items():
+            if name in wanted:
+                p.error(f"--cpu: {name} needs CUDA ({why}); leave it out of --configs and --loss-runs")
 
 
 def parse_seeds(text: str | None, default: int) -> list[int]:

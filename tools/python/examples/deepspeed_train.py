@@ -85,13 +85,13 @@ def zero_config(args: argparse.Namespace, comm: str, ranks_per_node: int | None,
 class CpuLaunch(ex.CpuLaunch):
     """This process's place on DeepSpeed's CPU accelerator: gloo, ranks as processes."""
 
-    def init(self) -> None:
+    def init(self) -> Any:
         import deepspeed
 
         # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce when it starts (minutes, once per
         # machine); nothing here uses it.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        super().init()
+        return super().init()
 
 
 def where_am_i(args: argparse.Namespace) -> Any:

@@ -292,10 +292,12 @@ class CpuLaunch:
         self.ranks_per_node = self.world // nodes if nodes else None
         torch.set_num_threads(1)
 
-    def init(self) -> None:
+    def init(self) -> Any:
         import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
 
         dist.init_process_group("gloo")
+        return init_device_mesh("cpu", (self.world,))
 
 
 def import_zpccl() -> Any:

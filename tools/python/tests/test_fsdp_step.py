@@ -1,18 +1,21 @@
-"""perf/fsdp_step.py's pieces that run on the CPU: the step-time protocol it shares with perf/deepspeed_step.py
-(perf/step_protocol.py: every rank timed, a step its slowest rank's, rounds kept raw; ratios of medians with the
-rounds' spread; the loss runs' reference), both scripts' arguments, and nccl-2comm's reduce-scatter
-hook, which must give FSDP2's own reduce-scatter results bit for bit on a second process group (torch's threaded
-process group, ranks as threads)."""
+"""perf/fsdp_step.py on the CPU: the step-time protocol it shares with perf/deepspeed_step.py (perf/step_protocol.py:
+every rank timed, a step its slowest rank's, rounds kept raw; ratios of medians with the rounds' spread; the loss
+runs' reference), both scripts' arguments, nccl-2comm's reduce-scatter hook, which must give FSDP2's own
+reduce-scatter results bit for bit on a second process group (torch's threaded process group, ranks as threads), and
+the whole script on gloo (``--cpu``) as the gate runs it on a GPU."""
 from __future__ import annotations
 
 import contextlib
 import copy
 import io
+import math
 import unittest
 from types import SimpleNamespace
 from typing import Any
 
 from . import load_script
+from ._procs import torch_for_procs
+from ._step_scripts import check_timed_row, run_step_script
 from ._threaded import run_threaded, torch_with_fsdp2
 
 WORLD = 4
@@ -67,6 +70,23 @@ class StepProtocol(unittest.TestCase):
                     ["--loss-only"]):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
                 ds.parse_args(bad)
+
+    def test_cpu_runs_refuse_what_needs_cuda(self) -> None:
+        fs, ds = load_script("perf/fsdp_step.py"), load_script("perf/deepspeed_step.py")
+        self.assertTrue(fs.parse_args(["--cpu", "--configs", "nccl,zpccl-hpz"]).cpu)
+        self.assertTrue(ds.parse_args(["--cpu", "--configs", "deepspeed,zpccl", "--loss-runs", "zeropp"]).cpu)
+        # Without timed rounds the configurations are not run: only the loss runs count.
+        self.assertTrue(fs.parse_args(["--cpu", "--loss-only", "--loss-steps", "2", "--loss-runs", "nccl"]).cpu)
+        for script, bad, why in (
+                (fs, ["--cpu"], "zero3 needs CUDA"),  # the default configurations include it
+                (ds, ["--cpu", "--configs", "deepspeed,zeropp"], "zeropp needs CUDA"),
+                (ds, ["--cpu", "--configs", "zpccl", "--loss-steps", "2", "--loss-runs", "deepspeed,zeropp"],
+                 "zeropp needs CUDA"),
+                (fs, ["--nproc", "3", "--nodes", "2"], "does not divide")):
+            with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()) as err, \
+                    self.assertRaises(SystemExit):
+                script.parse_args(bad)
+            self.assertIn(why, err.getvalue())
 
     def test_alternating_rounds_make_the_rows(self) -> None:
         sp = load_script("perf/step_protocol.py")
@@ -165,6 +185,56 @@ class SecondGroupReduceScatter(unittest.TestCase):
 
         for out in run_threaded(WORLD, body):
             self.assertEqual(out, [float(WORLD)] * 2)
+
+
+class FsdpStepOnCpu(unittest.TestCase):
+    """perf/fsdp_step.py as the gate and the bisect run it, on gloo with zpccl's host backend and tiny shapes: four
+    ranks as two nodes of two, every configuration but zero3 in alternating rounds, FSDP's bytes counted, zpccl's
+    paths counted (hpZ inside a node), the ablation's hook taking every reduce-scatter, the loss runs."""
+
+    RANKS, ROUNDS, STEPS = 4, 2, 2
+    CONFIGS = ["nccl", "nccl-noreshard", "nccl-2comm", "zpccl-hpz", "zpccl-reshard"]
+
+    def test_runs_on_the_cpu(self) -> None:
+        torch_for_procs()
+        doc, stdout = run_step_script(self, "perf/fsdp_step.py", [
+            "--cpu", "--nproc", str(self.RANKS), "--nodes", "2", "--configs", ",".join(self.CONFIGS), "--rounds",
+            str(self.ROUNDS), "--steps", str(self.STEPS), "--warmup", "1", "--layers", "1", "--d-model", "64",
+            "--heads", "2", "--seq", "32", "--batch", "2", "--block-size", "32", "--loss-steps", "3", "--loss-runs",
+            "nccl,zpccl:8:4"])
+        self.assertIn("fsdp_step.py --cpu", doc["provenance"]["command"])
+        self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["ranks_per_node"]), ("cpu", 4, 2, 2))
+        rows = {r["config"]: r for r in doc["rows"]}
+        self.assertEqual(list(rows), self.CONFIGS)
+        for row in rows.values():
+            check_timed_row(self, row, self.ROUNDS, self.RANKS, self.STEPS)
+        self.assertEqual([rows[n]["reshard"] for n in self.CONFIGS], ["True", "False", "2", "2", "True"])
+        # FSDP's bytes: resharding after forward gathers every weight twice; the ablation (groups of two after
+        # forward) in between.
+        plain, kept, two = (rows[n]["sent_mib"] for n in ("nccl", "nccl-noreshard", "nccl-2comm"))
+        self.assertGreater(kept["all_gather"], 0)
+        self.assertEqual(plain["all_gather"], 2 * kept["all_gather"])
+        self.assertTrue(kept["all_gather"] < two["all_gather"] < plain["all_gather"], two)
+        self.assertEqual(plain["reduce_scatter"], kept["reduce_scatter"])
+        # zpccl: a forward gather (qwZ), a backward gather inside the node (hpZ) and a reduce-scatter (qgZ) per FSDP
+        # module and step; resharded to the whole group, the backward gathers are qwZ too. The ablation's hook runs
+        # every reduce-scatter.
+        hpz, reshard = rows["zpccl-hpz"]["calls"], rows["zpccl-reshard"]["calls"]
+        modules = hpz["qgz"]
+        self.assertEqual(hpz, {"qwz": modules, "hpz": modules, "qgz": modules})
+        self.assertEqual(reshard, {"qwz": 2 * modules, "qgz": modules})
+        self.assertEqual(rows["nccl-2comm"]["calls"], {"reduce_scatter_second_group": modules})
+        sent = rows["zpccl-hpz"]["sent_mib"]
+        self.assertLess(sent["qwz"], kept["all_gather"])  # int8 blocks against bf16
+        self.assertLess(sent["qgz"], kept["reduce_scatter"])  # int4 blocks against bf16
+        self.assertEqual([x["spec"] for x in doc["losses"]], ["nccl", "zpccl:8:4"])
+        for x in doc["losses"]:
+            self.assertTrue(math.isfinite(x["valid"]) and x["valid"] > 0, x)
+        self.assertGreater(doc["losses"][1]["zpccl_calls"]["qgz"], 0)
+        gaps = {r["spec"]: r["gap_pct"]["mean"] for r in doc["loss_summary"]}
+        self.assertEqual(gaps["nccl"], 0.0)
+        self.assertNotEqual(gaps["zpccl:8:4"], 0.0)
+        self.assertIn("vs 2comm", stdout)
 
 
 if __name__ == "__main__":
