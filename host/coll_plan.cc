@@ -112,16 +112,15 @@ HopPlan qgzIntraHop(const PlanTunables& tu, const Topology& t) {
                  false};
 }
 
-// qgZ's second hop: among the ranks of this local rank, one a node, over the slow link; on the finish stage where
-// it follows a first hop of its own call (qgZ), on the move stage where the all-reduce runs every hop there.
-HopPlan qgzInterHop(const PlanTunables& tu, const Topology& t, bool onFinishStage) {
+// qgZ's second hop: among the ranks of this local rank, one a node, over the slow link, on the finish stage.
+HopPlan qgzInterHop(const PlanTunables& tu, const Topology& t) {
   return HopPlan{pairGather(tu, t.nodes, true) ? Exchange::kPairGather : Exchange::kSendRecv,
                  PlanComm::kInter,
                  t.nodes,
                  t.node,
                  1,
                  false,
-                 onFinishStage};
+                 true};
 }
 
 // qgZ's two hops (host/qgz_plan.h): the intra-node all-to-all (N slots to each local peer) on the move stage, the
@@ -134,44 +133,26 @@ void planQgzTwoHops(const PlanFacts& f, CollPlan* p) {
   p->chunks = planChunks(tu, f.count, f.blockSize, p->logicalBytes);
   p->hops = 2;
   p->hop[0] = qgzIntraHop(tu, t);
-  p->hop[1] = qgzInterHop(tu, t, /*onFinishStage=*/true);
+  p->hop[1] = qgzInterHop(tu, t);
   p->sendSlots = p->ranks;
   p->recv.slots = p->ranks;
   p->scratchBytes[0] = ChunkRegion(p->chunks, p->sendSlots, f.bits, f.blockSize).bytes();
   p->scratchBytes[1] = ChunkRegion(p->chunks, p->recv.slots, f.bits, f.blockSize).bytes();
 }
 
-// The all-reduce (the header's comment): qgZ's hops over the shards, then the gather's, all on the move stage. Its
-// scratch is qgZ's: n send slots a chunk (where the gather's payloads go once the chunk's reduce-scatter has sent
-// them) and n receive slots. Its own slots travel with the others.
-void planAllReduce(const PlanFacts& f, bool slowLink, CollPlan* p) {
+// The all-reduce's gather on several nodes of several ranks, all equal: first among the ranks of this local rank,
+// one a node (each rank's payload to its peers on the other nodes), then inside the node, the N payloads each rank
+// then holds. Chunk c's region holds the n slots in (local rank, node) order, so that both all-gathers run in place
+// in it: the first fills this local rank's N slots, the second every local rank's.
+void planGatherTwoHops(const PlanFacts& f, CollPlan* p) {
   const Topology& t = *f.topo;
-  const PlanTunables& tu = f.tunables;
-  p->shardCount = allReduceShardCount(f.count, t.nranks, f.blockSize);
-  p->chunks = planChunks(tu, p->shardCount, f.blockSize, p->logicalBytes);
-  if (t.hierarchical()) {
-    p->path = PlanPath::kTwoHops;
-    p->hops = 4;
-    p->hop[0] = qgzIntraHop(tu, t);
-    p->hop[1] = qgzInterHop(tu, t, /*onFinishStage=*/false);
-    p->hop[2] = HopPlan{Exchange::kAllGather, PlanComm::kInter, t.nodes, t.node, 1, false, false};
-    p->hop[3] = HopPlan{Exchange::kAllGather, PlanComm::kIntra, t.localSize, t.localRank, t.nodes, false, false};
-  } else {
-    p->path = t.nodes > 1 && !t.even ? PlanPath::kFlat : PlanPath::kOneHop;
-    p->hops = 2;
-    p->hop[0] = HopPlan{pairGather(tu, p->ranks, slowLink) ? Exchange::kPairGather : Exchange::kSendRecv,
-                        PlanComm::kWorld,
-                        p->ranks,
-                        p->rank,
-                        1,
-                        false,
-                        false};
-    p->hop[1] = HopPlan{Exchange::kAllGather, PlanComm::kWorld, p->ranks, p->rank, 1, false, false};
-  }
+  p->path = PlanPath::kTwoHops;
+  p->chunks = planChunks(f.tunables, f.count, f.blockSize, p->logicalBytes);
+  p->hops = 2;
+  p->hop[0] = HopPlan{Exchange::kAllGather, PlanComm::kInter, t.nodes, t.node, 1, false, false};
+  p->hop[1] = HopPlan{Exchange::kAllGather, PlanComm::kIntra, t.localSize, t.localRank, t.nodes, false, false};
   p->sendSlots = p->ranks;
-  p->recv.slots = p->ranks;
   p->scratchBytes[0] = ChunkRegion(p->chunks, p->sendSlots, f.bits, f.blockSize).bytes();
-  p->scratchBytes[1] = ChunkRegion(p->chunks, p->recv.slots, f.bits, f.blockSize).bytes();
 }
 
 }  // namespace
@@ -185,8 +166,7 @@ CollPlan planCollective(const PlanFacts& f) {
   p.group = hpz ? PlanComm::kHpz : PlanComm::kWorld;
   p.ranks = hpz ? t.hpzSize : t.nranks;
   p.rank = hpz ? t.hpzRank : t.rank;
-  const bool allReduce = f.kind == CollKind::kQuantAllReduce;
-  p.logicalBytes = f.count * (allReduce ? 1 : p.ranks) * f.elemBytes;
+  p.logicalBytes = f.count * p.ranks * f.elemBytes;
   if (hpz && f.bits == 0) {  // moves the bits as they are
     p.path = PlanPath::kExact;
     p.chunks = oneChunk(f.count);
@@ -195,17 +175,12 @@ CollPlan planCollective(const PlanFacts& f) {
     return p;
   }
   const bool qgz = f.kind == CollKind::kQuantReduceScatter;
-  const bool twoHops = qgz && t.hierarchical();
+  const bool twoHops = (qgz || f.allReduceGather) && t.hierarchical();
   // An hpZ group of every rank of one node is the world (the cuda backend's communicators are the same).
   const bool wholeWorld = !hpz || (t.nodes == 1 && t.hpzSize == t.nranks);
   // The group's link: host shared memory on the extra channels, or sockets when it spans several nodes (an hpZ
   // group never does).
   const bool slowLink = f.link.shmChannels || (p.group == PlanComm::kWorld && t.nodes > 1);
-  if (allReduce) {
-    planAllReduce(f, slowLink, &p);
-    return p;
-  }
-
   // The direct path: every payload of the call in the window (qgZ: each rank's n slots), which grows to hold them
   // unless a graph froze it.
   const size_t payload = quantPayloadBytes(f.count, f.bits, f.blockSize) * (qgz ? p.ranks : 1);
@@ -219,7 +194,9 @@ CollPlan planCollective(const PlanFacts& f) {
     p.inlineWaits = p.logicalBytes <= static_cast<size_t>(std::max<int64_t>(f.tunables.directInlineWaitBytes, 0));
     return p;
   }
-  if (!qgz) {
+  if (!qgz && twoHops) {
+    planGatherTwoHops(f, &p);
+  } else if (!qgz) {
     planGather(f, slowLink, &p);
   } else if (twoHops) {
     planQgzTwoHops(f, &p);
@@ -242,13 +219,12 @@ PlanFacts planFactsOf(const Topology& topo, const CollArgs& a) {
   f.elemBytes = typeSize(a.type);
   f.bits = a.bits;
   f.blockSize = a.blockSize;
+  f.allReduceGather = a.allReduceGather;
   // As addresses: the buffers need not be one array.
   const uintptr_t shard = a.count * f.elemBytes;
   const auto send = reinterpret_cast<uintptr_t>(a.sendbuff), recv = reinterpret_cast<uintptr_t>(a.recvbuff);
   if (a.kind == CollKind::kQuantReduceScatter) {
     f.inPlace = recv == send + topo.rank * shard;
-  } else if (a.kind == CollKind::kQuantAllReduce) {
-    f.inPlace = recv == send;
   } else {
     f.inPlace = send == recv + (a.kind == CollKind::kHierAllGather ? topo.hpzRank : topo.rank) * shard;
   }
@@ -328,7 +304,6 @@ std::string CollPlan::describe() const {
       << ranks << "), " << logicalBytes << " bytes" << (inPlace ? " in place" : "") << ", " << chunks.chunks
       << (chunks.chunks == 1 ? " chunk" : " chunks");
   if (chunks.chunks > 0) out << (chunks.chunks > 1 ? ", the first of " : " of ") << chunks.elems(0) << " elements";
-  if (kind == CollKind::kQuantAllReduce) out << " of shards of " << shardCount;
   for (int h = 0; h < hops; ++h) {
     const HopPlan& x = hop[h];
     out << "; hop " << h + 1 << ": " << exchangeName(x.exchange) << " on " << planCommName(x.comm) << " (" << x.self

@@ -14,11 +14,10 @@
 // - two hops: qgZ on several nodes of several ranks each, all equal (host/qgz_plan.h);
 // - flat: qgZ's one hop where uneven nodes rule out the two (init's log says so);
 // - exact: hpZ without bits, one all-gather of the secondary shards as they are, not chunked.
-// The all-reduce (zpQuantAllReduce) is qgZ's reduce-scatter over its shards (host/all_reduce_shards.h) followed by
-// the gather of the reduced shards: one hop (an all-to-all, then an all-gather, among every rank; flat on uneven
-// nodes), or two hops each way (intra-node then inter-node all-to-all; inter-node then intra-node all-gather), every
-// exchange on the move stage. It never takes the direct path: the direct-load window and its flags serve one read
-// of the peers' payloads a call, and the all-reduce reads twice.
+// The all-reduce (zpQuantAllReduce) is two calls (host/all_reduce_shards.h), each planned as a call of its own: qgZ's
+// reduce-scatter of its shards, then the gather of the reduced shards in qwZ's format (PlanFacts::allReduceGather),
+// whose path is qwZ's but where nodes hold several ranks each: two hops, across nodes then inside the node, in the
+// reverse order of qgZ's (include/zpccl.h says what that saves).
 #pragma once
 
 #include <cstddef>
@@ -66,11 +65,12 @@ struct PlanFacts {
   LinkFacts link;
   WindowFacts window;
   CollKind kind = CollKind::kQuantAllGather;  // one of the collectives
-  size_t count = 0;  // sendcount (the gathers), recvcount (qgZ) or count (the all-reduce), elements
+  size_t count = 0;  // sendcount (the gathers) or recvcount (qgZ), elements
   size_t elemBytes = 0;
   int bits = 0;          // 0: exact hpZ
   int blockSize = 0;     // unused by exact hpZ
   bool inPlace = false;  // named in the log; every path is safe in place (a chunk is read before it is written)
+  bool allReduceGather = false;  // kQuantAllGather as an all-reduce's second call (CollArgs::allReduceGather)
 };
 
 // (The enumerations below are named in this order by coll_plan.cc's tables.)
@@ -114,8 +114,8 @@ struct RecvLayout {
 };
 constexpr int kPairLayoutSlots = 3;
 
-// The most exchanges a plan makes (the all-reduce's two hops each way).
-constexpr int kMaxHops = 4;
+// The most exchanges a plan makes (two hops).
+constexpr int kMaxHops = 2;
 
 struct CollPlan {
   CollKind kind = CollKind::kQuantAllGather;
@@ -123,8 +123,7 @@ struct CollPlan {
   PlanComm group = PlanComm::kWorld;  // the ranks of the call: the world, or the hpZ group
   int ranks = 0;                      // in the group
   int rank = 0;                       // this rank's index in it
-  size_t logicalBytes = 0;            // the call's unquantized bytes: count x ranks (all-reduce: 1) x element bytes
-  size_t shardCount = 0;              // the all-reduce: elements of a full shard (the chunks cut each shard)
+  size_t logicalBytes = 0;            // the call's unquantized bytes: count x ranks x element bytes
   bool inPlace = false;
   ChunkPlan chunks;  // one chunk for the direct and exact paths
   int hops = 0;
@@ -134,7 +133,7 @@ struct CollPlan {
   bool ownInGreen = false;   // the own slot's kernels run in the green context
   bool inlineWaits = false;  // direct: the kernels wait for the peers themselves (no extra launches)
   int sendSlots = 0;         // payload slots a chunk in scratch 0 (every rank's, or every destination's)
-  RecvLayout recv;           // qgZ's and the all-reduce's pipelines; slots 0 for the others
+  RecvLayout recv;           // qgZ's pipelines; slots 0 for the others
   size_t scratchBytes[2] = {0, 0};
   size_t windowBytes = 0;  // direct: the window's size the call needs, its flags included
 

@@ -466,12 +466,14 @@ zpResult_t zpGradHopResidualCount(size_t recvcount, size_t* count, zpComm_t comm
  * element, whatever the rank count: a block never straddles two shards, and the rules below hold per block of the
  * tensor. A rank reduces at most G - 1 elements more than count / n (and moves payloads of shardCount elements).
  *
- * The plan (host/coll_plan.h), with the codes of the call's bits (default: the communicator's gradBits):
- * 1. qgZ's reduce-scatter over the shards, as zpQuantReduceScatterA2A with recvcount = shardCount (a shorter or empty
- *    shard quantizes and sums only its elements): each rank quantizes every destination's part of its sendbuff, one
- *    all-to-all (one node, one rank a node, or uneven nodes) or two (several nodes of L ranks each: inside the node,
- *    fp32 sums of the L contributions requantized, then across nodes), the fp32 sums in a fixed order, Avg's division,
- *    and the rounding to the output type, into the rank's shard of recvbuff.
+ * Two calls, each planned as a call of its own (host/all_reduce_shards.h, host/coll_plan.h), with the codes of the
+ * call's bits (default: the communicator's gradBits):
+ * 1. qgZ's reduce-scatter over the shards, as zpQuantReduceScatterA2A with recvcount = shardCount, over the tensor
+ *    padded with zeros to n * shardCount elements where count is not n whole shards (zeros change no block's scale
+ *    and code to 0: the output's bits are its own elements'): each rank quantizes every destination's part of its
+ *    sendbuff, one all-to-all (one node, one rank a node, or uneven nodes) or two (several nodes of L ranks each:
+ *    inside the node, fp32 sums of the L contributions requantized, then across nodes), the fp32 sums in a fixed
+ *    order, Avg's division, and the rounding to the output type, into the rank's shard of recvbuff.
  * 2. The all-gather of the reduced shards, in qwZ's format (zpQuantAllGather): each rank quantizes its reduced shard
  *    (to nearest, always) and every rank dequantizes every rank's payload into its place, its own included. Where
  *    reduce-scatter took two hops, so does the gather, in the reverse order: an all-gather among the ranks of this

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "host/all_reduce_shards.h"
 #include "host/base/params.h"
 #include "host/chunk_plan.h"
 #include "host/coll_plan.h"
@@ -79,9 +81,6 @@ CollPlan plan(const Topology& t, const Call& c, const LinkFacts& link, const Pla
 Call qwz(size_t count, int bits = 8) { return Call{CollKind::kQuantAllGather, count, 2, bits, 256}; }
 Call hpz(size_t count, int bits) { return Call{CollKind::kHierAllGather, count, 2, bits, 256}; }
 Call qgz(size_t count, int bits = 4) { return Call{CollKind::kQuantReduceScatter, count, 2, bits, 256}; }
-Call allReduce(size_t count, int bits = 4, int blockSize = 256) {
-  return Call{CollKind::kQuantAllReduce, count, 2, bits, blockSize};
-}
 
 size_t payload(size_t count, int bits, int blockSize = 256) { return quantPayloadBytes(count, bits, blockSize); }
 
@@ -346,70 +345,109 @@ TEST(CollPlan, OneRankPlansAnExchangeWithItself) {
   EXPECT_EQ(h.ranks, 1);
 }
 
-TEST(CollPlan, AllReduceReduceScattersThenGathersOneHopOrTwoEachWay) {
-  // include/zpccl.h: "qgZ's reduce-scatter over the shards ... one all-to-all (one node, one rank a node, or uneven
-  // nodes) or two"; "where reduce-scatter took two hops, so does the gather, in the reverse order"; shards of
-  // "ceil(ceil(count / n) / G) * G" elements. Never direct, every exchange on the move stage, own slots with the
-  // others, qgZ's scratch.
-  const CollPlan one = plan(topologyOf({4}, 1), allReduce(1000), nvlink());
-  EXPECT_EQ(one.kind, CollKind::kQuantAllReduce);
-  EXPECT_EQ(one.path, PlanPath::kOneHop);
-  EXPECT_EQ(one.shardCount, 256u);
-  EXPECT_EQ(one.logicalBytes, 2000u);
-  EXPECT_EQ(one.chunks.chunks, 1);
-  EXPECT_EQ(one.chunks.count, 256u);
-  ASSERT_EQ(one.hops, 2);
-  EXPECT_EQ(one.hop[0].exchange, Exchange::kSendRecv);
-  EXPECT_EQ(one.hop[0].comm, PlanComm::kWorld);
-  EXPECT_EQ(one.hop[0].peers, 4);
-  EXPECT_EQ(one.hop[0].self, 1);
-  EXPECT_EQ(one.hop[1].exchange, Exchange::kAllGather);
-  EXPECT_EQ(one.hop[1].comm, PlanComm::kWorld);
-  EXPECT_EQ(one.ownSlot, OwnSlot::kWithTheOthers);
-  EXPECT_EQ(one.windowBytes, 0u);
-  EXPECT_EQ(one.scratchBytes[0], 4 * payload(256, 4));
-  EXPECT_EQ(one.scratchBytes[1], 4 * payload(256, 4));
+// The all-reduce's two calls (host/all_reduce_shards.h) as an all-reduce of `count` bf16 elements on `t` makes them
+// (in place, or into the padded copy at kPadded), and their plans.
+struct AllReducePlans {
+  AllReduceSteps steps;
+  CollPlan reduceScatter, gather;
+};
+char* const kTensor = reinterpret_cast<char*>(uintptr_t{1} << 32);
+char* const kPadded = reinterpret_cast<char*>(uintptr_t{1} << 40);
 
-  const CollPlan two = plan(topologyOf({2, 2}, 3), allReduce(1 << 20, 8, 64), sockets());
-  EXPECT_EQ(two.path, PlanPath::kTwoHops);
-  EXPECT_EQ(two.shardCount, size_t{1} << 18);
-  ASSERT_EQ(two.hops, 4);
-  const PlanComm comms[] = {PlanComm::kIntra, PlanComm::kInter, PlanComm::kInter, PlanComm::kIntra};
-  const Exchange exchanges[] = {Exchange::kSendRecv, Exchange::kPairGather, Exchange::kAllGather, Exchange::kAllGather};
-  const int slots[] = {2, 1, 1, 2};  // N slots a local peer each way inside the node
-  for (int h = 0; h < 4; ++h) {
-    EXPECT_EQ(two.hop[h].comm, comms[h]) << h;
-    EXPECT_EQ(two.hop[h].exchange, exchanges[h]) << h;
-    EXPECT_EQ(two.hop[h].peers, 2) << h;
-    EXPECT_EQ(two.hop[h].self, 1) << h;
-    EXPECT_EQ(two.hop[h].slotsPerPeer, slots[h]) << h;
-    EXPECT_FALSE(two.hop[h].onFinishStage) << h;
+CollArgs allReduceArgs(const void* send, void* recv, size_t count, zpDataType_t type, int bits, int blockSize) {
+  return CollArgs{"zpQuantAllReduce", CollKind::kQuantAllReduce, send, recv, count, type, zpSum, bits, blockSize,
+                  nullptr, GradArgs()};
+}
+
+AllReducePlans allReducePlans(const Topology& t, size_t count, const LinkFacts& link, int bits = 4,
+                              int blockSize = 256) {
+  const CollArgs a = allReduceArgs(kTensor, kTensor, count, zpBfloat16, bits, blockSize);
+  AllReducePlans out;
+  out.steps = allReduceSteps(a, t.nranks, t.rank, kTensor, nullptr);
+  if (out.steps.padded) out.steps = allReduceSteps(a, t.nranks, t.rank, kPadded, nullptr);
+  for (auto [step, into] : {std::pair{&out.steps.reduceScatter, &out.reduceScatter},
+                            std::pair{&out.steps.gather, &out.gather}}) {
+    PlanFacts f = planFactsOf(t, *step);
+    f.tunables = readmeDefaults();
+    f.link = link;
+    f.window = WindowFacts{0, false, kOffset};
+    *into = planCollective(f);
   }
-  EXPECT_EQ(two.scratchBytes[0], 4 * payload(1 << 18, 8, 64));
+  return out;
+}
 
-  // Uneven nodes: one flat hop each way; two ranks across nodes pair their all-to-all (ZP_PAIR_ALLGATHER 2).
-  const CollPlan uneven = plan(topologyOf({3, 1}, 3), allReduce(5000), sockets());
-  EXPECT_EQ(uneven.path, PlanPath::kFlat);
-  EXPECT_EQ(uneven.hops, 2);
-  EXPECT_EQ(uneven.shardCount, 1280u);
-  EXPECT_EQ(plan(topologyOf({1, 1}, 0), allReduce(5000), sockets()).hop[0].exchange, Exchange::kPairGather);
-  EXPECT_EQ(plan(topologyOf({2}, 0), allReduce(5000), nvlink()).hop[0].exchange, Exchange::kSendRecv);
+TEST(CollPlan, AllReduceIsQgzThenAGatherOfItsShardsEachPlannedAlone) {
+  // include/zpccl.h: "qgZ's reduce-scatter over the shards, then the all-gather of the reduced shards, in qwZ's
+  // format", shards of "ceil(ceil(count / n) / G) * G" elements; the tensor worked in place when it is n whole
+  // shards, else in a copy padded with zeros. Each call is planned as a call of its own: the reduce-scatter as qgZ
+  // in NCCL's in-place layout, the gather in place, always to nearest, as qwZ except on nodes of several ranks.
+  const AllReducePlans one = allReducePlans(topologyOf({4}, 1), 1000, nvlink());
+  EXPECT_EQ(one.steps.shardCount, 256u);
+  EXPECT_EQ(one.steps.paddedCount, 1024u);
+  EXPECT_TRUE(one.steps.padded);
+  const CollArgs& rs = one.steps.reduceScatter;
+  const CollArgs& ag = one.steps.gather;
+  EXPECT_EQ(rs.kind, CollKind::kQuantReduceScatter);
+  EXPECT_EQ(ag.kind, CollKind::kQuantAllGather);
+  EXPECT_EQ(rs.count, 256u);
+  EXPECT_EQ(ag.count, 256u);
+  EXPECT_EQ(rs.sendbuff, kPadded);
+  EXPECT_EQ(rs.recvbuff, kPadded + 256 * 2);
+  EXPECT_EQ(ag.sendbuff, rs.recvbuff);
+  EXPECT_EQ(ag.recvbuff, kPadded);
+  EXPECT_STREQ(ag.opName, "zpQuantAllReduce");
+  EXPECT_TRUE(one.reduceScatter.inPlace);
+  EXPECT_TRUE(one.gather.inPlace);
+  EXPECT_EQ(one.reduceScatter.kind, CollKind::kQuantReduceScatter);
+  EXPECT_EQ(one.gather.kind, CollKind::kQuantAllGather);
+  EXPECT_EQ(one.reduceScatter.logicalBytes, 1024u * 2);
+  // On one NVLink node both may load from the peers, as qgZ and qwZ alone do.
+  EXPECT_EQ(one.reduceScatter.path, PlanPath::kDirect);
+  EXPECT_EQ(one.gather.path, PlanPath::kDirect);
 
-  // Chunks cut the shards, as many as the call's logical bytes ask for: 2^26 bf16 elements on 8 ranks are 128 MiB,
-  // two chunks of shards of 2^23.
-  const CollPlan big = plan(topologyOf({8}, 0), allReduce(size_t{1} << 26), nvlink());
-  EXPECT_EQ(big.shardCount, size_t{1} << 23);
-  EXPECT_EQ(big.chunks.chunks, 2);
-  EXPECT_EQ(big.chunks.elems(0), size_t{1} << 22);
-  // Count 1 on 8 ranks: one shard of a block (the others empty), one chunk.
-  const CollPlan tiny = plan(topologyOf({8}, 5), allReduce(1), nvlink());
-  EXPECT_EQ(tiny.shardCount, 256u);
-  EXPECT_EQ(tiny.chunks.chunks, 1);
-  const std::string d = two.describe();
-  for (const char* word : {"all-reduce", "two hops", "shards of 262144", "hop 3: all-gather on inter",
-                           "hop 4: all-gather on intra (1/2, 2 slots a peer)"}) {
+  // n whole shards: the tensor itself; sendbuff apart from recvbuff gives a reduce-scatter that is not in place.
+  const AllReduceSteps even = allReduceSteps(allReduceArgs(kPadded, kTensor, 4096, zpFloat32, 8, 64), 4, 3, kTensor,
+                                            nullptr);
+  EXPECT_FALSE(even.padded);
+  EXPECT_EQ(even.reduceScatter.sendbuff, kPadded);
+  EXPECT_EQ(even.reduceScatter.recvbuff, kTensor + 3 * 1024 * 4);
+  EXPECT_EQ(even.gather.recvbuff, kTensor);
+  EXPECT_FALSE(planFactsOf(topologyOf({4}, 3), even.reduceScatter).inPlace);
+
+  // Two nodes of two over sockets: qgZ's two hops (inside the node, then across), then the gather's two in the
+  // reverse order: an all-gather among this local rank's ranks, one a node, then one inside the node of the N
+  // payloads each holds. qwZ alone on that layout keeps its one all-gather.
+  const AllReducePlans two = allReducePlans(topologyOf({2, 2}, 3), 1 << 20, sockets(), 8, 64);
+  EXPECT_FALSE(two.steps.padded);
+  EXPECT_EQ(two.reduceScatter.path, PlanPath::kTwoHops);
+  EXPECT_EQ(two.reduceScatter.chunks.count, size_t{1} << 18);
+  EXPECT_EQ(two.reduceScatter.hop[0].comm, PlanComm::kIntra);
+  EXPECT_EQ(two.gather.path, PlanPath::kTwoHops);
+  ASSERT_EQ(two.gather.hops, 2);
+  const PlanComm comms[] = {PlanComm::kInter, PlanComm::kIntra};
+  const int slots[] = {1, 2};  // N slots a local peer inside the node
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(two.gather.hop[h].exchange, Exchange::kAllGather) << h;
+    EXPECT_EQ(two.gather.hop[h].comm, comms[h]) << h;
+    EXPECT_EQ(two.gather.hop[h].peers, 2) << h;
+    EXPECT_EQ(two.gather.hop[h].self, 1) << h;
+    EXPECT_EQ(two.gather.hop[h].slotsPerPeer, slots[h]) << h;
+    EXPECT_FALSE(two.gather.hop[h].onFinishStage) << h;
+  }
+  EXPECT_EQ(two.gather.scratchBytes[0], 4 * payload(1 << 18, 8, 64));
+  EXPECT_EQ(plan(topologyOf({2, 2}, 3), Call{CollKind::kQuantAllGather, 1 << 18, 2, 8, 64}, sockets()).path,
+            PlanPath::kOneHop);
+  const std::string d = two.gather.describe();
+  for (const char* word : {"qwZ two hops", "hop 1: all-gather on inter (1/2)",
+                           "hop 2: all-gather on intra (1/2, 2 slots a peer)"}) {
     EXPECT_NE(d.find(word), std::string::npos) << word << " in: " << d;
   }
+  // Uneven nodes: qgZ's flat hop. Count 1 on 8 ranks: shards of one block, seven of them all padding.
+  EXPECT_EQ(allReducePlans(topologyOf({3, 1}, 3), 5000, sockets()).reduceScatter.path, PlanPath::kFlat);
+  const AllReducePlans tiny = allReducePlans(topologyOf({8}, 5), 1, nvlink(false));
+  EXPECT_EQ(tiny.steps.shardCount, 256u);
+  EXPECT_EQ(tiny.steps.paddedCount, 2048u);
+  EXPECT_EQ(tiny.reduceScatter.chunks.chunks, 1);
 }
 
 TEST(CollPlan, ReserveCoversTheAllReduceAtEveryBlockSize) {
@@ -420,69 +458,15 @@ TEST(CollPlan, ReserveCoversTheAllReduceAtEveryBlockSize) {
       const ReservePlan r = planReserve(t, readmeDefaults(), nvlink(false), kOffset, maxBytes);
       for (int g = kMinBlockSize; g <= kMaxBlockSize; g *= 2) {
         for (int bits : {4, 8}) {
-          const CollPlan p = plan(t, allReduce(maxBytes / 2, bits, g), nvlink(false));
-          EXPECT_GE(r.scratchBytes[0], p.scratchBytes[0]) << maxBytes << " " << g;
-          EXPECT_GE(r.scratchBytes[1], p.scratchBytes[1]) << maxBytes << " " << g;
+          const AllReducePlans p = allReducePlans(t, maxBytes / 2, nvlink(false), bits, g);
+          for (const CollPlan* q : {&p.reduceScatter, &p.gather}) {
+            EXPECT_GE(r.scratchBytes[0], q->scratchBytes[0]) << maxBytes << " " << g;
+            EXPECT_GE(r.scratchBytes[1], q->scratchBytes[1]) << maxBytes << " " << g;
+          }
         }
       }
     }
   }
-}
-
-TEST(CollPlan, ReserveSizesTheWorstCall) {
-  // 8 bits, blocks of 32, 2-byte elements: maxBytes / (2 n) elements a rank. 64 MiB on one node of 2: 2^24
-  // elements, one chunk; scratch 1 holds three slots (the pair layout), the window qgZ's two slots.
-  const Topology two = topologyOf({2}, 1);
-  const size_t pb = payload(1 << 24, 8, 32);
-  EXPECT_EQ(pb, 2097152u + 16777216u);
-  ReservePlan r = planReserve(two, readmeDefaults(), nvlink(), kOffset, 64 * kMiB);
-  EXPECT_EQ(r.scratchBytes[0], 2 * pb);
-  EXPECT_EQ(r.scratchBytes[1], 3 * pb);
-  EXPECT_EQ(r.windowBytes, kOffset + 2 * pb);
-  EXPECT_EQ(planReserve(two, readmeDefaults(), nvlink(false), kOffset, 64 * kMiB).windowBytes, 0u);
-  PlanTunables tu = readmeDefaults();
-  tu.directMinBytes = 128 << 20;
-  EXPECT_EQ(planReserve(two, tu, nvlink(), kOffset, 64 * kMiB).windowBytes, 0u);
-  // Eight ranks: n slots in both buffers.
-  const ReservePlan eight = planReserve(topologyOf({8}, 0), readmeDefaults(), nvlink(false), kOffset, 64 * kMiB);
-  EXPECT_EQ(eight.scratchBytes[0], 8 * payload(1 << 22, 8, 32));
-  EXPECT_EQ(eight.scratchBytes[1], 8 * payload(1 << 22, 8, 32));
-}
-
-TEST(CollPlan, DescribeNamesEveryDecision) {
-  const std::string d = plan(topologyOf({1, 1}, 1), qgz(1 << 22), sockets()).describe();
-  for (const char* word : {"qgZ", "one hop", "rank 1/2", "16777216 bytes", "1 chunk", "pair all-gather in place",
-                           "side stream", "green context", "receive 3 slots", "slot 2", "scratch"}) {
-    EXPECT_NE(d.find(word), std::string::npos) << word << " in: " << d;
-  }
-  const std::string two = plan(topologyOf({2, 2}, 0), qgz(1 << 26), sockets()).describe();
-  for (const char* word : {"two hops", "hop 1: send/recv on intra", "hop 2: pair all-gather + copy on inter",
-                           "finish stage", "2 slots a peer"}) {
-    EXPECT_NE(two.find(word), std::string::npos) << word << " in: " << two;
-  }
-  const std::string direct = plan(topologyOf({2}, 0), qwz(1 << 20), nvlink()).describe();
-  EXPECT_NE(direct.find("direct loads"), std::string::npos) << direct;
-  EXPECT_NE(direct.find("window"), std::string::npos) << direct;
-}
-
-TEST(CollPlan, TunablesFromTheEnvironment) {
-  // What the backends plan with: the tunables' values as params.h reads them.
-  const PlanTunables t = PlanTunables::fromParams();
-  int64_t v = 0;
-  ASSERT_TRUE(readParam("ZP_CHUNK_BYTES", &v));
-  EXPECT_EQ(t.chunkBytes, v);
-  ASSERT_TRUE(readParam("ZP_MAX_CHUNKS", &v));
-  EXPECT_EQ(t.maxChunks, v);
-  ASSERT_TRUE(readParam("ZP_CHUNK_RAMP", &v));
-  EXPECT_EQ(t.chunkRamp, v != 0);
-  ASSERT_TRUE(readParam("ZP_PAIR_ALLGATHER", &v));
-  EXPECT_EQ(t.pairAllGather, v);
-  ASSERT_TRUE(readParam("ZP_DIRECT_MIN_BYTES", &v));
-  EXPECT_EQ(t.directMinBytes, v);
-  ASSERT_TRUE(readParam("ZP_DIRECT_INLINE_WAIT_BYTES", &v));
-  EXPECT_EQ(t.directInlineWaitBytes, v);
-  ASSERT_TRUE(readParam("ZP_OWN_SLOT_EARLY_BYTES", &v));
-  EXPECT_EQ(t.ownSlotEarlyBytes, v);
 }
 
 // ---- the host backend walks the plans ----------------------------------------------------------------------
@@ -503,7 +487,8 @@ TEST(CollPlanHost, ChunkedPlansAndEarlyOwnSlotsGiveTheSameBits) {
   for (const char* walked :
        {"qgZ two hops", "qgZ one hop", "qgZ one flat hop", "qwZ one hop", "hpZ one hop", "hpZ exact", "16 chunks",
         "own slot early on the finish stage", "own slot early on a side stream", "own slot not sent",
-        "pair all-gather in place", "all-reduce two hops", "all-reduce one hop", "all-reduce one flat hop"}) {
+        "pair all-gather in place", "zpQuantAllReduce : qgZ two hops", "zpQuantAllReduce : qgZ one hop",
+        "zpQuantAllReduce : qgZ one flat hop", "zpQuantAllReduce : qwZ one hop", "zpQuantAllReduce : qwZ two hops"}) {
     EXPECT_NE(run.output.find(walked), std::string::npos) << walked;
   }
 }

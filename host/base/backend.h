@@ -39,6 +39,9 @@ struct CollArgs {
   int blockSize;
   cudaStream_t stream;
   GradArgs grad;  // kQuantReduceScatter and kQuantAllReduce only
+  // kQuantAllGather as the second call of an all-reduce (host/all_reduce_shards.h): planned with the all-reduce's
+  // hops (host/coll_plan.h).
+  bool allReduceGather = false;
 };
 
 class Backend {

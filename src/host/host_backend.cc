@@ -104,16 +104,16 @@ class HostBackend final : public Backend {
         return zpSuccess;
       case CollKind::kQuantAllGather: {
         const CallSignature sig = signatureOf(a);
-        return quantizedGather(a, planOf(a), world(), evenShards(a, topo_.nranks), a.sendbuff, &sig);
+        return quantizedGather(a, planOf(a), world(), &sig);
       }
       case CollKind::kHierAllGather:
         return hierAllGather(a, planOf(a));
       case CollKind::kQuantReduceScatter: {
         const CallSignature sig = signatureOf(a);
-        return quantReduceScatter(a, planOf(a), evenShards(a, topo_.nranks), a.recvbuff, &sig);
+        return quantReduceScatter(a, planOf(a), &sig);
       }
       case CollKind::kQuantAllReduce:
-        return quantAllReduce(a, planOf(a));
+        return quantAllReduce(a);
     }
     return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
   }
@@ -153,38 +153,29 @@ class HostBackend final : public Backend {
     return transport_->sharesMemory() ? nullptr : scratch(kReceive, bytes).data();
   }
 
-  // The shards of a collective whose every member has `count` elements (qwZ's, hpZ's, qgZ's slices).
-  static AllReduceShards evenShards(const CollArgs& a, int members) {
-    return AllReduceShards{a.count * members, a.count};
-  }
-
-  // The quantized gather over `group`: qwZ, hpZ's quantized mode, and the all-reduce's one-hop gather. Member i's
-  // shard is `shards`' i-th, in its place in recvbuff; `own` holds this member's (the send buffer, or the all-reduce's
-  // reduced shard in recvbuff). Chunk by chunk: the own shard quantized into this rank's buffer, which one all-gather
-  // gives every member, and every member's payload dequantized in group order; the own slot first when the plan works
-  // it early. A chunk of a member's shard that is shorter or empty (the all-reduce's last shards) is quantized and
-  // dequantized as far as it goes. `sig`: the call's first exchange carries its signature.
-  zpResult_t quantizedGather(const CollArgs& a, const CollPlan& p, const PeerGroup& group,
-                             const AllReduceShards& shards, const void* own, const CallSignature* sig) {
+  // The quantized gather over `group`: qwZ, hpZ's quantized mode, and the all-reduce's gather. Member i's shard of
+  // count elements goes to its place in recvbuff. Chunk by chunk: the own shard (sendbuff) quantized into this rank's
+  // buffer, which one all-gather gives every member, and every member's payload dequantized in group order; the own
+  // slot first when the plan works it early. In place is safe: the own shard is quantized before anything is written.
+  // `sig`: the call's first exchange carries its signature (none when an earlier exchange of the call did).
+  zpResult_t quantizedGather(const CollArgs& a, const CollPlan& p, const PeerGroup& group, const CallSignature* sig) {
     const size_t esz = typeSize(a.type);
     const ChunkPlan& chunks = p.chunks;
     const ChunkRegion at(chunks, 1, a.bits, a.blockSize);  // this rank's slot of every chunk
     std::vector<unsigned char>& mine = scratch(kSend, at.bytes());
     unsigned char* space = receiveSpace(at.bytes() * group.size());
-    const auto* send = static_cast<const char*>(own);
+    const auto* send = static_cast<const char*>(a.sendbuff);
     auto* recv = static_cast<char*>(a.recvbuff);
     for (int c = 0; c < chunks.chunks; ++c) {
-      const size_t e = shards.chunkElems(p.rank, chunks.offset(c), chunks.elems(c));
-      if (e > 0) quantizeRef(send + chunks.offset(c) * esz, a.type, e, a.bits, a.blockSize, mine.data() + at.offset(c));
+      quantizeRef(send + chunks.offset(c) * esz, a.type, chunks.elems(c), a.bits, a.blockSize,
+                  mine.data() + at.offset(c));
     }
     Received got;
     ZPCHECK(transport_->allGather(group, mine.data(), at.bytes(), space, sig, a.opName, &got));
     // Slot i of chunk c: group member i's payload of it, into its shard's chunk c.
     auto dequantize = [&](int c, int i, const unsigned char* payloads) {
-      const size_t e = shards.chunkElems(i, chunks.offset(c), chunks.elems(c));
-      if (e == 0) return;
-      dequantizeRef(payloads + at.offset(c), a.type, e, a.bits, a.blockSize,
-                    recv + (shards.offset(i) + chunks.offset(c)) * esz);
+      dequantizeRef(payloads + at.offset(c), a.type, chunks.elems(c), a.bits, a.blockSize,
+                    recv + (i * a.count + chunks.offset(c)) * esz);
     };
     if (p.ownEarly()) {
       for (int c = 0; c < chunks.chunks; ++c) dequantize(c, p.rank, mine.data());
@@ -203,7 +194,7 @@ class HostBackend final : public Backend {
   // communicator's memory, so the shard is staged first.
   zpResult_t hierAllGather(const CollArgs& a, const CollPlan& p) {
     const CallSignature sig = signatureOf(a);
-    if (p.path != PlanPath::kExact) return quantizedGather(a, p, hpz(), evenShards(a, topo_.hpzSize), a.sendbuff, &sig);
+    if (p.path != PlanPath::kExact) return quantizedGather(a, p, hpz(), &sig);
     const size_t shardBytes = a.count * typeSize(a.type);
     const void* mine = a.sendbuff;
     if (!transport_->sharesMemory()) {
@@ -230,18 +221,15 @@ class HostBackend final : public Backend {
   }
 
   // qgZ, following qgz_plan.h step by step, chunk by chunk (each chunk covers the same element range of every
-  // slice; whole blocks, so the codes, the random draws and the sums are those of whole slices). Slice d is `shards`'
-  // d-th of sendbuff (qgZ's slices are all recvcount long; the all-reduce's last ones may be shorter or empty: they
-  // are quantized and summed as far as they go); this rank's reduced slice goes to `out`. `sig`: as quantizedGather.
-  zpResult_t quantReduceScatter(const CollArgs& a, const CollPlan& p, const AllReduceShards& shards, void* out,
-                                const CallSignature* sig) {
+  // slice; whole blocks, so the codes, the random draws and the sums are those of whole slices). Slice d is
+  // elements [d count, (d + 1) count) of sendbuff; this rank's reduced slice goes to recvbuff. `sig`: as
+  // quantizedGather.
+  zpResult_t quantReduceScatter(const CollArgs& a, const CollPlan& p, const CallSignature* sig) {
     const size_t esz = typeSize(a.type);
     const ChunkPlan& chunks = p.chunks;
     const int n = qgz_.nranks;
     const float divisor = a.op == zpAvg ? static_cast<float>(topo_.nranks) : 1.0f;
     const ChunkRegion sendAt(chunks, n, a.bits, a.blockSize);
-    // Elements of destination d's slice in chunk c.
-    auto elemsOf = [&](int d, int c) { return shards.chunkElems(d, chunks.offset(c), chunks.elems(c)); };
     // The kept slice, when the plan works it early, is quantized apart and never read by a peer.
     const bool keptApart = p.ownEarly();
     const ChunkRegion keptAt(chunks, 1, a.bits, a.blockSize);
@@ -253,14 +241,13 @@ class HostBackend final : public Backend {
     for (int c = 0; c < chunks.chunks; ++c) {
       for (int s = 0; s < n; ++s) {
         const int d = qgz_.sliceOfSlot[s];
-        const size_t e = elemsOf(d, c);
-        if (e == 0) continue;
+        const size_t e = chunks.elems(c);
         unsigned char* slot = keptApart && d == rank_ ? kept.data() + keptAt.offset(c)
                                                       : send.data() + sendAt.offset(c) + s * sendAt.slotBytes(c);
-        const char* in = static_cast<const char*>(a.sendbuff) + (shards.offset(d) + chunks.offset(c)) * esz;
+        const char* in = static_cast<const char*>(a.sendbuff) + (d * a.count + chunks.offset(c)) * esz;
         if (a.grad.any()) {
           quantizeGradRef(in, a.type, e, a.bits, a.blockSize,
-                          gradQuant(a, 0, d, shards.shardCount, chunks.offset(c), a.grad.residual), slot);
+                          gradQuant(a, 0, d, a.count, chunks.offset(c), a.grad.residual), slot);
         } else {
           quantizeRef(in, a.type, e, a.bits, a.blockSize, slot);
         }
@@ -272,10 +259,9 @@ class HostBackend final : public Backend {
     std::vector<const unsigned char*> sources;
     // This rank's slice of chunk c: the sum of `sources`, divided and rounded into `out`.
     auto finish = [&](int c) {
-      const size_t e = elemsOf(rank_, c);
-      if (e == 0) return;
+      const size_t e = chunks.elems(c);
       sumPayloadsRef(sources, e, a.bits, a.blockSize, 0, e, sum.data());
-      finishRef(sum.data(), a.type, divisor, 0, e, static_cast<char*>(out) + chunks.offset(c) * esz);
+      finishRef(sum.data(), a.type, divisor, 0, e, static_cast<char*>(a.recvbuff) + chunks.offset(c) * esz);
     };
     Received got;
     if (p.path != PlanPath::kTwoHops) {
@@ -301,16 +287,15 @@ class HostBackend final : public Backend {
     std::vector<unsigned char>& partial = scratch(kWork, partialAt.bytes());
     for (int c = 0; c < chunks.chunks; ++c) {
       const size_t pb = sendAt.slotBytes(c);
+      const size_t e = chunks.elems(c);
       for (int b = 0; b < N; ++b) {
-        const size_t e = elemsOf(topo_.nodeRanks[b][topo_.localRank], c);
-        if (e == 0) continue;
         sources.clear();
         for (int l = 0; l < L; ++l) sources.push_back(got.block(c, l) + b * pb);
         sumPayloadsRef(sources, e, a.bits, a.blockSize, 0, e, sum.data());
         unsigned char* slot = partial.data() + partialAt.offset(c) + b * pb;
         if (a.grad.any()) {
           quantizeGradRef(sum.data(), zpFloat32, e, a.bits, a.blockSize,
-                          gradQuant(a, 1, b, shards.shardCount, chunks.offset(c), a.grad.hopResidual), slot);
+                          gradQuant(a, 1, b, a.count, chunks.offset(c), a.grad.hopResidual), slot);
         } else {
           quantizeRef(sum.data(), zpFloat32, e, a.bits, a.blockSize, slot);
         }
@@ -329,33 +314,57 @@ class HostBackend final : public Backend {
     return transport_->endExchange(a.opName);
   }
 
-  // The all-reduce (include/zpccl.h, "Quantized all-reduce"): qgZ's reduce-scatter of the shards into this rank's
-  // shard of recvbuff, then the gather of the reduced shards, one hop or two as the reduce-scatter. In place is safe:
-  // the reduce-scatter has quantized all of sendbuff before it writes the shard, and the gather quantizes the shard
-  // before it writes any of recvbuff.
-  zpResult_t quantAllReduce(const CollArgs& a, const CollPlan& p) {
-    const AllReduceShards shards{a.count, p.shardCount};
-    char* own = static_cast<char*>(a.recvbuff) + shards.offset(rank_) * typeSize(a.type);
+  // The all-reduce (include/zpccl.h, "Quantized all-reduce"): the two calls of host/all_reduce_shards.h, each
+  // planned as it would be alone, as the cuda backend runs them; a count that is not nranks whole shards works in
+  // padded copies. The reduce-scatter's first exchange carries the all-reduce's signature, so that ranks whose
+  // all-reduces differ (a count that pads to the same shards) are told so.
+  zpResult_t quantAllReduce(const CollArgs& a) {
+    const size_t esz = typeSize(a.type);
+    AllReduceSteps steps = allReduceSteps(a, topo_.nranks, rank_, a.recvbuff, a.grad.residual);
+    if (steps.padded) {
+      std::vector<unsigned char>& tensor = scratch(kAllReduceTensor, steps.paddedCount * esz);
+      memcpy(tensor.data(), a.sendbuff, a.count * esz);
+      memset(tensor.data() + a.count * esz, 0, (steps.paddedCount - a.count) * esz);
+      uint16_t* residual = nullptr;
+      if (a.grad.residual != nullptr) {
+        std::vector<unsigned char>& r = scratch(kAllReduceResidual, steps.paddedCount * sizeof(uint16_t));
+        memcpy(r.data(), a.grad.residual, a.count * sizeof(uint16_t));
+        memset(r.data() + a.count * sizeof(uint16_t), 0, (steps.paddedCount - a.count) * sizeof(uint16_t));
+        residual = reinterpret_cast<uint16_t*>(r.data());
+      }
+      steps = allReduceSteps(a, topo_.nranks, rank_, tensor.data(), residual);
+    }
     const CallSignature sig = signatureOf(a);
-    ZPCHECK(quantReduceScatter(a, p, shards, own, &sig));
-    if (p.path != PlanPath::kTwoHops) return quantizedGather(a, p, world(), shards, own, nullptr);
-    return gatherTwoHops(a, p, shards, own);
+    ZPCHECK(quantReduceScatter(steps.reduceScatter, planOf(steps.reduceScatter), &sig));
+    const CollPlan gather = planOf(steps.gather);
+    if (gather.path == PlanPath::kTwoHops) {
+      ZPCHECK(gatherTwoHops(steps.gather, gather));
+    } else {
+      ZPCHECK(quantizedGather(steps.gather, gather, world(), nullptr));
+    }
+    if (steps.padded) {
+      memcpy(a.recvbuff, steps.gather.recvbuff, a.count * esz);
+      if (a.grad.residual != nullptr) {
+        memcpy(a.grad.residual, steps.reduceScatter.grad.residual, a.count * sizeof(uint16_t));
+      }
+    }
+    return zpSuccess;
   }
 
-  // The all-reduce's gather on two-hop layouts: this rank's payload to the ranks of its local rank (one a node), then
-  // the N payloads it holds, in node order, to the ranks of its node; every payload dequantized into its shard.
-  zpResult_t gatherTwoHops(const CollArgs& a, const CollPlan& p, const AllReduceShards& shards, const char* own) {
+  // The all-reduce's gather in two hops (host/coll_plan.h): this rank's payload to the ranks of its local rank (one a
+  // node), then the N payloads it holds, in node order, to the ranks of its node; every payload dequantized into its
+  // shard. In place is safe: the own shard is quantized before anything is written.
+  zpResult_t gatherTwoHops(const CollArgs& a, const CollPlan& p) {
     const size_t esz = typeSize(a.type);
     const ChunkPlan& chunks = p.chunks;
     const int N = topo_.nodes, L = topo_.localSize;
     const ChunkRegion oneAt(chunks, 1, a.bits, a.blockSize), nodesAt(chunks, N, a.bits, a.blockSize);
     std::vector<unsigned char>& mine = scratch(kSend, oneAt.bytes());
     for (int c = 0; c < chunks.chunks; ++c) {
-      const size_t e = shards.chunkElems(rank_, chunks.offset(c), chunks.elems(c));
-      if (e > 0)
-        quantizeRef(own + chunks.offset(c) * esz, a.type, e, a.bits, a.blockSize, mine.data() + oneAt.offset(c));
+      quantizeRef(static_cast<const char*>(a.sendbuff) + chunks.offset(c) * esz, a.type, chunks.elems(c), a.bits,
+                  a.blockSize, mine.data() + oneAt.offset(c));
     }
-    // Hop 3, across nodes: node b's payload lands in slot b of every chunk of this rank's N-slot region.
+    // Hop 1, across nodes: node b's payload lands in slot b of every chunk of this rank's N-slot region.
     Received got;
     ZPCHECK(transport_->allGather(inter(), mine.data(), oneAt.bytes(), receiveSpace(oneAt.bytes() * N), nullptr,
                                   a.opName, &got));
@@ -367,7 +376,7 @@ class HostBackend final : public Backend {
       }
     }
     ZPCHECK(transport_->endExchange(a.opName));
-    // Hop 4, inside the node: local rank l's region holds the payloads of the ranks (b, l), b = 0..N-1.
+    // Hop 2, inside the node: local rank l's region holds the payloads of the ranks (b, l), b = 0..N-1.
     ZPCHECK(transport_->allGather(intra(), held.data(), nodesAt.bytes(), receiveSpace(nodesAt.bytes() * L), nullptr,
                                   a.opName, &got));
     auto* recv = static_cast<char*>(a.recvbuff);
@@ -375,10 +384,8 @@ class HostBackend final : public Backend {
       for (int b = 0; b < N; ++b) {
         const int r = topo_.nodeRanks[b][l];
         for (int c = 0; c < chunks.chunks; ++c) {
-          const size_t e = shards.chunkElems(r, chunks.offset(c), chunks.elems(c));
-          if (e == 0) continue;
-          dequantizeRef(got.block(0, l) + nodesAt.offset(c) + b * nodesAt.slotBytes(c), a.type, e, a.bits, a.blockSize,
-                        recv + (shards.offset(r) + chunks.offset(c)) * esz);
+          dequantizeRef(got.block(0, l) + nodesAt.offset(c) + b * nodesAt.slotBytes(c), a.type, chunks.elems(c),
+                        a.bits, a.blockSize, recv + (r * a.count + chunks.offset(c)) * esz);
         }
       }
     }
@@ -400,9 +407,9 @@ class HostBackend final : public Backend {
   }
 
   // Scratch buffers owned by the communicator, grown on demand (the host backend may allocate in a call): what this
-  // rank gives to the first exchange, what a call works in between (qgZ's kept slice or partial sums), and where a
-  // transport that copies puts what it receives.
-  enum Scratch { kSend, kWork, kReceive, kScratchCount };
+  // rank gives to the first exchange, what a call works in between (qgZ's kept slice or partial sums), where a
+  // transport that copies puts what it receives, and the all-reduce's padded copies of its tensor and residual.
+  enum Scratch { kSend, kWork, kReceive, kAllReduceTensor, kAllReduceResidual, kScratchCount };
   std::vector<unsigned char>& scratch(int which, size_t bytes) {
     if (scratch_[which].size() < bytes) scratch_[which].resize(bytes);
     return scratch_[which];
