@@ -3,8 +3,6 @@
 // pipeline.h or, among the ranks of one NVLink domain, direct loads of the peers' payloads.
 #include <nccl.h>
 
-#include <vector>
-
 #include "device/quantize.h"
 #include "host/base/check.h"
 #include "host/chunk_plan.h"
@@ -34,48 +32,14 @@ zpResult_t gatherDirect(CudaExec& e, const CollArgs& a, const CollPlan& p) {
       });
 }
 
-// Where each rank's payload lies in a chunk's region of a two-hop gather (host/coll_plan.h, planGatherTwoHops):
-// slot l N + b holds the payload of local rank l of node b, so that both all-gathers run in place. `runs` gives the
-// finish stage's launches: slots [first, first + count) of the region go to the shards of ranks rank0, rank0 + stride,
-// ... (one run per local rank where the ranks of a local rank are evenly spaced, as where ranks are numbered node
-// by node; else one per slot).
-struct TwoHopSlots {
-  int mySlot = 0;
-  struct Run {
-    int first, count, rank0, stride;
-  };
-  std::vector<Run> runs;
-
-  TwoHopSlots() = default;
-  explicit TwoHopSlots(const Topology& t) {
-    const int N = t.nodes, L = t.localSize;
-    mySlot = t.localRank * N + t.node;
-    for (int l = 0; l < L; ++l) {
-      const int stride = N > 1 ? t.nodeRanks[1][l] - t.nodeRanks[0][l] : 1;
-      bool even = stride > 0;
-      for (int b = 1; b < N && even; ++b) even = t.nodeRanks[b][l] - t.nodeRanks[b - 1][l] == stride;
-      if (even) {
-        runs.push_back(Run{l * N, N, t.nodeRanks[0][l], stride});
-      } else {
-        for (int b = 0; b < N; ++b) runs.push_back(Run{l * N + b, 1, t.nodeRanks[b][l], 1});
-      }
-    }
-  }
-};
-
 // The pipelined gather over the plan's group (n ranks, this one `rank`). Quantize: the own shard into its slot of
-// every chunk's region. Move: all-gather the regions chunk by chunk, in one hop over the group or, on the plan's two
-// hops (the all-reduce's gather on nodes of several ranks), among the ranks of this local rank and then inside the
-// node. Finish: dequantize each gathered chunk (all ranks' slots in one launch, or one a run of TwoHopSlots) into
-// recvbuff. The gather's kernels leave ZP_NCCL_SMS SMs to NCCL where the plan runs its stages in the green context:
-// its transfer is the longest stage, and its CTAs cannot start on an SM that our CTAs occupy
-// (src/cuda/green_context.h; perf/RESULTS.md, qwZ).
+// every chunk's region. Move: all-gather the regions chunk by chunk. Finish: dequantize each gathered chunk (all
+// ranks' slots in one launch) into recvbuff. The gather's kernels leave ZP_NCCL_SMS SMs to NCCL where the plan
+// runs its stages in the green context: its transfer is the longest stage, and its CTAs cannot start on an SM that
+// our CTAs occupy (src/cuda/green_context.h; perf/RESULTS.md, qwZ).
 zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, const CollPlan& p) {
   const size_t esz = typeSize(a.type);
-  const int n = p.ranks;
-  const bool twoHops = p.path == PlanPath::kTwoHops;
-  const TwoHopSlots slots = twoHops ? TwoHopSlots(e.topo) : TwoHopSlots{};
-  const int rank = twoHops ? slots.mySlot : p.rank;  // this rank's slot in a chunk's region
+  const int n = p.ranks, rank = p.rank;
   const ncclComm_t comm = commOf(e, p.hop[0].comm);
   const ChunkPlan& plan = p.chunks;
   const ChunkRegion at(plan, p.sendSlots, a.bits, a.blockSize);  // chunk c: every rank's slot, in rank order
@@ -121,30 +85,13 @@ zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, const CollPlan& p) {
     char* chunk = region + at.offset(c);
     ZPCHECK(waitQuantized(e, st, c));
     trace.mark(PipelineTrace::kMove, c, false, st.move);
-    if (twoHops) {
-      // This local rank's N slots from its peers on the other nodes, then every local rank's N slots.
-      const int N = e.topo.nodes;
-      char* mine = chunk + e.topo.localRank * N * pb;
-      ZPCHECK(ncclCheck(ncclAllGather(mine + e.topo.node * pb, mine, pb, ncclUint8, comm, st.move), a.opName,
-                        "ncclAllGather across nodes"));
-      ZPCHECK(ncclCheck(ncclAllGather(mine, chunk, N * pb, ncclUint8, commOf(e, p.hop[1].comm), st.move), a.opName,
-                        "ncclAllGather inside the node"));
-    } else {
-      ZPCHECK(ncclCheck(ncclAllGather(chunk + rank * pb, chunk, pb, ncclUint8, comm, st.move), a.opName,
-                        "ncclAllGather"));
-    }
+    ZPCHECK(
+        ncclCheck(ncclAllGather(chunk + rank * pb, chunk, pb, ncclUint8, comm, st.move), a.opName, "ncclAllGather"));
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
     if (c == 0) ZPCHECK(joinOwnSlots(e, st));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
-    if (twoHops) {
-      const size_t pb = at.slotBytes(c);
-      for (const TwoHopSlots::Run& r : slots.runs) {
-        ZPCHECK(launchDequantize(region + at.offset(c) + r.first * pb, recv + (r.rank0 * a.count + plan.offset(c)) * esz,
-                                 plan.elems(c), a.type, a.bits, a.blockSize, st.finish, r.count, pb,
-                                 r.stride * a.count));
-      }
-    } else if (ownEarly) {  // the peers' slots, before and after this rank's
+    if (ownEarly) {  // the peers' slots, before and after this rank's
       ZPCHECK(dequantizeSlots(c, 0, rank, st.finish));
       ZPCHECK(dequantizeSlots(c, rank + 1, n - rank - 1, st.finish));
     } else {
@@ -155,8 +102,8 @@ zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, const CollPlan& p) {
   return endPipeline(e, st, trace);
 }
 
-// qwZ over the world (and the all-reduce's gather, in one hop or two), hpZ's quantized mode over the hpZ group, and
-// exact hpZ: the secondary shards as they are, one all-gather over the hpZ group's communicator.
+// qwZ over the world, hpZ's quantized mode over the hpZ group, and exact hpZ: the secondary shards as they are,
+// one all-gather over the hpZ group's communicator.
 zpResult_t gather(CudaExec& e, const CollArgs& a) {
   CollPlan p;
   ZPCHECK(planCall(e, a, &p));
