@@ -65,11 +65,11 @@ struct PlanFacts {
   LinkFacts link;
   WindowFacts window;
   CollKind kind = CollKind::kQuantAllGather;  // one of the collectives
-  size_t count = 0;  // sendcount (the gathers) or recvcount (qgZ), elements
+  size_t count = 0;                           // sendcount (the gathers) or recvcount (qgZ), elements
   size_t elemBytes = 0;
-  int bits = 0;          // 0: exact hpZ
-  int blockSize = 0;     // unused by exact hpZ
-  bool inPlace = false;  // named in the log; every path is safe in place (a chunk is read before it is written)
+  int bits = 0;                  // 0: exact hpZ
+  int blockSize = 0;             // unused by exact hpZ
+  bool inPlace = false;          // named in the log; every path is safe in place (a chunk is read before it is written)
   bool allReduceGather = false;  // kQuantAllGather as an all-reduce's second call (CollArgs::allReduceGather)
 };
 

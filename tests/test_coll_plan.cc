@@ -355,8 +355,9 @@ char* const kTensor = reinterpret_cast<char*>(uintptr_t{1} << 32);
 char* const kPadded = reinterpret_cast<char*>(uintptr_t{1} << 40);
 
 CollArgs allReduceArgs(const void* send, void* recv, size_t count, zpDataType_t type, int bits, int blockSize) {
-  return CollArgs{"zpQuantAllReduce", CollKind::kQuantAllReduce, send, recv, count, type, zpSum, bits, blockSize,
-                  nullptr, GradArgs()};
+  return CollArgs{
+      "zpQuantAllReduce", CollKind::kQuantAllReduce, send, recv, count, type, zpSum, bits, blockSize, nullptr,
+      GradArgs()};
 }
 
 AllReducePlans allReducePlans(const Topology& t, size_t count, const LinkFacts& link, int bits = 4,
@@ -365,8 +366,8 @@ AllReducePlans allReducePlans(const Topology& t, size_t count, const LinkFacts& 
   AllReducePlans out;
   out.steps = allReduceSteps(a, t.nranks, t.rank, kTensor, nullptr);
   if (out.steps.padded) out.steps = allReduceSteps(a, t.nranks, t.rank, kPadded, nullptr);
-  for (auto [step, into] : {std::pair{&out.steps.reduceScatter, &out.reduceScatter},
-                            std::pair{&out.steps.gather, &out.gather}}) {
+  for (auto [step, into] :
+       {std::pair{&out.steps.reduceScatter, &out.reduceScatter}, std::pair{&out.steps.gather, &out.gather}}) {
     PlanFacts f = planFactsOf(t, *step);
     f.tunables = readmeDefaults();
     f.link = link;
@@ -406,8 +407,8 @@ TEST(CollPlan, AllReduceIsQgzThenAGatherOfItsShardsEachPlannedAlone) {
   EXPECT_EQ(one.gather.path, PlanPath::kDirect);
 
   // n whole shards: the tensor itself; sendbuff apart from recvbuff gives a reduce-scatter that is not in place.
-  const AllReduceSteps even = allReduceSteps(allReduceArgs(kPadded, kTensor, 4096, zpFloat32, 8, 64), 4, 3, kTensor,
-                                            nullptr);
+  const AllReduceSteps even =
+      allReduceSteps(allReduceArgs(kPadded, kTensor, 4096, zpFloat32, 8, 64), 4, 3, kTensor, nullptr);
   EXPECT_FALSE(even.padded);
   EXPECT_EQ(even.reduceScatter.sendbuff, kPadded);
   EXPECT_EQ(even.reduceScatter.recvbuff, kTensor + 3 * 1024 * 4);
@@ -438,8 +439,8 @@ TEST(CollPlan, AllReduceIsQgzThenAGatherOfItsShardsEachPlannedAlone) {
   EXPECT_EQ(plan(topologyOf({2, 2}, 3), Call{CollKind::kQuantAllGather, 1 << 18, 2, 8, 64}, sockets()).path,
             PlanPath::kOneHop);
   const std::string d = two.gather.describe();
-  for (const char* word : {"qwZ two hops", "hop 1: all-gather on inter (1/2)",
-                           "hop 2: all-gather on intra (1/2, 2 slots a peer)"}) {
+  for (const char* word :
+       {"qwZ two hops", "hop 1: all-gather on inter (1/2)", "hop 2: all-gather on intra (1/2, 2 slots a peer)"}) {
     EXPECT_NE(d.find(word), std::string::npos) << word << " in: " << d;
   }
   // Uneven nodes: qgZ's flat hop. Count 1 on 8 ranks: shards of one block, seven of them all padding.

@@ -384,8 +384,8 @@ class HostBackend final : public Backend {
       for (int b = 0; b < N; ++b) {
         const int r = topo_.nodeRanks[b][l];
         for (int c = 0; c < chunks.chunks; ++c) {
-          dequantizeRef(got.block(0, l) + nodesAt.offset(c) + b * nodesAt.slotBytes(c), a.type, chunks.elems(c),
-                        a.bits, a.blockSize, recv + (r * a.count + chunks.offset(c)) * esz);
+          dequantizeRef(got.block(0, l) + nodesAt.offset(c) + b * nodesAt.slotBytes(c), a.type, chunks.elems(c), a.bits,
+                        a.blockSize, recv + (r * a.count + chunks.offset(c)) * esz);
         }
       }
     }
