@@ -892,6 +892,7 @@ TEST(GpuSanitized, EachCollectiveAsTwoNodesOnOneGpu) {
 
 const char* kNodeSizesEnv = "ZP_TEST_NODE_SIZES";               // ranks of each node, node-major: "2,2"
 const char* kRanksPerProcessEnv = "ZP_TEST_RANKS_PER_PROCESS";  // 1, or 2 (a process a node of two)
+const char* kInterleavedEnv = "ZP_TEST_NODES_INTERLEAVED";      // 1: rank r on node r % nodes (equal sizes)
 
 std::vector<int> nodeSizesFromEnv() {
   std::vector<int> sizes;
@@ -900,12 +901,13 @@ std::vector<int> nodeSizesFromEnv() {
   return sizes;
 }
 
-// The ranks of the layout ZP_TEST_NODE_SIZES, node-major; a child process runs ZP_TEST_RANKS_PER_PROCESS of them,
-// a thread and a visible GPU each. With two a process, each process is a node of two (its NCCL_HOSTID): qgZ takes
-// its two hops (NVLink inside the node, sockets across) and hpZ gathers over the node's two GPUs. With one a
-// process, NCCL sees a host per rank and the config's nodeId groups them into zpccl's nodes: every hop goes over
-// sockets, but the code paths are the layout's: two hops over even nodes, the flat one-hop path over uneven ones
-// (where hpZ is unavailable and not called). Every output is compared with the host backend's in the same layout.
+// The ranks of the layout ZP_TEST_NODE_SIZES, node-major (or interleaved: ZP_TEST_NODES_INTERLEAVED); a child
+// process runs ZP_TEST_RANKS_PER_PROCESS of them, a thread and a visible GPU each. With two a process, each process
+// is a node of two (its NCCL_HOSTID): qgZ takes its two hops (NVLink inside the node, sockets across) and hpZ
+// gathers over the node's two GPUs. With one a process, NCCL sees a host per rank and the config's nodeId groups
+// them into zpccl's nodes: every hop goes over sockets, but the code paths are the layout's: two hops over even
+// nodes, the flat one-hop path over uneven ones (where hpZ is unavailable and not called). Every output is compared
+// with the host backend's in the same layout.
 TEST(GpuLayouts, Child) {
   zpUniqueId id;
   const int process = childIndex(&id);
@@ -917,6 +919,10 @@ TEST(GpuLayouts, Child) {
   for (size_t node = 0; node < sizes.size(); ++node) nodeOf.insert(nodeOf.end(), sizes[node], static_cast<int>(node));
   const int nranks = static_cast<int>(nodeOf.size());
   const bool even = std::count(sizes.begin(), sizes.end(), sizes[0]) == static_cast<long>(sizes.size());
+  if (getenv(kInterleavedEnv) != nullptr) {
+    ASSERT_TRUE(even && perProcess == 1) << kInterleavedEnv << " takes nodes of equal sizes, a rank a process";
+    for (int r = 0; r < nranks; ++r) nodeOf[r] = r % static_cast<int>(sizes.size());
+  }
   const auto layout = [&](int rank, zpConfig_t* cfg) { cfg->nodeId = nodeOf[rank]; };
   std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 100003, false},
                              {Op::kQwz, zpFloat16, 4, 4097, true},
@@ -982,6 +988,14 @@ TEST(GpuLayouts, TwoNodesOfTwoOnTwoGpus) { runLayout("2,2", 2, Placement::kShare
 
 // The rest: a process per rank, all sharing one GPU, every hop over sockets.
 TEST(GpuLayouts, TwoNodesOfTwoOnOneGpu) { runLayout("2,2", 1, Placement::kSharedGpus, 1); }
+
+// Two nodes of two whose ranks interleave (node 0: ranks 0 and 2): the two-hop paths' slots and groups in an order
+// other than the ranks'.
+TEST(GpuLayouts, InterleavedNodesOfTwoOnOneGpu) {
+  setenv(kInterleavedEnv, "1", 1);
+  runLayout("2,2", 1, Placement::kSharedGpus, 1);
+  unsetenv(kInterleavedEnv);
+}
 
 // Two hops over three nodes: each inter-node all-to-all has two peers.
 TEST(GpuLayouts, ThreeNodesOfTwoOnOneGpu) { runLayout("2,2,2", 1, Placement::kSharedGpus, 1); }
