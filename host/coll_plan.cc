@@ -252,6 +252,23 @@ ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkF
   return r;
 }
 
+TwoHopGatherSlots twoHopGatherSlots(const Topology& t) {
+  const int N = t.nodes, L = t.localSize;
+  TwoHopGatherSlots s;
+  s.mySlot = t.localRank * N + t.node;
+  for (int l = 0; l < L; ++l) {
+    const int stride = N > 1 ? t.nodeRanks[1][l] - t.nodeRanks[0][l] : 1;
+    bool even = stride > 0;
+    for (int b = 1; b < N && even; ++b) even = t.nodeRanks[b][l] - t.nodeRanks[b - 1][l] == stride;
+    if (even) {
+      s.runs.push_back(TwoHopGatherSlots::Run{l * N, N, t.nodeRanks[0][l], stride});
+    } else {
+      for (int b = 0; b < N; ++b) s.runs.push_back(TwoHopGatherSlots::Run{l * N + b, 1, t.nodeRanks[b][l], 1});
+    }
+  }
+  return s;
+}
+
 namespace {
 
 // The name of enumerator `e`, from a table in the enumeration's order.

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "host/base/backend.h"
 #include "host/chunk_plan.h"
@@ -165,6 +166,20 @@ struct ReservePlan {
 };
 ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkFacts& link, size_t payloadOffset,
                         size_t maxBytes);
+
+// The slots of a chunk's region in the all-reduce's two-hop gather (planGatherTwoHops): slot l N + b holds the
+// payload of local rank l of node b, so that both all-gathers run in place; `mySlot` is this rank's. A finish
+// dequantizes the region run by run: slots [first, first + count) are the payloads of ranks rank0, rank0 + stride,
+// ..., one run a local rank where its ranks are evenly spaced (ranks numbered node by node, or interleaving), else
+// one a slot.
+struct TwoHopGatherSlots {
+  struct Run {
+    int first = 0, count = 0, rank0 = 0, stride = 1;
+  };
+  int mySlot = 0;
+  std::vector<Run> runs;
+};
+TwoHopGatherSlots twoHopGatherSlots(const Topology& t);
 
 const char* planPathName(PlanPath p);
 const char* exchangeName(Exchange x);

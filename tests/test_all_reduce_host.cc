@@ -53,6 +53,8 @@ const std::vector<Layout>& allLayouts() {
       {"n3x2", 6, 2, {}},
       {"n2x4", 8, 4, {}},
       {"interleaved2x3", 6, 0, labels(6, 2)},
+      // Node 0 holds ranks 0 and 3: local rank 1's ranks run backwards, so the two-hop gather finishes slot by slot.
+      {"crossed2x2", 4, 0, {0, 1, 1, 0}},
       {"uneven3p1", 4, 0, {0, 0, 0, 1}, true},
       {"uneven2p1", 3, 0, {7, 3, 7}},
   };

@@ -451,6 +451,40 @@ TEST(CollPlan, AllReduceIsQgzThenAGatherOfItsShardsEachPlannedAlone) {
   EXPECT_EQ(tiny.reduceScatter.chunks.chunks, 1);
 }
 
+TEST(CollPlan, TwoHopGatherSlotsPlaceEveryRankOnceInTheHopsOrder) {
+  // Slot l N + b: local rank l of node b; runs of evenly spaced ranks, else a run a slot. Node-major numbering,
+  // interleaving nodes, and nodes whose ranks run backwards in one local rank (node 0: ranks 0 and 3).
+  struct Layout {
+    std::vector<uint64_t> keys;
+    size_t runs;
+  };
+  for (const Layout& lay : {Layout{{7, 7, 8, 8}, 2}, Layout{{7, 8, 7, 8}, 2}, Layout{{7, 7, 7, 8, 8, 8, 9, 9, 9}, 3},
+                            Layout{{7, 8, 8, 7}, 3}}) {
+    for (int rank = 0; rank < static_cast<int>(lay.keys.size()); ++rank) {
+      Topology t;
+      ASSERT_EQ(buildTopology(lay.keys, rank, 0, "test", &t), zpSuccess);
+      ASSERT_TRUE(t.hierarchical());
+      const TwoHopGatherSlots s = twoHopGatherSlots(t);
+      EXPECT_EQ(s.mySlot, t.localRank * t.nodes + t.node);
+      EXPECT_EQ(s.runs.size(), lay.runs) << rank;
+      std::vector<int> seen(t.nranks, 0);
+      int next = 0;  // the runs cover the slots in order
+      for (const TwoHopGatherSlots::Run& run : s.runs) {
+        EXPECT_EQ(run.first, next);
+        for (int j = 0; j < run.count; ++j) {
+          const int slot = run.first + j, r = run.rank0 + j * run.stride;
+          ASSERT_TRUE(r >= 0 && r < t.nranks) << r;
+          EXPECT_EQ(r, t.nodeRanks[slot % t.nodes][slot / t.nodes]) << slot;
+          ++seen[r];
+        }
+        next += run.count;
+      }
+      EXPECT_EQ(next, t.nranks);
+      EXPECT_EQ(seen, std::vector<int>(t.nranks, 1));
+    }
+  }
+}
+
 TEST(CollPlan, ReserveCoversTheAllReduceAtEveryBlockSize) {
   // Small calls whose shards round up to a large block need more than the smallest block's sizing.
   for (const std::vector<int>& gpus : {std::vector<int>{8}, std::vector<int>{2, 2}, std::vector<int>{1}}) {

@@ -353,7 +353,8 @@ class HostBackend final : public Backend {
 
   // The all-reduce's gather in two hops (host/coll_plan.h): this rank's payload to the ranks of its local rank (one a
   // node), then the N payloads it holds, in node order, to the ranks of its node; every payload dequantized into its
-  // shard. In place is safe: the own shard is quantized before anything is written.
+  // shard, run by run of twoHopGatherSlots as the cuda backend's finish does. In place is safe: the own shard is
+  // quantized before anything is written.
   zpResult_t gatherTwoHops(const CollArgs& a, const CollPlan& p) {
     const size_t esz = typeSize(a.type);
     const ChunkPlan& chunks = p.chunks;
@@ -379,13 +380,14 @@ class HostBackend final : public Backend {
     // Hop 2, inside the node: local rank l's region holds the payloads of the ranks (b, l), b = 0..N-1.
     ZPCHECK(transport_->allGather(intra(), held.data(), nodesAt.bytes(), receiveSpace(nodesAt.bytes() * L), nullptr,
                                   a.opName, &got));
+    // Slot l N + b of the region: local rank l's payload from node b.
     auto* recv = static_cast<char*>(a.recvbuff);
-    for (int l = 0; l < L; ++l) {
-      for (int b = 0; b < N; ++b) {
-        const int r = topo_.nodeRanks[b][l];
+    for (const TwoHopGatherSlots::Run& run : twoHopGatherSlots(topo_).runs) {
+      for (int j = 0; j < run.count; ++j) {
+        const int slot = run.first + j, r = run.rank0 + j * run.stride;
         for (int c = 0; c < chunks.chunks; ++c) {
-          dequantizeRef(got.block(0, l) + nodesAt.offset(c) + b * nodesAt.slotBytes(c), a.type, chunks.elems(c), a.bits,
-                        a.blockSize, recv + (r * a.count + chunks.offset(c)) * esz);
+          dequantizeRef(got.block(0, slot / N) + nodesAt.offset(c) + (slot % N) * nodesAt.slotBytes(c), a.type,
+                        chunks.elems(c), a.bits, a.blockSize, recv + (r * a.count + chunks.offset(c)) * esz);
         }
       }
     }
