@@ -33,8 +33,8 @@ shard group, the reduced shard is averaged over the replicate group by zpQuantAl
 native HSDP (a 2-D mesh) is in README.md, "DDP and HSDP": FSDP knows only the shard mesh (checkpoints, parameters'
 initialization), and the gradients take one more quantization round trip than qgZ alone.
 
-Backends: CUDA tensors over an NCCL group (the cuda backend: qgZ's path, then qwZ's), or CPU tensors over a gloo
-group (the host backend, ranks as processes): the same bits.
+Backends: the host backend runs the all-reduce (CPU tensors over a gloo group, ranks as processes). A GPU
+communicator (an NCCL group) refuses it, "not yet available on GPU communicators", when the state is made.
 """
 from __future__ import annotations
 

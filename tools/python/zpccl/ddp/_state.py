@@ -44,8 +44,8 @@ class QuantAllReduce:
                                   "bfloat16 and float32 (keep torch's own all-reduce for the others)", call)
         comm = Comm.from_torch_group(group, device=device, **policy.comm_config(reduce=True))
         try:
-            # A call of no elements at set-up: a communicator that cannot run the all-reduce refuses it here, not in
-            # the training loop.
+            # A call of no elements at set-up: a communicator that cannot run the all-reduce (a GPU communicator
+            # today) refuses it here, not in the training loop.
             for dtype in dtypes:
                 comm.quant_all_reduce(torch.empty(0, dtype=dtype, device=device))
             if comm.backend == Backend.CUDA:
