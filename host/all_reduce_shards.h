@@ -5,7 +5,6 @@
 // the two collectives are made once, in the planner, for the all-reduce as for qgZ and qwZ alone.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 

@@ -117,7 +117,6 @@ class Bench:
             self.where = ex.Launch(args.nodes)
         self.where.init()
         self.dist = torch.distributed
-        self.cuda = sp.on_cuda(self)
         ex.import_zpccl()  # the installed package, or the source tree's
         self.zpccl_ddp = importlib.import_module("zpccl.ddp")
 
@@ -132,7 +131,7 @@ class Bench:
 
         args = self.args
         module = copy.deepcopy(self.base if base is None else base).to(self.where.device)
-        model = DDP(module, device_ids=[self.where.device] if self.cuda else None)
+        model = DDP(module, device_ids=[self.where.device] if sp.on_cuda(self) else None)
         zp = None
         if config == "bf16-compress":
             model.register_comm_hook(None, default_hooks.bf16_compress_hook)
@@ -147,7 +146,7 @@ class Bench:
         return model, zp
 
     def forward_loss(self, model: Any, ids: Any, targets: Any) -> Any:
-        if self.cuda:
+        if sp.on_cuda(self):
             with self.torch.autocast("cuda", dtype=self.torch.bfloat16):
                 return ex.loss_of(self.torch, model, ids, targets)
         return ex.loss_of(self.torch, model, ids, targets)

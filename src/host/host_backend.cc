@@ -320,20 +320,22 @@ class HostBackend final : public Backend {
   // all-reduces differ (a count that pads to the same shards) are told so.
   zpResult_t quantAllReduce(const CollArgs& a) {
     const size_t esz = typeSize(a.type);
-    AllReduceSteps steps = allReduceSteps(a, topo_.nranks, rank_, a.recvbuff, a.grad.residual);
-    if (steps.padded) {
-      std::vector<unsigned char>& tensor = scratch(kAllReduceTensor, steps.paddedCount * esz);
-      memcpy(tensor.data(), a.sendbuff, a.count * esz);
-      memset(tensor.data() + a.count * esz, 0, (steps.paddedCount - a.count) * esz);
-      uint16_t* residual = nullptr;
-      if (a.grad.residual != nullptr) {
-        std::vector<unsigned char>& r = scratch(kAllReduceResidual, steps.paddedCount * sizeof(uint16_t));
-        memcpy(r.data(), a.grad.residual, a.count * sizeof(uint16_t));
-        memset(r.data() + a.count * sizeof(uint16_t), 0, (steps.paddedCount - a.count) * sizeof(uint16_t));
-        residual = reinterpret_cast<uint16_t*>(r.data());
-      }
-      steps = allReduceSteps(a, topo_.nranks, rank_, tensor.data(), residual);
+    const size_t padded = allReduceShardCount(a.count, topo_.nranks, a.blockSize) * topo_.nranks;
+    void* tensor = a.recvbuff;
+    uint16_t* residual = a.grad.residual;
+    if (padded != a.count) {
+      // Scratch `which` as a copy of `count` elements of `size` bytes at `src`, zeros up to `padded` elements.
+      auto padInto = [&](int which, const void* src, size_t size) {
+        std::vector<unsigned char>& copy = scratch(which, padded * size);
+        memcpy(copy.data(), src, a.count * size);
+        memset(copy.data() + a.count * size, 0, (padded - a.count) * size);
+        return copy.data();
+      };
+      tensor = padInto(kAllReduceTensor, a.sendbuff, esz);
+      if (residual != nullptr)
+        residual = reinterpret_cast<uint16_t*>(padInto(kAllReduceResidual, residual, sizeof(uint16_t)));
     }
+    const AllReduceSteps steps = allReduceSteps(a, topo_.nranks, rank_, tensor, residual);
     const CallSignature sig = signatureOf(a);
     ZPCHECK(quantReduceScatter(steps.reduceScatter, planOf(steps.reduceScatter), &sig));
     const CollPlan gather = planOf(steps.gather);
