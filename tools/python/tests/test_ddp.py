@@ -142,11 +142,27 @@ def _refusals(_: int) -> list[tuple[str, str, str]]:
     refused(lambda: zpccl.ddp.enable(model, grad_bitz=8))
     refused(lambda: zpccl.ddp.enable(model, zpccl.ZeroPlusPlusPolicy(), grad_bits=8))
     refused(lambda: zpccl.ddp.enable(DDP(build_model(torch, dtype=torch.float64))))
+    sparse = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.EmbeddingBag(64, 8, sparse=True))
+    refused(lambda: zpccl.ddp.enable(DDP(sparse)))
     state = zpccl.ddp.enable(model, grad_bits=8, block_size=BLOCK)
     refused(lambda: zpccl.ddp.enable(model))
+    refused(lambda: zpccl.ddp.comm_hook(state, _SparseBucket(torch)))
     state.close()
     refused(lambda: _loss(torch, model, batches(torch, 0, 1)[0]).backward())
     return seen
+
+
+class _SparseBucket:
+    """A DDP bucket as DDP hands one of a parameter with sparse gradients: its buffer is the sparse gradient."""
+
+    def __init__(self, torch: Any) -> None:
+        self.grad = torch.sparse_coo_tensor(torch.tensor([[1, 5]]), torch.ones(2, 8), (64, 8))
+
+    def buffer(self) -> Any:
+        return self.grad
+
+    def parameters(self) -> list[Any]:
+        return [self.grad]
 
 
 def _hsdp_rank(mode: str) -> dict[str, Any]:
@@ -271,7 +287,10 @@ class DdpCommHook(unittest.TestCase):
             ("ZpcclValueError", "zpccl.ddp.enable: give policy or keyword arguments, not both"),
             ("ZpcclValueError", "zpccl.ddp.enable: gradients of dtype float64: zpQuantAllReduce takes float16, "
                                 "bfloat16 and float32"),
+            ("ZpcclValueError", "zpccl.ddp.enable: module '1' (EmbeddingBag) makes sparse gradients, which "
+                                "zpQuantAllReduce does not reduce: construct it with sparse=False"),
             ("ZpcclError", "zpccl.ddp.enable: the model already has a communication hook (comm_hook)"),
+            ("ZpcclValueError", "zpccl.ddp.comm_hook: a bucket of sparse gradients (torch.sparse_coo)"),
             ("", "zpccl.ddp.enable: this zpccl.ddp state is closed"),
         ]
         for rank, seen in enumerate(got):

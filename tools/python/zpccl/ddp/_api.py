@@ -59,6 +59,7 @@ def _state_for(model: Any, policy: ZeroPlusPlusPolicy | None, options: dict[str,
     params = [p for p in ddp.module.parameters() if p.requires_grad]
     if not params:
         raise ZpcclValueError(f"{call}: the model has no parameter that requires a gradient", call)
+    _refuse_sparse(ddp.module, call)
     return QuantAllReduce(ddp.process_group, policy, device=params[0].device, dtypes=[p.dtype for p in params],
                           staging_bytes=_largest_bucket_bytes(ddp, params, policy.grad_block), call=call)
 
@@ -98,6 +99,10 @@ def comm_hook(state: QuantAllReduce, bucket):  # type: ignore[no-untyped-def]
     import torch
 
     buffer = bucket.buffer()
+    if buffer.layout != torch.strided:
+        call = "zpccl.ddp.comm_hook"
+        raise ZpcclValueError(f"{call}: a bucket of sparse gradients ({buffer.layout}): zpQuantAllReduce reduces dense "
+                              "ones; make that parameter's gradient dense, or keep DDP's own all-reduce", call)
     state.all_reduce(buffer, [p.numel() for p in bucket.parameters()])
     future = torch.futures.Future(devices=[buffer.device] if buffer.device.type == "cuda" else None)
     future.set_result(buffer)
@@ -113,6 +118,20 @@ def _ddp(model: Any, call: str) -> Any:
                              "process_group=...)); for FSDP2's replicate dimension see zpccl.ddp.enable_replicate",
                              call)
     return model
+
+
+def _refuse_sparse(module: Any, call: str) -> None:
+    """Refuses a model with an embedding that makes sparse gradients: DDP hands each such gradient to the hook as a
+    bucket of its own, a sparse tensor, which the all-reduce cannot take (the hook would fail at the first
+    backward)."""
+    import torch
+
+    for name, m in module.named_modules():
+        sparse = isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+        if sparse and any(p.requires_grad for p in m.parameters(recurse=False)):
+            raise ZpcclValueError(f"{call}: module {name!r} ({type(m).__name__}) makes sparse gradients, which "
+                                  "zpQuantAllReduce does not reduce: construct it with sparse=False, or keep DDP's own "
+                                  "all-reduce for this model", call)
 
 
 def _largest_bucket_bytes(ddp: Any, params: list[Any], block: int) -> int:
