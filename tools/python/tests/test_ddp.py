@@ -6,6 +6,10 @@
   gradients laid out as zpccl.ddp stages each bucket (blocks restarting at each parameter); every rank's gradients
   bit-identical; within the header's error bound of the exact average; after the training steps every replica's
   parameters bit-identical, and the losses near those of DDP's own all-reduce, not equal to them;
+* DDP's options and model kinds (gradient_as_bucket_view, static_graph, find_unused_parameters with a layer never
+  used, no_sync accumulation, a float16 and a bfloat16 model, a model of float32 and float16 layers) over a group of
+  3 ranks and a group of 1 rank, neither the default group: the gradients equal the NumPy model bucket by bucket,
+  bit for bit, on every rank; the replicas bit-identical; one staging buffer, reserved at set-up, for every call;
 * refusals, each naming what to change;
 * HSDP's recipe (FSDP2 on the 1-D shard mesh, zpccl.ddp.enable_replicate over the replicate group; with zpccl.fsdp
   inside the node as well) against native HSDP on a 2x2 mesh: the replicas' shards bit-identical, the losses near
@@ -114,6 +118,105 @@ def _ddp_rank(bits: int) -> dict[str, Any]:
         exact_losses.append(loss.item())
     return dict(checked=checked, calls=len(buckets), losses=losses, exact_losses=exact_losses,
                 digest=_digest(params), summary=summary, grown=grown, staging=state.staging_bytes)
+
+
+# DDP's options and model kinds that zpccl.ddp must serve as it serves the plain case (_variant_rank).
+VARIANTS = ("plain", "gradient_as_bucket_view", "static_graph", "find_unused_parameters", "no_sync", "float16",
+            "bfloat16", "mixed_dtypes")
+VARIANT_STEPS = 3
+VARIANT_BUCKET_MB = 0.008  # several buckets of _variant_model once DDP rebuilds them
+
+
+def _variant_model(torch: Any, variant: str) -> Any:
+    """Three layers whose parameters are no multiple of BLOCK; the middle one in float16 for "mixed_dtypes" (DDP
+    gives it buckets of its own), every one in the variant's dtype for "float16"/"bfloat16", and a layer the
+    forward never uses for "find_unused_parameters"."""
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(37, 53), nn.Linear(53, 70), nn.Linear(70, 11)
+            if variant == "find_unused_parameters":
+                self.unused = nn.Linear(5, 3)
+
+        def forward(self, x: Any) -> Any:
+            h = torch.tanh(self.a(x))
+            h = torch.tanh(self.b(h.to(self.b.weight.dtype)))
+            return self.c(h.to(self.c.weight.dtype))
+
+    torch.manual_seed(0)
+    model = Net()
+    if variant in ("float16", "bfloat16"):
+        model = model.to(getattr(torch, variant))
+    if variant == "mixed_dtypes":
+        model.b.to(torch.float16)
+    return model
+
+
+def _as_numpy(t: Any) -> np.ndarray:
+    """A gradient as the NumPy model takes it (bfloat16 as uint16 bits)."""
+    import torch
+
+    t = t.detach().contiguous()
+    return t.view(torch.int16).numpy().view(np.uint16).copy() if t.dtype == torch.bfloat16 else t.numpy().copy()
+
+
+def _variant_rank() -> dict[str, Any]:
+    """One rank of 4: DDP over a group that is not the default one, ranks 0-2 (three ranks: Avg divides by an odd
+    count) and rank 3 alone (world size 1), in every variant of VARIANTS. Each step records every rank's local
+    gradients (a copy of the module run on the same batches: DDP's bucket contents, "no_sync" accumulating two
+    batches), the gradients after zpccl's hook and the buckets it was handed."""
+    torch = _setup()
+    import copy
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 1, 2]), dist.new_group([3])]
+    group = groups[0] if rank < 3 else groups[1]
+    out: dict[str, Any] = {}
+    for variant in VARIANTS:
+        options = {variant: True} if variant in ("gradient_as_bucket_view", "static_graph",
+                                                  "find_unused_parameters") else {}
+        model = DDP(_variant_model(torch, variant), process_group=group, bucket_cap_mb=VARIANT_BUCKET_MB, **options)
+        params = list(model.parameters())
+        index = {id(p): i for i, p in enumerate(params)}
+        state = zpccl.ddp.make_state(model, grad_bits=8, block_size=BLOCK)
+        buckets: list[list[int]] = []
+
+        def recording(st: Any, bucket):  # type: ignore[no-untyped-def]
+            buckets.append([index[id(p)] for p in bucket.parameters()])
+            return zpccl.ddp.comm_hook(st, bucket)
+
+        model.register_comm_hook(state, recording)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        g = torch.Generator().manual_seed(500 + rank)
+        steps, staging = [], set()
+        for _step in range(VARIANT_STEPS):
+            xs = [torch.randn(6, 37, generator=g).to(params[0].dtype) for _ in range(2 if variant == "no_sync" else 1)]
+            twin = copy.deepcopy(model.module)
+            for x in xs:
+                twin(x).float().pow(2).mean().backward()
+            for x in xs[:-1]:
+                with model.no_sync():
+                    model(x).float().pow(2).mean().backward()
+            before = len(buckets)
+            model(xs[-1]).float().pow(2).mean().backward()
+            steps.append(dict(local=[None if p.grad is None else _as_numpy(p.grad) for p in twin.parameters()],
+                              reduced=[None if p.grad is None else _as_numpy(p.grad) for p in params],
+                              buckets=buckets[before:]))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            staging.add(state.stage.buffer.data_ptr())
+        out[variant] = dict(steps=steps, digest=_digest(params), grown=state.staging_grown, staging=len(staging),
+                            dtypes=[str(p.dtype).replace("torch.", "") for p in params],
+                            sizes=[p.numel() for p in params])
+        state.close()
+    return out
 
 
 def _refusals(_: int) -> list[tuple[str, str, str]]:
@@ -273,6 +376,53 @@ class DdpCommHook(unittest.TestCase):
 
     def test_two_nodes_of_two_int4(self) -> None:
         self.check_layout(4, 4, {"LOCAL_WORLD_SIZE": "2"}, two_hops=True)
+
+    def test_ddp_options_dtypes_and_groups(self) -> None:
+        """Every variant of VARIANTS, over a 3-rank group and a 1-rank group (neither the default one): the
+        gradients after the hook equal, bit for bit, the NumPy model over the group's local gradients bucket by
+        bucket (staged as zpccl.ddp stages them), on every rank of the group; the replicas' parameters stay
+        bit-identical; the staging buffer is the one reserved at set-up for every call."""
+        ranks = zpccl.launch.spawn(_variant_rank, 4, env={"OMP_NUM_THREADS": "1"}, timeout=600)
+        for variant in VARIANTS:
+            for members in ([0, 1, 2], [3]):
+                with self.subTest(variant=variant, group=members):
+                    outs = [ranks[r][variant] for r in members]
+                    self.assertEqual({o["digest"] for o in outs}, {outs[0]["digest"]}, "replicas drifted")
+                    for o in outs:
+                        self.assertFalse(o["grown"], "a call grew the staging buffer")
+                        self.assertEqual(o["staging"], 1, "the staging buffer moved between steps")
+                    # DDP rebuilds its buckets after the first iteration (static_graph: the second).
+                    self.assertGreater(len(outs[0]["steps"][-1]["buckets"]), 1, "the test means several buckets")
+                    for k in range(VARIANT_STEPS):
+                        steps = [o["steps"][k] for o in outs]
+                        self.check_variant_step(steps, outs[0]["dtypes"], outs[0]["sizes"], variant, k)
+
+    def check_variant_step(self, steps: list[dict[str, Any]], dtypes: list[str], sizes: list[int], variant: str,
+                           k: int) -> None:
+        buckets = steps[0]["buckets"]
+        if variant == "mixed_dtypes":
+            self.assertTrue(any(len({dtypes[i] for i in b}) == 1 and dtypes[b[0]] == "float16" for b in buckets))
+        for st in steps[1:]:
+            self.assertEqual(st["buckets"], buckets)
+        reduced = steps[0]["reduced"]
+        for r, st in enumerate(steps):
+            for i, got in enumerate(st["reduced"]):
+                same = got is None and reduced[i] is None or np.array_equal(got, reduced[i])
+                self.assertTrue(same, f"step {k} rank {r} parameter {i}: differs from the group's first rank")
+        for bucket in buckets:
+            dtype = {"float32": ref.F32, "float16": ref.F16, "bfloat16": ref.BF16}[dtypes[bucket[0]]]
+            zero = np.uint16 if dtype == ref.BF16 else np.dtype(dtype)
+            # An unused parameter (no local gradient) holds zeros in DDP's bucket.
+            parts = [[_staged_part(st["local"][i].ravel() if st["local"][i] is not None else np.zeros(sizes[i], zero),
+                                   BLOCK, last=(j == len(bucket) - 1)) for j, i in enumerate(bucket)] for st in steps]
+            got = ref.quant_all_reduce([np.concatenate(p) for p in parts], dtype, "avg", 8, BLOCK, [0] * len(steps))
+            at = 0
+            for j, i in enumerate(bucket):
+                if reduced[i] is not None:
+                    expected = got[at:at + reduced[i].size].reshape(reduced[i].shape)
+                    self.assertTrue(np.array_equal(reduced[i], expected),
+                                    f"step {k} parameter {i} ({variant}) differs from the model")
+                at += parts[0][j].size
 
     def test_refusals_name_what_to_change(self) -> None:
         got = zpccl.launch.spawn(_refusals, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
