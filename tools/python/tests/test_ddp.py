@@ -271,7 +271,10 @@ class _SparseBucket:
 def _hsdp_rank(mode: str) -> dict[str, Any]:
     """One rank of a 2x2 mesh (replicate, shard): "native" HSDP on the 2-D mesh, or FSDP2 on the shard mesh with
     zpccl.ddp.enable_replicate over the replicate group ("replicate"), and zpccl.fsdp inside the node as well
-    ("replicate+fsdp")."""
+    ("replicate+fsdp"); "+accumulate" appended: two micro-batches a step, the first with
+    set_requires_all_reduce(False), as HSDP accumulates gradients."""
+    accumulate = mode.endswith("+accumulate")
+    mode = mode.removesuffix("+accumulate")
     torch = _setup()
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -291,9 +294,14 @@ def _hsdp_rank(mode: str) -> dict[str, Any]:
     fsdp = zpccl.fsdp.enable(model, block_size=BLOCK, grad_bits=8) if mode == "replicate+fsdp" else None
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
-    for ids in batches(torch, dist.get_rank(), STEPS):
-        loss = _loss(torch, model, ids)
-        loss.backward()
+    data = batches(torch, dist.get_rank(), 2 * STEPS if accumulate else STEPS)
+    for step in range(STEPS):
+        # Accumulating: two micro-batches a step, the first without the replicate all-reduce.
+        micro = data[2 * step:2 * step + 2] if accumulate else [data[step]]
+        for k, ids in enumerate(micro):
+            model.set_requires_all_reduce(k == len(micro) - 1)
+            loss = _loss(torch, model, ids)
+            loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
@@ -460,6 +468,22 @@ def _staged_part(x: np.ndarray, block: int, last: bool) -> np.ndarray:
 
 
 class HsdpReplicateHook(unittest.TestCase):
+    def test_set_requires_all_reduce_false_accumulates_as_native_hsdp(self) -> None:
+        """Gradient accumulation as HSDP makes it (set_requires_all_reduce(False) on all but the last micro-batch):
+        one replicate all-reduce a step and FSDP module, not one a micro-batch; the replicas bit-identical; the
+        losses near native HSDP's accumulating the same way."""
+        torch_for_procs()
+        env = {"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+        native = zpccl.launch.spawn(_hsdp_rank, 4, "native+accumulate", env=env, timeout=600)
+        ours = zpccl.launch.spawn(_hsdp_rank, 4, "replicate+accumulate", env=env, timeout=600)
+        for r in range(4):
+            peer = (r + 2) % 4
+            self.assertEqual(ours[r]["digest"], ours[peer]["digest"], f"ranks {r} and {peer} drifted")
+            self.assertEqual(ours[r]["summary"]["quant_all_reduce"]["calls"], 3 * STEPS)
+            self.assertNotEqual(ours[r]["losses"], native[r]["losses"])
+            for step, (a, b) in enumerate(zip(ours[r]["losses"], native[r]["losses"])):
+                self.assertLess(abs(a - b) / b, 0.004, f"rank {r} step {step + 1}: {a} vs {b}")
+
     def test_replicas_bit_identical_and_losses_near_native_hsdp(self) -> None:
         torch_for_procs()
         env = {"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}

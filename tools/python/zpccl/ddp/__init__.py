@@ -31,7 +31,9 @@ replicate dimension, whose all-reduce is the traffic across nodes:
 :func:`enable_replicate` sets FSDP2's ``set_all_reduce_hook`` on every FSDP module: after the reduce-scatter over the
 shard group, the reduced shard is averaged over the replicate group by zpQuantAllReduce. What this costs against
 native HSDP (a 2-D mesh) is in README.md, "DDP and HSDP": FSDP knows only the shard mesh (checkpoints, parameters'
-initialization), and the gradients take one more quantization round trip than qgZ alone.
+initialization), and the gradients take one more quantization round trip than qgZ alone. Accumulation with
+``set_requires_all_reduce(False)`` is honoured: those micro-batches' shards are summed and all-reduced once with the
+next one that all-reduces.
 
 Backends: the host backend runs the all-reduce (CPU tensors over a gloo group, ranks as processes). A GPU
 communicator (an NCCL group) refuses it, "not yet available on GPU communicators", when the state is made.

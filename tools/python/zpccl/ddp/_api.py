@@ -191,19 +191,55 @@ def enable_replicate(model: Any, replicate_group: Any, policy: ZeroPlusPlusPolic
 
 class _ShardHook:
     """The all-reduce hook of one FSDP parameter group: its reduce-scatter output (each parameter's padded shard,
-    for the parameters that got a gradient) averaged over the replicate group, blocks restarting at each."""
+    for the parameters that got a gradient) averaged over the replicate group, blocks restarting at each.
+
+    Gradient accumulation as HSDP makes it, ``set_requires_all_reduce(False)`` on all but the last micro-batch, is
+    honoured: on the 1-D shard mesh FSDP calls the hook whatever that flag says and adds its output to the sharded
+    gradient, so the hook holds such outputs back (their sum, in a buffer of one reduced shard made at the first
+    one) and hands FSDP zeros; the next micro-batch that all-reduces reduces its output plus that sum, once, as
+    native HSDP reduces its partial sum."""
 
     def __init__(self, state: QuantAllReduce, pg: Any) -> None:
         params = list(pg.fsdp_params)
-        self.state = state
+        self.state, self.pg = state, pg
         self.candidates = [[p.padded_sharded_param_size.numel() for p in subset]
                            for subset in ([p for p in params if p.sharded_param.requires_grad], params)]
+        self.held: Any = None  # the sum of the outputs held back, valid while self.holding
+        self.holding = False
 
     def __call__(self, output: Any) -> None:
+        if not getattr(self.pg, "all_reduce_grads", True):
+            self._hold(output)
+            return
+        if self.holding:
+            self._check_held(output)
+            output += self.held
+            self.holding = False
         count = output.numel()
         # Parameters that do not add up to the output (an extension of FSDP's): all_reduce says so once.
         sizes = next((s for s in self.candidates if sum(s) == count), self.candidates[-1])
         self.state.all_reduce(output, sizes)
+
+    def _hold(self, output: Any) -> None:
+        self.state._live()
+        if self.holding:
+            self._check_held(output)
+            self.held += output
+        elif self.held is not None and self.held.shape == output.shape and self.held.dtype == output.dtype:
+            self.held.copy_(output)
+        else:
+            self.held = output.clone()
+        self.holding = True
+        output.zero_()
+
+    def _check_held(self, output: Any) -> None:
+        if self.held.shape != output.shape or self.held.dtype != output.dtype:
+            call = self.state.call
+            raise ZpcclError(Result.INVALID_USAGE, f"{call}: micro-batches accumulated with set_requires_all_reduce("
+                             f"False) gave reduce-scatter outputs of {tuple(self.held.shape)} {self.held.dtype} and "
+                             f"{tuple(output.shape)} {output.dtype} (gradients for different parameters), which the "
+                             "replicate all-reduce cannot add up: give every micro-batch gradients for the same "
+                             "parameters", call)
 
 
 def _staged_bytes(pg: Any, block: int, dtype: Any) -> int:
