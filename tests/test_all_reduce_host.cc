@@ -515,6 +515,51 @@ TEST(AllReduceOverflow, ASumBeyondTheRangeMakesItsBlockNaNOnEveryRank) {
   }
 }
 
+// Avg rounds the mean, not the sum, to the type: fp16 inputs whose sum leaves fp16's range but whose mean does not
+// give a finite block within the bound, on one hop and two. The division follows the fp32 sum, so inputs whose sum
+// leaves fp32's range give a NaN block under Avg too (include/zpccl.h: "some fp32 sum in it overflows").
+TEST(AllReduceOverflow, AvgIsFiniteWhereTheMeanFitsTheTypeNaNWhereTheFp32SumOverflows) {
+  const int shapes[] = {4, 1, 2};  // ranks per node of 4 ranks: one node, four nodes, two nodes of two
+  const size_t count = 700, hot = 300;
+  for (int perNode : shapes) {
+    for (const auto& k : {std::make_pair(zpFloat16, 60000.0f), std::make_pair(zpBfloat16, 2e38f)}) {
+      SCOPED_TRACE(std::string(zp::typeName(k.first)) + ", " + std::to_string(perNode) + " ranks a node");
+      Spec s;
+      s.type = k.first;
+      s.count = count;
+      s.bits = 8;
+      s.blockSize = 64;
+      s.op = zpAvg;
+      s.seed = 61;
+      for (int r = 0; r < 4; ++r) s.inj.push_back(Injection{r, hot, k.second});
+      const Expected e = reference(zpcheck::refTopo(4, perNode, {}), s);
+      const size_t begin = hot / s.blockSize * s.blockSize, end = begin + s.blockSize;
+      const bool fp32Overflows = 4.0 * k.second > std::numeric_limits<float>::max();
+      runHostRanks(
+          4, [&](int, zpConfig_t* c) { c->ranksPerNode = perNode; },
+          [&](int rank, zpComm_t comm) {
+            Buffer send(count * 2), recv(count * 2);
+            makeInput(s, rank, send.data());
+            zpGradOptions_t o = ZP_GRAD_OPTIONS_INITIALIZER;
+            o.bits = s.bits;
+            o.blockSize = s.blockSize;
+            ASSERT_EQ(zpQuantAllReduceEx(send.data(), recv.data(), count, s.type, zpAvg, &o, comm, nullptr), zpSuccess)
+                << zpGetLastError(comm);
+            EXPECT_TRUE(sameBits(recv.data(), e.out.data(), count, s.type)) << "rank " << rank;
+            if (fp32Overflows) {
+              for (size_t i = begin; i < end; ++i) {
+                ASSERT_TRUE(zpcheck::isNaNBits(s.type, zpcheck::loadBits(s.type, recv.data(), i))) << "element " << i;
+              }
+              EXPECT_TRUE(withinBound(s, e, recv.data(), begin, end)) << "rank " << rank;
+            } else {
+              EXPECT_GT(zpcheck::loadValue(s.type, recv.data(), hot), 59000.0) << "rank " << rank;
+              EXPECT_TRUE(withinBound(s, e, recv.data())) << "rank " << rank;
+            }
+          });
+    }
+  }
+}
+
 // ---- gradient rounding ----------------------------------------------------------------------------------------
 
 // Stochastic rounding and error feedback, on one-hop, two-hop and uneven layouts and a count whose last shards are
@@ -667,6 +712,10 @@ TEST(AllReduceBadInput, RefusedWithTheCallAndArgumentNamedAndTheCommStaysUsable)
         unsigned char* g = big.data();
         expectBad("overlap +1", ar(g, g + 4, count, zpFloat32, zpSum), kAr, "overlap");
         expectBad("overlap -1", ar(g + 4, g, count, zpFloat32, zpSum), kAr, "overlap");
+        // Overlapping by the last element only, either way; adjacent buffers are fine.
+        expectBad("overlap tail", ar(g, g + (count - 1) * 4, count, zpFloat32, zpSum), kAr, "overlap");
+        expectBad("overlap head", ar(g + (count - 1) * 4, g, count, zpFloat32, zpSum), kAr, "overlap");
+        EXPECT_EQ(ar(g, g + count * 4, count, zpFloat32, zpSum), zpSuccess) << zpGetLastError(comm);
         // The options, by field.
         const char* kEx = "zpQuantAllReduceEx";
         auto ex = [&](const zpGradOptions_t& o) {
@@ -678,6 +727,27 @@ TEST(AllReduceBadInput, RefusedWithTheCallAndArgumentNamedAndTheCommStaysUsable)
         o = ZP_GRAD_OPTIONS_INITIALIZER;
         o.blockSize = 48;
         expectBad("block 48", ex(o), kEx, "options->blockSize 48");
+        // Every width but 4 and 8, every block size outside the powers of two of [32, 8192], named with its value;
+        // the bounds themselves pass.
+        for (int bits : {-1, 1, 2, 3, 5, 7, 16, 32, INT32_MAX}) {
+          o = ZP_GRAD_OPTIONS_INITIALIZER;
+          o.bits = bits;
+          const std::string want = "options->bits " + std::to_string(bits) + " must be 4 or 8";
+          expectBad("bits " + std::to_string(bits), ex(o), kEx, want.c_str());
+        }
+        for (int block : {-1, 1, 16, 31, 33, 4097, 8193, 16384, 1 << 30}) {
+          o = ZP_GRAD_OPTIONS_INITIALIZER;
+          o.blockSize = block;
+          const std::string want =
+              "options->blockSize " + std::to_string(block) + " must be a power of two in [32, 8192]";
+          expectBad("block " + std::to_string(block), ex(o), kEx, want.c_str());
+        }
+        for (int block : {32, 8192}) {
+          o = ZP_GRAD_OPTIONS_INITIALIZER;
+          o.bits = 8;
+          o.blockSize = block;
+          EXPECT_EQ(ex(o), zpSuccess) << "block " << block << ": " << zpGetLastError(comm);
+        }
         o = ZP_GRAD_OPTIONS_INITIALIZER;
         o.magic = 0;
         expectBad("magic", ex(o), kEx, "bad magic");
@@ -746,6 +816,8 @@ TEST(AllReduceMismatch, RefusedOnEveryRankNamingTheArgument) {
       {"blockSize", 1000, zpFloat32, zpSum, 0, 64, false, "blockSize: rank 0 passed 256, rank 1 passed 64"},
       {"collective", 250, zpFloat32, zpSum, 0, 0, true,
        "the collective: rank 0 called zpQuantAllReduce, rank 1 called zpQuantReduceScatterA2A"},
+      // Count 0 alone would return at once: the ranks still meet, so the others are told too.
+      {"count 0", 0, zpFloat32, zpSum, 0, 0, false, "count: rank 0 passed 1000, rank 1 passed 0"},
   };
   runHostRanks(
       n, [](int, zpConfig_t* c) { c->ranksPerNode = 2; },
