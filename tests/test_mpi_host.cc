@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -64,6 +65,47 @@ TEST(MpiHost, InterleavedNodesBitEqualToThreads) {
 
 TEST(MpiHost, OneNodeBitEqualToThreads) {
   expectBitEqualToThreads([](int, zpConfig_t* c) { c->nodeId = 0; }, "one node");
+  expectEveryRankPassed();
+}
+
+// The last rank on a node of its own, the others on one node: the hierarchical paths fall back to flat ones (hpZ,
+// which needs nodes of equal size, is left out of the battery).
+TEST(MpiHost, UnevenNodesBitEqualToThreads) {
+  if (gSize >= 3) expectBitEqualToThreads([](int r, zpConfig_t* c) { c->nodeId = r == gSize - 1 ? 1 : 0; }, "uneven");
+  expectEveryRankPassed();
+}
+
+// The all-reduce when ranks disagree, on two nodes: rank 1 passes another count, then count 0 (which alone would
+// return at once); every rank refuses both naming the count, its recvbuff untouched, and the matching call after
+// gives every rank the same bits.
+TEST(MpiHost, AllReduceArgumentsThatDifferAreRefusedOnEveryRank) {
+  zpConfig_t c = ZP_CONFIG_INITIALIZER;
+  if (gSize % 2 == 0) c.ranksPerNode = 2;
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitFromMpi(&comm, MPI_COMM_WORLD, &c), zpSuccess) << zpGetLastError(nullptr);
+  const size_t count = 1000;
+  std::vector<float> send(count), recv(count, -1.0f);
+  for (size_t i = 0; i < count; ++i) send[i] = 0.001f * static_cast<float>((i * 7 + gRank * 13) % 101) - 0.05f;
+  for (size_t odd : {count - 1, size_t(0)}) {
+    const size_t mine = gRank == 1 ? odd : count;
+    EXPECT_EQ(zpQuantAllReduce(send.data(), recv.data(), mine, zpFloat32, zpSum, comm, nullptr), zpInvalidUsage);
+    if (gSize > 1) {
+      const std::string want =
+          "zpQuantAllReduce : ranks disagree on count: rank 0 passed 1000, rank 1 passed " + std::to_string(odd);
+      EXPECT_STREQ(zpGetLastError(comm), want.c_str());
+    }
+    EXPECT_EQ(recv[0], -1.0f);
+    EXPECT_EQ(recv[count - 1], -1.0f);
+  }
+  ASSERT_EQ(zpQuantAllReduce(send.data(), recv.data(), count, zpFloat32, zpSum, comm, nullptr), zpSuccess)
+      << zpGetLastError(comm);
+  std::vector<float> all(count * gSize);
+  MPI_Allgather(recv.data(), static_cast<int>(count), MPI_FLOAT, all.data(), static_cast<int>(count), MPI_FLOAT,
+                MPI_COMM_WORLD);
+  for (int r = 0; r < gSize; ++r) {
+    EXPECT_EQ(memcmp(all.data() + r * count, recv.data(), count * sizeof(float)), 0) << "rank " << r << " differs";
+  }
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
   expectEveryRankPassed();
 }
 

@@ -32,6 +32,9 @@ inline BatteryOutputs runBattery(int rank, int nranks, zpComm_t comm) {
   const size_t n = 3000 + 17;
   int hpz = 0;
   EXPECT_EQ(zpCommHpzSize(comm, &hpz), zpSuccess);
+  // hpZ needs nodes of equal size: on uneven layouts its calls are left out (on every rank, alike).
+  size_t hpzOffset = 0, hpzCount = 0;
+  const bool hpzUsable = zpHierSecondaryShard(static_cast<size_t>(hpz), &hpzOffset, &hpzCount, comm) == zpSuccess;
   uint64_t seed = 100;
   for (zpDataType_t type : {zpBfloat16, zpFloat32, zpFloat16}) {
     const size_t esz = zpcheck::bytesOf(type);
@@ -50,8 +53,10 @@ inline BatteryOutputs runBattery(int rank, int nranks, zpComm_t comm) {
     check(zpQuantReduceScatterA2AEx(grads.data(), shard.data(), n, type, zpAvg, &int8, comm, nullptr), "qgZ avg");
     keep("qgZ avg int8/128 " + t, shard.data(), shard.size());
     const zpQuantOptions_t hpz8 = {8, 256};
-    check(zpHierAllGatherEx(x.data(), hp.data(), n, type, &hpz8, comm, nullptr), "hpZ int8");
-    keep("hpZ int8 " + t, hp.data(), hp.size());
+    if (hpzUsable) {
+      check(zpHierAllGatherEx(x.data(), hp.data(), n, type, &hpz8, comm, nullptr), "hpZ int8");
+      keep("hpZ int8 " + t, hp.data(), hp.size());
+    }
     // The all-reduce of nranks * n elements (its last shard partial), out of place and in place.
     check(zpQuantAllReduce(grads.data(), full.data(), nranks * n, type, zpAvg, comm, nullptr), "all-reduce");
     keep("all-reduce avg " + t, full.data(), full.size());
@@ -63,6 +68,7 @@ inline BatteryOutputs runBattery(int rank, int nranks, zpComm_t comm) {
     keep("all-reduce sum int8/32 in place " + t, grads.data(), grads.size());
   }
   for (zpDataType_t type : {zpInt32, zpUint8}) {
+    if (!hpzUsable) break;
     const size_t esz = zpcheck::bytesOf(type);
     zpcheck::Buffer x(n * esz), hp(hpz * n * esz);
     zpcheck::fillBytes(x.data(), x.size(), seed++, rank);
