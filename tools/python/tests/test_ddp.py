@@ -503,6 +503,46 @@ class HsdpReplicateHook(unittest.TestCase):
                     self.assertEqual(ours[r]["fsdp"], {"qwz": 5 * STEPS, "qgz": 3 * STEPS}, mode)
 
 
+class ShardHookHeldOutputs(unittest.TestCase):
+    """The HSDP hook's accumulation in one process, on a parameter group and a state that record what they get:
+    outputs of micro-batches with all_reduce_grads False are zeroed and summed, the next all-reducing micro-batch
+    reduces its own plus that sum, once; a held sum of another shape is refused by name."""
+
+    def test_held_outputs_reduced_once_and_other_shapes_refused(self) -> None:
+        torch = torch_for_procs()
+        from types import SimpleNamespace
+
+        from zpccl.ddp._api import _ShardHook
+
+        reduced: list[Any] = []
+        state = SimpleNamespace(call="zpccl.ddp.enable_replicate", _live=lambda: None,
+                                all_reduce=lambda t, sizes: reduced.append((t.clone(), sizes)))
+        param = SimpleNamespace(padded_sharded_param_size=torch.Size([4]),
+                                sharded_param=SimpleNamespace(requires_grad=True))
+        pg = SimpleNamespace(fsdp_params=[param, param], all_reduce_grads=False)
+        hook = _ShardHook(state, pg)
+        for value in (1.0, 2.0):
+            out = torch.full((8,), value)
+            hook(out)
+            self.assertTrue(torch.equal(out, torch.zeros(8)), "FSDP must accumulate zeros for a held micro-batch")
+        self.assertEqual(reduced, [])
+        pg.all_reduce_grads = True
+        out = torch.full((8,), 3.0)
+        hook(out)
+        self.assertEqual(len(reduced), 1)
+        self.assertTrue(torch.equal(reduced[0][0], torch.full((8,), 6.0)))
+        self.assertEqual(reduced[0][1], [4, 4])
+        hook(torch.full((8,), 1.0))  # nothing held any more: reduced as it is
+        self.assertTrue(torch.equal(reduced[1][0], torch.ones(8)))
+        pg.all_reduce_grads = False
+        hook(torch.ones(8))
+        pg.all_reduce_grads = True
+        with self.assertRaises(zpccl.ZpcclError) as caught:
+            hook(torch.ones(4))
+        self.assertIn("zpccl.ddp.enable_replicate: micro-batches accumulated with set_requires_all_reduce(False) "
+                      "gave reduce-scatter outputs of (8,) torch.float32 and (4,) torch.float32", str(caught.exception))
+
+
 def _gpu_refusal(_: int) -> tuple[str, str, Any]:
     """enable on a DDP model over an NCCL group: the refusal, as the parent sees it."""
     import torch
