@@ -263,7 +263,9 @@ typedef struct {
  * meet and move bytes through the transport. Collective over the transport's ranks: each calls it with its own
  * transport of the same ranks. config may be NULL; its backend must be unset, zpBackendDefault or zpBackendHost. A
  * rank's node is its host hash unless config->ranksPerNode or nodeId says otherwise, and the settings that shape the
- * communicator are compared across ranks, as in zpCommInitRankConfig. Ranks whose transports do not span the same
+ * communicator are compared across ranks, as in zpCommInitRankConfig, and so are the environment's tunables that cut
+ * calls into chunks (ZP_CHUNK_BYTES, ZP_MAX_CHUNKS, ZP_CHUNK_RAMP: each process reads its own), a difference being
+ * zpInvalidUsage on every rank naming the variable and both values. Ranks whose transports do not span the same
  * ranks, a transport that fails, returns short data, or does not bring every rank within ZP_INIT_TIMEOUT_MS: an error
  * on every rank whose transport reaches the others, naming the rank and what happened; no communicator. */
 zpResult_t zpCommInitFromTransport(zpComm_t* comm, const zpTransport_t* transport, zpConfig_t* config);

@@ -26,6 +26,41 @@ namespace {
 
 constexpr uint32_t kRecordMagic = 0x7a707872u;  // "zpxr": a record of this library's, not stray bytes
 
+// The tunables that cut a call into chunks (host/chunk_plan.h): each chunk of a hop is one exchange, and a chunk's
+// payloads are padded on their own, so the ranks' exchanges have one size only when these agree. Ranks as processes
+// read their own environment: init compares them.
+struct ChunkTunables {
+  int64_t chunkBytes;  // ZP_CHUNK_BYTES
+  int32_t maxChunks;   // ZP_MAX_CHUNKS
+  int32_t chunkRamp;   // ZP_CHUNK_RAMP
+
+  static ChunkTunables fromParams() {
+    return ChunkTunables{paramPipelineChunkBytes(), static_cast<int32_t>(paramPipelineMaxChunks()),
+                         static_cast<int32_t>(paramPipelineChunkRamp())};
+  }
+};
+
+// The first tunable in which rank r's b differs from rank 0's a, as "<variable>: rank 0 has X, rank r has Y"; empty
+// when they agree.
+std::string chunkTunablesDisagreement(const ChunkTunables& a, const ChunkTunables& b, int r) {
+  const struct {
+    const char* env;
+    int64_t x, y;
+  } fields[] = {{"ZP_CHUNK_BYTES", a.chunkBytes, b.chunkBytes},
+                {"ZP_MAX_CHUNKS", a.maxChunks, b.maxChunks},
+                {"ZP_CHUNK_RAMP", a.chunkRamp, b.chunkRamp}};
+  for (const auto& f : fields) {
+    if (f.x == f.y) continue;
+    char buf[320];
+    snprintf(buf, sizeof(buf),
+             "ranks disagree on %s: rank 0 has %lld, rank %d has %lld (ZP_CHUNK_BYTES, ZP_MAX_CHUNKS and ZP_CHUNK_RAMP "
+             "cut every call into the same chunks on every rank: set them alike on every rank)",
+             f.env, static_cast<long long>(f.x), r, static_cast<long long>(f.y));
+    return buf;
+  }
+  return std::string();
+}
+
 // What each rank brings to init, all-gathered: the transport's view of the ranks beside the RankInit.
 struct InitRecord {
   uint32_t magic;
@@ -33,6 +68,7 @@ struct InitRecord {
   int32_t nranks;
   int32_t rank;
   RankInit init;
+  ChunkTunables tunables;
 };
 
 // A CallSignature as bytes, the call's name inline.
@@ -74,6 +110,7 @@ class CallbackTransport final : public HostTransport {
     record.nranks = nranks_;
     record.rank = rank_;
     record.init = mine;
+    record.tunables = ChunkTunables::fromParams();
     std::vector<InitRecord> all(nranks_);
     std::string failed = gather(&record, all.data(), sizeof(record), timeouts_.initMs, call, "init");
     if (!failed.empty()) {
@@ -96,6 +133,7 @@ class CallbackTransport final : public HostTransport {
                  "span the same ranks, numbered alike",
                  r, got.rank, got.nranks, nranks_);
       } else {
+        why = chunkTunablesDisagreement(all[0].tunables, got.tunables, r);
         continue;
       }
       why = buf;

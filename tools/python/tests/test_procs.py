@@ -3,7 +3,7 @@ process per rank spawned as torchrun starts them): the collectives are bit-equal
 on node layouts from the launcher's environment and from node ids (one hop and two hops, groups in and out of rank
 order, chunked plans); arguments that differ, a callback that raises or returns short data, a transport whose size is
 not the communicator's, and ranks that pass different groups give a clear error on every rank and a communicator that
-refuses later calls; a rank killed with SIGKILL in the middle of a collective, or a group destroyed under the
+refuses later calls; chunk tunables (ZP_CHUNK_BYTES, ...) that differ between the processes are refused at init; a rank killed with SIGKILL in the middle of a collective, or a group destroyed under the
 communicator, makes every other rank raise REMOTE_ERROR within ZP_HOST_TIMEOUT_MS, naming the rank and the call,
 without hanging. Skipped without torch (gloo)."""
 from __future__ import annotations
@@ -194,6 +194,32 @@ class BadInputOverGloo(unittest.TestCase):
             self.assertIn("zpCommInitFromTransport : rank ", text)
             self.assertIn("every rank of the group must call it, with the same group", text)
         self.assertEqual(seen[0]["raises"], seen[2]["raises"])  # one message, on every rank
+
+
+def _tunables_differ(rank: int, name: str, value: str) -> tuple[int, str]:
+    """Rank 1 sets a tunable that cuts calls into chunks, before the library first reads it; every rank makes a
+    communicator: the error, if any."""
+    if rank == 1:
+        os.environ[name] = value
+    return _error(lambda: zpccl.Comm.from_torch_group().close())
+
+
+class TunablesOverGloo(unittest.TestCase):
+    def test_chunk_tunables_that_differ_are_refused_at_init(self) -> None:
+        """Ranks as processes read their own environment: chunk tunables that differ would give the ranks' exchanges
+        different sizes (the engine aborts or mixes data up); init refuses them on every rank, naming the variable
+        and both values."""
+        torch_for_procs()
+        for name, value, shown in (("ZP_CHUNK_BYTES", "4096", "0, rank 1 has 4096"),
+                                   ("ZP_MAX_CHUNKS", "3", "8, rank 1 has 3"),
+                                   ("ZP_CHUNK_RAMP", "1", "0, rank 1 has 1")):
+            procs = run_procs(2, _tunables_differ, name, value, env={"ZP_INIT_TIMEOUT_MS": "20000"})
+            for p in procs:
+                self.assertFalse(p.raised, p.error)
+                code, text = p.value
+                self.assertEqual(code, int(zpccl.Result.INVALID_USAGE), f"{name}: {text}")
+                self.assertIn(f"zpCommInitFromTransport : ranks disagree on {name}: rank 0 has {shown}", text)
+                self.assertIn("set them alike on every rank", text)
 
 
 # ---- faults -------------------------------------------------------------------------------------------------------
