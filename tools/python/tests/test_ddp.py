@@ -389,7 +389,8 @@ class DdpCommHook(unittest.TestCase):
         """Every variant of VARIANTS, over a 3-rank group and a 1-rank group (neither the default one): the
         gradients after the hook equal, bit for bit, the NumPy model over the group's local gradients bucket by
         bucket (staged as zpccl.ddp stages them), on every rank of the group; the replicas' parameters stay
-        bit-identical; the staging buffer is the one reserved at set-up for every call."""
+        bit-identical; the staging buffer is the one reserved at set-up for every call. A group of one rank leaves its
+        gradients exact: the average over one rank is the gradient itself."""
         ranks = zpccl.launch.spawn(_variant_rank, 4, env={"OMP_NUM_THREADS": "1"}, timeout=600)
         for variant in VARIANTS:
             for members in ([0, 1, 2], [3]):
@@ -417,6 +418,12 @@ class DdpCommHook(unittest.TestCase):
             for i, got in enumerate(st["reduced"]):
                 same = got is None and reduced[i] is None or np.array_equal(got, reduced[i])
                 self.assertTrue(same, f"step {k} rank {r} parameter {i}: differs from the group's first rank")
+        if len(steps) == 1:  # a group of one rank: the gradients stay exact, nothing travels
+            for i, got in enumerate(reduced):
+                local = steps[0]["local"][i]
+                self.assertTrue(got is None and local is None or np.array_equal(got, local),
+                                f"step {k} parameter {i} ({variant}): a group of one rank changed its gradient")
+            return
         for bucket in buckets:
             dtype = {"float32": ref.F32, "float16": ref.F16, "bfloat16": ref.BF16}[dtypes[bucket[0]]]
             zero = np.uint16 if dtype == ref.BF16 else np.dtype(dtype)

@@ -11,7 +11,8 @@ DDP (one replica of the model per rank):
 Every bucket DDP hands its hook is averaged over the group by zpQuantAllReduce (include/zpccl.h, "Quantized
 all-reduce"): qgZ's reduce-scatter of one shard a rank, then the gather of the reduced shards in qwZ's format, one
 hop or two (several nodes of several ranks). Every rank's gradients are bit-identical, so replicas never drift;
-deterministic; the error bound is the header's. Blocks restart at each parameter of a bucket (``param_blocks``,
+deterministic; the error bound is the header's. Over a group of one rank nothing travels and the gradients stay
+exact (said once in the log). Blocks restart at each parameter of a bucket (``param_blocks``,
 through a staging buffer sized once for DDP's largest bucket), so that a large gradient's scale never swallows a
 small neighbour's. The state (:class:`QuantAllReduce`) is made once: the communicator over DDP's process group,
 its scratch and the staging buffer reserved, so that a call allocates no buffer. Options are the gradient fields of

@@ -80,6 +80,13 @@ class QuantAllReduce:
         block boundaries), so the pieces give the bits one call would, except for stochastic rounding, whose draws
         follow the shards: deterministic and equal on every rank all the same."""
         comm = self._live()
+        if self.nranks == 1:
+            # The average (and the sum) over one rank is the tensor itself: nothing travels, and quantizing it would
+            # only add error.
+            self.report.say_once("one rank", f"{self.call}: a group of one rank: its gradients stay as they are, "
+                                 "exact (nothing travels)", logging.INFO)
+            self.report.count("quant_all_reduce", tensor.numel() * tensor.element_size(), 0)
+            return tensor
         wire = 0
         for offset, count, layout in self._pieces(sizes, tensor.numel(), tensor.dtype):
             part = tensor.narrow(0, offset, count)
