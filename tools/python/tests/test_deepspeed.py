@@ -10,6 +10,10 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   secondary partitions where DeepSpeed keeps them; padding deliberately filled with NaN (partition tails and the
   staging buffers) changing no bit; checkpoint save, load and resume to the same losses; GatheredParameters exact;
   disable() giving DeepSpeed its functions back; each path counted in summary(); the refusals.
+* One node of four ranks, configs as HF Trainer and Accelerate write them (gradient accumulation, clipping, buckets
+  of 5e8): fp16 with dynamic loss scaling and a step the scaler skips; reduce and prefetch buckets smaller than a
+  parameter with a frozen parameter, and eval forwards between its steps changing no training bit; disable(), then
+  enable() again on the same engine.
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
   and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
@@ -138,15 +142,18 @@ def ds_config(hpz: int = 1, quantized: bool = False, bf16: bool = True, **zero: 
 
 
 def make_engine(torch: Any, deepspeed: Any, config: dict[str, Any], zp: bool, seed: int = 0,
-                external: bool = False) -> Any:
+                external: bool = False, frozen: bool = False) -> Any:
     """An engine of build_model over DeepSpeed (zp False) or zpccl.deepspeed.initialize (zp True); DeepSpeed's
-    hpZ group, one per process in DeepSpeed, remade for each engine's size."""
+    hpZ group, one per process in DeepSpeed, remade for each engine's size. ``frozen``: the LayerNorm's weight does
+    not train (requires_grad False): gathered, never reduced."""
     import zpccl.deepspeed
     from deepspeed.utils import groups
 
     groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
     model = build_model(torch, seed, external)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if frozen:
+        model.norm.weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
     engine, *_ = init(model=model, optimizer=opt, config=config)
     return engine
@@ -158,9 +165,11 @@ def batch(torch: Any, rank: int, step: int, dtype: Any) -> tuple[Any, Any]:
 
 
 def train(torch: Any, engine: Any, rank: int, steps: int, first: int = 0, poison: bool = False,
-          check: Any = None) -> list[float]:
+          check: Any = None, overflow_at: int | None = None) -> list[float]:
     """Losses of ``steps`` micro-steps (data by rank and step number); ``poison``: NaN in every padding zpccl
-    must not read before each one; ``check(step)`` after each forward."""
+    must not read before each one; ``check(step)`` after each forward; ``overflow_at``: at that micro-step rank 1
+    scales its loss by 1e30 before the backward (fp16 gradients overflow there, and the loss scaler skips the step
+    on every rank)."""
     dtype = next(engine.module.parameters()).dtype
     losses = []
     for step in range(first, first + steps):
@@ -170,7 +179,7 @@ def train(torch: Any, engine: Any, rank: int, steps: int, first: int = 0, poison
         loss = (engine(x).float() - y).pow(2).mean()
         if check is not None:
             check(step)
-        engine.backward(loss)
+        engine.backward(loss * 1e30 if step == overflow_at and rank == 1 else loss)
         engine.step()
         losses.append(loss.item())
     return losses
@@ -246,13 +255,13 @@ class Exact:
             if kind == "qwz":
                 want = expected_qwz(self.everyone((bits_of(x), parts)), ref_dtype(x), self.zp.policy.weight_bits,
                                     self.zp.policy.block_size)
-                same = np.array_equal(bits_of(out), want)
+                same = same_bits(bits_of(out), want)
             else:
                 sends = self.everyone([bits_of(t).reshape(-1) for t in x])
                 want = expected_qgz(sends, ref_dtype(x[0]), self.zp.policy.grad_bits, self.zp.policy.grad_block,
                                     self.nodes, self.torch.distributed.get_rank())
                 got = [bits_of(o) for o in out]
-                same = len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
+                same = len(got) == len(want) and all(same_bits(g, w) for g, w in zip(got, want))
             checked[kind] += int(same)
         self.calls.clear()
         return checked
@@ -261,6 +270,16 @@ class Exact:
         out: list[Any] = [None] * self.torch.distributed.get_world_size()
         self.torch.distributed.all_gather_object(out, obj)
         return out
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same bits (bits_of gives fp16 and fp32 as floats, where NaN never equals NaN:
+    an overflowed block is all NaN on both sides)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    if a.dtype.itemsize != b.dtype.itemsize or a.shape != b.shape:
+        return False
+    as_int = {2: np.uint16, 4: np.uint32}
+    return bool(np.array_equal(a.view(as_int[a.dtype.itemsize]), b.view(as_int[b.dtype.itemsize])))
 
 
 def expected_qwz(rows: list[tuple[np.ndarray, list[tuple[int, int]]]], dt: str, bits: int, block: int) -> np.ndarray:
@@ -669,6 +688,94 @@ def _direct(torch: Any, deepspeed: Any, dist: Any, zp: Any, nodes: list[int]) ->
     return out
 
 
+def hf_config(precision: str, hpz: int = 1, quantized: bool = True, **zero: Any) -> dict[str, Any]:
+    """A ZeRO-3 config in the shape HF Trainer and Accelerate write out, "auto" resolved: gradient accumulation
+    over two micro-steps, gradient clipping, prefetch and reduce buckets of 5e8 elements (floats, as they write
+    them: one prefetch gathers many parameters), ``precision`` "fp16" (dynamic loss scaling), "bf16" or "fp32"."""
+    z = {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}, "overlap_comm": True,
+         "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": 5e8,
+         "stage3_prefetch_bucket_size": 5e8, "stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 1e9,
+         "stage3_max_reuse_distance": 0, "stage3_gather_16bit_weights_on_model_save": True,
+         "zero_hpz_partition_size": hpz}
+    if quantized:
+        z.update(zero_quantized_weights=True, zero_quantized_gradients=True)
+    z.update(zero)
+    cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                           "gradient_clipping": 1.0, "steps_per_print": 1000, "wall_clock_breakdown": False,
+                           "zero_optimization": z}
+    if precision == "fp16":
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+                       "hysteresis": 2, "min_loss_scale": 1}
+    elif precision == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if quantized:
+        cfg["zpccl"] = {"block_size": BLOCK}
+    return cfg
+
+
+def _user_configs(rank: int) -> dict[str, Any]:
+    """World C: one node of four ranks, configs as users ship them (hf_config), each beside unpatched ZeRO-3: fp16
+    with a step the loss scaler skips; small reduce and prefetch buckets with a frozen parameter, and eval forwards
+    between its steps; disable, then enable again."""
+    torch, deepspeed, dist = _setup()
+    from deepspeed.accelerator import get_accelerator
+
+    import zpccl.deepspeed
+
+    # DeepSpeed's CPU accelerator reports fp16 only where oneDNN has fp16 kernels; torch's CPU runs fp16 anywhere,
+    # and what is under test is the loss scaler around zpccl's collectives, not the kernels' speed.
+    get_accelerator().is_fp16_supported = lambda: True
+    nodes = [0] * dist.get_world_size()
+    out: dict[str, Any] = {}
+
+    def run(config: dict[str, Any], zp: bool, steps: int = 6, **kwargs: Any) -> dict[str, Any]:
+        frozen = kwargs.pop("frozen", False)
+        engine = make_engine(torch, deepspeed, config, zp=zp, frozen=frozen)
+        session = zpccl.deepspeed.session_of(engine)
+        exact = Exact(torch, session, nodes) if session is not None else None
+        evals: list[float] = []
+        every = kwargs.pop("eval_every", 0)
+        losses = []
+        for step in range(steps):
+            losses += train(torch, engine, rank, 1, first=step, **kwargs)
+            if every and step % every == every - 1:
+                evals.append(evaluate(torch, engine, rank))
+        done = dict(losses=losses, evals=evals, skipped=engine.skipped_steps, global_steps=engine.global_steps)
+        if session is not None:
+            done.update(summary=session.summary(), checked=exact.verify())
+            session.disable()
+        return done
+
+    # fp16 with dynamic loss scaling, gradient accumulation and clipping; rank 1's gradients overflow at micro-step
+    # 2, and DeepSpeed skips that step on every rank.
+    out["fp16_ref"] = run(hf_config("fp16", quantized=False), False, overflow_at=2)
+    out["fp16"] = run(hf_config("fp16"), True, overflow_at=2)
+    # bf16, hpZ 2, buckets smaller than a parameter (the 444-element weight), a frozen parameter; then the same with
+    # an eval forward after every optimizer step.
+    small = dict(reduce_bucket_size=16, stage3_prefetch_bucket_size=16)
+    out["small_ref"] = run(hf_config("bf16", 2, quantized=False, **small), False, frozen=True, eval_every=2)
+    out["small"] = run(hf_config("bf16", 2, **small), True, frozen=True)
+    out["small_eval"] = run(hf_config("bf16", 2, **small), True, frozen=True, eval_every=2)
+
+    # disable(), two steps on DeepSpeed's own collectives, then enable() again on the same engine.
+    engine = make_engine(torch, deepspeed, hf_config("bf16", 2), zp=True)
+    first = zpccl.deepspeed.session_of(engine)
+    losses = train(torch, engine, rank, 4)
+    first.disable()
+    calls = first.summary()
+    losses += train(torch, engine, rank, 4, first=4)
+    second = zpccl.deepspeed.enable(engine, block_size=BLOCK)
+    exact = Exact(torch, second, nodes)
+    losses += train(torch, engine, rank, 4, first=8)
+    out["again"] = dict(losses=losses, unchanged=first.summary() == calls, summary=second.summary(),
+                        checked=exact.verify())
+    second.disable()
+    out["again_ref"] = train(torch, make_engine(torch, deepspeed, hf_config("bf16", 2, quantized=False), zp=False),
+                             rank, 12)
+
+    return out
+
+
 # ---- the tests ----------------------------------------------------------------------------------------------------
 
 
@@ -943,6 +1050,55 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertIn("the config asks for no ZeRO++ technique", said["nothing"])
             self.assertEqual(said["hpz_off"], "")
         self.assertEqual(len({o["refused"]["hpz_nodes"] for o in self.out}), 1)  # every rank, the same verdict
+
+
+class DeepSpeedUserConfigs(unittest.TestCase):
+    """Four ranks on one node, configs as HF Trainer and Accelerate write them (one spawn)."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        deepspeed_or_skip()
+        cls.outcomes = run_procs(4, _user_configs, local=4, env=dict(ENV, LOCAL_SIZE="4"), timeout=400)
+
+    def setUp(self) -> None:
+        self.out = _spawned(self, self.outcomes)
+
+    def assertServed(self, run: dict[str, Any], paths: set[str]) -> None:
+        """Every path in ``paths`` ran, nothing stayed DeepSpeed's, every quantized call equals the model."""
+        s = run["summary"]
+        self.assertEqual(set(s), paths, s)
+        self.assertTrue(all(s[p]["calls"] > 0 for p in paths), s)
+        self.assertEqual(run["checked"], {"qwz": s.get("qwz", {}).get("calls", 0),
+                                          "qgz": s.get("qgz", {}).get("calls", 0)})
+
+    def test_fp16_loss_scaler_skips_the_overflow_step(self) -> None:
+        for o in self.out:
+            ref, run = o["fp16_ref"], o["fp16"]
+            self.assertEqual((ref["skipped"], ref["global_steps"]), (1, 3))
+            self.assertEqual((run["skipped"], run["global_steps"]), (1, 3))
+            self.assertTrue(_close(run["losses"], ref["losses"], GAP_INT4), (run["losses"], ref["losses"]))
+            self.assertServed(run, {"qwz", "qgz"})
+
+    def test_small_buckets_and_a_frozen_parameter(self) -> None:
+        for o in self.out:
+            ref, run = o["small_ref"], o["small"]
+            self.assertTrue(_close(run["losses"], ref["losses"], GAP_INT4), (run["losses"], ref["losses"]))
+            self.assertServed(run, {"qwz", "hpz", "qgz"})
+
+    def test_eval_forwards_between_steps_change_no_training_bit(self) -> None:
+        for o in self.out:
+            run, ref = o["small_eval"], o["small_ref"]
+            self.assertEqual(run["losses"], o["small"]["losses"])
+            self.assertEqual(len(run["evals"]), 3)
+            self.assertTrue(_close(run["evals"], ref["evals"], GAP_INT4), (run["evals"], ref["evals"]))
+            self.assertServed(run, {"qwz", "hpz", "qgz"})
+
+    def test_disable_then_enable_again(self) -> None:
+        for o in self.out:
+            again = o["again"]
+            self.assertTrue(again["unchanged"])  # the steps between ran on DeepSpeed's own collectives
+            self.assertTrue(_close(again["losses"], o["again_ref"], GAP_INT4), (again["losses"], o["again_ref"]))
+            self.assertServed(again, {"qwz", "hpz", "qgz"})
 
 
 class DeepSpeedExample(unittest.TestCase):
