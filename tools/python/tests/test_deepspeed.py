@@ -13,7 +13,8 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
 * One node of four ranks, configs as HF Trainer and Accelerate write them (gradient accumulation, clipping, buckets
   of 5e8): fp16 with dynamic loss scaling and a step the scaler skips; reduce and prefetch buckets smaller than a
   parameter with a frozen parameter, and eval forwards between its steps changing no training bit; disable(), then
-  enable() again on the same engine.
+  enable() again on the same engine; a second engine in the process that zpccl does not serve keeping DeepSpeed's
+  collectives bit for bit.
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
   and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
@@ -655,7 +656,8 @@ def _direct(torch: Any, deepspeed: Any, dist: Any, zp: Any, nodes: list[int]) ->
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         g = torch.Generator().manual_seed(rank)
         tensors = [torch.randn(s, generator=g).to(dtype) for s in shapes]
-        mine = stage3.reduce_scatter_coalesced([t.clone() for t in tensors], None)
+        with zp.collectives.reducing():  # as the engine's optimizer calls it
+            mine = stage3.reduce_scatter_coalesced([t.clone() for t in tensors], None)
         exact_ = theirs([t.float() for t in tensors], None)
         out["shapes"].append([list(a.shape) == list(b.shape) for a, b in zip(mine, exact_)])
         out["close"].append(max(float((a.float() - b).abs().max()) if a.numel() else 0.0 for a, b in zip(mine, exact_)))
@@ -716,7 +718,7 @@ def hf_config(precision: str, hpz: int = 1, quantized: bool = True, **zero: Any)
 def _user_configs(rank: int) -> dict[str, Any]:
     """World C: one node of four ranks, configs as users ship them (hf_config), each beside unpatched ZeRO-3: fp16
     with a step the loss scaler skips; small reduce and prefetch buckets with a frozen parameter, and eval forwards
-    between its steps; disable, then enable again."""
+    between its steps; disable, then enable again; a second engine zpccl does not serve."""
     torch, deepspeed, dist = _setup()
     from deepspeed.accelerator import get_accelerator
 
@@ -773,6 +775,20 @@ def _user_configs(rank: int) -> dict[str, Any]:
     out["again_ref"] = train(torch, make_engine(torch, deepspeed, hf_config("bf16", 2, quantized=False), zp=False),
                              rank, 12)
 
+    # Two engines in one process (an actor and a critic, say), zpccl serving the first: the second's collectives
+    # stay DeepSpeed's, bit for bit, and the first's counters hold the first's calls only.
+    served = make_engine(torch, deepspeed, hf_config("bf16"), zp=True)
+    other = make_engine(torch, deepspeed, hf_config("bf16", quantized=False), zp=False, seed=3)
+    zp = zpccl.deepspeed.session_of(served)
+    mine, theirs = [], []
+    for step in range(0, 4, 2):
+        mine += train(torch, served, rank, 2, first=step)
+        theirs += train(torch, other, rank, 2, first=step)
+    out["two"] = dict(served=mine, other=theirs, summary=zp.summary())
+    zp.disable()
+    out["two_alone"] = dict(served=run(hf_config("bf16"), True, steps=4),
+                            other=train(torch, make_engine(torch, deepspeed, hf_config("bf16", quantized=False),
+                                                           zp=False, seed=3), rank, 4))
     return out
 
 
@@ -1099,6 +1115,17 @@ class DeepSpeedUserConfigs(unittest.TestCase):
             self.assertTrue(again["unchanged"])  # the steps between ran on DeepSpeed's own collectives
             self.assertTrue(_close(again["losses"], o["again_ref"], GAP_INT4), (again["losses"], o["again_ref"]))
             self.assertServed(again, {"qwz", "hpz", "qgz"})
+
+    def test_an_engine_zpccl_does_not_serve_stays_deepspeeds(self) -> None:
+        for o in self.out:
+            two, alone = o["two"], o["two_alone"]
+            self.assertEqual(two["other"], alone["other"])
+            self.assertEqual(two["served"], alone["served"]["losses"])
+            mine = {k: v for k, v in two["summary"].items() if not k.startswith("deepspeed_")}
+            self.assertEqual(mine, alone["served"]["summary"])
+            # The other engine's calls reached zpccl's functions, and were handed to DeepSpeed's.
+            for path in ("deepspeed_all_gather_unserved", "deepspeed_reduce_scatter_unserved"):
+                self.assertGreater(two["summary"].get(path, {}).get("calls", 0), 0, two["summary"])
 
 
 class DeepSpeedExample(unittest.TestCase):

@@ -46,8 +46,11 @@ gathers; the persistent parameters, gathered after each step; a parameter used o
 first time DeepSpeed meets it so: the last two said once in the ``zpccl.deepspeed`` log and counted in
 ``summary()`` as ``deepspeed_all_gather_persistent`` and ``deepspeed_all_gather_external``), gathers and
 reductions over any other group (tensor, pipeline and expert parallel: said once), other element types, and the
-bucket all-reduce of ``reduce_scatter: false``. Prefetch, ``overlap_comm``'s streams, contiguous gradients,
-gradient accumulation, ``eval`` and checkpoints work as they do without zpccl.
+bucket all-reduce of ``reduce_scatter: false``, and every collective of another engine of the process (zpccl
+serves the one it was enabled on: its fetches and its optimizer's gradient reductions mark its calls; the others
+are counted as ``deepspeed_all_gather_unserved`` and ``deepspeed_reduce_scatter_unserved``). Prefetch,
+``overlap_comm``'s streams, contiguous gradients, gradient accumulation, ``eval`` and checkpoints work as they do
+without zpccl.
 
 Blocks and padding: blocks restart at parameter boundaries (``param_blocks``), and each call copies only
 parameters' data into its blocks, zeros in the rest: the padding DeepSpeed leaves uninitialized (the last ranks'

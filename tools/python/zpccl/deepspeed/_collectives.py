@@ -65,7 +65,9 @@ class Collectives:
         self._layouts: dict[tuple[Any, ...], BlockLayout] = {}
         self._zeros: dict[Any, Any] = {}
         self._ranks: dict[int, tuple[int, ...]] = {}
-        self._fetch = threading.local()  # .params: the parameters of the fetch in progress, not yet gathered
+        # .params: the parameters of the served engine's fetch in progress, not yet gathered (None: outside one);
+        # .reducing: inside one of the served engine's gradient reductions.
+        self._local = threading.local()
 
     # ---- what the replaced functions call ----
 
@@ -76,6 +78,8 @@ class Collectives:
             if self.hpz_comm is None:
                 return self._fallback("all_gather_hpz", "the gathers over DeepSpeed's hpZ group, from the secondary "
                                       "partitions (hpz=False)", theirs, logging.INFO)
+            if not self._in_fetch():
+                return self._unserved_gather(theirs)
             self.hpz(input, output)
             return self._done()
         if self.ranks(group) != self.dp_ranks:
@@ -88,10 +92,12 @@ class Collectives:
         if dtype not in QUANT_DTYPES or output.dtype != input.dtype:
             return self._fallback("all_gather_dtype", f"{dtype} parameters are not quantized (qwZ takes fp16, bf16, "
                                   "fp32)", theirs)
+        if not self._in_fetch():
+            return self._unserved_gather(theirs)
         parts = self._gathered_parts(input)
         if parts is None:
-            return self._fallback("all_gather_params", "a parameter gather that zpccl cannot map to its parameters "
-                                  "(not one of ZeRO-3's fetches, or parameters made after enable)", theirs)
+            return self._fallback("all_gather_params", "a parameter gather of the served engine's fetch that zpccl "
+                                  "cannot map to the fetch's parameters", theirs)
         self.qwz(input, output, parts)
         return self._done()
 
@@ -103,6 +109,8 @@ class Collectives:
         if self.ranks(group) != self.dp_ranks:
             return self._fallback("reduce_scatter_group", f"a reduce-scatter over group {list(self.ranks(group))}, "
                                   "which zpccl has no communicator for", theirs)
+        if not self._in_reduction():
+            return self._unserved_reduction(theirs)
         return self._reduce(tensors, theirs)
 
     def quant_reduce(self, tensors: list[Any], theirs: Callable[[], Any]) -> list[Any]:
@@ -111,6 +119,8 @@ class Collectives:
         if self.reduce is None:
             return self._fallback("quant_reduce_off", "DeepSpeed's quantized gradient reduction (grad_bits=None)",
                                   theirs, logging.INFO)
+        if not self._in_reduction():
+            return self._unserved_reduction(theirs)
         return self._reduce(tensors, theirs)
 
     def exact_gather(self, params: list[Any], alone: bool, theirs: Callable[[], Any]) -> Any:
@@ -131,14 +141,41 @@ class Collectives:
 
     @contextmanager
     def fetching(self, params: list[Any]) -> Iterator[None]:
-        """Around one of ZeRO-3's fetches: its parameters in ds_id order (the order DeepSpeed lays them out in),
-        for the gathers it runs to take theirs from."""
-        outer = getattr(self._fetch, "params", None)
-        self._fetch.params = sorted(params, key=lambda p: p.ds_id)
+        """Around one of the served engine's fetches: its parameters in ds_id order (the order DeepSpeed lays them
+        out in), for the gathers it runs to take theirs from."""
+        outer = getattr(self._local, "params", None)
+        self._local.params = sorted(params, key=lambda p: p.ds_id)
         try:
             yield
         finally:
-            self._fetch.params = outer
+            self._local.params = outer
+
+    @contextmanager
+    def reducing(self) -> Iterator[None]:
+        """Around one of the served engine's gradient reductions (its ZeRO-3 optimizer's): the reduce-scatters it
+        runs are the engine's. The replaced functions are module-level, so another engine of the process (one
+        zpccl was not enabled on) calls them too, outside any of these."""
+        outer = getattr(self._local, "reducing", False)
+        self._local.reducing = True
+        try:
+            yield
+        finally:
+            self._local.reducing = outer
+
+    def _in_fetch(self) -> bool:
+        return getattr(self._local, "params", None) is not None
+
+    def _in_reduction(self) -> bool:
+        return getattr(self._local, "reducing", False)
+
+    def _unserved_gather(self, theirs: Callable[[], Any]) -> Any:
+        return self._fallback("all_gather_unserved", "a parameter gather outside the served engine's fetches "
+                              "(another engine's, which zpccl was not enabled on, or of parameters made after "
+                              "enable)", theirs, logging.INFO)
+
+    def _unserved_reduction(self, theirs: Callable[[], Any]) -> Any:
+        return self._fallback("reduce_scatter_unserved", "a gradient reduction outside the served engine's "
+                              "optimizer (another engine's, which zpccl was not enabled on)", theirs, logging.INFO)
 
     # ---- zpccl's paths ----
 
@@ -228,7 +265,7 @@ class Collectives:
         order: the first of the fetch's parameters not yet gathered that ZeRO-3 gathers in ``input``'s dtype over
         the data-parallel group, as many as fill it (one, when DeepSpeed gathers them one by one). None when the
         fetch's parameters do not fill it exactly."""
-        pending = getattr(self._fetch, "params", None)
+        pending = getattr(self._local, "params", None)
         if not pending:
             return None
         want, total, taken = input.numel(), 0, []
@@ -242,7 +279,7 @@ class Collectives:
         if total != want:
             return None
         gone = {id(p) for p in taken}
-        self._fetch.params = [p for p in pending if id(p) not in gone]
+        self._local.params = [p for p in pending if id(p) not in gone]
         r = self.gather.rank
         return [(p.ds_tensor.ds_numel, _data(p.ds_numel, p.ds_tensor.ds_numel, r)) for p in taken]
 

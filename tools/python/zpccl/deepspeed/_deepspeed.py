@@ -17,7 +17,9 @@ calls it, so replacing the module's attribute reroutes the call and nothing else
 A gather's buffer is its parameters' partitions back to back, and nothing in it says where one ends: each
 parameter's ``all_gather_coalesced`` (an attribute ZeRO-3's ``Init`` sets on every parameter) is wrapped to tell
 the gathers it runs which parameters they hold. Each parameter's ``all_gather`` (DeepSpeed's own exact gather,
-which calls torch.distributed itself) is wrapped to count the ones ZeRO-3 runs by itself. The fetch reads its
+which calls torch.distributed itself) is wrapped to count the ones ZeRO-3 runs by itself. The functions are one set per
+process, and another engine's ZeRO-3 calls them too: the served engine's fetches and its optimizer's gradient
+reductions (:data:`REDUCER`) are wrapped to mark its calls, and every other call stays DeepSpeed's. The fetch reads its
 settings from the ``Init`` that made it (:func:`fetch_owner`), among them ``use_all_reduce_for_fetch_params``.
 """
 from __future__ import annotations
@@ -41,6 +43,10 @@ REPLACED = (("deepspeed.runtime.zero.partition_parameters", "_dist_allgather_fn"
                                                                                     "group")),
             ("deepspeed.runtime.zero.stage3", "reduce_scatter_coalesced", ("tensors", "group")),
             ("deepspeed.runtime.zero.stage3", "all_to_all_quant_reduce", ("tensors", "groups")))
+#: The ZeRO-3 optimizer's method that runs its engine's gradient reductions (both replaced reductions are called from
+#: it, name-mangled as Python stores it): wrapped on the served engine's optimizer, so that the reductions of another
+#: engine of the process, which call the same module-level functions, stay DeepSpeed's.
+REDUCER = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"
 #: What zpccl.deepspeed reads (or wraps: all_gather_coalesced) on every ZeRO-3 parameter.
 PARAM_ATTRS = ("ds_id", "ds_numel", "ds_tensor", "ds_status", "ds_process_group", "ds_zero_param_process_group",
                "all_gather_coalesced", "all_gather")
@@ -189,7 +195,7 @@ class DeepSpeed:
         hpz = params[0].ds_zero_param_process_group
         optimizer = getattr(engine, "optimizer", None)
         owners = {id(o): o for o in (fetch_owner(p.all_gather_coalesced) for p in params)}
-        return EngineFacts(params=params, dp_group=params[0].ds_process_group, hpz_group=hpz,
+        return EngineFacts(params=params, optimizer=optimizer, dp_group=params[0].ds_process_group, hpz_group=hpz,
                            hpz_size=self.dist.get_world_size(hpz) if hpz is not None else 1,
                            device=self.torch.device(get_accelerator().current_device_name()),
                            reduce_scatter=bool(getattr(optimizer, "reduce_scatter", True)),
@@ -204,6 +210,7 @@ class EngineFacts:
     """What zpccl.deepspeed reads from a ZeRO-3 engine once, at enable."""
 
     params: list[Any]  # the module's ZeRO-3 parameters, in module order
+    optimizer: Any  # the engine's ZeRO-3 optimizer (its REDUCER runs the gradient reductions)
     dp_group: Any  # the group ZeRO-3 partitions them over (None: the world)
     hpz_group: Any  # its hpZ group of this rank (zero_hpz_partition_size > 1), else None
     hpz_size: int

@@ -13,7 +13,7 @@ from ..comm import Comm
 from ..enums import Backend, Result
 from ..errors import ZpcclError, ZpcclValueError
 from ._collectives import Collectives
-from ._deepspeed import CALL, REPLACED, DeepSpeed, EngineFacts
+from ._deepspeed import CALL, CHECKED_DEEPSPEED, REDUCER, REPLACED, DeepSpeed, EngineFacts
 
 log = logging.getLogger("zpccl.deepspeed")
 
@@ -37,7 +37,9 @@ class ZeroPlusPlus(Session):
         self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group, facts.hpz_group)
         self._originals: dict[int, Any] = {}  # REPLACED index -> DeepSpeed's function
         self._ours: dict[int, Any] = {}
-        self._fetches: list[tuple[Any, str, Any, Any]] = []  # (parameter, attribute, DeepSpeed's function, ours)
+        # (owner, attribute, the owner's own attribute before (None: its class's), ours): the wrapped fetches of the
+        # parameters and the optimizer's reduction.
+        self._wrapped: list[tuple[Any, str, Any, Any]] = []
         self._all_reduce_owners: list[Any] = []  # the Inits whose use_all_reduce_for_fetch_params zpccl turned off
         self._closed = False
 
@@ -71,6 +73,11 @@ class ZeroPlusPlus(Session):
                              f"replaces, and DeepSpeed {self._ds.version} keeps that setting where zpccl cannot "
                              "reach it: set zero_optimization.stage3_use_all_reduce_for_fetch_params to false, or "
                              "weight_bits=None", CALL)
+        if policy.grad_bits is not None and not callable(getattr(facts.optimizer, REDUCER, None)):
+            raise ZpcclError(Result.INVALID_USAGE, f"{CALL}: the engine's ZeRO-3 optimizer lacks "
+                             f"{REDUCER.split('__')[-1]}, which runs its gradient reductions in DeepSpeed "
+                             f"{CHECKED_DEEPSPEED}; this is DeepSpeed {self._ds.version}: install DeepSpeed "
+                             f"{CHECKED_DEEPSPEED}, or grad_bits=None", CALL)
         if policy.grad_bits is not None or serve_hpz:
             # With grad_bits=None it is made for the node layout only, and closed once the gathers' is made.
             calls.reduce = self._make(reduce=True)
@@ -148,8 +155,9 @@ class ZeroPlusPlus(Session):
                                  "does (summary()'s deepspeed_all_gather_persistent)", logging.INFO)
 
     def _replace(self) -> None:
-        """DeepSpeed's three functions and each parameter's all_gather_coalesced and all_gather, replaced by zpccl's;
-        with qwZ, the fetches' use_all_reduce_for_fetch_params off."""
+        """DeepSpeed's three functions replaced by zpccl's; each parameter's all_gather_coalesced (where zpccl serves
+        gathers) and all_gather (with qwZ), and the optimizer's gradient reduction (with qgZ) wrapped; with qwZ, the
+        fetches' use_all_reduce_for_fetch_params off."""
         calls, ds = self.collectives, self._ds
         ours = {0: functools.partial(_all_gather, calls, ds.function(0)),
                 1: functools.partial(_reduce_scatter, calls, ds.function(1)),
@@ -171,10 +179,17 @@ class ZeroPlusPlus(Session):
                                      "fetches it all-reduces are qwZ gathers instead, as DeepSpeed's own quantized "
                                      "gathers are (disable() gives the setting back)", logging.INFO)
             for p in self.facts.params:
-                for name, fn in (("all_gather_coalesced", functools.partial(_fetch, calls, p.all_gather_coalesced)),
-                                 ("all_gather", functools.partial(_exact, calls, p.all_gather, p))):
-                    self._fetches.append((p, name, getattr(p, name), fn))
-                    setattr(p, name, fn)
+                self._wrap(p, "all_gather", functools.partial(_exact, calls, p.all_gather, p))
+        if calls.gather is not None:  # qwZ or hpZ: the gathers of the engine's own fetches
+            for p in self.facts.params:
+                self._wrap(p, "all_gather_coalesced", functools.partial(_fetch, calls, p.all_gather_coalesced))
+        if calls.reduce is not None:
+            optimizer = self.facts.optimizer
+            self._wrap(optimizer, REDUCER, functools.partial(_reduction, calls, getattr(optimizer, REDUCER)))
+
+    def _wrap(self, owner: Any, name: str, ours: Any) -> None:
+        self._wrapped.append((owner, name, vars(owner).get(name), ours))
+        setattr(owner, name, ours)
 
     # ---- lifecycle ----
 
@@ -192,10 +207,13 @@ class ZeroPlusPlus(Session):
                 module, name, _ = REPLACED[i]
                 log.warning("zpccl.deepspeed: %s.%s was replaced again after enable; disable leaves it as it is",
                             module, name)
-        for p, name, theirs, fn in self._fetches:
-            if p.__dict__.get(name) is fn:
-                setattr(p, name, theirs)
-        self._fetches.clear()
+        for owner, name, before, ours in reversed(self._wrapped):
+            if vars(owner).get(name) is ours:
+                if before is None:
+                    delattr(owner, name)  # the class's own again
+                else:
+                    setattr(owner, name, before)
+        self._wrapped.clear()
         for owner in self._all_reduce_owners:
             owner.use_all_reduce_for_fetch_params = True
         self._all_reduce_owners.clear()
@@ -230,6 +248,11 @@ def _fetch(calls: Collectives, theirs: Any, params: Any, *args: Any, **kwargs: A
     params = list(params)
     with calls.fetching(params):
         return theirs(params, *args, **kwargs)
+
+
+def _reduction(calls: Collectives, theirs: Any, *args: Any, **kwargs: Any) -> Any:
+    with calls.reducing():
+        return theirs(*args, **kwargs)
 
 
 def _exact(calls: Collectives, theirs: Any, param: Any, param_list: Any = None, *args: Any, **kwargs: Any) -> Any:
