@@ -561,6 +561,7 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     said["hpz_size"] = refusal(lambda: zpccl.deepspeed.enable(engine, hpz_size=2))
     said["error_feedback"] = refusal(lambda: zpccl.deepspeed.enable(engine, error_feedback=True))
     said["no_hpz"] = refusal(lambda: zpccl.deepspeed.enable(engine, weight_bits=None, grad_bits=None))
+    said["ranks_per_node"] = refusal(lambda: zpccl.deepspeed.enable(engine, ranks_per_node=3))
     said["not_engine"] = refusal(lambda: zpccl.deepspeed.enable(engine.module))
     fake = types.SimpleNamespace(module=engine.module, zero_optimization_stage=lambda: 3, _config=types.SimpleNamespace(
         zero_config=types.SimpleNamespace(zero_quantized_weights=True)))
@@ -1058,6 +1059,8 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertIn("hpz_size is DeepSpeed's zero_optimization.zero_hpz_partition_size", said["hpz_size"])
             self.assertIn("drop error_feedback", said["error_feedback"])
             self.assertIn("the engine has no hpZ group", said["no_hpz"])
+            self.assertIn("zpccl.deepspeed.enable: ranks_per_node 3 does not divide the data-parallel group's 4 "
+                          "ranks", said["ranks_per_node"])
             self.assertIn("is not a DeepSpeed engine", said["not_engine"])
             self.assertIn("built with zero_quantized_weights", said["quantized_weights"])
             self.assertRegex(said["hpz_nodes"], r"zero_hpz_partition_size=4 .* ranks \[0, 1, 2, 3\], which are on "

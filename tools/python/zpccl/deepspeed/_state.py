@@ -73,6 +73,11 @@ class ZeroPlusPlus(Session):
                              f"replaces, and DeepSpeed {self._ds.version} keeps that setting where zpccl cannot "
                              "reach it: set zero_optimization.stage3_use_all_reduce_for_fetch_params to false, or "
                              "weight_bits=None", CALL)
+        n, k = len(calls.dp_ranks), policy.ranks_per_node
+        if k is not None and n % k:
+            raise ZpcclValueError(f"{CALL}: ranks_per_node {k} does not divide the data-parallel group's {n} ranks "
+                                  "(nodes of k consecutive ranks): give a divisor of it, or leave ranks_per_node out "
+                                  "for the launcher's layout", CALL)
         if policy.grad_bits is not None and not callable(getattr(facts.optimizer, REDUCER, None)):
             raise ZpcclError(Result.INVALID_USAGE, f"{CALL}: the engine's ZeRO-3 optimizer lacks "
                              f"{REDUCER.split('__')[-1]}, which runs its gradient reductions in DeepSpeed "
