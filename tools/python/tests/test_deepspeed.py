@@ -562,6 +562,15 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     said["error_feedback"] = refusal(lambda: zpccl.deepspeed.enable(engine, error_feedback=True))
     said["no_hpz"] = refusal(lambda: zpccl.deepspeed.enable(engine, weight_bits=None, grad_bits=None))
     said["ranks_per_node"] = refusal(lambda: zpccl.deepspeed.enable(engine, ranks_per_node=3))
+    # A DeepSpeed whose ZeRO-3 optimizer runs its gradient reductions elsewhere: qgZ refused, the rest served.
+    from zpccl.deepspeed._deepspeed import REDUCER
+
+    setattr(engine.optimizer, REDUCER, None)
+    said["reducer"] = refusal(lambda: zpccl.deepspeed.enable(engine))
+    zp = zpccl.deepspeed.enable(engine, grad_bits=None)
+    said["reducer_weights_only"] = "" if zp.collectives.reduce is None else "qgZ served"
+    zp.disable()
+    delattr(engine.optimizer, REDUCER)
     said["not_engine"] = refusal(lambda: zpccl.deepspeed.enable(engine.module))
     fake = types.SimpleNamespace(module=engine.module, zero_optimization_stage=lambda: 3, _config=types.SimpleNamespace(
         zero_config=types.SimpleNamespace(zero_quantized_weights=True)))
@@ -1061,6 +1070,9 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertIn("the engine has no hpZ group", said["no_hpz"])
             self.assertIn("zpccl.deepspeed.enable: ranks_per_node 3 does not divide the data-parallel group's 4 "
                           "ranks", said["ranks_per_node"])
+            self.assertRegex(said["reducer"], r"optimizer lacks avg_scatter_grads, which runs its gradient "
+                                              r"reductions in DeepSpeed 0.19.8; this is DeepSpeed .*grad_bits=None")
+            self.assertEqual(said["reducer_weights_only"], "")
             self.assertIn("is not a DeepSpeed engine", said["not_engine"])
             self.assertIn("built with zero_quantized_weights", said["quantized_weights"])
             self.assertRegex(said["hpz_nodes"], r"zero_hpz_partition_size=4 .* ranks \[0, 1, 2, 3\], which are on "
