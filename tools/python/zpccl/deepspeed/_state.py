@@ -78,7 +78,8 @@ class ZeroPlusPlus(Session):
             raise ZpcclValueError(f"{CALL}: ranks_per_node {k} does not divide the data-parallel group's {n} ranks "
                                   "(nodes of k consecutive ranks): give a divisor of it, or leave ranks_per_node out "
                                   "for the launcher's layout", CALL)
-        if policy.grad_bits is not None and not callable(getattr(facts.optimizer, REDUCER, None)):
+        reduces = facts.optimizer is not None  # an engine without an optimizer reduces no gradients
+        if policy.grad_bits is not None and reduces and not callable(getattr(facts.optimizer, REDUCER, None)):
             raise ZpcclError(Result.INVALID_USAGE, f"{CALL}: the engine's ZeRO-3 optimizer lacks "
                              f"{REDUCER.split('__')[-1]}, which runs its gradient reductions in DeepSpeed "
                              f"{CHECKED_DEEPSPEED}; this is DeepSpeed {self._ds.version}: install DeepSpeed "
@@ -188,8 +189,8 @@ class ZeroPlusPlus(Session):
         if calls.gather is not None:  # qwZ or hpZ: the gathers of the engine's own fetches
             for p in self.facts.params:
                 self._wrap(p, "all_gather_coalesced", functools.partial(_fetch, calls, p.all_gather_coalesced))
-        if calls.reduce is not None:
-            optimizer = self.facts.optimizer
+        optimizer = self.facts.optimizer
+        if calls.reduce is not None and optimizer is not None:
             self._wrap(optimizer, REDUCER, functools.partial(_reduction, calls, getattr(optimizer, REDUCER)))
 
     def _wrap(self, owner: Any, name: str, ours: Any) -> None:
