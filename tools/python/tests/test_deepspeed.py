@@ -768,6 +768,18 @@ def _user_configs(rank: int) -> dict[str, Any]:
     out["small_ref"] = run(hf_config("bf16", 2, quantized=False, **small), False, frozen=True, eval_every=2)
     out["small"] = run(hf_config("bf16", 2, **small), True, frozen=True)
     out["small_eval"] = run(hf_config("bf16", 2, **small), True, frozen=True, eval_every=2)
+    # hpZ 1, 2 and 4 with overlap_comm and contiguous gradients each on and off: DeepSpeed's buffers and streams,
+    # not the numbers, so each hpZ size's four runs agree bit for bit.
+    for hpz in (1, 2, 4):
+        for overlap in (True, False):
+            for contiguous in (True, False):
+                out[f"flags{hpz}{overlap:d}{contiguous:d}"] = run(
+                    hf_config("bf16", hpz, overlap_comm=overlap, contiguous_gradients=contiguous), True, steps=4)
+    # Every parameter under stage3_param_persistence_threshold: gathered by the first forward's fetch (hpZ, from
+    # the secondary partitions), then by DeepSpeed's exact gather after each step, each one counted.
+    said = len(LOGGED)
+    out["persistent"] = dict(run(hf_config("bf16", 2, stage3_param_persistence_threshold=1e6), True, steps=4),
+                             said=LOGGED[said:])
 
     # disable(), two steps on DeepSpeed's own collectives, then enable() again on the same engine.
     engine = make_engine(torch, deepspeed, hf_config("bf16", 2), zp=True)
@@ -1123,6 +1135,24 @@ class DeepSpeedUserConfigs(unittest.TestCase):
             self.assertEqual(len(run["evals"]), 3)
             self.assertTrue(_close(run["evals"], ref["evals"], GAP_INT4), (run["evals"], ref["evals"]))
             self.assertServed(run, {"qwz", "hpz", "qgz"})
+
+    def test_hpz_sizes_with_overlap_comm_and_contiguous_gradients_on_and_off(self) -> None:
+        for o in self.out:
+            for hpz in (1, 2, 4):
+                runs = [o[f"flags{hpz}{a:d}{b:d}"] for a in (True, False) for b in (True, False)]
+                for run in runs:
+                    self.assertEqual(run["losses"], runs[0]["losses"])
+                    self.assertServed(run, {"qwz", "qgz"} | ({"hpz"} if hpz > 1 else set()))
+
+    def test_every_parameter_persistent(self) -> None:
+        for o in self.out:
+            run = o["persistent"]
+            s = run["summary"]
+            # No quantized gather: each step's exact regather is counted, and said once at enable.
+            self.assertEqual(set(s), {"hpz", "qgz", "deepspeed_all_gather_persistent"}, s)
+            self.assertEqual(s["deepspeed_all_gather_persistent"]["calls"], run["global_steps"])
+            self.assertEqual(run["checked"], {"qwz": 0, "qgz": s["qgz"]["calls"]})
+            self.assertEqual(len([m for m in run["said"] if "persistent parameters (746 elements" in m]), 1)
 
     def test_disable_then_enable_again(self) -> None:
         for o in self.out:
