@@ -620,6 +620,12 @@ def _three_nodes(rank: int) -> dict[str, Any]:
     out["deepspeed_qgz"] = dict(served(torch, engine, rank), checked=exact.verify(), entered=len(entered))
     zp.disable()
     out["paths"] = _paths(torch, deepspeed, dist, rank)
+    # hpZ groups of three over nodes of two, the launcher's layout (LOCAL_WORLD_SIZE): refused once DeepSpeed has
+    # made its groups, every rank alike.
+    from zpccl.deepspeed._state import LIVE
+
+    out["hpz3"] = refusal(lambda: make_engine(torch, deepspeed, ds_config(3, quantized=True, bf16=False), zp=True))
+    out["hpz3_after"] = not LIVE  # no session left behind
     return out
 
 
@@ -1271,6 +1277,14 @@ class DeepSpeedThreeNodes(unittest.TestCase):
                           "2 persistent parameters (6 elements", "a parameter used outside its module's forward"):
                 self.assertIn(words, said)
             self.assertEqual(len(zp["said"]), len(set(zp["said"])))  # each said once
+
+    def test_hpz_groups_across_the_launchers_nodes_are_refused(self) -> None:
+        for o in self.out:
+            self.assertRegex(o["hpz3"], r"zpccl.deepspeed.initialize: zero_hpz_partition_size=3 makes DeepSpeed gather "
+                                        r".* over ranks \[0, 1, 2\], which are on nodes \[0, 1\]: .*Use a "
+                                        r"zero_hpz_partition_size that divides the ranks per node")
+            self.assertTrue(o["hpz3_after"])
+        self.assertEqual(len({o["hpz3"] for o in self.out}), 1)
 
     def test_replaced_functions_in_every_type(self) -> None:
         for o in self.out:

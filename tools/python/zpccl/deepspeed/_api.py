@@ -98,7 +98,7 @@ def disable(engine: Any) -> None:
 
 def _enable(ds: DeepSpeed, engine: Any, policy: ZeroPlusPlusPolicy, call: str) -> ZeroPlusPlus:
     facts = ds.engine_facts(engine, call)
-    session = ZeroPlusPlus(ds, engine, policy, facts)
+    session = ZeroPlusPlus(ds, engine, policy, facts, call)
     LIVE.append(session)
     try:
         session.attach()

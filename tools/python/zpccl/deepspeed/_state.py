@@ -29,8 +29,10 @@ class ZeroPlusPlus(Session):
     communicators.
     """
 
-    def __init__(self, ds: DeepSpeed, engine: Any, policy: ZeroPlusPlusPolicy, facts: EngineFacts) -> None:
+    def __init__(self, ds: DeepSpeed, engine: Any, policy: ZeroPlusPlusPolicy, facts: EngineFacts,
+                 call: str = CALL) -> None:
         self._ds, self.engine, self.facts = ds, engine, facts
+        self._call = call  # what the user called (enable, or initialize), named by every refusal of the set-up
         #: What serves the engine, as :func:`~zpccl.deepspeed.enable` was told.
         self.policy = policy
         self.report = Report(log)
@@ -62,28 +64,28 @@ class ZeroPlusPlus(Session):
     def attach(self) -> None:
         """Makes the communicators over the data-parallel group (collectively, in the same order on every rank),
         checks DeepSpeed's hpZ groups, then puts zpccl's functions in DeepSpeed's place."""
-        policy, facts, calls = self.policy, self.facts, self.collectives
+        policy, facts, calls, call = self.policy, self.facts, self.collectives, self._call
         serve_hpz = policy.hpz and facts.hpz_group is not None
         if policy.weight_bits is None and policy.grad_bits is None and not serve_hpz:
-            raise ZpcclValueError(f"{CALL}: weight_bits=None and grad_bits=None leave zpccl hpZ alone, and the engine "
-                                  "has no hpZ group (zero_optimization.zero_hpz_partition_size of at least 2)", CALL)
+            raise ZpcclValueError(f"{call}: weight_bits=None and grad_bits=None leave zpccl hpZ alone, and the engine "
+                                  "has no hpZ group (zero_optimization.zero_hpz_partition_size of at least 2)", call)
         if policy.weight_bits is not None and facts.all_reduce_fetch and None in facts.fetch_owners:
-            raise ZpcclError(Result.INVALID_USAGE, f"{CALL}: stage3_use_all_reduce_for_fetch_params makes ZeRO-3 "
+            raise ZpcclError(Result.INVALID_USAGE, f"{call}: stage3_use_all_reduce_for_fetch_params makes ZeRO-3 "
                              "fetch parameters with an exact all-reduce, which never reaches the gather zpccl "
                              f"replaces, and DeepSpeed {self._ds.version} keeps that setting where zpccl cannot "
                              "reach it: set zero_optimization.stage3_use_all_reduce_for_fetch_params to false, or "
-                             "weight_bits=None", CALL)
+                             "weight_bits=None", call)
         n, k = len(calls.dp_ranks), policy.ranks_per_node
         if k is not None and n % k:
-            raise ZpcclValueError(f"{CALL}: ranks_per_node {k} does not divide the data-parallel group's {n} ranks "
+            raise ZpcclValueError(f"{call}: ranks_per_node {k} does not divide the data-parallel group's {n} ranks "
                                   "(nodes of k consecutive ranks): give a divisor of it, or leave ranks_per_node out "
-                                  "for the launcher's layout", CALL)
+                                  "for the launcher's layout", call)
         reduces = facts.optimizer is not None  # an engine without an optimizer reduces no gradients
         if policy.grad_bits is not None and reduces and not callable(getattr(facts.optimizer, REDUCER, None)):
-            raise ZpcclError(Result.INVALID_USAGE, f"{CALL}: the engine's ZeRO-3 optimizer lacks "
+            raise ZpcclError(Result.INVALID_USAGE, f"{call}: the engine's ZeRO-3 optimizer lacks "
                              f"{REDUCER.split('__')[-1]}, which runs its gradient reductions in DeepSpeed "
                              f"{CHECKED_DEEPSPEED}; this is DeepSpeed {self._ds.version}: install DeepSpeed "
-                             f"{CHECKED_DEEPSPEED}, or grad_bits=None", CALL)
+                             f"{CHECKED_DEEPSPEED}, or grad_bits=None", call)
         if policy.grad_bits is not None or serve_hpz:
             # With grad_bits=None it is made for the node layout only, and closed once the gathers' is made.
             calls.reduce = self._make(reduce=True)
@@ -95,8 +97,8 @@ class ZeroPlusPlus(Session):
             calls.hpz_comm = calls.gather
             ours, theirs = calls.gather.hpz_rank, self._ds.dist.get_rank(facts.hpz_group)
             if ours != theirs:
-                raise ZpcclError(Result.INTERNAL_ERROR, f"{CALL}: zpccl's hpZ rank {ours} is not this rank's place "
-                                 f"{theirs} in DeepSpeed's hpZ group", CALL)
+                raise ZpcclError(Result.INTERNAL_ERROR, f"{call}: zpccl's hpZ rank {ours} is not this rank's place "
+                                 f"{theirs} in DeepSpeed's hpZ group", call)
         if policy.grad_bits is None and calls.reduce is not None:
             calls.reduce.close()
             calls.reduce = None
@@ -117,19 +119,19 @@ class ZeroPlusPlus(Session):
         group (the reduce-scatters' not wrapping torch's NCCL communicator, so that DeepSpeed's gather and reduce
         streams really overlap), host-backend on a group of CPU tensors (gloo)."""
         config = dict(self.policy.comm_config(reduce), hpz_size=hpz_size)
-        device = self.facts.device
+        device, call = self.facts.device, self._call
         if device.type == "cuda":
             return Comm.from_torch_group(self.facts.dp_group, device=device, wrap=False if reduce else None, **config)
         if device.type != "cpu":
-            raise ZpcclValueError(f"{CALL}: DeepSpeed's accelerator runs on {device}: zpccl serves CUDA devices "
-                                  "and, on its host backend, the CPU", CALL)
+            raise ZpcclValueError(f"{call}: DeepSpeed's accelerator runs on {device}: zpccl serves CUDA devices "
+                                  "and, on its host backend, the CPU", call)
         return Comm.from_torch_group(self.facts.dp_group, device="cpu", **config)
 
     def _check_hpz_groups(self, comm: Comm) -> None:
         """Checks, with every rank of the data-parallel group, that each rank's DeepSpeed hpZ group is one of zpccl's
         hpZ groups: k consecutive local ranks of one node, from a multiple of k, in order. Every rank reaches the
         same verdict from the same gathered facts."""
-        dist, facts = self._ds.dist, self.facts
+        dist, facts, call = self._ds.dist, self.facts, self._call
         k = facts.hpz_size
         mine = dict(rank=dist.get_rank(), node=comm.node_rank, local=comm.local_rank, local_size=comm.local_size,
                     hpz=list(self._ds.group_ranks(facts.hpz_group)))
@@ -141,7 +143,7 @@ class ZeroPlusPlus(Session):
             problem = ("not all in the data-parallel group" if any(m is None for m in members)
                        else hpz_group_problem(members, k))
             if problem:
-                raise refuse_hpz_group(CALL, "zero_hpz_partition_size", k, "DeepSpeed gather weights from its "
+                raise refuse_hpz_group(call, "zero_hpz_partition_size", k, "DeepSpeed gather weights from its "
                                        f"secondary partitions (the backward's) over ranks {list(group)}", problem,
                                        "DeepSpeed's")
 
