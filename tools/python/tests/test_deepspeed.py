@@ -731,10 +731,11 @@ def hf_config(precision: str, hpz: int = 1, quantized: bool = True, **zero: Any)
     return cfg
 
 
-def _user_configs(rank: int) -> dict[str, Any]:
+def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     """World C: one node of four ranks, configs as users ship them (hf_config), each beside unpatched ZeRO-3: fp16
     with a step the loss scaler skips; small reduce and prefetch buckets with a frozen parameter, and eval forwards
-    between its steps; disable, then enable again; a second engine zpccl does not serve."""
+    between its steps; disable, then enable again; a second engine zpccl does not serve; an fp16 checkpoint (its
+    loss scaler included) resumed to the same losses."""
     torch, deepspeed, dist = _setup()
     from deepspeed.accelerator import get_accelerator
 
@@ -817,6 +818,21 @@ def _user_configs(rank: int) -> dict[str, Any]:
     out["two_alone"] = dict(served=run(hf_config("bf16"), True, steps=4),
                             other=train(torch, make_engine(torch, deepspeed, hf_config("bf16", quantized=False),
                                                            zp=False, seed=3), rank, 4))
+
+    # fp16 with hpZ and gradient accumulation: a checkpoint after two optimizer steps (the loss scaler's state
+    # in it, after a skipped step), then two more; a fresh engine of other weights loads it and goes the same two.
+    config = hf_config("fp16", 2)
+    engine = make_engine(torch, deepspeed, config, zp=True)
+    train(torch, engine, rank, 4, overflow_at=0)
+    scale, skipped = engine.optimizer.loss_scale, engine.skipped_steps
+    engine.save_checkpoint(ckpt, tag="fp16")
+    went_on = train(torch, engine, rank, 4, first=4)
+    zpccl.deepspeed.disable(engine)
+    engine = make_engine(torch, deepspeed, config, zp=True, seed=5)
+    engine.load_checkpoint(ckpt, tag="fp16")
+    out["fp16_resume"] = dict(scale=(scale, engine.optimizer.loss_scale), skipped=skipped, went_on=went_on,
+                              resumed=train(torch, engine, rank, 4, first=4))
+    zpccl.deepspeed.disable(engine)
     return out
 
 
@@ -1107,7 +1123,13 @@ class DeepSpeedUserConfigs(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         deepspeed_or_skip()
-        cls.outcomes = run_procs(4, _user_configs, local=4, env=dict(ENV, LOCAL_SIZE="4"), timeout=400)
+        cls._dir = tempfile.TemporaryDirectory()
+        cls.outcomes = run_procs(4, _user_configs, cls._dir.name, local=4, env=dict(ENV, LOCAL_SIZE="4"),
+                                 timeout=400)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls._dir.cleanup()
 
     def setUp(self) -> None:
         self.out = _spawned(self, self.outcomes)
@@ -1166,6 +1188,13 @@ class DeepSpeedUserConfigs(unittest.TestCase):
             self.assertTrue(again["unchanged"])  # the steps between ran on DeepSpeed's own collectives
             self.assertTrue(_close(again["losses"], o["again_ref"], GAP_INT4), (again["losses"], o["again_ref"]))
             self.assertServed(again, {"qwz", "hpz", "qgz"})
+
+    def test_fp16_checkpoint_resumes_to_the_same_losses(self) -> None:
+        for o in self.out:
+            r = o["fp16_resume"]
+            self.assertEqual(r["resumed"], r["went_on"])
+            self.assertEqual(r["scale"][0], r["scale"][1])
+            self.assertEqual(r["skipped"], 1)
 
     def test_an_engine_zpccl_does_not_serve_stays_deepspeeds(self) -> None:
         for o in self.out:
