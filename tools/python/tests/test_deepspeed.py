@@ -769,6 +769,9 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     # 2, and DeepSpeed skips that step on every rank.
     out["fp16_ref"] = run(hf_config("fp16", quantized=False), False, overflow_at=2)
     out["fp16"] = run(hf_config("fp16"), True, overflow_at=2)
+    # The same with NaN in every padding zpccl must not read (partition tails, staging) before each micro-step, the
+    # prefetches gathering several parameters at once: the same bits, the same skipped step.
+    out["fp16_poisoned"] = run(hf_config("fp16"), True, overflow_at=2, poison=True)
     # bf16, hpZ 2, buckets smaller than a parameter (the 444-element weight), a frozen parameter; then the same with
     # an eval forward after every optimizer step.
     small = dict(reduce_bucket_size=16, stage3_prefetch_bucket_size=16)
@@ -1149,6 +1152,9 @@ class DeepSpeedUserConfigs(unittest.TestCase):
             self.assertEqual((run["skipped"], run["global_steps"]), (1, 3))
             self.assertTrue(_close(run["losses"], ref["losses"], GAP_INT4), (run["losses"], ref["losses"]))
             self.assertServed(run, {"qwz", "qgz"})
+            poisoned = o["fp16_poisoned"]
+            self.assertEqual((poisoned["losses"], poisoned["skipped"]), (run["losses"], run["skipped"]))
+            self.assertEqual(poisoned["checked"], run["checked"])
 
     def test_small_buckets_and_a_frozen_parameter(self) -> None:
         for o in self.out:
