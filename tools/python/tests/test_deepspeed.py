@@ -143,7 +143,7 @@ def ds_config(hpz: int = 1, quantized: bool = False, bf16: bool = True, **zero: 
 
 
 def make_engine(torch: Any, deepspeed: Any, config: dict[str, Any], zp: bool, seed: int = 0,
-                external: bool = False, frozen: bool = False) -> Any:
+                external: bool = False, frozen: bool = False, mpu: Any = None) -> Any:
     """An engine of build_model over DeepSpeed (zp False) or zpccl.deepspeed.initialize (zp True); DeepSpeed's
     hpZ group, one per process in DeepSpeed, remade for each engine's size. ``frozen``: the LayerNorm's weight does
     not train (requires_grad False): gathered, never reduced."""
@@ -156,7 +156,7 @@ def make_engine(torch: Any, deepspeed: Any, config: dict[str, Any], zp: bool, se
         model.norm.weight.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
-    engine, *_ = init(model=model, optimizer=opt, config=config)
+    engine, *_ = init(model=model, optimizer=opt, config=config, mpu=mpu)
     return engine
 
 
@@ -586,7 +586,42 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     said["hpz_off"] = "" if zp.hpz_size is None and {"qwz", "qgz", "deepspeed_all_gather_hpz"} <= set(paths) \
         else f"hpz=False served {sorted(paths)}"
     zp.disable()
+    # Tensor-parallel pairs (an mpu): data-parallel groups [0, 2] and [1, 3], and DeepSpeed's hpZ groups of two
+    # consecutive ranks, [0, 1] and [2, 3], across them. Last: DeepSpeed keeps the mpu for the process.
+    engine = make_engine(torch, deepspeed, ds_config(hpz=2), zp=False, mpu=TensorParallelPairs(torch.distributed))
+    said["hpz_mpu"] = refusal(lambda: zpccl.deepspeed.enable(engine))
     return said
+
+
+class TensorParallelPairs:
+    """A model-parallel layout as DeepSpeed's ``mpu`` argument describes one: ranks 2i and 2i+1 a tensor-parallel
+    pair, ranks of the same parity a data-parallel group (the model itself is not split: DeepSpeed only reads the
+    groups)."""
+
+    def __init__(self, dist: Any) -> None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world = rank, world
+        pairs = [dist.new_group([i, i + 1]) for i in range(0, world, 2)]  # every rank makes every group, in order
+        parities = [dist.new_group(list(range(j, world, 2))) for j in (0, 1)]
+        self.mp, self.dp = pairs[rank // 2], parities[rank % 2]
+
+    def get_model_parallel_rank(self) -> int:
+        return self.rank % 2
+
+    def get_model_parallel_group(self) -> Any:
+        return self.mp
+
+    def get_model_parallel_world_size(self) -> int:
+        return 2
+
+    def get_data_parallel_rank(self) -> int:
+        return self.rank // 2
+
+    def get_data_parallel_group(self) -> Any:
+        return self.dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.world // 2
 
 
 def _three_nodes(rank: int) -> dict[str, Any]:
@@ -1117,6 +1152,10 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertEqual(said["after"], "")
             self.assertIn("the config asks for no ZeRO++ technique", said["nothing"])
             self.assertEqual(said["hpz_off"], "")
+            self.assertRegex(said["hpz_mpu"], r"zero_hpz_partition_size=2 makes DeepSpeed gather .* over ranks "
+                                              r"\[0, 1\], which are not all in the data-parallel group \[[01], "
+                                              r"[23]\]: .*Set zero_optimization.zero_hpz_partition_size to 1, or "
+                                              r"hpz=False")
         self.assertEqual(len({o["refused"]["hpz_nodes"] for o in self.out}), 1)  # every rank, the same verdict
 
 

@@ -131,7 +131,7 @@ class ZeroPlusPlus(Session):
         """Checks, with every rank of the data-parallel group, that each rank's DeepSpeed hpZ group is one of zpccl's
         hpZ groups: k consecutive local ranks of one node, from a multiple of k, in order. Every rank reaches the
         same verdict from the same gathered facts."""
-        dist, facts, call = self._ds.dist, self.facts, self._call
+        dist, facts, call, dp_ranks = self._ds.dist, self.facts, self._call, self.collectives.dp_ranks
         k = facts.hpz_size
         mine = dict(rank=dist.get_rank(), node=comm.node_rank, local=comm.local_rank, local_size=comm.local_size,
                     hpz=list(self._ds.group_ranks(facts.hpz_group)))
@@ -140,8 +140,18 @@ class ZeroPlusPlus(Session):
         by_rank = {e["rank"]: e for e in everyone}
         for group in sorted({tuple(e["hpz"]) for e in everyone}):
             members = [by_rank.get(r) for r in group]
-            problem = ("not all in the data-parallel group" if any(m is None for m in members)
-                       else hpz_group_problem(members, k))
+            if any(m is None for m in members):
+                # DeepSpeed makes its hpZ groups of consecutive world ranks whatever the model-parallel layout, and
+                # an mpu that gives consecutive ranks to different data-parallel groups splits them: no size of k
+                # keeps them inside one.
+                raise ZpcclValueError(
+                    f"{call}: zero_hpz_partition_size={k} makes DeepSpeed gather weights from its secondary "
+                    f"partitions over ranks {list(group)}, which are not all in the data-parallel group "
+                    f"{list(dp_ranks)}: DeepSpeed groups {k} consecutive ranks of the world, and the model-"
+                    "parallel layout (mpu) puts consecutive ranks in different data-parallel groups. Set "
+                    "zero_optimization.zero_hpz_partition_size to 1, or hpz=False to leave that gather on "
+                    "DeepSpeed's", call)
+            problem = hpz_group_problem(members, k)
             if problem:
                 raise refuse_hpz_group(call, "zero_hpz_partition_size", k, "DeepSpeed gather weights from its "
                                        f"secondary partitions (the backward's) over ranks {list(group)}", problem,
