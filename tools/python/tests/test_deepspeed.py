@@ -770,7 +770,7 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     """World C: one node of four ranks, configs as users ship them (hf_config), each beside unpatched ZeRO-3: fp16
     with a step the loss scaler skips; small reduce and prefetch buckets with a frozen parameter, and eval forwards
     between its steps; disable, then enable again; a second engine zpccl does not serve; an fp16 checkpoint (its
-    loss scaler included) resumed to the same losses."""
+    loss scaler included) resumed to the same losses; tensor-parallel pairs."""
     torch, deepspeed, dist = _setup()
     from deepspeed.accelerator import get_accelerator
 
@@ -871,6 +871,19 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     out["fp16_resume"] = dict(scale=(scale, engine.optimizer.loss_scale), skipped=skipped, went_on=went_on,
                               resumed=train(torch, engine, rank, 4, first=4))
     zpccl.deepspeed.disable(engine)
+
+    # Tensor-parallel pairs (an mpu): zpccl serves each data-parallel group of two, and what runs over the
+    # model-parallel pairs (the gradient norm's and the overflow check's all-reduces) stays DeepSpeed's. Both
+    # members of a pair see the same batch, as tensor parallelism feeds them. Last: DeepSpeed keeps the mpu.
+    mpu = TensorParallelPairs(dist)
+    losses = {}
+    for zp in (False, True):
+        engine = make_engine(torch, deepspeed, hf_config("bf16", quantized=zp), zp=zp, mpu=mpu)
+        losses[zp] = train(torch, engine, rank // 2, 6)
+    session = zpccl.deepspeed.session_of(engine)
+    out["mpu"] = dict(ref=losses[False], losses=losses[True], summary=session.summary(),
+                      ranks=list(session.collectives.dp_ranks), nranks=session.collectives.gather.nranks)
+    session.disable()
     return out
 
 
@@ -1240,6 +1253,14 @@ class DeepSpeedUserConfigs(unittest.TestCase):
             self.assertEqual(r["resumed"], r["went_on"])
             self.assertEqual(r["scale"][0], r["scale"][1])
             self.assertEqual(r["skipped"], 1)
+
+    def test_tensor_parallel_pairs(self) -> None:
+        for rank, o in enumerate(self.out):
+            run = o["mpu"]
+            self.assertEqual((run["ranks"], run["nranks"]), ([rank % 2, rank % 2 + 2], 2))
+            self.assertEqual(set(run["summary"]), {"qwz", "qgz"}, run["summary"])
+            self.assertTrue(_close(run["losses"], run["ref"], GAP_INT4), (run["losses"], run["ref"]))
+            self.assertNotEqual(run["losses"], run["ref"])
 
     def test_an_engine_zpccl_does_not_serve_stays_deepspeeds(self) -> None:
         for o in self.out:
