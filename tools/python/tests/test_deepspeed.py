@@ -11,10 +11,12 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   staging buffers) changing no bit; checkpoint save, load and resume to the same losses; GatheredParameters exact;
   disable() giving DeepSpeed its functions back; each path counted in summary(); the refusals.
 * One node of four ranks, configs as HF Trainer and Accelerate write them (gradient accumulation, clipping, buckets
-  of 5e8): fp16 with dynamic loss scaling and a step the scaler skips; reduce and prefetch buckets smaller than a
-  parameter with a frozen parameter, and eval forwards between its steps changing no training bit; disable(), then
-  enable() again on the same engine; a second engine in the process that zpccl does not serve keeping DeepSpeed's
-  collectives bit for bit.
+  of 5e8): fp16 with dynamic loss scaling and a step the scaler skips, with and without NaN in the padding, and its
+  checkpoint resumed to the same losses; hpZ 1/2/4 with overlap_comm and contiguous gradients each on and off;
+  reduce and prefetch buckets smaller than a parameter with a frozen parameter, and eval forwards between its steps
+  changing no training bit; every parameter persistent; disable(), then enable() again on the same engine; a
+  second engine in the process that zpccl does not serve keeping DeepSpeed's collectives bit for bit;
+  tensor-parallel pairs (an mpu).
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
   and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
