@@ -208,5 +208,46 @@ class HpzSize(unittest.TestCase):
         self.assertTrue(all("hpz" not in s for s in summaries), summaries)
 
 
+    def test_parameters_sharded_on_another_dim_keep_true_and_say_so(self) -> None:
+        """A module whose shard_placement_fn shards a parameter on dim 1: FSDP's reshard to a smaller group fails
+        in the backward for it (FSDP alone, with reshard_after_forward=2, raises there), so hpz_size leaves it at
+        True and says why; the model trains on qwZ and qgZ, its losses within the bound of FSDP's own run."""
+        torch = self.torch
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Shard
+
+        base = build_model(torch)
+
+        def dim1(p: Any) -> Any:
+            return Shard(1) if p.ndim == 2 and p.shape[1] % 4 == 0 else None
+
+        def body(rank: int) -> Any:
+            data = batches(torch, rank, 2)
+            out = []
+            for use_zpccl in (False, True):
+                model = copy.deepcopy(base)
+                mesh = cpu_mesh((4,))
+                fully_shard(model.blocks[0], mesh=mesh, shard_placement_fn=dim1)
+                fully_shard(model.blocks[1], mesh=mesh)
+                fully_shard(model, mesh=mesh)
+                zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2) if use_zpccl else None
+                out.append(train(torch, model, data))
+                if zp is not None:
+                    zp.disable()
+                    out.append(zp.summary())
+            return out
+
+        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+            results = run_threaded(4, body)
+        said = [line for line in logs.output if "hpz_size=2 leaves modules ['blocks.0']" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        self.assertTrue(all("Shard(1)" in line for line in said), said)
+        for rank, (plain, losses, summary) in enumerate(results):
+            # blocks.1 is hpZ's; blocks.0 gathers forward and backward over the shard group.
+            self.assertEqual({n: v["calls"] for n, v in summary.items()}, {"qwz": 8, "hpz": 2, "qgz": 6})
+            for a, b in zip(plain, losses):
+                self.assertLess(abs(a - b) / a, 0.01, f"rank {rank}: loss {b} vs FSDP's {a}")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -84,6 +84,9 @@ def _targets(k: int, model: Any, served: list[Any], report: Report) -> list[Any]
             why = "FSDP does not reshard a module of an SPMD mesh (dp_mesh_dims) to a smaller group"
         elif any(p.is_dtensor for p in pg.fsdp_params):
             why = "its parameters are DTensors (tensor parallel), which FSDP does not reshard to a smaller group"
+        elif dims := sorted({d for p in pg.fsdp_params if (d := _shard_dim(p))}):
+            why = (f"shard_placement_fn shards some of its parameters on {', '.join(f'Shard({d})' for d in dims)}, "
+                   "which FSDP's reshard to a smaller group does not reassemble (its backward fails there)")
         elif any(getattr(p, "_release_all_gather_outputs_after_post_all_gather", False) for p in pg.fsdp_params):
             why = "its all-gather extension releases the gathered outputs that a smaller group's shard is cut from"
         else:
@@ -94,6 +97,11 @@ def _targets(k: int, model: Any, served: list[Any], report: Report) -> list[Any]
         report.say_once("hpz_size: " + why, f"hpz_size={k} leaves modules {names} at reshard_after_forward=True: "
                         f"{why}", logging.INFO if why.startswith("its shard group") else logging.WARNING)
     return targets
+
+
+def _shard_dim(param: Any) -> int:
+    """The dim FSDP shards a parameter on (shard_placement_fn's choice; 0 by default)."""
+    return getattr(getattr(param, "fsdp_placement", None), "dim", 0)
 
 
 def _default_root(model: Any, served: Any) -> bool:
