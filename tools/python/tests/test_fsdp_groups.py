@@ -198,5 +198,40 @@ class ParameterGroups(unittest.TestCase):
                     self.assertEqual(summary, {"qwz": STEPS, "qgz": STEPS})
 
 
+    def test_ranks_per_node_numbers_the_worlds_ranks(self) -> None:
+        """ranks_per_node lays out the world's ranks, whatever group a communicator spans: HSDP's shard groups of
+        two inside one node of four (each group's communicators one node of two), and shard groups that take one
+        rank of each of two nodes of two (two nodes of one, so qgZ's two hops become one across them). Both
+        train within the bound of FSDP's own run."""
+        torch = self.torch
+        from torch.distributed.fsdp import fully_shard
+
+        base = build_model(torch)
+
+        def body(rank: int, rpn: int, hsdp: bool) -> Any:
+            data = batches(torch, rank, STEPS)
+            out = []
+            for use_zpccl in (False, True):
+                model = copy.deepcopy(base)
+                # Shard groups {0, 1} and {2, 3} (HSDP's), or {0, 2} and {1, 3} (a 1-D mesh's first dim).
+                mesh = cpu_mesh((2, 2), ("replicate", "shard")) if hsdp else cpu_mesh((2, 2), ("a", "b"))["a"]
+                for m in (*model.blocks, model):
+                    fully_shard(m, mesh=mesh, reshard_after_forward=True)
+                zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=rpn) if use_zpccl else None
+                out.append(train(torch, model, data))
+                if zp is not None:
+                    (g,) = zp._groups.values()
+                    out.append([(c.node_count, c.local_size) for c in (g.gather, g.reduce)])
+                    zp.disable()
+            return out
+
+        for rpn, hsdp, layout in ((4, True, (1, 2)), (2, False, (2, 1))):
+            with self.subTest(ranks_per_node=rpn, hsdp=hsdp):
+                for rank, (plain, losses, nodes) in enumerate(run_threaded(4, lambda r: body(r, rpn, hsdp))):
+                    self.assertEqual(nodes, [layout, layout], f"rank {rank}: (nodes, ranks a node)")
+                    for a, b in zip(plain, losses):
+                        self.assertLess(abs(a - b) / a, 0.01, f"rank {rank}: loss {b} vs FSDP's {a}")
+
+
 if __name__ == "__main__":
     unittest.main()

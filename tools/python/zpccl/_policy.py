@@ -40,8 +40,9 @@ class ZeroPlusPlusPolicy:
       hpZ; ``hpz_size`` (an int >= 2 dividing the ranks per node, or None): give the modules resharded over the
       whole shard group such a group of that many ranks.
     * ``param_blocks``: blocks restart at each parameter boundary (costs a staging copy each way).
-    * ``ranks_per_node`` (>= 1) / ``node_id`` (>= 0), at most one: emulate a node layout (otherwise a rank's node
-      is its host, as NCCL tells it).
+    * ``ranks_per_node`` (>= 1) / ``node_id`` (>= 0), at most one: emulate a node layout, nodes of that many
+      consecutive ranks of the world / this rank's node label (otherwise a rank's node is its host, as NCCL tells
+      it).
     * ``grad_rounding`` (``"nearest"`` or ``"stochastic"``) and ``seed`` (>= 0): qgZ's rounding of gradients;
       ``error_feedback``: keep a bf16 residual of what each reduce-scatter's quantization lost.
 
@@ -123,13 +124,20 @@ class ZeroPlusPlusPolicy:
         """Code bits of the reduce-scatters (``reduce=True``) or of the all-gathers; None: left to the framework."""
         return self.grad_bits if reduce else self.weight_bits
 
-    def comm_config(self, reduce: bool) -> dict[str, Any]:
+    def comm_config(self, reduce: bool, world_rank: int | None = None) -> dict[str, Any]:
         """The :class:`~zpccl.Comm` keyword arguments of a communicator for the reduce-scatters (``reduce=True``)
         or the all-gathers, in that collective's blocks. A collective left to the framework still needs a valid
-        width in the communicator's config; it never uses it."""
+        width in the communicator's config; it never uses it.
+
+        ``world_rank``: this rank in the world, for a communicator over a subgroup of it (HSDP's shard group):
+        ``ranks_per_node`` numbers the world's ranks, so the communicator is told this rank's node (``node_id``),
+        not a count of its own ranks, which would lay its nodes out in the subgroup's numbering."""
+        node_id, ranks_per_node = self.node_id, self.ranks_per_node
+        if ranks_per_node is not None and world_rank is not None:
+            node_id, ranks_per_node = world_rank // ranks_per_node, None
         config = dict(weight_bits=self.weight_bits or BITS_INT8, grad_bits=self.grad_bits or BITS_INT4,
                       block_size=self.block(reduce),
-                      ranks_per_node=self.ranks_per_node, node_id=self.node_id, grad_rounding=self.grad_rounding,
+                      ranks_per_node=ranks_per_node, node_id=node_id, grad_rounding=self.grad_rounding,
                       grad_seed=self.seed)
         return {key: v for key, v in config.items() if v is not None}
 

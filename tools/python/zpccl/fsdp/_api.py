@@ -36,8 +36,9 @@ def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any)
       modules left at False (a root at its default) keep False; :meth:`ZeroPlusPlus.disable` puts FSDP's back.
     * ``param_blocks``: blocks restart at each parameter boundary (costs two copies of each collective's data
       on the device, and two staging buffers of the largest module's gathered size: see :mod:`zpccl.fsdp`).
-    * ``ranks_per_node`` / ``node_id``: emulate a node layout (otherwise a rank's node is its host, as NCCL
-      tells it: hostname or ``NCCL_HOSTID``).
+    * ``ranks_per_node`` / ``node_id``: emulate a node layout, nodes of that many consecutive ranks of the world
+      (whatever group a communicator spans: HSDP's shard groups too) / this rank's node label (otherwise a rank's
+      node is its host, as NCCL tells it: hostname or ``NCCL_HOSTID``).
     * ``grad_rounding`` (``"nearest"`` or ``"stochastic"``) and ``seed`` (>= 0): qgZ's rounding of gradients;
       ``error_feedback``: keep a bf16 residual per parameter group (see :mod:`zpccl.fsdp` for its memory).
 

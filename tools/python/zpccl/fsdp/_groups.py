@@ -105,7 +105,7 @@ class Communicators:
 
     def _make(self, shard: Any, reduce: bool, hpz_size: int | None = None, wrap: bool | None = None) -> Comm:
         # Each communicator quantizes in its own collective's blocks (gradients' and weights' may differ).
-        config = dict(self.policy.comm_config(reduce), hpz_size=hpz_size)
+        config = dict(self.policy.comm_config(reduce, self.fsdp.dist.get_rank()), hpz_size=hpz_size)
         if self.device.type == "cuda":
             return Comm.from_torch_group(shard, device=self.device, wrap=wrap, **config)
         # Ranks as processes (gloo, under torchrun): the host backend's exchanges run as the group's own collectives,
