@@ -12,7 +12,7 @@ from typing import Any
 import zpccl
 
 from ._threaded import run_threaded
-from .test_fsdp import BLOCK, batches, build_model, cpu_mesh, torch_for_threads, train
+from .test_fsdp import BLOCK, batches, build_model, cpu_mesh, next_token_loss, torch_for_threads, train
 from .test_fsdp_groups import local_params
 
 STEPS = 3
@@ -207,6 +207,43 @@ class HpzSize(unittest.TestCase):
         self.assertEqual(len(said), 4, logs.output)
         self.assertTrue(all("hpz" not in s for s in summaries), summaries)
 
+
+    def test_set_reshard_after_forward_true_keeps_the_groups_of_k(self) -> None:
+        """An evaluation between steps the way FSDP's docs show it (set_reshard_after_forward(False), a forward
+        under no_grad, set_reshard_after_forward(True)): True after enable means hpz_size's groups of k again, as it
+        did at enable, not FSDP's whole shard group. Every step's backward gathers stay hpZ, losses and trained
+        weights bit-identical to the run without the evaluations, and the log says so once."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int, evaluate: bool) -> Any:
+            model = shard(copy.deepcopy(base), 4, [True, True])
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            losses = []
+            for ids in batches(torch, rank, STEPS):
+                if evaluate:
+                    model.set_reshard_after_forward(False)
+                    with torch.no_grad():
+                        model(ids)
+                    model.set_reshard_after_forward(True)
+                loss = next_token_loss(torch, model(ids), ids)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+            zp.disable()
+            return losses, local_params(model), {n: v["calls"] for n, v in zp.summary().items()}
+
+        plain = run_threaded(4, lambda rank: body(rank, False))
+        with self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
+            evaluated = run_threaded(4, lambda rank: body(rank, True))
+        said = [line for line in logs.output if "set_reshard_after_forward(True)" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        for rank, (a, b) in enumerate(zip(plain, evaluated)):
+            self.assertEqual(b[2]["hpz"], 2 * STEPS, f"rank {rank}: {b[2]}")
+            self.assertEqual(a[0], b[0], f"rank {rank}: losses")
+            self.assertTrue(all(torch.equal(x, y) for x, y in zip(a[1], b[1])), f"rank {rank}: weights")
 
     def test_parameters_sharded_on_another_dim_keep_true_and_say_so(self) -> None:
         """A module whose shard_placement_fn shards a parameter on dim 1: FSDP's reshard to a smaller group fails

@@ -33,7 +33,8 @@ def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any)
       ``reshard_after_forward=True`` a post-forward group of that many ranks, as ``reshard_after_forward=k`` would
       (for front ends that take only a bool); its backward gathers are then hpZ. Memory: each rank keeps 1/k of
       those modules' parameters from their forward to their backward. Modules with an int keep theirs, and
-      modules left at False (a root at its default) keep False; :meth:`ZeroPlusPlus.disable` puts FSDP's back.
+      modules left at False (a root at its default) keep False; ``set_reshard_after_forward(True)`` on them
+      after ``enable`` means k again (not FSDP's whole shard group); :meth:`ZeroPlusPlus.disable` puts FSDP's back.
     * ``param_blocks``: blocks restart at each parameter boundary (costs two copies of each collective's data
       on the device, and two staging buffers of the largest module's gathered size: see :mod:`zpccl.fsdp`).
     * ``ranks_per_node`` / ``node_id``: emulate a node layout, nodes of that many consecutive ranks of the world

@@ -2,8 +2,10 @@
 
 Where a front end shards with ``reshard_after_forward=True`` only (torchtitan, Accelerate), ``hpz_size=k`` gives
 those modules FSDP's post-forward groups of k ranks, made by FSDP's own post-forward mesh machinery, exactly what
-``reshard_after_forward=k`` makes; their backward gathers are then hpZ. :meth:`PostForward.restore` puts FSDP's
-back when the session is disabled.
+``reshard_after_forward=k`` makes; their backward gathers are then hpZ. ``set_reshard_after_forward(True)`` after
+``enable`` (FSDP's docs toggle it around an evaluation) means k again: the group of k is put back in the parameter
+group's post_forward, before FSDP reshards. :meth:`PostForward.restore` puts FSDP's back when the session is
+disabled.
 """
 from __future__ import annotations
 
@@ -31,15 +33,29 @@ class PostForward:
             (p, p.post_forward_mesh_info, {a: p.__dict__[a] for a in POST_FORWARD_DERIVED if a in p.__dict__})
             for p in pg.fsdp_params])
 
-    def apply(self, torch: Any, pg: Any) -> None:
-        """What ``reshard_after_forward=k`` sets up when FSDP makes the group, on the group made with True."""
+    def apply(self, torch: Any, pg: Any, said: Any) -> None:
+        """What ``reshard_after_forward=k`` sets up when FSDP makes the group, on the group made with True; and, in
+        the group's post_forward (where FSDP reads it, however the forward ran: a module's hooks or a method
+        registered with register_fsdp_forward_method), the group of k put back where ``set_reshard_after_forward
+        (True)`` has since set FSDP's whole shard group, calling ``said(pg)``."""
         for p, _info, _derived in self.params:
             p.post_forward_mesh_info = self.ours
             # FSDP derives these from the unsharded parameter's shape alone: a meta tensor of it stands in.
             p._init_sharded_post_forward_param_metadata(torch.empty(p._orig_size, device="meta"))
         pg.post_forward_mesh_info = self.ours
+        post_forward = type(pg).post_forward
+
+        def keep_k(*args: Any) -> Any:
+            info = pg.post_forward_mesh_info
+            if info is not self.ours and info is not None and info == pg.mesh_info:  # True, set since enable
+                pg.post_forward_mesh_info = self.ours
+                said(pg)
+            return post_forward(pg, *args)
+
+        pg.post_forward = keep_k
 
     def restore(self, pg: Any) -> None:
+        pg.__dict__.pop("post_forward", None)
         if pg.post_forward_mesh_info is self.ours:  # else the user has set reshard_after_forward since: theirs
             pg.post_forward_mesh_info = self.info
         for p, info, derived in self.params:
@@ -66,7 +82,12 @@ def apply_hpz_size(fsdp: TorchFsdp, k: int, model: Any, served: list[Any], repor
         if key not in meshes:
             meshes[key] = fsdp.make_post_forward(k, s.param_group.mesh_info)
         s.post_forward = PostForward.save(s.param_group, meshes[key])
-        s.post_forward.apply(fsdp.torch, s.param_group)
+        s.post_forward.apply(fsdp.torch, s.param_group, lambda _pg, name=s.name: report.say_once(
+                                 "hpz_size: set_reshard_after_forward",
+                                 f"set_reshard_after_forward(True) after enable: hpz_size={k} keeps module {name!r} "
+                                 f"(and every other it applies to) on post-forward groups of {k}, whose backward "
+                                 "gathers are hpZ, as at enable; call disable() for FSDP's whole shard group",
+                                 logging.INFO))
 
 
 def _targets(k: int, model: Any, served: list[Any], report: Report) -> list[Any]:

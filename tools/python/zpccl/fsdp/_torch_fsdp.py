@@ -87,8 +87,8 @@ class TorchFsdp:
         for s in served:
             missing += [f"FSDPParam.{a}" for p in s.param_group.fsdp_params for a in PARAM_POST_FORWARD_ATTRS
                         if not hasattr(p, a)]
-            if not hasattr(s.param_group, "is_sharded_post_forward"):
-                missing.append("FSDPParamGroup.is_sharded_post_forward")
+            missing += [f"FSDPParamGroup.{a}" for a in ("is_sharded_post_forward", "post_forward")
+                        if not hasattr(s.param_group, a)]
         if missing:
             raise ZpcclError(Result.INVALID_USAGE, f"{CALL}: hpz_size needs FSDP2's {', '.join(sorted(set(missing)))}"
                              f", which torch {CHECKED_TORCH} have; this is torch {self.torch.__version__}", CALL)
