@@ -395,6 +395,55 @@ class FsdpOnThreads(unittest.TestCase):
         for _, _, summary, _ in results:  # two steps, two reduce-scatters of the group each without feedback
             self.assertEqual(summary["grad_residuals"]["calls"], summary["qgz"]["calls"] - 4)
 
+    def test_a_parameter_without_gradient_inside_its_group(self) -> None:
+        """A branch left out of a step: its parameter, between others of its group, gets no gradient, and FSDP
+        reduces the group's other parameters only. Their shard sizes (10, 20, 10) also match a run of the group
+        that holds the unused one (10, 30), so sizes alone cannot tell them: qgZ's blocks restart at the
+        parameters FSDP really reduces (bit-exact to the model), and with error feedback the log names them and
+        says what keeps the whole group reduced (set_reduce_scatter_unused_params), which then feeds back."""
+        torch, nn = self.torch, self.torch.nn
+        from torch.distributed.fsdp import fully_shard
+
+        class Branchy(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.a = nn.Parameter(1 + 0.1 * torch.randn(40))
+                self.b = nn.Parameter(0.02 * torch.randn(120))  # the branch's, unused here
+                self.c = nn.Parameter(0.02 * torch.randn(80))
+                self.d = nn.Parameter(0.02 * torch.randn(40))
+
+            def forward(self, x: Any) -> Any:
+                return x * self.a + self.d + self.c[:40] * self.c[40:]
+
+        torch.manual_seed(0)
+        base = Branchy()
+
+        def body(rank: int, error_feedback: bool, unused_reduced: bool) -> Any:
+            model = fully_shard(copy.deepcopy(base), mesh=self.mesh())
+            model.set_reduce_scatter_unused_params(unused_reduced)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, error_feedback=error_feedback)
+            rec = Recorder(torch, zp)
+            for step in range(2):
+                x = torch.randn(4, 40, generator=torch.Generator().manual_seed(10 * rank + step))
+                model(x).square().sum().backward()
+                model.zero_grad()
+            summary = zp.summary()
+            zp.disable()
+            return None, None, summary, rec.calls
+
+        results = run_threaded(WORLD, lambda rank: body(rank, False, False))
+        self.check_calls(results, 8, 4)
+        self.assertEqual([c[3] for c in results[0][3] if c[0] == "qgz"], [[10, 20, 10]] * 2)
+        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+            results = run_threaded(WORLD, lambda rank: body(rank, True, False))
+        said = [r.getMessage() for r in logs.records if "runs without error feedback" in r.getMessage()]
+        self.assertEqual(len(said), WORLD, logs.output)
+        self.assertIn("only ['a', 'c', 'd']", said[0])
+        self.assertIn("set_reduce_scatter_unused_params(True)", said[0])
+        self.assertTrue(all(r[2]["grad_residuals"]["calls"] == 0 for r in results))
+        results = run_threaded(WORLD, lambda rank: body(rank, True, True))
+        self.assertTrue(all(r[2]["grad_residuals"]["calls"] == r[2]["qgz"]["calls"] == 2 for r in results))
+
     def test_blocks_restart_at_parameter_boundaries(self) -> None:
         """A small parameter after a large one in the flat shard: its worst relative error, with and without
         blocks restarting at parameter boundaries (the numbers are printed for perf/RESULTS.md)."""

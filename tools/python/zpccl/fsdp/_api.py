@@ -11,7 +11,7 @@ from ._hooks import hook_classes
 from ._post_forward import apply_hpz_size
 from ._report import log
 from ._state import SERVED, Served, ZeroPlusPlus
-from ._torch_fsdp import CALL, TorchFsdp, fsdp_modules, param_groups
+from ._torch_fsdp import CALL, TorchFsdp, fsdp_modules, param_groups, watch_reduced_params
 
 
 def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any) -> ZeroPlusPlus:
@@ -156,6 +156,7 @@ def _attach(fsdp: TorchFsdp, session: ZeroPlusPlus, served: list[Served]) -> Non
     for s in served:
         s.all_gather, s.reduce_scatter = s.param_group._all_gather_comm, s.param_group._reduce_scatter_comm
         s.hooked = True
+        watch_reduced_params(s.param_group, s)
         if policy.weight_bits is not None:
             s.module.set_custom_all_gather(AllGatherHook(calls, s, s.all_gather))
         if policy.grad_bits is not None:

@@ -161,10 +161,11 @@ class Collectives:
                 "residual_size " + served.label,
                 f"{served.label}: a gradient reduce-scatter holds {which} of its FSDP parameter group, whose "
                 "error-feedback residual is made for the whole group: it runs without error feedback. FSDP reduces "
-                "a group in parts when its parameters get their gradients in separate backward passes (torchtitan's "
-                "chunked loss, ChunkedLossWrapper, runs lm_head's backward apart from the final norm it is sharded "
-                "with). To keep error feedback there, shard those modules apart (fully_shard each on its own) or "
-                "give them their gradients in one backward (torchtitan: a loss that is not chunked, "
+                "part of a group when some of its parameters get no gradient in a backward (an unused branch: "
+                "set_reduce_scatter_unused_params(True) makes FSDP reduce zeros for them, the whole group) or get "
+                "theirs in separate backward passes (torchtitan's chunked loss, ChunkedLossWrapper, runs lm_head's "
+                "backward apart from the final norm it is sharded with: shard those modules apart, fully_shard each "
+                "on its own, or give them their gradients in one backward, torchtitan: a loss that is not chunked, "
                 "CrossEntropyLoss)")
             return {}
         return dict(residual=res, hop_residual=hop)
@@ -195,15 +196,19 @@ class Collectives:
 
     def _reduced_params(self, served: Any, count: int) -> tuple[list[int], list[Any] | None] | None:
         """The padded shard sizes of the parameters a reduce-scatter of ``count`` elements a rank holds, and the
-        parameters (None where several runs of them have those sizes), or None when no run of the group's
-        parameters adds up to ``count``. FSDP reduces the parameters that got a gradient, in order: the group's
-        trainable ones, all of them, or, when their gradients come in separate backward passes, a run of them
-        per pass."""
+        parameters (None where several runs of them have those sizes), or None when they cannot be told. FSDP
+        reduces the parameters that got a gradient, in order; where FSDP tells them (``served.reduced``), those.
+        Else, by their sizes: the group's trainable ones, all of them, or, when their gradients come in separate
+        backward passes, a run of them per pass (a parameter without a gradient inside the group can pass for
+        another run of the same total)."""
         params = list(getattr(served.param_group, "fsdp_params", ()))
         try:
             sizes = [p.padded_sharded_param_size.numel() for p in params]
+            told = [p.padded_sharded_param_size.numel() for p in served.reduced or ()]
         except AttributeError:
             return None
+        if served.reduced and sum(told) == count:  # FSDP told them (torch's watch_reduced_params)
+            return told, list(served.reduced)
         trainable = [i for i, p in enumerate(params) if p.sharded_param.requires_grad]
         for subset in (trainable, list(range(len(params)))):
             if sum(sizes[i] for i in subset) == count:

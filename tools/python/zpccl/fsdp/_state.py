@@ -14,7 +14,7 @@ from ._collectives import Collectives
 from ._groups import Communicators, Group, Hpz
 from ._post_forward import PostForward
 from ._report import Report
-from ._torch_fsdp import TorchFsdp
+from ._torch_fsdp import TorchFsdp, unwatch_reduced_params
 
 
 @dataclass(eq=False)
@@ -31,6 +31,7 @@ class Served:
     all_gather: Any = None  # FSDP's collectives before enable
     reduce_scatter: Any = None
     post_forward: PostForward | None = None  # hpz_size's change to its post-forward mesh
+    reduced: list[Any] | None = None  # the FSDPParams its latest reduce-scatter holds, where torch tells them
 
     @property
     def label(self) -> str:
@@ -116,6 +117,7 @@ class ZeroPlusPlus(Session):
             if served.hooked:
                 served.param_group._all_gather_comm = served.all_gather
                 served.param_group._reduce_scatter_comm = served.reduce_scatter
+                unwatch_reduced_params(served.param_group)
             if served.post_forward is not None:
                 served.post_forward.restore(served.param_group)
             if SERVED.get(id(served.param_group)) is self:

@@ -113,6 +113,27 @@ def fsdp_modules(model: Any) -> list[tuple[str, Any]]:
     return [(name, m) for name, m in model.named_modules() if callable(getattr(m, "_get_fsdp_state", None))]
 
 
+def watch_reduced_params(pg: Any, served: Any) -> None:
+    """Has FSDP's parameter group tell ``served.reduced`` the parameters whose gradients its next reduce-scatter
+    holds, where this torch's FSDPParamGroup takes them through ``_take_unsharded_grads_to_reduce``: a parameter
+    without a gradient (an unused branch) may sit anywhere in the group, and sizes alone cannot always tell which.
+    Elsewhere ``served.reduced`` stays None (the parameters are then told by their sizes)."""
+    take = getattr(type(pg), "_take_unsharded_grads_to_reduce", None)
+    if take is None:
+        return
+
+    def take_and_tell() -> Any:
+        params, grads = take(pg)
+        served.reduced = list(params)
+        return params, grads
+
+    pg._take_unsharded_grads_to_reduce = take_and_tell
+
+
+def unwatch_reduced_params(pg: Any) -> None:
+    pg.__dict__.pop("_take_unsharded_grads_to_reduce", None)
+
+
 def post_forward_group(pg: Any) -> Any:
     """FSDP's post-forward process group of a parameter group where it is a group of its own
     (``reshard_after_forward=k``, 1 < k < the shard group's size), else None."""
