@@ -156,6 +156,36 @@ class ParameterGroups(unittest.TestCase):
         run_threaded(4, body)
 
 
+    def test_a_model_dropped_without_disable_is_freed(self) -> None:
+        """A model let go while zpccl serves it (a sweep that builds a model a trial, never calling disable) is
+        freed like FSDP's own, not kept alive by zpccl's registry of served groups: while the model lives, its
+        session is found from it even with the ZeroPlusPlus dropped; once the model goes, so does the session."""
+        import gc
+        import warnings
+        import weakref
+
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> tuple[bool, bool, bool]:
+            model = shard_blocks(torch, copy.deepcopy(base), [2, 2], 4)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
+            train(torch, model, batches(torch, rank, 1))
+            model_ref, zp_ref = weakref.ref(model), weakref.ref(zp)
+            del zp
+            torch.distributed.barrier()
+            gc.collect()
+            found = zpccl.fsdp.session_of(model) is zp_ref()
+            del model
+            torch.distributed.barrier()  # every rank's references dropped before any collects
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)  # its communicators, never closed
+                gc.collect()
+            torch.distributed.barrier()
+            return found, model_ref() is None, zp_ref() is None
+
+        self.assertEqual(run_threaded(4, body), [(True, True, True)] * 4)
+
     def test_shard_groups_of_one_rank_are_left_to_fsdp_said_once(self) -> None:
         """A module sharded over a group of one rank has nothing to communicate: enable makes nothing for it,
         leaves its collectives FSDP's and says so once (INFO where it serves other modules, WARNING where it

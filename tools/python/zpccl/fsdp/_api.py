@@ -67,6 +67,7 @@ def enable(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any)
         session.disable()
         raise
     for s in served:
+        s.session = session
         SERVED[id(s.param_group)] = session
     return session
 

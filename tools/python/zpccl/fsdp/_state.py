@@ -2,6 +2,7 @@
 group) and the registry of served groups that keeps a second ``enable`` from stacking on them."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -32,6 +33,7 @@ class Served:
     reduce_scatter: Any = None
     post_forward: PostForward | None = None  # hpz_size's change to its post-forward mesh
     reduced: list[Any] | None = None  # the FSDPParams its latest reduce-scatter holds, where torch tells them
+    session: Any = None  # the ZeroPlusPlus that serves it, kept alive by the hooks FSDP holds
 
     @property
     def label(self) -> str:
@@ -39,8 +41,11 @@ class Served:
 
 
 #: id(FSDP parameter group) -> the live ZeroPlusPlus that serves it. Served groups, not models, are what a second
-#: enable must not stack on: a model, a module inside it and a model around it share them.
-SERVED: dict[int, "ZeroPlusPlus"] = {}
+#: enable must not stack on: a model, a module inside it and a model around it share them. Weak: a session lives
+#: as long as FSDP holds its hooks (through :attr:`Served.session`) or the user holds it, so a model dropped
+#: without disable() is freed, as FSDP's own is; an entry goes with its session, before its group's id can be
+#: reused.
+SERVED: "weakref.WeakValueDictionary[int, ZeroPlusPlus]" = weakref.WeakValueDictionary()
 
 
 def _reads(path: str, doc: str) -> property:
