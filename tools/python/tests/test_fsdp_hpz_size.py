@@ -208,6 +208,28 @@ class HpzSize(unittest.TestCase):
         self.assertTrue(all("hpz" not in s for s in summaries), summaries)
 
 
+    def test_enable_on_an_inner_module_before_the_first_forward(self) -> None:
+        """Blocks and model sharded with fully_shard's default (True but for the root, which FSDP sets to False at
+        the first forward), and enable(hpz_size=2) on one block only: that block is not the root, whether enable
+        runs before the first forward or after it, so its backward gathers are hpZ either way."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int, after_a_step: bool) -> Any:
+            model = shard(copy.deepcopy(base), 4, [None, None])
+            data = batches(torch, rank, STEPS + 1)
+            if after_a_step:
+                train(torch, model, data[:1])
+            zp = zpccl.fsdp.enable(model.blocks[0], block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+            train(torch, model, data[1:])
+            zp.disable()
+            return {n: v["calls"] for n, v in zp.summary().items()}
+
+        for after_a_step in (False, True):
+            with self.subTest(after_a_step=after_a_step):
+                for summary in run_threaded(4, lambda rank: body(rank, after_a_step)):
+                    self.assertEqual(summary, {"qwz": STEPS, "hpz": STEPS, "qgz": STEPS})
+
     def test_set_reshard_after_forward_true_keeps_the_groups_of_k(self) -> None:
         """An evaluation between steps the way FSDP's docs show it (set_reshard_after_forward(False), a forward
         under no_grad, set_reshard_after_forward(True)): True after enable means hpz_size's groups of k again, as it

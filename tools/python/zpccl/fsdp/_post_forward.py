@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ZpcclValueError
 from ._report import Report
-from ._torch_fsdp import CALL, POST_FORWARD_DERIVED, TorchFsdp, fsdp_modules
+from ._torch_fsdp import CALL, POST_FORWARD_DERIVED, TorchFsdp, fsdp_modules, fsdp_modules_anywhere
 
 
 @dataclass(eq=False)
@@ -94,10 +94,16 @@ def _targets(k: int, model: Any, served: list[Any], report: Report) -> list[Any]
     """The parameter groups that hpz_size applies to: those resharded after forward over the whole shard group.
     Those it cannot apply to keep it, and the log says why once per reason."""
     targets, kept = [], {}
+    nested: set[int] | None = None  # id() of every module some other FSDP module holds, made at the first need
     for s in served:
         pg = s.param_group
-        if pg.post_forward_mesh_info is None or pg.post_forward_mesh_info != pg.mesh_info or _default_root(model, s):
-            continue  # False, or an int of the user's, or a root that FSDP will set to False
+        if pg.post_forward_mesh_info is None or pg.post_forward_mesh_info != pg.mesh_info:
+            continue  # False, or an int of the user's
+        state = s.module._get_fsdp_state()
+        if state._auto_reshard_after_forward and state._is_root is None and nested is None:
+            nested = _nested_fsdp_modules(model)
+        if _default_root(s, nested):
+            continue  # a root that FSDP will set to False
         if len(s.group.ranks) == k:
             why = (f"its shard group has {k} ranks: FSDP's post-forward group would be the shard group itself, "
                    "whose backward gathers are qwZ")
@@ -125,17 +131,25 @@ def _shard_dim(param: Any) -> int:
     return getattr(getattr(param, "fsdp_placement", None), "dim", 0)
 
 
-def _default_root(model: Any, served: Any) -> bool:
+def _default_root(served: Any, nested: set[int] | None) -> bool:
     """Whether FSDP will set the module's reshard_after_forward to False as a root left at its default: it marks
-    the outermost FSDP modules roots when the first forward runs."""
+    the outermost FSDP modules roots when the first forward runs; before that, those no other FSDP module holds
+    (``nested``: :func:`_nested_fsdp_modules`)."""
     state = served.module._get_fsdp_state()
     if not state._auto_reshard_after_forward:
         return False
     if state._is_root is not None:
         return bool(state._is_root)
-    names = {name for name, _m in fsdp_modules(model)}
-    parts = served.name.split(".") if served.name else []
-    return not any(".".join(parts[:i]) in names for i in range(len(parts)))
+    return nested is not None and id(served.module) not in nested
+
+
+def _nested_fsdp_modules(model: Any) -> set[int]:
+    """id() of every module that an FSDP module other than itself holds: among the process's FSDP modules (enable
+    may run on a module inside the model that FSDP runs), or, where torch does not list them, ``model``'s."""
+    outer = fsdp_modules_anywhere()
+    if outer is None:
+        outer = [m for _name, m in fsdp_modules(model)]
+    return {id(sub) for m in outer for sub in m.modules() if sub is not m}
 
 
 def _check_fits(k: int, g: Any, served: list[Any]) -> None:

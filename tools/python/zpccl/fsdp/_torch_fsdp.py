@@ -134,6 +134,17 @@ def unwatch_reduced_params(pg: Any) -> None:
     pg.__dict__.pop("_take_unsharded_grads_to_reduce", None)
 
 
+def fsdp_modules_anywhere() -> list[Any] | None:
+    """Every live FSDP module of the process, from torch's registry of composable states (private), or None where
+    this torch has no such registry."""
+    registry = getattr(_first_module("torch.distributed._composable_state"), "_module_state_mapping", None)
+    keyrefs = getattr(registry, "keyrefs", None)
+    if keyrefs is None:
+        return None
+    modules = (ref() for ref in keyrefs())  # a snapshot: other threads (ranks as threads) may shard meanwhile
+    return [m for m in modules if m is not None and callable(getattr(m, "_get_fsdp_state", None))]
+
+
 def post_forward_group(pg: Any) -> Any:
     """FSDP's post-forward process group of a parameter group where it is a group of its own
     (``reshard_after_forward=k``, 1 < k < the shard group's size), else None."""
