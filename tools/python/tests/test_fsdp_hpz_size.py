@@ -133,7 +133,9 @@ class HpzSize(unittest.TestCase):
         run_threaded(4, body)
 
     def test_refusals_name_hpz_size(self) -> None:
+        """Each refusal names what to change, and leaves every module as FSDP had it."""
         torch = self.torch
+        from torch.distributed.fsdp import FSDPModule
         base = build_model(torch)
 
         def body(rank: int) -> None:
@@ -156,6 +158,8 @@ class HpzSize(unittest.TestCase):
                     self.assertIsNone(zpccl.fsdp.session_of(model))
                     self.assertIs(model.blocks[0]._get_fsdp_state()._fsdp_param_groups[0].post_forward_mesh_info,
                                   model.blocks[0]._get_fsdp_state()._fsdp_param_groups[0].mesh_info)
+                    self.assertFalse([m for m in model.modules() if isinstance(m, FSDPModule) for pg in
+                                      m._get_fsdp_state()._fsdp_param_groups if "post_forward" in pg.__dict__])
 
         run_threaded(4, body)
 
@@ -260,12 +264,68 @@ class HpzSize(unittest.TestCase):
         plain = run_threaded(4, lambda rank: body(rank, False))
         with self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
             evaluated = run_threaded(4, lambda rank: body(rank, True))
-        said = [line for line in logs.output if "set_reshard_after_forward(True)" in line]
+        said = [line for line in logs.output if "hpz_size=2 keeps module" in line]
         self.assertEqual(len(said), 4, logs.output)
         for rank, (a, b) in enumerate(zip(plain, evaluated)):
             self.assertEqual(b[2]["hpz"], 2 * STEPS, f"rank {rank}: {b[2]}")
             self.assertEqual(a[0], b[0], f"rank {rank}: losses")
             self.assertTrue(all(torch.equal(x, y) for x, y in zip(a[1], b[1])), f"rank {rank}: weights")
+
+    def test_set_reshard_after_forward_true_over_an_int_is_said(self) -> None:
+        """Blocks sharded with reshard_after_forward=2 (no hpz_size), toggled around an evaluation: FSDP's
+        set_reshard_after_forward takes only a bool, and its True puts the blocks on the whole shard group, which
+        zpccl follows (qwZ backward gathers, as FSDP alone would gather them over the whole group). That loss of
+        hpZ is said once, naming the modules and hpz_size, which keeps k through the same toggle."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> Any:
+            model = shard(copy.deepcopy(base), 4, [2, 2])
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for ids in batches(torch, rank, STEPS):
+                model.set_reshard_after_forward(False)
+                with torch.no_grad():
+                    model(ids)
+                model.set_reshard_after_forward(True)
+                next_token_loss(torch, model(ids), ids).backward()
+                opt.step()
+                opt.zero_grad()
+            zp.disable()
+            return {n: v["calls"] for n, v in zp.summary().items()}
+
+        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+            summaries = run_threaded(4, body)
+        said = [line for line in logs.output if "set_reshard_after_forward(True)" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        self.assertTrue(all("'blocks.0'" in line and "hpz_size=2" in line for line in said), said)
+        self.assertTrue(all("hpz" not in s for s in summaries), summaries)
+
+    def test_set_reshard_after_forward_true_on_the_root_is_said(self) -> None:
+        """hpz_size=2 over blocks sharded with True and a root left at its default (False: no post-forward group
+        when enable runs), then set_reshard_after_forward(True) on the whole model, as FSDP's docs suggest for the
+        root: the blocks keep their groups of 2, the root takes FSDP's whole shard group (qwZ backward gathers), and
+        the log says so once, naming the root and what gives it hpZ."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> Any:
+            model = shard(copy.deepcopy(base), 4, [True, True])
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+            data = batches(torch, rank, STEPS)
+            train(torch, model, data[:1])
+            model.set_reshard_after_forward(True)
+            train(torch, model, data[1:])
+            zp.disable()
+            return {n: v["calls"] for n, v in zp.summary().items()}
+
+        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+            summaries = run_threaded(4, body)
+        said = [line for line in logs.output if "set_reshard_after_forward(True)" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        self.assertTrue(all("the model" in line and "call enable after" in line for line in said), said)
+        # Blocks: hpZ every step; the root: its backward gathers, from the second step on, qwZ.
+        self.assertEqual(summaries, [{"qwz": 3 * STEPS + STEPS - 1, "hpz": 2 * STEPS, "qgz": 3 * STEPS}] * 4)
 
     def test_parameters_sharded_on_another_dim_keep_true_and_say_so(self) -> None:
         """A module whose shard_placement_fn shards a parameter on dim 1: FSDP's reshard to a smaller group fails

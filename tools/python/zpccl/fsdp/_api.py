@@ -8,7 +8,7 @@ from .._policy import ZeroPlusPlusPolicy, resolve_policy
 from ..enums import Backend, Result
 from ..errors import ZpcclError, ZpcclValueError
 from ._hooks import hook_classes
-from ._post_forward import apply_hpz_size
+from ._post_forward import apply_hpz_size, say_when_set_true
 from ._report import log
 from ._state import SERVED, Served, ZeroPlusPlus
 from ._torch_fsdp import CALL, TorchFsdp, fsdp_modules, param_groups, watch_reduced_params
@@ -158,6 +158,8 @@ def _attach(fsdp: TorchFsdp, session: ZeroPlusPlus, served: list[Served]) -> Non
         s.all_gather, s.reduce_scatter = s.param_group._all_gather_comm, s.param_group._reduce_scatter_comm
         s.hooked = True
         watch_reduced_params(s.param_group, s)
+        if s.hpz is not None and s.post_forward is None:  # the user's int k
+            say_when_set_true(s, session.report, policy.hpz_size)
         if policy.weight_bits is not None:
             s.module.set_custom_all_gather(AllGatherHook(calls, s, s.all_gather))
         if policy.grad_bits is not None:

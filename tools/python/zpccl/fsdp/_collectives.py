@@ -65,7 +65,7 @@ class Collectives:
             return self._fallback("all_gather_hpz_off", f"the backward all-gather over FSDP's post-forward group "
                                   f"{list(ranks)} (hpz=False)", nccl)
         return self._fallback("all_gather_post_forward", f"the backward all-gather over FSDP's post-forward group "
-                              f"{list(ranks)}, which module {served.label} did not have when enable ran (call enable "
+                              f"{list(ranks)}, which {served.module_label} did not have when enable ran (call enable "
                               "after setting reshard_after_forward)", nccl)
 
     def reduce_scatter(self, served: Any, output: Any, input: Any, group: Any, op: Any, async_op: bool,

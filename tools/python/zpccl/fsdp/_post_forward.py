@@ -5,13 +5,14 @@ those modules FSDP's post-forward groups of k ranks, made by FSDP's own post-for
 ``reshard_after_forward=k`` makes; their backward gathers are then hpZ. ``set_reshard_after_forward(True)`` after
 ``enable`` (FSDP's docs toggle it around an evaluation) means k again: the group of k is put back in the parameter
 group's post_forward, before FSDP reshards. :meth:`PostForward.restore` puts FSDP's back when the session is
-disabled.
+disabled. A module sharded with an int, or (under hpz_size) one with no post-forward group when enable ran, keeps
+FSDP's meaning of that True (the whole shard group), and the log says so once (:func:`say_when_set_true`).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ZpcclValueError
 from ._report import Report
@@ -43,19 +44,17 @@ class PostForward:
             # FSDP derives these from the unsharded parameter's shape alone: a meta tensor of it stands in.
             p._init_sharded_post_forward_param_metadata(torch.empty(p._orig_size, device="meta"))
         pg.post_forward_mesh_info = self.ours
-        post_forward = type(pg).post_forward
 
-        def keep_k(*args: Any) -> Any:
+        def keep_k() -> None:
             info = pg.post_forward_mesh_info
             if info is not self.ours and info is not None and info == pg.mesh_info:  # True, set since enable
                 pg.post_forward_mesh_info = self.ours
                 said(pg)
-            return post_forward(pg, *args)
 
-        pg.post_forward = keep_k
+        on_post_forward(pg, keep_k)
 
     def restore(self, pg: Any) -> None:
-        pg.__dict__.pop("post_forward", None)
+        off_post_forward(pg)
         if pg.post_forward_mesh_info is self.ours:  # else the user has set reshard_after_forward since: theirs
             pg.post_forward_mesh_info = self.info
         for p, info, derived in self.params:
@@ -67,14 +66,63 @@ class PostForward:
                     p.__dict__.pop(a, None)
 
 
+def on_post_forward(pg: Any, check: Callable[[], None]) -> None:
+    """Runs ``check()`` first in the parameter group's post_forward, where FSDP reads the post-forward mesh
+    however the forward ran (a module's hooks, or a method registered with register_fsdp_forward_method): an
+    instance attribute over FSDP's method, which :func:`off_post_forward` removes."""
+    post_forward = type(pg).post_forward
+
+    def checked(*args: Any) -> Any:
+        check()
+        return post_forward(pg, *args)
+
+    pg.post_forward = checked
+
+
+def off_post_forward(pg: Any) -> None:
+    pg.__dict__.pop("post_forward", None)
+
+
+def say_when_set_true(served: Any, report: Report, hpz_size: int | None) -> None:
+    """For a group that hpz_size did not give a group of k (:attr:`Served.post_forward` None): says once when
+    ``set_reshard_after_forward(True)`` after enable has put it on FSDP's whole shard group, whose backward gathers
+    are qwZ. zpccl follows FSDP there (the user asked for True), and the log names what gives the module hpZ: a
+    group sharded with the user's int k lost it to the True (FSDP's method takes only a bool: hpz_size=k keeps k
+    through such a toggle); one with no post-forward group when enable ran (False, or FSDP's root) was none of
+    hpz_size's (enable after the toggle gives it k)."""
+    pg = served.param_group
+
+    def check() -> None:
+        info = pg.post_forward_mesh_info
+        if info is None or info != pg.mesh_info:
+            return
+        if served.hpz is not None:
+            k = served.hpz.k
+            report.say_once("set_reshard_after_forward over an int", f"set_reshard_after_forward(True) after enable "
+                            f"put {served.module_label} (sharded with reshard_after_forward={k}) on FSDP's whole "
+                            "shard group, as FSDP does (its method takes only a bool): its backward gathers are qwZ "
+                            "over that group, not hpZ. To keep hpZ through such a toggle, shard with "
+                            f"reshard_after_forward=True and enable(..., hpz_size={k})")
+        else:
+            report.say_once("set_reshard_after_forward over False", f"set_reshard_after_forward(True) after enable "
+                            f"put {served.module_label}, which had no post-forward group when enable ran (False, or "
+                            f"FSDP's root), on FSDP's whole shard group: hpz_size={hpz_size} gave groups of "
+                            f"{hpz_size} to the modules sharded with True then, so its backward gathers are qwZ, not "
+                            "hpZ. For hpZ there, call enable after set_reshard_after_forward(True)")
+
+    on_post_forward(pg, check)
+
+
 def apply_hpz_size(fsdp: TorchFsdp, k: int, model: Any, served: list[Any], report: Report) -> None:
     """Gives the parameter groups sharded with reshard_after_forward=True a post-forward group of k ranks, as
     reshard_after_forward=k would have made them: through torch's own maker of post-forward meshes, one mesh per
     shard mesh, shared by its groups (their process groups made once). Every group is checked before any
     changes."""
-    targets = _targets(k, model, served, report)
+    targets, unset = _targets(k, model, served, report)
     for g in {id(s.group): s.group for s in targets}.values():
         _check_fits(k, g, [s for s in targets if s.group is g])
+    for s in unset:
+        say_when_set_true(s, report, k)
     meshes: dict[tuple, Any] = {}
     for s in targets:
         mesh = s.param_group.mesh_info.mesh
@@ -82,48 +130,58 @@ def apply_hpz_size(fsdp: TorchFsdp, k: int, model: Any, served: list[Any], repor
         if key not in meshes:
             meshes[key] = fsdp.make_post_forward(k, s.param_group.mesh_info)
         s.post_forward = PostForward.save(s.param_group, meshes[key])
-        s.post_forward.apply(fsdp.torch, s.param_group, lambda _pg, name=s.name: report.say_once(
+        s.post_forward.apply(fsdp.torch, s.param_group, lambda _pg, name=s.module_label: report.say_once(
                                  "hpz_size: set_reshard_after_forward",
-                                 f"set_reshard_after_forward(True) after enable: hpz_size={k} keeps module {name!r} "
+                                 f"set_reshard_after_forward(True) after enable: hpz_size={k} keeps {name} "
                                  f"(and every other it applies to) on post-forward groups of {k}, whose backward "
                                  "gathers are hpZ, as at enable; call disable() for FSDP's whole shard group",
                                  logging.INFO))
 
 
-def _targets(k: int, model: Any, served: list[Any], report: Report) -> list[Any]:
+def _targets(k: int, model: Any, served: list[Any], report: Report) -> tuple[list[Any], list[Any]]:
     """The parameter groups that hpz_size applies to: those resharded after forward over the whole shard group.
-    Those it cannot apply to keep it, and the log says why once per reason."""
-    targets, kept = [], {}
+    Those it cannot apply to keep it, and the log says why once per reason. Also the groups it could apply to but
+    that have no post-forward group (False, or FSDP's root), which set_reshard_after_forward(True) may put on the
+    whole shard group later."""
+    targets, kept, unset = [], {}, []
     nested: set[int] | None = None  # id() of every module some other FSDP module holds, made at the first need
     for s in served:
         pg = s.param_group
-        if pg.post_forward_mesh_info is None or pg.post_forward_mesh_info != pg.mesh_info:
-            continue  # False, or an int of the user's
+        if pg.post_forward_mesh_info is not None and pg.post_forward_mesh_info != pg.mesh_info:
+            continue  # an int of the user's
         state = s.module._get_fsdp_state()
         if state._auto_reshard_after_forward and state._is_root is None and nested is None:
             nested = _nested_fsdp_modules(model)
-        if _default_root(s, nested):
-            continue  # a root that FSDP will set to False
-        if len(s.group.ranks) == k:
-            why = (f"its shard group has {k} ranks: FSDP's post-forward group would be the shard group itself, "
-                   "whose backward gathers are qwZ")
-        elif getattr(pg.mesh_info, "is_spmd_mesh", False):  # before DTensors: an SPMD mesh's parameters are ones
-            why = "FSDP does not reshard a module of an SPMD mesh (dp_mesh_dims) to a smaller group"
-        elif any(p.is_dtensor for p in pg.fsdp_params):
-            why = "its parameters are DTensors (tensor parallel), which FSDP does not reshard to a smaller group"
-        elif dims := sorted({d for p in pg.fsdp_params if (d := _shard_dim(p))}):
-            why = (f"shard_placement_fn shards some of its parameters on {', '.join(f'Shard({d})' for d in dims)}, "
-                   "which FSDP's reshard to a smaller group does not reassemble (its backward fails there)")
-        elif any(getattr(p, "_release_all_gather_outputs_after_post_all_gather", False) for p in pg.fsdp_params):
-            why = "its all-gather extension releases the gathered outputs that a smaller group's shard is cut from"
-        else:
+        why = _why_not(k, s)
+        if pg.post_forward_mesh_info is None or _default_root(s, nested):  # False, or a root FSDP sets to False
+            if why is None:
+                unset.append(s)
+        elif why is None:
             targets.append(s)
-            continue
-        kept.setdefault(why, []).append(s.name)
+        else:
+            kept.setdefault(why, []).append(s.name)
     for why, names in kept.items():
         report.say_once("hpz_size: " + why, f"hpz_size={k} leaves modules {names} at reshard_after_forward=True: "
                         f"{why}", logging.INFO if why.startswith("its shard group") else logging.WARNING)
-    return targets
+    return targets, unset
+
+
+def _why_not(k: int, served: Any) -> str | None:
+    """Why FSDP cannot give this parameter group a post-forward group of k ranks, or None where it can."""
+    pg = served.param_group
+    if len(served.group.ranks) == k:
+        return (f"its shard group has {k} ranks: FSDP's post-forward group would be the shard group itself, whose "
+                "backward gathers are qwZ")
+    if getattr(pg.mesh_info, "is_spmd_mesh", False):  # before DTensors: an SPMD mesh's parameters are ones
+        return "FSDP does not reshard a module of an SPMD mesh (dp_mesh_dims) to a smaller group"
+    if any(p.is_dtensor for p in pg.fsdp_params):
+        return "its parameters are DTensors (tensor parallel), which FSDP does not reshard to a smaller group"
+    if dims := sorted({d for p in pg.fsdp_params if (d := _shard_dim(p))}):
+        return (f"shard_placement_fn shards some of its parameters on {', '.join(f'Shard({d})' for d in dims)}, "
+                "which FSDP's reshard to a smaller group does not reassemble (its backward fails there)")
+    if any(getattr(p, "_release_all_gather_outputs_after_post_all_gather", False) for p in pg.fsdp_params):
+        return "its all-gather extension releases the gathered outputs that a smaller group's shard is cut from"
+    return None
 
 
 def _shard_dim(param: Any) -> int:

@@ -13,7 +13,7 @@ from ..enums import Result
 from ..errors import ZpcclError
 from ._collectives import Collectives
 from ._groups import Communicators, Group, Hpz
-from ._post_forward import PostForward
+from ._post_forward import PostForward, off_post_forward
 from ._report import Report
 from ._torch_fsdp import TorchFsdp, unwatch_reduced_params
 
@@ -38,6 +38,11 @@ class Served:
     @property
     def label(self) -> str:
         return repr(self.name) if self.name else "the model"
+
+    @property
+    def module_label(self) -> str:
+        """"module 'name'", or "the model" (for messages that name the module in a sentence)."""
+        return f"module {self.name!r}" if self.name else "the model"
 
 
 #: id(FSDP parameter group) -> the live ZeroPlusPlus that serves it. Served groups, not models, are what a second
@@ -123,6 +128,7 @@ class ZeroPlusPlus(Session):
                 served.param_group._all_gather_comm = served.all_gather
                 served.param_group._reduce_scatter_comm = served.reduce_scatter
                 unwatch_reduced_params(served.param_group)
+            off_post_forward(served.param_group)  # hpz_size's check may be there before the hooks (a failed enable)
             if served.post_forward is not None:
                 served.post_forward.restore(served.param_group)
             if SERVED.get(id(served.param_group)) is self:
