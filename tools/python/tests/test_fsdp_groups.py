@@ -156,6 +156,34 @@ class ParameterGroups(unittest.TestCase):
         run_threaded(4, body)
 
 
+    def test_a_module_sharded_after_enable_is_said(self) -> None:
+        """enable run between fully_shard on the blocks and on the model: zpccl serves the groups the model had
+        then, and the root's (embedding, final norm, head), sharded after, stays on FSDP's collectives; the log
+        says so once, at the first collective, naming it and what to change."""
+        torch = self.torch
+        from torch.distributed.fsdp import fully_shard
+
+        base = build_model(torch)
+
+        def body(rank: int) -> Any:
+            model = copy.deepcopy(base)
+            mesh = cpu_mesh((4,))
+            for b in model.blocks:
+                fully_shard(b, mesh=mesh, reshard_after_forward=2)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2)
+            fully_shard(model, mesh=mesh)
+            train(torch, model, batches(torch, rank, STEPS))
+            zp.disable()
+            return {k: v["calls"] for k, v in zp.summary().items()}
+
+        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
+            summaries = run_threaded(4, body)
+        said = [r.getMessage() for r in logs.records if "sharded after enable" in r.getMessage()]
+        self.assertEqual(len(said), 4, logs.output)
+        self.assertIn("['the model']", said[0])
+        self.assertIn("call enable after fully_shard", said[0])
+        self.assertEqual(summaries, [{"qwz": 2 * STEPS, "hpz": 2 * STEPS, "qgz": 2 * STEPS}] * 4)
+
     def test_a_model_dropped_without_disable_is_freed(self) -> None:
         """A model let go while zpccl serves it (a sweep that builds a model a trial, never calling disable) is
         freed like FSDP's own, not kept alive by zpccl's registry of served groups: while the model lives, its

@@ -37,6 +37,8 @@ class Collectives:
         self.hop_residual_bytes = 0
         self._layouts: dict[tuple[Any, ...], BlockLayout] = {}
         self._zeros: dict[tuple[Any, int], Any] = {}
+        #: Called once, at the first collective of either kind (the session's check of the model then).
+        self.first_call: Callable[[], None] | None = None
 
     # ---- what the hooks call ----
 
@@ -46,6 +48,7 @@ class Collectives:
         def nccl() -> Any:
             return fallback(output_tensor=output, input_tensor=input, group=group, async_op=async_op)
 
+        self._first()
         ranks = self.ranks(group)
         if served.group is not None and ranks == served.group.ranks:
             dtype = str(output.dtype).replace("torch.", "")
@@ -75,6 +78,7 @@ class Collectives:
         def nccl() -> Any:
             return fallback(output_tensor=output, input_tensor=input, group=group, op=op, async_op=async_op)
 
+        self._first()
         ranks = self.ranks(group)
         g = served.group
         if g is None or g.reduce is None or ranks != g.ranks:
@@ -141,6 +145,11 @@ class Collectives:
         self.report.count("qgz", input.numel() * output.element_size(), wire)
         if grad:
             self.report.count("grad_residuals", 0, 0)
+
+    def _first(self) -> None:
+        if self.first_call is not None:
+            call, self.first_call = self.first_call, None
+            call()
 
     def _fallback(self, kind: str, message: str, call: Callable[[], Any]) -> Any:
         self.report.say_once(kind, message + "; it stays on FSDP's own collective")

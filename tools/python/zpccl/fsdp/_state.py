@@ -15,7 +15,7 @@ from ._collectives import Collectives
 from ._groups import Communicators, Group, Hpz
 from ._post_forward import PostForward, off_post_forward
 from ._report import Report
-from ._torch_fsdp import TorchFsdp, unwatch_reduced_params
+from ._torch_fsdp import TorchFsdp, fsdp_modules, param_groups, unwatch_reduced_params
 
 
 @dataclass(eq=False)
@@ -78,6 +78,7 @@ class ZeroPlusPlus(Session):
         self.collectives = Collectives(fsdp, policy, self.device, self.report, self.comms.ranks)
         self._served = list(served)  # the parameter groups, in module order
         self._closed = False
+        self.collectives.first_call = self._say_sharded_after
 
     # ---- what it holds (the policy's choices: Session) ----
 
@@ -108,6 +109,24 @@ class ZeroPlusPlus(Session):
                                          hop_residual_bytes=self.hop_residual_bytes,
                                          tensors=len(self.collectives.residuals))
         return out
+
+    def _say_sharded_after(self) -> None:
+        """Says once, at the first collective, which of the model's FSDP parameter groups zpccl does not serve
+        because they were made after enable (fully_shard on the root after enable, say): the collectives FSDP
+        runs for those never reach zpccl's hooks, so no other line would tell."""
+        mine = {id(s.param_group) for s in self._served}
+        late: list[str] = []
+        for name, module in fsdp_modules(self.model):
+            for pg in param_groups(module):
+                if (id(pg) in mine or id(pg) in SERVED or getattr(pg, "mesh_info", None) is None
+                        or self._fsdp.dist.get_world_size(pg.mesh_info.shard_process_group) < 2):
+                    continue  # served here or by another enable; or a group of one rank (said at enable)
+                mine.add(id(pg))
+                late.append(repr(name) if name else "the model")
+        if late:
+            self.report.say_once("sharded after enable", f"modules {late} were sharded after enable: zpccl serves "
+                                 "the FSDP parameter groups a model has when enable runs, so theirs stay on FSDP's "
+                                 "own collectives; call enable after fully_shard on every module")
 
     # ---- lifecycle ----
 
