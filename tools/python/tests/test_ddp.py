@@ -255,6 +255,28 @@ def _refusals(_: int) -> list[tuple[str, str, str]]:
     return seen
 
 
+def _layouts() -> dict[str, int]:
+    """Each state's node count with ranks_per_node=2 over 4 ranks (nodes {0, 1} and {2, 3} of the world): a DDP
+    subgroup of ranks 0-2, and HSDP's replicate groups {0, 2} and {1, 3}, one rank of each node."""
+    torch = _setup()
+    import torch.distributed as dist
+
+    import zpccl.ddp
+
+    rank, out = dist.get_rank(), {}
+    subgroups = [dist.new_group([0, 1, 2]), dist.new_group([3])]
+    if rank < 3:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), process_group=subgroups[0])
+        with zpccl.ddp.make_state(model, grad_bits=8, ranks_per_node=2) as state:
+            out["subgroup"] = state.comm.node_count
+    replicate = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
+    policy = zpccl.ZeroPlusPlusPolicy(weight_bits=None, grad_bits=8, hpz=False, ranks_per_node=2)
+    with zpccl.ddp.QuantAllReduce(replicate, policy, device=torch.device("cpu"), dtypes=[torch.float32],
+                                  staging_bytes=0, call="test") as state:
+        out["replicate"] = state.comm.node_count
+    return out
+
+
 class _SparseBucket:
     """A DDP bucket as DDP hands one of a parameter with sparse gradients: its buffer is the sparse gradient."""
 
@@ -438,6 +460,15 @@ class DdpCommHook(unittest.TestCase):
                     self.assertTrue(np.array_equal(reduced[i], expected),
                                     f"step {k} parameter {i} ({variant}) differs from the model")
                 at += parts[0][j].size
+
+    def test_ranks_per_node_numbers_the_worlds_ranks(self) -> None:
+        """ranks_per_node lays out the world, not each group in its own numbering: the replicate groups of two
+        nodes of two span both nodes (one node of two, in their own numbering), the subgroup 0-2 two uneven ones."""
+        got = zpccl.launch.spawn(_layouts, 4, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        for rank, out in enumerate(got):
+            self.assertEqual(out["replicate"], 2, f"rank {rank}: the replicate group's nodes")
+            if rank < 3:
+                self.assertEqual(out["subgroup"], 2, f"rank {rank}: the subgroup's nodes")
 
     def test_refusals_name_what_to_change(self) -> None:
         got = zpccl.launch.spawn(_refusals, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)

@@ -563,7 +563,10 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     said["hpz_size"] = refusal(lambda: zpccl.deepspeed.enable(engine, hpz_size=2))
     said["error_feedback"] = refusal(lambda: zpccl.deepspeed.enable(engine, error_feedback=True))
     said["no_hpz"] = refusal(lambda: zpccl.deepspeed.enable(engine, weight_bits=None, grad_bits=None))
-    said["ranks_per_node"] = refusal(lambda: zpccl.deepspeed.enable(engine, ranks_per_node=3))
+    # Nodes of 3 consecutive ranks of the world's 4: uneven nodes, {0, 1, 2} and {3}, served.
+    zp = zpccl.deepspeed.enable(engine, ranks_per_node=3)
+    said["ranks_per_node"] = f"{zp.collectives.reduce.node_count} nodes"
+    zp.disable()
     # A DeepSpeed whose ZeRO-3 optimizer runs its gradient reductions elsewhere: qgZ refused, the rest served.
     from zpccl.deepspeed._deepspeed import REDUCER
 
@@ -592,6 +595,10 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     # consecutive ranks, [0, 1] and [2, 3], across them. Last: DeepSpeed keeps the mpu for the process.
     engine = make_engine(torch, deepspeed, ds_config(hpz=2), zp=False, mpu=TensorParallelPairs(torch.distributed))
     said["hpz_mpu"] = refusal(lambda: zpccl.deepspeed.enable(engine))
+    # ranks_per_node numbers the world's ranks: each data-parallel group holds one rank of each node of two.
+    zp = zpccl.deepspeed.enable(engine, hpz=False, ranks_per_node=2)
+    said["mpu_nodes"] = f"{zp.collectives.reduce.node_count} nodes"
+    zp.disable()
     return said
 
 
@@ -1155,8 +1162,8 @@ class DeepSpeedOneNode(unittest.TestCase):
             self.assertIn("hpz_size is DeepSpeed's zero_optimization.zero_hpz_partition_size", said["hpz_size"])
             self.assertIn("drop error_feedback", said["error_feedback"])
             self.assertIn("the engine has no hpZ group", said["no_hpz"])
-            self.assertIn("zpccl.deepspeed.enable: ranks_per_node 3 does not divide the data-parallel group's 4 "
-                          "ranks", said["ranks_per_node"])
+            self.assertEqual(said["ranks_per_node"], "2 nodes")
+            self.assertEqual(said["mpu_nodes"], "2 nodes")
             self.assertRegex(said["reducer"], r"optimizer lacks avg_scatter_grads, which runs its gradient "
                                               r"reductions in DeepSpeed 0.19.8; this is DeepSpeed .*grad_bits=None")
             self.assertEqual(said["reducer_weights_only"], "")

@@ -33,6 +33,7 @@ class QuantAllReduce:
     def __init__(self, group: Any, policy: ZeroPlusPlusPolicy, *, device: Any, dtypes: Iterable[Any],
                  staging_bytes: int, call: str) -> None:
         import torch
+        import torch.distributed as dist
 
         self._torch, self.policy, self.device, self.call = torch, policy, device, call
         self.report = Report(log)
@@ -42,7 +43,9 @@ class QuantAllReduce:
         if bad:
             raise ZpcclValueError(f"{call}: gradients of dtype {', '.join(bad)}: zpQuantAllReduce takes float16, "
                                   "bfloat16 and float32 (keep torch's own all-reduce for the others)", call)
-        comm = Comm.from_torch_group(group, device=device, **policy.comm_config(reduce=True))
+        # ranks_per_node numbers the world's ranks, whichever group this is (a DDP subgroup, HSDP's replicate one).
+        config = policy.comm_config(reduce=True, world_rank=dist.get_rank())
+        comm = Comm.from_torch_group(group, device=device, **config)
         try:
             # A call of no elements at set-up: a communicator that cannot run the all-reduce (a GPU communicator
             # today) refuses it here, not in the training loop.

@@ -75,11 +75,6 @@ class ZeroPlusPlus(Session):
                              f"replaces, and DeepSpeed {self._ds.version} keeps that setting where zpccl cannot "
                              "reach it: set zero_optimization.stage3_use_all_reduce_for_fetch_params to false, or "
                              "weight_bits=None", call)
-        n, k = len(calls.dp_ranks), policy.ranks_per_node
-        if k is not None and n % k:
-            raise ZpcclValueError(f"{call}: ranks_per_node {k} does not divide the data-parallel group's {n} ranks "
-                                  "(nodes of k consecutive ranks): give a divisor of it, or leave ranks_per_node out "
-                                  "for the launcher's layout", call)
         reduces = facts.optimizer is not None  # an engine without an optimizer reduces no gradients
         if policy.grad_bits is not None and reduces and not callable(getattr(facts.optimizer, REDUCER, None)):
             raise ZpcclError(Result.INVALID_USAGE, f"{call}: the engine's ZeRO-3 optimizer lacks "
@@ -118,7 +113,8 @@ class ZeroPlusPlus(Session):
         """A communicator over the data-parallel group, in the blocks of its collective: cuda-backend on an NCCL
         group (the reduce-scatters' not wrapping torch's NCCL communicator, so that DeepSpeed's gather and reduce
         streams really overlap), host-backend on a group of CPU tensors (gloo)."""
-        config = dict(self.policy.comm_config(reduce), hpz_size=hpz_size)
+        # ranks_per_node numbers the world's ranks: the data-parallel group is a subgroup beside model parallelism.
+        config = dict(self.policy.comm_config(reduce, self._ds.dist.get_rank()), hpz_size=hpz_size)
         device, call = self.facts.device, self._call
         if device.type == "cuda":
             return Comm.from_torch_group(self.facts.dp_group, device=device, wrap=False if reduce else None, **config)
