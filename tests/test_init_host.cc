@@ -132,4 +132,72 @@ TEST(InitHost, ASettingTheLayoutRefusesFailsEveryRankAtOnce) {
   EXPECT_LT(seconds, 5.0);
 }
 
+// Callers that pass different nranks, or the same rank twice, under one unique id cannot form a communicator: each of
+// them is refused with zpInvalidUsage at once, naming what differs, also the ranks that came first and wait for their
+// peers (they would otherwise wait out ZP_INIT_TIMEOUT_MS and fail otherwise than the caller refused at its arrival).
+TEST(InitHost, NranksOrRanksThatDifferAreRefusedOnEveryCallerAtOnce) {
+  struct Caller {
+    int nranks, rank;
+    const char* mention;  // in its message
+  };
+  struct Case {
+    const char* name;
+    std::vector<Caller> callers;  // joining in this order
+  };
+  const Case cases[] = {
+      {"nranks 2 then 3",
+       {{2, 0, "nranks 2 differs from the 3 of rank 1"}, {3, 1, "nranks 3 differs from the 2 given by another rank"}}},
+      {"nranks 3, 3 then 4",
+       {{3, 0, "nranks 3 differs from the 4 of rank 2"},
+        {3, 1, "nranks 3 differs from the 4 of rank 2"},
+        {4, 2, "nranks 4 differs from the 3 given by another rank"}}},
+      {"rank 0 twice", {{2, 0, "a second caller joined as rank 0"}, {2, 0, "rank 0 already joined"}}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    zpUniqueId id;
+    ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
+    const size_t n = k.callers.size();
+    std::vector<InitOutcome> out(n);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100 * i));  // join in order
+        zpConfig_t c = ZP_CONFIG_INITIALIZER;
+        c.backend = zpBackendHost;
+        InitOutcome& o = out[i];
+        o.comm = reinterpret_cast<zpComm_t>(0x1);
+        o.result = zpCommInitRankConfig(&o.comm, k.callers[i].nranks, id, k.callers[i].rank, &c);
+        o.message = zpGetLastError(nullptr);
+        if (o.result == zpSuccess) zpCommDestroy(o.comm);
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(out[i].result, zpInvalidUsage) << "caller " << i << ": " << out[i].message;
+      EXPECT_NE(out[i].message.find("zpCommInitRankConfig : "), std::string::npos) << out[i].message;
+      EXPECT_NE(out[i].message.find(k.callers[i].mention), std::string::npos)
+          << "caller " << i << ": " << out[i].message;
+      EXPECT_EQ(out[i].comm, nullptr);
+    }
+    EXPECT_LT(seconds, 5.0);  // no caller waits for ZP_INIT_TIMEOUT_MS
+    // The refusal leaves nothing behind under the id: matching callers form a communicator with it.
+    std::vector<zpResult_t> again(2, zpInternalError);
+    std::vector<std::thread> pair;
+    for (int r = 0; r < 2; ++r) {
+      pair.emplace_back([&, r] {
+        zpConfig_t c = ZP_CONFIG_INITIALIZER;
+        c.backend = zpBackendHost;
+        zpComm_t comm = nullptr;
+        again[r] = zpCommInitRankConfig(&comm, 2, id, r, &c);
+        if (again[r] == zpSuccess) EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+      });
+    }
+    for (auto& t : pair) t.join();
+    EXPECT_EQ(again, std::vector<zpResult_t>(2, zpSuccess));
+  }
+}
+
 }  // namespace

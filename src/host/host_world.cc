@@ -95,14 +95,22 @@ zpResult_t HostWorld::join(const zpUniqueId& id, int nranks, int rank, const Ran
     auto it = worlds.find(key);
     if (it == worlds.end()) it = worlds.emplace(key, std::make_shared<HostWorld>(nranks, timeouts)).first;
     w = it->second;
-    if (w->nranks_ != nranks) {  // a world in the map has a rank waiting in it, so it stays
+    std::lock_guard<std::mutex> worldLock(w->mutex_);
+    // Callers that cannot form one communicator: this one is refused, and so are the ranks waiting in the world
+    // (they leave at once instead of waiting out ZP_INIT_TIMEOUT_MS); the id is free again for a later init.
+    if (w->nranks_ != nranks) {
+      w->refuseLocked("nranks " + std::to_string(w->nranks_) + " differs from the " + std::to_string(nranks) +
+                      " of rank " + std::to_string(rank) + ", which came with the same unique id");
+      worlds.erase(it);
       return ZP_ERR(zpInvalidUsage, "%s : nranks %d differs from the %d given by another rank with this unique id",
                     call, nranks, w->nranks_);
     }
-    std::lock_guard<std::mutex> worldLock(w->mutex_);
-    if (!w->joined_.emplace(rank, mine).second) {
+    if (w->joined_.count(rank) != 0) {
+      w->refuseLocked("a second caller joined as rank " + std::to_string(rank) + " with the same unique id");
+      worlds.erase(it);
       return ZP_ERR(zpInvalidUsage, "%s : rank %d already joined with this unique id", call, rank);
     }
+    w->joined_.emplace(rank, mine);
     if (static_cast<int>(w->joined_.size()) == nranks) {
       worlds.erase(it);
       w->completing_ = true;  // from here on no rank gives up: the world is complete
@@ -115,7 +123,8 @@ zpResult_t HostWorld::join(const zpUniqueId& id, int nranks, int rank, const Ran
     return zpSuccess;
   }
   std::unique_lock<std::mutex> lock(w->mutex_);
-  if (w->cv_.wait_for(lock, millis(w->timeouts_.initMs), [&] { return w->completing_; })) {
+  if (w->cv_.wait_for(lock, millis(w->timeouts_.initMs), [&] { return w->completing_ || !w->refused_.empty(); })) {
+    if (!w->refused_.empty()) return ZP_ERR(zpInvalidUsage, "%s : %s", call, w->refused_.c_str());
     w->cv_.wait(lock, [&] { return w->complete_; });
     if (w->failed_) return w->failedError(call);
     lock.unlock();
@@ -171,6 +180,11 @@ zpResult_t HostWorld::complete(const char* call) {
   cv_.notify_all();
   if (!allocated) return ZP_ERR(zpSystemError, "%s : out of host memory for the state of %d ranks", call, nranks_);
   return zpSuccess;
+}
+
+void HostWorld::refuseLocked(const std::string& why) {
+  refused_ = why;
+  cv_.notify_all();
 }
 
 zpResult_t HostWorld::failedError(const char* call) const {

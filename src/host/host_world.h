@@ -57,8 +57,9 @@ class HostWorld {
   // Joins the world keyed by id as `rank` with its RankInit, creating the world if this rank is the first, and
   // waits until all nranks ranks have joined (bounded by timeouts.initMs, the first joiner's). A rank that gives
   // up leaves as if it had never come, in one step that no arriving rank can see halfway; the world is dropped
-  // once no rank waits in it. A world holds no per-rank memory until every rank has joined, so a huge nranks
-  // costs nothing until that many ranks exist.
+  // once no rank waits in it. A caller with another nranks, or a rank that already joined, is refused with
+  // zpInvalidUsage, and so are the ranks waiting in the world, at once. A world holds no per-rank memory until every
+  // rank has joined, so a huge nranks costs nothing until that many ranks exist.
   static zpResult_t join(const zpUniqueId& id, int nranks, int rank, const RankInit& mine, const char* call,
                          const WorldTimeouts& timeouts, std::shared_ptr<HostWorld>* world);
   // Worlds still gathering their ranks (for tests: failed inits must not leave theirs behind).
@@ -109,6 +110,9 @@ class HostWorld {
   zpResult_t failedError(const char* call) const;  // under mutex_
   void failLocked(const std::string& why);
   zpResult_t complete(const char* call);  // by the last rank to join
+  // Refuses the ranks waiting to join (under mutex_, the world out of the pending map): they return zpInvalidUsage
+  // naming `why`.
+  void refuseLocked(const std::string& why);
 
   const int nranks_;
   const WorldTimeouts timeouts_;
@@ -118,6 +122,7 @@ class HostWorld {
   std::map<int, RankInit> joined_;
   bool completing_ = false;  // the last rank joined and sets up the per-rank state
   bool complete_ = false;    // done: every rank may go on
+  std::string refused_;      // why callers with this id cannot form a world ("" unless refused)
   // Per-rank state, from completion on.
   std::vector<RankInit> inits_;
   std::vector<const void*> slots_;
