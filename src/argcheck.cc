@@ -146,9 +146,12 @@ zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call,
     s->backend = static_cast<zpBackend_t>(config->backend);
   }
   if (set(config->ranksPerNode)) {
-    if (config->ranksPerNode <= 0 || nranks % config->ranksPerNode != 0) {
-      return ZP_ERR(zpInvalidArgument, "%s : config->ranksPerNode %d must be positive and divide nranks %d", call,
-                    config->ranksPerNode, nranks);
+    if (config->ranksPerNode <= 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->ranksPerNode %d must be positive", call, config->ranksPerNode);
+    }
+    if (nranks > 0 && nranks % config->ranksPerNode != 0) {
+      return ZP_ERR(zpInvalidArgument, "%s : config->ranksPerNode %d must divide nranks %d", call, config->ranksPerNode,
+                    nranks);
     }
     s->ranksPerNode = config->ranksPerNode;
   }

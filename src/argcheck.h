@@ -26,7 +26,8 @@ zpResult_t checkNotNull(const void* ptr, const char* call, const char* arg);
 zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char* call);
 // A caller's transport (zpCommInitFromTransport): its header, its ranks and its callbacks.
 zpResult_t checkTransport(const zpTransport_t* transport, const char* call);
-// Validates config (NULL means defaults) and resolves every default. nranks is for ranksPerNode.
+// Validates config (NULL means defaults) and resolves every default. nranks is for ranksPerNode (0: not known yet,
+// ranksPerNode is then not checked against it).
 zpResult_t resolveConfig(const zpConfig_t* config, int nranks, const char* call, Settings* settings);
 zpResult_t checkBits(int bits, const char* call, const char* arg);
 zpResult_t checkBlockSize(int blockSize, const char* call, const char* arg);

@@ -187,10 +187,11 @@ ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclCom
     ZPCHECK(zp::checkNotNull(comm, call, "comm"));
     *comm = nullptr;
     ZPCHECK(zp::checkNotNull(ncclComm, call, "ncclComm"));
-    // Refused before NCCL is asked anything; a config of another size is refused by commInit, before any field of
-    // it is read.
-    if (config != nullptr && config->magic == ZP_CONFIG_MAGIC && config->size == sizeof(zpConfig_t) &&
-        config->backend == zpBackendHost) {
+    // The config is checked whole before NCCL is asked anything (the rank count, NCCL's, only by commInit), so that
+    // its errors are named as its own, whatever the layout of the config (0.1's too).
+    zp::Settings requested;
+    ZPCHECK(zp::resolveConfig(config, 0, call, &requested));
+    if (requested.backend == zpBackendHost) {
       return ZP_ERR(zpInvalidArgument, "%s : config->backend host cannot wrap an NCCL communicator", call);
     }
     int nranks = 0, rank = 0;

@@ -315,6 +315,7 @@ struct ConfigEdit {
   std::function<void(zpConfig_t*)> edit;
   zpResult_t code;
   const char* field;
+  bool needsRankCount = false;  // refused only against the rank count (a positive ranksPerNode not dividing it)
 };
 
 std::vector<ConfigEdit> configEdits() {
@@ -361,7 +362,7 @@ std::vector<ConfigEdit> configEdits() {
     for (int v : f.bad) {
       const auto member = f.field;
       edits.push_back({std::string(f.name) + " " + std::to_string(v), [member, v](zpConfig_t* c) { c->*member = v; },
-                       zpInvalidArgument, f.mention});
+                       zpInvalidArgument, f.mention, member == &zpConfig_t::ranksPerNode && v > 0});
     }
   }
   return edits;
@@ -527,6 +528,41 @@ std::vector<Row> table() {
        bad,
        {"zpCommInitFromNccl", "config->backend"},
        Msg::kThread});
+  // The config is checked whole before NCCL is asked anything: a 0.1 config asking for the host backend (its layout
+  // is still accepted, so its backend must not be ignored), and a config with a bad header.
+  add({"zpCommInitFromNccl host backend in a 0.1 config",
+       one,
+       [](const Ctx&) {
+         alignas(64) unsigned char fake[256] = {};
+         zpConfig_t config = ZP_CONFIG_INITIALIZER;
+         config.version = 100;
+         config.size = offsetof(zpConfig_t, gradRounding);
+         config.backend = zpBackendHost;
+         zpComm_t comm = nullptr;
+         return zpCommInitFromNccl(&comm, reinterpret_cast<ncclComm*>(fake), &config);
+       },
+       bad,
+       {"zpCommInitFromNccl", "config->backend host"},
+       Msg::kThread});
+  for (const ConfigEdit& e : configEdits()) {
+    if (e.needsRankCount) continue;  // NCCL's communicator gives the rank count
+    const auto edit = e.edit;
+    add({"zpCommInitFromNccl config " + e.name,
+         one,
+         [edit](const Ctx&) {
+           alignas(64) unsigned char fake[256] = {};
+           zpConfig_t config = ZP_CONFIG_INITIALIZER;
+           edit(&config);
+           zpComm_t comm = reinterpret_cast<zpComm_t>(static_cast<uintptr_t>(0x1));
+           const zpResult_t res = zpCommInitFromNccl(&comm, reinterpret_cast<ncclComm*>(fake), &config);
+           if (comm != nullptr) tRowProblem = "a refused init left *comm unchanged instead of NULL";
+           return res;
+         },
+         e.code,
+         {"zpCommInitFromNccl", e.field},
+         Msg::kThread,
+         {"ncclComm"}});
+  }
 
   // Bad handles, to every call that takes a communicator.
   for (const CommCall& cc : commCalls()) {
