@@ -122,11 +122,12 @@ zpResult_t commFree(zpComm_t handle, bool abort, const char* call) {
   return zpSuccess;
 }
 
-// Reads a field only after the handle is known to be live, and with the communicator in use (whileInUse).
+// Reads a field only after the handle is known to be live, and with the communicator in use (whileInUse). arg: the
+// output's name in zpccl.h.
 template <typename T, typename Get>
-zpResult_t query(zpComm_t comm, T* out, const char* call, Get get) {
+zpResult_t query(zpComm_t comm, T* out, const char* call, const char* arg, Get get) {
   return whileInUse(comm, call, [&](const Communicator* live) -> zpResult_t {
-    ZPCHECK(checkNotNull(out, call, "output pointer"));
+    ZPCHECK(checkNotNull(out, call, arg));
     *out = get(live);
     return zpSuccess;
   });
@@ -242,7 +243,7 @@ ZP_EXPORT zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes) {
 #define ZP_QUERY(fn, type, arg, field)                                                                     \
   ZP_EXPORT zpResult_t fn(const zpComm_t comm, type* arg) {                                                \
     return guardedCall(#fn, &comm, [&] {                                                                   \
-      return zp::query<type>(comm, arg, #fn,                                                               \
+      return zp::query<type>(comm, arg, #fn, #arg,                                                         \
                              [](const zp::Communicator* live) { return static_cast<type>(live->field); }); \
     });                                                                                                    \
   }

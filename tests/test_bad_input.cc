@@ -86,15 +86,22 @@ struct Row {
   const char* knownIssue = nullptr;
 };
 
-// The communicator's queries of one int, by name.
+// The communicator's queries of one int, by name, with the name of their output argument in zpccl.h.
 struct IntQuery {
   const char* name;
   zpResult_t (*fn)(const zpComm_t, int*);
+  const char* arg;
 };
 const IntQuery kIntQueries[] = {
-    {"zpCommCount", zpCommCount},         {"zpCommUserRank", zpCommUserRank}, {"zpCommCuDevice", zpCommCuDevice},
-    {"zpCommNodeCount", zpCommNodeCount}, {"zpCommNodeRank", zpCommNodeRank}, {"zpCommLocalRank", zpCommLocalRank},
-    {"zpCommLocalSize", zpCommLocalSize}, {"zpCommHpzRank", zpCommHpzRank},   {"zpCommHpzSize", zpCommHpzSize},
+    {"zpCommCount", zpCommCount, "count"},
+    {"zpCommUserRank", zpCommUserRank, "rank"},
+    {"zpCommCuDevice", zpCommCuDevice, "device"},
+    {"zpCommNodeCount", zpCommNodeCount, "nodes"},
+    {"zpCommNodeRank", zpCommNodeRank, "node"},
+    {"zpCommLocalRank", zpCommLocalRank, "localRank"},
+    {"zpCommLocalSize", zpCommLocalSize, "localSize"},
+    {"zpCommHpzRank", zpCommHpzRank, "hpzRank"},
+    {"zpCommHpzSize", zpCommHpzSize, "hpzSize"},
 };
 
 // ---- the calls with a bad argument -------------------------------------------------------------------------
@@ -587,13 +594,13 @@ std::vector<Row> table() {
        one,
        [](const Ctx& c) { return zpCommBackend(c.comm, nullptr); },
        bad,
-       {"zpCommBackend", "output pointer"}});
+       {"zpCommBackend : backend is NULL"}});
   for (const IntQuery& q : kIntQueries) {
     add({std::string(q.name) + " NULL",
          one,
          [fn = q.fn](const Ctx& c) { return fn(c.comm, nullptr); },
          bad,
-         {q.name, "output pointer"}});
+         {std::string(q.name) + " : " + q.arg + " is NULL"}});
   }
   add({"zpHierSecondaryShard NULL offset",
        one,

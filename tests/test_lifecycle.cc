@@ -276,7 +276,7 @@ TEST(LastError, PerCommunicatorAndNeverStale) {
   ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpSuccess);
   EXPECT_STREQ(zpGetLastError(comm), "");
   EXPECT_EQ(zpCommCount(comm, nullptr), zpInvalidArgument);
-  EXPECT_TRUE(mentions(zpGetLastError(comm), "zpCommCount : output pointer is NULL")) << zpGetLastError(comm);
+  EXPECT_TRUE(mentions(zpGetLastError(comm), "zpCommCount : count is NULL")) << zpGetLastError(comm);
   // The communicator stays usable, and a good call clears its last error.
   int count = 0;
   EXPECT_EQ(zpCommCount(comm, &count), zpSuccess);
