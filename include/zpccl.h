@@ -161,7 +161,8 @@ zpResult_t zpGetVersion(int* version);
 const char* zpGetErrorString(zpResult_t result);
 
 /* The message of the last failed call made on comm, or "" if the last call on comm succeeded. With
- * comm == NULL: the last failed call of this thread that had no valid communicator (an init, a bad handle).
+ * comm == NULL: the same for this thread's last call that had no live communicator on entry (an init, zpCommDestroy,
+ * zpCommAbort, a call given a bad handle, a call that takes no communicator): its message, or "" if it succeeded.
  * The returned pointer stays valid in the calling thread until its next zpGetLastError call. */
 const char* zpGetLastError(zpComm_t comm);
 

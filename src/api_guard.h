@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <new>
+#include <utility>
 
 #include "host/base/check.h"
 
@@ -14,6 +15,8 @@ namespace zp {
 
 // Stores the outcome of an ABI call where zpGetLastError finds it and returns result.
 zpResult_t finishCall(zpComm_t comm, zpResult_t result);
+// Empties the message that zpGetLastError(NULL) returns in this thread.
+void clearThreadError();
 
 // Runs body (returning zpResult_t) with the pending error cleared, exceptions caught, and the outcome recorded
 // on *commSlot (read after body, so an init can record on the communicator it created).
@@ -31,6 +34,15 @@ zpResult_t guardedCall(const char* call, const zpComm_t* commSlot, Body&& body) 
     result = ZP_ERR(zpInternalError, "%s : unexpected exception", call);
   }
   return finishCall(commSlot ? *commSlot : nullptr, result);
+}
+
+// guardedCall for an init, which has no communicator on entry: its outcome is the thread's too (zpGetLastError(NULL)),
+// so that a success leaves no earlier failure's message there.
+template <typename Body>
+zpResult_t guardedInit(const char* call, zpComm_t* out, Body&& body) {
+  const zpResult_t result = guardedCall(call, out, std::forward<Body>(body));
+  if (result == zpSuccess) clearThreadError();
+  return result;
 }
 
 }  // namespace zp

@@ -39,6 +39,8 @@ zpResult_t finishCall(zpComm_t comm, zpResult_t result) {
   return result;
 }
 
+void clearThreadError() { tNoCommError.clear(); }
+
 }  // namespace zp
 
 ZP_EXPORT zpResult_t zpGetVersion(int* version) {

@@ -165,7 +165,7 @@ ZP_EXPORT zpResult_t zpGetUniqueId(zpUniqueId* uniqueId) {
 }
 
 ZP_EXPORT zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank, zpConfig_t* config) {
-  return guardedCall("zpCommInitRankConfig", comm, [&]() -> zpResult_t {
+  return zp::guardedInit("zpCommInitRankConfig", comm, [&]() -> zpResult_t {
     ZPCHECK(zp::checkNotNull(comm, "zpCommInitRankConfig", "comm"));
     *comm = nullptr;  // on every failure, as NCCL does
     ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRankConfig"));
@@ -174,7 +174,7 @@ ZP_EXPORT zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId
 }
 
 ZP_EXPORT zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank) {
-  return guardedCall("zpCommInitRank", comm, [&]() -> zpResult_t {
+  return zp::guardedInit("zpCommInitRank", comm, [&]() -> zpResult_t {
     ZPCHECK(zp::checkNotNull(comm, "zpCommInitRank", "comm"));
     *comm = nullptr;  // on every failure, as NCCL does
     ZPCHECK(zp::checkInitArgs(comm, nranks, rank, "zpCommInitRank"));
@@ -183,7 +183,7 @@ ZP_EXPORT zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commI
 }
 
 ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclComm, zpConfig_t* config) {
-  return guardedCall("zpCommInitFromNccl", comm, [&]() -> zpResult_t {
+  return zp::guardedInit("zpCommInitFromNccl", comm, [&]() -> zpResult_t {
     const char* call = "zpCommInitFromNccl";
     ZPCHECK(zp::checkNotNull(comm, call, "comm"));
     *comm = nullptr;
@@ -205,7 +205,7 @@ ZP_EXPORT zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclCom
 }
 
 ZP_EXPORT zpResult_t zpCommInitFromTransport(zpComm_t* comm, const zpTransport_t* transport, zpConfig_t* config) {
-  return guardedCall("zpCommInitFromTransport", comm, [&]() -> zpResult_t {
+  return zp::guardedInit("zpCommInitFromTransport", comm, [&]() -> zpResult_t {
     const char* call = "zpCommInitFromTransport";
     ZPCHECK(zp::checkNotNull(comm, call, "comm"));
     *comm = nullptr;

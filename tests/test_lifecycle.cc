@@ -288,6 +288,27 @@ TEST(LastError, PerCommunicatorAndNeverStale) {
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
 }
 
+// zpGetLastError(NULL) is the outcome of the thread's last call made without a live communicator: a failed init's
+// message stays only until the thread's next init, which clears it when it succeeds.
+TEST(LastError, TheThreadsMessageIsClearedByASuccessfulInit) {
+  zpConfig_t c = hostConfig();
+  zpComm_t comm = nullptr;
+  c.blockSize = 48;
+  ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "config->blockSize 48")) << zpGetLastError(nullptr);
+  c = hostConfig();
+  ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpSuccess);
+  EXPECT_STREQ(zpGetLastError(nullptr), "");
+  EXPECT_STREQ(zpGetLastError(comm), "");
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+  // The same through zpCommInitRank, after a failed zpCommInitRank.
+  ASSERT_EQ(zpCommInitRank(&comm, 0, newId(), 0), zpInvalidArgument);
+  EXPECT_TRUE(mentions(zpGetLastError(nullptr), "zpCommInitRank : nranks 0")) << zpGetLastError(nullptr);
+  ASSERT_EQ(zpCommInitRank(&comm, 1, newId(), 0), zpSuccess) << zpGetLastError(nullptr);
+  EXPECT_STREQ(zpGetLastError(nullptr), "");
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
+}
+
 TEST(LastError, ErrorStringsAndVersion) {
   EXPECT_STREQ(zpGetErrorString(zpSuccess), "no error");
   for (int r = 1; r < zpNumResults; ++r) EXPECT_GT(strlen(zpGetErrorString(static_cast<zpResult_t>(r))), 5u);
