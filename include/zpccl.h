@@ -4,7 +4,12 @@
  *
  * Conventions, as NCCL's:
  * - Every call returns a zpResult_t. On failure, zpGetLastError(comm) holds a message naming the call and the
- *   argument at fault. An argument error leaves the communicator usable.
+ *   argument at fault. An argument error leaves the communicator usable. A collective refused by its argument checks
+ *   is not made: it meets no other rank, so their matching call waits for this rank's next one.
+ * - Threads: different communicators may be used from different threads at once. One communicator serves one thread
+ *   at a time: a collective, zpQuantize, zpDequantize or zpCommReserve called while another thread's runs on the same
+ *   communicator is refused with zpInvalidUsage (it runs nothing). zpGetLastError, the queries, zpCommGetAsyncError
+ *   and zpCommAbort may be called from any thread meanwhile.
  * - Collectives are enqueued on the caller's CUDA stream and return once enqueued (cuda backend). On the host
  *   backend the stream argument must be NULL and the call returns when the collective is done.
  * - Among ranks of one NVLink domain (cuda backend), qwZ and one-hop qgZ of at least ZP_DIRECT_MIN_BYTES

@@ -22,6 +22,26 @@ zpResult_t whileInUse(zpComm_t comm, const char* call, Fn&& fn) {
   if (use.get() == nullptr) return checkComm(comm, call);  // says why
   return fn(use.get());
 }
+// whileInUse for a call that runs on the communicator (a collective, zpQuantize, zpCommReserve): as its only such call.
+// Two would share its scratch memory and exchanges, so one communicator serves one thread at a time
+// (include/zpccl.h); a call that finds another thread's running is refused with zpInvalidUsage and runs nothing.
+template <typename Fn>
+zpResult_t whileExclusive(zpComm_t comm, const char* call, Fn&& fn) {
+  return whileInUse(comm, call, [&](Communicator* c) -> zpResult_t {
+    const char* running = nullptr;
+    if (!c->activeCall.compare_exchange_strong(running, call)) {
+      return ZP_ERR(zpInvalidUsage,
+                    "%s : another thread is in %s on this communicator, which serves one thread at a time: use one "
+                    "communicator per thread, or take turns",
+                    call, running);
+    }
+    struct Release {
+      Communicator* comm;
+      ~Release() { comm->activeCall.store(nullptr); }
+    } release{c};
+    return fn(c);
+  });
+}
 zpResult_t checkNotNull(const void* ptr, const char* call, const char* arg);
 zpResult_t checkInitArgs(const zpComm_t* comm, int nranks, int rank, const char* call);
 // A caller's transport (zpCommInitFromTransport): its header, its ranks and its callbacks.

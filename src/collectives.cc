@@ -42,7 +42,7 @@ zpResult_t call(const char* opName, CollKind kind, const void* sendbuff, void* r
                 zpComm_t comm, cudaStream_t stream, const zpGradOptions_t* gradOptions = nullptr) {
   CollArgs args{opName, kind, sendbuff, recvbuff, count, type, op, bits, blockSize, stream, GradArgs()};
   return guardedCall(opName, &comm, [&] {
-    return whileInUse(comm, opName, [&](Communicator* c) -> zpResult_t {
+    return whileExclusive(comm, opName, [&](Communicator* c) -> zpResult_t {
       if (gradOptions == nullptr) return enqueue(c, options, nullptr, args);
       zpQuantOptions_t quant;
       ZPCHECK(checkGradOptionsHeader(gradOptions, opName, &quant));

@@ -35,6 +35,9 @@ struct Communicator {
   std::unique_ptr<Backend> backend;
   // qgZ calls that passed their argument checks: the sequence number of stochastic rounding (include/zpccl.h).
   std::atomic<uint32_t> gradSequence{0};
+  // The call that holds the communicator (whileExclusive), nullptr when none: one communicator serves one thread at a
+  // time.
+  std::atomic<const char*> activeCall{nullptr};
   std::mutex errorMutex;
   std::string lastError;
   // Calls running on this communicator: zpCommAbort from another thread waits for them (after waking them)

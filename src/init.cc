@@ -236,7 +236,8 @@ ZP_EXPORT zpResult_t zpCommGetAsyncError(zpComm_t comm, zpResult_t* asyncError) 
 
 ZP_EXPORT zpResult_t zpCommReserve(zpComm_t comm, size_t maxBytes) {
   return guardedCall("zpCommReserve", &comm, [&]() -> zpResult_t {
-    return zp::whileInUse(comm, "zpCommReserve", [&](zp::Communicator* c) { return c->backend->reserve(maxBytes); });
+    return zp::whileExclusive(comm, "zpCommReserve",
+                              [&](zp::Communicator* c) { return c->backend->reserve(maxBytes); });
   });
 }
 

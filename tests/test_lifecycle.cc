@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -423,6 +424,56 @@ TEST(HostAbort, AbortNeverFreesWhatAPeerStillReads) {
   EXPECT_EQ(out[count], -254.0f);
   EXPECT_EQ(zpCommDestroy(comms[1]), zpSuccess) << zpGetLastError(nullptr);
   mallopt(M_MMAP_THRESHOLD, 128 << 10);  // glibc's default
+}
+
+// One communicator serves one thread at a time (include/zpccl.h): a call made while another thread's call runs on the
+// same communicator would share its scratch memory and exchanges (two threads' gathers on one communicator came back
+// with each other's data). It is refused with zpInvalidUsage naming both calls, and runs nothing; the queries and
+// zpCommGetAsyncError still answer. A thread is held inside zpQuantAllGather (its recvbuff stalls) while the main
+// thread calls.
+TEST(HostThreads, ASecondThreadsCallOnABusyCommunicatorIsRefused) {
+  zpConfig_t c = hostConfig();
+  zpComm_t comm = nullptr;
+  ASSERT_EQ(zpCommInitRankConfig(&comm, 1, newId(), 0, &c), zpSuccess);
+  const size_t count = 4096;
+  std::vector<float> send(count, 127.0f), other(count, -3.0f), otherOut(count, 5.0f);
+  std::vector<unsigned char> payload(65536);
+  zptest::StallPage recv(count * sizeof(float), 0, 300);
+  zpResult_t first = zpInternalError;
+  std::thread busy([&] { first = zpQuantAllGather(send.data(), recv.data(), count, zpFloat32, comm, nullptr); });
+  while (!recv.stalled()) std::this_thread::yield();
+  struct Second {
+    const char* call;
+    std::function<zpResult_t()> fn;
+  };
+  const Second seconds[] = {
+      {"zpQuantAllGather",
+       [&] { return zpQuantAllGather(other.data(), otherOut.data(), count, zpFloat32, comm, nullptr); }},
+      {"zpQuantReduceScatterA2A",
+       [&] { return zpQuantReduceScatterA2A(other.data(), otherOut.data(), count, zpFloat32, zpSum, comm, nullptr); }},
+      {"zpQuantize", [&] { return zpQuantize(other.data(), payload.data(), count, zpFloat32, 8, 256, comm, nullptr); }},
+      {"zpCommReserve", [&] { return zpCommReserve(comm, 1 << 20); }},
+  };
+  for (const Second& second : seconds) {
+    EXPECT_EQ(second.fn(), zpInvalidUsage) << second.call;
+    const char* msg = zpGetLastError(comm);
+    EXPECT_TRUE(mentions(msg, (std::string(second.call) + " : another thread is in zpQuantAllGather").c_str()))
+        << second.call << ": " << msg;
+  }
+  EXPECT_EQ(otherOut, std::vector<float>(count, 5.0f)) << "a refused call wrote its recvbuff";
+  int n = 0;
+  EXPECT_EQ(zpCommCount(comm, &n), zpSuccess);  // queries answer meanwhile
+  EXPECT_EQ(n, 1);
+  busy.join();
+  EXPECT_EQ(first, zpSuccess) << zpGetLastError(comm);
+  const float* out = static_cast<const float*>(recv.data());
+  EXPECT_EQ(out[0], 127.0f);
+  EXPECT_EQ(out[count - 1], 127.0f);
+  // Free again: the next call runs.
+  EXPECT_EQ(zpQuantAllGather(other.data(), otherOut.data(), count, zpFloat32, comm, nullptr), zpSuccess)
+      << zpGetLastError(comm);
+  EXPECT_EQ(otherOut, std::vector<float>(count, -3.0f));
+  EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
 }
 
 // Queries, zpCommGetAsyncError, zpCommReserve and zpHierSecondaryShard racing a destroy from another thread either
