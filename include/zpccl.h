@@ -102,7 +102,8 @@ typedef enum ZP_ENUM_INT {
 
 #define ZP_UNIQUE_ID_BYTES 128
 /* Shared by all ranks (out of band) before zpCommInitRank. On the cuda backend it carries an ncclUniqueId; on
- * the host backend it is the key under which thread-ranks meet. */
+ * the host backend it is the key under which thread-ranks meet. Take a fresh id for each communicator: NCCL's
+ * serves one init; the host backend's is free for another once its communicator has formed or its init failed. */
 typedef struct {
   char internal[ZP_UNIQUE_ID_BYTES];
 } zpUniqueId;
@@ -178,15 +179,20 @@ const char* zpGetLastError(zpComm_t comm);
 zpResult_t zpGetUniqueId(zpUniqueId* uniqueId);
 
 /* Creates a communicator of nranks ranks, this caller being rank (0 <= rank < nranks), with the default
- * config. Collective over all ranks: each calls it with the same id and nranks. On the cuda backend the
- * communicator uses the CUDA device current at the call. */
+ * config. Collective over all ranks: each calls it with the same id and nranks, and its own rank. On the cuda
+ * backend the communicator uses the CUDA device current at the call. On the host backend, callers of one id that
+ * pass different nranks, or the same rank, are all refused with zpInvalidUsage. A rank whose arguments or config
+ * are refused before the ranks meet (zpInvalidArgument) never comes: the others fail after ZP_INIT_TIMEOUT_MS on
+ * the host backend, or wait as NCCL's init does on the cuda backend. */
 zpResult_t zpCommInitRank(zpComm_t* comm, int nranks, zpUniqueId commId, int rank);
 
 /* As zpCommInitRank, with a config (NULL: defaults). The node layout is found here: host hashes (hostname,
  * or NCCL_HOSTID when set, as NCCL does) are exchanged, or taken from config->ranksPerNode / nodeId.
  * Uneven nodes are allowed; hierarchical paths then fall back to flat ones, and the log says so. The settings
  * that shape the communicator (how nodes are given, ranksPerNode, hpzSize, weightBits, gradBits, blockSize) must
- * be the same on every rank: a difference is zpInvalidUsage on every rank, naming the field and both values. */
+ * be the same on every rank: a difference is zpInvalidUsage on every rank, naming the field and both values. So
+ * must the backend (as config->backend, ZP_BACKEND or the visible devices resolve it), which cannot be compared:
+ * ranks of two backends never meet. */
 zpResult_t zpCommInitRankConfig(zpComm_t* comm, int nranks, zpUniqueId commId, int rank, zpConfig_t* config);
 
 /* Wraps a caller's NCCL communicator (e.g. PyTorch's) in a cuda-backend zpccl communicator. Collective over
