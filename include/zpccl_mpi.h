@@ -8,6 +8,10 @@
  * does not finish in time is left to MPI (it cannot be cancelled), the callback fails, and the communicator fails on
  * every rank whose MPI still reaches the others. An MPI launcher usually ends the whole job when a process dies.
  *
+ * Errors: zpGetLastError belongs to libzpccl.so. This library's own refusals (a NULL pointer, MPI_COMM_NULL, MPI not
+ * initialized, a transport it did not make) and MPI's failures are printed on stderr, "zpccl_mpi: <call> : <why>";
+ * zpCommInitFromTransport's, inside zpCommInitFromMpi, are in zpGetLastError(NULL) as usual.
+ *
  * SPDX-License-Identifier: Apache-2.0
  */
 #ifndef ZPCCL_MPI_H_
@@ -34,8 +38,8 @@ zpResult_t zpMpiTransportFree(zpTransport_t* transport);
 
 /* zpMpiTransportCreate then zpCommInitFromTransport: a host-backend communicator of mpiComm's ranks, this process
  * being its rank in mpiComm. Collective over mpiComm. config may be NULL (its backend must be unset, default or
- * host). On failure *comm is NULL and the context is freed; zpGetLastError(NULL) says why when the init failed, and a
- * failure of MPI itself (zpSystemError) is printed on stderr with MPI's error string. */
+ * host). On failure *comm is NULL (when comm is not) and the context is freed; zpGetLastError(NULL) says why when
+ * zpCommInitFromTransport failed, stderr when this library refused the call or MPI failed (see Errors above). */
 zpResult_t zpCommInitFromMpi(zpComm_t* comm, MPI_Comm mpiComm, zpConfig_t* config);
 
 #ifdef __cplusplus

@@ -147,6 +147,47 @@ TEST(MpiHost, TheDuplicatedCommunicatorIsFreed) {
   expectEveryRankPassed();
 }
 
+// libzpccl_mpi.so is a client of libzpccl.so and cannot set zpGetLastError: its own refusals name the call and the
+// argument on stderr (as its MPI failures do). Local calls, on every rank alike.
+TEST(MpiHost, BadArgumentsAreRefusedByNameOnStderr) {
+  struct Bad {
+    const char* message;
+    std::function<zpResult_t()> call;
+  };
+  zpTransport_t t;
+  zpComm_t comm = reinterpret_cast<zpComm_t>(0x1);
+  const Bad bads[] = {
+      {"zpMpiTransportCreate : transport is NULL", [] { return zpMpiTransportCreate(MPI_COMM_WORLD, nullptr); }},
+      {"zpMpiTransportCreate : mpiComm is MPI_COMM_NULL", [&] { return zpMpiTransportCreate(MPI_COMM_NULL, &t); }},
+      {"zpMpiTransportFree : transport is NULL", [] { return zpMpiTransportFree(nullptr); }},
+      {"zpMpiTransportFree : transport holds no context of zpMpiTransportCreate",
+       [] {
+         zpTransport_t other = ZP_TRANSPORT_INITIALIZER;
+         return zpMpiTransportFree(&other);
+       }},
+      {"zpCommInitFromMpi : comm is NULL", [] { return zpCommInitFromMpi(nullptr, MPI_COMM_WORLD, nullptr); }},
+      {"zpCommInitFromMpi : mpiComm is MPI_COMM_NULL",
+       [&] { return zpCommInitFromMpi(&comm, MPI_COMM_NULL, nullptr); }},
+  };
+  for (const Bad& bad : bads) {
+    ::testing::internal::CaptureStderr();
+    const zpResult_t res = bad.call();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(res, zpInvalidArgument) << bad.message;
+    EXPECT_NE(err.find(std::string("zpccl_mpi: ") + bad.message), std::string::npos)
+        << bad.message << ": stderr was '" << err << "'";
+  }
+  EXPECT_EQ(comm, nullptr);  // a refused init sets *comm to NULL
+  // Freed twice: the second is refused by name.
+  ASSERT_EQ(zpMpiTransportCreate(MPI_COMM_WORLD, &t), zpSuccess);
+  EXPECT_EQ(zpMpiTransportFree(&t), zpSuccess);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(zpMpiTransportFree(&t), zpInvalidArgument);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("zpMpiTransportFree : transport holds no context"),
+            std::string::npos);
+  expectEveryRankPassed();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -163,22 +163,25 @@ zpResult_t mpiFailed(int code, const char* what) {
   return zpSystemError;
 }
 
-}  // namespace
+// A refusal of this library's own: zpGetLastError belongs to libzpccl.so, so the message, "<call> : <why>", goes to
+// stderr, as MPI's failures do.
+zpResult_t refuse(zpResult_t code, const char* call, const char* why) {
+  fprintf(stderr, "zpccl_mpi: %s : %s\n", call, why);
+  return code;
+}
 
-ZP_MPI_EXPORT zpResult_t zpMpiTransportCreate(MPI_Comm mpiComm, zpTransport_t* transport) {
-  if (transport == nullptr || mpiComm == MPI_COMM_NULL) return zpInvalidArgument;
+zpResult_t createTransport(MPI_Comm mpiComm, zpTransport_t* transport, const char* call) {
+  if (transport == nullptr) return refuse(zpInvalidArgument, call, "transport is NULL");
+  if (mpiComm == MPI_COMM_NULL) return refuse(zpInvalidArgument, call, "mpiComm is MPI_COMM_NULL");
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) {
-    fprintf(stderr, "zpccl_mpi: zpMpiTransportCreate : MPI is not initialized (MPI_Init)\n");
-    return zpInvalidUsage;
-  }
+  if (!initialized) return refuse(zpInvalidUsage, call, "MPI is not initialized (MPI_Init)");
   auto* c = new (std::nothrow) MpiContext();
-  if (c == nullptr) return zpSystemError;
+  if (c == nullptr) return refuse(zpSystemError, call, "out of host memory");
   int rank = 0, rc = MPI_Comm_dup(mpiComm, &c->comm);
   if (rc != MPI_SUCCESS) {
     delete c;
-    return mpiFailed(rc, "zpMpiTransportCreate : MPI_Comm_dup");
+    return mpiFailed(rc, (std::string(call) + " : MPI_Comm_dup").c_str());
   }
   // Errors come back as codes (the callbacks turn them into zpccl's errors) instead of ending the job.
   MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
@@ -199,9 +202,18 @@ ZP_MPI_EXPORT zpResult_t zpMpiTransportCreate(MPI_Comm mpiComm, zpTransport_t* t
   return zpSuccess;
 }
 
+}  // namespace
+
+ZP_MPI_EXPORT zpResult_t zpMpiTransportCreate(MPI_Comm mpiComm, zpTransport_t* transport) {
+  return createTransport(mpiComm, transport, "zpMpiTransportCreate");
+}
+
 ZP_MPI_EXPORT zpResult_t zpMpiTransportFree(zpTransport_t* transport) {
-  if (transport == nullptr || transport->finalize != release || transport->context == nullptr) {
-    return zpInvalidArgument;
+  const char* call = "zpMpiTransportFree";
+  if (transport == nullptr) return refuse(zpInvalidArgument, call, "transport is NULL");
+  if (transport->finalize != release || transport->context == nullptr) {
+    return refuse(zpInvalidArgument, call,
+                  "transport holds no context of zpMpiTransportCreate (freed already, or never made by it)");
   }
   release(transport->context);
   transport->context = nullptr;
@@ -209,10 +221,11 @@ ZP_MPI_EXPORT zpResult_t zpMpiTransportFree(zpTransport_t* transport) {
 }
 
 ZP_MPI_EXPORT zpResult_t zpCommInitFromMpi(zpComm_t* comm, MPI_Comm mpiComm, zpConfig_t* config) {
-  if (comm == nullptr) return zpInvalidArgument;
+  const char* call = "zpCommInitFromMpi";
+  if (comm == nullptr) return refuse(zpInvalidArgument, call, "comm is NULL");
   *comm = nullptr;
   zpTransport_t t;
-  const zpResult_t created = zpMpiTransportCreate(mpiComm, &t);
+  const zpResult_t created = createTransport(mpiComm, &t, call);
   if (created != zpSuccess) return created;
   const zpResult_t res = zpCommInitFromTransport(comm, &t, config);
   if (res != zpSuccess) zpMpiTransportFree(&t);
