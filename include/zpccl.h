@@ -403,9 +403,10 @@ zpResult_t zpQuantReduceScatterA2AEx(const void* sendbuff, void* recvbuff, size_
  * slice = destination node); rank = the quantizing rank; one Philox output gives 8 consecutive elements 16 bits
  * each (element j: bits 16 (j % 2) of word (j % 8) / 2). sequence is the call's number among the communicator's
  * qgZ calls (zpQuantReduceScatterA2A, ...Ex and ...Ex2 alike, every rounding, count 0 included; a call refused by
- * its argument checks does not count), from 0, mod 2^32: every rank calls collectives in the same order, so it is
- * equal on every rank. Results are deterministic: the same seed, layout and call order give the same bits, on the
- * host backend and the GPU alike; a resumed job that wants fresh draws passes a per-call seed (say, seed + step).
+ * its argument checks does not count, one that the ranks refuse for disagreeing does, on every rank), from 0, mod
+ * 2^32: every rank calls collectives in the same order, so it is equal on every rank. Results are deterministic: the
+ * same seed, layout and call order give the same bits, on the host backend and the GPU alike; a resumed job that wants
+ * fresh draws passes a per-call seed (say, seed + step).
  *
  * Error feedback: the caller keeps, per gradient tensor, a residual of what the last quantization lost and passes
  * it to each call. The sender quantizes x + residual (fp32) and stores residual = (x + residual) - dequantized,

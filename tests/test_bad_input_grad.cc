@@ -191,4 +191,37 @@ TEST(BadInputGrad, HopResidualOnOneHop) {
       });
 }
 
+// A call that passed each rank's own checks but that the ranks refuse for disagreeing (rank 1 passes another recvcount:
+// zpInvalidUsage on every rank) has taken its sequence number on every rank alike, unlike a call refused by its
+// argument checks: the good call after it draws the bits of a clean communicator's second call, not its first (which
+// differ: a communicator's first call alone gives other outputs).
+TEST(BadInputGrad, ACallTheRanksRefuseForDisagreeingTakesASequenceNumber) {
+  enum class First { kGood, kDisagreeing, kNone };
+  auto outputs = [](First first) {
+    std::vector<std::vector<uint16_t>> out(2);
+    zptest::runHostRanks(
+        2, [](int, zpConfig_t* c) { c->gradRounding = zpRoundStochastic; },
+        [&](int rank, zpComm_t comm) {
+          Buffer send(kCount * 2 * 2), recv(kCount * 2);
+          zpcheck::fillRandom(zpBfloat16, send.data(), kCount * 2, 5, rank);
+          if (first != First::kNone) {
+            const bool odd = first == First::kDisagreeing && rank == 1;
+            EXPECT_EQ(zpQuantReduceScatterA2A(send.data(), recv.data(), odd ? kCount - 1 : kCount, zpBfloat16, zpSum,
+                                              comm, nullptr),
+                      first == First::kGood ? zpSuccess : zpInvalidUsage)
+                << zpGetLastError(comm);
+          }
+          ASSERT_EQ(zpQuantReduceScatterA2A(send.data(), recv.data(), kCount, zpBfloat16, zpSum, comm, nullptr),
+                    zpSuccess)
+              << zpGetLastError(comm);
+          out[rank].resize(kCount);
+          std::memcpy(out[rank].data(), recv.data(), kCount * 2);
+        });
+    return out;
+  };
+  const auto second = outputs(First::kGood);
+  EXPECT_EQ(outputs(First::kDisagreeing), second);
+  EXPECT_NE(outputs(First::kNone), second);
+}
+
 }  // namespace
