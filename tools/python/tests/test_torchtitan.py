@@ -11,6 +11,7 @@ import dataclasses
 import io
 import logging
 import os
+import re
 import unittest
 from unittest import mock
 from typing import Any
@@ -75,6 +76,11 @@ class TorchtitanConfigs(unittest.TestCase):
         with self.assertRaises(SystemExit), contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
             _parse(TITAN + ["--zpccl.hpz_size", "1"])
         self.assertIn("hpz_size 1 must be an int of at least 2", " ".join(err.getvalue().split()))
+        err = io.StringIO()
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
+            _parse(TITAN + ["--zpccl.weight_bits", "None", "--zpccl.grad_bits", "None"])
+        both = "weight_bits and grad_bits (--zpccl.weight_bits, --zpccl.grad_bits) are both None"
+        self.assertIn(both, " ".join(err.getvalue().split()))
         with self.assertLogs("zpccl.torchtitan", logging.ERROR) as logs, self.assertRaises(ValueError):
             _parse(["--module", "zpccl.torchtitan", "--config", "llama3.no_such_config"])
         self.assertIn("no config function 'no_such_config' in torchtitan.models.llama3.config_registry",
@@ -85,6 +91,8 @@ class TorchtitanConfigs(unittest.TestCase):
             zt.wrap(object())
         with self.assertRaisesRegex(ValueError, "zpccl.torchtitan.wrap: block_size 100 must be"):
             zt.wrap(_parse(TITAN), block_size=100)
+        with self.assertRaisesRegex(ValueError, re.escape(both)):
+            zt.wrap(_parse(TITAN), weight_bits=None, grad_bits=None)
 
     def test_wrap_leaves_the_config_and_runs_the_hook_it_had_first(self) -> None:
         """wrap() copies the model spec; the hook runs the config's own hook, then enables zpccl on every model

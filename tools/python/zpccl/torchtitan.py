@@ -134,6 +134,7 @@ def config_class(base: type) -> type:
     def __post_init__(self: Any) -> None:
         if base_post_init is not None:
             base_post_init(self)
+        _check_policy(getattr(self, SECTION))
         if self.model_spec is not None:
             # A spec of its own: configs made from one another (replace, build) share the one they were made with.
             spec = self.model_spec = dataclasses.replace(self.model_spec)
@@ -153,6 +154,16 @@ def config_class(base: type) -> type:
     cls = dataclasses.dataclass(kw_only=True, slots=True)(type(base.__name__, (base,), namespace))
     cls.__qualname__ = f"Zpccl{base.__qualname__.replace('.', '')}"
     return cls
+
+
+def _check_policy(policy: ZeroPlusPlusPolicy) -> None:
+    """What zpccl.fsdp would refuse in the hook, after the model and optimizer are built, refused with the config:
+    a policy that serves neither side (the policy takes it for an integration whose hpZ needs no qwZ)."""
+    if policy.weight_bits is None and policy.grad_bits is None:
+        raise ZpcclValueError("zpccl.torchtitan: weight_bits and grad_bits (--zpccl.weight_bits, --zpccl.grad_bits) "
+                              "are both None, so zpccl.fsdp would serve nothing (its hpZ gathers need qwZ's "
+                              "communicator): give one of them, or leave --module zpccl.torchtitan out",
+                              "zpccl.torchtitan")
 
 
 def find_config(name: str) -> Callable[[], Any]:
