@@ -66,8 +66,10 @@ class PolicyChecks(unittest.TestCase):
         self.refused("node_id -1 must be an int of at least 0", node_id=-1)
         self.refused("ranks_per_node and node_id are exclusive", ranks_per_node=2, node_id=0)
         self.refused("hpz_size 1 must be an int of at least 2", hpz_size=1)
-        self.refused("which hpz=False leaves", hpz_size=2, hpz=False)
-        self.refused("which weight_bits=None leaves", hpz_size=2, weight_bits=None)
+        self.refused("which hpz=False leaves on the framework's all-gathers: drop hpz_size, or set hpz=True",
+                     hpz_size=2, hpz=False)
+        self.refused("which weight_bits=None leaves on the framework's all-gathers: drop hpz_size, or give "
+                     "weight_bits (4 or 8)", hpz_size=2, weight_bits=None)
         self.refused("hpz_size 4 must divide ranks_per_node 6", hpz_size=4, ranks_per_node=6)
         self.assertEqual(Policy(hpz_size=2, ranks_per_node=6).hpz_size, 2)
 

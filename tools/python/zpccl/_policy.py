@@ -105,9 +105,10 @@ class ZeroPlusPlusPolicy:
             _refuse(f"hpz_size {k!r} must be an int of at least 2 (the ranks of an hpZ group, dividing the ranks "
                     "per node), or None")
         if self.weight_bits is None or not self.hpz:
-            off = "weight_bits=None" if self.weight_bits is None else "hpz=False"
+            off, on = ("weight_bits=None", "give weight_bits (4 or 8)") if self.weight_bits is None else (
+                "hpz=False", "set hpz=True")
             _refuse(f"hpz_size gives modules a backward gather for hpZ, which {off} leaves on the framework's "
-                    f"all-gathers: drop hpz_size, or {off}")
+                    f"all-gathers: drop hpz_size, or {on}")
         if self.ranks_per_node is not None and self.ranks_per_node % k:
             _refuse(f"hpz_size {k} must divide ranks_per_node {self.ranks_per_node}")
 
