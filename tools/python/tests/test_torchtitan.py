@@ -138,6 +138,52 @@ class TorchtitanConfigs(unittest.TestCase):
         self.assertEqual(said.count("model part 0 (Linear) has no fully_shard-ed module"), 2, said)
         self.assertEqual(said.count("model part 1 (Linear) is sharded over one rank"), 2, said)
 
+    def test_a_hook_chained_onto_a_wrapped_config_runs_zpccl_once(self) -> None:
+        """A user chains a hook of their own onto a wrapped config's post_optimizer_build_fn (calling the one it
+        replaces, zpccl's), then torchtitan makes the config again (``build`` does ``replace(self)``), which wraps
+        that chain in zpccl's hook once more: the chain reaches zpccl's hook twice. zpccl serves each model part
+        once and the user's hook runs once; a second hook with another policy is refused, naming both."""
+        import torch
+        import zpccl
+        import zpccl.fsdp
+        from torch.distributed.fsdp import fully_shard
+
+        config = _parse(TITAN + ["--zpccl.block_size", "64"])
+        theirs = config.model_spec.post_optimizer_build_fn
+        mine: list[int] = []
+
+        def chained(optimizers: Any, model_parts: list[Any], parallel_dims: Any) -> None:
+            theirs(optimizers, model_parts, parallel_dims)
+            mine.append(1)
+
+        config.model_spec.post_optimizer_build_fn = chained
+        built = dataclasses.replace(config)  # what Trainer.Config.build() does before it makes the trainer
+        other = dataclasses.replace(config, zpccl=zpccl.ZeroPlusPlusPolicy(block_size=128))
+
+        def body(rank: int) -> list[Any]:
+            part = fully_shard(torch.nn.Linear(64, 64))
+            built.model_spec.post_optimizer_build_fn(None, [part], None)
+            session = zpccl.fsdp.session_of(part)
+            served = (session.policy.block_size, len(session._served))
+            session.disable()
+            try:
+                other.model_spec.post_optimizer_build_fn(None, [part], None)
+                refused = ""
+            except zpccl.ZpcclError as e:
+                refused = e.message
+            finally:
+                zpccl.fsdp.disable(part)
+            return [served, refused]
+
+        with self.assertLogs("zpccl.torchtitan", logging.INFO):
+            out = run_threaded(2, body)
+        self.assertEqual(len(mine), 4)  # two ranks, two hooks run each
+        for served, refused in out:
+            self.assertEqual(served, (64, 1))
+            self.assertIn("model part 0 (Linear) is already served by zpccl", refused)
+            self.assertIn("block_size=64", refused)
+            self.assertIn("block_size=128", refused)
+
 
 class TorchtitanTraining(unittest.TestCase):
     @classmethod

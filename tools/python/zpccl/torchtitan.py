@@ -18,7 +18,9 @@ parsed.
   ``--config MODULE.NAME`` takes it from one: MODULE is a short name as torchtitan's ``--module`` takes it
   (``llama3``, ``graph_trainer.llama3``) or any importable module (its ``config_registry`` submodule first, as
   torchtitan does), so a config registry of your own is reached the same way.
-* In Python, :func:`wrap` does the same to a config you hold: ``wrap(llama3_debugmodel(), hpz_size=8)``.
+* In Python, :func:`wrap` does the same to a config you hold: ``wrap(llama3_debugmodel(), hpz_size=8)``. A hook
+  chained onto a wrapped config's ``post_optimizer_build_fn`` reaches zpccl's twice once the config is made again
+  (``build`` does): zpccl serves each model part once, and refuses a second policy there.
 * hpZ: torchtitan's ``--parallelism.fsdp_reshard_after_forward`` takes only ``default``, ``always`` or ``never``
   (resharding over the whole shard group, or not at all). ``--zpccl.hpz_size k`` gives the modules it shards with
   ``reshard_after_forward=True`` post-forward groups of k ranks inside a node, so their backward gathers are
@@ -55,7 +57,8 @@ from typing import Any, Callable
 # --config name is not found there.
 from . import _policy
 from ._policy import ZeroPlusPlusPolicy
-from .errors import ZpcclTypeError, ZpcclValueError
+from .enums import Result
+from .errors import ZpcclError, ZpcclTypeError, ZpcclValueError
 
 __all__ = ["EnableZpccl", "config_class", "find_config", "wrap"]
 
@@ -91,12 +94,29 @@ class EnableZpccl:
             elif sizes == {1}:
                 log.info("zpccl.torchtitan: %s is sharded over one rank: FSDP's collectives move nothing between "
                          "ranks there, so zpccl leaves them as they are", what)
-            else:
+            elif not self._served_already(fsdp.session_of(part), what):
                 fsdp.enable(part, self.policy)
                 if self.policy.hpz_size is not None and _spmd_mesh(part):
                     log.warning("zpccl.torchtitan: %s is sharded over a full SPMD mesh, which FSDP reshards to no "
                                 "smaller group: hpz_size gives it no hpZ; --parallelism.spmd_backend "
                                 "partial_dtensor shards it over a data-parallel mesh, which hpz_size serves", what)
+
+    def _served_already(self, session: Any, what: str) -> bool:
+        """Whether an earlier hook of the chain has served the model part with this policy. A hook chained onto a
+        wrapped config's post_optimizer_build_fn calls zpccl's, and the config wraps that chain again whenever it
+        is made (``build`` makes it with ``replace``): zpccl's hook is then reached twice, and serves once. Another
+        policy there is refused, naming both."""
+        if session is None:
+            return False
+        if session.policy != self.policy:
+            raise ZpcclError(Result.INVALID_USAGE, f"zpccl.torchtitan: {what} is already served by zpccl with "
+                             f"{session.policy}, from a post_optimizer_build_fn earlier in the chain than the one "
+                             f"of {self.policy}: chain your hook onto the config before zpccl.torchtitan wraps it, "
+                             "or give the policy one way", "zpccl.torchtitan")
+        log.info("zpccl.torchtitan: %s is already served by zpccl with this policy (its post_optimizer_build_fn "
+                 "reaches zpccl's hook twice: a hook chained onto a wrapped config, wrapped again); served once",
+                 what)
+        return True
 
 
 def wrap(config: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any) -> Any:
