@@ -226,6 +226,28 @@ class TorchtitanTraining(unittest.TestCase):
             self.assertGreaterEqual(h["qgz"]["calls"], (2 + LAYERS) * MICROBATCHES * STEPS)
         self.assertTrue(all(r["summaries"] == hpz[0]["summaries"] for r in hpz))
 
+    # zpccl.fsdp lacks the fix (its warning on set_reshard_after_forward(True) over False): it fails until then;
+    # the fix drops this decorator.
+    @unittest.expectedFailure
+    def test_the_readme_command_warns_of_nothing_the_user_cannot_change(self) -> None:
+        """README's command (``--parallelism.spmd_backend partial_dtensor --zpccl.hpz_size 2``, torchtitan's
+        default resharding; 4 ranks as 2 nodes of 2) warns of nothing: hpz_size serves every module torchtitan
+        reshards. torchtitan's chunked loss calls ``set_reshard_after_forward(False)``, ``unshard()``, then
+        ``set_reshard_after_forward(True)`` and ``reshard()`` on its ``[norm, lm_head]`` group inside every step,
+        outside any forward, so that group's backward gather is over the whole shard group whatever its
+        post-forward group: nothing is lost to hpZ there, and no call the user makes could change it (zpccl.fsdp
+        warns that set_reshard_after_forward(True) cost the module hpZ and asks for enable after it)."""
+        argv = TITAN + _titan.SMALL + ["--training.steps", "2", "--parallelism.spmd_backend", "partial_dtensor",
+                                        "--zpccl.hpz_size", "2", "--zpccl.ranks_per_node", "2"]
+        config = _titan.parse(argv)
+        with self.assertLogs("zpccl", logging.INFO) as logs:
+            out = _titan.train(config, 4, _titan.reference_weights(config))
+        warned = [line for line in logs.output if line.startswith("WARNING")]
+        self.assertEqual(warned, [])
+        for rank in out:
+            (s,) = rank["summaries"]
+            self.assertEqual(s["hpz"]["calls"], (1 + LAYERS) * 2)
+
     # zpccl.fsdp lacks the fix (FSDP's set_reshard_after_forward on a group that hpz_size serves): it fails until
     # then; the fix drops this decorator.
     @unittest.expectedFailure
