@@ -298,7 +298,8 @@ class HpzSize(unittest.TestCase):
             summaries = run_threaded(4, body)
         said = [line for line in logs.output if "set_reshard_after_forward(True)" in line]
         self.assertEqual(len(said), 4, logs.output)
-        self.assertTrue(all("'blocks.0'" in line and "hpz_size=2" in line for line in said), said)
+        # Said at the first backward gather that follows such a reshard: the last block's.
+        self.assertTrue(all("'blocks.1'" in line and "hpz_size=2" in line for line in said), said)
         self.assertTrue(all("hpz" not in s for s in summaries), summaries)
 
     def test_set_reshard_after_forward_true_on_the_root_is_said(self) -> None:

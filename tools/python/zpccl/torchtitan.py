@@ -25,8 +25,9 @@ parsed.
   (resharding over the whole shard group, or not at all). ``--zpccl.hpz_size k`` gives the modules it shards with
   ``reshard_after_forward=True`` post-forward groups of k ranks inside a node, so their backward gathers are
   hpZ; each rank then keeps 1/k of those modules' parameters from their forward to their backward (see
-  :mod:`zpccl.fsdp`). torchtitan's root and its ``[norm, lm_head]`` group (resharded only under ``always``) keep
-  theirs. In torchtitan 0.3 this needs ``--parallelism.spmd_backend partial_dtensor``: its default backends
+  :mod:`zpccl.fsdp`). Under ``default`` torchtitan's root and its ``[norm, lm_head]`` group keep no post-forward
+  group (False); under ``always`` they get one of k too, and the chunked loss, which gathers lm_head apart from
+  the forward, gathers that group over its shard group (qwZ). In torchtitan 0.3 this needs ``--parallelism.spmd_backend partial_dtensor``: its default backends
   (``spmd_types``, ``full_dtensor``) shard over a full SPMD mesh (``dp_mesh_dims``), which FSDP reshards to no
   smaller group, so those modules' backward gathers stay qwZ over the whole shard group, and the log says so.
 * torchtitan sets ``set_gradient_divide_factor(1.0)`` on every module (it divides by the token count itself):

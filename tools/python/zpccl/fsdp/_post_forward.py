@@ -4,9 +4,12 @@ Where a front end shards with ``reshard_after_forward=True`` only (torchtitan, A
 those modules FSDP's post-forward groups of k ranks, made by FSDP's own post-forward mesh machinery, exactly what
 ``reshard_after_forward=k`` makes; their backward gathers are then hpZ. ``set_reshard_after_forward(True)`` after
 ``enable`` (FSDP's docs toggle it around an evaluation) means k again: the group of k is put back in the parameter
-group's post_forward, before FSDP reshards. :meth:`PostForward.restore` puts FSDP's back when the session is
-disabled. A module sharded with an int, or (under hpz_size) one with no post-forward group when enable ran, keeps
-FSDP's meaning of that True (the whole shard group), and the log says so once (:func:`say_when_set_true`).
+group's post_forward, before FSDP reshards. A group still in its shard of k when its post-forward mesh changes
+(``set_reshard_after_forward(False)``, then ``unshard()``: torchtitan's chunked loss) goes back to its shard of the
+shard group before FSDP gathers it, over that group. :meth:`PostForward.restore` puts FSDP's back when the session
+is disabled. A module sharded with an int, or (under hpz_size) one with no post-forward group when enable ran,
+keeps FSDP's meaning of that True (the whole shard group), and the log says so once when a backward gather follows
+such a reshard (:func:`say_when_set_true`).
 """
 from __future__ import annotations
 
@@ -51,10 +54,20 @@ class PostForward:
                 pg.post_forward_mesh_info = self.ours
                 said(pg)
 
+        def shard_of_the_shard_group() -> None:
+            # FSDP gathers a group held in its post-forward shard over the post-forward mesh it has now, which a
+            # set_reshard_after_forward since the reshard has changed: that mesh does not hold the shard of k.
+            # FSDP keeps the shard of the shard group all along: back to it, whose gather is over that group.
+            if pg.is_sharded_post_forward and pg.post_forward_mesh_info is not self.ours:
+                pg._to_sharded()
+                for p in pg.fsdp_params:  # the shard of k, which FSDP frees only on its own way out of it
+                    p._sharded_post_forward_param = p._sharded_post_forward_param_data = None
+
         on_post_forward(pg, keep_k)
+        before_method(pg, "unshard", shard_of_the_shard_group)
 
     def restore(self, pg: Any) -> None:
-        off_post_forward(pg)
+        off_wrapped(pg)
         if pg.post_forward_mesh_info is self.ours:  # else the user has set reshard_after_forward since: theirs
             pg.post_forward_mesh_info = self.info
         for p, info, derived in self.params:
@@ -66,36 +79,58 @@ class PostForward:
                     p.__dict__.pop(a, None)
 
 
+#: The FSDPParamGroup methods that zpccl.fsdp runs a check before (:func:`before_method`).
+WRAPPED = ("post_forward", "unshard")
+
+
 def on_post_forward(pg: Any, check: Callable[[], None]) -> None:
     """Runs ``check()`` first in the parameter group's post_forward, where FSDP reads the post-forward mesh
-    however the forward ran (a module's hooks, or a method registered with register_fsdp_forward_method): an
-    instance attribute over FSDP's method, which :func:`off_post_forward` removes."""
-    post_forward = type(pg).post_forward
+    however the forward ran (a module's hooks, or a method registered with register_fsdp_forward_method)."""
+    before_method(pg, "post_forward", check)
 
-    def checked(*args: Any) -> Any:
+
+def before_method(pg: Any, name: str, check: Callable[[], None]) -> None:
+    """Runs ``check()`` before the parameter group's method ``name`` (one of :data:`WRAPPED`) and any check put
+    there before: an instance attribute over FSDP's method, which FSDP's own calls reach too (``self.unshard``),
+    and which :func:`off_wrapped` removes."""
+    inner = pg.__dict__.get(name) or getattr(type(pg), name).__get__(pg)
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
         check()
-        return post_forward(pg, *args)
+        return inner(*args, **kwargs)
 
-    pg.post_forward = checked
+    setattr(pg, name, checked)
 
 
-def off_post_forward(pg: Any) -> None:
-    pg.__dict__.pop("post_forward", None)
+def off_wrapped(pg: Any) -> None:
+    for name in WRAPPED:
+        pg.__dict__.pop(name, None)
 
 
 def say_when_set_true(served: Any, report: Report, hpz_size: int | None) -> None:
-    """For a group that hpz_size did not give a group of k (:attr:`Served.post_forward` None): says once when
-    ``set_reshard_after_forward(True)`` after enable has put it on FSDP's whole shard group, whose backward gathers
-    are qwZ. zpccl follows FSDP there (the user asked for True), and the log names what gives the module hpZ: a
-    group sharded with the user's int k lost it to the True (FSDP's method takes only a bool: hpz_size=k keeps k
-    through such a toggle); one with no post-forward group when enable ran (False, or FSDP's root) was none of
-    hpz_size's (enable after the toggle gives it k)."""
+    """For a group that hpz_size did not give a group of k (:attr:`Served.post_forward` None): says once when a
+    backward gather follows a post-forward reshard to FSDP's whole shard group that ``set_reshard_after_forward
+    (True)`` after enable asked for: that gather is qwZ, not hpZ. zpccl follows FSDP there (the user asked for
+    True), and the log names what gives the module hpZ: a group sharded with the user's int k lost it to the True
+    (FSDP's method takes only a bool: hpz_size=k keeps k through such a toggle); one with no post-forward group when
+    enable ran (False, or FSDP's root) was none of hpz_size's (enable after the toggle gives it k). A gather after
+    any other (an explicit ``reshard()``, as torchtitan's chunked loss makes) is over the whole group whatever the
+    post-forward mesh: nothing is said."""
     pg = served.param_group
+    resharded_whole = [False]  # the last reshard was a post-forward one to the whole shard group
 
-    def check() -> None:
+    def post_forward() -> None:
         info = pg.post_forward_mesh_info
-        if info is None or info != pg.mesh_info:
-            return
+        resharded_whole[0] = info is not None and info == pg.mesh_info
+
+    def unshard() -> None:
+        backward = getattr(pg._training_state, "name", "") == "PRE_BACKWARD"
+        if resharded_whole[0] and backward and pg.is_sharded:
+            say()
+        if not pg.is_sharded_post_forward:
+            resharded_whole[0] = False
+
+    def say() -> None:
         if served.hpz is not None:
             k = served.hpz.k
             report.say_once("set_reshard_after_forward over an int", f"set_reshard_after_forward(True) after enable "
@@ -110,7 +145,8 @@ def say_when_set_true(served: Any, report: Report, hpz_size: int | None) -> None
                             f"{hpz_size} to the modules sharded with True then, so its backward gathers are qwZ, not "
                             "hpZ. For hpZ there, call enable after set_reshard_after_forward(True)")
 
-    on_post_forward(pg, check)
+    on_post_forward(pg, post_forward)
+    before_method(pg, "unshard", unshard)
 
 
 def apply_hpz_size(fsdp: TorchFsdp, k: int, model: Any, served: list[Any], report: Report) -> None:

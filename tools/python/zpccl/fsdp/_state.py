@@ -13,7 +13,7 @@ from ..enums import Result
 from ..errors import ZpcclError
 from ._collectives import Collectives
 from ._groups import Communicators, Group, Hpz
-from ._post_forward import PostForward, off_post_forward
+from ._post_forward import PostForward, off_wrapped
 from ._report import Report
 from ._torch_fsdp import TorchFsdp, fsdp_modules, param_groups, unwatch_reduced_params
 
@@ -147,7 +147,7 @@ class ZeroPlusPlus(Session):
                 served.param_group._all_gather_comm = served.all_gather
                 served.param_group._reduce_scatter_comm = served.reduce_scatter
                 unwatch_reduced_params(served.param_group)
-            off_post_forward(served.param_group)  # hpz_size's check may be there before the hooks (a failed enable)
+            off_wrapped(served.param_group)  # hpz_size's check may be there before the hooks (a failed enable)
             if served.post_forward is not None:
                 served.post_forward.restore(served.param_group)
             if SERVED.get(id(served.param_group)) is self:
