@@ -193,6 +193,25 @@ class HpzSize(unittest.TestCase):
         self.assertTrue(all("SPMD mesh (dp_mesh_dims)" in line and "tensor parallel" not in line for line in said),
                         said)
 
+    def test_nothing_to_serve_is_said(self) -> None:
+        """hpz_size=2 over a model no module of which reshards after forward (False everywhere: torchtitan's
+        "never"): nothing for it to do, which the log says once a rank; hpZ serves nothing."""
+        torch = self.torch
+        base = build_model(torch)
+
+        def body(rank: int) -> Any:
+            model = shard(copy.deepcopy(base), 4, [False, False], root=False)
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+            train(torch, model, batches(torch, rank, 1))
+            zp.disable()
+            return zp.summary()
+
+        with self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
+            summaries = run_threaded(4, body)
+        said = [line for line in logs.output if "hpz_size=2 serves no module" in line]
+        self.assertEqual(len(said), 4, logs.output)
+        self.assertTrue(all("hpz" not in s and s["qwz"]["calls"] > 0 for s in summaries), summaries)
+
     def test_a_shard_group_of_k_ranks_keeps_true_and_says_so(self) -> None:
         """One node of four with hpz_size=4: the post-forward group would be the shard group itself."""
         torch = self.torch

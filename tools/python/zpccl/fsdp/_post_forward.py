@@ -155,6 +155,10 @@ def apply_hpz_size(fsdp: TorchFsdp, k: int, model: Any, served: list[Any], repor
     shard mesh, shared by its groups (their process groups made once). Every group is checked before any
     changes."""
     targets, unset = _targets(k, model, served, report)
+    if not targets:
+        report.say_once("hpz_size: nothing", f"hpz_size={k} serves no module: none is resharded after forward over "
+                        "its whole shard group (reshard_after_forward=True) where FSDP can reshard it to a smaller "
+                        "one", logging.INFO)
     for g in {id(s.group): s.group for s in targets}.values():
         _check_fits(k, g, [s for s in targets if s.group is g])
     for s in unset:
