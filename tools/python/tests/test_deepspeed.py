@@ -962,6 +962,10 @@ class ConfigOfDeepSpeed(unittest.TestCase):
         refused("block_size 100 must be a power of two", {"zero_optimization": zero, "zpccl": {"block_size": 100}})
         refused("the config asks zpccl for nothing", {"zero_optimization": {"stage": 3}, "zpccl": {"grad_bits": None}})
         refused("\"zpccl\" section must be a dict", {"zero_optimization": zero, "zpccl": 8})
+        refused("zero_optimization.zero_hpz_partition_size must be an int (the ranks of DeepSpeed's hpZ groups, 1 for "
+                "none), got 'auto'", {"zero_optimization": dict(zero, zero_hpz_partition_size="auto")})
+        refused("zero_hpz_partition_size must be an int",
+                {"zero_optimization": dict(zero, zero_hpz_partition_size=1.5)})
         refused("config must be a DeepSpeed config dict or the path of its JSON file", "/no/such/file.json")
 
     def test_block_layout_fill_keeps_padding_out(self) -> None:

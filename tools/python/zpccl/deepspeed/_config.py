@@ -61,7 +61,7 @@ def resolve(config: Any, policy: ZeroPlusPlusPolicy | None,
     on = {field: bool(zero.pop(key, False)) for key, field, _ in TAKEN}
     if "zero_optimization" in cfg:
         cfg["zero_optimization"] = zero
-    hpz = int(zero.get(HPZ_KEY, 1) or 1)
+    hpz = _hpz_size(zero.get(HPZ_KEY, 1), call)
     if not (any(on.values()) or hpz > 1 or section is not None or policy is not None):
         return cfg, None
     stage = zero.get("stage", 0)
@@ -90,6 +90,18 @@ def resolve(config: Any, policy: ZeroPlusPlusPolicy | None,
         raise ZpcclValueError(f"{call}: the config asks zpccl for nothing: weight_bits and grad_bits are None "
                               f"and zero_optimization.{HPZ_KEY} is {hpz} (hpZ needs at least 2)", call)
     return cfg, policy
+
+
+def _hpz_size(value: Any, call: str) -> int:
+    """zero_hpz_partition_size as DeepSpeed reads it (an int; None or 0 mean 1), or a refusal naming the key: a
+    value DeepSpeed would refuse (``"auto"``, which only some keys take) must not reach int()'s words."""
+    try:
+        if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return int(value or 1)
+    except (TypeError, ValueError):
+        raise ZpcclValueError(f"{call}: zero_optimization.{HPZ_KEY} must be an int (the ranks of DeepSpeed's hpZ "
+                              f"groups, 1 for none), got {value!r}", call) from None
 
 
 def _load(config: Any, call: str) -> dict[str, Any]:
