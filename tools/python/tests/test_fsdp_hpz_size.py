@@ -49,6 +49,15 @@ class HpzSize(unittest.TestCase):
     def setUpClass(cls) -> None:
         cls.torch = torch_for_threads()
 
+    def said_by_every_rank(self, level: int, words: str, body: Any) -> tuple[list[str], list[Any]]:
+        """``body`` run on 4 thread-ranks: the zpccl.fsdp log lines at ``level`` or above holding ``words``, one a
+        rank (checked), and what each rank returned."""
+        with self.assertLogs("zpccl.fsdp", level) as logs:
+            results = run_threaded(4, body)
+        said = [line for line in logs.output if words in line]
+        self.assertEqual(len(said), 4, logs.output)
+        return said, results
+
     def test_equals_resharding_with_k(self) -> None:
         """Blocks sharded with True under hpz_size=k, and the same blocks sharded with reshard_after_forward=k
         (zpccl on in both): every gathered weight, every loss and the trained parameters bit-identical; the
@@ -186,10 +195,8 @@ class HpzSize(unittest.TestCase):
             zp.disable()
             return zp.summary()
 
-        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
-            run_threaded(4, body)
-        said = [line for line in logs.output if "hpz_size=2 leaves modules ['blocks.0', 'blocks.1']" in line]
-        self.assertEqual(len(said), 4, logs.output)
+        said, _ = self.said_by_every_rank(logging.WARNING, "hpz_size=2 leaves modules ['blocks.0', 'blocks.1']",
+                                          body)
         self.assertTrue(all("SPMD mesh (dp_mesh_dims)" in line and "tensor parallel" not in line for line in said),
                         said)
 
@@ -206,10 +213,7 @@ class HpzSize(unittest.TestCase):
             zp.disable()
             return zp.summary()
 
-        with self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
-            summaries = run_threaded(4, body)
-        said = [line for line in logs.output if "hpz_size=2 serves no module" in line]
-        self.assertEqual(len(said), 4, logs.output)
+        said, summaries = self.said_by_every_rank(logging.INFO, "hpz_size=2 serves no module", body)
         self.assertTrue(all("hpz" not in s and s["qwz"]["calls"] > 0 for s in summaries), summaries)
 
     def test_a_shard_group_of_k_ranks_keeps_true_and_says_so(self) -> None:
@@ -224,10 +228,8 @@ class HpzSize(unittest.TestCase):
             zp.disable()
             return zp.summary()
 
-        with self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
-            summaries = run_threaded(4, body)
-        said = [line for line in logs.output if "hpz_size=4 leaves modules ['blocks.0', 'blocks.1']" in line]
-        self.assertEqual(len(said), 4, logs.output)
+        said, summaries = self.said_by_every_rank(logging.INFO, "hpz_size=4 leaves modules ['blocks.0', 'blocks.1']",
+                                                  body)
         self.assertTrue(all("hpz" not in s for s in summaries), summaries)
 
 
@@ -281,10 +283,8 @@ class HpzSize(unittest.TestCase):
             return losses, local_params(model), {n: v["calls"] for n, v in zp.summary().items()}
 
         plain = run_threaded(4, lambda rank: body(rank, False))
-        with self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
-            evaluated = run_threaded(4, lambda rank: body(rank, True))
-        said = [line for line in logs.output if "hpz_size=2 keeps module" in line]
-        self.assertEqual(len(said), 4, logs.output)
+        said, evaluated = self.said_by_every_rank(logging.INFO, "hpz_size=2 keeps module",
+                                                  lambda rank: body(rank, True))
         for rank, (a, b) in enumerate(zip(plain, evaluated)):
             self.assertEqual(b[2]["hpz"], 2 * STEPS, f"rank {rank}: {b[2]}")
             self.assertEqual(a[0], b[0], f"rank {rank}: losses")
@@ -313,10 +313,7 @@ class HpzSize(unittest.TestCase):
             zp.disable()
             return {n: v["calls"] for n, v in zp.summary().items()}
 
-        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
-            summaries = run_threaded(4, body)
-        said = [line for line in logs.output if "set_reshard_after_forward(True)" in line]
-        self.assertEqual(len(said), 4, logs.output)
+        said, summaries = self.said_by_every_rank(logging.WARNING, "set_reshard_after_forward(True)", body)
         # Said at the first backward gather that follows such a reshard: the last block's.
         self.assertTrue(all("'blocks.1'" in line and "hpz_size=2" in line for line in said), said)
         self.assertTrue(all("hpz" not in s for s in summaries), summaries)
@@ -339,10 +336,7 @@ class HpzSize(unittest.TestCase):
             zp.disable()
             return {n: v["calls"] for n, v in zp.summary().items()}
 
-        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
-            summaries = run_threaded(4, body)
-        said = [line for line in logs.output if "set_reshard_after_forward(True)" in line]
-        self.assertEqual(len(said), 4, logs.output)
+        said, summaries = self.said_by_every_rank(logging.WARNING, "set_reshard_after_forward(True)", body)
         self.assertTrue(all("the model" in line and "call enable after" in line for line in said), said)
         # Blocks: hpZ every step; the root: its backward gathers, from the second step on, qwZ.
         self.assertEqual(summaries, [{"qwz": 3 * STEPS + STEPS - 1, "hpz": 2 * STEPS, "qgz": 3 * STEPS}] * 4)
@@ -376,10 +370,7 @@ class HpzSize(unittest.TestCase):
                     out.append(zp.summary())
             return out
 
-        with self.assertLogs("zpccl.fsdp", logging.WARNING) as logs:
-            results = run_threaded(4, body)
-        said = [line for line in logs.output if "hpz_size=2 leaves modules ['blocks.0']" in line]
-        self.assertEqual(len(said), 4, logs.output)
+        said, results = self.said_by_every_rank(logging.WARNING, "hpz_size=2 leaves modules ['blocks.0']", body)
         self.assertTrue(all("Shard(1)" in line for line in said), said)
         for rank, (plain, losses, summary) in enumerate(results):
             # blocks.1 is hpZ's; blocks.0 gathers forward and backward over the shard group.
