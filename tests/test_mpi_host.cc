@@ -197,8 +197,11 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &gSize);
   ::testing::InitGoogleTest(&argc, argv);
   if (gRank != 0) {
-    // One report: rank 0's, which every test makes fail when another rank's did.
-    ::testing::GTEST_FLAG(output) = "";
+    // One report: rank 0's, which every test makes fail when another rank's did. InitGoogleTest has made the
+    // report's writer from --gtest_output already (clearing the flag now would leave it): every rank would write
+    // the same file at once, interleaving their reports.
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_xml_generator());
   }
   const int failed = RUN_ALL_TESTS();
   int any = 0;
