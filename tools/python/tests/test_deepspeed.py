@@ -17,6 +17,11 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   changing no training bit; every parameter persistent; disable(), then enable() again on the same engine; a
   second engine in the process that zpccl does not serve keeping DeepSpeed's collectives bit for bit;
   tensor-parallel pairs (an mpu).
+* One node of two ranks, hpZ groups of two, features users reach for beside DeepSpeed's own engine: the 16-bit model
+  and zero_to_fp32's consolidation holding the trained weights bit for bit, ZeRO checkpoints loaded across DeepSpeed
+  and zpccl; GatheredParameters with a modifier rank (read back exact, the next fetch hpZ from the rebuilt secondary
+  partitions); a model built under zero.Init with its weights loaded as from_pretrained does; tied weights, a block
+  used twice, activation checkpointing (reentrant or not) and a frozen layer with an adapter, every call checked.
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
   and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
@@ -896,6 +901,190 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     return out
 
 
+def exact_weights(torch: Any, engine: Any) -> dict[str, Any]:
+    """Every parameter of the engine's module whole, gathered from its partitions with torch.distributed itself (no
+    path of DeepSpeed's or zpccl's in between)."""
+    out = {}
+    dist = torch.distributed
+    for name, p in engine.module.named_parameters():
+        parts = [torch.empty_like(p.ds_tensor) for _ in range(dist.get_world_size(p.ds_process_group))]
+        dist.all_gather(parts, p.ds_tensor, group=p.ds_process_group)
+        out[name] = torch.cat(parts)[:p.ds_numel].view(p.ds_shape)
+    return out
+
+
+def features_model(torch: Any, reentrant: bool) -> Any:
+    """A model with what users' models have and build_model lacks: an embedding tied to the output head (one
+    parameter in two modules), a block applied twice in one forward, another under activation checkpointing
+    (recomputed in the backward, ``reentrant`` or not), and a LoRA-style adapter beside a frozen base layer. (A block
+    applied twice under reentrant checkpointing fails DeepSpeed's own gradient bucket assertion, with or without
+    zpccl: each reentrant backward reduces the parameter's gradient once.)"""
+    import torch.utils.checkpoint as checkpoint
+
+    nn = torch.nn
+
+    class Adapted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.base = nn.Linear(16, 16)
+            self.base.requires_grad_(False)
+            self.down = nn.Linear(16, 4, bias=False)
+            self.up = nn.Linear(4, 16, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            return self.base(x) + self.up(self.down(x))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 40), nn.Linear(40, 16)
+
+        def forward(self, x: Any) -> Any:
+            return x + self.b(torch.relu(self.a(x)))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, 16)
+            self.block, self.deep = Block(), Block()
+            self.adapted = Adapted()
+            self.head = nn.Linear(16, 50, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, t: Any) -> Any:
+            h = self.block(self.block(self.emb(t)))
+            h = checkpoint.checkpoint(self.deep, h, use_reentrant=reentrant)
+            return self.head(self.adapted(h))
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
+    """World D: one node of two ranks, hpZ groups of two, each feature beside DeepSpeed's own engine: the checkpoint
+    files (ZeRO's, the 16-bit model, zero_to_fp32's consolidation) and loading them across the two; GatheredParameters
+    with a modifier rank; a model built under zero.Init and loaded as from_pretrained does; tied weights, a module
+    used twice, activation checkpointing and a frozen base layer with an adapter."""
+    torch, deepspeed, dist = _setup()
+    from deepspeed.utils import groups
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    import zpccl.deepspeed
+
+    out: dict[str, Any] = {}
+    bits = {k: dict(same=[], count=0) for k in ("16bit", "fp32", "zp_to_ds", "ds_to_zp", "modified", "pretrained")}
+
+    def compare(key: str, got: dict[str, Any], want: dict[str, Any]) -> None:
+        bits[key]["same"].append(sorted(n for n in want if not (got[n].dtype == want[n].dtype and torch.equal(
+            got[n], want[n]))))
+        bits[key]["count"] += len(want)
+
+    # Checkpoints: each side saves after two steps (ZeRO's files and the 16-bit model); the 16-bit model and
+    # zero_to_fp32's consolidation hold the weights the engine trained to, and each side loads the other's files.
+    config = dict(ds_config(2, quantized=True), zero_optimization=dict(
+        ds_config(2, quantized=True)["zero_optimization"], stage3_gather_16bit_weights_on_model_save=True))
+    saved = {}
+    for zp in (True, False):
+        tag = "zpccl" if zp else "deepspeed"
+        engine = make_engine(torch, deepspeed, config if zp else ds_config(2), zp=zp)
+        train(torch, engine, rank, 2)
+        saved[tag] = exact_weights(torch, engine)
+        engine.save_checkpoint(ckpt, tag=tag)
+        if zp:
+            engine.save_16bit_model(os.path.join(ckpt, tag), "model16.bin")
+            session = zpccl.deepspeed.session_of(engine)
+            out["checkpoint_summary"] = session.summary()
+            session.disable()
+    dist.barrier()
+    if rank == 0:
+        compare("16bit", torch.load(os.path.join(ckpt, "zpccl", "model16.bin")), saved["zpccl"])
+        fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="zpccl")
+        compare("fp32", {n: t.to(torch.bfloat16) for n, t in fp32.items()}, saved["zpccl"])
+    for zp, tag in ((False, "zpccl"), (True, "deepspeed")):
+        engine = make_engine(torch, deepspeed, config if zp else ds_config(2), zp=zp, seed=5)
+        engine.load_checkpoint(ckpt, tag=tag)
+        compare("ds_to_zp" if zp else "zp_to_ds", exact_weights(torch, engine), saved[tag])
+        zpccl.deepspeed.disable(engine)
+
+    # GatheredParameters with a modifier rank over a layer's parameters, after two steps: rank 0 writes its weight,
+    # every rank reads it back exact, and the layer's next fetch gathers both from the secondary partitions DeepSpeed
+    # rebuilt of them (hpZ, exact): the layer computes with the written weight and the bias as it was.
+    new = torch.randn(37, 12, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x = batch(torch, rank, 50, torch.bfloat16)[0]
+    engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True)
+    session = zpccl.deepspeed.session_of(engine)
+    train(torch, engine, rank, 2)
+    layer = engine.module.inp
+    with deepspeed.zero.GatheredParameters(list(layer.parameters()), modifier_rank=0):
+        if rank == 0:
+            layer.weight.data.copy_(new)
+    before = session.summary()
+    with deepspeed.zero.GatheredParameters([layer.weight]):
+        compare("modified", {"w": layer.weight.data.clone()}, {"w": new})
+    weights = exact_weights(torch, engine)
+    compare("modified", weights, {"inp.weight": new})
+    with torch.no_grad():
+        out["modified_forward"] = bool(torch.equal(layer(x), torch.nn.functional.linear(x, new, weights["inp.bias"])))
+    after = session.summary()
+    out["modified_calls"] = (after["hpz"]["calls"] - before["hpz"]["calls"],
+                             after["qwz"]["calls"] - before["qwz"]["calls"])
+    session.disable()
+
+    # A model built under zero.Init (split_config's config, which zero.Init reads), its weights loaded module by
+    # module with GatheredParameters(modifier_rank=0) as from_pretrained does: the engine holds them exact, and its
+    # first step (hpZ, from the secondary partitions the loads rebuilt) is DeepSpeed's bit for bit.
+    pretrained = {n: p.detach().to(torch.bfloat16) for n, p in build_model(torch, seed=42).named_parameters()}
+    losses = {}
+    for zp in (True, False):
+        groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+        cfg = ds_config(2, quantized=zp)
+        with deepspeed.zero.Init(config_dict_or_path=zpccl.deepspeed.split_config(cfg)[0]):
+            model = build_model(torch)
+        for prefix, module in model.named_modules():
+            own = dict(module.named_parameters(recurse=False))
+            with deepspeed.zero.GatheredParameters(list(own.values()), modifier_rank=0):
+                if rank == 0:
+                    for n, p in own.items():
+                        p.data.copy_(pretrained[f"{prefix}.{n}" if prefix else n])
+        init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
+        engine, *_ = init(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), config=cfg)
+        if zp:
+            compare("pretrained", exact_weights(torch, engine), pretrained)
+        losses[zp] = train(torch, engine, rank, 3)
+        zpccl.deepspeed.disable(engine)
+    out["pretrained_losses"] = losses
+
+    # Tied weights, a block used twice, activation checkpointing, a frozen base layer with an adapter: hpZ 1
+    # and 2, reentrant checkpointing and not, each beside DeepSpeed's own engine.
+    for hpz in (1, 2):
+        for reentrant in (True, False):
+            runs = {}
+            for zp in (True, False):
+                groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+                model = features_model(torch, reentrant)
+                opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+                init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
+                engine, *_ = init(model=model, optimizer=opt, config=ds_config(hpz, quantized=zp))
+                session = zpccl.deepspeed.session_of(engine)
+                exact = Exact(torch, session, [0] * dist.get_world_size()) if zp else None
+                frozen = exact_weights(torch, engine)["adapted.base.weight"]
+                losses = []
+                for step in range(3):
+                    tokens = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(10 * step + rank))
+                    loss = torch.nn.functional.cross_entropy(engine(tokens).float().reshape(-1, 50), tokens.reshape(-1))
+                    engine.backward(loss)
+                    engine.step()
+                    losses.append(loss.item())
+                runs[zp] = dict(losses=losses, frozen=bool(torch.equal(
+                    exact_weights(torch, engine)["adapted.base.weight"], frozen)))
+                if zp:
+                    runs[zp].update(summary=session.summary(), checked=exact.verify())
+                    session.disable()
+            out[f"features{hpz}{reentrant:d}"] = runs
+    out["bits"] = bits
+    return out
+
+
 # ---- the tests ----------------------------------------------------------------------------------------------------
 
 
@@ -1285,6 +1474,71 @@ class DeepSpeedUserConfigs(unittest.TestCase):
             # The other engine's calls reached zpccl's functions, and were handed to DeepSpeed's.
             for path in ("deepspeed_all_gather_unserved", "deepspeed_reduce_scatter_unserved"):
                 self.assertGreater(two["summary"].get(path, {}).get("calls", 0), 0, two["summary"])
+
+
+class DeepSpeedUserFeatures(unittest.TestCase):
+    """Two ranks on one node, hpZ groups of two: checkpoint files, GatheredParameters with a modifier, zero.Init with
+    weights loaded as from_pretrained does, tied weights, activation checkpointing and frozen layers (one spawn)."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        deepspeed_or_skip()
+        cls._dir = tempfile.TemporaryDirectory()
+        cls.outcomes = run_procs(2, _user_features, cls._dir.name, local=2, env=dict(ENV, LOCAL_SIZE="2"),
+                                 timeout=300)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls._dir.cleanup()
+
+    def setUp(self) -> None:
+        self.out = _spawned(self, self.outcomes)
+
+    def assertBitsEqual(self, key: str, count: int) -> None:
+        """Every weight compared under ``key`` (on any rank) equal bit for bit, ``count`` compared in all."""
+        compared = sum(o["bits"][key]["count"] for o in self.out)
+        self.assertEqual(compared, count, key)
+        for o in self.out:
+            self.assertEqual([names for names in o["bits"][key]["same"] if names], [], key)
+
+    def test_checkpoint_files_hold_the_trained_weights(self) -> None:
+        self.assertBitsEqual("16bit", 7)  # rank 0 reads the files
+        self.assertBitsEqual("fp32", 7)
+        for o in self.out:
+            self.assertEqual(set(o["checkpoint_summary"]), {"qwz", "hpz", "qgz"}, o["checkpoint_summary"])
+
+    def test_checkpoints_load_across_deepspeed_and_zpccl(self) -> None:
+        self.assertBitsEqual("zp_to_ds", 14)
+        self.assertBitsEqual("ds_to_zp", 14)
+
+    def test_gathered_parameters_with_a_modifier_rank(self) -> None:
+        self.assertBitsEqual("modified", 4)
+        for o in self.out:
+            self.assertTrue(o["modified_forward"], o["modified_calls"])
+            self.assertEqual(o["modified_calls"], (1, 0))  # the layer's weight and bias, one hpZ gather
+
+    def test_zero_init_with_weights_loaded_as_from_pretrained(self) -> None:
+        self.assertBitsEqual("pretrained", 14)
+        for o in self.out:
+            losses = o["pretrained_losses"]
+            self.assertEqual(losses[True][0], losses[False][0])
+            self.assertTrue(_close(losses[True], losses[False], GAP_INT4), losses)
+
+    def test_tied_weights_checkpointed_blocks_and_frozen_layers(self) -> None:
+        for r, o in enumerate(self.out):
+            for hpz in (1, 2):
+                for reentrant in (True, False):
+                    zp, ds = o[f"features{hpz}{reentrant:d}"][True], o[f"features{hpz}{reentrant:d}"][False]
+                    with self.subTest(rank=r, hpz=hpz, reentrant=reentrant):
+                        s = zp["summary"]
+                        self.assertEqual(set(s), {"qwz", "qgz"} | ({"hpz"} if hpz > 1 else set()), s)
+                        self.assertEqual(zp["checked"], {"qwz": s["qwz"]["calls"], "qgz": s["qgz"]["calls"]})
+                        self.assertTrue(zp["frozen"] and ds["frozen"])
+                        self.assertEqual(zp["losses"][0] == ds["losses"][0], hpz > 1, (zp["losses"], ds["losses"]))
+                        self.assertTrue(_close(zp["losses"], ds["losses"], GAP_INT4), (zp["losses"], ds["losses"]))
+                        # The recomputation gathers what the forward gathered: either way, the same steps.
+                        other = o[f"features{hpz}{not reentrant:d}"][True]
+                        self.assertEqual(zp["losses"], other["losses"])
 
 
 class DeepSpeedExample(unittest.TestCase):
