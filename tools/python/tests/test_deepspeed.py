@@ -1233,17 +1233,25 @@ class ConfigOfDeepSpeed(unittest.TestCase):
         self.assertIsNone(fetch_owner(nvtx(gather)))
 
 
-class DeepSpeedOneNode(unittest.TestCase):
-    """Four ranks on one node: the sweep, exactness, lifecycle and refusals (one spawn)."""
+class _OneSpawn(unittest.TestCase):
+    """The tests of a subclass read one spawn of ``ranks`` processes, all on one node of ``local`` (or nodes of
+    ``local`` ranks), each running ``target``, made once for the class; every rank's outcome is checked before each
+    test. ``target`` takes a scratch folder after its rank (checkpoints) where ``scratch`` says so."""
 
+    ranks = 0
+    local = 0
+    target: Any = None
+    scratch = True
+    timeout = 400
     out: list[dict[str, Any]]
 
     @classmethod
     def setUpClass(cls) -> None:
         deepspeed_or_skip()
         cls._dir = tempfile.TemporaryDirectory()
-        env = dict(ENV, LOCAL_SIZE="4")
-        cls.outcomes = run_procs(4, _one_node, cls._dir.name, local=4, env=env, timeout=400)
+        args = (cls._dir.name,) if cls.scratch else ()
+        cls.outcomes = run_procs(cls.ranks, cls.target, *args, local=cls.local,
+                                 env=dict(ENV, LOCAL_SIZE=str(cls.local)), timeout=cls.timeout)
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -1251,6 +1259,12 @@ class DeepSpeedOneNode(unittest.TestCase):
 
     def setUp(self) -> None:
         self.out = _spawned(self, self.outcomes)
+
+
+class DeepSpeedOneNode(_OneSpawn):
+    """Four ranks on one node: the sweep, exactness, lifecycle and refusals (one spawn)."""
+
+    ranks, local, target = 4, 4, staticmethod(_one_node)
 
     def test_sweep_over_hpz_sizes_tracks_zero3(self) -> None:
         for r, o in enumerate(self.out):
@@ -1374,22 +1388,10 @@ class DeepSpeedOneNode(unittest.TestCase):
         self.assertEqual(len({o["refused"]["hpz_nodes"] for o in self.out}), 1)  # every rank, the same verdict
 
 
-class DeepSpeedUserConfigs(unittest.TestCase):
+class DeepSpeedUserConfigs(_OneSpawn):
     """Four ranks on one node, configs as HF Trainer and Accelerate write them (one spawn)."""
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        deepspeed_or_skip()
-        cls._dir = tempfile.TemporaryDirectory()
-        cls.outcomes = run_procs(4, _user_configs, cls._dir.name, local=4, env=dict(ENV, LOCAL_SIZE="4"),
-                                 timeout=400)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls._dir.cleanup()
-
-    def setUp(self) -> None:
-        self.out = _spawned(self, self.outcomes)
+    ranks, local, target = 4, 4, staticmethod(_user_configs)
 
     def assertServed(self, run: dict[str, Any], paths: set[str]) -> None:
         """Every path in ``paths`` ran, nothing stayed DeepSpeed's, every quantized call equals the model."""
@@ -1476,23 +1478,11 @@ class DeepSpeedUserConfigs(unittest.TestCase):
                 self.assertGreater(two["summary"].get(path, {}).get("calls", 0), 0, two["summary"])
 
 
-class DeepSpeedUserFeatures(unittest.TestCase):
+class DeepSpeedUserFeatures(_OneSpawn):
     """Two ranks on one node, hpZ groups of two: checkpoint files, GatheredParameters with a modifier, zero.Init with
     weights loaded as from_pretrained does, tied weights, activation checkpointing and frozen layers (one spawn)."""
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        deepspeed_or_skip()
-        cls._dir = tempfile.TemporaryDirectory()
-        cls.outcomes = run_procs(2, _user_features, cls._dir.name, local=2, env=dict(ENV, LOCAL_SIZE="2"),
-                                 timeout=300)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls._dir.cleanup()
-
-    def setUp(self) -> None:
-        self.out = _spawned(self, self.outcomes)
+    ranks, local, target, timeout = 2, 2, staticmethod(_user_features), 300
 
     def assertBitsEqual(self, key: str, count: int) -> None:
         """Every weight compared under ``key`` (on any rank) equal bit for bit, ``count`` compared in all."""
@@ -1559,16 +1549,10 @@ class DeepSpeedExample(unittest.TestCase):
             self.assertRegex(done.stdout, rf"\n  {path}: [1-9]\d* calls")
 
 
-class DeepSpeedThreeNodes(unittest.TestCase):
+class DeepSpeedThreeNodes(_OneSpawn):
     """Six ranks as three nodes of two: two-hop qgZ, hpZ inside each node, every type (one spawn)."""
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        deepspeed_or_skip()
-        cls.outcomes = run_procs(6, _three_nodes, local=2, env=dict(ENV, LOCAL_SIZE="2"), timeout=400)
-
-    def setUp(self) -> None:
-        self.out = _spawned(self, self.outcomes)
+    ranks, local, target, scratch = 6, 2, staticmethod(_three_nodes), False
 
     def test_fp32_training_bit_exact_and_deterministic(self) -> None:
         for o in self.out:
