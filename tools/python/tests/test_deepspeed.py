@@ -154,17 +154,36 @@ def make_engine(torch: Any, deepspeed: Any, config: dict[str, Any], zp: bool, se
     """An engine of build_model over DeepSpeed (zp False) or zpccl.deepspeed.initialize (zp True); DeepSpeed's
     hpZ group, one per process in DeepSpeed, remade for each engine's size. ``frozen``: the LayerNorm's weight does
     not train (requires_grad False): gathered, never reduced."""
-    import zpccl.deepspeed
     from deepspeed.utils import groups
 
     groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
     model = build_model(torch, seed, external)
     if frozen:
         model.norm.weight.requires_grad_(False)
+    return engine_of(torch, deepspeed, model, config, zp, mpu)
+
+
+def engine_of(torch: Any, deepspeed: Any, model: Any, config: dict[str, Any], zp: bool, mpu: Any = None) -> Any:
+    """DeepSpeed's engine (zp False) or zpccl.deepspeed.initialize's (zp True) over ``model``, AdamW over its
+    trainable parameters."""
+    import zpccl.deepspeed
+
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
     engine, *_ = init(model=model, optimizer=opt, config=config, mpu=mpu)
     return engine
+
+
+def exact_weights(torch: Any, engine: Any) -> dict[str, Any]:
+    """Every parameter of the engine's module whole, gathered from its partitions with torch.distributed itself (no
+    path of DeepSpeed's or zpccl's in between)."""
+    out = {}
+    dist = torch.distributed
+    for name, p in engine.module.named_parameters():
+        parts = [torch.empty_like(p.ds_tensor) for _ in range(dist.get_world_size(p.ds_process_group))]
+        dist.all_gather(parts, p.ds_tensor, group=p.ds_process_group)
+        out[name] = torch.cat(parts)[:p.ds_numel].view(p.ds_shape)
+    return out
 
 
 def batch(torch: Any, rank: int, step: int, dtype: Any) -> tuple[Any, Any]:
@@ -521,11 +540,7 @@ def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
     zp = zpccl.deepspeed.session_of(engine)
     calls = zp.summary()
     params = list(engine.module.parameters())
-    want = []
-    for p in params:
-        parts = [torch.empty_like(p.ds_tensor) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, p.ds_tensor)
-        want.append(torch.cat(parts)[:p.ds_numel].view(p.ds_shape))
+    want = list(exact_weights(torch, engine).values())
     with deepspeed.zero.GatheredParameters(params):
         out["gathered"] = dict(exact=[torch.equal(p.data, w) for p, w in zip(params, want)])
     out["gathered"]["calls_before"], out["gathered"]["calls_after"] = calls, zp.summary()
@@ -542,7 +557,7 @@ def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
                           fetches=[not isinstance(p.all_gather_coalesced, functools.partial)
                                    and not isinstance(p.all_gather, functools.partial)
                                    for p in engine.module.parameters()],
-                          unchanged=zp.summary() == summary, session=zpccl.deepspeed.session_of(engine) is None)
+                          counters_kept=zp.summary() == summary, session=zpccl.deepspeed.session_of(engine) is None)
 
     # enable on a plain engine, keyword arguments; a second enable refused while it lives.
     engine = make_engine(torch, deepspeed, ds_config(), zp=False)
@@ -588,7 +603,7 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     # DeepSpeed's hpZ groups of 4 span two nodes of two.
     engine = make_engine(torch, deepspeed, ds_config(hpz=4), zp=False)
     said["hpz_nodes"] = refusal(lambda: zpccl.deepspeed.enable(engine, ranks_per_node=2))
-    said["after"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
+    said["left_behind"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
     said["nothing"] = refusal(lambda: zpccl.deepspeed.initialize(model=build_model(torch), config=ds_config()))
     zp = zpccl.deepspeed.enable(engine, ranks_per_node=2, hpz=False)  # hpz=False: the same engine is served
     train(torch, engine, torch.distributed.get_rank(), 2)  # the first forward gathers the secondary partitions
@@ -901,18 +916,6 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     return out
 
 
-def exact_weights(torch: Any, engine: Any) -> dict[str, Any]:
-    """Every parameter of the engine's module whole, gathered from its partitions with torch.distributed itself (no
-    path of DeepSpeed's or zpccl's in between)."""
-    out = {}
-    dist = torch.distributed
-    for name, p in engine.module.named_parameters():
-        parts = [torch.empty_like(p.ds_tensor) for _ in range(dist.get_world_size(p.ds_process_group))]
-        dist.all_gather(parts, p.ds_tensor, group=p.ds_process_group)
-        out[name] = torch.cat(parts)[:p.ds_numel].view(p.ds_shape)
-    return out
-
-
 def features_model(torch: Any, reentrant: bool) -> Any:
     """A model with what users' models have and build_model lacks: an embedding tied to the output head (one
     parameter in two modules), a block applied twice in one forward, another under activation checkpointing
@@ -1046,8 +1049,7 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
                 if rank == 0:
                     for n, p in own.items():
                         p.data.copy_(pretrained[f"{prefix}.{n}" if prefix else n])
-        init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
-        engine, *_ = init(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), config=cfg)
+        engine = engine_of(torch, deepspeed, model, cfg, zp)
         if zp:
             compare("pretrained", exact_weights(torch, engine), pretrained)
         losses[zp] = train(torch, engine, rank, 3)
@@ -1062,9 +1064,7 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
             for zp in (True, False):
                 groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
                 model = features_model(torch, reentrant)
-                opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-                init = zpccl.deepspeed.initialize if zp else deepspeed.initialize
-                engine, *_ = init(model=model, optimizer=opt, config=ds_config(hpz, quantized=zp))
+                engine = engine_of(torch, deepspeed, model, ds_config(hpz, quantized=zp), zp)
                 session = zpccl.deepspeed.session_of(engine)
                 exact = Exact(torch, session, [0] * dist.get_world_size()) if zp else None
                 frozen = exact_weights(torch, engine)["adapted.base.weight"]
@@ -1352,7 +1352,7 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertEqual(d["replaced"], [True, True, True])
             self.assertEqual(d["restored"], [True, True, True])
             self.assertTrue(all(d["fetches"]))
-            self.assertTrue(d["unchanged"] and d["session"], d)
+            self.assertTrue(d["counters_kept"] and d["session"], d)
 
     def test_enable_on_a_plain_engine(self) -> None:
         for o in self.out:
@@ -1378,7 +1378,7 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertIn("built with zero_quantized_weights", said["quantized_weights"])
             self.assertRegex(said["hpz_nodes"], r"zero_hpz_partition_size=4 .* ranks \[0, 1, 2, 3\], which are on "
                                                 r"nodes \[0, 1\]")
-            self.assertEqual(said["after"], "")
+            self.assertEqual(said["left_behind"], "")
             self.assertIn("the config asks for no ZeRO++ technique", said["nothing"])
             self.assertEqual(said["hpz_off"], "")
             self.assertRegex(said["hpz_mpu"], r"zero_hpz_partition_size=2 makes DeepSpeed gather .* over ranks "
