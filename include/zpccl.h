@@ -229,6 +229,11 @@ zpResult_t zpCommInitFromNccl(zpComm_t* comm, struct ncclComm* ncclComm, zpConfi
  * error when its peers did not come, and must be done with the buffers when it returns; after a failed callback the
  * library never frees or reuses the memory it gave that call all the same (an engine may not stop at once).
  *
+ * A callback runs inside a call on the communicator it serves: there it may call zpGetLastError, the queries and
+ * zpCommGetAsyncError on it, but its collectives, zpQuantize, zpDequantize, zpCommReserve, zpCommDestroy and
+ * zpCommAbort are refused with zpInvalidUsage (they would wait for the call that runs the callback); to give up, return
+ * nonzero.
+ *
  * Exceptions (C++, Python) must not unwind through the library: catch them in the callback and return nonzero.
  */
 

@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "host/all_reduce_shards.h"
 #include "host/base/check.h"
@@ -35,6 +37,22 @@ zpResult_t checkBuffer(Communicator* comm, const void* ptr, const char* call, co
 }
 
 }  // namespace
+
+namespace {
+// The calls this thread is inside, innermost last (a callback of one communicator may call another's collective).
+thread_local std::vector<std::pair<zpComm_t, const char*>> tInsideCalls;
+}  // namespace
+
+const char* callInsideOn(zpComm_t comm) {
+  for (const auto& frame : tInsideCalls) {
+    if (frame.first == comm) return frame.second;
+  }
+  return nullptr;
+}
+
+InsideCall::InsideCall(zpComm_t comm, const char* call) { tInsideCalls.emplace_back(comm, call); }
+
+InsideCall::~InsideCall() { tInsideCalls.pop_back(); }
 
 zpResult_t checkNotNullComm(zpComm_t comm, const char* call) {
   if (comm == nullptr) return ZP_ERR(zpInvalidArgument, "%s : comm is NULL", call);

@@ -22,12 +22,30 @@ zpResult_t whileInUse(zpComm_t comm, const char* call, Fn&& fn) {
   if (use.get() == nullptr) return checkComm(comm, call);  // says why
   return fn(use.get());
 }
+// The call that this thread is inside on the handle's communicator (whileExclusive), or nullptr. A transport's
+// callback runs inside one, on the calling thread: what it calls on the same communicator must not wait for that call.
+const char* callInsideOn(zpComm_t comm);
+// Marks this thread as inside `call` on `comm` for the object's life.
+class InsideCall {
+ public:
+  InsideCall(zpComm_t comm, const char* call);
+  ~InsideCall();
+  InsideCall(const InsideCall&) = delete;
+  InsideCall& operator=(const InsideCall&) = delete;
+};
 // whileInUse for a call that runs on the communicator (a collective, zpQuantize, zpCommReserve): as its only such call.
 // Two would share its scratch memory and exchanges, so one communicator serves one thread at a time
-// (include/zpccl.h); a call that finds another thread's running is refused with zpInvalidUsage and runs nothing.
+// (include/zpccl.h); a call that finds another thread's running is refused with zpInvalidUsage and runs nothing, and
+// so is one made from inside the communicator's own call (a transport callback).
 template <typename Fn>
 zpResult_t whileExclusive(zpComm_t comm, const char* call, Fn&& fn) {
   return whileInUse(comm, call, [&](Communicator* c) -> zpResult_t {
+    if (const char* outer = callInsideOn(comm)) {
+      return ZP_ERR(zpInvalidUsage,
+                    "%s : called from inside %s on this communicator (from its transport's callback), which a "
+                    "callback may not do: make the call after %s returns",
+                    call, outer, outer);
+    }
     const char* running = nullptr;
     if (!c->activeCall.compare_exchange_strong(running, call)) {
       return ZP_ERR(zpInvalidUsage,
@@ -39,6 +57,7 @@ zpResult_t whileExclusive(zpComm_t comm, const char* call, Fn&& fn) {
       Communicator* comm;
       ~Release() { comm->activeCall.store(nullptr); }
     } release{c};
+    InsideCall inside(comm, call);
     return fn(c);
   });
 }

@@ -109,6 +109,14 @@ zpResult_t commInit(zpComm_t* out, ncclComm_t callerComm, const zpTransport_t* t
 
 zpResult_t commFree(zpComm_t handle, bool abort, const char* call) {
   ZPCHECK(checkComm(handle, call));
+  // Freeing waits for the calls running on the communicator, this thread's own among them.
+  if (const char* outer = callInsideOn(handle)) {
+    return ZP_ERR(zpInvalidUsage,
+                  "%s : called from inside %s on this communicator (from its transport's callback), which it would "
+                  "wait for forever: return an error from the callback (the call then fails on every rank) and %s "
+                  "the communicator after %s returns",
+                  call, outer, abort ? "abort" : "destroy", outer);
+  }
   Communicator* comm = unregisterComm(handle);
   if (comm == nullptr) {
     return ZP_ERR(zpInvalidArgument, "%s : comm %p was destroyed by another thread", call, static_cast<void*>(handle));

@@ -9,6 +9,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
 #include <regex>
 #include <string>
 #include <thread>
@@ -314,6 +317,95 @@ TEST(CallbackTransport, QueriesAndAbort) {
     EXPECT_EQ(r == 1 ? zpCommAbort(comm) : zpCommDestroy(comm), zpSuccess);
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(hub.finalized(r), 1);
+}
+
+// ---- calls from inside a callback --------------------------------------------------------------------------------
+
+// A transport of one rank whose allGather, once armed, calls `reentry` on the communicator it serves from inside the
+// callback (the calling thread is inside that communicator's collective), keeping what the call returned and said.
+struct ReentrantTransport {
+  zpComm_t comm = nullptr;
+  std::function<zpResult_t(zpComm_t)> reentry;
+  bool threadMessage = false;  // the call's message is the thread's (zpGetLastError(NULL)), not the communicator's
+  bool armed = false;
+  zpResult_t result = zpInternalError;
+  std::string message;
+
+  static int allGather(void* context, const void* sendbuf, void* recvbuf, size_t bytes, zpTransportCall_t* call) {
+    auto* self = static_cast<ReentrantTransport*>(context);
+    memcpy(recvbuf, sendbuf, bytes);
+    call->received = bytes;
+    if (self->armed) {
+      self->armed = false;
+      self->result = self->reentry(self->comm);
+      self->message = zpGetLastError(self->threadMessage ? nullptr : self->comm);
+    }
+    return 0;
+  }
+  static int allToAll(void*, const void* sendbuf, const size_t* sendCounts, const size_t* sendOffsets, void* recvbuf,
+                      const size_t* recvCounts, const size_t* recvOffsets, zpTransportCall_t* call) {
+    memcpy(static_cast<char*>(recvbuf) + recvOffsets[0], static_cast<const char*>(sendbuf) + sendOffsets[0],
+           sendCounts[0]);
+    call->received = recvCounts[0];
+    return 0;
+  }
+};
+
+// zpCommDestroy or zpCommAbort from inside a callback would wait for the collective that runs the callback: it is
+// refused with zpInvalidUsage, naming the call it is inside, and the collective goes on; so is a collective, which
+// must not say that another thread holds the communicator. The communicator stays usable.
+TEST(CallbackTransport, CallsFromInsideACallbackOfTheSameCommunicatorAreRefused) {
+  const struct {
+    const char* name;
+    std::function<zpResult_t(zpComm_t)> call;
+    bool threadMessage;
+  } reentries[] = {
+      {"zpCommDestroy", [](zpComm_t c) { return zpCommDestroy(c); }, true},
+      {"zpCommAbort", [](zpComm_t c) { return zpCommAbort(c); }, true},
+      {"zpQuantAllGather",
+       [](zpComm_t c) {
+         float x[4] = {1, 2, 3, 4}, y[4];
+         return zpQuantAllGather(x, y, 4, zpFloat32, c, nullptr);
+       },
+       false},
+  };
+  for (const auto& reentry : reentries) {
+    SCOPED_TRACE(reentry.name);
+    ReentrantTransport rt;
+    rt.reentry = reentry.call;
+    rt.threadMessage = reentry.threadMessage;
+    zpTransport_t t = ZP_TRANSPORT_INITIALIZER;
+    t.nranks = 1;
+    t.rank = 0;
+    t.context = &rt;
+    t.allGather = &ReentrantTransport::allGather;
+    t.allToAll = &ReentrantTransport::allToAll;
+    ASSERT_EQ(zpCommInitFromTransport(&rt.comm, &t, nullptr), zpSuccess) << zpGetLastError(nullptr);
+    // The collective runs on a thread of its own, so that a call that waits for it forever fails this test instead
+    // of hanging it (the stuck thread is then left behind).
+    std::vector<float> send(64), recv(64), expected(64);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = 0.25f * static_cast<float>(i) - 3.0f;
+    ASSERT_EQ(zpQuantAllGather(send.data(), expected.data(), 64, zpFloat32, rt.comm, nullptr), zpSuccess);
+    rt.armed = true;
+    auto outcome = std::make_shared<std::promise<zpResult_t>>();
+    std::future<zpResult_t> done = outcome->get_future();
+    std::thread([&, outcome] {
+      outcome->set_value(zpQuantAllGather(send.data(), recv.data(), 64, zpFloat32, rt.comm, nullptr));
+    }).detach();
+    if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ADD_FAILURE() << reentry.name << " from inside a callback waits forever";
+      continue;
+    }
+    EXPECT_EQ(done.get(), zpSuccess) << zpGetLastError(rt.comm);
+    EXPECT_EQ(rt.result, zpInvalidUsage);
+    EXPECT_TRUE(mentions(rt.message, reentry.name)) << rt.message;
+    EXPECT_TRUE(mentions(rt.message, "inside")) << rt.message;
+    EXPECT_FALSE(mentions(rt.message, "another thread")) << rt.message;
+    EXPECT_EQ(memcmp(recv.data(), expected.data(), recv.size() * sizeof(float)), 0);
+    int count = 0;
+    EXPECT_EQ(zpCommCount(rt.comm, &count), zpSuccess);
+    EXPECT_EQ(zpCommDestroy(rt.comm), zpSuccess) << zpGetLastError(nullptr);
+  }
 }
 
 // ---- timeouts, in children with short ones ---------------------------------------------------------------------

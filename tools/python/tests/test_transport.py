@@ -1,8 +1,9 @@
 """``Comm.from_transport`` with a transport written in Python (threads of this process meeting at a barrier, copying
 between the memoryviews the library lends): outputs equal thread-ranks' (``run_host_ranks``) bit for bit, the
 callbacks survive the garbage collector for the communicator's life, anything a callback raises (KeyboardInterrupt
-included) becomes an error on every rank instead of unwinding through C, and transports that are not transports are
-refused by name. Needs NumPy only."""
+included) becomes an error on every rank instead of unwinding through C, a close or abort from inside a callback is
+refused and leaves the communicator whole, and transports that are not transports are refused by name. Needs NumPy
+only."""
 from __future__ import annotations
 
 import gc
@@ -118,6 +119,43 @@ class PythonTransport(unittest.TestCase):
                     self.assertRegex(text, r"^zpQuantAllGather : rank 2's transport: allGather of the call's data "
                                            rf"failed \(returned 1: {error.__name__}: injected on rank 2; ")
 
+    def test_close_or_abort_inside_a_callback_is_refused_and_the_communicator_lives(self) -> None:
+        for how in ("close", "abort"):
+            with self.subTest(how=how):
+                class Reentrant(ThreadTransport):
+                    comm: zpccl.Comm | None = None
+                    refused: BaseException | None = None
+
+                    def all_gather(self, send: memoryview, recv: memoryview, timeout: float | None) -> int:
+                        got = super().all_gather(send, recv, timeout)
+                        if self.comm is not None:
+                            comm, self.comm = self.comm, None
+                            try:
+                                getattr(comm, how)()
+                            except zpccl.ZpcclError as exc:
+                                self.refused = exc
+                            gc.collect()  # the callbacks must still be alive for the rest of the call
+                        return got
+
+                transport = Reentrant(0, 1, {"posts": [None], "barrier": threading.Barrier(1)})
+                comm = zpccl.Comm.from_transport(transport)
+                bridge = comm._transport
+                x = np.linspace(-3.0, 5.0, 300).astype(np.float32)
+                want = comm.quant_all_gather(x)
+                transport.comm = comm
+                got = comm.quant_all_gather(x)
+                self.assertIsInstance(transport.refused, zpccl.ZpcclError)
+                self.assertEqual(transport.refused.code, zpccl.Result.INVALID_USAGE)
+                c_call = "zpCommDestroy" if how == "close" else "zpCommAbort"
+                self.assertRegex(str(transport.refused), rf"^{c_call} : called from inside zpQuantAllGather")
+                self.assertFalse(comm.closed)
+                self.assertIs(comm._transport, bridge)
+                self.assertTrue(np.array_equal(got.view(np.uint32), want.view(np.uint32)))
+                self.assertTrue(np.array_equal(comm.quant_all_gather(x).view(np.uint32), want.view(np.uint32)))
+                getattr(comm, how)()
+                self.assertTrue(comm.closed)
+                self.assertTrue(bridge.finalized)
+
     def test_not_a_transport(self) -> None:
         class NoMethods:
             nranks, rank = 1, 0
@@ -126,6 +164,13 @@ class PythonTransport(unittest.TestCase):
             zpccl.Comm.from_transport(NoMethods())
         with self.assertRaisesRegex(TypeError, "from_transport: transport.nranks must be an int, got str"):
             zpccl.Comm.from_transport(type("T", (), {"nranks": "2", "rank": 0})())
+        # ctypes would keep the low 32 bits: 2**32 + 1 ranks would reach C as 1, rank 2**32 as 0.
+        for name, value in (("nranks", 2**32 + 1), ("rank", -2**31 - 1), ("rank", 2**32)):
+            transport = ThreadTransport(0, 1, {"posts": [None], "barrier": threading.Barrier(1)})
+            setattr(transport, name, value)
+            with self.assertRaisesRegex(ValueError, rf"from_transport: transport\.{name} {value} does not fit in a "
+                                                    "C int"):
+                zpccl.Comm.from_transport(transport)
         with self.assertRaisesRegex(ValueError, "from_transport: a transport serves the host backend only"):
             zpccl.Comm.from_transport(ThreadTransport(0, 1, {}), backend="cuda")
 

@@ -181,6 +181,9 @@ class TransportBridge:
             value = getattr(transport, name, None)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ZpcclTypeError(f"{call}: transport.{name} must be an int, got {type(value).__name__}", call)
+            # A ctypes int field keeps the low 32 bits of what it is given: 2**32 + 1 ranks would reach C as 1.
+            if not CONFIG_UNDEF_INT <= value <= INT_MAX:
+                raise ZpcclValueError(f"{call}: transport.{name} {value} does not fit in a C int", call)
         for name in ("all_gather", "all_to_all"):
             if not callable(getattr(transport, name, None)):
                 raise ZpcclTypeError(f"{call}: transport has no method {name}()", call)

@@ -319,22 +319,30 @@ class Comm:
 
     def close(self) -> None:
         """``zpCommDestroy``, after the work enqueued on it completed. Idempotent."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            try:
-                _lib.check(_lib.lib().zpCommDestroy(handle), "zpCommDestroy")
-            finally:
-                self._transport = None  # the library called its last callback
+        self._free("zpCommDestroy")
 
     def abort(self) -> None:
         """``zpCommAbort``: frees the communicator at once, aborting work in flight; peers waiting in a host
         collective wake up with ``REMOTE_ERROR`` (over a transport, a callback in flight returns first). Idempotent."""
+        self._free("zpCommAbort")
+
+    def _free(self, fn: str) -> None:
+        """zpCommDestroy or zpCommAbort. The handle is given up first, so that other threads' calls stop using it. A
+        refusal that leaves the communicator alive (from inside its own transport's callback) gives it back, with the
+        callbacks, which the call in flight still runs."""
         handle, self._handle = self._handle, None
-        if handle is not None:
-            try:
-                _lib.check(_lib.lib().zpCommAbort(handle), "zpCommAbort")
-            finally:
+        if handle is None:
+            return
+        L = _lib.lib()
+        try:
+            _lib.check(getattr(L, fn)(handle), fn)
+        except ZpcclError:
+            if L.zpCommCount(handle, byref(c_int())) == Result.SUCCESS:
+                self._handle = handle
+            else:
                 self._transport = None
+            raise
+        self._transport = None  # the library called its last callback
 
     def __enter__(self) -> "Comm":
         return self
