@@ -1,6 +1,7 @@
 // The environment tunables' parsing (host/base/params.h): a bad value is refused and the default used, never taken;
 // a wait in milliseconds is clamped to one that std::chrono can add to now().
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -12,7 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "host/base/debug.h"
+#include "host/base/log_env.h"
 #include "host/base/params.h"
+#include "include/zpccl.h"
+#include "tests/child_test.h"
 
 namespace zp {
 namespace {
@@ -185,6 +190,74 @@ TEST(Params, TheLongestWaitReallyWaits) {
   EXPECT_TRUE(done) << "the wait of " << timeoutMs << " ms timed out after "
                     << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms";
 }
+
+// The logging variables: what they take, and a warning (never silence) for what they cannot.
+TEST(LogEnv, LevelsAreTakenInAnyCaseAndAnythingElseIsWarnedAbout) {
+  const struct {
+    const char* text;
+    int level;
+  } good[] = {{nullptr, kLogWarn}, {"", kLogWarn},     {"NONE", kLogNone},  {"version", kLogVersion},
+              {"Warn", kLogWarn},  {"INFO", kLogInfo}, {"trace", kLogTrace}};
+  for (const auto& g : good) {
+    std::string warning = "poison";
+    EXPECT_EQ(readLogLevel(g.text, &warning), g.level) << (g.text ? g.text : "(unset)");
+    EXPECT_EQ(warning, "") << (g.text ? g.text : "(unset)");
+  }
+  for (const char* bad : {"DEBUG", "info ", "3", "WARNING", "INFO,COLL"}) {
+    std::string warning;
+    EXPECT_EQ(readLogLevel(bad, &warning), kLogWarn) << bad;
+    EXPECT_NE(warning.find(std::string("ZP_DEBUG='") + bad + "'"), std::string::npos) << warning;
+    EXPECT_NE(warning.find("NONE, VERSION, WARN, INFO or TRACE"), std::string::npos) << warning;
+  }
+}
+
+TEST(LogEnv, SubsystemsTakeTheWordsTheyKnowAndNameTheOthers) {
+  std::string warning = "poison";
+  EXPECT_EQ(readLogSubsys("init,Coll", &warning), unsigned{kSubsysInit | kSubsysColl});
+  EXPECT_EQ(warning, "");
+  EXPECT_EQ(readLogSubsys("^COLL", &warning), ~unsigned{kSubsysColl});
+  EXPECT_EQ(warning, "");
+  EXPECT_EQ(readLogSubsys("ALL", &warning), unsigned{kSubsysAll});
+  EXPECT_EQ(warning, "");
+  EXPECT_EQ(readLogSubsys("COLLS,INIT,NET", &warning), unsigned{kSubsysInit});
+  EXPECT_NE(warning.find("ZP_DEBUG_SUBSYS='COLLS,INIT,NET'"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("COLLS"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("NET"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("INIT, COLL, QUANT, TOPO, ALLOC, ENV, ALL"), std::string::npos) << warning;
+}
+
+TEST(LogEnv, ALogFileThatCannotBeOpenedIsWarnedAbout) {
+  std::string warning = "poison";
+  EXPECT_EQ(openLogFile("/nonexistent-zpccl-dir/log.%p", &warning), nullptr);
+  EXPECT_NE(warning.find("ZP_DEBUG_FILE='/nonexistent-zpccl-dir/log.%p'"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("/nonexistent-zpccl-dir/log." + std::to_string(getpid())), std::string::npos) << warning;
+  EXPECT_NE(warning.find("stderr"), std::string::npos) << warning;
+  char path[] = "/tmp/zpccl-log-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  FILE* f = openLogFile(path, &warning);
+  EXPECT_NE(f, nullptr);
+  EXPECT_EQ(warning, "");
+  if (f != nullptr) fclose(f);
+  unlink(path);
+}
+
+// WARN is never filtered by subsystem: a ZP_DEBUG_SUBSYS of words it does not know (or ^ALL) must not silence the
+// messages of refused calls, nor the warning about itself. Each child reads the variables afresh.
+TEST(LogEnv, NoSubsystemSettingSilencesWarnings) {
+  for (const char* subsys : {"COLLS", "^ALL"}) {
+    const zptest::ChildRun run = zptest::runTestInChild("LogEnvChild.DISABLED_ARefusedCall",
+                                                        {std::string("ZP_DEBUG_SUBSYS=") + subsys, "ZP_DEBUG=WARN"});
+    EXPECT_EQ(run.exitCode, 0) << run.output;
+    EXPECT_NE(run.output.find("WARN zpGetVersion : version is NULL"), std::string::npos) << subsys << run.output;
+    const bool unknown = subsys[0] != '^';
+    EXPECT_EQ(run.output.find("WARN ZP_DEBUG_SUBSYS='COLLS' names no subsystem COLLS") != std::string::npos, unknown)
+        << run.output;
+  }
+}
+
+TEST(LogEnvChild, DISABLED_ARefusedCall) { EXPECT_EQ(zpGetVersion(nullptr), zpInvalidArgument); }
 
 }  // namespace
 }  // namespace zp

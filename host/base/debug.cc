@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+
+#include "host/base/log_env.h"
 
 namespace zp {
 
@@ -18,36 +21,6 @@ namespace {
 
 std::mutex gLogMutex;
 FILE* gLogFile = stderr;
-
-unsigned parseSubsys(const char* spec) {
-  bool invert = spec[0] == '^';
-  if (invert) spec++;
-  unsigned mask = 0;
-  std::string all(spec);
-  size_t start = 0;
-  while (start <= all.size()) {
-    size_t end = all.find(',', start);
-    if (end == std::string::npos) end = all.size();
-    std::string word = all.substr(start, end - start);
-    for (auto& c : word) c = static_cast<char>(toupper(c));
-    if (word == "INIT")
-      mask |= kSubsysInit;
-    else if (word == "COLL")
-      mask |= kSubsysColl;
-    else if (word == "QUANT")
-      mask |= kSubsysQuant;
-    else if (word == "TOPO")
-      mask |= kSubsysTopo;
-    else if (word == "ALLOC")
-      mask |= kSubsysAlloc;
-    else if (word == "ENV")
-      mask |= kSubsysEnv;
-    else if (word == "ALL")
-      mask |= kSubsysAll;
-    start = end + 1;
-  }
-  return invert ? ~mask : mask;
-}
 
 // Expands %h (hostname) and %p (pid) in a ZP_DEBUG_FILE pattern.
 std::string expandLogPath(const char* pattern) {
@@ -70,32 +43,92 @@ std::string expandLogPath(const char* pattern) {
 
 }  // namespace
 
+int readLogLevel(const char* text, std::string* warning) {
+  warning->clear();
+  if (text == nullptr || text[0] == '\0') return kLogWarn;
+  const struct {
+    const char* name;
+    int level;
+  } levels[] = {
+      {"NONE", kLogNone}, {"VERSION", kLogVersion}, {"WARN", kLogWarn}, {"INFO", kLogInfo}, {"TRACE", kLogTrace}};
+  for (const auto& l : levels) {
+    if (strcasecmp(text, l.name) == 0) return l.level;
+  }
+  *warning = std::string("ZP_DEBUG='") + text + "' is not a level (NONE, VERSION, WARN, INFO or TRACE): WARN used";
+  return kLogWarn;
+}
+
+unsigned readLogSubsys(const char* text, std::string* warning) {
+  warning->clear();
+  const char* spec = text;
+  const bool invert = spec[0] == '^';
+  if (invert) spec++;
+  const struct {
+    const char* name;
+    unsigned mask;
+  } words[] = {{"INIT", kSubsysInit},   {"COLL", kSubsysColl}, {"QUANT", kSubsysQuant}, {"TOPO", kSubsysTopo},
+               {"ALLOC", kSubsysAlloc}, {"ENV", kSubsysEnv},   {"ALL", kSubsysAll}};
+  unsigned mask = 0;
+  std::string unknown;
+  const std::string all(spec);
+  size_t start = 0;
+  while (start <= all.size()) {
+    size_t end = all.find(',', start);
+    if (end == std::string::npos) end = all.size();
+    std::string word = all.substr(start, end - start);
+    for (auto& c : word) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+    bool known = word.empty();  // "INIT," or an empty value: nothing to name
+    for (const auto& w : words) {
+      if (word == w.name) {
+        mask |= w.mask;
+        known = true;
+      }
+    }
+    if (!known) unknown += (unknown.empty() ? "" : ", ") + all.substr(start, end - start);
+    start = end + 1;
+  }
+  if (!unknown.empty()) {
+    *warning = std::string("ZP_DEBUG_SUBSYS='") + text + "' names no subsystem " + unknown +
+               " (INIT, COLL, QUANT, TOPO, ALLOC, ENV, ALL): skipped";
+  }
+  return invert ? ~mask : mask;
+}
+
+FILE* openLogFile(const char* pattern, std::string* warning) {
+  warning->clear();
+  const std::string path = expandLogPath(pattern);
+  FILE* f = fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    *warning = std::string("ZP_DEBUG_FILE='") + pattern + "': cannot open " + path + " (" + strerror(errno) +
+               "): logging to stderr";
+  }
+  return f;
+}
+
 void logInit() {
-  std::lock_guard<std::mutex> lock(gLogMutex);
-  if (gLogLevel.load() != kLogUnset) return;
-  int level = kLogWarn;
-  if (const char* env = getenv("ZP_DEBUG")) {
-    if (strcasecmp(env, "VERSION") == 0)
-      level = kLogVersion;
-    else if (strcasecmp(env, "WARN") == 0)
-      level = kLogWarn;
-    else if (strcasecmp(env, "INFO") == 0)
-      level = kLogInfo;
-    else if (strcasecmp(env, "TRACE") == 0)
-      level = kLogTrace;
-    else if (strcasecmp(env, "NONE") == 0)
-      level = kLogNone;
+  std::string warnings[3];
+  {
+    std::lock_guard<std::mutex> lock(gLogMutex);
+    if (gLogLevel.load() != kLogUnset) return;
+    const int level = readLogLevel(getenv("ZP_DEBUG"), &warnings[0]);
+    if (const char* env = getenv("ZP_DEBUG_SUBSYS")) gLogSubsys = readLogSubsys(env, &warnings[1]);
+    if (const char* env = getenv("ZP_DEBUG_FILE")) {
+      if (FILE* f = openLogFile(env, &warnings[2])) gLogFile = f;
+    }
+    gLogLevel.store(level);
   }
-  if (const char* env = getenv("ZP_DEBUG_SUBSYS")) gLogSubsys = parseSubsys(env);
-  if (const char* env = getenv("ZP_DEBUG_FILE")) {
-    std::string path = expandLogPath(env);
-    if (FILE* f = fopen(path.c_str(), "w")) gLogFile = f;
+  // Once, after the level is set (logMessage takes the lock): a value the variables could not take is said.
+  for (const std::string& w : warnings) {
+    if (!w.empty()) logMessage(kLogWarn, kSubsysAll, __FILE__, __LINE__, "%s", w.c_str());
   }
-  gLogLevel.store(level);
 }
 
 void logMessage(LogLevel level, unsigned subsys, const char* file, int line, const char* fmt, ...) {
-  if (!logEnabled(level, subsys)) return;
+  if (!logEnabled(level, subsys)) {
+    // WARN is never filtered by subsystem (debug.h): ZP_DEBUG_SUBSYS=^ALL, or words it does not know, must not
+    // silence the messages of refused calls.
+    if (level != kLogWarn || gLogLevel.load(std::memory_order_relaxed) < kLogWarn) return;
+  }
   char host[64] = {0};
   gethostname(host, sizeof(host) - 1);
   char msg[1024];
