@@ -1,5 +1,6 @@
 """zpccl.launch: spawned ranks get torch.distributed's env:// rendezvous and return their results in rank order;
-the first rank that raises or dies is named, with its traceback, and the others are stopped; run() stays in
+the first rank that raises or dies is named, with its traceback, and the others are stopped; a return value that
+cannot be pickled is named as the failure; run() stays in
 this process under torchrun. The rendezvous itself is checked with torch's gloo backend where torch is
 installed."""
 from __future__ import annotations
@@ -25,6 +26,12 @@ def _fails_on(bad: int, how: str) -> int:
         os._exit(3)
     time.sleep(60)  # stands for a peer waiting for the failed rank in a collective
     return rank
+
+
+def _returns_a_lock() -> Any:
+    import threading
+
+    return threading.Lock()
 
 
 def _exit(code: Any) -> None:
@@ -66,6 +73,14 @@ class Spawn(unittest.TestCase):
                 self.assertIn(words, str(caught.exception))
                 self.assertTrue(str(caught.exception).startswith("rank 1 of 3 failed"))
                 self.assertLess(time.monotonic() - start, 45, "the sleeping ranks were not stopped")
+
+    def test_a_result_that_cannot_be_pickled_is_named(self) -> None:
+        with self.assertRaises(launch.RankFailed) as caught:
+            launch.spawn(_returns_a_lock, 2, timeout=60)
+        text = str(caught.exception)
+        self.assertRegex(text, r"^rank \d of 2 failed:\n")
+        self.assertIn("_returns_a_lock's return value (a _thread.lock) cannot be pickled", text)
+        self.assertIn("cannot pickle '_thread.lock' object", text)
 
     def test_system_exit(self) -> None:
         self.assertEqual(launch.spawn(_exit, 2, 0), [None, None])

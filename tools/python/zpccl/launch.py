@@ -22,6 +22,7 @@ import queue
 import socket
 import time
 import traceback
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 __all__ = ["RankFailed", "free_port", "run", "spawn"]
@@ -120,5 +121,16 @@ def _rank_main(fn: Callable[..., Any], args: tuple, env: dict[str, str], rank: i
         value = None
     except BaseException:  # noqa: BLE001 - reported to the parent, which names the rank
         results.put((rank, False, traceback.format_exc()))
+        return
+    # The queue pickles in a thread of its own, whose failure reaches neither this rank nor the parent (which would see
+    # a rank that exited without a word): pickled here first, as the queue pickles, a value that cannot be is this
+    # rank's failure, named.
+    try:
+        ForkingPickler.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - pickling raises many kinds
+        name = getattr(fn, "__qualname__", repr(fn))
+        results.put((rank, False, f"{name}'s return value (a {type(value).__module__}.{type(value).__qualname__}) "
+                                  f"cannot be pickled to reach the parent ({type(exc).__name__}: {exc}): return "
+                                  "values that pickle (plain data, arrays, tensors)"))
         return
     results.put((rank, True, value))
