@@ -2,13 +2,14 @@
 between the memoryviews the library lends): outputs equal thread-ranks' (``run_host_ranks``) bit for bit, the
 callbacks survive the garbage collector for the communicator's life, anything a callback raises (KeyboardInterrupt
 included) becomes an error on every rank instead of unwinding through C, a close or abort from inside a callback is
-refused and leaves the communicator whole, and transports that are not transports are refused by name. Needs NumPy
-only."""
+refused and leaves the communicator whole, the transport is let go with the communicator (or a failed init), and
+transports that are not transports are refused by name. Needs NumPy only."""
 from __future__ import annotations
 
 import gc
 import threading
 import unittest
+import weakref
 from typing import Any
 
 import numpy as np
@@ -155,6 +156,34 @@ class PythonTransport(unittest.TestCase):
                 getattr(comm, how)()
                 self.assertTrue(comm.closed)
                 self.assertTrue(bridge.finalized)
+
+    def test_the_transport_is_let_go_when_the_communicator_goes_or_never_comes(self) -> None:
+        # A transport over torch.distributed holds its process group: kept alive past destroy_process_group() until
+        # the interpreter exits, gloo's group aborts the process there (torch's "terminate called without an active
+        # exception"), which fails a torchrun job that closed everything. Reference counting alone must free it.
+        gc.disable()
+        try:
+            for how in ("close", "abort", "failed init"):
+                with self.subTest(how=how):
+                    shared = {"posts": [None], "barrier": threading.Barrier(1)}
+                    transport = ThreadTransport(0, 1, shared, fail_on=1 if how == "failed init" else 0)
+                    alive = weakref.ref(transport)
+                    if how == "failed init":
+                        try:
+                            zpccl.Comm.from_transport(transport)
+                        except zpccl.ZpcclError as exc:
+                            self.assertEqual(exc.code, zpccl.Result.REMOTE_ERROR)
+                            exc = None  # noqa: F841 - its traceback holds the call's frames
+                        else:
+                            self.fail("init over a failing transport succeeded")
+                    else:
+                        comm = zpccl.Comm.from_transport(transport)
+                        comm.quant_all_gather(np.ones(64, np.float32))
+                        getattr(comm, how)()
+                    del transport
+                    self.assertIsNone(alive(), "the transport outlives its communicator")
+        finally:
+            gc.enable()
 
     def test_not_a_transport(self) -> None:
         class NoMethods:

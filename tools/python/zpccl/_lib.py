@@ -240,8 +240,16 @@ class TransportBridge:
         except BaseException as exc:  # noqa: BLE001
             return self._fail(call, exc)
 
+    def release(self) -> None:
+        """Lets the transport go once the library calls it no more (its communicator freed, or never made). The
+        bridge's callbacks hold the bridge (a reference cycle), so without this the transport, and the process group
+        it holds, would live until the garbage collector runs; gloo's group, kept past destroy_process_group() until
+        the interpreter exits, aborts the process there."""
+        self.transport = None
+
     def _finalize(self, _context: int) -> None:
         self.finalized = True
+        self.release()
 
 
 _INT_P = POINTER(c_int)

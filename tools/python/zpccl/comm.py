@@ -275,8 +275,12 @@ class Comm:
         bridge = _lib.TransportBridge(transport, call)
         cfg = _lib.make_config(call, **config)
         handle = c_void_p()
-        _lib.check(_lib.lib().zpCommInitFromTransport(byref(handle), byref(bridge.struct), byref(cfg)),
-                   "zpCommInitFromTransport")
+        try:
+            _lib.check(_lib.lib().zpCommInitFromTransport(byref(handle), byref(bridge.struct), byref(cfg)),
+                       "zpCommInitFromTransport")
+        except ZpcclError:
+            bridge.release()  # no communicator holds it, and finalize is not called
+            raise
         comm = cls._wrap(handle.value)
         comm._transport = bridge
         return comm
