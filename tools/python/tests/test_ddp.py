@@ -10,10 +10,12 @@
   used, no_sync accumulation, a float16 and a bfloat16 model, a model of float32 and float16 layers) over a group of
   3 ranks and a group of 1 rank, neither the default group: the gradients equal the NumPy model bucket by bucket,
   bit for bit, on every rank; the replicas bit-identical; one staging buffer, reserved at set-up, for every call;
-* refusals, each naming what to change;
+* torch.compile'd DDP, through DDP's C++ reducer and through its Python reducer with compiled autograd (which hands
+  the hook (grad, param) tuples): the gradients equal eager DDP's with the hook bit for bit;
+* refusals, each naming what to change (pickling or copying the hooked model among them);
 * HSDP's recipe (FSDP2 on the 1-D shard mesh, zpccl.ddp.enable_replicate over the replicate group; with zpccl.fsdp
   inside the node as well) against native HSDP on a 2x2 mesh: the replicas' shards bit-identical, the losses near
-  native HSDP's.
+  native HSDP's; a replicate group that shares ranks with the shard group refused.
 Skipped without torch's gloo."""
 from __future__ import annotations
 
@@ -277,6 +279,66 @@ def _layouts() -> dict[str, int]:
     return out
 
 
+def _compiled_rank(mode: str) -> dict[str, Any]:
+    """One rank's gradients, step by step, of _variant_model trained under DDP with zpccl's hook: "eager",
+    "compiled" (torch.compile, aot_eager: DDP's C++ reducer hands the hook its buckets) or "python_reducer"
+    (optimize_ddp="python_reducer" and compiled autograd: DDP's Python reducer hands the hook each parameter's
+    gradient as a (grad, param) tuple, as torchtitan's compiled DDP runs)."""
+    torch = _setup()
+    import torch._dynamo
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    torch._dynamo.reset()
+    torch._dynamo.config.optimize_ddp = "python_reducer" if mode == "python_reducer" else "ddp_optimizer"
+    torch._dynamo.config.compiled_autograd = mode == "python_reducer"
+    model = DDP(_variant_model(torch, "plain"))
+    state = zpccl.ddp.enable(model, grad_bits=8, block_size=BLOCK)
+    run = model if mode == "eager" else torch.compile(model, backend="aot_eager")
+    g = torch.Generator().manual_seed(700 + dist.get_rank())
+    grads = []
+    for _step in range(3):
+        run(torch.randn(6, 37, generator=g)).pow(2).mean().backward()
+        grads.append([p.grad.numpy().copy() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+    out = dict(grads=grads, calls=state.summary()["quant_all_reduce"]["calls"])
+    state.close()
+    return out
+
+
+def _copy_refusals(_: int) -> list[tuple[str, str]]:
+    """Pickling (torch.save) and copying a zpccl.ddp state, and the DDP model it hooks: each refusal's exception
+    type and message."""
+    torch = _setup()
+    import copy
+    import io
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    torch.manual_seed(0)  # modules of torch's own classes, which pickle
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(37, 53), torch.nn.Tanh(), torch.nn.Linear(53, 11)))
+    state = zpccl.ddp.enable(model, grad_bits=8, block_size=BLOCK)
+    seen = []
+    for fn in (lambda: torch.save(state, io.BytesIO()), lambda: copy.deepcopy(model),
+               lambda: torch.save(model, io.BytesIO())):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
+            seen.append((type(exc).__name__, str(exc)))
+        else:
+            seen.append(("", "not refused"))
+    # The model's parameters still save, and the state still serves it.
+    torch.save(model.module.state_dict(), io.BytesIO())
+    model(torch.randn(2, 37)).pow(2).mean().backward()
+    seen.append(("calls", str(state.summary()["quant_all_reduce"]["calls"])))
+    state.close()
+    return seen
+
+
 class _SparseBucket:
     """A DDP bucket as DDP hands one of a parameter with sparse gradients: its buffer is the sparse gradient."""
 
@@ -336,6 +398,42 @@ def _hsdp_rank(mode: str) -> dict[str, Any]:
         out["fsdp"] = {k: v["calls"] for k, v in fsdp.summary().items()}
         fsdp.disable()
     return out
+
+
+def _replicate_refusals(_: int) -> list[tuple[str, str]]:
+    """enable_replicate's refusals on a 2x2 mesh (replicate, shard), each exception's type and message in order,
+    then the node count of a state made over a 1-D replicate mesh (a DeviceMesh, not its group)."""
+    torch = _setup()
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import zpccl.ddp
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+
+    def sharded(target: Any) -> Any:
+        model = build_model(torch)
+        for block in model.blocks:
+            fully_shard(block, mesh=target)
+        fully_shard(model, mesh=target)
+        return model
+
+    seen = []
+    for model, group in ((build_model(torch), mesh["replicate"].get_group()),
+                         (sharded(mesh), mesh["replicate"].get_group()),
+                         (sharded(mesh["shard"]), mesh["shard"].get_group()),
+                         (sharded(mesh["shard"]), dist.group.WORLD),
+                         (sharded(mesh["shard"]), None)):
+        try:
+            zpccl.ddp.enable_replicate(model, group, grad_bits=8, block_size=BLOCK).close()
+        except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
+            seen.append((type(exc).__name__, str(exc)))
+        else:
+            seen.append(("", "not refused"))
+    with zpccl.ddp.enable_replicate(sharded(mesh["shard"]), mesh["replicate"], grad_bits=8) as state:
+        seen.append(("nranks", str(state.nranks)))
+    return seen
 
 
 def header_bound(parts: list[np.ndarray], bits: int, two_hops: bool) -> np.ndarray:
@@ -461,6 +559,31 @@ class DdpCommHook(unittest.TestCase):
                                     f"step {k} parameter {i} ({variant}) differs from the model")
                 at += parts[0][j].size
 
+    def test_compiled_ddp_equals_eager_bit_for_bit(self) -> None:
+        """torch.compile'd DDP with zpccl's hook, through DDP's C++ reducer (buckets) and through its Python reducer
+        with compiled autograd (each parameter's (grad, param)): the gradients equal eager DDP's with the hook bit for
+        bit (blocks restart at each parameter, so a gradient's bits do not depend on its bucket)."""
+        env = {"OMP_NUM_THREADS": "1"}
+        eager = zpccl.launch.spawn(_compiled_rank, 2, "eager", env=env, timeout=300)
+        for mode in ("compiled", "python_reducer"):
+            got = zpccl.launch.spawn(_compiled_rank, 2, mode, env=env, timeout=300)
+            for r in range(2):
+                self.assertGreater(got[r]["calls"], 0, mode)
+                for k, (ours, want) in enumerate(zip(got[r]["grads"], eager[r]["grads"])):
+                    for i, (a, b) in enumerate(zip(ours, want)):
+                        self.assertTrue(np.array_equal(a, b), f"{mode} rank {r} step {k} parameter {i}")
+                        self.assertTrue(np.array_equal(a, got[0]["grads"][k][i]), f"{mode}: ranks differ")
+
+    def test_pickling_refused_naming_what_to_save(self) -> None:
+        got = zpccl.launch.spawn(_copy_refusals, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        what = ("zpccl.ddp.enable: a zpccl.ddp state holds a communicator and cannot be pickled or copied: save or "
+                "copy the module (model.module, or its state_dict()) instead")
+        for rank, seen in enumerate(got):
+            for kind, text in seen[:3]:
+                self.assertEqual(kind, "ZpcclTypeError", text)
+                self.assertIn(what, text, f"rank {rank}")
+            self.assertEqual(seen[3], ("calls", "1"), f"rank {rank}: the state stopped serving after the refusals")
+
     def test_ranks_per_node_numbers_the_worlds_ranks(self) -> None:
         """ranks_per_node lays out the world, not each group in its own numbering: the replicate groups of two
         nodes of two span both nodes (one node of two, in their own numbering), the subgroup 0-2 two uneven ones."""
@@ -539,6 +662,30 @@ class HsdpReplicateHook(unittest.TestCase):
                 self.assertEqual(ours[r]["summary"]["quant_all_reduce"]["calls"], 3 * STEPS)
                 if mode == "replicate+fsdp":  # gathers: 3 in forward, the 2 resharded blocks' again in backward
                     self.assertEqual(ours[r]["fsdp"], {"qwz": 5 * STEPS, "qgz": 3 * STEPS}, mode)
+
+    def test_refusals_name_what_to_change(self) -> None:
+        """A model not sharded, one sharded on the 2-D mesh, and a replicate group that shares ranks with the shard
+        group (the shard group itself, the world as a group and as None) are refused, naming what to give; a 1-D
+        DeviceMesh is taken as its group."""
+        torch_for_procs()
+        got = zpccl.launch.spawn(_replicate_refusals, 4, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        call = "zpccl.ddp.enable_replicate: "
+        for rank, seen in enumerate(got):
+            shard = ", ".join(map(str, sorted({rank, rank ^ 1})))  # the shard groups of the 2x2 mesh: {0, 1}, {2, 3}
+            shares = (f"the replicate group shares ranks {shard} with the shard group of module 'Net': give the group "
+                      "of the ranks that hold this rank's shard in the other replicas (mesh['replicate'].get_group())")
+            expected = [
+                ("ZpcclValueError", call + "Net has no fully_shard-ed module: shard it on the 1-D shard mesh first"),
+                ("ZpcclValueError", call + "module 'Net' is sharded on a 2-D (HSDP) mesh"),
+                ("ZpcclValueError", call + shares),
+                ("ZpcclValueError", call + shares),
+                ("ZpcclValueError", call + shares),
+                ("nranks", "2"),
+            ]
+            self.assertEqual(len(seen), len(expected), seen)
+            for (kind, text), (want_kind, want) in zip(seen, expected):
+                self.assertEqual(kind, want_kind, text)
+                self.assertIn(want, text, f"rank {rank}")
 
 
 class ShardHookHeldOutputs(unittest.TestCase):

@@ -19,6 +19,10 @@ its scratch and the staging buffer reserved, so that a call allocates no buffer.
 :class:`~zpccl.ZeroPlusPlusPolicy` (``grad_bits``, ``block_size``, ``grad_block_size``, ``param_blocks``,
 ``grad_rounding``, ``seed``, ``ranks_per_node``, ``node_id``), or ``policy=``; error feedback is refused (DDP
 rebuilds its buckets after the first iteration). :func:`make_state` and :func:`comm_hook` compose it by hand.
+Compiled DDP is served through either reducer: the C++ one hands the hook buckets, the Python one
+(``optimize_ddp="python_reducer"``, compiled autograd) each parameter's gradient, with the same bits. The state
+holds a communicator and does not pickle: ``torch.save``/``copy.deepcopy`` of the hooked model are refused, naming
+what to save instead.
 
 HSDP (FSDP2 sharding inside a node, replicas across nodes): shard on the 1-D shard mesh and let zpccl serve the
 replicate dimension, whose all-reduce is the traffic across nodes:

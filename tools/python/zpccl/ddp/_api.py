@@ -94,16 +94,30 @@ def comm_hook(state: QuantAllReduce, bucket):  # type: ignore[no-untyped-def]
     holds. Blocks restart at the bucket's parameters (``param_blocks``). On the host backend the call returns when
     the all-reduce is done; on CUDA it is enqueued on the current stream, which the future's device lists.
 
+    DDP's Python reducer (``torch._dynamo.config.optimize_ddp = "python_reducer"``, compiled DDP with compiled
+    autograd) hands the hook each parameter's gradient as a ``(grad, param)`` tuple once it is accumulated, and
+    reads the result from the gradient: that gradient is averaged in place. With blocks restarting at each parameter,
+    its bits are those the bucket would have given it.
+
     ``bucket`` and the result carry no annotation: DDP's register_comm_hook accepts only none or the objects
     themselves, and this module's annotations are strings."""
     import torch
 
-    buffer = bucket.buffer()
+    call = "zpccl.ddp.comm_hook"
+    if isinstance(bucket, tuple):
+        buffer, sizes = bucket[0], None
+    else:
+        buffer = bucket.buffer()
+        sizes = [p.numel() for p in bucket.parameters()]
     if buffer.layout != torch.strided:
-        call = "zpccl.ddp.comm_hook"
         raise ZpcclValueError(f"{call}: a bucket of sparse gradients ({buffer.layout}): zpQuantAllReduce reduces dense "
                               "ones; make that parameter's gradient dense, or keep DDP's own all-reduce", call)
-    state.all_reduce(buffer, [p.numel() for p in bucket.parameters()])
+    if buffer.is_contiguous():
+        state.all_reduce(buffer.view(-1), sizes)
+    else:  # a gradient in its parameter's layout (channels_last): reduced through a contiguous copy
+        flat = buffer.contiguous().view(-1)
+        state.all_reduce(flat, sizes)
+        buffer.copy_(flat.view_as(buffer))
     future = torch.futures.Future(devices=[buffer.device] if buffer.device.type == "cuda" else None)
     future.set_result(buffer)
     return future
@@ -153,7 +167,8 @@ def enable_replicate(model: Any, replicate_group: Any, policy: ZeroPlusPlusPolic
     """HSDP's replicate all-reduce on zpccl: ``model`` is sharded with ``fully_shard`` on the 1-D shard mesh (the
     ranks of one replica, e.g. ``mesh["shard"]`` of a 2-D mesh), and every FSDP module of it gets
     ``set_all_reduce_hook``: after FSDP's reduce-scatter over the shard group, the reduced shard is averaged over
-    ``replicate_group`` (the ranks holding the same shard in the other replicas) by zpQuantAllReduce, in place,
+    ``replicate_group`` (the ranks holding the same shard in the other replicas: a process group, or the 1-D
+    ``mesh["replicate"]``; one that shares ranks with a shard group is refused) by zpQuantAllReduce, in place,
     bit-identical in every replica. Collective over the replicate group; returns the state
     (:class:`QuantAllReduce`). The costs of this recipe are in the package's documentation (README, "DDP and
     HSDP").
@@ -170,7 +185,7 @@ def enable_replicate(model: Any, replicate_group: Any, policy: ZeroPlusPlusPolic
     if not modules:
         raise ZpcclValueError(f"{call}: {type(model).__name__} has no fully_shard-ed module: shard it on the 1-D shard "
                               "mesh first", call)
-    groups = []
+    groups, shard_groups = [], {}
     for name, m in modules:
         for pg in fsdp.param_groups(m):
             if getattr(pg.mesh_info, "replicate_process_group", None) is not None:
@@ -178,6 +193,8 @@ def enable_replicate(model: Any, replicate_group: Any, policy: ZeroPlusPlusPolic
                                       " whose replicate all-reduce FSDP makes itself: shard it on the 1-D shard mesh "
                                       "(mesh['shard']) for zpccl to serve the replicate dimension", call)
             groups.append((m, pg))
+            shard_groups.setdefault(pg.mesh_info.shard_process_group, name or fsdp.class_name(m))
+    replicate_group = _replicate_group(replicate_group, shard_groups, call)
     policy = resolve(call, policy, options)
     dtypes = [_collective_dtype(pg, reduce=True) for _, pg in groups if pg.fsdp_params]
     staged = max((_staged_bytes(pg, policy.grad_block, _collective_dtype(pg, reduce=True))
@@ -187,6 +204,34 @@ def enable_replicate(model: Any, replicate_group: Any, policy: ZeroPlusPlusPolic
     for m, pg in groups:
         m.set_all_reduce_hook(_ShardHook(state, pg))
     return state
+
+
+def _replicate_group(group: Any, shard_groups: dict[Any, str], call: str) -> Any:
+    """The process group of ``enable_replicate``'s ``replicate_group`` (a 1-D DeviceMesh gives its group), checked
+    against the shard groups (each with the name of its first module): a replicate group meets each shard group in
+    this rank alone, or the all-reduce would average different shards of a parameter together."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if isinstance(group, DeviceMesh):
+        if group.ndim != 1:
+            raise ZpcclValueError(f"{call}: replicate_group is a {group.ndim}-D DeviceMesh: give its replicate "
+                                  "dimension (mesh['replicate'])", call)
+        group = group.get_group()
+    rank = dist.get_rank()
+    ranks = set(dist.get_process_group_ranks(dist.group.WORLD if group is None else group))
+    if rank not in ranks:
+        raise ZpcclValueError(f"{call}: this rank ({rank}) is not in replicate_group (ranks "
+                              f"{', '.join(map(str, sorted(ranks)))}): give each rank the replicate group it "
+                              "belongs to", call)
+    for shard_group, name in shard_groups.items():
+        shared = ranks & set(dist.get_process_group_ranks(shard_group)) if shard_group is not None else {rank}
+        if shared != {rank}:
+            shared_ranks = ", ".join(map(str, sorted(shared)))
+            raise ZpcclValueError(f"{call}: the replicate group shares ranks {shared_ranks} with the shard group of "
+                                  f"module {name!r}: give the group of the ranks that hold this rank's shard in the "
+                                  "other replicas (mesh['replicate'].get_group())", call)
+    return group
 
 
 class _ShardHook:

@@ -10,7 +10,7 @@ from .._report import PathStats, Report
 from .._staging import BlockLayout, Staging
 from ..comm import Comm, payload_size
 from ..enums import Backend, Result
-from ..errors import ZpcclError, ZpcclValueError
+from ..errors import ZpcclError, ZpcclTypeError, ZpcclValueError
 
 log = logging.getLogger("zpccl.ddp")
 
@@ -142,6 +142,13 @@ class QuantAllReduce:
         self.stage, self._zeros = None, {}
         if comm is not None:
             comm.close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Refused: the communicator, its buffers and its peers live in this process. ``torch.save`` or
+        ``copy.deepcopy`` of the DDP model that the hook serves reaches here through DDP's list of hooks."""
+        raise ZpcclTypeError(f"{self.call}: a zpccl.ddp state holds a communicator and cannot be pickled or copied: "
+                             "save or copy the module (model.module, or its state_dict()) instead, and call "
+                             "zpccl.ddp.enable on the DistributedDataParallel that wraps the copy", self.call)
 
     def __enter__(self) -> "QuantAllReduce":
         return self
