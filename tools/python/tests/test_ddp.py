@@ -11,7 +11,8 @@
   3 ranks and a group of 1 rank, neither the default group: the gradients equal the NumPy model bucket by bucket,
   bit for bit, on every rank; the replicas bit-identical; one staging buffer, reserved at set-up, for every call;
 * torch.compile'd DDP, through DDP's C++ reducer and through its Python reducer with compiled autograd (which hands
-  the hook (grad, param) tuples): the gradients equal eager DDP's with the hook bit for bit;
+  the hook (grad, param) tuples): the gradients equal eager DDP's with the hook bit for bit, channels_last
+  convolutions' too; QuantAllReduce called directly on tensors of any shape;
 * refusals, each naming what to change (pickling or copying the hooked model among them);
 * HSDP's recipe (FSDP2 on the 1-D shard mesh, zpccl.ddp.enable_replicate over the replicate group; with zpccl.fsdp
   inside the node as well) against native HSDP on a 2x2 mesh: the replicas' shards bit-identical, the losses near
@@ -308,6 +309,33 @@ def _compiled_rank(mode: str) -> dict[str, Any]:
     return out
 
 
+def _channels_last_rank(reducer: str) -> list[Any]:
+    """One rank's gradients (in logical order), step by step, of convolutions in channels_last under eager DDP with
+    zpccl's hook, through DDP's "cpp" reducer (buckets hold each gradient in its memory order) or its "python" one
+    (each gradient handed over in its parameter's strides)."""
+    torch = _setup()
+    import torch._dynamo
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    torch._dynamo.config.optimize_ddp = "python_reducer" if reducer == "python" else "ddp_optimizer"
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = DDP(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Tanh(), nn.Conv2d(8, 5, 3)).to(memory_format=torch.channels_last))
+    state = zpccl.ddp.enable(model, grad_bits=8, block_size=BLOCK)
+    g = torch.Generator().manual_seed(800 + torch.distributed.get_rank())
+    grads = []
+    for _step in range(2):
+        x = torch.randn(2, 3, 9, 9, generator=g).to(memory_format=torch.channels_last)
+        model(x).pow(2).mean().backward()
+        assert not model.module[0].weight.grad.is_contiguous(), "the test means gradients in channels_last"
+        grads.append([p.grad.contiguous().numpy().copy() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+    state.close()
+    return grads
+
+
 def _copy_refusals(_: int) -> list[tuple[str, str]]:
     """Pickling (torch.save) and copying a zpccl.ddp state, and the DDP model it hooks: each refusal's exception
     type and message."""
@@ -337,6 +365,34 @@ def _copy_refusals(_: int) -> list[tuple[str, str]]:
     seen.append(("calls", str(state.summary()["quant_all_reduce"]["calls"])))
     state.close()
     return seen
+
+
+def _direct_calls(_: int) -> list[Any]:
+    """QuantAllReduce called directly over 2 ranks (as an FSDP all-reduce hook, or by hand): a 2-D tensor and the
+    same values as a 1-D one, a 0-d tensor, and a tensor that is not contiguous (each rank's values rank + 1 and
+    more); what each gives, or its refusal."""
+    torch = _setup()
+    import zpccl.ddp
+
+    rank = torch.distributed.get_rank()
+    policy = zpccl.ZeroPlusPlusPolicy(weight_bits=None, grad_bits=8, hpz=False, block_size=BLOCK)
+    values = (torch.arange(75, dtype=torch.float32) * 0.37 + rank).sin() * (rank + 1)
+    out: list[Any] = []
+    with zpccl.ddp.QuantAllReduce(None, policy, device=torch.device("cpu"), dtypes=[torch.float32],
+                                  staging_bytes=4096, call="test") as state:
+        flat = values.clone()
+        state.all_reduce(flat, [40, 35])
+        square = values.clone().view(5, 15)
+        state.all_reduce(square, [40, 35])
+        out.append((flat.numpy(), square.numpy()))
+        out.append(state.all_reduce(torch.tensor(rank + 1.0)).item())
+        try:
+            state.all_reduce(values.clone().view(5, 15).t())
+        except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
+            out.append((type(exc).__name__, str(exc)))
+        else:
+            out.append(("", "not refused"))
+    return out
 
 
 class _SparseBucket:
@@ -574,6 +630,17 @@ class DdpCommHook(unittest.TestCase):
                         self.assertTrue(np.array_equal(a, b), f"{mode} rank {r} step {k} parameter {i}")
                         self.assertTrue(np.array_equal(a, got[0]["grads"][k][i]), f"{mode}: ranks differ")
 
+    def test_python_reducer_reduces_channels_last_gradients_in_memory_order(self) -> None:
+        """A gradient in channels_last, handed over by DDP's Python reducer in its parameter's strides, is reduced in
+        memory order as DDP's bucket holds it: the same bits as the C++ reducer's buckets."""
+        env = {"OMP_NUM_THREADS": "1"}
+        buckets = zpccl.launch.spawn(_channels_last_rank, 2, "cpp", env=env, timeout=300)
+        python = zpccl.launch.spawn(_channels_last_rank, 2, "python", env=env, timeout=300)
+        for r in range(2):
+            for k, (ours, want) in enumerate(zip(python[r], buckets[r])):
+                for i, (a, b) in enumerate(zip(ours, want)):
+                    self.assertTrue(np.array_equal(a, b), f"rank {r} step {k} parameter {i}")
+
     def test_pickling_refused_naming_what_to_save(self) -> None:
         got = zpccl.launch.spawn(_copy_refusals, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
         what = ("zpccl.ddp.enable: a zpccl.ddp state holds a communicator and cannot be pickled or copied: save or "
@@ -583,6 +650,19 @@ class DdpCommHook(unittest.TestCase):
                 self.assertEqual(kind, "ZpcclTypeError", text)
                 self.assertIn(what, text, f"rank {rank}")
             self.assertEqual(seen[3], ("calls", "1"), f"rank {rank}: the state stopped serving after the refusals")
+
+    def test_direct_calls_take_any_shape_and_refuse_strides(self) -> None:
+        """QuantAllReduce.all_reduce on a tensor of any shape reduces its elements in order (a 2-D tensor gives the
+        bits of its 1-D view; a 0-d one its average); a tensor that is not contiguous is refused by name."""
+        got = zpccl.launch.spawn(_direct_calls, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        for rank, (shaped, scalar, refused) in enumerate(got):
+            flat, square = shaped
+            self.assertEqual(square.shape, (5, 15))
+            self.assertTrue(np.array_equal(square.ravel(), flat), f"rank {rank}")
+            self.assertTrue(np.array_equal(flat, got[0][0][0]), f"rank {rank} differs from rank 0")
+            self.assertEqual(scalar, 1.5, f"rank {rank}")
+            self.assertEqual(refused[0], "ZpcclValueError", refused[1])
+            self.assertIn("test: tensor of shape (15, 5) and strides (1, 15) is not contiguous", refused[1])
 
     def test_ranks_per_node_numbers_the_worlds_ranks(self) -> None:
         """ranks_per_node lays out the world, not each group in its own numbering: the replicate groups of two

@@ -96,8 +96,9 @@ def comm_hook(state: QuantAllReduce, bucket):  # type: ignore[no-untyped-def]
 
     DDP's Python reducer (``torch._dynamo.config.optimize_ddp = "python_reducer"``, compiled DDP with compiled
     autograd) hands the hook each parameter's gradient as a ``(grad, param)`` tuple once it is accumulated, and
-    reads the result from the gradient: that gradient is averaged in place. With blocks restarting at each parameter,
-    its bits are those the bucket would have given it.
+    reads the result from the gradient: that gradient is averaged in place, in memory order (a channels_last one as
+    DDP's bucket holds it). With blocks restarting at each parameter, its bits are those the bucket would have given
+    it.
 
     ``bucket`` and the result carry no annotation: DDP's register_comm_hook accepts only none or the objects
     themselves, and this module's annotations are strings."""
@@ -112,12 +113,12 @@ def comm_hook(state: QuantAllReduce, bucket):  # type: ignore[no-untyped-def]
     if buffer.layout != torch.strided:
         raise ZpcclValueError(f"{call}: a bucket of sparse gradients ({buffer.layout}): zpQuantAllReduce reduces dense "
                               "ones; make that parameter's gradient dense, or keep DDP's own all-reduce", call)
-    if buffer.is_contiguous():
-        state.all_reduce(buffer.view(-1), sizes)
-    else:  # a gradient in its parameter's layout (channels_last): reduced through a contiguous copy
-        flat = buffer.contiguous().view(-1)
-        state.all_reduce(flat, sizes)
-        buffer.copy_(flat.view_as(buffer))
+    # A gradient in its parameter's layout (channels_last) is reduced in memory order, as DDP's bucket holds it.
+    dense = buffer.permute(sorted(range(buffer.dim()), key=buffer.stride, reverse=True))
+    if dense.is_contiguous():
+        state.all_reduce(dense, sizes)
+    else:  # overlapping or with gaps: through a contiguous copy
+        buffer.copy_(state.all_reduce(buffer.contiguous(), sizes))
     future = torch.futures.Future(devices=[buffer.device] if buffer.device.type == "cuda" else None)
     future.set_result(buffer)
     return future

@@ -73,9 +73,10 @@ class QuantAllReduce:
     # ---- the call ----
 
     def all_reduce(self, tensor: Any, sizes: list[int] | None = None, op: str = "avg") -> Any:
-        """``tensor`` (1-D, contiguous, float16/bfloat16/float32) replaced by its ``op`` ("avg" or "sum") over the
-        group's ranks, quantized as the policy says; returns it. ``sizes``: its parts (parameters) in order, whose
-        blocks restart at each boundary when the policy's ``param_blocks`` holds (None: one part).
+        """``tensor`` (contiguous, of any shape, float16/bfloat16/float32) replaced by its ``op`` ("avg" or "sum")
+        over the group's ranks, quantized as the policy says; returns it. Its elements are reduced in memory order,
+        as one 1-D tensor. ``sizes``: its parts (parameters) in order, whose blocks restart at each boundary when the
+        policy's ``param_blocks`` holds (None: one part).
 
         Parts are staged together as far as the staging buffer holds them; a tensor larger than it (DDP's first
         iteration puts every parameter in one bucket) is reduced in pieces of whole parts, a part alone in place.
@@ -83,6 +84,10 @@ class QuantAllReduce:
         block boundaries), so the pieces give the bits one call would, except for stochastic rounding, whose draws
         follow the shards: deterministic and equal on every rank all the same."""
         comm = self._live()
+        if not tensor.is_contiguous():
+            raise ZpcclValueError(f"{self.call}: tensor of shape {tuple(tensor.shape)} and strides "
+                                  f"{tuple(tensor.stride())} is not contiguous: reduce tensor.contiguous() and copy "
+                                  "the result back", self.call)
         if self.nranks == 1:
             # The average (and the sum) over one rank is the tensor itself: nothing travels, and quantizing it would
             # only add error.
@@ -90,9 +95,9 @@ class QuantAllReduce:
                                  "exact (nothing travels)", logging.INFO)
             self.report.count("quant_all_reduce", tensor.numel() * tensor.element_size(), 0)
             return tensor
-        wire = 0
+        wire, flat = 0, tensor.view(-1)
         for offset, count, layout in self._pieces(sizes, tensor.numel(), tensor.dtype):
-            part = tensor.narrow(0, offset, count)
+            part = flat.narrow(0, offset, count)
             if layout is None:
                 comm.quant_all_reduce(part, part, op=op)
                 wire += self._wire_bytes(count)
