@@ -336,6 +336,30 @@ def _channels_last_rank(reducer: str) -> list[Any]:
     return grads
 
 
+def _join_rank(_: int) -> dict[str, Any]:
+    """Uneven inputs under DDP's join(): rank r trains 2 + r batches; a rank that has joined shadows the others'
+    backward passes, handing the hook buckets of zeros. Its parameters' digest and the hook's calls."""
+    torch = _setup()
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    rank = dist.get_rank()
+    model = DDP(_variant_model(torch, "plain"), bucket_cap_mb=VARIANT_BUCKET_MB)
+    state = zpccl.ddp.enable(model, grad_bits=8, block_size=BLOCK)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    g = torch.Generator().manual_seed(900 + rank)
+    with model.join():
+        for _step in range(2 + rank):
+            model(torch.randn(6, 37, generator=g)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    out = dict(digest=_digest(list(model.parameters())), calls=state.summary()["quant_all_reduce"]["calls"])
+    state.close()
+    return out
+
+
 def _copy_refusals(_: int) -> list[tuple[str, str]]:
     """Pickling (torch.save) and copying a zpccl.ddp state, and the DDP model it hooks: each refusal's exception
     type and message."""
@@ -640,6 +664,14 @@ class DdpCommHook(unittest.TestCase):
             for k, (ours, want) in enumerate(zip(python[r], buckets[r])):
                 for i, (a, b) in enumerate(zip(ours, want)):
                     self.assertTrue(np.array_equal(a, b), f"rank {r} step {k} parameter {i}")
+
+    def test_uneven_inputs_under_join_keep_replicas_bit_identical(self) -> None:
+        """DDP's join() with 3 ranks training 2, 3 and 4 batches: the ranks that joined run the hook on buckets of
+        zeros in step with the others (every rank the same calls), and the replicas end bit-identical."""
+        got = zpccl.launch.spawn(_join_rank, 3, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        self.assertEqual({o["digest"] for o in got}, {got[0]["digest"]}, "replicas drifted")
+        self.assertEqual({o["calls"] for o in got}, {got[0]["calls"]})
+        self.assertGreater(got[0]["calls"], 4, "the last rank's 4 backward passes, several buckets once rebuilt")
 
     def test_pickling_refused_naming_what_to_save(self) -> None:
         got = zpccl.launch.spawn(_copy_refusals, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
