@@ -284,11 +284,17 @@ class ParameterGroups(unittest.TestCase):
             return out
 
         for rpn, hsdp, layout in ((4, True, (1, 2)), (2, False, (2, 1))):
-            with self.subTest(ranks_per_node=rpn, hsdp=hsdp):
+            with self.subTest(ranks_per_node=rpn, hsdp=hsdp), self.assertLogs("zpccl.fsdp", logging.INFO) as logs:
                 for rank, (plain, losses, nodes) in enumerate(run_threaded(4, lambda r: body(r, rpn, hsdp))):
                     self.assertEqual(nodes, [layout, layout], f"rank {rank}: (nodes, ranks a node)")
                     for a, b in zip(plain, losses):
                         self.assertLess(abs(a - b) / a, 0.01, f"rank {rank}: loss {b} vs FSDP's {a}")
+            # The replicate all-reduce stays FSDP's on a 2-D mesh: said once a rank, with the way to zpccl's.
+            said = [r.getMessage() for r in logs.records if "replicate dimension" in r.getMessage()]
+            self.assertEqual(len(said), 4 if hsdp else 0, logs.output)
+            for message in said:
+                self.assertIn("that stays on NCCL; zpccl.ddp.enable_replicate serves it from the 1-D shard mesh",
+                              message)
 
 
 if __name__ == "__main__":
