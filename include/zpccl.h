@@ -474,9 +474,10 @@ zpResult_t zpGradHopResidualCount(size_t recvcount, size_t* count, zpComm_t comm
 /*
  * zpQuantAllReduce(sendbuff, recvbuff, count, ...) is ncclAllReduce with Sum or Avg (which divides by the rank count)
  * on fp16, bf16 or fp32, in place when sendbuff == recvbuff (any other overlap is refused), any count.
- * Backends: the host backend runs it (ranks as threads, or as processes through zpCommInitFromTransport). GPU
- * communicators (cuda backend) refuse it with zpInvalidUsage, "not yet available on GPU communicators", at every
- * count, count 0 included (so that a first call at setup tells), the communicator staying usable.
+ * Backends: both run the two calls below (the host backend with ranks as threads, or as processes through
+ * zpCommInitFromTransport). On the cuda backend a count that is not nranks x shardCount goes through a padded copy
+ * of nranks x shardCount elements in the communicator's scratch (and of the residual, with error feedback), which
+ * zpCommReserve sizes, at the cost of a copy each way.
  *
  * Shards. The tensor is cut into one shard per rank, every shard a whole number of blocks: with G the call's block
  * size and n the rank count, shardCount = ceil(ceil(count / n) / G) * G (zpQuantAllReduceShardCount), and rank r

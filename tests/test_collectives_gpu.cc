@@ -32,7 +32,7 @@ using zpcheck::Buffer;
 constexpr unsigned char kSquatterByte = 0xa5;       // fills allocations that a replay must not touch
 constexpr size_t kSquatterMiB[] = {1, 1, 2, 2, 4};  // their sizes: where freed 1 - 13 MiB buffers would be reused
 
-enum class Op { kQwz, kHpz, kQgz };
+enum class Op { kQwz, kHpz, kQgz, kAllReduce };
 
 struct Case {
   Op op;
@@ -46,10 +46,11 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  const char* names[] = {"qwZ", "hpZ", "qgZ"};
+  const char* names[] = {"qwZ", "hpZ", "qgZ", "all-reduce"};
+  const bool reduces = c.op == Op::kQgz || c.op == Op::kAllReduce;
   return std::string(names[static_cast<int>(c.op)]) + " " + zp::typeName(c.type) + " bits " + std::to_string(c.bits) +
          " count " + std::to_string(c.count) + (c.inPlace ? " in place" : " out of place") +
-         (c.op == Op::kQgz ? (c.redOp == zpAvg ? " avg" : " sum") : "");
+         (reduces ? (c.redOp == zpAvg ? " avg" : " sum") : "");
 }
 
 // Elements of send and receive buffers per rank. For hpZ the group is every rank of the one-node layouts here
@@ -65,6 +66,9 @@ void sizes(const Case& c, int nranks, int group, size_t* sendElems, size_t* recv
     case Op::kQgz:
       *sendElems = c.count * nranks, *recvElems = c.count;
       break;
+    case Op::kAllReduce:
+      *sendElems = c.count, *recvElems = c.count;
+      break;
   }
 }
 
@@ -77,6 +81,11 @@ zpResult_t runCase(const Case& c, zpComm_t comm, const void* send, void* recv, c
       return zpHierAllGatherEx(send, recv, c.count, c.type, c.bits ? &options : nullptr, comm, stream);
     case Op::kQgz:
       return zpQuantReduceScatterA2AEx(send, recv, c.count, c.type, c.redOp, &options, comm, stream);
+    case Op::kAllReduce: {
+      zpGradOptions_t grad = ZP_GRAD_OPTIONS_INITIALIZER;
+      if (c.bits != 0) grad.bits = c.bits;
+      return zpQuantAllReduceEx(send, recv, c.count, c.type, c.redOp, &grad, comm, stream);
+    }
   }
   return zpInternalError;
 }
@@ -91,6 +100,8 @@ long inPlaceOffset(const Case& c, int rank, int groupRank) {
       return static_cast<long>(c.count) * groupRank;
     case Op::kQgz:
       return static_cast<long>(c.count) * rank;  // recvbuff inside sendbuff
+    case Op::kAllReduce:
+      return 0;  // sendbuff == recvbuff
   }
   return -1;
 }
@@ -316,7 +327,7 @@ std::vector<Case> sweep(Op op, std::initializer_list<size_t> counts) {
       for (size_t count : counts)
         for (bool inPlace : {false, true}) {
           cases.push_back({op, type, bits, count, inPlace});
-          if (op == Op::kQgz) cases.push_back({op, type, bits, count, inPlace, zpAvg});
+          if (op == Op::kQgz || op == Op::kAllReduce) cases.push_back({op, type, bits, count, inPlace, zpAvg});
         }
   return cases;
 }
@@ -397,6 +408,18 @@ TEST(GpuQgz, EmulatedTwoNodesMatchHost) {
   checkAgainstHost(sweep(Op::kQgz, {255, 70001}), 2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; });
 }
 
+// The all-reduce: counts of n whole shards (worked where they lie) and others (through the padded copy), fewer
+// elements than ranks included; every rank's output bit-identical to the host backend's, so to each other.
+TEST(GpuAllReduce, MatchesHostBackendBitForBit) {
+  ZP_REQUIRE_GPUS(2);
+  checkAgainstHost(sweep(Op::kAllReduce, {1, 257, 4097, 131072, 100003}), 2, nullptr);
+}
+
+TEST(GpuAllReduce, EmulatedTwoNodesMatchHost) {
+  ZP_REQUIRE_GPUS(2);
+  checkAgainstHost(sweep(Op::kAllReduce, {255, 70001}), 2, [](int, zpConfig_t* c) { c->ranksPerNode = 1; });
+}
+
 TEST(GpuHpz, ExactOnOneNodeAndAsTwoNodes) {
   ZP_REQUIRE_GPUS(2);
   std::vector<Case> cases;
@@ -413,9 +436,11 @@ TEST(GpuHpz, ExactOnOneNodeAndAsTwoNodes) {
 // NaN, Inf, huge values and denormals in the inputs, out of place and in place, on one node and as two. Buffers
 // end exactly where their allocations do (deviceRun allocates each one at its size).
 std::vector<Case> sanitizedCases() {
-  std::vector<Case> cases = {{Op::kQwz, zpBfloat16, 8, 4097, false}, {Op::kQwz, zpFloat16, 4, 257, true},
-                             {Op::kQgz, zpBfloat16, 4, 4097, false}, {Op::kQgz, zpFloat32, 8, 255, true, zpAvg},
-                             {Op::kHpz, zpBfloat16, 0, 4097, false}, {Op::kHpz, zpFloat16, 8, 1001, true}};
+  std::vector<Case> cases = {
+      {Op::kQwz, zpBfloat16, 8, 4097, false},       {Op::kQwz, zpFloat16, 4, 257, true},
+      {Op::kQgz, zpBfloat16, 4, 4097, false},       {Op::kQgz, zpFloat32, 8, 255, true, zpAvg},
+      {Op::kHpz, zpBfloat16, 0, 4097, false},       {Op::kHpz, zpFloat16, 8, 1001, true},
+      {Op::kAllReduce, zpBfloat16, 4, 4097, false}, {Op::kAllReduce, zpFloat32, 8, 1024, true, zpAvg}};
   for (Case& c : cases) c.specials = true;
   return cases;
 }
@@ -425,22 +450,24 @@ TEST(GpuSanitized, EachCollectiveOnSmallCases) {
   ZP_REQUIRE_GPUS(2);
   const std::vector<Case> cases = sanitizedCases();
   checkAgainstHost(cases, 2, nullptr);
-  checkAgainstHost({cases[2], cases[3]}, 2, kOneRankPerNode);
+  checkAgainstHost({cases[2], cases[3], cases[6], cases[7]}, 2, kOneRankPerNode);
 }
 
 TEST(GpuPipeline, ChunkedLargeCallsMatchHost) {
   ZP_REQUIRE_GPUS(2);
   // Large enough for several pipeline chunks (64 MiB logical each by default).
-  checkAgainstHost(
-      {{Op::kQwz, zpBfloat16, 8, size_t{40} << 20, false}, {Op::kQgz, zpBfloat16, 4, size_t{40} << 20, true}}, 2,
-      nullptr);
+  checkAgainstHost({{Op::kQwz, zpBfloat16, 8, size_t{40} << 20, false},
+                    {Op::kQgz, zpBfloat16, 4, size_t{40} << 20, true},
+                    {Op::kAllReduce, zpBfloat16, 4, (size_t{80} << 20) + 3, true}},
+                   2, nullptr);
 }
 
 TEST(GpuGraphs, CapturedCollectivesReplayToTheSameBits) {
   ZP_REQUIRE_GPUS(2);
   checkAgainstHost({{Op::kQwz, zpFloat16, 8, 50001, false},
                     {Op::kQgz, zpBfloat16, 4, 50001, false, zpAvg},
-                    {Op::kHpz, zpFloat32, 0, 50001, true}},
+                    {Op::kHpz, zpFloat32, 0, 50001, true},
+                    {Op::kAllReduce, zpBfloat16, 4, 100003, false, zpAvg}},
                    2, nullptr, /*replays=*/5);
 }
 
@@ -860,7 +887,8 @@ TEST(GpuSanitized, Child) {
   // Two hosts (NCCL_HOSTID, over sockets) are two nodes whatever the config: every case runs there.
   const bool ownHosts = getenv("NCCL_HOSTID") != nullptr;
   for (const Case& c : sanitizedCases()) {
-    if (asTwoNodes && !ownHosts && c.op != Op::kQgz) continue;  // as in EachCollectiveOnSmallCases
+    // As in EachCollectiveOnSmallCases.
+    if (asTwoNodes && !ownHosts && c.op != Op::kQgz && c.op != Op::kAllReduce) continue;
     SCOPED_TRACE(describe(c) + (asTwoNodes ? " as two nodes" : ""));
     expectRankMatchesHost(c, rank, comm, hostExpected(c, 2, layout)[rank]);
   }
@@ -928,8 +956,11 @@ TEST(GpuLayouts, Child) {
                              {Op::kQwz, zpFloat16, 4, 4097, true},
                              {Op::kQgz, zpBfloat16, 4, 100003, false},
                              {Op::kQgz, zpFloat32, 8, 257, true, zpAvg},
-                             {Op::kQgz, zpFloat16, 4, 1, false}};
+                             {Op::kQgz, zpFloat16, 4, 1, false},
+                             {Op::kAllReduce, zpBfloat16, 4, 100003, false},
+                             {Op::kAllReduce, zpFloat32, 8, 4096, true, zpAvg}};
   cases[2].specials = true;
+  cases[5].specials = true;
   if (even) {
     cases.insert(cases.end(), {{Op::kHpz, zpBfloat16, 0, 100003, false},
                                {Op::kHpz, zpInt8, 0, 4097, true},
@@ -1003,6 +1034,16 @@ TEST(GpuLayouts, ThreeNodesOfTwoOnOneGpu) { runLayout("2,2,2", 1, Placement::kSh
 // Uneven nodes: the flat one-hop paths.
 TEST(GpuLayouts, UnevenNodesOnOneGpu) { runLayout("2,1", 1, Placement::kSharedGpus, 1); }
 
+// Two nodes of two again, every call cut into chunks of 64 KiB (the children and their host references read the
+// tunables afresh): qgZ's two hops and the all-reduce's two-hop gather pipelined over several chunks.
+TEST(GpuLayouts, TwoNodesOfTwoInChunksOnOneGpu) {
+  setenv("ZP_CHUNK_BYTES", "65536", 1);
+  setenv("ZP_MAX_CHUNKS", "16", 1);
+  runLayout("2,2", 1, Placement::kSharedGpus, 1);
+  unsetenv("ZP_CHUNK_BYTES");
+  unsetenv("ZP_MAX_CHUNKS");
+}
+
 // ---- reliability (issue 10): replays on changing data, and a soak ---------------------------------------------
 
 // The first call of each collective captured in a graph (scratch reserved beforehand), then replayed 1000 times
@@ -1011,8 +1052,9 @@ TEST(GpuLayouts, UnevenNodesOnOneGpu) { runLayout("2,1", 1, Placement::kSharedGp
 TEST(GpuReliability, CapturedFirstCallReplayedOnChangingData) {
   ZP_REQUIRE_GPUS(2);
   const int replays = getenv("ZP_GRAPH_REPLAYS") ? atoi(getenv("ZP_GRAPH_REPLAYS")) : 1000;
-  for (Case base : {Case{Op::kQwz, zpBfloat16, 8, 1031, false}, Case{Op::kQgz, zpFloat16, 4, 1031, true, zpAvg},
-                    Case{Op::kHpz, zpFloat32, 0, 1031, false}}) {
+  for (Case base :
+       {Case{Op::kQwz, zpBfloat16, 8, 1031, false}, Case{Op::kQgz, zpFloat16, 4, 1031, true, zpAvg},
+        Case{Op::kHpz, zpFloat32, 0, 1031, false}, Case{Op::kAllReduce, zpBfloat16, 4, 1031, false, zpAvg}}) {
     SCOPED_TRACE(describe(base));
     std::vector<std::vector<Buffer>> expected(replays);
     for (int k = 0; k < replays; ++k) {
@@ -1078,7 +1120,7 @@ TEST(GpuReliability, SoakOfRandomCallsStaysExactAndFlat) {
   std::vector<Case> cases;
   const zpDataType_t exactTypes[] = {zpInt8, zpInt32, zpFloat16, zpBfloat16, zpFloat32, zpFloat64};
   for (int i = 0; i < iterations; ++i) {
-    Case c{static_cast<Op>(rng() % 3),
+    Case c{static_cast<Op>(rng() % 4),
            zpcheck::kQuantTypes[rng() % 3],
            rng() % 2 ? 8 : 4,
            1 + rng() % 5000,

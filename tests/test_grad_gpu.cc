@@ -3,9 +3,9 @@
 // (host/quant_math.h's GPU path) against its threshold form over every float in range; the kernels (launchQuantizeGrad,
 // launchReduceRequantizeGrad: payloads with their padding, and residuals) against host/quant_ref.h's
 // quantizeGradRef over type x bits x block size x count x batch x rounding x residual x chunk offset; and
-// zpQuantReduceScatterA2AEx2 with stochastic rounding and error feedback on one-hop and two-hop layouts (processes
-// sharing one GPU, each its own NCCL_HOSTID, over sockets), several calls in a row, outputs and residuals equal to
-// the host backend's. Skips without a GPU.
+// zpQuantReduceScatterA2AEx2 and zpQuantAllReduceEx with stochastic rounding and error feedback on one-hop and
+// two-hop layouts (processes sharing one GPU, each its own NCCL_HOSTID, over sockets), several calls in a row,
+// outputs and residuals equal to the host backend's. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -272,10 +272,38 @@ std::vector<int> nodesFromEnv() {
 struct GradCase {
   zpDataType_t type;
   int bits;
-  size_t count;
+  size_t count;  // qgZ's recvcount; the all-reduce's tensor is count x nranks elements, as qgZ's sendbuff
   zpRedOp_t op;
   bool stochastic, feedback, inPlace;
+  bool allReduce = false;  // zpQuantAllReduceEx instead of zpQuantReduceScatterA2AEx2
 };
+
+// Elements of a call's output.
+size_t recvElems(const GradCase& c, int nranks) { return c.allReduce ? c.count * nranks : c.count; }
+
+// Elements of a call's hop residual on this communicator's layout.
+size_t hopElems(const GradCase& c, zpComm_t comm) {
+  int n = 0;
+  EXPECT_EQ(zpCommCount(comm, &n), zpSuccess);
+  size_t slice = c.count, hop = 0;
+  if (c.allReduce) {
+    EXPECT_EQ(zpQuantAllReduceShardCount(c.count * n, 0, &slice, comm), zpSuccess);
+  }
+  EXPECT_EQ(zpGradHopResidualCount(slice, &hop, comm), zpSuccess);
+  return hop;
+}
+
+// One call of `c` (its output into `recv`, or in place when c.inPlace: see inPlaceRecv).
+zpResult_t callCase(const GradCase& c, int nranks, const void* send, void* recv, const zpGradOptions_t* o,
+                    zpComm_t comm, cudaStream_t stream) {
+  if (c.allReduce) return zpQuantAllReduceEx(send, recv, c.count * nranks, c.type, c.op, o, comm, stream);
+  return zpQuantReduceScatterA2AEx2(send, recv, c.count, c.type, c.op, o, comm, stream);
+}
+
+// The output's place in the send buffer in place: the all-reduce's whole tensor, qgZ's rank's slice.
+void* inPlaceRecv(const GradCase& c, int rank, void* send) {
+  return static_cast<char*>(send) + (c.allReduce ? 0 : rank * c.count * zp::typeSize(c.type));
+}
 
 // One rank's state over a run of calls: residuals carried from call to call, outputs of each call.
 struct RankRun {
@@ -295,6 +323,10 @@ const GradCase kGradCases[] = {
     {zpFloat32, 8, 257, zpAvg, true, false, true},      // SR alone, in place
     {zpFloat16, 4, 4097, zpSum, false, true, false},    // EF alone, nearest
     {zpBfloat16, 8, 1, zpSum, true, true, true},        // a single element
+    // The all-reduce: a tensor of n whole shards and others (the padded copies, residual included).
+    {zpBfloat16, 4, 100003, zpSum, true, true, false, true},
+    {zpFloat32, 8, 1024, zpAvg, true, false, true, true},
+    {zpFloat16, 4, 4097, zpSum, false, true, true, true},
 };
 constexpr size_t kGradCaseCount = sizeof(kGradCases) / sizeof(kGradCases[0]);
 
@@ -326,9 +358,8 @@ std::vector<std::vector<RankRun>> hostRuns(const std::vector<int>& nodes) {
       [&](int rank, zpComm_t comm) {
         for (size_t i = 0; i < kGradCaseCount; ++i) {
           const GradCase& c = kGradCases[i];
-          size_t hop = 0;
-          ASSERT_EQ(zpGradHopResidualCount(c.count, &hop, comm), zpSuccess);
-          const size_t esz = zp::typeSize(c.type);
+          const size_t hop = hopElems(c, comm);
+          const size_t esz = zp::typeSize(c.type), outElems = recvElems(c, n);
           RankRun& r = runs[i][rank];
           r.res.assign(c.feedback ? c.count * n : 0, 0);
           r.hop.assign(c.feedback ? hop : 0, 0);
@@ -336,12 +367,10 @@ std::vector<std::vector<RankRun>> hostRuns(const std::vector<int>& nodes) {
             Buffer send(c.count * n * esz);
             fillCall(c, rank, call, n, send.data());
             const zpGradOptions_t o = optionsOf(c, r.res.data(), r.res.size(), r.hop.data(), r.hop.size());
-            Buffer out(c.count * esz);
-            void* recv = c.inPlace ? send.data() + rank * c.count * esz : out.data();
-            ASSERT_EQ(zpQuantReduceScatterA2AEx2(send.data(), recv, c.count, c.type, c.op, &o, comm, nullptr),
-                      zpSuccess)
-                << zpGetLastError(comm);
-            std::memcpy(out.data(), recv, c.count * esz);
+            Buffer out(outElems * esz);
+            void* recv = c.inPlace ? inPlaceRecv(c, rank, send.data()) : out.data();
+            ASSERT_EQ(callCase(c, n, send.data(), recv, &o, comm, nullptr), zpSuccess) << zpGetLastError(comm);
+            std::memcpy(out.data(), recv, outElems * esz);
             r.outs.push_back(std::move(out));
           }
         }
@@ -353,16 +382,15 @@ std::vector<std::vector<RankRun>> hostRuns(const std::vector<int>& nodes) {
 void checkCudaRank(const GradCase& c, int rank, zpComm_t comm, const RankRun& want) {
   int n = 0;
   ASSERT_EQ(zpCommCount(comm, &n), zpSuccess);
-  size_t hop = 0;
-  ASSERT_EQ(zpGradHopResidualCount(c.count, &hop, comm), zpSuccess);
+  const size_t hop = hopElems(c, comm);
   if (c.feedback) {
     ASSERT_EQ(hop, want.hop.size());
   }
-  const size_t esz = zp::typeSize(c.type), sendBytes = c.count * n * esz;
+  const size_t esz = zp::typeSize(c.type), sendBytes = c.count * n * esz, outElems = recvElems(c, n);
   char *dSend = nullptr, *dRecv = nullptr;
   uint16_t *dRes = nullptr, *dHop = nullptr;
   CUDA_ASSERT(cudaMalloc(&dSend, sendBytes));
-  CUDA_ASSERT(cudaMalloc(&dRecv, c.count * esz));
+  CUDA_ASSERT(cudaMalloc(&dRecv, outElems * esz));
   CUDA_ASSERT(cudaMalloc(&dRes, c.count * n * 2));
   CUDA_ASSERT(cudaMalloc(&dHop, hop * 2 + 2));
   CUDA_ASSERT(cudaMemset(dRes, 0, c.count * n * 2));
@@ -374,16 +402,15 @@ void checkCudaRank(const GradCase& c, int rank, zpComm_t comm, const RankRun& wa
     Buffer send(sendBytes);
     fillCall(c, rank, call, n, send.data());
     CUDA_ASSERT(cudaMemcpy(dSend, send.data(), sendBytes, cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemset(dRecv, 0xff, c.count * esz));  // poison
+    CUDA_ASSERT(cudaMemset(dRecv, 0xff, outElems * esz));  // poison
     CUDA_ASSERT(cudaDeviceSynchronize());
     const zpGradOptions_t o = optionsOf(c, dRes, c.count * n, dHop, hop);
-    char* recv = c.inPlace ? dSend + rank * c.count * esz : dRecv;
-    ASSERT_EQ(zpQuantReduceScatterA2AEx2(dSend, recv, c.count, c.type, c.op, &o, comm, stream), zpSuccess)
-        << zpGetLastError(comm);
+    void* recv = c.inPlace ? inPlaceRecv(c, rank, dSend) : dRecv;
+    ASSERT_EQ(callCase(c, n, dSend, recv, &o, comm, stream), zpSuccess) << zpGetLastError(comm);
     CUDA_ASSERT(cudaStreamSynchronize(stream));
-    Buffer out(c.count * esz);
-    CUDA_ASSERT(cudaMemcpy(out.data(), recv, c.count * esz, cudaMemcpyDeviceToHost));
-    EXPECT_TRUE(zpcheck::sameBits(out.data(), want.outs[call].data(), c.count, c.type)) << "output";
+    Buffer out(outElems * esz);
+    CUDA_ASSERT(cudaMemcpy(out.data(), recv, outElems * esz, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(zpcheck::sameBits(out.data(), want.outs[call].data(), outElems, c.type)) << "output";
   }
   if (c.feedback) {
     std::vector<uint16_t> res(c.count * n), hopRes(hop);
@@ -398,8 +425,9 @@ void checkCudaRank(const GradCase& c, int rank, zpComm_t comm, const RankRun& wa
     zpGradOptions_t o = ZP_GRAD_OPTIONS_INITIALIZER;
     o.residual = hostRes.data();
     o.residualCount = hostRes.size();
-    EXPECT_EQ(zpQuantReduceScatterA2AEx2(dSend, dRecv, c.count, c.type, c.op, &o, comm, stream), zpInvalidArgument);
-    EXPECT_TRUE(zpcheck::mentions(zpGetLastError(comm), "zpQuantReduceScatterA2AEx2 : options->residual"))
+    EXPECT_EQ(callCase(c, n, dSend, dRecv, &o, comm, stream), zpInvalidArgument);
+    const std::string call = c.allReduce ? "zpQuantAllReduceEx" : "zpQuantReduceScatterA2AEx2";
+    EXPECT_TRUE(zpcheck::mentions(zpGetLastError(comm), (call + " : options->residual").c_str()))
         << zpGetLastError(comm);
   }
   CUDA_ASSERT(cudaStreamDestroy(stream));
@@ -426,8 +454,8 @@ TEST(GpuGradQgz, Child) {
       << zpGetLastError(nullptr);
   for (size_t i = 0; i < kGradCaseCount; ++i) {
     const GradCase& c = kGradCases[i];
-    SCOPED_TRACE(std::string(zp::typeName(c.type)) + " bits " + std::to_string(c.bits) + " count " +
-                 std::to_string(c.count) + " rank " + std::to_string(rank));
+    SCOPED_TRACE(std::string(c.allReduce ? "all-reduce " : "qgZ ") + zp::typeName(c.type) + " bits " +
+                 std::to_string(c.bits) + " count " + std::to_string(c.count) + " rank " + std::to_string(rank));
     checkCudaRank(c, rank, comm, expected[i][rank]);
   }
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);

@@ -113,6 +113,14 @@ TEST(PerfBinaries, QwzOnGpusWithNcclSideBySide) {
   EXPECT_NE(run.output.find("rounds 5"), std::string::npos) << run.output;
 }
 
+// The all-reduce against ncclAllReduce in the same run: every output equal to the host backend's, counts of whole
+// shards and others (4 MiB of bf16 on one GPU: whole; 1000003 bytes of fp16: the padded copy).
+TEST(PerfBinaries, AllReduceOnGpusWithNcclSideBySide) {
+  ZP_REQUIRE_GPUS(1);
+  expectCleanTable(runBinary("all_reduce_perf", "-b 1M -e 4M -f 2 -n 3 -w 1"), 3);
+  expectCleanTable(runBinary("all_reduce_perf", "-b 1000003 -e 1000003 -n 3 -w 1 -d half -B 8 -G 64"), 1);
+}
+
 TEST(PerfBinaries, ReduceKernelsRefuseTheHostBackend) {
   const BinaryRun run = runBinary("reduce_perf", "-H");
   EXPECT_EQ(run.exitCode, 2) << run.output;

@@ -327,8 +327,7 @@ done
 if [ -n "${ZP_GPU_CHECK_BINS:-}" ]; then
   bins=$ZP_GPU_CHECK_BINS
 else
-  # all_reduce_perf waits for zpQuantAllReduce's cuda path: GPU communicators refuse the call until then.
-  bins=$(cd "$build/perf" 2>/dev/null && ls -1 *_perf 2>/dev/null | grep -vx all_reduce_perf | sort | tr '\n' ' ')
+  bins=$(cd "$build/perf" 2>/dev/null && ls -1 *_perf 2>/dev/null | sort | tr '\n' ' ')
 fi
 if [ "${ZP_GPU_CHECK_SKIP_PERF:-0}" = 1 ]; then
   bins=""

@@ -127,10 +127,6 @@ for path in "$build"/perf/*_perf; do
         note "$bin: skipped (NCCL's numbers are the baseline columns of the zpccl tables)"; fi
       continue ;;
     quantize_perf | reduce_perf) local_op=1 ;;
-    all_reduce_perf)
-      # The host backend runs zpQuantAllReduce; GPU communicators refuse it until its cuda path lands.
-      if [ "$gpus" -gt 0 ]; then note "$bin: skipped (zpQuantAllReduce is not yet available on GPU communicators)"; continue; fi
-      local_op=0 ;;
     *) local_op=0 ;;
   esac
   # hpZ's gather is exact: one run, its quantized variant at the default bits.

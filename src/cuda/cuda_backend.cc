@@ -146,18 +146,13 @@ class CudaBackend final : public Backend {
         res = cudaQuantReduceScatter(exec_, a);
         break;
       case CollKind::kQuantAllReduce:
-        return allReduceNotYet(a);
+        res = cudaQuantAllReduce(exec_, a);
+        break;
       default:
         return ZP_ERR(zpInternalError, "%s : unknown collective", a.opName);
     }
     if (res == zpSuccess && watchdog_) ZPCHECK(watchdog_->track(a.opName, a.stream));
     return res;
-  }
-
-  // Count 0 does nothing, as in NCCL, except for a collective this backend does not run: refused alike at every
-  // count, so that a caller learns it at setup (a first call of 0 elements) rather than in the training loop.
-  zpResult_t runEmpty(const CollArgs& a) override {
-    return a.kind == CollKind::kQuantAllReduce ? allReduceNotYet(a) : zpSuccess;
   }
 
   zpResult_t reserve(size_t maxBytes) override {
@@ -265,14 +260,6 @@ class CudaBackend final : public Backend {
     for (ncclComm_t c : exec_.comms.ownedWorldFirst()) (void)ncclCommAbort(c);
     ncclAborted_ = true;
     return true;
-  }
-
-  // zpQuantAllReduce runs on the host backend; its cuda execution waits for a GPU to check it (include/zpccl.h).
-  static zpResult_t allReduceNotYet(const CollArgs& a) {
-    return ZP_ERR(zpInvalidUsage,
-                  "%s : not yet available on GPU communicators (cuda backend); the host backend runs it "
-                  "(config.backend = zpBackendHost, host buffers)",
-                  a.opName);
   }
 
   // After the watchdog saw a failure, every collective returns it at once.

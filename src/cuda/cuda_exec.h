@@ -1,6 +1,6 @@
 // What the cuda backend's collectives work with: the NCCL communicators, the side stream and events of the
 // chunk pipelines, and the communicator's scratch memory. Lifecycle in cuda_backend.cc; the pipelines in
-// pipeline.h, the collectives in gathers.cc and qgz.cc.
+// pipeline.h, the collectives in gathers.cc, qgz.cc and all_reduce.cc.
 #pragma once
 
 #include <nccl.h>
@@ -45,6 +45,10 @@ struct ScratchBuffer {
   bool captured = false;  // a call captured in a graph uses ptr
 };
 
+// The communicator's scratch buffers: the pipelines' send and receive slots (0, 1), and the all-reduce's padded
+// copies of a tensor whose count is not n whole shards and of its residual (all_reduce.cc).
+enum : int { kScratchAllReduceTensor = 2, kScratchAllReduceResidual = 3, kScratchBuffers = 4 };
+
 struct CudaExec {
   NcclComms comms;
   int device = -1;
@@ -74,7 +78,7 @@ struct CudaExec {
   // capture cannot be waited for or synchronized outside it (the next call and zpCommDestroy do both).
   cudaEvent_t capturedSideDone = nullptr;
   cudaEvent_t ownSlotDone = nullptr;  // a one-chunk call's own slot worked on a side stream (pipeline.h)
-  ScratchBuffer scratch[2];
+  ScratchBuffer scratch[kScratchBuffers];
   std::vector<void*> retiredScratch;     // grown out of after a capture used them; freed with the communicator
   PeerWindow peers;                      // direct loads among the ranks of one NVLink domain (src/cuda/peer_window.h)
   std::vector<cudaEvent_t> traceEvents;  // ZP_TRACE_PIPELINE: timing events, created on first use
@@ -94,5 +98,6 @@ zpResult_t cudaReserve(CudaExec& exec, size_t maxBytes);
 zpResult_t cudaQuantAllGather(CudaExec& exec, const CollArgs& a);
 zpResult_t cudaHierAllGather(CudaExec& exec, const CollArgs& a);
 zpResult_t cudaQuantReduceScatter(CudaExec& exec, const CollArgs& a);
+zpResult_t cudaQuantAllReduce(CudaExec& exec, const CollArgs& a);
 
 }  // namespace zp

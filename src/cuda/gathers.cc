@@ -33,13 +33,18 @@ zpResult_t gatherDirect(CudaExec& e, const CollArgs& a, const CollPlan& p) {
 }
 
 // The pipelined gather over the plan's group (n ranks, this one `rank`). Quantize: the own shard into its slot of
-// every chunk's region. Move: all-gather the regions chunk by chunk. Finish: dequantize each gathered chunk (all
-// ranks' slots in one launch) into recvbuff. The gather's kernels leave ZP_NCCL_SMS SMs to NCCL where the plan
-// runs its stages in the green context: its transfer is the longest stage, and its CTAs cannot start on an SM that
-// our CTAs occupy (src/cuda/green_context.h; perf/RESULTS.md, qwZ).
+// every chunk's region. Move: all-gather the regions chunk by chunk, in one hop over the group or, on the plan's two
+// hops (the all-reduce's gather on nodes of several ranks), among the ranks of this local rank and then inside the
+// node, the region's slots in twoHopGatherSlots' order (host/coll_plan.h). Finish: dequantize each gathered chunk
+// into recvbuff, all ranks' slots in one launch, or one a run of twoHopGatherSlots. The gather's kernels leave
+// ZP_NCCL_SMS SMs to NCCL where the plan runs its stages in the green context: its transfer is the longest stage,
+// and its CTAs cannot start on an SM that our CTAs occupy (src/cuda/green_context.h; perf/RESULTS.md, qwZ).
 zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, const CollPlan& p) {
   const size_t esz = typeSize(a.type);
-  const int n = p.ranks, rank = p.rank;
+  const int n = p.ranks;
+  const bool twoHops = p.path == PlanPath::kTwoHops;
+  const TwoHopGatherSlots slots = twoHops ? twoHopGatherSlots(e.topo) : TwoHopGatherSlots{};
+  const int rank = twoHops ? slots.mySlot : p.rank;  // this rank's slot in a chunk's region
   const ncclComm_t comm = commOf(e, p.hop[0].comm);
   const ChunkPlan& plan = p.chunks;
   const ChunkRegion at(plan, p.sendSlots, a.bits, a.blockSize);  // chunk c: every rank's slot, in rank order
@@ -85,13 +90,30 @@ zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, const CollPlan& p) {
     char* chunk = region + at.offset(c);
     ZPCHECK(waitQuantized(e, st, c));
     trace.mark(PipelineTrace::kMove, c, false, st.move);
-    ZPCHECK(
-        ncclCheck(ncclAllGather(chunk + rank * pb, chunk, pb, ncclUint8, comm, st.move), a.opName, "ncclAllGather"));
+    if (twoHops) {
+      // This local rank's N slots from its peers on the other nodes, then every local rank's N slots.
+      const int N = e.topo.nodes;
+      char* mine = chunk + e.topo.localRank * N * pb;
+      ZPCHECK(ncclCheck(ncclAllGather(mine + e.topo.node * pb, mine, pb, ncclUint8, comm, st.move), a.opName,
+                        "ncclAllGather across nodes"));
+      ZPCHECK(ncclCheck(ncclAllGather(mine, chunk, N * pb, ncclUint8, commOf(e, p.hop[1].comm), st.move), a.opName,
+                        "ncclAllGather inside the node"));
+    } else {
+      ZPCHECK(
+          ncclCheck(ncclAllGather(chunk + rank * pb, chunk, pb, ncclUint8, comm, st.move), a.opName, "ncclAllGather"));
+    }
     trace.mark(PipelineTrace::kMove, c, true, st.move);
     ZPCHECK(handOver(e, st, c));
     if (c == 0) ZPCHECK(joinOwnSlots(e, st));
     trace.mark(PipelineTrace::kFinish, c, false, st.finish.stream);
-    if (ownEarly) {  // the peers' slots, before and after this rank's
+    if (twoHops) {
+      const size_t pb = at.slotBytes(c);
+      for (const TwoHopGatherSlots::Run& r : slots.runs) {
+        ZPCHECK(launchDequantize(region + at.offset(c) + r.first * pb,
+                                 recv + (r.rank0 * a.count + plan.offset(c)) * esz, plan.elems(c), a.type, a.bits,
+                                 a.blockSize, st.finish, r.count, pb, r.stride * a.count));
+      }
+    } else if (ownEarly) {  // the peers' slots, before and after this rank's
       ZPCHECK(dequantizeSlots(c, 0, rank, st.finish));
       ZPCHECK(dequantizeSlots(c, rank + 1, n - rank - 1, st.finish));
     } else {
@@ -102,8 +124,8 @@ zpResult_t gatherPipeline(CudaExec& e, const CollArgs& a, const CollPlan& p) {
   return endPipeline(e, st, trace);
 }
 
-// qwZ over the world, hpZ's quantized mode over the hpZ group, and exact hpZ: the secondary shards as they are,
-// one all-gather over the hpZ group's communicator.
+// qwZ over the world (and the all-reduce's gather, in one hop or two), hpZ's quantized mode over the hpZ group, and
+// exact hpZ: the secondary shards as they are, one all-gather over the hpZ group's communicator.
 zpResult_t gather(CudaExec& e, const CollArgs& a) {
   CollPlan p;
   ZPCHECK(planCall(e, a, &p));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "host/all_reduce_shards.h"
 #include "host/base/debug.h"
 #include "host/quant_format.h"
 #include "src/cuda/host_wait.h"
@@ -203,6 +204,13 @@ zpResult_t cudaReserve(CudaExec& e, size_t maxBytes) {
   ZPCHECK(ensureScratch(e, 0, r.scratchBytes[0], e.setupStream, "zpCommReserve"));
   ZPCHECK(ensureScratch(e, 1, r.scratchBytes[1], e.setupStream, "zpCommReserve"));
   if (r.windowBytes > 0) ZPCHECK(prepareWindow(e, r.windowBytes, e.setupStream, "zpCommReserve"));
+  // The all-reduce's padded copy of a tensor that is not n whole shards (all_reduce.cc), in the widest type's
+  // elements, whose count rounds up most.
+  size_t padded = 0;
+  for (size_t esz : {size_t{2}, size_t{4}}) {
+    padded = std::max(padded, e.topo.nranks * allReduceShardCount(maxBytes / esz, e.topo.nranks, kMaxBlockSize) * esz);
+  }
+  ZPCHECK(ensureScratch(e, kScratchAllReduceTensor, padded, e.setupStream, "zpCommReserve"));
   return connectPeers(e, "zpCommReserve");
 }
 

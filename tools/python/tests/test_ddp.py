@@ -21,6 +21,7 @@ Skipped without torch's gloo."""
 from __future__ import annotations
 
 import hashlib
+import os
 import unittest
 from typing import Any
 
@@ -42,12 +43,22 @@ CHECKED_STEPS = (0, 1)
 LR = 1e-2
 
 
-def _setup() -> Any:
+def _setup(gpu: bool = False) -> Any:
+    """torch.distributed on gloo (CPU), or on NCCL with every rank on GPU 0 as a node of its own (its NCCL_HOSTID,
+    over sockets) and deterministic kernels, so that a backward run twice gives the same gradients."""
+    if gpu:
+        os.environ.update(NCCL_HOSTID=f"zpccl-ddp-test-{os.environ['RANK']}", NCCL_P2P_DISABLE="1",
+                          NCCL_SHM_DISABLE="1", CUBLAS_WORKSPACE_CONFIG=":4096:8")
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if gpu:
+        torch.use_deterministic_algorithms(True)
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    else:
+        dist.init_process_group("gloo")
     return torch
 
 
@@ -61,23 +72,28 @@ def _digest(tensors: list[Any]) -> str:
 
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
-def _ddp_rank(bits: int) -> dict[str, Any]:
+def _ddp_rank(bits: int, gpu: bool = False) -> dict[str, Any]:
     """One rank: the training with zpccl's hook, where each of CHECKED_STEPS also gives every rank's local gradients
     (no_sync) and zpccl's all-reduced ones with the buckets they came in; then the training with DDP's own
-    all-reduce."""
-    torch = _setup()
+    all-reduce. With ``gpu``: on GPU 0 over NCCL (zpccl's cuda backend)."""
+    torch = _setup(gpu)
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import zpccl.ddp
 
     rank = dist.get_rank()
-    data = batches(torch, rank, STEPS)
-    model = DDP(build_model(torch), bucket_cap_mb=BUCKET_MB)
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    data = [ids.to(device) for ids in batches(torch, rank, STEPS)]
+
+    def wrap(module: Any) -> Any:
+        return DDP(module.to(device), bucket_cap_mb=BUCKET_MB, device_ids=[0] if gpu else None)
+
+    model = wrap(build_model(torch))
     params = list(model.parameters())
     index = {id(p): i for i, p in enumerate(params)}
     state = zpccl.ddp.make_state(model, grad_bits=bits, block_size=BLOCK)
@@ -94,7 +110,7 @@ def _ddp_rank(bits: int) -> dict[str, Any]:
         if step in CHECKED_STEPS:  # the local gradients first
             with model.no_sync():
                 _loss(torch, model, ids).backward()
-            local = [p.grad.numpy().copy() for p in params]
+            local = [p.grad.cpu().numpy().copy() for p in params]
             model.zero_grad(set_to_none=True)
             calls_before = len(buckets)
         loss = _loss(torch, model, ids)
@@ -102,7 +118,7 @@ def _ddp_rank(bits: int) -> dict[str, Any]:
         if step in CHECKED_STEPS:
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, local)
-            checked.append(dict(local=everyone, reduced=[p.grad.numpy().copy() for p in params],
+            checked.append(dict(local=everyone, reduced=[p.grad.cpu().numpy().copy() for p in params],
                                 buckets=buckets[calls_before:]))
         opt.step()
         opt.zero_grad()
@@ -110,7 +126,7 @@ def _ddp_rank(bits: int) -> dict[str, Any]:
     summary, grown = state.summary(), state.staging_grown
     state.close()
 
-    exact_model = DDP(build_model(torch), bucket_cap_mb=BUCKET_MB)
+    exact_model = wrap(build_model(torch))
     exact_opt = torch.optim.AdamW(exact_model.parameters(), lr=LR)
     exact_losses = []
     for ids in data:
@@ -526,14 +542,14 @@ def header_bound(parts: list[np.ndarray], bits: int, two_hops: bool) -> np.ndarr
     return (E + (M + E) * (1 / (2 * q) + 3 * u) + (n + 1) * 2.0**-16 * A) / n
 
 
-class DdpCommHook(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls) -> None:
-        torch_for_procs()
+class DdpChecks(unittest.TestCase):
+    """What DdpCommHook and DdpOnGpu check of a run of _ddp_rank."""
 
-    def check_layout(self, nranks: int, bits: int, env: dict[str, str], two_hops: bool) -> None:
-        ranks = zpccl.launch.spawn(_ddp_rank, nranks, bits, env=dict(env, OMP_NUM_THREADS="1"), timeout=600)
-        nodes = [0] * nranks if not two_hops else [r // 2 for r in range(nranks)]
+    def check_layout(self, nranks: int, bits: int, env: dict[str, str], ranks_per_node: int,
+                     gpu: bool = False) -> None:
+        ranks = zpccl.launch.spawn(_ddp_rank, nranks, bits, gpu, env=dict(env, OMP_NUM_THREADS="1"), timeout=600)
+        nodes = [r // ranks_per_node for r in range(nranks)]
+        two_hops = 1 < ranks_per_node < nranks
         first = ranks[0]
         buckets = [len(c["buckets"]) for c in first["checked"]]
         self.assertEqual(buckets[0], 1, "DDP's first iteration: one bucket of every parameter")
@@ -579,11 +595,17 @@ class DdpCommHook(unittest.TestCase):
             worst = max(worst, err / bound)
         self.assertGreater(worst, 0.0, "no error at all: not quantized?")
 
+
+class DdpCommHook(DdpChecks):
+    @classmethod
+    def setUpClass(cls) -> None:
+        torch_for_procs()
+
     def test_one_node_int8(self) -> None:
-        self.check_layout(2, 8, {}, two_hops=False)
+        self.check_layout(2, 8, {}, ranks_per_node=2)
 
     def test_two_nodes_of_two_int4(self) -> None:
-        self.check_layout(4, 4, {"LOCAL_WORLD_SIZE": "2"}, two_hops=True)
+        self.check_layout(4, 4, {"LOCAL_WORLD_SIZE": "2"}, ranks_per_node=2)
 
     def test_ddp_options_dtypes_and_groups(self) -> None:
         """Every variant of VARIANTS, over a 3-rank group and a 1-rank group (neither the default one): the
@@ -840,38 +862,15 @@ class ShardHookHeldOutputs(unittest.TestCase):
                       "gave reduce-scatter outputs of (8,) torch.float32 and (4,) torch.float32", str(caught.exception))
 
 
-def _gpu_refusal(_: int) -> tuple[str, str, Any]:
-    """enable on a DDP model over an NCCL group: the refusal, as the parent sees it."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
+class DdpOnGpu(DdpChecks):
+    """DdpCommHook's checks on the cuda backend: two processes on GPU 0 as two nodes (over sockets), DDP on NCCL,
+    one hop; the gradients bit for bit the NumPy model's, so the host backend's."""
 
-    import zpccl.ddp
-
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl")
-    model = DDP(build_model(torch).cuda(), device_ids=[0])
-    try:
-        zpccl.ddp.enable(model, grad_bits=8)
-    except zpccl.ZpcclError as exc:
-        return type(exc).__name__, str(exc), int(exc.code)
-    finally:
-        dist.destroy_process_group()
-    return "", "not refused", None
-
-
-class DdpOnGpu(unittest.TestCase):
-    """GPU communicators refuse zpQuantAllReduce until its cuda path has run on a GPU: zpccl.ddp says so when the
-    state is made, naming what to use instead."""
-
-    def test_refused_when_the_state_is_made(self) -> None:
+    def test_two_processes_as_two_nodes_on_one_gpu(self) -> None:
         torch = torch_for_procs()
         if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
             self.skipTest("needs a CUDA device and NCCL")
-        kind, text, code = zpccl.launch.spawn(_gpu_refusal, 1, 0, timeout=300)[0]
-        self.assertEqual(code, int(zpccl.Result.INVALID_USAGE), text)
-        self.assertIn("zpccl.ddp.enable: zpQuantAllReduce : not yet available on GPU communicators", text)
-        self.assertIn("bf16_compress_hook", text)
+        self.check_layout(2, 8, {}, ranks_per_node=1, gpu=True)
 
 
 if __name__ == "__main__":

@@ -652,9 +652,8 @@ class Comm:
         (``grad_hop_residual_count(all_reduce_shard_count(send.size))`` elements) and ``sequence`` as in
         :meth:`quant_reduce_scatter` (``zpQuantAllReduceEx``).
 
-        The host backend runs it (thread-ranks, or processes through :meth:`from_torch_group` on a gloo group); a
-        cuda-backend communicator raises :class:`ZpcclError` (``INVALID_USAGE``, "not yet available on GPU
-        communicators") at every count, 0 included.
+        Both backends run it, with the same bits; on the cuda backend a ``send.size`` that is not ``nranks`` whole
+        shards goes through a padded copy in the communicator's scratch (:meth:`reserve` sizes it).
         """
         call = "quant_all_reduce"
         handle = self._live(call)

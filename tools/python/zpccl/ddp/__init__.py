@@ -40,8 +40,8 @@ initialization), and the gradients take one more quantization round trip than qg
 ``set_requires_all_reduce(False)`` is honoured: those micro-batches' shards are summed and all-reduced once with the
 next one that all-reduces.
 
-Backends: the host backend runs the all-reduce (CPU tensors over a gloo group, ranks as processes). A GPU
-communicator (an NCCL group) refuses it, "not yet available on GPU communicators", when the state is made.
+Backends: CUDA tensors over an NCCL group (the cuda backend: qgZ's path, then qwZ's), or CPU tensors over a gloo
+group (the host backend, ranks as processes): the same bits.
 """
 from __future__ import annotations
 

@@ -47,8 +47,8 @@ class QuantAllReduce:
         config = policy.comm_config(reduce=True, world_rank=dist.get_rank())
         comm = Comm.from_torch_group(group, device=device, **config)
         try:
-            # A call of no elements at set-up: a communicator that cannot run the all-reduce (a GPU communicator
-            # today) refuses it here, not in the training loop.
+            # A call of no elements at set-up: a communicator that cannot run the all-reduce refuses it here, not in
+            # the training loop.
             for dtype in dtypes:
                 comm.quant_all_reduce(torch.empty(0, dtype=dtype, device=device))
             if comm.backend == Backend.CUDA:
