@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Renders the tables of perf/RESULTS.md, the figures README.md quotes and the tables of perf/notebook/accuracy.md
-from perf/results/*.json.
+"""Renders the tables of perf/RESULTS.md, the figures README.md quotes and the tables of perf/notebook/accuracy.md and
+perf/notebook/fsdp.md from perf/results/*.json.
 
     python3 tools/render_results.py            # rewrite the tables in place
     python3 tools/render_results.py --check    # exit 1, with a diff, when a document differs from the files
@@ -30,7 +30,7 @@ TOP = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tools"))
 import loss_stats as ls  # noqa: E402  (the loss runs' campaigns and their paired statistics)
 from perf_files import provenance_of  # noqa: E402
-DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md")
+DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md", "perf/notebook/fsdp.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
 
@@ -581,6 +581,25 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
     return t
 
 
+def bisect_table(store: Store, name: str, file: str) -> Table:
+    """tools/bisect-fsdp-step.sh's entries that ran, in the manifest's order: zpccl's step (the median of the runs'
+    medians, the runs' range, and the fastest and slowest step of all its runs), FSDP2 + NCCL's, and their ratio."""
+    t = Table(store, name, ["entry", "zpccl at", "runs", "zpccl ms (runs' range)", "steps' range", "NCCL ms",
+                            "vs NCCL"])
+    doc = store.data(file)
+    for entry in doc["summary"]:
+        if not entry["runs"]:
+            continue
+        steps = [row for f in entry["files"] for row in doc["runs"][f.removesuffix(".json")]["rows"]
+                 if row["config"] == "zpccl-hpz"]
+        runs = entry["zpccl_runs_ms"]
+        t.add([", ".join(entry["names"]), entry["zpccl"][:7], str(entry["runs"]),
+               f"{entry['zpccl_ms']:.1f} ({min(runs):.1f}-{max(runs):.1f})",
+               f"{min(r['min_ms'] for r in steps):.1f}-{max(r['max_ms'] for r in steps):.1f}",
+               f"{entry['nccl_ms']:.1f}", f"{entry['ratio']:.2f}x"], [file])
+    return t
+
+
 TABLES: dict[str, Callable[[Store], Table]] = {
     "headline": headline,
     "fsdp-step": lambda s: fsdp_step_table(s, "fsdp-step", [(R5 + "fsdp-step-small-gate-1c1aab7.json", "small"),
@@ -594,6 +613,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (R2 + "fsdp-step-small-0731899.json", "0731899, its own session"),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
         (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, its own session")]),
+    "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100",
+                                               "2026-12-05-h100x1-fsdp-bisect-0731899-562bc89.json"),
     "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", R3 + "fsdp-memory-1bf77a3.json"),
     "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", ls.campaign("fsdp2-57m"), [
         LossLine("nccl-fp32", "NCCL, fp32 reduction (noise floor)"),
