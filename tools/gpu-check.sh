@@ -50,7 +50,8 @@
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
 #   ZP_GPU_CHECK_TARGETS      ninja targets of the build (default all), e.g. "perf/qwz_perf libzpccl.so"
-#   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 / ZP_GPU_CHECK_SKIP_PERF=1;
+#   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 (the GoogleTest suites) / ZP_GPU_CHECK_SKIP_PYTHON=1
+#                             (the Python suite and steps) / ZP_GPU_CHECK_SKIP_PERF=1;
 #   ZP_GPU_CHECK_BUILD_DIR (default build-gpu); ZP_GPU_CHECK_MESON_ARGS extra `meson setup` options (e.g.
 #                             -Dnccl_home=DIR for an NCCL with its device API, nccl_device.h)
 set -uo pipefail

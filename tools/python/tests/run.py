@@ -29,7 +29,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 class CountingResult(unittest.TextTestResult):
-    """Records each test method's outcome, subtests folded into their test."""
+    """Records each test method's outcome, subtests folded into their test. A failure's traceback is printed when it
+    happens, not only in the summary at the end: a suite that a time limit cuts (tools/gpu-check.sh gives it one)
+    still says why its tests failed."""
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -43,16 +45,28 @@ class CountingResult(unittest.TextTestResult):
 
     def addFailure(self, test, err) -> None:  # type: ignore[no-untyped-def]
         super().addFailure(test, err)
-        self.failed_ids.add(test.id())
+        self._failed_now(test, "FAIL", err)
 
     def addError(self, test, err) -> None:  # type: ignore[no-untyped-def]
         super().addError(test, err)
-        self.failed_ids.add(test.id())
+        self._failed_now(test, "ERROR", err)
 
     def addSubTest(self, test, subtest, err) -> None:  # type: ignore[no-untyped-def]
         super().addSubTest(test, subtest, err)
         if err is not None:
-            self.failed_ids.add(test.id())
+            kind = "FAIL" if issubclass(err[0], test.failureException) else "ERROR"
+            self._failed_now(subtest, kind, err, test.id())
+
+    def printErrorList(self, flavour, errors) -> None:  # type: ignore[no-untyped-def]
+        """The summary at the end names each failure; its traceback was printed when it happened."""
+        for test, _ in errors:
+            self.stream.writeln(f"{flavour}: {self.getDescription(test)}")
+
+    def _failed_now(self, test, kind: str, err, test_id: str | None = None) -> None:  # type: ignore[no-untyped-def]
+        self.failed_ids.add(test_id or test.id())
+        self.stream.writeln(f"\n{kind} (as it happened): {self.getDescription(test)}")
+        self.stream.writeln(self._exc_info_to_string(err, test))
+        self.stream.flush()
 
     def addSkip(self, test, reason) -> None:  # type: ignore[no-untyped-def]
         super().addSkip(test, reason)

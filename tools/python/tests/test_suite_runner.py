@@ -1,0 +1,71 @@
+"""tests/run.py's result: each outcome counted once per test method, and a failure's traceback written when it
+happens, so that a suite cut by a time limit still says why its tests failed."""
+from __future__ import annotations
+
+import io
+import unittest
+
+from tests.run import CountingResult
+
+
+# Named, not written in the calls: a traceback quotes the failing line of source.
+FAILED = "the failing assertion's message"
+RAISED = "the raised error's message"
+SUBTEST = "the subtest's message"
+
+
+class _Outcomes(unittest.TestCase):
+    """One test of each outcome; run only through SuiteRunner (the loader skips names without the test prefix)."""
+
+    def passes(self) -> None:
+        pass
+
+    def fails(self) -> None:
+        self.assertEqual(1, 2, FAILED)
+
+    def raises(self) -> None:
+        raise RuntimeError(RAISED)
+
+    def fails_one_subtest(self) -> None:
+        for i in range(3):
+            with self.subTest(i=i):
+                self.assertNotEqual(i, 1, SUBTEST)
+
+    @unittest.skip("the skip's reason")
+    def skips(self) -> None:
+        pass
+
+
+class SuiteRunner(unittest.TestCase):
+    def run_outcomes(self, *names: str) -> tuple[dict[str, int], str]:
+        stream = io.StringIO()
+        suite = unittest.TestSuite(_Outcomes(n) for n in names)
+        result = unittest.TextTestRunner(stream=stream, verbosity=1, resultclass=CountingResult).run(suite)
+        return result.counts(), stream.getvalue()
+
+    def test_counts_fold_subtests_into_their_test(self) -> None:
+        counts, _ = self.run_outcomes("passes", "fails", "raises", "fails_one_subtest", "skips")
+        self.assertEqual(counts, {"passed": 1, "failed": 3, "skipped": 1})
+
+    def test_a_failure_is_written_before_the_next_test_runs(self) -> None:
+        stream = io.StringIO()
+        seen_when_next_ran: list[str] = []
+
+        class Next(unittest.TestCase):
+            def runTest(self) -> None:
+                seen_when_next_ran.append(stream.getvalue())
+
+        suite = unittest.TestSuite([_Outcomes("fails"), _Outcomes("raises"), _Outcomes("fails_one_subtest"), Next()])
+        unittest.TextTestRunner(stream=stream, verbosity=1, resultclass=CountingResult).run(suite)
+        before = seen_when_next_ran[0]
+        for message in (FAILED, RAISED, SUBTEST, "Traceback (most recent call last)", "(i=1)"):
+            self.assertIn(message, before)
+
+    def test_the_summary_names_each_failure_once_without_repeating_its_traceback(self) -> None:
+        _, text = self.run_outcomes("fails", "passes")
+        self.assertEqual(text.count(FAILED), 1, text)
+        self.assertIn("FAIL: fails", text.split(FAILED, 1)[1])
+
+
+if __name__ == "__main__":
+    unittest.main()
