@@ -42,6 +42,10 @@ nccl-2comm         FSDP2's own collectives with zpccl-hpz's ``reshard_after_forw
                    second NCCL process group of the same ranks (``SecondGroupReduceScatter``), so that they
                    overlap the all-gathers as zpccl's reduce-scatters do on a communicator of their own: the
                    ablation that separates the gain of that overlap from quantization's
+no-comm            nccl-noreshard's sharding with FSDP's collectives replaced by local copies (a gather writes the
+                   rank's own shard into every slot, a reduce-scatter keeps the rank's own slice): the step without
+                   a network, the floor under every configuration; its weights are not the model's (timing only,
+                   no loss run)
 zpccl-hpz          zpccl, ``reshard_after_forward=k`` with k the ranks per node (hpZ); with one rank per node,
                    ``False`` (the hpZ group is the rank itself: same memory as nccl-noreshard)
 zpccl-reshard      zpccl, ``reshard_after_forward=True`` (qwZ in backward too: nccl's memory)
@@ -90,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-CONFIGS = ("nccl", "nccl-noreshard", "nccl-2comm", "zpccl-hpz", "zpccl-reshard", "zero3")
+CONFIGS = ("nccl", "nccl-noreshard", "nccl-2comm", "no-comm", "zpccl-hpz", "zpccl-reshard", "zero3")
 
 
 LOSS_CONFIGS = ("nccl", "nccl-noreshard", "nccl-fp32")
@@ -147,7 +151,7 @@ class Counting:
 def reshard_of(name: str, ranks_per_node: int) -> bool | int:
     if name in ("nccl", "zpccl-reshard"):
         return True
-    if name in ("nccl-noreshard", "nccl-fp32"):
+    if name in ("nccl-noreshard", "nccl-fp32", "no-comm"):
         return False
     return ranks_per_node if ranks_per_node > 1 else False  # zpccl-hpz, and nccl-2comm as it
 
@@ -187,6 +191,42 @@ def use_second_group(model: Any, fsdp: Any, second: Any) -> Any:
         if isinstance(m, fsdp.FSDPModule):
             m.set_custom_reduce_scatter(hook)
     return hook
+
+
+def use_local_collectives(model: Any, fsdp: Any) -> Any:
+    """Every FSDP module of ``model`` gathers and reduce-scatters locally (the no-comm configuration): the same
+    buffers written as FSDP's collectives write them, nothing sent. Returns an object whose ``calls`` counts the
+    calls of both kinds."""
+    import torch
+
+    counter = type("LocalCalls", (), {"calls": 0})()
+
+    class LocalAllGather(fsdp.AllGather):  # type: ignore[misc, valid-type]
+        def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
+            counter.calls += 1
+            n = group.size()
+            output_tensor.view(n, -1).copy_(input_tensor.reshape(1, -1).expand(n, -1))
+            return None
+
+    class LocalReduceScatter(fsdp.ReduceScatter):  # type: ignore[misc, valid-type]
+        def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any,
+                     async_op: bool = False) -> Any:
+            counter.calls += 1
+            output_tensor.copy_(input_tensor.view(group.size(), -1)[group.rank()].view_as(output_tensor))
+            return None
+
+    gather, scatter = LocalAllGather(), LocalReduceScatter()
+    for m in model.modules():
+        if isinstance(m, fsdp.FSDPModule):
+            m.set_custom_all_gather(gather)
+            m.set_custom_reduce_scatter(scatter)
+    return counter
 
 
 class Bench:
@@ -257,14 +297,16 @@ class Bench:
         model = self.build(reshard_of(name, self.rpn))
         second = use_second_group(model, self.zpccl.fsdp._Fsdp.load(), self.second_group()) \
             if name == "nccl-2comm" else None
+        local = use_local_collectives(model, self.zpccl.fsdp._Fsdp.load()) if name == "no-comm" else None
         zp, enable_bytes = self.enable(model) if name.startswith("zpccl") else (None, 0)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
         def warmed() -> None:
             if zp is not None:
                 zp.reset_stats()
-            if second is not None:
-                second.calls = 0
+            for counter in (second, local):
+                if counter is not None:
+                    counter.calls = 0
 
         row = sp.timed_steps(self, args, round_index, lambda s: self.step(model, opt, s), warmed)
         if zp is not None:
@@ -274,6 +316,8 @@ class Bench:
             zp.disable()
         if second is not None:  # the reduce-scatters the hook ran: all of FSDP's, or it was not used
             row["calls"] = {"reduce_scatter_second_group": second.calls // args.steps}
+        if local is not None:  # gathers and reduce-scatters made locally: all of FSDP's
+            row["calls"] = {"local": local.calls // args.steps}
         return row
 
     def run_zero3(self, round_index: int) -> dict[str, Any]:

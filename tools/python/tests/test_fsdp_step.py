@@ -190,10 +190,11 @@ class SecondGroupReduceScatter(unittest.TestCase):
 class FsdpStepOnCpu(unittest.TestCase):
     """perf/fsdp_step.py as the gate and the bisect run it, on gloo with zpccl's host backend and tiny shapes: four
     ranks as two nodes of two, every configuration but zero3 in alternating rounds, FSDP's bytes counted, zpccl's
-    paths counted (hpZ inside a node), the ablation's hook taking every reduce-scatter, the loss runs."""
+    paths counted (hpZ inside a node), the ablation's hook taking every reduce-scatter, the floor's local
+    collectives taking every call, the loss runs."""
 
     RANKS, ROUNDS, STEPS = 4, 2, 2
-    CONFIGS = ["nccl", "nccl-noreshard", "nccl-2comm", "zpccl-hpz", "zpccl-reshard"]
+    CONFIGS = ["nccl", "nccl-noreshard", "nccl-2comm", "no-comm", "zpccl-hpz", "zpccl-reshard"]
 
     def test_runs_on_the_cpu(self) -> None:
         torch_for_procs()
@@ -208,7 +209,7 @@ class FsdpStepOnCpu(unittest.TestCase):
         self.assertEqual(list(rows), self.CONFIGS)
         for row in rows.values():
             check_timed_row(self, row, self.ROUNDS, self.RANKS, self.STEPS)
-        self.assertEqual([rows[n]["reshard"] for n in self.CONFIGS], ["True", "False", "2", "2", "True"])
+        self.assertEqual([rows[n]["reshard"] for n in self.CONFIGS], ["True", "False", "2", "False", "2", "True"])
         # FSDP's bytes: resharding after forward gathers every weight twice; the ablation (groups of two after
         # forward) in between.
         plain, kept, two = (rows[n]["sent_mib"] for n in ("nccl", "nccl-noreshard", "nccl-2comm"))
@@ -224,6 +225,9 @@ class FsdpStepOnCpu(unittest.TestCase):
         self.assertEqual(hpz, {"qwz": modules, "hpz": modules, "qgz": modules})
         self.assertEqual(reshard, {"qwz": 2 * modules, "qgz": modules})
         self.assertEqual(rows["nccl-2comm"]["calls"], {"reduce_scatter_second_group": modules})
+        # The floor: every gather (forward only, as nccl-noreshard) and reduce-scatter made locally, nothing sent.
+        self.assertEqual(rows["no-comm"]["calls"], {"local": 2 * modules})
+        self.assertEqual(rows["no-comm"]["sent_mib"], {})
         sent = rows["zpccl-hpz"]["sent_mib"]
         self.assertLess(sent["qwz"], kept["all_gather"])  # int8 blocks against bf16
         self.assertLess(sent["qgz"], kept["reduce_scatter"])  # int4 blocks against bf16
