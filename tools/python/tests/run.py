@@ -33,11 +33,27 @@ class CountingResult(unittest.TextTestResult):
     happens, not only in the summary at the end: a suite that a time limit cuts (tools/gpu-check.sh gives it one)
     still says why its tests failed."""
 
+    #: A test that takes longer is named with its time when it ends (the GPU machine's calls have a time limit, and
+    #: planning them needs to know what the suite spends it on).
+    SLOW_S = 10.0
+
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.passed_ids: set[str] = set()
         self.failed_ids: set[str] = set()
         self.skipped_ids: set[str] = set()
+        self._started = 0.0
+
+    def startTest(self, test: unittest.TestCase) -> None:
+        self._started = time.monotonic()
+        super().startTest(test)
+
+    def stopTest(self, test: unittest.TestCase) -> None:
+        super().stopTest(test)
+        took = time.monotonic() - self._started
+        if took >= self.SLOW_S:
+            self.stream.writeln(f"  (slow: {test.id()} took {took:.1f} s)")
+            self.stream.flush()
 
     def addSuccess(self, test: unittest.TestCase) -> None:
         super().addSuccess(test)

@@ -61,6 +61,14 @@ class SuiteRunner(unittest.TestCase):
         for message in (FAILED, RAISED, SUBTEST, "Traceback (most recent call last)", "(i=1)"):
             self.assertIn(message, before)
 
+    def test_a_slow_test_is_named_with_its_time(self) -> None:
+        slow = type("Slow", (CountingResult,), {"SLOW_S": 0.0})
+        stream = io.StringIO()
+        unittest.TextTestRunner(stream=stream, verbosity=1, resultclass=slow).run(_Outcomes("passes"))
+        self.assertRegex(stream.getvalue(), r"slow: \S+_Outcomes\.passes took \d+\.\d s")
+        _, fast = self.run_outcomes("passes")
+        self.assertNotIn("slow:", fast)
+
     def test_the_summary_names_each_failure_once_without_repeating_its_traceback(self) -> None:
         _, text = self.run_outcomes("fails", "passes")
         self.assertEqual(text.count(FAILED), 1, text)
