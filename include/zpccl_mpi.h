@@ -6,7 +6,10 @@
  *
  * Timeouts: MPI has none, so each callback polls its operation (MPI_Test) until call->timeoutMs; an operation that
  * does not finish in time is left to MPI (it cannot be cancelled), the callback fails, and the communicator fails on
- * every rank whose MPI still reaches the others. An MPI launcher usually ends the whole job when a process dies.
+ * every rank whose MPI still reaches the others. An MPI launcher usually ends the whole job when a process dies. What
+ * such an operation was given (its count and displacement arrays, which the transport owns) is kept until MPI
+ * completes it; one still pending when its transport is freed is kept for the life of the process, and stderr says
+ * so.
  *
  * Errors: zpGetLastError belongs to libzpccl.so. This library's own refusals (a NULL pointer, MPI_COMM_NULL, MPI not
  * initialized, a transport it did not make) and MPI's failures are printed on stderr, "zpccl_mpi: <call> : <why>";

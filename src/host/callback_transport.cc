@@ -112,7 +112,7 @@ class CallbackTransport final : public HostTransport {
     record.init = mine;
     record.tunables = ChunkTunables::fromParams();
     std::vector<InitRecord> all(nranks_);
-    std::string failed = gather(&record, all.data(), sizeof(record), timeouts_.initMs, call, "init");
+    std::string failed = gatherRecords(&record, all.data(), sizeof(record), timeouts_.initMs, call, "init");
     if (!failed.empty()) {
       if (shortData_) failed += "; every rank's transport must span the same ranks (transport->nranks)";
       keep(failed);
@@ -254,7 +254,8 @@ class CallbackTransport final : public HostTransport {
     mine.blockSize = sig.blockSize;
     copyText(mine.call, sizeof(mine.call), sig.call);
     std::vector<SignatureRecord> all(nranks_);
-    const std::string why = gather(&mine, all.data(), sizeof(mine), timeouts_.hostMs, call, "the call's arguments");
+    const std::string why =
+        gatherRecords(&mine, all.data(), sizeof(mine), timeouts_.hostMs, call, "the call's arguments");
     if (!why.empty()) {
       keep(why);
       return zpSuccess;
@@ -292,7 +293,7 @@ class CallbackTransport final : public HostTransport {
     record.transportFailed = failedHere ? 1 : 0;
     copyText(record.message, sizeof(record.message), failedHere ? pending_ : message);
     std::vector<OutcomeRecord> all(nranks_);
-    const std::string why = gather(&record, all.data(), sizeof(record), timeoutMs, call, what);
+    const std::string why = gatherRecords(&record, all.data(), sizeof(record), timeoutMs, call, what);
     if (!why.empty()) {
       const std::string first = failedHere ? pending_ : why;
       fail("failed: rank " + std::to_string(rank_) + "'s transport: " + first);
@@ -322,20 +323,40 @@ class CallbackTransport final : public HostTransport {
   }
 
   // The transport's allGather of `bytes` a rank into `all` (nranks * bytes), for `what`. Returns why it failed ("" on
-  // success), as "<callback> of <what> failed (...)", having marked the memory it was given as given away for good.
+  // success), as "<callback> of <what> failed (...)". The call's data moves between the communicator's scratch, which
+  // a failed call leaves for good (settle).
   std::string gather(const void* mine, void* all, size_t bytes, int64_t timeoutMs, const char* call, const char* what) {
     zpTransportCall_t c = callOf(call, timeoutMs);
     const int rc = t_.allGather(t_.context, mine, all, bytes, &c);
     return checked(rc, c, bytes * nranks_, timeoutMs, what, "allGather");
   }
 
-  // The transport's allToAll with this object's counts and offsets.
+  // gather() of this object's records (init's, a call's signature or outcome), which live on the caller's stack and
+  // go when it returns: they travel through records_, which a failed callback leaves for good, as its engine may still
+  // write into it (a collective that timed out but cannot be cancelled).
+  std::string gatherRecords(const void* mine, void* all, size_t bytes, int64_t timeoutMs, const char* call,
+                            const char* what) {
+    records_.resize(bytes * (nranks_ + 1));
+    memcpy(records_.data(), mine, bytes);
+    const std::string why = gather(records_.data(), records_.data() + bytes, bytes, timeoutMs, call, what);
+    if (why.empty()) {
+      memcpy(all, records_.data() + bytes, bytes * nranks_);
+    } else {
+      keepForGood(&records_);
+    }
+    return why;
+  }
+
+  // The transport's allToAll with this object's counts and offsets, which a failed callback leaves for good.
   std::string scatter(const void* mine, void* space, int64_t timeoutMs, const char* call, const char* what) {
     size_t expected = 0;
     for (size_t n : recvCounts_) expected += n;
     zpTransportCall_t c = callOf(call, timeoutMs);
     const int rc = t_.allToAll(t_.context, mine, sendCounts_.data(), sendOffsets_.data(), space, recvCounts_.data(),
                                recvOffsets_.data(), &c);
+    if (rc != 0) {
+      for (auto* counts : {&sendCounts_, &sendOffsets_, &recvCounts_, &recvOffsets_}) keepForGood(counts);
+    }
     return checked(rc, c, expected, timeoutMs, what, "allToAll");
   }
 
@@ -378,6 +399,8 @@ class CallbackTransport final : public HostTransport {
   const WorldTimeouts timeouts_;
   std::vector<RankInit> inits_;
   std::vector<size_t> sendCounts_, sendOffsets_, recvCounts_, recvOffsets_;
+  // What gatherRecords gives the transport: this rank's record, then every rank's.
+  std::vector<unsigned char> records_;
   std::string pending_;          // this call's first failure of a callback ("" while none)
   bool callbackFailed_ = false;  // some callback failed: its buffers may still be in use
   bool shortData_ = false;       // the last callback wrote fewer bytes than asked

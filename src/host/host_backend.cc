@@ -422,13 +422,7 @@ class HostBackend final : public Backend {
   // After a failed call whose transport cannot say that it is done with this rank's scratch: the buffers are kept
   // where nothing frees them, for as long as the process lives, and the next call (if any) allocates new ones.
   void abandonScratch() {
-    static std::mutex mutex;
-    static auto* kept = new std::vector<std::vector<unsigned char>>();
-    std::lock_guard<std::mutex> lock(mutex);
-    for (auto& s : scratch_) {
-      if (!s.empty()) kept->push_back(std::move(s));
-      s = std::vector<unsigned char>();
-    }
+    for (auto& s : scratch_) keepForGood(&s);
   }
 
   std::shared_ptr<HostTransport> transport_;

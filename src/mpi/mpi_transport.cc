@@ -2,6 +2,13 @@
 // transport interface only. Each callback is one nonblocking MPI collective on a duplicate of the caller's
 // communicator (MPI_Iallgather, MPI_Ialltoallv), polled until it completes or call->timeoutMs passes: MPI has no
 // timeouts of its own, and zpccl's guarantee that a missing peer ends in an error needs one.
+//
+// A nonblocking collective cannot be cancelled, and until it completes MPI may use every argument it was given,
+// the count and displacement arrays included. An exchange that timed out therefore keeps what it owns (its request
+// and its arrays) in its transport's list of pending exchanges, tested at each later callback and freed once MPI says
+// it completed; the buffers belong to zpccl, which never frees or reuses those of a failed callback. Later exchanges
+// are started as usual: MPI matches a communicator's collectives in the order each rank starts them, so a late peer
+// completes the pending ones first, then these.
 #include <mpi.h>
 
 #include <algorithm>
@@ -10,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <numeric>
 #include <string>
@@ -22,12 +31,51 @@
 
 namespace {
 
+// One exchange's request and what MPI may read through it until it completes.
+struct Exchange {
+  MPI_Request request = MPI_REQUEST_NULL;
+  // MPI_Ialltoallv's arrays, in units of the exchange's datatype: send counts, send displacements, receive counts,
+  // receive displacements, nranks each (empty for an all-gather).
+  std::vector<int> arrays;
+};
+
 struct MpiContext {
   MPI_Comm comm = MPI_COMM_NULL;
   int nranks = 0;
-  // Per-call arrays of MPI_Ialltoallv, in units of the call's datatype.
-  std::vector<int> sendCounts, sendDispls, recvCounts, recvDispls;
+  // Exchanges that timed out, their requests still active.
+  std::vector<std::unique_ptr<Exchange>> pending;
 };
+
+// Keeps exchanges whose completion cannot be known (a request that MPI_Test failed on, or that was still active when
+// its transport was freed) for the life of the process: MPI may still use what they hold.
+void keepForGood(std::vector<std::unique_ptr<Exchange>>* exchanges) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::unique_ptr<Exchange>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto& x : *exchanges) kept->push_back(std::move(x));
+  exchanges->clear();
+}
+
+// Frees the pending exchanges that MPI completed since they timed out.
+void reap(MpiContext* c) {
+  std::vector<std::unique_ptr<Exchange>> stillPending, unknown;
+  for (auto& x : c->pending) {
+    int done = 0;
+    if (MPI_Test(&x->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      unknown.push_back(std::move(x));
+    } else if (!done) {
+      stillPending.push_back(std::move(x));
+    }
+  }
+  keepForGood(&unknown);
+  c->pending = std::move(stillPending);
+}
+
+// After a failed wait: an exchange whose request is still active stays pending; a request that completed in error
+// was freed by MPI, and its exchange with it.
+void park(MpiContext* c, std::unique_ptr<Exchange> x) {
+  if (x->request != MPI_REQUEST_NULL) c->pending.push_back(std::move(x));
+}
 
 // "<what>: <MPI's error string>" into out (capacity bytes, cut short if need be).
 void describe(int code, char* out, size_t capacity, const char* what) {
@@ -59,7 +107,8 @@ int await(MPI_Request* request, long long timeoutMs, zpTransportCall_t* call, co
     }
     if (done) return 0;
     if (std::chrono::steady_clock::now() >= deadline) {
-      // The operation cannot be cancelled: it stays with MPI, and zpccl never frees its buffers.
+      // The operation cannot be cancelled: it stays with MPI, its exchange pending (park), and zpccl never frees
+      // its buffers.
       snprintf(call->error, sizeof(call->error), "%s did not complete within %lld ms", what, timeoutMs);
       return 1;
     }
@@ -92,28 +141,34 @@ MPI_Datatype typeOf(size_t unit) {
 
 int allGather(void* context, const void* sendbuf, void* recvbuf, size_t bytes, zpTransportCall_t* call) {
   auto* c = static_cast<MpiContext*>(context);
+  if (!c->pending.empty()) reap(c);
   const size_t unit = unitOf({bytes});
   if (unit == 0) {
     snprintf(call->error, sizeof(call->error), "MPI_Iallgather: %zu bytes a rank is more than MPI can count", bytes);
     return 1;
   }
+  auto x = std::make_unique<Exchange>();
   MPI_Datatype type = typeOf(unit);
-  MPI_Request request;
   const int n = static_cast<int>(bytes / unit);
-  int rc = MPI_Iallgather(sendbuf, n, type, recvbuf, n, type, c->comm, &request);
-  if (type != MPI_BYTE) MPI_Type_free(&type);
+  int rc = MPI_Iallgather(sendbuf, n, type, recvbuf, n, type, c->comm, &x->request);
+  if (type != MPI_BYTE) MPI_Type_free(&type);  // MPI keeps it for the operation
   if (rc != MPI_SUCCESS) {
     describe(rc, call->error, sizeof(call->error), "MPI_Iallgather");
     return 1;
   }
-  rc = await(&request, call->timeoutMs, call, "MPI_Iallgather");
-  if (rc == 0) call->received = bytes * static_cast<size_t>(c->nranks);
-  return rc;
+  rc = await(&x->request, call->timeoutMs, call, "MPI_Iallgather");
+  if (rc != 0) {
+    park(c, std::move(x));
+    return rc;
+  }
+  call->received = bytes * static_cast<size_t>(c->nranks);
+  return 0;
 }
 
 int allToAll(void* context, const void* sendbuf, const size_t* sendCounts, const size_t* sendOffsets, void* recvbuf,
              const size_t* recvCounts, const size_t* recvOffsets, zpTransportCall_t* call) {
   auto* c = static_cast<MpiContext*>(context);
+  if (!c->pending.empty()) reap(c);
   const int n = c->nranks;
   std::vector<size_t> all;
   all.reserve(4 * n);
@@ -126,35 +181,53 @@ int allToAll(void* context, const void* sendbuf, const size_t* sendCounts, const
     snprintf(call->error, sizeof(call->error), "MPI_Ialltoallv: an exchange larger than MPI can count");
     return 1;
   }
+  // The arrays in units, in the order of `all`: each exchange owns its own, for as long as MPI may read them.
+  auto x = std::make_unique<Exchange>();
+  x->arrays.resize(all.size());
+  for (size_t i = 0; i < all.size(); ++i) x->arrays[i] = static_cast<int>(all[i] / unit);
+  const int* units = x->arrays.data();
   size_t received = 0;
-  for (int r = 0; r < n; ++r) {
-    c->sendCounts[r] = static_cast<int>(sendCounts[r] / unit);
-    c->sendDispls[r] = static_cast<int>(sendOffsets[r] / unit);
-    c->recvCounts[r] = static_cast<int>(recvCounts[r] / unit);
-    c->recvDispls[r] = static_cast<int>(recvOffsets[r] / unit);
-    received += recvCounts[r];
-  }
+  for (int r = 0; r < n; ++r) received += recvCounts[r];
   MPI_Datatype type = typeOf(unit);
-  MPI_Request request;
-  int rc = MPI_Ialltoallv(sendbuf, c->sendCounts.data(), c->sendDispls.data(), type, recvbuf, c->recvCounts.data(),
-                          c->recvDispls.data(), type, c->comm, &request);
-  if (type != MPI_BYTE) MPI_Type_free(&type);
+  int rc = MPI_Ialltoallv(sendbuf, units, units + n, type, recvbuf, units + 2 * n, units + 3 * n, type, c->comm,
+                          &x->request);
+  if (type != MPI_BYTE) MPI_Type_free(&type);  // MPI keeps it for the operation
   if (rc != MPI_SUCCESS) {
     describe(rc, call->error, sizeof(call->error), "MPI_Ialltoallv");
     return 1;
   }
-  rc = await(&request, call->timeoutMs, call, "MPI_Ialltoallv");
-  if (rc == 0) call->received = received;
-  return rc;
+  rc = await(&x->request, call->timeoutMs, call, "MPI_Ialltoallv");
+  if (rc != 0) {
+    park(c, std::move(x));
+    return rc;
+  }
+  call->received = received;
+  return 0;
 }
 
-void release(void* context) {
+// Frees the transport, never what a pending exchange holds: waiting for one could last for good (its peer may never
+// come), so one still pending is kept for the life of the process, and stderr says so once per transport. MPI frees
+// the duplicate communicator itself once its pending operations complete.
+void releaseAs(void* context, const char* call) {
   auto* c = static_cast<MpiContext*>(context);
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+  if (!finalized) {
+    if (!c->pending.empty()) reap(c);
+    if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+  }
+  if (!c->pending.empty()) {
+    fprintf(stderr,
+            "zpccl_mpi: %s : %zu exchanges that timed out are still pending in MPI: their memory is kept for the "
+            "life of the process\n",
+            call, c->pending.size());
+    keepForGood(&c->pending);
+  }
   delete c;
 }
+
+// The transport's finalize callback: zpCommDestroy or zpCommAbort of the communicator that holds it.
+void release(void* context) { releaseAs(context, "zpCommDestroy or zpCommAbort"); }
 
 zpResult_t mpiFailed(int code, const char* what) {
   char text[MPI_MAX_ERROR_STRING + 64];
@@ -187,10 +260,6 @@ zpResult_t createTransport(MPI_Comm mpiComm, zpTransport_t* transport, const cha
   MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
   MPI_Comm_size(c->comm, &c->nranks);
   MPI_Comm_rank(c->comm, &rank);
-  c->sendCounts.resize(c->nranks);
-  c->sendDispls.resize(c->nranks);
-  c->recvCounts.resize(c->nranks);
-  c->recvDispls.resize(c->nranks);
   zpTransport_t t = ZP_TRANSPORT_INITIALIZER;
   t.nranks = c->nranks;
   t.rank = rank;
@@ -215,7 +284,7 @@ ZP_MPI_EXPORT zpResult_t zpMpiTransportFree(zpTransport_t* transport) {
     return refuse(zpInvalidArgument, call,
                   "transport holds no context of zpMpiTransportCreate (freed already, or never made by it)");
   }
-  release(transport->context);
+  releaseAs(transport->context, call);
   transport->context = nullptr;
   return zpSuccess;
 }
