@@ -263,7 +263,7 @@ fi
 if [ "${ZP_GPU_CHECK_SKIP_PYTHON:-0}" != 1 ]; then
   if [ -f "$build/libzpccl.so" ] && python3 -c "import torch" 2>/dev/null; then
     run_step "python suite" - test "$results/python.log" "" 300 \
-      env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --count "$results/python.count"
+      env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --gpu-first --count "$results/python.count"
     fsdp_regime=net-on$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')gpu
     fsdp_runs=" ${ZP_GPU_CHECK_FSDP-step memory} "
     if [[ $fsdp_runs == *" step "* ]]; then

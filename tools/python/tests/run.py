@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 import unittest
@@ -98,6 +99,24 @@ class CountingResult(unittest.TextTestResult):
                 "skipped": len(self.skipped_ids - failed)}
 
 
+#: The classes of GPU tests (FsdpOnGpus, DdpOnGpu, CudaTensorsOnTwoGpus, ...): what ``--gpu-first`` runs first.
+GPU_CLASS = re.compile(r"Gpus?$")
+
+
+def flat(suite: unittest.TestSuite) -> list[unittest.TestCase]:
+    out: list[unittest.TestCase] = []
+    for item in suite:
+        out.extend(flat(item) if isinstance(item, unittest.TestSuite) else [item])
+    return out
+
+
+def gpu_first(suite: unittest.TestSuite) -> unittest.TestSuite:
+    """The suite with the GPU classes' tests first, each class's tests still together and in order: on the GPU
+    machine the suite runs under a time limit, and the tests CI cannot run come before those it runs anyway."""
+    tests = flat(suite)
+    return unittest.TestSuite(sorted(tests, key=lambda t: not GPU_CLASS.search(type(t).__name__)))
+
+
 def installed_package_problem(source_tree: pathlib.Path) -> str:
     """Why ``import zpccl`` here does not give an installed package with its library inside, or ""."""
     if os.environ.get("ZPCCL_LIBRARY"):
@@ -123,6 +142,8 @@ def main() -> int:
     parser.add_argument("--count", help="write the JSON counts here")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per test, library warnings on")
     parser.add_argument("-k", dest="patterns", action="append", help="only tests whose name contains this")
+    parser.add_argument("--gpu-first", action="store_true",
+                        help="run the GPU test classes (names ending in Gpu or Gpus) before the others")
     parser.add_argument("--installed", metavar="SOURCE_TREE",
                         help="test the installed package (built from SOURCE_TREE), not a source tree's")
     args = parser.parse_args()
@@ -153,6 +174,8 @@ def main() -> int:
     if args.patterns:
         loader.testNamePatterns = [f"*{p}*" for p in args.patterns]
     suite = loader.discover(start_dir=str(HERE), pattern="test_*.py", top_level_dir=top)
+    if args.gpu_first:
+        suite = gpu_first(suite)
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2 if args.verbose else 1,
                                      resultclass=CountingResult)
     start = time.monotonic()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import unittest
 
-from tests.run import CountingResult
+from tests.run import CountingResult, gpu_first
 
 
 # Named, not written in the calls: a traceback quotes the failing line of source.
@@ -68,6 +68,27 @@ class SuiteRunner(unittest.TestCase):
         self.assertRegex(stream.getvalue(), r"slow: \S+_Outcomes\.passes took \d+\.\d s")
         _, fast = self.run_outcomes("passes")
         self.assertNotIn("slow:", fast)
+
+    def test_gpu_first_moves_the_gpu_classes_ahead_keeping_each_class_together(self) -> None:
+        class AOnCpu(unittest.TestCase):
+            def test_1(self) -> None: ...
+            def test_2(self) -> None: ...
+
+        class BOnGpus(unittest.TestCase):
+            def test_1(self) -> None: ...
+            def test_2(self) -> None: ...
+
+        class CTwoGpu(unittest.TestCase):
+            def test_1(self) -> None: ...
+
+        class DGpuless(unittest.TestCase):
+            def test_1(self) -> None: ...
+
+        load = unittest.TestLoader().loadTestsFromTestCase
+        suite = unittest.TestSuite([unittest.TestSuite([load(AOnCpu), load(BOnGpus)]), load(CTwoGpu), load(DGpuless)])
+        order = [f"{type(t).__name__}.{t._testMethodName}" for t in gpu_first(suite)]
+        self.assertEqual(order, ["BOnGpus.test_1", "BOnGpus.test_2", "CTwoGpu.test_1", "AOnCpu.test_1",
+                                 "AOnCpu.test_2", "DGpuless.test_1"])
 
     def test_the_summary_names_each_failure_once_without_repeating_its_traceback(self) -> None:
         _, text = self.run_outcomes("fails", "passes")
