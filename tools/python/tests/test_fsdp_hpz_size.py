@@ -141,6 +141,48 @@ class HpzSize(unittest.TestCase):
 
         run_threaded(4, body)
 
+    def test_disable_after_an_evaluation_forward(self) -> None:
+        """A forward without gradients (an evaluation: torch.no_grad, torch.inference_mode) leaves the blocks in
+        their post-forward shard of k with no backward to follow, as Lightning's validation at the end of fit does
+        before on_fit_end. disable() then takes them back to their shard of the shard group (nothing gathered) and
+        the model trains on FSDP's collectives, with the very losses and parameters of a run that disabled
+        without that forward (the root resharded too, so that every weight after disable is FSDP's gather). A
+        forward with gradients is still refused until its backward."""
+        torch = self.torch
+        base = build_model(torch, layers=2)
+
+        def body(rank: int) -> list[Any]:
+            data = batches(torch, rank, STEPS + 1)
+            out = []
+            for evaluate in (None, torch.no_grad, torch.inference_mode):
+                model = shard(copy.deepcopy(base), 4, [True, True], root=True)
+                zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+                losses = train(torch, model, data[:STEPS])
+                if evaluate is not None:
+                    with evaluate():
+                        model(data[STEPS])
+                    groups = [m._get_fsdp_state()._fsdp_param_groups[0] for m in (*model.blocks, model)]
+                    self.assertTrue(all(pg.is_sharded_post_forward for pg in groups))
+                zp.disable()
+                calls = {k: v["calls"] for k, v in zp.summary().items()}
+                losses += train(torch, model, data[STEPS:])
+                self.assertEqual({k: v["calls"] for k, v in zp.summary().items()}, calls)
+                out.append((losses, local_params(model)))
+            model = shard(copy.deepcopy(base), 4, [True, True])
+            zp = zpccl.fsdp.enable(model, block_size=BLOCK, ranks_per_node=2, hpz_size=2)
+            loss = model(data[0]).float().mean()
+            with self.assertRaisesRegex(zpccl.ZpcclError, r"modules \['blocks\.0', 'blocks\.1'\] hold their "
+                                        r"parameters resharded .* call disable\(\) after the backward"):
+                zp.disable()
+            loss.backward()
+            zp.disable()
+            return out
+
+        for rank, (plain, *evaluated) in enumerate(run_threaded(4, body)):
+            for losses, params in evaluated:
+                self.assertEqual(losses, plain[0], f"rank {rank}")
+                self.assertTrue(all(torch.equal(a, b) for a, b in zip(params, plain[1])), f"rank {rank}")
+
     def test_refusals_name_hpz_size(self) -> None:
         """Each refusal names what to change, and leaves every module as FSDP had it."""
         torch = self.torch

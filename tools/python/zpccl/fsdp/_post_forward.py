@@ -30,6 +30,8 @@ class PostForward:
     info: Any  # the parameter group's
     ours: Any  # hpz_size's
     params: list[tuple[Any, Any, dict[str, Any]]]  # (FSDPParam, its post-forward mesh, its derived sizes)
+    #: Whether the group's last forward ran with gradients: a backward follows it (else an evaluation).
+    backward_follows: bool = False
 
     @staticmethod
     def save(pg: Any, ours: Any) -> "PostForward":
@@ -49,6 +51,7 @@ class PostForward:
         pg.post_forward_mesh_info = self.ours
 
         def keep_k() -> None:
+            self.backward_follows = torch.is_grad_enabled()
             info = pg.post_forward_mesh_info
             if info is not self.ours and info is not None and info == pg.mesh_info:  # True, set since enable
                 pg.post_forward_mesh_info = self.ours
@@ -57,16 +60,16 @@ class PostForward:
         def shard_of_the_shard_group() -> None:
             # FSDP gathers a group held in its post-forward shard over the post-forward mesh it has now, which a
             # set_reshard_after_forward since the reshard has changed: that mesh does not hold the shard of k.
-            # FSDP keeps the shard of the shard group all along: back to it, whose gather is over that group.
-            if pg.is_sharded_post_forward and pg.post_forward_mesh_info is not self.ours:
-                pg._to_sharded()
-                for p in pg.fsdp_params:  # the shard of k, which FSDP frees only on its own way out of it
-                    p._sharded_post_forward_param = p._sharded_post_forward_param_data = None
+            if pg.post_forward_mesh_info is not self.ours:
+                to_shard_of_the_shard_group(pg)
 
         on_post_forward(pg, keep_k)
         before_method(pg, "unshard", shard_of_the_shard_group)
 
     def restore(self, pg: Any) -> None:
+        """FSDP's post-forward mesh back. A group held in its shard of k (after a forward without gradients)
+        goes back to its shard of the shard group first: FSDP's mesh does not hold the shard of k."""
+        to_shard_of_the_shard_group(pg)
         off_wrapped(pg)
         if pg.post_forward_mesh_info is self.ours:  # else the user has set reshard_after_forward since: theirs
             pg.post_forward_mesh_info = self.info
@@ -77,6 +80,15 @@ class PostForward:
                     setattr(p, a, derived[a])
                 else:
                     p.__dict__.pop(a, None)
+
+
+def to_shard_of_the_shard_group(pg: Any) -> None:
+    """A group held in its post-forward shard goes back to its shard of the shard group, which FSDP keeps all
+    along (nothing is gathered), and frees the post-forward shard; its next gather is over the shard group."""
+    if pg.is_sharded_post_forward:
+        pg._to_sharded()
+        for p in pg.fsdp_params:  # the shard of k, which FSDP frees only on its own way out of it
+            p._sharded_post_forward_param = p._sharded_post_forward_param_data = None
 
 
 #: The FSDPParamGroup methods that zpccl.fsdp runs a check before (:func:`before_method`).

@@ -133,10 +133,12 @@ class ZeroPlusPlus(Session):
     def disable(self) -> None:
         """Gives every module its previous collectives (and, under ``hpz_size``, its post-forward mesh) back and
         destroys zpccl's communicators. Idempotent. Call it between steps, not between a forward and its
-        backward."""
+        backward; after a forward without gradients (an evaluation), whose modules hold their shard of
+        ``hpz_size``'s group with no backward to follow, those go back to their shard of the shard group."""
         if self._closed:
             return
-        held = [s.name for s in self._served if s.post_forward and s.param_group.is_sharded_post_forward]
+        held = [s.name for s in self._served
+                if s.post_forward and s.post_forward.backward_follows and s.param_group.is_sharded_post_forward]
         if held:
             raise ZpcclError(Result.INVALID_USAGE, f"zpccl.fsdp.disable: modules {held} hold their parameters "
                              "resharded to hpz_size's groups between a forward and its backward; call disable() "
