@@ -137,12 +137,12 @@ class ZeroPlusPlus(Session):
         ``hpz_size``'s group with no backward to follow, those go back to their shard of the shard group."""
         if self._closed:
             return
-        held = [s.name for s in self._served
+        held = [repr(s.name) if s.name else "the model" for s in self._served
                 if s.post_forward and s.post_forward.backward_follows and s.param_group.is_sharded_post_forward]
         if held:
-            raise ZpcclError(Result.INVALID_USAGE, f"zpccl.fsdp.disable: modules {held} hold their parameters "
-                             "resharded to hpz_size's groups between a forward and its backward; call disable() "
-                             "after the backward", "zpccl.fsdp.disable")
+            raise ZpcclError(Result.INVALID_USAGE, f"zpccl.fsdp.disable: modules [{', '.join(held)}] hold their "
+                             "parameters resharded to hpz_size's groups between a forward and its backward; call "
+                             "disable() after the backward", "zpccl.fsdp.disable")
         self._closed = True
         for served in self._served:
             if served.hooked:
