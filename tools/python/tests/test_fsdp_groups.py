@@ -293,8 +293,8 @@ class ParameterGroups(unittest.TestCase):
             said = [r.getMessage() for r in logs.records if "replicate dimension" in r.getMessage()]
             self.assertEqual(len(said), 4 if hsdp else 0, logs.output)
             for message in said:
-                self.assertIn("that stays on NCCL; zpccl.ddp.enable_replicate serves it from the 1-D shard mesh",
-                              message)
+                self.assertIn("over it itself, on the process group's own backend; zpccl.ddp.enable_replicate "
+                              "serves it from the 1-D shard mesh", message)
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def _attach(fsdp: TorchFsdp, session: ZeroPlusPlus, served: list[Served]) -> Non
     policy, comms, calls = session.policy, session.comms, session.collectives
     if any(getattr(s.param_group.mesh_info, "replicate_process_group", None) is not None for s in served):
         session.report.say_once("hsdp", "the replicate dimension of a 2-D (HSDP) mesh: FSDP all-reduces gradients "
-                                "over it itself; that stays on NCCL; zpccl.ddp.enable_replicate serves it from the "
+                                "over it itself, on the process group's own backend; zpccl.ddp.enable_replicate serves it from the "
                                 "1-D shard mesh (README.md, \"DDP and HSDP\")", logging.INFO)
     for s in served:
         s.group = comms.group_of(s.param_group.mesh_info.shard_process_group, served)
