@@ -281,18 +281,21 @@ def grad_quantize(x32: np.ndarray, bits: int, block: int, rand16: np.ndarray | N
 
 
 def quant_reduce_scatter_grad(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int,
-                              node_of_rank: list[int], stochastic: bool, seed: int, seq: int,
-                              residuals: list[np.ndarray] | None, hop_residuals: list[np.ndarray] | None
+                              node_of_rank: list[int], stochastic: bool | list[bool], seed: int | list[int],
+                              seq: int, residuals: list[np.ndarray] | None, hop_residuals: list[np.ndarray] | None
                               ) -> list[np.ndarray]:
     """quant_reduce_scatter with gradient rounding: the sender's quantization of slice d on rank r draws as
     (rank r, hop 0, slice d) and keeps its residual in residuals[r][d n:(d + 1) n]; on two hops the intermediate
     rank (a, m) requantizes destination node b's partial drawing as (rank (a, m), hop 1, slice b), its residual in
-    hop_residuals[(a, m)][b n:(b + 1) n]."""
+    hop_residuals[(a, m)][b n:(b + 1) n]. ``stochastic`` and ``seed`` may be given per rank (both may differ between
+    ranks): each quantizing rank rounds and draws by its own."""
     nranks = len(sends)
     n = sends[0].size // nranks
+    stochastic_of = list(stochastic) if isinstance(stochastic, (list, tuple)) else [stochastic] * nranks
+    seed_of = list(seed) if isinstance(seed, (list, tuple)) else [seed] * nranks
 
     def rnd(rank: int, hop: int, slice_: int) -> np.ndarray | None:
-        return grad_random16(n, seed, seq, rank, hop, slice_) if stochastic else None
+        return grad_random16(n, seed_of[rank], seq, rank, hop, slice_) if stochastic_of[rank] else None
 
     def res(arrays: list[np.ndarray] | None, rank: int, index: int) -> np.ndarray | None:
         return None if arrays is None or arrays[rank].size == 0 else arrays[rank][index * n:(index + 1) * n]
@@ -317,3 +320,37 @@ def quant_reduce_scatter_grad(sends: list[np.ndarray], dtype: str, op: str, bits
                 parts.append(grad_quantize(acc, bits, block, rnd(inter, 1, b), res(hop_residuals, inter, b)))
         results.append(finish(parts, op, nranks, dtype))
     return results
+
+
+def quant_all_reduce_grad(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int,
+                          node_of_rank: list[int], stochastic: bool | list[bool], seed: int | list[int], seq: int,
+                          residuals: list[np.ndarray] | None, hop_residuals: list[np.ndarray] | None) -> np.ndarray:
+    """The quantized all-reduce with gradient rounding (include/zpccl.h): qgZ's reduce-scatter with rounding
+    (:func:`quant_reduce_scatter_grad`) over every rank's input padded with zeros to nranks shards, recvcount the
+    shard, then the gather's round trip to nearest of each reduced shard, cut back to count. residuals (count
+    elements a rank) and hop_residuals are rewritten as the call rewrites them."""
+    nranks, count = len(sends), sends[0].size
+    shard = all_reduce_shard(count, nranks, block)
+    padded = []
+    for s in sends:
+        p = np.zeros(nranks * shard, s.dtype)
+        p[:count] = s
+        padded.append(p)
+    padded_res = None
+    if residuals is not None:
+        padded_res = []
+        for r in residuals:
+            p = np.zeros(nranks * shard, np.uint16)
+            p[:count] = r
+            padded_res.append(p)
+    reduced = quant_reduce_scatter_grad(padded, dtype, op, bits, block, node_of_rank, stochastic, seed, seq,
+                                        padded_res, hop_residuals)
+    if residuals is not None:
+        for r, p in zip(residuals, padded_res):
+            r[:] = p[:count]
+    out = np.empty_like(sends[0])
+    for d in range(nranks):
+        lo, hi = min(d * shard, count), min((d + 1) * shard, count)
+        if hi > lo:
+            out[lo:hi] = round_trip(reduced[d][:hi - lo], dtype, bits, block)
+    return out

@@ -5,6 +5,7 @@ residuals refused by name with the communicator still usable."""
 from __future__ import annotations
 
 import unittest
+from typing import Any
 
 import numpy as np
 
@@ -132,6 +133,137 @@ class GradRounding(unittest.TestCase):
 if __name__ == "__main__":
     unittest.main()
 
+
+
+class GradRoundingEdges(unittest.TestCase):
+    """What the random-data comparisons above leave out: ranks that round and draw differently, the all-reduce's
+    rounding against the model over several calls, the residuals of blocks that held NaN or Inf or whose partial sum
+    overflowed, and which calls take a sequence number."""
+
+    def test_all_reduce_with_per_rank_rounding_and_seeds_equals_the_model(self) -> None:
+        # include/zpccl.h: gradRounding and gradSeed "may differ between ranks"; every quantizing rank (sender, and
+        # the intermediate of two hops) rounds and draws by its own. Three calls with error feedback: the sequence
+        # advances per all-reduce, both residuals carry over, and every rank's output stays bit-identical.
+        rng = np.random.default_rng(41)
+        for nranks, rpn in ((4, 4), (4, 2), (6, 2), (3, 1)):
+            node_of = [r // rpn for r in range(nranks)]
+            two_hop = nranks // rpn > 1 and rpn > 1
+            seeds = [3 + 5 * r for r in range(nranks)]
+            stochastic = [r % 3 != 1 for r in range(nranks)]
+            for dtype, bits, block, count in ((ref.BF16, 4, 32, 1001), (ref.F16, 8, 64, 700), (ref.F32, 4, 8192, 9000)):
+                calls = 3
+                inputs = [[ref.random_data(rng, count, dtype) for _ in range(nranks)] for _ in range(calls)]
+                shard = ref.all_reduce_shard(count, nranks, block)
+                res0 = [ref.from_f32((rng.standard_normal(count) * 0.01).astype(np.float32), ref.BF16)
+                        for _ in range(nranks)]
+                model_res = [r.copy() for r in res0]
+                model_hop = [np.zeros(shard * (nranks // rpn) if two_hop else 0, np.uint16) for _ in range(nranks)]
+                expected = [ref.quant_all_reduce_grad(inputs[c], dtype, "avg", bits, block, node_of, stochastic, seeds,
+                                                      c, model_res, model_hop) for c in range(calls)]
+
+                def body(rank: int, comm: zpccl.Comm) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+                    res = res0[rank].copy()
+                    hop = np.zeros(comm.grad_hop_residual_count(comm.all_reduce_shard_count(count, block)), np.uint16)
+                    outs = [comm.quant_all_reduce(inputs[c][rank], op="avg", bits=bits, block_size=block,
+                                                  dtype=zp_dtype(dtype), residual=res, hop_residual=hop)
+                            for c in range(calls)]
+                    return outs, res, hop
+
+                got = run_host_ranks(nranks, body, ranks_per_node=rpn, configure=lambda r: {
+                    "grad_seed": seeds[r], "grad_rounding": "stochastic" if stochastic[r] else "nearest"})
+                for rank, (outs, res, hop) in enumerate(got):
+                    with self.subTest(nranks=nranks, rpn=rpn, dtype=dtype, bits=bits, block=block, rank=rank):
+                        for c in range(calls):
+                            self.assertTrue(same_bits(outs[c], got[0][0][c]), f"call {c}: ranks differ")
+                            self.assertTrue(same_bits(outs[c], expected[c]), f"call {c} differs from the model")
+                        self.assertTrue(np.array_equal(res, model_res[rank]), "residual")
+                        self.assertTrue(np.array_equal(hop, model_hop[rank]), "hop residual")
+
+    def test_residuals_of_blocks_with_nan_inf_or_an_overflowing_partial(self) -> None:
+        # A sender's block holding NaN or +-Inf keeps a zero residual (its other blocks keep theirs); a two-hop
+        # partial sum that overflows fp32 keeps a zero hop residual; the destination's block is all NaN.
+        rng = np.random.default_rng(43)
+        n, block, bits = 96, 32, 4
+        for nranks, rpn in ((4, 4), (4, 2), (6, 2)):
+            node_of = [r // rpn for r in range(nranks)]
+            nodes = nranks // rpn
+            two_hop = nodes > 1 and rpn > 1
+            for special in (np.nan, np.inf, -np.inf, "overflow"):
+                sends = [ref.random_data(rng, n * nranks, ref.F32) for _ in range(nranks)]
+                hot = n + 40  # destination 1, its second block
+                if special == "overflow":
+                    for s in sends:
+                        s[hot] = np.float32(3e38)
+                else:
+                    sends[2][hot] = special
+                res0 = [ref.from_f32((rng.standard_normal(n * nranks) * 0.01).astype(np.float32), ref.BF16)
+                        for _ in range(nranks)]
+                model_res = [r.copy() for r in res0]
+                model_hop = [np.zeros(n * nodes if two_hop else 0, np.uint16) for _ in range(nranks)]
+                with np.errstate(all="ignore"):
+                    expected = ref.quant_reduce_scatter_grad(sends, ref.F32, "sum", bits, block, node_of, True, 4, 0,
+                                                             model_res, model_hop)
+
+                def body(rank: int, comm: zpccl.Comm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    res = res0[rank].copy()
+                    hop = np.zeros(comm.grad_hop_residual_count(n), np.uint16)
+                    out = comm.quant_reduce_scatter(sends[rank], rounding="stochastic", seed=4, bits=bits,
+                                                    block_size=block, residual=res,
+                                                    hop_residual=hop if two_hop else None)
+                    return out, res, hop
+
+                got = run_host_ranks(nranks, body, ranks_per_node=rpn)
+                for rank, (out, res, hop) in enumerate(got):
+                    with self.subTest(nranks=nranks, rpn=rpn, special=special, rank=rank):
+                        # The model sums an overflowing block to +-Inf elements; qgZ's block rule makes it NaN.
+                        outside = np.r_[0:32, 64:n] if rank == 1 else np.arange(n)
+                        self.assertTrue(same_bits(out[outside], expected[rank][outside]), "differs from the model")
+                        if rank == 1:
+                            self.assertTrue(np.all(np.isnan(out[32:64])), "the block of the special is not all NaN")
+                            self.assertTrue(np.all(np.isfinite(np.r_[out[:32], out[64:]])), "another block is not")
+                        self.assertTrue(np.array_equal(res, model_res[rank]), "residual")
+                        if special != "overflow" and rank == 2:
+                            self.assertTrue(np.all(res[n + 32:n + 64] == 0), "a NaN or Inf block kept a residual")
+                            self.assertTrue(np.any(res[n:n + 32] != 0), "a finite block lost its residual")
+                        if two_hop:
+                            self.assertTrue(np.array_equal(hop, model_hop[rank]), "hop residual")
+                if special == "overflow" and two_hop:
+                    # Destination 1 is local rank 1 of node 0; each node's local rank 1 requantizes node 0's partial.
+                    for a in range(nodes):
+                        hop = got[a * rpn + 1][2]
+                        self.assertTrue(np.all(hop[32:64] == 0), "an overflowed partial kept a hop residual")
+                        self.assertTrue(np.any(hop[:32] != 0), "a finite partial lost its hop residual")
+
+    def test_the_sequence_counts_every_gradient_call_and_no_other(self) -> None:
+        # include/zpccl.h: the sequence is the call's number among the communicator's qgZ and all-reduce calls,
+        # every rounding, count 0 included; qwZ, hpZ and zpQuantize take none. The stochastic all-reduce after each
+        # prelude draws as the one with the sequence number the prelude leaves.
+        rng = np.random.default_rng(47)
+        sends = [ref.random_data(rng, 512, ref.F32) for _ in range(2)]
+        empty = np.zeros(0, np.float32)
+        preludes: list[tuple[str, Any, int]] = [
+            ("none", lambda r, c: None, 0),
+            ("qgZ of count 0", lambda r, c: c.quant_reduce_scatter(empty), 1),
+            ("all-reduce of count 0", lambda r, c: c.quant_all_reduce(empty), 1),
+            ("stochastic all-reduce of count 0", lambda r, c: c.quant_all_reduce(empty, rounding="stochastic"), 1),
+            ("qwZ, hpZ, quantize", lambda r, c: (c.quant_all_gather(sends[r]), c.hier_all_gather(sends[r]),
+                                                 c.quant_all_gather(empty), c.quantize(sends[r], 4, 256)), 0),
+            ("two nearest qgZ", lambda r, c: (c.quant_reduce_scatter(sends[r]),
+                                              c.quant_reduce_scatter(sends[r], bits=8)), 2),
+            ("qgZ with its own sequence", lambda r, c: c.quant_reduce_scatter(sends[r], sequence=40,
+                                                                                rounding="stochastic"), 1),
+        ]
+
+        def draw(rank: int, comm: zpccl.Comm, sequence: int | None = None) -> np.ndarray:
+            return comm.quant_all_reduce(sends[rank], rounding="stochastic", seed=1, sequence=sequence)
+
+        named = {seq: run_host_ranks(2, lambda r, c: draw(r, c, seq))[0] for seq in (0, 1, 2)}
+        self.assertFalse(same_bits(named[0], named[1]) or same_bits(named[1], named[2]), "sequences draw alike")
+        for name, prelude, seq in preludes:
+            got = run_host_ranks(2, lambda r, c: (prelude(r, c), draw(r, c))[1])
+            with self.subTest(prelude=name):
+                self.assertTrue(same_bits(got[0], named[seq]) and same_bits(got[1], named[seq]),
+                                f"did not draw as sequence {seq}")
 
 class GradNumericsScript(unittest.TestCase):
     """perf/experiments/grad_numerics.py's plumbing on the CPU (ranks as threads, the host backend), a few steps: every
