@@ -217,6 +217,33 @@ def reduce_scatter_bound(sends: list[np.ndarray], dtype: str, bits: int, block: 
     return bounds
 
 
+
+#: Unit roundoff of each output type.
+UNIT_ROUNDOFF = {F32: 2.0**-24, F16: 2.0**-11, BF16: 2.0**-8}
+
+
+def all_reduce_bound(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int, two_hop: bool,
+                     stochastic: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 sum, or mean, of the inputs; include/zpccl.h's bound on |all-reduce - it|) per element, block by
+    block: with A the sum of the ranks' block maxima and M the largest |exact sum| of the block,
+    E = A / (2q) (two hops: (A / (2q)) (2 + 1/(2q))), doubled in q's place by stochastic rounding, and
+    E + (M + E) (1/(2q) + 3u) + (n + 1) 2^-16 A, divided by n for avg."""
+    q = QMAX[bits]
+    qe = q / 2 if stochastic else q  # stochastic rounding: a whole step, A / q
+    n, count = len(sends), sends[0].size
+    xs = [to_f32(s, dtype).astype(np.float64) for s in sends]
+    exact = sum(xs)
+    bound = np.zeros(count)
+    for b0 in range(0, count, block):
+        blk = slice(b0, min(count, b0 + block))
+        a = sum(float(np.abs(x[blk]).max()) for x in xs)
+        m = float(np.abs(exact[blk]).max())
+        e = a / (2 * qe) * (2 + 1 / (2 * qe)) if two_hop else a / (2 * qe)
+        bound[blk] = e + (m + e) * (1 / (2 * q) + 3 * UNIT_ROUNDOFF[dtype]) + (n + 1) * 2.0**-16 * a
+    if op == "avg":
+        return exact / n, bound / n
+    return exact, bound
+
 # ---- gradient rounding (include/zpccl.h, "Gradient rounding"): stochastic rounding and error feedback -------------
 
 _M32 = np.uint64(0xFFFFFFFF)

@@ -227,6 +227,42 @@ class QuantReduceScatter(unittest.TestCase):
             self.assertTrue(same_bits(out, exp8[rank]))
 
 
+    def test_a_finite_sum_beyond_bfloat16_is_inf_in_its_element_alone(self) -> None:
+        # include/zpccl.h: "a finite sum beyond the output type's range (fp16, bf16) is +-Inf" (host tests cover
+        # fp16's). Blocks whose maximum is 127 * 2^119 have the scale 2^119 exactly, so the codes sum exactly:
+        # 4 * 127 + 3 = 511 steps is 2^128 - 2^119, finite in fp32, the midpoint above bf16's largest value, which
+        # rounds to even: Inf. The element of rank 4's own maximum sums to 127 steps, finite.
+        nranks, block = 5, 32
+        sends = []
+        for r in range(nranks):
+            x = np.zeros(block * nranks, np.float32)
+            x[5] = np.float32(127 * 2.0**119) if r < 4 else np.float32(3 * 2.0**119)
+            if r == 4:
+                x[0] = np.float32(127 * 2.0**119)
+            x[block * 2 + 7] = -x[5]  # destination 2's slice: the same sums, negative
+            x[block * 2] = -x[0]
+            sends.append(ref.from_f32(x, ref.BF16))
+        for s in sends:
+            self.assertTrue(np.isfinite(ref.to_f32(s, ref.BF16)).all())
+        got = run_host_ranks(nranks, lambda r, c: c.quant_reduce_scatter(sends[r], bits=8, block_size=block,
+                                                                         dtype=zpccl.DataType.BFLOAT16))
+        for dest, where, sign in ((0, 5, 1.0), (2, 7, -1.0)):
+            out = ref.to_f32(got[dest], ref.BF16)
+            self.assertEqual(out[where], sign * np.inf, f"destination {dest}")
+            rest = np.delete(out, where)
+            self.assertTrue(np.isfinite(rest).all(), f"destination {dest}: another element is not finite")
+            self.assertEqual(out[0], sign * np.float32(127 * 2.0**119))
+        # The all-reduce of the same inputs: that block NaN on every rank (the gather quantizes an Inf), the rest
+        # finite.
+        got = run_host_ranks(nranks, lambda r, c: c.quant_all_reduce(sends[r], bits=8, block_size=block,
+                                                                     dtype=zpccl.DataType.BFLOAT16))
+        for out in got:
+            self.assertTrue(same_bits(out, got[0]), "ranks differ")
+            o = ref.to_f32(out, ref.BF16)
+            for b in (0, 2):
+                self.assertTrue(np.isnan(o[b * block:(b + 1) * block]).all(), f"block {b} is not all NaN")
+            self.assertTrue(np.isfinite(np.r_[o[block:2 * block], o[3 * block:]]).all())
+
 class QuantAllReduce(unittest.TestCase):
     """``Comm.quant_all_reduce`` against the NumPy model (tests/_reference.py, from include/zpccl.h): bit-equal on
     one-hop, two-hop, interleaved and uneven layouts, counts whose last shards are partial or empty, every rank's
@@ -298,6 +334,74 @@ class QuantAllReduce(unittest.TestCase):
             self.assertFalse(same_bits(a, nearest), "stochastic rounding rounds otherwise than to nearest")
             self.assertTrue(same_bits(fed, nearest), "a zero residual quantizes as to nearest")
             self.assertTrue(np.any(residual != 0), "error feedback keeps what the codes lost")
+
+    def test_adversarial_blocks_stay_within_the_header_bound(self) -> None:
+        # include/zpccl.h's error bound (tests/_reference.py's all_reduce_bound) on blocks chosen to stress it,
+        # with the nearest rounding (also bit-equal to the model) and the stochastic one (E doubled): one large
+        # value among tiny ones, every rank's input identical, ranks cancelling, sums near the type's largest
+        # value, values near the smallest normal, sparse blocks and zero blocks (exact zeros out).
+        rng = np.random.default_rng(57)
+        largest = {ref.F32: 3.4e38, ref.F16: 65504.0, ref.BF16: 3.38e38}
+        smallest = {ref.F32: 1.2e-38, ref.F16: 6.2e-5, ref.BF16: 1.2e-38}
+
+        def families(count: int, dtype: str, n: int) -> list[tuple[str, list[np.ndarray]]]:
+            def typed(v: np.ndarray) -> np.ndarray:
+                return ref.from_f32(v.astype(np.float32), dtype)
+
+            def one_large(r: int) -> np.ndarray:
+                v = rng.standard_normal(count) * 1e-3
+                v[::17] = largest[dtype] / (4 * n) * (1 if r % 2 else -1)
+                return typed(v)
+
+            def sparse() -> np.ndarray:
+                v = np.zeros(count)
+                v[rng.integers(0, count, 3)] = rng.standard_normal(3)
+                return typed(v)
+
+            same = ref.random_data(rng, count, dtype)
+            base = ref.random_data(rng, count, dtype)
+            negated = base ^ np.uint16(0x8000) if dtype == ref.BF16 else -base
+            return [
+                ("one large among tiny", [one_large(r) for r in range(n)]),
+                ("identical", [same.copy() for _ in range(n)]),
+                ("cancelling", [base.copy() if r % 2 == 0 else negated.copy() for r in range(n)]),
+                ("near the largest", [typed(rng.uniform(-1, 1, count) * largest[dtype] / n * 0.99) for _ in range(n)]),
+                ("near the smallest normal", [typed(smallest[dtype] * rng.uniform(1, 4, count)
+                                                    * np.sign(rng.standard_normal(count))) for _ in range(n)]),
+                ("sparse", [sparse() for _ in range(n)]),
+                ("zero", [typed(np.zeros(count)) for _ in range(n)]),
+            ]
+
+        k = 0
+        for nranks, rpn in ((3, 3), (4, 2), (2, 1)):
+            node_of = [r // rpn for r in range(nranks)]
+            two_hop = nranks // rpn > 1 and rpn > 1
+            for dtype in DTYPES:
+                for bits, block, count in ((4, 32, 1000), (8, 32, 999), (4, 8192, 20000), (8, 8192, 16385)):
+                    for name, sends in families(count, dtype, nranks):
+                        k += 1
+                        op, stochastic = ("sum", "avg")[k % 2], k % 3 == 0
+
+                        def body(rank: int, comm: zpccl.Comm) -> np.ndarray:
+                            return comm.quant_all_reduce(sends[rank], op=op, bits=bits, block_size=block,
+                                                         dtype=zp_dtype(dtype), seed=k,
+                                                         rounding="stochastic" if stochastic else "nearest")
+
+                        got = run_host_ranks(nranks, body, ranks_per_node=rpn)
+                        with self.subTest(nranks=nranks, rpn=rpn, dtype=dtype, bits=bits, block=block, inputs=name,
+                                          op=op, stochastic=stochastic):
+                            for out in got:
+                                self.assertTrue(same_bits(out, got[0]), "ranks differ")
+                            if not stochastic:
+                                expected = ref.quant_all_reduce(sends, dtype, op, bits, block, node_of)
+                                self.assertTrue(same_bits(got[0], expected), "differs from the model")
+                            out = ref.to_f32(got[0], dtype).astype(np.float64)
+                            exact, bound = ref.all_reduce_bound(sends, dtype, op, bits, block, two_hop, stochastic)
+                            self.assertTrue(np.isfinite(out).all(), "a finite input gave a non-finite output")
+                            err = np.abs(out - exact)
+                            self.assertTrue(np.all(err <= bound), f"largest excess {np.max(err - bound)}")
+                            if name == "zero":
+                                self.assertTrue(np.all(got[0].view(np.uint8) == 0), "zeros are not +0")
 
     def test_refusals_name_the_argument(self) -> None:
         from .test_errors import on_ranks
