@@ -528,7 +528,8 @@ zpResult_t zpGradHopResidualCount(size_t recvcount, size_t* count, zpComm_t comm
  * (Avg: every term divided by n). E is each sender's half step (absmax / qmax / 2), plus on two hops each partial
  * sum's half step; (M + E) / (2q) is the gather's half step on the reduced block; the u terms are the roundings to
  * the output type, before and after the gather; the last term bounds the fp32 arithmetic (quotients, scales, sums).
- * A value below a type's smallest normal rounds to its subnormal spacing instead. With stochastic rounding a code may
+ * Below the output type's smallest normal each of the two roundings to it costs up to half its smallest subnormal
+ * (2^-150 fp32, 2^-25 fp16, 2^-134 bf16) instead of u: add both, undivided for Avg. With stochastic rounding a code may
  * move a whole step: E doubles (A / q, and (A / q)(2 + 1/q)), unbiased. With error feedback the inputs are
  * x + residual.
  */

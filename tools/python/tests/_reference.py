@@ -220,6 +220,8 @@ def reduce_scatter_bound(sends: list[np.ndarray], dtype: str, bits: int, block: 
 
 #: Unit roundoff of each output type.
 UNIT_ROUNDOFF = {F32: 2.0**-24, F16: 2.0**-11, BF16: 2.0**-8}
+#: Half the smallest subnormal: what one rounding to the type costs below its smallest normal, where u does not apply.
+HALF_SUBNORMAL = {F32: 2.0**-150, F16: 2.0**-25, BF16: 2.0**-134}
 
 
 def all_reduce_bound(sends: list[np.ndarray], dtype: str, op: str, bits: int, block: int, two_hop: bool,
@@ -227,7 +229,8 @@ def all_reduce_bound(sends: list[np.ndarray], dtype: str, op: str, bits: int, bl
     """(the float64 sum, or mean, of the inputs; include/zpccl.h's bound on |all-reduce - it|) per element, block by
     block: with A the sum of the ranks' block maxima and M the largest |exact sum| of the block,
     E = A / (2q) (two hops: (A / (2q)) (2 + 1/(2q))), doubled in q's place by stochastic rounding, and
-    E + (M + E) (1/(2q) + 3u) + (n + 1) 2^-16 A, divided by n for avg."""
+    E + (M + E) (1/(2q) + 3u) + (n + 1) 2^-16 A, divided by n for avg; plus half the type's smallest subnormal for
+    each of the two roundings to the output type (what they cost below its smallest normal)."""
     q = QMAX[bits]
     qe = q / 2 if stochastic else q  # stochastic rounding: a whole step, A / q
     n, count = len(sends), sends[0].size
@@ -240,9 +243,10 @@ def all_reduce_bound(sends: list[np.ndarray], dtype: str, op: str, bits: int, bl
         m = float(np.abs(exact[blk]).max())
         e = a / (2 * qe) * (2 + 1 / (2 * qe)) if two_hop else a / (2 * qe)
         bound[blk] = e + (m + e) * (1 / (2 * q) + 3 * UNIT_ROUNDOFF[dtype]) + (n + 1) * 2.0**-16 * a
+    below_normal = 2 * HALF_SUBNORMAL[dtype]
     if op == "avg":
-        return exact / n, bound / n
-    return exact, bound
+        return exact / n, bound / n + below_normal
+    return exact, bound + below_normal
 
 # ---- gradient rounding (include/zpccl.h, "Gradient rounding"): stochastic rounding and error feedback -------------
 

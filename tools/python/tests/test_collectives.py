@@ -339,7 +339,8 @@ class QuantAllReduce(unittest.TestCase):
         # include/zpccl.h's error bound (tests/_reference.py's all_reduce_bound) on blocks chosen to stress it,
         # with the nearest rounding (also bit-equal to the model) and the stochastic one (E doubled): one large
         # value among tiny ones, every rank's input identical, ranks cancelling, sums near the type's largest
-        # value, values near the smallest normal, sparse blocks and zero blocks (exact zeros out).
+        # value, values near the smallest normal, sparse blocks, fp16 subnormals (where the roundings to the output
+        # type cost their subnormal spacing) and zero blocks (exact zeros out).
         rng = np.random.default_rng(57)
         largest = {ref.F32: 3.4e38, ref.F16: 65504.0, ref.BF16: 3.38e38}
         smallest = {ref.F32: 1.2e-38, ref.F16: 6.2e-5, ref.BF16: 1.2e-38}
@@ -369,6 +370,8 @@ class QuantAllReduce(unittest.TestCase):
                 ("near the smallest normal", [typed(smallest[dtype] * rng.uniform(1, 4, count)
                                                     * np.sign(rng.standard_normal(count))) for _ in range(n)]),
                 ("sparse", [sparse() for _ in range(n)]),
+                *([("fp16 subnormals", [typed(2.0**-24 * rng.integers(-20, 21, count)) for _ in range(n)])]
+                  if dtype == ref.F16 else []),
                 ("zero", [typed(np.zeros(count)) for _ in range(n)]),
             ]
 
