@@ -197,9 +197,11 @@ def use_local_collectives(model: Any, fsdp: Any) -> Any:
     """Every FSDP module of ``model`` gathers and reduce-scatters locally (the no-comm configuration): the same
     buffers written as FSDP's collectives write them, nothing sent. Returns an object whose ``calls`` counts the
     calls of both kinds."""
+    import types
+
     import torch
 
-    counter = type("LocalCalls", (), {"calls": 0})()
+    counter = types.SimpleNamespace(calls=0)
 
     class LocalAllGather(fsdp.AllGather):  # type: ignore[misc, valid-type]
         def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:

@@ -10,10 +10,10 @@
 
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "host/base/keep_for_good.h"
 #include "host/rank_init.h"
 #include "include/zpccl.h"
 #include "src/host/host_world.h"
@@ -109,18 +109,6 @@ class HostTransport {
   // caller's finalize callback).
   virtual void release() {}
 };
-
-// Memory that an exchange which failed was given, and that the transport's engine may still use (a collective it
-// cannot cancel): kept for the life of the process, never freed nor reused, and still reachable (leak checkers stay
-// quiet). Leaves *memory empty.
-template <class T>
-void keepForGood(std::vector<T>* memory) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::vector<T>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!memory->empty()) kept->push_back(std::move(*memory));
-  *memory = std::vector<T>();
-}
 
 // Ranks as threads of this process: joins the HostWorld of `id` (host_world.h) with this rank's RankInit, waiting
 // for every rank (ZP_INIT_TIMEOUT_MS).

@@ -18,13 +18,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "host/base/keep_for_good.h"
 #include "include/zpccl_mpi.h"
 
 #define ZP_MPI_EXPORT extern "C" __attribute__((visibility("default")))
@@ -44,16 +44,13 @@ struct MpiContext {
   int nranks = 0;
   // Exchanges that timed out, their requests still active.
   std::vector<std::unique_ptr<Exchange>> pending;
+  // The exchange the next callback uses: each completed one comes back here, so that a call allocates nothing.
+  std::unique_ptr<Exchange> spare;
 };
 
-// Keeps exchanges whose completion cannot be known (a request that MPI_Test failed on, or that was still active when
-// its transport was freed) for the life of the process: MPI may still use what they hold.
-void keepForGood(std::vector<std::unique_ptr<Exchange>>* exchanges) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::unique_ptr<Exchange>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  for (auto& x : *exchanges) kept->push_back(std::move(x));
-  exchanges->clear();
+// The exchange a callback starts: the spare one, or a new one after the last went pending.
+std::unique_ptr<Exchange> takeExchange(MpiContext* c) {
+  return c->spare ? std::move(c->spare) : std::make_unique<Exchange>();
 }
 
 // Frees the pending exchanges that MPI completed since they timed out.
@@ -67,7 +64,7 @@ void reap(MpiContext* c) {
       stillPending.push_back(std::move(x));
     }
   }
-  keepForGood(&unknown);
+  zp::keepForGood(&unknown);
   c->pending = std::move(stillPending);
 }
 
@@ -147,7 +144,7 @@ int allGather(void* context, const void* sendbuf, void* recvbuf, size_t bytes, z
     snprintf(call->error, sizeof(call->error), "MPI_Iallgather: %zu bytes a rank is more than MPI can count", bytes);
     return 1;
   }
-  auto x = std::make_unique<Exchange>();
+  auto x = takeExchange(c);
   MPI_Datatype type = typeOf(unit);
   const int n = static_cast<int>(bytes / unit);
   int rc = MPI_Iallgather(sendbuf, n, type, recvbuf, n, type, c->comm, &x->request);
@@ -162,6 +159,7 @@ int allGather(void* context, const void* sendbuf, void* recvbuf, size_t bytes, z
     return rc;
   }
   call->received = bytes * static_cast<size_t>(c->nranks);
+  c->spare = std::move(x);
   return 0;
 }
 
@@ -182,7 +180,7 @@ int allToAll(void* context, const void* sendbuf, const size_t* sendCounts, const
     return 1;
   }
   // The arrays in units, in the order of `all`: each exchange owns its own, for as long as MPI may read them.
-  auto x = std::make_unique<Exchange>();
+  auto x = takeExchange(c);
   x->arrays.resize(all.size());
   for (size_t i = 0; i < all.size(); ++i) x->arrays[i] = static_cast<int>(all[i] / unit);
   const int* units = x->arrays.data();
@@ -202,6 +200,7 @@ int allToAll(void* context, const void* sendbuf, const size_t* sendCounts, const
     return rc;
   }
   call->received = received;
+  c->spare = std::move(x);
   return 0;
 }
 
@@ -221,7 +220,7 @@ void releaseAs(void* context, const char* call) {
             "zpccl_mpi: %s : %zu exchanges that timed out are still pending in MPI: their memory is kept for the "
             "life of the process\n",
             call, c->pending.size());
-    keepForGood(&c->pending);
+    zp::keepForGood(&c->pending);
   }
   delete c;
 }

@@ -557,7 +557,8 @@ def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
                           fetches=[not isinstance(p.all_gather_coalesced, functools.partial)
                                    and not isinstance(p.all_gather, functools.partial)
                                    for p in engine.module.parameters()],
-                          counters_kept=zp.summary() == summary, session=zpccl.deepspeed.session_of(engine) is None)
+                          counters_unchanged=zp.summary() == summary,
+                          session=zpccl.deepspeed.session_of(engine) is None)
 
     # enable on a plain engine, keyword arguments; a second enable refused while it lives.
     engine = make_engine(torch, deepspeed, ds_config(), zp=False)
@@ -603,7 +604,7 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     # DeepSpeed's hpZ groups of 4 span two nodes of two.
     engine = make_engine(torch, deepspeed, ds_config(hpz=4), zp=False)
     said["hpz_nodes"] = refusal(lambda: zpccl.deepspeed.enable(engine, ranks_per_node=2))
-    said["left_behind"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
+    said["session_after_refusal"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
     said["nothing"] = refusal(lambda: zpccl.deepspeed.initialize(model=build_model(torch), config=ds_config()))
     zp = zpccl.deepspeed.enable(engine, ranks_per_node=2, hpz=False)  # hpz=False: the same engine is served
     train(torch, engine, torch.distributed.get_rank(), 2)  # the first forward gathers the secondary partitions
@@ -1352,7 +1353,7 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertEqual(d["replaced"], [True, True, True])
             self.assertEqual(d["restored"], [True, True, True])
             self.assertTrue(all(d["fetches"]))
-            self.assertTrue(d["counters_kept"] and d["session"], d)
+            self.assertTrue(d["counters_unchanged"] and d["session"], d)
 
     def test_enable_on_a_plain_engine(self) -> None:
         for o in self.out:
@@ -1378,7 +1379,7 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertIn("built with zero_quantized_weights", said["quantized_weights"])
             self.assertRegex(said["hpz_nodes"], r"zero_hpz_partition_size=4 .* ranks \[0, 1, 2, 3\], which are on "
                                                 r"nodes \[0, 1\]")
-            self.assertEqual(said["left_behind"], "")
+            self.assertEqual(said["session_after_refusal"], "")
             self.assertIn("the config asks for no ZeRO++ technique", said["nothing"])
             self.assertEqual(said["hpz_off"], "")
             self.assertRegex(said["hpz_mpu"], r"zero_hpz_partition_size=2 makes DeepSpeed gather .* over ranks "
