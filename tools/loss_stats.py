@@ -255,7 +255,8 @@ class Campaign:
 
 
 #: The loss campaigns in perf/results/. Tolerances are the targets DESIGN.md and the issues set: int8 gradients
-#: 0.1% and int4 0.5% on the 57M FSDP2 model; issue 33's 0.1% for every gradient format of grad_numerics.py.
+#: 0.1% and int4 0.5% on the 57M FSDP2 model and its DDP replica (issue 49); issue 33's 0.1% for every gradient
+#: format of grad_numerics.py.
 CAMPAIGNS = (
     Campaign(
         "fsdp2-57m", "57M FSDP2 model, 2 ranks as 2 nodes (net-on1gpu), 400 steps, cosine decay (fsdp_step.py)",
@@ -277,6 +278,12 @@ CAMPAIGNS = (
         {"zpccl:8:4": ("zpccl int8 weights, int4 gradients", 0.5),
          "zpccl:0:4": ("zpccl bf16 weights, int4 gradients", 0.5),
          "zpccl:0:8": ("zpccl bf16 weights, int8 gradients", 0.1)}),
+    Campaign(
+        "ddp-57m-int4", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu), 400 steps, cosine "
+        "decay (ddp_step.py); zpccl: int4 gradients in blocks of 256",
+        ("2026-12-05-h100x1-ddp-loss-int4-2edefb7.json",),
+        "nccl",
+        {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5)}),
     Campaign(
         "grad-cpu", "2-layer d 128 GPT, 4 thread-ranks as 2 nodes of 2 (host backend), 600 steps (grad_numerics.py "
         "--cpu); weights exact",

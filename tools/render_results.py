@@ -477,6 +477,7 @@ R1 = "2026-12-01-h200x1-"
 R2 = "2026-12-02-h200x1-"
 R3 = "2026-12-03-h200x1-"
 R5 = "2026-12-05-h200x1-"
+H100 = "2026-12-05-h100x1-"
 SIZES = ["1M", "4M", "16M", "64M", "256M", "1G"]
 UPPER = ("64M", "256M", "1G")
 LOWER = ("1M", "4M", "16M")
@@ -581,6 +582,34 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
     return t
 
 
+def step_table(store: Store, name: str, file: str, configs: list[tuple[str, str]], against: list[str]) -> Table:
+    """One training-step file of perf/step_protocol.py's rows (fsdp_step, ddp_step, deepspeed_step): each
+    configuration's step time (median, range), tokens/s, peak memory, bytes a rank sent, and its ratio to each
+    configuration of ``against`` (medians; in brackets the least and greatest ratio of the rounds' medians)."""
+    rows = {r["config"]: r for r in store.data(file)["rows"]}
+    for config in [c for c, _ in configs] + against:
+        if config not in rows:
+            raise RenderError(f"table {name}: {file} has no {config} row")
+    t = Table(store, name, ["configuration", "step ms (median, range)", "tokens/s", "peak MiB / rank",
+                            "sent MiB / step / rank"] + [f"vs {rows[a]['config']}" for a in against])
+
+    def vs(base: dict[str, Any], r: dict[str, Any]) -> str:
+        text = f"{base['median_ms'] / r['median_ms']:.2f}x"
+        a, z = base.get("round_median_ms") or [], r.get("round_median_ms") or []
+        if a and len(a) == len(z):
+            ratios = [x / y for x, y in zip(a, z)]
+            text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+        return text
+
+    for config, label in configs:
+        r = rows[config]
+        sent = r.get("sent_mib") or ({"zpccl": r["zpccl_sent_mib"]} if r.get("zpccl_sent_mib") else {})
+        sent_text = " + ".join(f"{v:.0f} {k.replace('_', '-')}" for k, v in sorted(sent.items()) if v >= 0.5)
+        t.add([label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})", f"{r['tokens_per_s']:,.0f}",
+               f"{r['peak_mib']:,.0f}", sent_text or "-"] + [vs(rows[a], r) for a in against], [file])
+    return t
+
+
 def bisect_table(store: Store, name: str, file: str) -> Table:
     """tools/bisect-fsdp-step.sh's entries that ran, in the manifest's order: zpccl's step (the median of the runs'
     medians, the runs' range, and the fastest and slowest step of all its runs), FSDP2 + NCCL's, and their ratio."""
@@ -613,8 +642,25 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (R2 + "fsdp-step-small-0731899.json", "0731899, its own session"),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
         (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, its own session")]),
-    "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100",
-                                               "2026-12-05-h100x1-fsdp-bisect-0731899-562bc89.json"),
+    "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100", H100 + "fsdp-bisect-0731899-562bc89.json"),
+    "fsdp-bisect-h100-run2": lambda s: bisect_table(s, "fsdp-bisect-h100-run2",
+                                                    H100 + "fsdp-bisect-run2-0731899-562bc89.json"),
+    "fsdp-floor": lambda s: step_table(s, "fsdp-floor", H100 + "fsdp-step-small-floor-2edefb7.json", [
+        ("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
+        ("no-comm", "FSDP2, collectives as local copies (no network)"),
+        ("zpccl-hpz", "FSDP2 + zpccl")], ["nccl-noreshard", "no-comm"]),
+    "all-reduce-net": lambda s: collective_table(s, "all-reduce-net", "quant_all_reduce", ["16M", "64M", "256M"],
+                                                 [(H100 + "all-reduce-net-2edefb7.json", None)], ["net-on1gpu"],
+                                                 (8, 4), {8: (1.6, "64M"), 4: (2.5, "64M")}),
+    "ddp-step": lambda s: step_table(s, "ddp-step", H100 + "ddp-step-2edefb7.json", [
+        ("nccl", "DDP, NCCL all-reduce (fp32 buckets)"), ("bf16-compress", "DDP, torch's bf16_compress_hook"),
+        ("powersgd", "DDP, torch's PowerSGD hook (rank 1)"), ("zpccl", "DDP, zpccl.ddp (int4, blocks of 256)")],
+        ["nccl", "bf16-compress"]),
+    "ddp-loss": lambda s: loss_table(s, "ddp-loss", ls.campaign("ddp-57m-int4"), [
+        LossLine("zpccl", "zpccl.ddp, int4 gradients (blocks of 256)")]),
+    "deepspeed-step": lambda s: step_table(s, "deepspeed-step", H100 + "deepspeed-step-2edefb7.json", [
+        ("deepspeed", "DeepSpeed ZeRO-3"), ("zeropp", "DeepSpeed ZeRO++ (its own qwZ, qgZ)"),
+        ("zpccl", "DeepSpeed ZeRO-3 + zpccl.deepspeed (int8 weights, int4 gradients)")], ["deepspeed", "zeropp"]),
     "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", R3 + "fsdp-memory-1bf77a3.json"),
     "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", ls.campaign("fsdp2-57m"), [
         LossLine("nccl-fp32", "NCCL, fp32 reduction (noise floor)"),

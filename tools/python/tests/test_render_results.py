@@ -183,7 +183,8 @@ class RenderResults(unittest.TestCase):
             self.assertTrue(names, f"{doc} has no generated table")
             self.assertEqual(rr.render(text, store, where=doc), text, f"{doc}: run tools/render_results.py")
         results = (SOURCE_TREE / "perf" / "RESULTS.md").read_text()
-        self.assertLess(len(results.splitlines()), 420)
+        # A reference, not a notebook: a section per collective and integration, their history in perf/notebook/.
+        self.assertLess(len(results.splitlines()), 480)
         # Every table of the script is used, so that none is rendered for nothing.
         used = {m[1] for doc in rr.DOCUMENTS for m in rr.MARKER.findall((SOURCE_TREE / doc).read_text())}
         self.assertEqual(used, set(rr.TABLES))
