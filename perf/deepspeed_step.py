@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """DeepSpeed training step: DeepSpeed ZeRO-3, DeepSpeed's own ZeRO++ and DeepSpeed ZeRO-3 with zpccl, same model,
-same process, alternating rounds.
+same process, alternating rounds; and ZeRO-3 without a network, the floor under all three.
 
     python perf/deepspeed_step.py --nproc 2 --nodes 2 -J perf/results/deepspeed-step.json     # one GPU: two "nodes"
     python perf/deepspeed_step.py --nproc 4 --nodes 2 --hpz 2                                  # two nodes of two
@@ -15,6 +15,16 @@ run and kept raw in the JSON). Per configuration: step time median and spread an
 second (all ranks), peak memory per rank (torch's allocator), the bytes each collective sent from a rank per step,
 and for zpccl the device memory its ``enable`` took (communicators and scratch, outside torch's allocator).
 
+Phases: each timed step is also cut into forward (the engine's forward and the loss), backward (``engine.backward``)
+and optimizer (``engine.step``), on every rank, twice: on the device, by CUDA events recorded on the current stream
+at the boundaries (what the compute stream took for each, its waits for DeepSpeed's gather and reduce streams
+included), and on the host, by the clock read at the same points (the time spent in each call: well below the
+device's, the host ran ahead and the GPU set the pace; near it, either the host set the pace or it waited for the
+GPU where DeepSpeed synchronizes). Neither synchronizes: a step costs four event records and four clock reads
+more, and the elapsed times are read after the step's closing synchronization. On a CPU both are the host's
+clock. The rows keep every value (``phase_ms_per_rank`` and ``host_phase_ms_per_rank``: phase,
+round, rank, step) and their medians over rounds, ranks and steps, printed beside the step time.
+
 Configurations (``--configs``), the model, text and schedule of tools/python/examples/deepspeed_train.py:
 
 =========  ===============================================================================================
@@ -24,6 +34,11 @@ zeropp     the same with DeepSpeed's ZeRO++: zero_quantized_weights, zero_quanti
            compiles it on first use: the machine needs nvcc and ninja)
 zpccl      the zeropp config through zpccl.deepspeed (qwZ ``--weight-bits``, qgZ ``--grad-bits`` in blocks of
            ``--block-size`` / ``--grad-block-size``, hpZ over DeepSpeed's hpZ groups)
+no-comm    deepspeed's config with the collectives zpccl.deepspeed takes over (the parameter all-gathers and
+           the gradient reduce-scatters) made locally (:class:`LocalCollectives`): the step a perfect network
+           would give. Ranks exchange no data there, so their weights drift apart: timing only, refused as a
+           loss run. What zpccl leaves DeepSpeed's (the persistent parameters' gathers after each step, the
+           gradient norm's all-reduce) still communicates, and is counted
 =========  ===============================================================================================
 
 Bytes: DeepSpeed's collectives are counted in an untimed step by wrapping deepspeed.comm's functions (all-gathers,
@@ -49,6 +64,7 @@ import argparse
 import gc
 import os
 import pathlib
+import statistics
 import sys
 import time
 from typing import Any
@@ -63,7 +79,9 @@ import step_protocol as sp  # noqa: E402
 dt = sp.load_example("deepspeed_train")
 ex = dt.ex
 
-CONFIGS = ("deepspeed", "zeropp", "zpccl")
+CONFIGS = ("deepspeed", "zeropp", "zpccl", "no-comm")
+LOSS_CONFIGS = ("deepspeed", "zeropp", "zpccl")  # no-comm's ranks exchange nothing: its loss is no model's
+PHASES = ("forward", "backward", "optimizer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,7 +101,9 @@ def parse_loss_spec(text: str) -> dict[str, Any]:
     """One ``--loss-runs`` entry: ``{"spec", "comm", "config", "weight_bits", "grad_bits"}`` in fsdp_step's shape
     (bits None: the configuration's own; 0: that collective stays DeepSpeed's)."""
     spec = text.strip()
-    if spec in CONFIGS:
+    if spec == "no-comm":
+        raise ValueError("loss run 'no-comm': its ranks exchange no data (timing only); its loss is no model's")
+    if spec in LOSS_CONFIGS:
         return dict(spec=spec, comm=spec, config=spec, weight_bits=None, grad_bits=None)
     comm, *bits = spec.split(":")
     if comm != "zpccl" or len(bits) != 2:
@@ -150,6 +170,93 @@ class Counting:
             setattr(module, name, fn)
 
 
+# ---- no-comm's collectives ---------------------------------------------------------------------------------------
+
+
+class LocalCollectives:
+    """The no-comm configuration: the two functions of zpccl.deepspeed's seams that plain ZeRO-3 calls (its
+    ``REPLACED``: the parameter all-gather, the gradient reduce-scatter), found and checked by its
+    ``DeepSpeed.load`` and replaced through it, run locally until :meth:`restore`. A gather writes the rank's own
+    partition into every rank's slot of the output; a reduce-scatter returns the rank's own chunk of each gradient,
+    the average DeepSpeed's would return were every rank's gradient this rank's. The same shapes and the same
+    handles as DeepSpeed's, not a byte between ranks: a benchmark aid, whose weights are no model's. What
+    DeepSpeed's reduce-scatter does around the wire (its interleaving copy of the whole gradients, its pre-division)
+    goes with it, as it does under zpccl: the floor is that of the step zpccl serves.
+    ``all_to_all_quant_reduce`` (DeepSpeed's qgZ) is left as it is: no-comm's config never calls it. It counts as a
+    zpccl session does (``summary``, ``reset_stats``, ``disable``), so that the bench reports its calls and the
+    bytes they send (none) as it reports zpccl's."""
+
+    GATHER, REDUCE_SCATTER = 0, 1  # indices into zpccl.deepspeed's REPLACED
+
+    def __init__(self) -> None:
+        import torch
+        from zpccl.deepspeed._collectives import Done
+        from zpccl.deepspeed._deepspeed import DeepSpeed
+
+        self.torch, self.dist, self.done = torch, torch.distributed, Done
+        self.ds = DeepSpeed.load("perf/deepspeed_step.py no-comm")
+        self.calls = {"local_all_gather": 0, "local_reduce_scatter": 0}
+        self.saved = {i: self.ds.function(i) for i in (self.GATHER, self.REDUCE_SCATTER)}
+        self.ds.set_function(self.GATHER, self.all_gather)
+        self.ds.set_function(self.REDUCE_SCATTER, self.reduce_scatter)
+
+    def all_gather(self, input_tensor: Any, output_tensor: Any, group: Any = None) -> Any:
+        self.calls["local_all_gather"] += 1
+        torch, n = self.torch, self.dist.get_world_size(group)
+        for row in output_tensor.view(n, -1):
+            if row.data_ptr() != input_tensor.data_ptr():  # DeepSpeed's input is its own slot of the output
+                row.copy_(input_tensor.view(-1))
+        event = None
+        if output_tensor.is_cuda:  # ordered as zpccl's gathers are: DeepSpeed waits on the handle's event
+            event = torch.cuda.Event()
+            event.record()
+        return self.done(torch, event)
+
+    def reduce_scatter(self, tensors: Any, group: Any = None) -> list[Any]:
+        self.calls["local_reduce_scatter"] += 1
+        n, r = self.dist.get_world_size(group), self.dist.get_rank(group)
+        mine = []
+        for t in tensors:  # DeepSpeed's chunks: ceil(numel / n) elements a rank, the last ones short or empty
+            flat = t.reshape(-1)
+            chunk = -(-flat.numel() // n)
+            start = min(r * chunk, flat.numel())
+            mine.append(flat.narrow(0, start, min(chunk, flat.numel() - start)))
+        return list(self.torch.cat(mine).split([m.numel() for m in mine]))  # copies: the buckets are reused
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        return {k: dict(calls=v, wire_bytes=0) for k, v in self.calls.items()}
+
+    def reset_stats(self) -> None:
+        self.calls = dict.fromkeys(self.calls, 0)
+
+    def disable(self) -> None:
+        for i, fn in self.saved.items():
+            self.ds.set_function(i, fn)
+
+
+class Phases:
+    """The boundaries of one step's phases (PHASES): the host's clock and, on CUDA, an event on the current stream,
+    each :meth:`mark` (the clock first, so that the first event cannot precede the step's start)."""
+
+    def __init__(self, torch: Any, cuda: bool) -> None:
+        self.torch, self.cuda = torch, cuda
+        self.host: list[float] = []
+        self.events: list[Any] = []
+
+    def mark(self) -> None:
+        self.host.append(time.perf_counter())
+        if self.cuda:
+            self.events.append(self.torch.cuda.Event(enable_timing=True))
+            self.events[-1].record()
+
+    def ms(self) -> tuple[list[float], list[float]]:
+        """(device, host) milliseconds of each phase, once the step's work is synchronized (device: the host's
+        clock on a CPU)."""
+        host = [1e3 * (b - a) for a, b in zip(self.host, self.host[1:])]
+        device = [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])] if self.cuda else host
+        return device, host
+
+
 # ---- one configuration -------------------------------------------------------------------------------------------
 
 
@@ -167,12 +274,14 @@ class Bench:
         self.text = ex.corpus()
         self.data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, args.seed)
         self.on_device = sp.ranks_on_device(self)
+        self.phases: list[tuple[list[float], list[float]]] = []  # (device, host) ms of each step since cleared
+        self.phase_rounds: dict[str, list[Any]] = {}  # configuration: every rank's phases, a list a round
         reuse_hpz_groups()
 
     def engine(self, comm: str, seed: int, steps: int, weight_bits: int | None = None,
                grad_bits: int | None = None) -> tuple[Any, Any, int]:
-        """(engine, the handle zpccl.deepspeed.enable returned or None, the device memory zpccl's enable took on this
-        rank) of a fresh model."""
+        """(engine, the handle zpccl.deepspeed.enable returned (no-comm: its LocalCollectives) or None, the device
+        memory zpccl's enable took on this rank) of a fresh model."""
         import deepspeed
         import zpccl.deepspeed
 
@@ -182,7 +291,8 @@ class Bench:
             wargs.weight_bits = weight_bits or None
         if grad_bits is not None:
             wargs.grad_bits = grad_bits or None
-        config = dt.zero_config(wargs, comm, self.where.ranks_per_node, self.hpz)
+        config = dt.zero_config(wargs, "deepspeed" if comm == "no-comm" else comm, self.where.ranks_per_node,
+                                self.hpz)
         if comm == "zpccl":
             section = config["zpccl"]
             if section["grad_bits"] is None:
@@ -198,18 +308,27 @@ class Bench:
         zp, took = None, 0
         if policy is not None:  # enable apart from initialize, to measure what it takes
             zp, took = sp.memory_taken(self, self.on_device, lambda: zpccl.deepspeed.enable(engine, policy))
+        if comm == "no-comm":
+            zp = LocalCollectives()
         return engine, zp, took
 
     def step(self, engine: Any, step: int) -> float:
+        """One step's seconds, its phases appended to ``self.phases``."""
         torch = self.torch
         ids, targets = self.data.step(step)
+        marks = Phases(torch, sp.on_cuda(self))
         sp.synchronize(self)
-        t0 = time.perf_counter()
+        marks.mark()
         loss = dt.loss_of(torch, engine, ids, targets)
+        marks.mark()
         engine.backward(loss)
+        marks.mark()
         engine.step()
+        marks.mark()
         sp.synchronize(self)
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - marks.host[0]
+        self.phases.append(marks.ms())
+        return seconds
 
     def release(self, engine: Any, zp: Any) -> None:
         if zp is not None:
@@ -223,8 +342,16 @@ class Bench:
         args = self.args
         sp.fresh_peak(self)
         engine, zp, took = self.engine(name, args.seed, args.warmup + args.steps + 1)
-        row = sp.timed_steps(self, args, round_index, lambda s: self.step(engine, s),
-                             lambda: zp.reset_stats() if zp is not None else None)
+
+        def warmed() -> None:
+            self.phases.clear()
+            if zp is not None:
+                zp.reset_stats()
+
+        row = sp.timed_steps(self, args, round_index, lambda s: self.step(engine, s), warmed)
+        everyone: list[Any] = [None] * self.where.world
+        self.dist.all_gather_object(everyone, self.phases)
+        self.phase_rounds.setdefault(name, []).append(everyone)
         if zp is not None:
             row["calls"], row["zpccl_sent"] = sp.zpccl_per_step(zp, args.steps)
             row["enable_bytes"] = took
@@ -308,8 +435,23 @@ def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: 
         sent = {f"deepspeed {k}": v for k, v in rows[n].get("deepspeed_sent", {}).items()}
         sent.update(rows[n].get("zpccl_sent", {}))
         out.append(dict(sp.timed_row(n, rows[n], args, bench.where, label, bench.rpn, n_params),
-                        hpz=bench.hpz if n != "deepspeed" else None,
-                        sent_mib={k: v / 2**20 for k, v in sent.items()}))
+                        hpz=bench.hpz if n in ("zeropp", "zpccl") else None,
+                        sent_mib={k: v / 2**20 for k, v in sent.items()}, **phase_fields(bench.phase_rounds[n]),
+                        exchanges_data=n != "no-comm"))
+    return out
+
+
+def phase_fields(rounds: list[list[list[tuple[list[float], list[float]]]]]) -> dict[str, Any]:
+    """A row's phases from ``rounds[round][rank][step]`` = (device ms, host ms) of each of PHASES:
+    ``phase_ms_per_rank`` and ``host_phase_ms_per_rank`` (phase: [round][rank][step], raw) and their medians over
+    every round, rank and step (``phase_median_ms``, ``host_phase_median_ms``)."""
+    out: dict[str, Any] = {}
+    for side, key in enumerate(("phase", "host_phase")):
+        raw = {name: [[[step[side][i] for step in rank] for rank in rnd] for rnd in rounds]
+               for i, name in enumerate(PHASES)}
+        out[f"{key}_ms_per_rank"] = raw
+        out[f"{key}_median_ms"] = {name: statistics.median(t for rnd in v for rank in rnd for t in rank)
+                                   for name, v in raw.items()}
     return out
 
 
@@ -326,6 +468,18 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
                   f"{r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} {r['enable_mib']:10.0f} "
                   f"{vs('deepspeed', r):>18} {vs('zeropp', r):>18}  {sent}")
         print(sp.STEP_NOTE)
+        print(f"\n{'config':>10} {'median ms':>10}  {'forward':>8} {'backward':>8} {'optimizer':>9}  "
+              f"{'host: fwd':>9} {'bwd':>8} {'opt':>8}")
+        for r in rows:
+            device, host = r["phase_median_ms"], r["host_phase_median_ms"]
+            print(f"{r['config']:>10} {r['median_ms']:10.1f}  {device['forward']:8.1f} {device['backward']:8.1f} "
+                  f"{device['optimizer']:9.1f}  {host['forward']:9.1f} {host['backward']:8.1f} "
+                  f"{host['optimizer']:8.1f}")
+        print("(phases: medians over rounds, ranks and steps, by CUDA events on the compute stream (on a CPU, the "
+              "host's clock); host: the time in each call)")
+        if any(not r["exchanges_data"] for r in rows):
+            print("(no-comm: DeepSpeed's parameter gathers and gradient reduce-scatters made locally; its ranks "
+                  "exchange no data, so its weights, and any loss, are no model's: timing only)")
     if losses:
         report_losses(losses)
 

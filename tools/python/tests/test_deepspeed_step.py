@@ -1,12 +1,18 @@
 """perf/deepspeed_step.py on DeepSpeed's CPU accelerator with tiny shapes, as a smoke test of the benchmark behind
-issue 48's figures: ZeRO-3 on DeepSpeed's collectives and on zpccl's timed in alternating rounds, every rank's raw
-step times kept, the bytes of each side counted, the JSON's provenance, the loss runs and their gaps (its arguments:
-test_fsdp_step.StepProtocol)."""
+issue 48's figures: ZeRO-3 on DeepSpeed's collectives, on zpccl's and on local ones (no-comm) timed in alternating
+rounds, every rank's raw step times and phases kept, the bytes of each side counted, the JSON's provenance, the loss
+runs and their gaps (its arguments: test_fsdp_step.StepProtocol); and no-comm's local collectives alone."""
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import statistics
 import unittest
+from types import SimpleNamespace
+from typing import Any
 
+from . import load_script
 from ._step_scripts import check_timed_row, run_step_script
 from .test_deepspeed import deepspeed_or_skip
 
@@ -20,18 +26,19 @@ class DeepSpeedStepScript(unittest.TestCase):
         # matrices are over DeepSpeed's persistence threshold, so they are gathered.
         doc, stdout = run_step_script(self, "perf/deepspeed_step.py", [
             "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1", "--d-model", "192", "--heads", "2",
-            "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl", "--rounds", str(ROUNDS), "--steps",
+            "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl,no-comm", "--rounds", str(ROUNDS), "--steps",
             str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs", "deepspeed,zpccl:8:4"])
         self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
         self.assertIn("deepspeed_step.py --cpu", doc["provenance"]["command"])
         self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["hpz"]), ("cpu", RANKS, NODES, 2))
         self.assertRegex(doc["deepspeed"], r"^\d+\.\d+")
         rows = {r["config"]: r for r in doc["rows"]}
-        self.assertEqual(list(rows), ["deepspeed", "zpccl"])
+        self.assertEqual(list(rows), ["deepspeed", "zpccl", "no-comm"])
         for row in rows.values():
             check_timed_row(self, row, ROUNDS, RANKS, STEPS)
+            check_phases(self, row)
             self.assertEqual((row["peak_mib"], row["enable_mib"]), (0, 0))  # no device memory on a CPU
-        ds, zp = rows["deepspeed"], rows["zpccl"]
+        ds, zp, local = rows["deepspeed"], rows["zpccl"], rows["no-comm"]
         self.assertIsNone(ds["calls"])
         self.assertGreater(ds["sent_mib"]["deepspeed all_gather"], 0)
         self.assertGreater(ds["sent_mib"]["deepspeed reduce_scatter"], 0)
@@ -43,6 +50,19 @@ class DeepSpeedStepScript(unittest.TestCase):
         self.assertEqual(zp["hpz"], 2)
         # zpccl's gradients left DeepSpeed's reduce-scatter: what DeepSpeed still sends is less than ZeRO-3's.
         self.assertLess(zp["sent_mib"].get("deepspeed reduce_scatter", 0), ds["sent_mib"]["deepspeed reduce_scatter"])
+        # no-comm makes locally, sending nothing, the very calls zpccl serves; what zpccl leaves DeepSpeed's (the
+        # persistent parameters' gathers, the gradient norm's all-reduce) it leaves too.
+        self.assertEqual(local["calls"], {"local_all_gather": zp["calls"]["qwz"],
+                                          "local_reduce_scatter": zp["calls"]["qgz"]})
+        self.assertEqual({k: v for k, v in local["sent_mib"].items() if k.startswith("local")},
+                         {"local_all_gather": 0, "local_reduce_scatter": 0})
+        self.assertNotIn("deepspeed reduce_scatter", local["sent_mib"])
+        self.assertEqual(local["sent_mib"]["deepspeed all_gather"], zp["sent_mib"]["deepspeed all_gather"])
+        self.assertLess(local["sent_mib"]["deepspeed all_gather"], ds["sent_mib"]["deepspeed all_gather"])
+        self.assertEqual([r["exchanges_data"] for r in rows.values()], [True, True, False])
+        self.assertIsNone(local["hpz"])
+        self.assertIn("no-comm: DeepSpeed's parameter gathers and gradient reduce-scatters made locally", stdout)
+        self.assertIn("host: fwd", stdout)
         self.assertEqual([x["spec"] for x in doc["losses"]], ["deepspeed", "zpccl:8:4"])
         for x in doc["losses"]:
             self.assertTrue(math.isfinite(x["valid"]) and x["valid"] > 0, x)
@@ -53,6 +73,76 @@ class DeepSpeedStepScript(unittest.TestCase):
         self.assertNotEqual(gaps["zpccl:8:4"]["mean"], 0.0)  # quantized: not DeepSpeed's bits
         self.assertIn("vs deepspeed", stdout)
         self.assertIn("(4 ranks (2 nodes, 2 a node, CPU, gloo)", stdout.replace("# DeepSpeed ZeRO-3 step: ", "("))
+
+
+def check_phases(test: unittest.TestCase, row: dict[str, Any]) -> None:
+    """Every rank's forward, backward and optimizer times of every timed step, positive, within that rank's step
+    time, and their medians; on a CPU the device's phases are the host's."""
+    steps = row["step_ms_per_rank"]
+    for key in ("phase", "host_phase"):
+        raw = row[f"{key}_ms_per_rank"]
+        test.assertEqual(list(raw), ["forward", "backward", "optimizer"])
+        for name, values in raw.items():
+            test.assertEqual([[len(s) for s in rnd] for rnd in values], [[len(s) for s in rnd] for rnd in steps])
+            test.assertTrue(all(t > 0 for rnd in values for s in rnd for t in s), (row["config"], name))
+            test.assertEqual(row[f"{key}_median_ms"][name], statistics.median(t for rnd in values for s in rnd
+                                                                               for t in s))
+        for i, rnd in enumerate(steps):
+            for rank, times in enumerate(rnd):
+                for j, step in enumerate(times):
+                    total = sum(raw[name][i][rank][j] for name in raw)
+                    test.assertLessEqual(total, step + 1e-6, (row["config"], key, i, rank, j))
+                    test.assertGreater(total, 0.5 * step, (row["config"], key, i, rank, j))  # the step's bulk
+    test.assertEqual(row["phase_ms_per_rank"], row["host_phase_ms_per_rank"])
+
+
+class NoCommCollectives(unittest.TestCase):
+    def test_local_collectives_write_what_a_rank_has(self) -> None:
+        deepspeed_or_skip()
+        import torch
+        from deepspeed.runtime.zero import partition_parameters, stage3
+
+        ds_step = load_script("perf/deepspeed_step.py")
+        theirs = (partition_parameters._dist_allgather_fn, stage3.reduce_scatter_coalesced)
+        local = ds_step.LocalCollectives()
+        try:
+            # Through zpccl.deepspeed's seams: the functions ZeRO-3 looks up at call time are no-comm's.
+            self.assertEqual((partition_parameters._dist_allgather_fn, stage3.reduce_scatter_coalesced),
+                             (local.all_gather, local.reduce_scatter))
+            local.dist = SimpleNamespace(get_world_size=lambda group: 3, get_rank=lambda group: 1)
+            # A gather in place (DeepSpeed's input is its own slot of the output) and from elsewhere: the rank's
+            # partition in every slot.
+            out = torch.full((12,), float("nan"))
+            out.view(3, 4)[1].copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+            self.assertTrue(local.all_gather(out.view(3, 4)[1], out, "dp").wait())
+            self.assertEqual(out.tolist(), [1.0, 2.0, 3.0, 4.0] * 3)
+            out = torch.full((6,), float("nan"))
+            local.all_gather(torch.tensor([5.0, 6.0]), out, "dp")
+            self.assertEqual(out.tolist(), [5.0, 6.0] * 3)
+            # Rank 1's chunk of ceil(numel / 3) elements of each gradient: a whole one, a short one, an empty one;
+            # copies, as DeepSpeed's buckets are reused after the call.
+            grads = [torch.arange(7.0), torch.arange(4.0) + 10, torch.tensor([20.0])]
+            got = local.reduce_scatter(grads, "dp")
+            for g in grads:
+                g.fill_(float("nan"))
+            self.assertEqual([g.tolist() for g in got], [[3.0, 4.0, 5.0], [12.0, 13.0], []])
+            self.assertEqual(local.summary(), {"local_all_gather": dict(calls=2, wire_bytes=0),
+                                               "local_reduce_scatter": dict(calls=1, wire_bytes=0)})
+            local.reset_stats()
+            self.assertEqual({k: v["calls"] for k, v in local.summary().items()},
+                             {"local_all_gather": 0, "local_reduce_scatter": 0})
+        finally:
+            local.disable()
+        self.assertEqual((partition_parameters._dist_allgather_fn, stage3.reduce_scatter_coalesced), theirs)
+
+    def test_no_comm_is_no_loss_run(self) -> None:
+        ds_step = load_script("perf/deepspeed_step.py")
+        with self.assertRaisesRegex(ValueError, "no-comm.*exchange no data"):
+            ds_step.parse_loss_spec("no-comm")
+        self.assertIn("no-comm", ds_step.parse_args([]).configs.split(","))  # timed by default
+        with contextlib.redirect_stderr(io.StringIO()) as err, self.assertRaises(SystemExit):
+            ds_step.parse_args(["--loss-steps", "2", "--loss-runs", "deepspeed,no-comm"])
+        self.assertIn("loss run 'no-comm'", err.getvalue())
 
 
 if __name__ == "__main__":
