@@ -29,13 +29,6 @@ struct ChunkPlan {
 // speed and the pipeline's gain is gone.
 constexpr size_t kDefaultChunkBytes = size_t{64} << 20;
 
-// The most blocks of `bits` whose payload, taken k times over, fits in k buffers of `bufferBytes` for every k (the
-// payload's padding included: a sixteen-byte margin); 0 when no block fits.
-inline size_t blocksPerBuffer(size_t bufferBytes, int bits, int blockSize) {
-  const size_t perBlock = static_cast<size_t>(blockSize) * bits / 8 + sizeof(float);
-  return bufferBytes > kPayloadAlign ? (bufferBytes - kPayloadAlign) / perBlock : 0;
-}
-
 // count elements per rank, logicalBytes moved by the whole collective; chunkBytes 0 means the default; at most
 // min(maxChunks, kMaxPipelineChunks) chunks.
 //
@@ -43,13 +36,8 @@ inline size_t blocksPerBuffer(size_t bufferBytes, int bits, int blockSize) {
 // or more, the first and the last are half the others: the first chunk's quantization and the last one's finish
 // overlap nothing, so halving them shortens the pipeline's exposed ends by half a chunk's kernel time each, at
 // the cost of two smaller transfers.
-//
-// With `bufferBlocks` (blocksPerBuffer of the transport's buffer) and no ramp, a call of several chunks makes every
-// chunk but the last a whole number of buffers: the equal chunk rounded up to one, so never more chunks. A
-// transport that moves a call's bytes a buffer at a time pays a whole buffer for a chunk's last few bytes; so aligned,
-// the chunks pay, in all, the buffers of one chunk of everything.
 inline ChunkPlan makeChunkPlan(size_t count, int blockSize, size_t logicalBytes, int64_t chunkBytes, int maxChunks,
-                               bool ramp = false, size_t bufferBlocks = 0) {
+                               bool ramp = false) {
   ChunkPlan p;
   p.count = count;
   if (count == 0) return p;
@@ -61,8 +49,7 @@ inline ChunkPlan makeChunkPlan(size_t count, int blockSize, size_t logicalBytes,
   // (2 * wanted - 2 units in all, so at most `wanted` chunks, the last about one unit).
   const bool ramped = ramp && wanted >= 3;
   const size_t units = ramped ? 2 * wanted - 2 : wanted;
-  size_t unit = std::max<size_t>(1, (blocks + units - 1) / units);
-  if (!ramped && wanted > 1 && bufferBlocks > 0) unit = (unit + bufferBlocks - 1) / bufferBlocks * bufferBlocks;
+  const size_t unit = std::max<size_t>(1, (blocks + units - 1) / units);
   const size_t unitElems = unit * blockSize;
   while (p.bounds[p.chunks] < count) {
     const size_t start = p.bounds[p.chunks];

@@ -21,13 +21,12 @@ PlanTunables PlanTunables::fromParams() {
   t.directMinBytes = paramDirectMinBytes();
   t.directInlineWaitBytes = paramDirectInlineWaitBytes();
   t.ownSlotEarlyBytes = paramOwnSlotEarlyBytes();
-  t.chunkAlignBytes = paramPipelineChunkAlignBytes();
   return t;
 }
 
-ChunkPlan planChunks(const PlanTunables& t, size_t count, int blockSize, size_t logicalBytes, size_t bufferBlocks) {
+ChunkPlan planChunks(const PlanTunables& t, size_t count, int blockSize, size_t logicalBytes) {
   const int maxChunks = static_cast<int>(std::min<int64_t>(t.maxChunks, kMaxPipelineChunks));
-  return makeChunkPlan(count, blockSize, logicalBytes, t.chunkBytes, maxChunks, t.chunkRamp, bufferBlocks);
+  return makeChunkPlan(count, blockSize, logicalBytes, t.chunkBytes, maxChunks, t.chunkRamp);
 }
 
 namespace {
@@ -43,23 +42,6 @@ ChunkPlan oneChunk(size_t count) {
   p.chunks = 1;
   p.bounds[1] = count;
   return p;
-}
-
-// The blocks of one network buffer (ZP_CHUNK_ALIGN_BYTES), whose whole numbers a pipeline's chunks carry across
-// nodes. NCCL's network transport stages a call's bytes through buffers of NCCL_BUFFSIZE; where it moves them a
-// buffer at a time (two processes sharing one GPU over sockets), every NCCL call pays a whole buffer for its last
-// few bytes, so chunks just over whole buffers pay it each again, and whole ones as one chunk would (perf/notebook/
-// slow_links.md, "Over sockets on one shared GPU, a call costs its buffers"). 0 inside a node.
-size_t networkBufferBlocks(const PlanTunables& t, bool acrossNodes, int bits, int blockSize) {
-  if (!acrossNodes || t.chunkAlignBytes <= 0) return 0;
-  return blocksPerBuffer(static_cast<size_t>(t.chunkAlignBytes), bits, blockSize);
-}
-
-// The chunks of the call planned in `p` (its group set).
-ChunkPlan callChunks(const PlanFacts& f, const CollPlan& p) {
-  const bool acrossNodes = p.group == PlanComm::kWorld && f.topo->nodes > 1;
-  return planChunks(f.tunables, f.count, f.blockSize, p.logicalBytes,
-                    networkBufferBlocks(f.tunables, acrossNodes, f.bits, f.blockSize));
 }
 
 // Whether two ranks exchange their slots by one all-gather (ZP_PAIR_ALLGATHER): same wire bytes, on NCCL's
@@ -81,7 +63,7 @@ OwnSlot ownSlotFor(const PlanTunables& t, bool slowLink, size_t logicalBytes, co
 
 void planGather(const PlanFacts& f, bool slowLink, CollPlan* p) {
   p->path = PlanPath::kOneHop;
-  p->chunks = callChunks(f, *p);
+  p->chunks = planChunks(f.tunables, f.count, f.blockSize, p->logicalBytes);
   p->hops = 1;
   p->hop[0] = HopPlan{Exchange::kAllGather, p->group, p->ranks, p->rank, 1, false, false};
   p->ownSlot = ownSlotFor(f.tunables, slowLink, p->logicalBytes, p->chunks);
@@ -97,7 +79,7 @@ void planGather(const PlanFacts& f, bool slowLink, CollPlan* p) {
 void planQgzOneHop(const PlanFacts& f, bool slowLink, CollPlan* p) {
   const Topology& t = *f.topo;
   p->path = t.nodes > 1 && !t.even ? PlanPath::kFlat : PlanPath::kOneHop;
-  p->chunks = callChunks(f, *p);
+  p->chunks = planChunks(f.tunables, f.count, f.blockSize, p->logicalBytes);
   p->ownSlot = ownSlotFor(f.tunables, slowLink, p->logicalBytes, p->chunks);
   const bool gather = pairGather(f.tunables, p->ranks, slowLink);
   const bool pairLayout = p->ownEarly() && gather;
@@ -148,7 +130,7 @@ void planQgzTwoHops(const PlanFacts& f, CollPlan* p) {
   const Topology& t = *f.topo;
   const PlanTunables& tu = f.tunables;
   p->path = PlanPath::kTwoHops;
-  p->chunks = callChunks(f, *p);
+  p->chunks = planChunks(tu, f.count, f.blockSize, p->logicalBytes);
   p->hops = 2;
   p->hop[0] = qgzIntraHop(tu, t);
   p->hop[1] = qgzInterHop(tu, t);
@@ -165,7 +147,7 @@ void planQgzTwoHops(const PlanFacts& f, CollPlan* p) {
 void planGatherTwoHops(const PlanFacts& f, CollPlan* p) {
   const Topology& t = *f.topo;
   p->path = PlanPath::kTwoHops;
-  p->chunks = callChunks(f, *p);
+  p->chunks = planChunks(f.tunables, f.count, f.blockSize, p->logicalBytes);
   p->hops = 2;
   p->hop[0] = HopPlan{Exchange::kAllGather, PlanComm::kInter, t.nodes, t.node, 1, false, false};
   p->hop[1] = HopPlan{Exchange::kAllGather, PlanComm::kIntra, t.localSize, t.localRank, t.nodes, false, false};
@@ -253,23 +235,15 @@ ReservePlan planReserve(const Topology& topo, const PlanTunables& t, const LinkF
                         size_t maxBytes) {
   const int bits = 8, blockSize = kMinBlockSize, n = topo.nranks;
   const size_t count = maxBytes / (2 * n);  // elements per rank (qwZ shard, qgZ slice)
-  // A region of `slots` a chunk of `elems` elements: across nodes, where the chunks also depend on the bits
-  // (callChunks), the larger of every width's.
-  auto region = [&](size_t elems, int g, int slots) {
-    size_t bytes = 0;
-    for (int b : {4, 8}) {
-      const ChunkPlan chunks = planChunks(t, elems, g, maxBytes, networkBufferBlocks(t, topo.nodes > 1, b, g));
-      bytes = std::max(bytes, ChunkRegion(chunks, slots, b, g).bytes());
-    }
-    return bytes;
-  };
+  const ChunkPlan chunks = planChunks(t, count, blockSize, maxBytes);
   ReservePlan r;
-  r.scratchBytes[0] = region(count, blockSize, n);
-  r.scratchBytes[1] = region(count, blockSize, std::max(n, kPairLayoutSlots));
+  r.scratchBytes[0] = ChunkRegion(chunks, n, bits, blockSize).bytes();
+  r.scratchBytes[1] = ChunkRegion(chunks, std::max(n, kPairLayoutSlots), bits, blockSize).bytes();
   // The all-reduce of maxBytes / 2 elements: n slots a chunk in both buffers, of shards that round up to whole blocks
   // (a large block may need more than the smallest when the shards are small).
   for (int g = kMinBlockSize; g <= kMaxBlockSize; g *= 2) {
-    const size_t bytes = region(allReduceShardCount(maxBytes / 2, n, g), g, n);
+    const size_t shard = allReduceShardCount(maxBytes / 2, n, g);
+    const size_t bytes = ChunkRegion(planChunks(t, shard, g, maxBytes), n, bits, g).bytes();
     for (size_t& s : r.scratchBytes) s = std::max(s, bytes);
   }
   if (link.directLoads && atLeast(maxBytes, t.directMinBytes)) {

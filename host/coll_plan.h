@@ -10,8 +10,7 @@
 //   of at least ZP_DIRECT_MIN_BYTES read the peers' payloads from their memory (src/cuda/peer_window.h), when the
 //   direct-load window holds the call's payloads or can still grow to (a CUDA graph freezes it);
 // - one hop: the chunk pipeline with one exchange among every rank of the group (the gathers' all-gather; qgZ's
-//   all-to-all on one node, or across nodes of one rank each); across nodes (here and in two hops), every chunk
-//   but the last carries a whole number of NCCL's network buffers a slot (ZP_CHUNK_ALIGN_BYTES);
+//   all-to-all on one node, or across nodes of one rank each);
 // - two hops: qgZ on several nodes of several ranks each, all equal (host/qgz_plan.h);
 // - flat: qgZ's one hop where uneven nodes rule out the two (init's log says so);
 // - exact: hpZ without bits, one all-gather of the secondary shards as they are, not chunked.
@@ -42,7 +41,6 @@ struct PlanTunables {
   int64_t directMinBytes = -1;        // ZP_DIRECT_MIN_BYTES (< 0: never)
   int64_t directInlineWaitBytes = 0;  // ZP_DIRECT_INLINE_WAIT_BYTES
   int64_t ownSlotEarlyBytes = -1;     // ZP_OWN_SLOT_EARLY_BYTES (< 0: never)
-  int64_t chunkAlignBytes = 0;        // ZP_CHUNK_ALIGN_BYTES (0: equal chunks)
 
   // The values the environment gives (each tunable read once and cached).
   static PlanTunables fromParams();
@@ -155,9 +153,8 @@ CollPlan planCollective(const PlanFacts& facts);
 // links and the window are left as none: the backend that has them sets them.
 PlanFacts planFactsOf(const Topology& topo, const CollArgs& a);
 
-// The chunk schedule of a pipelined call of `count` elements a rank moving `logicalBytes` in all; with
-// `bufferBlocks`, every chunk but the last a whole number of transport buffers (makeChunkPlan).
-ChunkPlan planChunks(const PlanTunables& t, size_t count, int blockSize, size_t logicalBytes, size_t bufferBlocks = 0);
+// The chunk schedule of a pipelined call of `count` elements a rank moving `logicalBytes` in all.
+ChunkPlan planChunks(const PlanTunables& t, size_t count, int blockSize, size_t logicalBytes);
 
 // What zpCommReserve(maxBytes) sizes: scratch for every plan of up to maxBytes logical bytes at the worst
 // settings a call may ask for (8 bits, 2-byte types, the smallest block; for the all-reduce, whose shards round up

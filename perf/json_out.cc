@@ -252,8 +252,7 @@ std::vector<std::pair<const char*, int64_t>> pathTunables() {
           {"ZP_DIRECT_MIN_BYTES", paramDirectMinBytes()},
           {"ZP_DIRECT_INLINE_WAIT_BYTES", paramDirectInlineWaitBytes()},
           {"ZP_SHM_MIN_CTAS", paramShmMinCtas()},
-          {"ZP_OWN_SLOT_EARLY_BYTES", paramOwnSlotEarlyBytes()},
-          {"ZP_CHUNK_ALIGN_BYTES", paramPipelineChunkAlignBytes()}};
+          {"ZP_OWN_SLOT_EARLY_BYTES", paramOwnSlotEarlyBytes()}};
 }
 
 std::vector<std::pair<std::string, std::string>> zpTunablesInEnvironment() {

@@ -26,8 +26,7 @@
 //     lowest rank, local ranks, hpZ groups (a partition into consecutive local ranks) and inter-node groups are
 //     consistent; makeQgzPlan (host/qgz_plan.h), checking by simulating the two hops that every destination
 //     receives its own slice from every source exactly once; makeChunkPlan (host/chunk_plan.h), checking that
-//     chunks are whole blocks (whole buffers of blocks where asked), cover [0, count) in order, and respect
-//     maxChunks.
+//     chunks are whole blocks, cover [0, count) in order, and respect maxChunks.
 // A violated invariant prints what and traps.
 #include <stdint.h>
 #include <stdlib.h>
@@ -761,9 +760,7 @@ void fuzzChunkPlan(Reader& in) {
   // The library passes min(ZP_MAX_CHUNKS, kMaxPipelineChunks = 16): any int up to 16, zero and negatives included.
   const int maxChunks = std::min(16, in.byte() % 4 == 0 ? readInt(in) : 1 + in.byte() % 16);
   const bool ramp = in.byte() % 2;
-  // None, a few blocks, or up to 2^20 (the planner's: a buffer of 4 MiB holds some 2^11 to 2^17 blocks).
-  const size_t bufferBlocks = in.byte() % 2 ? 0 : in.byte() % 4 == 0 ? in.u64() % (size_t{1} << 20) : in.byte();
-  const zp::ChunkPlan p = zp::makeChunkPlan(count, blockSize, logicalBytes, chunkBytes, maxChunks, ramp, bufferBlocks);
+  const zp::ChunkPlan p = zp::makeChunkPlan(count, blockSize, logicalBytes, chunkBytes, maxChunks, ramp);
   FUZZ_CHECK(p.count == count, "count");
   FUZZ_CHECK(p.chunks >= 0 && p.chunks <= zp::kMaxPipelineChunks, "%d chunks", p.chunks);
   FUZZ_CHECK(p.bounds[0] == 0, "chunk 0 starts at %zu", p.bounds[0]);
@@ -781,11 +778,6 @@ void fuzzChunkPlan(Reader& in) {
     if (c + 1 < p.chunks) FUZZ_CHECK(e % blockSize == 0, "chunk %d of %zu elements, block %d", c, e, blockSize);
     // Equal chunks but the last, or (ramped) a first and last chunk at most an inner one.
     if (c > 0 && c + 1 < p.chunks && !ramp) FUZZ_CHECK(e == p.elems(0), "inner chunk %d differs", c);
-    // Aligned, not ramped: every chunk but the last a whole number of buffers.
-    if (c + 1 < p.chunks && !ramp && bufferBlocks > 0) {
-      FUZZ_CHECK(e / blockSize % bufferBlocks == 0, "chunk %d of %zu blocks, buffers of %zu", c, e / blockSize,
-                 bufferBlocks);
-    }
     largest = std::max(largest, e);
     covered += e;
   }

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -33,7 +32,6 @@ PlanTunables readmeDefaults() {
   t.directMinBytes = 0;
   t.directInlineWaitBytes = 4 << 20;
   t.ownSlotEarlyBytes = 16 << 20;
-  t.chunkAlignBytes = 4 << 20;
   return t;
 }
 
@@ -308,20 +306,17 @@ TEST(CollPlan, GreenContextForTheGathersPipelines) {
 TEST(CollPlan, ChunksFollowChunkBytesAndMaxChunks) {
   // "ZP_CHUNK_BYTES: logical bytes per pipeline chunk (64 MiB); ZP_MAX_CHUNKS: most pipeline chunks per call (8)";
   // no more than 16 in any case (the events a communicator has). qwZ over two nodes: 2^28 x 2 x 2 = 1 GiB.
-  // Equal chunks (ZP_CHUNK_ALIGN_BYTES=0; its buffers: AcrossNodesChunksCarryWholeNetworkBuffers).
   const Topology t = topologyOf({1, 1}, 0);
-  PlanTunables equal = readmeDefaults();
-  equal.chunkAlignBytes = 0;
-  EXPECT_EQ(plan(t, qwz(1 << 28), sockets(), equal).chunks.chunks, 8);
-  EXPECT_EQ(plan(t, qwz(1 << 24), sockets(), equal).chunks.chunks, 1);          // 64 MiB
-  EXPECT_EQ(plan(t, qwz((1 << 25) - 256), sockets(), equal).chunks.chunks, 1);  // just under 128 MiB
-  EXPECT_EQ(plan(t, qwz(1 << 25), sockets(), equal).chunks.chunks, 2);
-  PlanTunables tu = equal;
+  EXPECT_EQ(plan(t, qwz(1 << 28), sockets()).chunks.chunks, 8);
+  EXPECT_EQ(plan(t, qwz(1 << 24), sockets()).chunks.chunks, 1);          // 64 MiB
+  EXPECT_EQ(plan(t, qwz((1 << 25) - 256), sockets()).chunks.chunks, 1);  // just under 128 MiB
+  EXPECT_EQ(plan(t, qwz(1 << 25), sockets()).chunks.chunks, 2);
+  PlanTunables tu = readmeDefaults();
   tu.maxChunks = 16;
   EXPECT_EQ(plan(t, qwz(1 << 28), sockets(), tu).chunks.chunks, 16);
   tu.maxChunks = 64;  // outside ZP_MAX_CHUNKS's range, still at most the events' 16
   EXPECT_EQ(plan(t, qwz(1 << 29), sockets(), tu).chunks.chunks, 16);
-  tu = equal;
+  tu = readmeDefaults();
   tu.chunkBytes = 256 << 20;
   const CollPlan p = plan(t, qwz(1 << 28), sockets(), tu);
   ASSERT_EQ(p.chunks.chunks, 4);
@@ -456,48 +451,6 @@ TEST(CollPlan, AllReduceIsQgzThenAGatherOfItsShardsEachPlannedAlone) {
   EXPECT_EQ(tiny.reduceScatter.chunks.chunks, 1);
 }
 
-TEST(CollPlan, AcrossNodesChunksCarryWholeNetworkBuffers) {
-  // "ZP_CHUNK_ALIGN_BYTES (4 MiB): across nodes, every pipeline chunk but the last carries a whole number of buffers
-  // of this many payload bytes a slot ..., the equal chunk rounded up, so never more chunks". The 256 MiB bf16
-  // all-reduce over two nodes of one rank: both calls' slots (2^26 elements each, 4 chunks of 64 MiB wanted) take
-  // 17 buffers of 4 MiB a rank in int8 and 9 in int4, as one chunk of each would; equal chunks take 20 and 12.
-  const Topology t = topologyOf({1, 1}, 1);
-  const size_t count = size_t{1} << 27;
-  auto buffers = [](const CollPlan& p, int bits) {
-    size_t n = 0;
-    for (int c = 0; c < p.chunks.chunks; ++c) n += (payload(p.chunks.elems(c), bits) + (4 << 20) - 1) >> 22;
-    return n;
-  };
-  for (const auto& [bits, aligned, expected] :
-       {std::tuple{8, size_t{80655}, size_t{17}}, std::tuple{4, size_t{95322}, size_t{9}}}) {
-    const AllReducePlans ar = allReducePlans(t, count, sockets(), bits);
-    for (const CollPlan* p : {&ar.reduceScatter, &ar.gather}) {
-      ASSERT_GE(p->chunks.chunks, 2) << bits;
-      EXPECT_LE(p->chunks.chunks, 4) << bits;
-      EXPECT_EQ(p->chunks.elems(0), aligned * 256) << bits;
-      EXPECT_EQ(buffers(*p, bits), expected) << bits;
-      // The scratch the reserve sizes still holds it.
-      const ReservePlan r = planReserve(t, readmeDefaults(), sockets(), kOffset, count * 2);
-      EXPECT_GE(r.scratchBytes[0], p->scratchBytes[0]) << bits;
-      EXPECT_GE(r.scratchBytes[1], p->scratchBytes[1]) << bits;
-    }
-  }
-  // qwZ and qgZ alone likewise; inside a node (shm, NVLink) and with 0 the chunks stay equal.
-  EXPECT_EQ(plan(t, qwz(1 << 26), sockets()).chunks.elems(0), 80655u * 256);
-  EXPECT_EQ(plan(t, qgz(1 << 26, 8), sockets()).chunks.elems(0), 80655u * 256);
-  EXPECT_EQ(plan(topologyOf({2}, 1), qwz(1 << 26), shm()).chunks.elems(0), size_t{1} << 24);
-  EXPECT_EQ(plan(topologyOf({2}, 1), qgz(1 << 26, 8), nvlink(false)).chunks.elems(0), size_t{1} << 24);
-  PlanTunables off = readmeDefaults();
-  off.chunkAlignBytes = 0;
-  EXPECT_EQ(plan(t, qwz(1 << 26), sockets(), off).chunks.elems(0), size_t{1} << 24);
-  // Two nodes of two, 512 MiB: slots of 2^26 elements in 8 chunks of 32768 blocks wanted, each rounded up to 3
-  // buffers (48393 blocks), in the hops across nodes as in those inside.
-  const AllReducePlans two = allReducePlans(topologyOf({2, 2}, 3), size_t{1} << 28, sockets(), 8);
-  EXPECT_EQ(two.reduceScatter.chunks.elems(0), 48393u * 256);
-  EXPECT_EQ(two.gather.chunks.elems(0), 48393u * 256);
-  EXPECT_EQ(two.gather.chunks.chunks, 6);
-}
-
 TEST(CollPlan, TwoHopGatherSlotsPlaceEveryRankOnceInTheHopsOrder) {
   // Slot l N + b: local rank l of node b; runs of evenly spaced ranks, else a run a slot. Node-major numbering,
   // interleaving nodes, and nodes whose ranks run backwards in one local rank (node 0: ranks 0 and 3).
@@ -575,22 +528,6 @@ TEST(CollPlanHost, ChunkedPlansAndEarlyOwnSlotsGiveTheSameBits) {
   }
 }
 
-TEST(CollPlanHost, ChunksOfWholeNetworkBuffersGiveTheSameBits) {
-  // Across nodes the chunks carry whole buffers (ZP_CHUNK_ALIGN_BYTES), so their sizes are no longer equal. With
-  // buffers of 1000 bytes (three int8 blocks of 256, 27 of 32) and chunks of 4 KiB, the host backend walks plans of
-  // several such chunks on every layout of several nodes, and the suites still pass bit for bit.
-  const zptest::ChildRun run = zptest::runTestInChild(
-      "Qgz*:Qwz*:AllReduce*", {"ZP_CHUNK_BYTES=4096", "ZP_MAX_CHUNKS=16", "ZP_CHUNK_ALIGN_BYTES=1000", "ZP_DEBUG=INFO",
-                               "ZP_DEBUG_SUBSYS=COLL"});
-  EXPECT_EQ(run.exitCode, 0) << run.output.substr(run.output.size() > 20000 ? run.output.size() - 20000 : 0);
-  EXPECT_NE(run.output.find("[  PASSED  ]"), std::string::npos);
-  EXPECT_EQ(run.output.find("[  FAILED  ]"), std::string::npos);
-  for (const char* walked : {"zpQuantAllReduce : qgZ two hops", "zpQuantAllReduce : qwZ two hops",
-                             "zpQuantAllReduce : qgZ one hop", "chunks, the first of"}) {
-    EXPECT_NE(run.output.find(walked), std::string::npos) << walked;
-  }
-}
-
 // ---- the sweep ----------------------------------------------------------------------------------------------
 
 // A plan's decisions as the README's rules give them.
@@ -645,14 +582,9 @@ Expected expectedPlan(const Topology& t, const Call& c, const LinkFacts& l, cons
     e.inlineWaits = logical <= static_cast<size_t>(tu.directInlineWaitBytes);  // "up to this size"
     return e;
   }
-  // ZP_CHUNK_BYTES per chunk, at most ZP_MAX_CHUNKS, whole blocks (host/chunk_plan.h); "across nodes, every pipeline
-  // chunk but the last carries a whole number of buffers of [ZP_CHUNK_ALIGN_BYTES] payload bytes a slot ..., the
-  // equal chunk rounded up" (an hpZ group stays inside its node).
-  const size_t buffer = !isHpz && t.nodes > 1 && tu.chunkAlignBytes > 0
-                            ? blocksPerBuffer(static_cast<size_t>(tu.chunkAlignBytes), c.bits, c.blockSize)
-                            : 0;
+  // ZP_CHUNK_BYTES per chunk, at most ZP_MAX_CHUNKS, whole blocks (host/chunk_plan.h).
   const ChunkPlan chunks = makeChunkPlan(c.count, c.blockSize, logical, tu.chunkBytes,
-                                         static_cast<int>(std::min<int64_t>(tu.maxChunks, 16)), tu.chunkRamp, buffer);
+                                         static_cast<int>(std::min<int64_t>(tu.maxChunks, 16)), tu.chunkRamp);
   e.chunks = chunks.chunks;
   // Slow links: "host shared memory, sockets" (the world across nodes; an hpZ group stays inside its node).
   const bool slow = l.shmChannels || (!isHpz && t.nodes > 1);

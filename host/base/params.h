@@ -36,10 +36,6 @@ constexpr int64_t kMaxWaitMs = 1000000000000;
   X(PipelineChunkRamp, "ZP_CHUNK_RAMP", 0, 0, 1,                                                                     \
     "cuda backend: 1 makes a pipeline's first and last chunks half the others (when it has three or more) "          \
     "to shorten its exposed ends; 0 (default): equal chunks")                                                        \
-  X(PipelineChunkAlignBytes, "ZP_CHUNK_ALIGN_BYTES", 4194304, 0, INT64_MAX,                                          \
-    "cuda backend: across nodes, every pipeline chunk but the last carries a whole number of buffers of this "       \
-    "many payload bytes a slot (NCCL's network buffer: set it to NCCL_BUFFSIZE where that is set), so that no "      \
-    "chunk pays a whole buffer for its last few bytes; 0: equal chunks")                                             \
   X(TracePipeline, "ZP_TRACE_PIPELINE", 0, 0, 1,                                                                     \
     "cuda backend: time every stage of every chunk of the quantized collectives and log it (INFO COLL), "            \
     "with the overlap achieved; each call then waits for itself on the host: for diagnosis only")                    \

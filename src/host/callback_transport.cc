@@ -30,14 +30,13 @@ constexpr uint32_t kRecordMagic = 0x7a707872u;  // "zpxr": a record of this libr
 // payloads are padded on their own, so the ranks' exchanges have one size only when these agree. Ranks as processes
 // read their own environment: init compares them.
 struct ChunkTunables {
-  int64_t chunkBytes;       // ZP_CHUNK_BYTES
-  int32_t maxChunks;        // ZP_MAX_CHUNKS
-  int32_t chunkRamp;        // ZP_CHUNK_RAMP
-  int64_t chunkAlignBytes;  // ZP_CHUNK_ALIGN_BYTES
+  int64_t chunkBytes;  // ZP_CHUNK_BYTES
+  int32_t maxChunks;   // ZP_MAX_CHUNKS
+  int32_t chunkRamp;   // ZP_CHUNK_RAMP
 
   static ChunkTunables fromParams() {
     return ChunkTunables{paramPipelineChunkBytes(), static_cast<int32_t>(paramPipelineMaxChunks()),
-                         static_cast<int32_t>(paramPipelineChunkRamp()), paramPipelineChunkAlignBytes()};
+                         static_cast<int32_t>(paramPipelineChunkRamp())};
   }
 };
 
@@ -49,16 +48,14 @@ std::string chunkTunablesDisagreement(const ChunkTunables& a, const ChunkTunable
     int64_t x, y;
   } fields[] = {{"ZP_CHUNK_BYTES", a.chunkBytes, b.chunkBytes},
                 {"ZP_MAX_CHUNKS", a.maxChunks, b.maxChunks},
-                {"ZP_CHUNK_RAMP", a.chunkRamp, b.chunkRamp},
-                {"ZP_CHUNK_ALIGN_BYTES", a.chunkAlignBytes, b.chunkAlignBytes}};
+                {"ZP_CHUNK_RAMP", a.chunkRamp, b.chunkRamp}};
   for (const auto& f : fields) {
     if (f.x == f.y) continue;
-    char buf[360];
-    snprintf(
-        buf, sizeof(buf),
-        "ranks disagree on %s: rank 0 has %lld, rank %d has %lld (ZP_CHUNK_BYTES, ZP_MAX_CHUNKS, ZP_CHUNK_RAMP "
-        "and ZP_CHUNK_ALIGN_BYTES cut every call into the same chunks on every rank: set them alike on every rank)",
-        f.env, static_cast<long long>(f.x), r, static_cast<long long>(f.y));
+    char buf[320];
+    snprintf(buf, sizeof(buf),
+             "ranks disagree on %s: rank 0 has %lld, rank %d has %lld (ZP_CHUNK_BYTES, ZP_MAX_CHUNKS and ZP_CHUNK_RAMP "
+             "cut every call into the same chunks on every rank: set them alike on every rank)",
+             f.env, static_cast<long long>(f.x), r, static_cast<long long>(f.y));
     return buf;
   }
   return std::string();
