@@ -183,6 +183,8 @@ run_step() {
 # shellcheck source=tools/gpu-build-tools.sh
 source "$top/tools/gpu-build-tools.sh"
 find_gpu_build_tools "$top"
+# shellcheck source=tools/gpu-python-deps.sh
+source "$top/tools/gpu-python-deps.sh"
 # The architecture option was renamed once (cuda_archs is reserved by Meson); take whichever this tree has.
 arch_opt=gpu_archs
 grep -q "option('cuda_archs'" meson.options 2>/dev/null && arch_opt=cuda_archs
@@ -262,6 +264,7 @@ fi
 # "step memory"); ZP_GPU_CHECK_SKIP_PYTHON=1 skips all of it.
 if [ "${ZP_GPU_CHECK_SKIP_PYTHON:-0}" != 1 ]; then
   if [ -f "$build/libzpccl.so" ] && python3 -c "import torch" 2>/dev/null; then
+    use_carried_wheels "$top" || note "python: the wheels of .whl/ did not install; DeepSpeed's tests will skip"
     run_step "python suite" - test "$results/python.log" "" 300 \
       env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --gpu-first --count "$results/python.count"
     fsdp_regime=net-on$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')gpu
