@@ -228,6 +228,23 @@ def collective_table(store: Store, name: str, op: str, sizes: list[str], parts: 
     return size_table(store, name, "", sizes, lines)
 
 
+def ratio_cell(base: dict[str, Any], row: dict[str, Any]) -> str:
+    """A step row's ratio to a baseline row of the same run: medians, and in brackets the least and greatest ratio of
+    their rounds' medians where both have the same rounds."""
+    text = f"{base['median_ms'] / row['median_ms']:.2f}x"
+    a, z = base.get("round_median_ms") or [], row.get("round_median_ms") or []
+    if a and len(a) == len(z):
+        ratios = [x / y for x, y in zip(a, z)]
+        text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+    return text
+
+
+def sent_cell(row: dict[str, Any]) -> str:
+    """MiB a rank sent a step, per collective (step files' ``sent_mib``, or ddp_step's ``zpccl_sent_mib``)."""
+    sent = row.get("sent_mib") or ({"zpccl": row["zpccl_sent_mib"]} if row.get("zpccl_sent_mib") else {})
+    return " + ".join(f"{v:.0f} {k.replace('_', '-')}" for k, v in sorted(sent.items()) if v >= 0.5) or "-"
+
+
 def fsdp_step_table(store: Store, name: str, files: list[tuple[str, str]], configs: list[tuple[str, str]]) -> Table:
     """FSDP2 step files (each a shape): each configuration's step time (median, range), tokens/s, peak memory, bytes
     sent, and its ratio to FSDP2 + NCCL at either resharding (medians; with rounds, their least and greatest)."""
@@ -237,24 +254,15 @@ def fsdp_step_table(store: Store, name: str, files: list[tuple[str, str]], confi
         rows = {r["config"]: r for r in store.data(file)["rows"]}
 
         def vs(base: str, r: dict[str, Any]) -> str:
-            if base not in rows:
-                return "-"
-            b = rows[base]
-            text = f"{b['median_ms'] / r['median_ms']:.2f}x"
-            a, z = b.get("round_median_ms") or [], r.get("round_median_ms") or []
-            if a and len(a) == len(z):
-                ratios = [x / y for x, y in zip(a, z)]
-                text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
-            return text
+            return ratio_cell(rows[base], r) if base in rows else "-"
 
         for config, label in configs:
             if config not in rows:
                 continue
             r = rows[config]
-            sent = " + ".join(f"{v:.0f} {k.replace('_', '-')}" for k, v in sorted(r.get("sent_mib", {}).items()))
             t.add([shape, label, str(r.get("reshard") or "(hpZ)"),
                    f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})", f"{r['tokens_per_s']:,.0f}",
-                   f"{r['peak_mib']:,.0f}", sent or "-", vs("nccl", r), vs("nccl-noreshard", r)], [file])
+                   f"{r['peak_mib']:,.0f}", sent_cell(r), vs("nccl", r), vs("nccl-noreshard", r)], [file])
         if not any(c in rows for c, _ in configs):
             raise RenderError(f"table {name}: {file} has none of the configurations {[c for c, _ in configs]}")
     return t
@@ -566,15 +574,7 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
             return f"{rows[config]['median_ms']:.1f}" if config in rows else "-"
 
         def vs(config: str) -> str:
-            if config not in rows:
-                return "-"
-            b = rows[config]
-            text = f"{b['median_ms'] / z['median_ms']:.2f}x"
-            a = b.get("round_median_ms") or []
-            if a and len(a) == len(rounds):
-                ratios = [x / y for x, y in zip(a, rounds)]
-                text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
-            return text
+            return ratio_cell(rows[config], z) if config in rows else "-"
 
         t.add([label, str(len(rounds)) if rounds else "-",
                f"{z['median_ms']:.1f} ({z['min_ms']:.1f}-{z['max_ms']:.1f})", ms("nccl"), ms("nccl-noreshard"),
@@ -593,20 +593,10 @@ def step_table(store: Store, name: str, file: str, configs: list[tuple[str, str]
     t = Table(store, name, ["configuration", "step ms (median, range)", "tokens/s", "peak MiB / rank",
                             "sent MiB / step / rank"] + [f"vs {rows[a]['config']}" for a in against])
 
-    def vs(base: dict[str, Any], r: dict[str, Any]) -> str:
-        text = f"{base['median_ms'] / r['median_ms']:.2f}x"
-        a, z = base.get("round_median_ms") or [], r.get("round_median_ms") or []
-        if a and len(a) == len(z):
-            ratios = [x / y for x, y in zip(a, z)]
-            text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
-        return text
-
     for config, label in configs:
         r = rows[config]
-        sent = r.get("sent_mib") or ({"zpccl": r["zpccl_sent_mib"]} if r.get("zpccl_sent_mib") else {})
-        sent_text = " + ".join(f"{v:.0f} {k.replace('_', '-')}" for k, v in sorted(sent.items()) if v >= 0.5)
         t.add([label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})", f"{r['tokens_per_s']:,.0f}",
-               f"{r['peak_mib']:,.0f}", sent_text or "-"] + [vs(rows[a], r) for a in against], [file])
+               f"{r['peak_mib']:,.0f}", sent_cell(r)] + [ratio_cell(rows[a], r) for a in against], [file])
     return t
 
 
