@@ -8,8 +8,10 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   (tests/_reference.py), blocks restarting at parameters; training steps against unpatched ZeRO-3 within the
   quantization's reach; hpZ alone bit-identical to DeepSpeed's own hpZ; gradient accumulation and eval with the
   secondary partitions where DeepSpeed keeps them; padding deliberately filled with NaN (partition tails and the
-  staging buffers) changing no bit; checkpoint save, load and resume to the same losses; GatheredParameters exact;
-  disable() giving DeepSpeed its functions back; each path counted in summary(); the refusals.
+  staging buffers) changing no bit; each call allocating its staging, sized to it, and nothing else, and keeping
+  nothing after the steps (every allocation, as torch's profiler records it); checkpoint save, load and resume to
+  the same losses; GatheredParameters exact; disable() giving DeepSpeed its functions back; each path counted in
+  summary(); the refusals.
 * One node of four ranks, configs as HF Trainer and Accelerate write them (gradient accumulation, clipping, buckets
   of 5e8): fp16 with dynamic loss scaling and a step the scaler skips, with and without NaN in the padding, and its
   checkpoint resumed to the same losses; hpZ 1/2/4 with overlap_comm and contiguous gradients each on and off;
@@ -232,7 +234,8 @@ def served(torch: Any, engine: Any, rank: int) -> dict[str, Any]:
 
 def poison_padding(torch: Any, engine: Any) -> int:
     """NaN in what DeepSpeed leaves uninitialized and zpccl must never quantize: each partition's tail beyond the
-    parameter's data, and all of zpccl's staging buffers. Returns the partition elements poisoned here."""
+    parameter's data, and every staging buffer a zpccl call makes from then on (:class:`PoisonedStaging`). Returns
+    the partition elements poisoned here."""
     import zpccl.deepspeed
 
     poisoned = 0
@@ -243,10 +246,101 @@ def poison_padding(torch: Any, engine: Any) -> int:
             t.data.narrow(0, data, t.ds_numel - data).fill_(float("nan"))
             poisoned += t.ds_numel - data
     zp = zpccl.deepspeed.session_of(engine)
-    if zp is not None:
-        for stage in (zp.collectives.gather_stage, zp.collectives.reduce_stage):
-            stage.buffer.fill_(0xFF)  # NaN in every float type
+    if zp is not None and not isinstance(zp.collectives.staging, PoisonedStaging):
+        zp.collectives.staging = PoisonedStaging(torch, zp.collectives.staging)
     return poisoned
+
+
+def _marked(record_function: Any, name: str, fn: Any) -> Any:
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return marked
+
+
+class PoisonedStaging:
+    """A session's staging allocator that fills each buffer it hands out with NaN (in every float type) first: what
+    torch's allocator returns may hold anything, and only data and zeros may reach a block."""
+
+    def __init__(self, torch: Any, staging: Any) -> None:
+        self.torch, self.staging, self.made = torch, staging, 0
+
+    def __call__(self, count: int, dtype: Any) -> Any:
+        buffer = self.staging(count, dtype)
+        buffer.view(self.torch.uint8).fill_(0xFF)
+        self.made += 1
+        return buffer
+
+
+def call_memory(torch: Any, zp: Any, run: Any) -> list[dict[str, Any]]:
+    """Runs ``run()`` under torch's profiler, which records every CPU tensor allocation and free with its address,
+    each of zpccl's qwZ and qgZ calls marked, and the collective inside it. Per call, in order: its ``kind``;
+    ``staging``, the bytes zpccl.deepspeed states for its staging (a gather: n x its staged partition, 0 where every
+    part is whole data on its block boundary; a reduce-scatter: n x its staged chunks); ``peak``, the most it had
+    allocated at once outside the collective (whose transfers, on the host backend across processes, go through
+    torch.distributed's buffers: the communicator's, as its scratch is on CUDA); ``kept``, what it allocated, the
+    collective's included, that is still allocated when run() returns (its zeros, which grow for a gap longer than
+    any before, left out)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    calls = zp.collectives
+    qwz, qgz = calls.qwz, calls.qgz
+    stated: list[tuple[str, int]] = []
+    for comm, name in ((calls.gather, "quant_all_gather"), (calls.reduce, "quant_reduce_scatter")):
+        setattr(comm, name, _marked(record_function, "zpccl collective", getattr(comm, name)))
+
+    def on_qwz(input: Any, output: Any, parts: list[tuple[int, int]]) -> None:
+        layout = calls.layout(tuple(size for size, _ in parts), reduce=False)
+        whole = layout.identity and all(size == data for size, data in parts)
+        stated.append(("qwz", 0 if whole else calls.gather.nranks * layout.staged_count * input.element_size()))
+        with record_function(f"zpccl call {len(stated) - 1}"):
+            qwz(input, output, parts)
+
+    def on_qgz(tensors: list[Any]) -> list[Any]:
+        n = calls.reduce.nranks
+        layout = calls.layout(tuple(-(-t.numel() // n) for t in tensors), reduce=True)
+        stated.append(("qgz", n * layout.staged_count * tensors[0].element_size()))
+        with record_function(f"zpccl call {len(stated) - 1}"):
+            return qgz(tensors)
+
+    calls.qwz, calls.qgz = on_qwz, on_qgz
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            run()
+    finally:
+        calls.qwz, calls.qgz = qwz, qgz
+        for comm, name in ((calls.gather, "quant_all_gather"), (calls.reduce, "quant_reduce_scatter")):
+            delattr(comm, name)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            events = json.load(f)["traceEvents"]
+    spans = {int(e["name"].rsplit(" ", 1)[1]): (e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and e.get("name", "").startswith("zpccl call ")}
+    inner = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and e.get("name") == "zpccl collective"]
+    memory = sorted((e["ts"], e["args"]["Bytes"], e["args"]["Addr"]) for e in events if e.get("name") == "[memory]")
+    zeros = {z.data_ptr() for z in calls._zeros.values()}
+    out = []
+    for i, (kind, staging) in enumerate(stated):
+        start, end = spans[i]
+        level = peak = 0
+        live: dict[int, int] = {}  # what the call allocated and no one has freed yet, by address
+        for ts, nbytes, addr in memory:
+            if ts < start:
+                continue
+            if ts <= end and not any(a <= ts <= b for a, b in inner):
+                level += nbytes
+                peak = max(peak, level)
+            if nbytes > 0 and ts <= end:
+                live[addr] = nbytes
+            elif nbytes < 0:
+                live.pop(addr, None)
+        out.append(dict(kind=kind, staging=staging, peak=peak,
+                        kept=sum(b for a, b in live.items() if a not in zeros)))
+    return out
 
 
 class Exact:
@@ -523,8 +617,15 @@ def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
 
     # Padding filled with NaN before every step: the same bits as the clean sweep run.
     engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True)
-    out["poisoned"] = dict(count=poison_padding(torch, engine), losses=train(torch, engine, rank, STEPS, poison=True))
+    out["poisoned"] = dict(count=poison_padding(torch, engine), losses=train(torch, engine, rank, STEPS, poison=True),
+                           staged=zpccl.deepspeed.session_of(engine).collectives.staging.made)
     zpccl.deepspeed.disable(engine)
+
+    # Memory: each call allocates its staging and nothing else, and keeps nothing after the steps.
+    engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True)
+    zp = zpccl.deepspeed.session_of(engine)
+    out["memory"] = call_memory(torch, zp, lambda: train(torch, engine, rank, 2))
+    zp.disable()
 
     # Checkpoint: save after 2 steps, go on 2; a fresh engine loads, finds NaN in its padding, and goes the same 2.
     engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True)
@@ -1336,6 +1437,21 @@ class DeepSpeedOneNode(_OneSpawn):
         self.assertEqual(poisoned[0], 0)  # rank 0's partitions hold data only; the last ranks' end in padding
         for o in self.out:
             self.assertEqual(o["poisoned"]["losses"], o["sweep2"]["losses"])
+            self.assertGreater(o["poisoned"]["staged"], 0)  # staging buffers made full of NaN
+
+    def test_calls_allocate_their_staging_and_keep_nothing(self) -> None:
+        # What zpccl.deepspeed states for memory: a call's staging is sized to the call (no larger buffer kept for
+        # the largest), is the only tensor it allocates (a reduce-scatter's chunks are views of it), and is freed
+        # once DeepSpeed is done with it: nothing of zpccl's stays allocated between calls.
+        for r, o in enumerate(self.out):
+            calls = o["memory"]
+            with self.subTest(rank=r):
+                self.assertEqual({c["kind"] for c in calls}, {"qwz", "qgz"})
+                # The tiny model's odd parameters do not fill their blocks: gathers that need staging, seen by the
+                # profiler as allocated (so that the equalities below are not 0 == 0).
+                self.assertTrue(any(c["kind"] == "qwz" and c["staging"] and c["peak"] for c in calls), calls)
+                for c in calls:
+                    self.assertEqual((c["peak"], c["kept"]), (c["staging"], 0), c)
 
     def test_checkpoint_resumes_to_the_same_losses(self) -> None:
         for o in self.out:

@@ -62,8 +62,11 @@ Communicators: two over the data-parallel group (one for the gathers, also servi
 so that DeepSpeed's gather and reduce streams overlap): cuda-backend on CUDA, host-backend with DeepSpeed's CPU
 accelerator over gloo, ranks as processes (:meth:`zpccl.Comm.from_torch_group`). The node layout is the
 policy's ``ranks_per_node`` / ``node_id``, else (on the CPU) the launcher's ``LOCAL_WORLD_SIZE``, else the host.
-Memory beyond DeepSpeed's: two staging buffers as large as the largest gather and reduce-scatter (torch's caching
-allocator), and the communicators' scratch.
+Memory beyond DeepSpeed's: between calls, none in torch's allocator but a few zeros; the communicators' scratch
+outside it. A call's staging is its own, sized to it: a gather whose parameters' parts do not all start on block
+boundaries stages them in n x its staged partition while it runs; a reduce-scatter's staging (n x its chunks, each
+padded to a block) takes the place of the flat buffer DeepSpeed's own reduce-scatter allocates, and like it holds
+the chunks returned (views) until DeepSpeed has read them.
 
 Versions: DeepSpeed 0.19 or later (read in 0.19.8; older ones are refused, naming the version needed).
 Inside, one module per concern: ``_api`` (what users call), ``_config`` (the config), ``_state`` (the session,

@@ -6,9 +6,18 @@ Blocks and padding: a gather's buffer is its parameters' partitions back to back
 are whole gradients that DeepSpeed splits into ``ceil(numel / n)``-element chunks, one per rank. Both end in
 padding nobody initialized (the last ranks' part of a parameter; a rank with none of a small one). Each call copies
 only the data into a staging buffer where every parameter's part starts on a block boundary
-(:meth:`BlockLayout.fill`), zeros in the rest of its slot, runs the collective there and copies the result back:
-whatever DeepSpeed leaves in its padding (at initialization, after a step, after ``load_checkpoint``) never reaches
-a block, and blocks restart at parameters. hpZ moves bits exactly and needs neither.
+(:meth:`BlockLayout.fill`), zeros in the rest of its slot, and runs the collective there: whatever DeepSpeed leaves
+in its padding (at initialization, after a step, after ``load_checkpoint``) never reaches a block, and blocks
+restart at parameters. hpZ moves bits exactly and needs neither.
+
+Memory: the staging is the call's own, sized to it and made by torch's allocator on the stream the call runs on
+(on CUDA its work is ordered there, so the memory is free for that stream's next use once the call returns), and
+nothing is kept between calls. A gather copies its result back into DeepSpeed's buffer and drops its staging; a
+gather whose parts all start on block boundaries needs none. A reduce-scatter returns this rank's chunks as views
+of its staging, as DeepSpeed's own ``reduce_scatter_coalesced`` returns views of the flat buffer it allocates for
+the call: the staging takes that buffer's place (it is larger only by the zeros up to each chunk's block) and lives
+as long as DeepSpeed reads the chunks. A buffer kept for the largest call would stay allocated through the
+forward's and backward's peak, where DeepSpeed's own call holds nothing.
 """
 from __future__ import annotations
 
@@ -19,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from .._policy import ZeroPlusPlusPolicy
 from .._report import Report
-from .._staging import BlockLayout, Staging
+from .._staging import BlockLayout
 from ..comm import Comm, payload_size
 from ..enums import QUANT_TYPES
 from ._deepspeed import DeepSpeed
@@ -58,9 +67,6 @@ class Collectives:
         self.gather: Comm | None = None  # qwZ, and hpZ when it serves DeepSpeed's hpZ group
         self.reduce: Comm | None = None  # qgZ
         self.hpz_comm: Comm | None = None  # the communicator whose hpZ group is DeepSpeed's (the gathers' one)
-        torch = ds.torch
-        self.gather_stage = Staging(torch, device, 0)
-        self.reduce_stage = Staging(torch, device, 0)
         self._cuda = device.type == "cuda"
         self._layouts: dict[tuple[Any, ...], BlockLayout] = {}
         self._zeros: dict[Any, Any] = {}
@@ -200,10 +206,11 @@ class Collectives:
                 row.append(input.narrow(0, at, data))
                 at += size
             gap = max(layout.slot(i) - data for i, (_, data) in enumerate(parts))
-            with self.gather_stage.rows(n, r, sp, input.dtype) as (staged, own):
-                layout.fill(torch, [row], own, self.zeros(input.dtype, gap))
-                comm.quant_all_gather(own, staged)
-                layout.unstage(torch, staged.view(n, sp), output.view(n, count))
+            staged = self.staging(n * sp, input.dtype)
+            own = staged.narrow(0, r * sp, sp)
+            layout.fill(torch, [row], own, self.zeros(input.dtype, gap))
+            comm.quant_all_gather(own, staged)
+            layout.unstage(torch, staged.view(n, sp), output.view(n, count))
         wire = (n - 1) * payload_size(layout.staged_count, self.policy.weight_bits, self.policy.block_size)
         self.report.count("qwz", output.numel() * output.element_size(), wire)
 
@@ -218,7 +225,7 @@ class Collectives:
     def qgz(self, tensors: list[Any]) -> list[Any]:
         """qgZ: each gradient's rank-r chunk of ceil(numel / n) elements to rank r, averaged over the group, staged
         so that each chunk starts on a block boundary with zeros after its data; this rank's chunks returned as
-        DeepSpeed's reduce_scatter_coalesced returns them (each as long as its data)."""
+        DeepSpeed's reduce_scatter_coalesced returns them (each as long as its data, a view of the call's staging)."""
         torch, comm = self.ds.torch, self.reduce
         n, r = comm.nranks, comm.rank
         flats = [t.reshape(-1) for t in tensors]
@@ -229,14 +236,13 @@ class Collectives:
                 for q in range(n)]
         gap = max(layout.slot(i) - _data(f.numel(), c, n - 1) for i, (f, c) in enumerate(zip(flats, chunks)))
         mine = [_data(f.numel(), c, r) for f, c in zip(flats, chunks)]
-        out = torch.empty(sum(mine), dtype=dtype, device=flats[0].device)
-        with self.reduce_stage.rows(n, r, sp, dtype) as (staged, own):
-            layout.fill(torch, rows, staged, self.zeros(dtype, gap))
-            comm.quant_reduce_scatter(staged, own, op="avg")  # in place, over its own row (NCCL's rule)
-            torch.cat([own.narrow(0, o, m) for o, m in zip(layout.staged_offsets, mine)], out=out)
+        staged = self.staging(n * sp, dtype)
+        own = staged.narrow(0, r * sp, sp)
+        layout.fill(torch, rows, staged, self.zeros(dtype, gap))
+        comm.quant_reduce_scatter(staged, own, op="avg")  # in place, over its own row (NCCL's rule)
         wire = (n - 1) * payload_size(sp, self.policy.grad_bits, self.policy.grad_block)
         self.report.count("qgz", sum(f.numel() for f in flats) * flats[0].element_size(), wire)
-        return list(out.split(mine))
+        return [own.narrow(0, o, m) for o, m in zip(layout.staged_offsets, mine)]
 
     def _fallback(self, kind: str, message: str, call: Callable[[], Any], level: int = logging.WARNING) -> Any:
         self.report.say_once(kind, message + "; it stays on DeepSpeed's own collective", level)
@@ -292,6 +298,11 @@ class Collectives:
             layout = self._layouts[key] = BlockLayout(*key)
         return layout
 
+    def staging(self, count: int, dtype: Any) -> Any:
+        """One call's staging: ``count`` elements of ``dtype`` on the device, from torch's allocator on the current
+        stream (the call's)."""
+        return self.ds.torch.empty(count, dtype=dtype, device=self.device)
+
     def zeros(self, dtype: Any, need: int) -> Any:
         """At least ``need`` zeros of ``dtype``, for :meth:`BlockLayout.fill` (the largest gap of a call: a part's
         slot beyond its data); made once per dtype, longer when a call needs more."""
@@ -312,7 +323,6 @@ class Collectives:
     def release(self) -> None:
         self._zeros.clear()
         self._layouts.clear()
-        self.gather_stage = self.reduce_stage = None  # type: ignore[assignment]
 
 
 def _data(numel: int, chunk: int, rank: int) -> int:
