@@ -67,6 +67,7 @@ import pathlib
 import statistics
 import sys
 import time
+import weakref
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -276,6 +277,7 @@ class Bench:
         self.on_device = sp.ranks_on_device(self)
         self.phases: list[tuple[list[float], list[float]]] = []  # (device, host) ms of each step since cleared
         self.phase_rounds: dict[str, list[Any]] = {}  # configuration: every rank's phases, a list a round
+        self.released: list[Any] = []  # weak references to the optimizers of the engines released
         reuse_hpz_groups()
 
     def engine(self, comm: str, seed: int, steps: int, weight_bits: int | None = None,
@@ -285,6 +287,11 @@ class Bench:
         import deepspeed
         import zpccl.deepspeed
 
+        gc.collect()
+        kept = sum(ref() is not None for ref in self.released)
+        if kept:  # their memory would count in this engine's peak
+            raise RuntimeError(f"DeepSpeed {deepspeed.__version__} still holds the optimizer of {kept} of the engines "
+                               "released before: find what keeps it (forget_engine lets go of what 0.19 keeps)")
         torch, args = self.torch, self.args
         wargs = argparse.Namespace(**vars(args))
         if weight_bits is not None:
@@ -334,6 +341,8 @@ class Bench:
         if zp is not None:
             zp.disable()
         engine.destroy()
+        forget_engine(engine)
+        self.released.append(weakref.ref(engine.optimizer))
         gc.collect()
         if sp.on_cuda(self):
             self.torch.cuda.empty_cache()
@@ -406,6 +415,27 @@ def reuse_hpz_groups() -> None:
         groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = made[size]
 
     groups._create_zero_param_parallel_group = once
+
+
+def forget_engine(engine: Any) -> None:
+    """Lets go of what DeepSpeed keeps of an engine after ``destroy()``: ZeRO-3's forward module stack (a module-level
+    list that every engine's module joins and none leaves) and the parameter coordinator's memo of the parameters to
+    release (a cache on its class, keyed by coordinator and module). Through the module's parameters both hold the
+    ZeRO-3 optimizer and its partitions (fp32 weights, Adam's moments, 16-bit weights and gradients), which would stay
+    allocated through every later configuration's run and count in its peak."""
+    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+    stack = parameter_offload.FWD_MODULE_STACK
+    stack[:] = [m for m in stack if m is not engine.module]
+    for fn in vars(PartitionedParameterCoordinator).values():
+        for cell in getattr(fn, "__closure__", None) or ():  # the memo sits inside DeepSpeed's nvtx wrapper
+            try:
+                memo = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(getattr(memo, "cache_clear", None)):
+                memo.cache_clear()
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
