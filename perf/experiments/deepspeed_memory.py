@@ -30,6 +30,7 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "perf"))
 os.environ["DS_ACCELERATOR"] = "cpu"  # before any rank imports DeepSpeed
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's library logs an error for the GPU it does not find
 
 import deepspeed_step as ds_step  # noqa: E402  (perf/deepspeed_step.py: its Bench makes and releases the engines)
 
