@@ -5,10 +5,11 @@
 #   qwZ and qgZ, int8 and int4, and hpZ's exact gather and forward + backward pair (int8): net-on1gpu (two processes
 #   sharing the GPU as two nodes over sockets, through tools/gpu-check.sh) at 16M, 64M and 256M, each against NCCL
 #   in the same run, five alternating rounds (the perf binaries' default), every output checked against the host
-#   backend;
+#   backend; the quantized all-reduce, int8 and int4, the same way against ncclAllReduce;
 #   the FSDP2 step, small and large shapes (perf/fsdp_step.py: five alternating rounds, every rank timed): FSDP2 +
 #   NCCL with reshard_after_forward True and False, the ablation nccl-2comm (its reduce-scatters on a second NCCL
-#   communicator) and FSDP2 + zpccl;
+#   communicator), the floor no-comm (FSDP's collectives as local copies: the step with no network) and FSDP2 +
+#   zpccl;
 # then tools/perf_gate.py compares each figure (median and the rounds' spread) with the reference, one line a figure,
 # and prints last "GATE: OK" or "GATE: FAILED: <figures>". Exit status 0 OK; 1 a figure regressed or is missing, or a
 # step failed; 2 bad arguments or no GPU; 3 no reference is recorded for this machine yet (--record makes this run
@@ -72,24 +73,27 @@ status=0
 note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 
 # The perf binaries, through tools/gpu-check.sh (its build, its two processes sharing the GPU over sockets), in two
-# calls: qwZ and qgZ at both bit widths, then hpZ at int8. They must end by the time the FSDP2 steps need.
+# calls: qwZ and qgZ at both bit widths, hpZ at int8, the all-reduce at both. They must end by the time the FSDP2
+# steps need.
 fsdp_seconds=$([ "${ZP_GATE_SKIP_FSDP:-0}" = 1 ] && echo 0 || echo 270)
 perf_check() {  # TAG BINS BITS SKIP_BUILD
   local left=$((deadline - fsdp_seconds - SECONDS))
   [ "$left" -gt 30 ] || { note "perf $2: skipped (out of time)"; status=1; return; }
   env -u OUT ZP_GPU_CHECK_BUILD_DIR="$build" ZP_GPU_CHECK_TAG="$1" ZP_GPU_CHECK_BINS="$2" ZP_GPU_CHECK_BITS="$3" \
-    ZP_GPU_CHECK_SKIP_BUILD="$4" ZP_GPU_CHECK_TARGETS="perf/qwz_perf perf/qgz_perf perf/hpz_perf libzpccl.so" \
+    ZP_GPU_CHECK_SKIP_BUILD="$4" \
+    ZP_GPU_CHECK_TARGETS="perf/qwz_perf perf/qgz_perf perf/hpz_perf perf/all_reduce_perf libzpccl.so" \
     ZP_GPU_CHECK_SKIP_TESTS=1 ZP_GPU_CHECK_SKIP_PYTHON=1 ZP_GPU_CHECK_REGIMES=net ZP_GPU_CHECK_GRAD="" \
     ZP_GPU_CHECK_MIN=16M ZP_GPU_CHECK_MAX=256M ZP_GPU_CHECK_STEP=4 ZP_GPU_CHECK_DEADLINE="$left" \
     ZP_GPU_CHECK_BUDGET=$((left - 20)) bash "$top/tools/gpu-check.sh" >"$results/gpu-check$1.log" 2>&1
   local rc=$?
   note "perf $2 (int ${3// /, int}): exit $rc -> $results/gpu-check$1.log"
-  grep -E '^(qwz|qgz|hpz)_' "$results/gpu-check$1.log" | sed 's/^/    /'
+  grep -E '^(qwz|qgz|hpz)_|^quant_all_reduce' "$results/gpu-check$1.log" | sed 's/^/    /'
   [ "$rc" = 0 ] || { status=1; grep -E '^(  |RESULT)' "$results/gpu-check$1.log" | tail -5; }
   cp "$build/results$1"/*.json "$results/" 2>/dev/null
 }
 perf_check -gate "qwz_perf qgz_perf" "8 4" "${ZP_GATE_SKIP_BUILD:-0}"
 perf_check -gate-hpz hpz_perf 8 1
+perf_check -gate-all-reduce all_reduce_perf "8 4" 1
 
 # The FSDP2 steps, five rounds each; zpccl from the build above.
 fsdp_step() {  # SHAPE STEPS WARMUP LIMIT
@@ -97,11 +101,11 @@ fsdp_step() {  # SHAPE STEPS WARMUP LIMIT
   [ "$left" -lt "$limit" ] && limit=$left
   [ "$limit" -gt 30 ] || { note "fsdp $1: skipped (out of time)"; status=1; return; }
   ZPCCL_LIBRARY="$build/libzpccl.so" PYTHONUNBUFFERED=1 timeout -k 10 "$limit" python3 perf/fsdp_step.py \
-    --shape "$1" --nproc 2 --nodes 2 --configs nccl,nccl-noreshard,nccl-2comm,zpccl-hpz --rounds 5 --steps "$2" \
-    --warmup "$3" -J "$results/fsdp_$1.json" >"$results/fsdp_$1.log" 2>&1
+    --shape "$1" --nproc 2 --nodes 2 --configs nccl,nccl-noreshard,nccl-2comm,no-comm,zpccl-hpz --rounds 5 \
+    --steps "$2" --warmup "$3" -J "$results/fsdp_$1.json" >"$results/fsdp_$1.log" 2>&1
   local rc=$?
   note "fsdp $1: exit $rc -> $results/fsdp_$1.log"
-  grep -E '^ +(nccl|zpccl)' "$results/fsdp_$1.log" | sed 's/^/    /'
+  grep -E '^ +(nccl|no-comm|zpccl)' "$results/fsdp_$1.log" | sed 's/^/    /'
   [ "$rc" = 0 ] || { status=1; tail -3 "$results/fsdp_$1.log"; }
 }
 if [ "${ZP_GATE_SKIP_FSDP:-0}" != 1 ]; then

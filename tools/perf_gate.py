@@ -84,7 +84,9 @@ def fsdp_figures(data: dict[str, Any], shape: str, file: str) -> dict[str, Figur
             continue
         for name, r in rows.items():
             # zpccl's ratios to each NCCL step, and the ablation's to the step it changes: what the targets name.
-            if name.startswith("nccl") and not (name == "nccl-2comm" and base == "nccl-noreshard"):
+            # The floor (no-comm) is gated by its step time alone.
+            ablation = name == "nccl-2comm" and base == "nccl-noreshard"
+            if name == "no-comm" or (name.startswith("nccl") and not ablation):
                 continue
             a, b = rows[base].get("round_median_ms") or [], r.get("round_median_ms") or []
             ratio = rows[base]["median_ms"] / r["median_ms"]

@@ -47,6 +47,7 @@ def write_run(folder: pathlib.Path, zpccl_rounds: list[float], dirty: bool = Fal
         fsdp_row("nccl", [120.0, 118.0, 124.0, 121.0, 119.0]),
         fsdp_row("nccl-noreshard", [80.0, 79.0, 82.0, 81.0, 80.0]),
         fsdp_row("nccl-2comm", [70.0, 69.0, 72.0, 71.0, 70.0]),
+        fsdp_row("no-comm", [40.0, 39.0, 42.0, 41.0, 40.0]),
         fsdp_row("zpccl-hpz", zpccl_rounds)], "losses": []}
     (folder / "fsdp_small.json").write_text(json.dumps(fsdp))
 
@@ -84,6 +85,9 @@ class PerfGate(unittest.TestCase):
         self.assertIn("fsdp small zpccl-hpz vs nccl-2comm", figures)
         self.assertAlmostEqual(figures["fsdp small nccl-2comm vs nccl-noreshard"].value, 80.0 / 70.0)
         self.assertNotIn("fsdp small nccl vs nccl-noreshard", figures)
+        # The floor is gated by its step time, not by ratios to NCCL's steps.
+        self.assertEqual(figures["fsdp small no-comm step"].value, 40.0)
+        self.assertFalse([name for name in figures if name.startswith("fsdp small no-comm vs")])
         self.assertEqual(self.gate.machine_of(records), "1x-nvidia-h200")
 
     def test_no_reference_then_record_then_compare(self) -> None:
