@@ -177,15 +177,15 @@ class Counting:
 class LocalCollectives:
     """The no-comm configuration: the two functions of zpccl.deepspeed's seams that plain ZeRO-3 calls (its
     ``REPLACED``: the parameter all-gather, the gradient reduce-scatter), found and checked by its
-    ``DeepSpeed.load`` and replaced through it, run locally until :meth:`restore`. A gather writes the rank's own
+    ``DeepSpeed.load`` and replaced through it, run locally until :meth:`disable`. A gather writes the rank's own
     partition into every rank's slot of the output; a reduce-scatter returns the rank's own chunk of each gradient,
     the average DeepSpeed's would return were every rank's gradient this rank's. The same shapes and the same
     handles as DeepSpeed's, not a byte between ranks: a benchmark aid, whose weights are no model's. What
     DeepSpeed's reduce-scatter does around the wire (its interleaving copy of the whole gradients, its pre-division)
     goes with it, as it does under zpccl: the floor is that of the step zpccl serves.
-    ``all_to_all_quant_reduce`` (DeepSpeed's qgZ) is left as it is: no-comm's config never calls it. It counts as a
-    zpccl session does (``summary``, ``reset_stats``, ``disable``), so that the bench reports its calls and the
-    bytes they send (none) as it reports zpccl's."""
+    ``all_to_all_quant_reduce`` (DeepSpeed's qgZ) is left as it is: no-comm's config never calls it. It counts as
+    zpccl.deepspeed's handle does (``summary``, ``reset_stats``, ``disable``), so that the bench reports its calls
+    and the bytes they send (none) as it reports zpccl's."""
 
     GATHER, REDUCE_SCATTER = 0, 1  # indices into zpccl.deepspeed's REPLACED
 

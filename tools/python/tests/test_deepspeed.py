@@ -260,8 +260,9 @@ def _marked(record_function: Any, name: str, fn: Any) -> Any:
 
 
 class PoisonedStaging:
-    """A session's staging allocator that fills each buffer it hands out with NaN (in every float type) first: what
-    torch's allocator returns may hold anything, and only data and zeros may reach a block."""
+    """zpccl.deepspeed's staging allocator (``Collectives.staging``), filling each buffer it hands out with NaN (in
+    every float type) first: what torch's allocator returns may hold anything, and only data and zeros may reach a
+    block."""
 
     def __init__(self, torch: Any, staging: Any) -> None:
         self.torch, self.staging, self.made = torch, staging, 0
@@ -662,7 +663,7 @@ def _one_node(rank: int, ckpt: str) -> dict[str, Any]:
                                    and not isinstance(p.all_gather, functools.partial)
                                    for p in engine.module.parameters()],
                           counters_unchanged=zp.summary() == summary,
-                          session=zpccl.deepspeed.session_of(engine) is None)
+                          unserved=zpccl.deepspeed.session_of(engine) is None)
 
     # enable on a plain engine, keyword arguments; a second enable refused while it lives.
     engine = make_engine(torch, deepspeed, ds_config(), zp=False)
@@ -1472,7 +1473,7 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertEqual(d["replaced"], [True, True, True])
             self.assertEqual(d["restored"], [True, True, True])
             self.assertTrue(all(d["fetches"]))
-            self.assertTrue(d["counters_unchanged"] and d["session"], d)
+            self.assertTrue(d["counters_unchanged"] and d["unserved"], d)
 
     def test_enable_on_a_plain_engine(self) -> None:
         for o in self.out:

@@ -186,9 +186,9 @@ class ParameterGroups(unittest.TestCase):
 
     def test_a_model_dropped_without_disable_is_freed(self) -> None:
         """A model let go while zpccl serves it (a sweep that builds a model a trial, never calling disable) is
-        freed like FSDP's own, not kept alive by zpccl's registry of served groups: while the model lives, its
-        session is found from it even when no reference to the ZeroPlusPlus is held; once the model goes, so does the
-        session."""
+        freed like FSDP's own, not kept alive by zpccl's registry of served groups: while the model lives, zpccl's
+        state for it is found from it even when no reference to the ZeroPlusPlus is held; once the model goes, so does
+        that state."""
         import gc
         import warnings
         import weakref
