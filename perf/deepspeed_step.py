@@ -33,17 +33,23 @@ zeropp     the same with DeepSpeed's ZeRO++: zero_quantized_weights, zero_quanti
            zero_hpz_partition_size ``--hpz`` (default: the ranks per node), its own CUDA quantizer (DeepSpeed
            compiles it on first use: the machine needs nvcc and ninja)
 zpccl      the zeropp config through zpccl.deepspeed (qwZ ``--weight-bits``, qgZ ``--grad-bits`` in blocks of
-           ``--block-size`` / ``--grad-block-size``, hpZ over DeepSpeed's hpZ groups)
-no-comm    deepspeed's config with the collectives zpccl.deepspeed takes over (the parameter all-gathers and
-           the gradient reduce-scatters) made locally (:class:`LocalCollectives`): the step a perfect network
-           would give. Ranks exchange no data there, so their weights drift apart: timing only, refused as a
-           loss run. What zpccl leaves DeepSpeed's (the persistent parameters' gathers after each step, the
-           gradient norm's all-reduce) still communicates, and is counted
+           ``--block-size`` / ``--grad-block-size``, hpZ over DeepSpeed's hpZ groups, and the persistent
+           parameters' gathers after each step in one exact call)
+zpccl-exact  the ablation: deepspeed's config with zpccl.deepspeed serving only what it serves exactly
+           without hpZ, the persistent parameters' gathers in one call (``weight_bits=None, grad_bits=None``):
+           DeepSpeed's bits, so the gap from deepspeed is the calls', and from here to zpccl quantization's
+no-comm    deepspeed's config with the collectives zpccl.deepspeed takes over (the parameter all-gathers, the
+           gradient reduce-scatters, the persistent parameters' gathers) made locally (:class:`LocalCollectives`):
+           the step a perfect network would give. Ranks exchange no data there, so their weights drift apart:
+           timing only, refused as a loss run. What zpccl leaves DeepSpeed's (the gradient norm's all-reduce)
+           still communicates, and is counted
 =========  ===============================================================================================
 
-Bytes: DeepSpeed's collectives are counted in an untimed step by wrapping deepspeed.comm's functions (all-gathers,
-reduce-scatters, all-to-alls, all-reduces: (n - 1) / n of what each moves for a ring); zpccl's come from its
-counters ((n - 1) copies of a rank's payloads), beside what stays DeepSpeed's in the zpccl configuration.
+Bytes and calls: DeepSpeed's collectives are counted in an untimed step by wrapping deepspeed.comm's functions
+(all-gathers, reduce-scatters, all-to-alls, all-reduces: each call, and (n - 1) / n of what it moves for a ring);
+zpccl's come from its counters ((n - 1) copies of a rank's payloads), beside what stays DeepSpeed's in the zpccl
+configurations. Over a slow network a small call costs a latency whatever its size, so the calls a step are
+reported beside the bytes.
 
 ``--loss-steps N`` trains each of ``--loss-runs`` (deepspeed, zeropp, zpccl, or zpccl:W:G with W-bit weights and
 G-bit gradients, 0 leaving that collective DeepSpeed's) for N steps on a fresh engine per seed of
@@ -61,6 +67,7 @@ py-cpuinfo ninja``; there, ``DS_BUILD_OPS=0 pip install --no-index --find-links 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import pathlib
@@ -80,8 +87,9 @@ import step_protocol as sp  # noqa: E402
 dt = sp.load_example("deepspeed_train")
 ex = dt.ex
 
-CONFIGS = ("deepspeed", "zeropp", "zpccl", "no-comm")
+CONFIGS = ("deepspeed", "zeropp", "zpccl", "zpccl-exact", "no-comm")
 LOSS_CONFIGS = ("deepspeed", "zeropp", "zpccl")  # no-comm's ranks exchange nothing: its loss is no model's
+EXACT = "zpccl-exact"  # DeepSpeed's bits by construction: timed, not a loss run of its own
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -122,8 +130,8 @@ def parse_loss_spec(text: str) -> dict[str, Any]:
 
 
 class Counting:
-    """deepspeed.comm's collectives behind wrappers that count the bytes each call sends from this rank, by kind,
-    while :meth:`counting` is on (they are looked up at call time, and coalesced_collectives' all-to-all under the
+    """deepspeed.comm's collectives behind wrappers that count the calls and the bytes each call sends from this rank,
+    by kind, while :attr:`on` (they are looked up at call time, and coalesced_collectives' all-to-all under the
     name it imported)."""
 
     KINDS = {"allgather_fn": "all_gather", "all_gather_into_tensor": "all_gather",
@@ -134,6 +142,7 @@ class Counting:
         import deepspeed.runtime.comm.coalesced_collectives as cc
 
         self.sent: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
         self.on = False
         self.saved: list[tuple[Any, str, Any]] = []
         for module in (dcomm, cc):
@@ -153,6 +162,7 @@ class Counting:
                 group = kwargs.get("group", next((a for a in args if isinstance(a, ProcessGroup)), None))
                 n = dcomm.get_world_size(group)
                 if tensors and n > 1:
+                    self.calls[kind] = self.calls.get(kind, 0) + 1
                     if kind == "all_gather":  # (output, input): each rank sends its input to n - 1 others
                         sent = (n - 1) * tensors[1].nbytes
                     elif kind == "reduce_scatter":  # (output, input): a ring sends n - 1 output-sized pieces
@@ -177,10 +187,12 @@ class Counting:
 class LocalCollectives:
     """The no-comm configuration: the two functions of zpccl.deepspeed's seams that plain ZeRO-3 calls (its
     ``REPLACED``: the parameter all-gather, the gradient reduce-scatter), found and checked by its
-    ``DeepSpeed.load`` and replaced through it, run locally until :meth:`disable`. A gather writes the rank's own
-    partition into every rank's slot of the output; a reduce-scatter returns the rank's own chunk of each gradient,
-    the average DeepSpeed's would return were every rank's gradient this rank's. The same shapes and the same
-    handles as DeepSpeed's, not a byte between ranks: a benchmark aid, whose weights are no model's. What
+    ``DeepSpeed.load`` and replaced through it, and the persistent parameters' gather after each step (each
+    parameter's ``all_gather``, wrapped as zpccl.deepspeed wraps it), run locally until :meth:`disable`. A gather
+    writes the rank's own partition into every rank's slot of the output; a reduce-scatter returns the rank's own
+    chunk of each gradient, the average DeepSpeed's would return were every rank's gradient this rank's. The same
+    shapes and the same handles as DeepSpeed's, not a byte between ranks: a benchmark aid, whose weights are no
+    model's. What
     DeepSpeed's reduce-scatter does around the wire (its interleaving copy of the whole gradients, its pre-division)
     goes with it, as it does under zpccl: the floor is that of the step zpccl serves.
     ``all_to_all_quant_reduce`` (DeepSpeed's qgZ) is left as it is: no-comm's config never calls it. It counts as
@@ -189,17 +201,34 @@ class LocalCollectives:
 
     GATHER, REDUCE_SCATTER = 0, 1  # indices into zpccl.deepspeed's REPLACED
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Any = None) -> None:
         import torch
         from zpccl.deepspeed._collectives import Done
         from zpccl.deepspeed._deepspeed import DeepSpeed
 
         self.torch, self.dist, self.done = torch, torch.distributed, Done
         self.ds = DeepSpeed.load("perf/deepspeed_step.py no-comm")
-        self.calls = {"local_all_gather": 0, "local_reduce_scatter": 0}
+        self.calls = {"local_all_gather": 0, "local_reduce_scatter": 0, "local_persistent_gather": 0}
         self.saved = {i: self.ds.function(i) for i in (self.GATHER, self.REDUCE_SCATTER)}
         self.ds.set_function(self.GATHER, self.all_gather)
         self.ds.set_function(self.REDUCE_SCATTER, self.reduce_scatter)
+        self.wrapped = [(p, p.all_gather) for p in engine.module.parameters() if hasattr(p, "ds_id")] \
+            if engine is not None else []
+        for p, theirs in self.wrapped:
+            p.all_gather = functools.partial(self.exact_gather, theirs)
+
+    def exact_gather(self, theirs: Any, param_list: Any = None, async_op: bool = False, *args: Any) -> Any:
+        """A parameter's ``all_gather``: the persistent parameters' regather after a step made locally, as
+        zpccl.deepspeed serves it (a blocking gather of persistent parameters only); any other DeepSpeed's own."""
+        pending = [p for p in param_list or () if p.ds_status.name == "NOT_AVAILABLE"]
+        if param_list is None or async_op or not pending or not all(getattr(p, "ds_persist", False) for p in pending):
+            return theirs(param_list, async_op, *args)
+        self.calls["local_persistent_gather"] += 1
+        for p in pending:
+            n = self.dist.get_world_size(p.ds_process_group)
+            p.data = p.ds_tensor.reshape(-1).repeat(n).narrow(0, 0, p.ds_numel).view(p.ds_shape)
+            p.ds_status = type(p.ds_status).AVAILABLE
+        return None
 
     def all_gather(self, input_tensor: Any, output_tensor: Any, group: Any = None) -> Any:
         self.calls["local_all_gather"] += 1
@@ -233,6 +262,8 @@ class LocalCollectives:
     def disable(self) -> None:
         for i, fn in self.saved.items():
             self.ds.set_function(i, fn)
+        for p, theirs in self.wrapped:
+            p.all_gather = theirs
 
 
 class Phases:
@@ -298,9 +329,11 @@ class Bench:
             wargs.weight_bits = weight_bits or None
         if grad_bits is not None:
             wargs.grad_bits = grad_bits or None
-        config = dt.zero_config(wargs, "deepspeed" if comm == "no-comm" else comm, self.where.ranks_per_node,
-                                self.hpz)
-        if comm == "zpccl":
+        if comm == EXACT:
+            wargs.weight_bits = wargs.grad_bits = None
+        config = dt.zero_config(wargs, {"no-comm": "deepspeed", EXACT: "zpccl"}.get(comm, comm),
+                                self.where.ranks_per_node, 1 if comm == EXACT else self.hpz)
+        if comm in ("zpccl", EXACT):
             section = config["zpccl"]
             if section["grad_bits"] is None:
                 section.pop("grad_block_size", None)
@@ -316,7 +349,7 @@ class Bench:
         if policy is not None:  # enable apart from initialize, to measure what it takes
             zp, took = sp.memory_taken(self, self.on_device, lambda: zpccl.deepspeed.enable(engine, policy))
         if comm == "no-comm":
-            zp = LocalCollectives()
+            zp = LocalCollectives(engine)
         return engine, zp, took
 
     def step(self, engine: Any, step: int) -> float:
@@ -371,7 +404,7 @@ class Bench:
                 self.step(engine, 999_999)
             finally:
                 counting.restore()
-            row["deepspeed_sent"] = counting.sent
+            row["deepspeed_sent"], row["deepspeed_calls"] = counting.sent, counting.calls
         self.release(engine, zp)
         return row
 
@@ -464,8 +497,10 @@ def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: 
     for n in names:
         sent = {f"deepspeed {k}": v for k, v in rows[n].get("deepspeed_sent", {}).items()}
         sent.update(rows[n].get("zpccl_sent", {}))
+        calls = {f"deepspeed {k}": v for k, v in rows[n].get("deepspeed_calls", {}).items()}
+        calls.update({k: v for k, v in (rows[n].get("calls") or {}).items() if not k.startswith("deepspeed_")})
         out.append(dict(sp.timed_row(n, rows[n], args, bench.where, label, bench.rpn, n_params),
-                        hpz=bench.hpz if n in ("zeropp", "zpccl") else None,
+                        hpz=bench.hpz if n in ("zeropp", "zpccl") else None, calls_per_step=calls,
                         sent_mib={k: v / 2**20 for k, v in sent.items()}, **phase_fields(bench.phase_rounds[n]),
                         exchanges_data=n != "no-comm"))
     return out
@@ -490,19 +525,19 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
         def vs(name: str, r: dict[str, Any]) -> str:
             return sp.vs_cell(rows, name, r)
 
-        print(f"\n{'config':>10} {'median ms':>10} {'min-max ms':>15} {'tokens/s':>10} {'peak MiB':>9} "
-              f"{'enable MiB':>10} {'vs deepspeed':>18} {'vs zeropp':>18}  sent MiB/step (per rank)")
+        print(f"\n{'config':>11} {'median ms':>10} {'min-max ms':>15} {'tokens/s':>10} {'peak MiB':>9} "
+              f"{'enable MiB':>10} {'vs deepspeed':>18} {'vs zeropp':>18} {'calls':>6}  sent MiB/step (per rank)")
         for r in rows:
             sent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["sent_mib"].items()))
-            print(f"{r['config']:>10} {r['median_ms']:10.1f} {r['min_ms']:7.1f}-{r['max_ms']:<7.1f} "
+            print(f"{r['config']:>11} {r['median_ms']:10.1f} {r['min_ms']:7.1f}-{r['max_ms']:<7.1f} "
                   f"{r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} {r['enable_mib']:10.0f} "
-                  f"{vs('deepspeed', r):>18} {vs('zeropp', r):>18}  {sent}")
-        print(sp.STEP_NOTE)
-        print(f"\n{'config':>10} {'median ms':>10}  {'forward':>8} {'backward':>8} {'optimizer':>9}  "
+                  f"{vs('deepspeed', r):>18} {vs('zeropp', r):>18} {exchanges(r):>6}  {sent}")
+        print(sp.STEP_NOTE + "; calls: the collectives a step that exchange data, DeepSpeed's and zpccl's")
+        print(f"\n{'config':>11} {'median ms':>10}  {'forward':>8} {'backward':>8} {'optimizer':>9}  "
               f"{'host: fwd':>9} {'bwd':>8} {'opt':>8}")
         for r in rows:
             device, host = r["phase_median_ms"], r["host_phase_median_ms"]
-            print(f"{r['config']:>10} {r['median_ms']:10.1f}  {device['forward']:8.1f} {device['backward']:8.1f} "
+            print(f"{r['config']:>11} {r['median_ms']:10.1f}  {device['forward']:8.1f} {device['backward']:8.1f} "
                   f"{device['optimizer']:9.1f}  {host['forward']:9.1f} {host['backward']:8.1f} "
                   f"{host['optimizer']:8.1f}")
         print("(phases: medians over rounds, ranks and steps, by CUDA events on the compute stream (on a CPU, the "
@@ -510,6 +545,11 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
         if any(not r["exchanges_data"] for r in rows):
             print("(no-comm: DeepSpeed's parameter gathers and gradient reduce-scatters made locally; its ranks "
                   "exchange no data, so its weights, and any loss, are no model's: timing only)")
+
+
+def exchanges(row: dict[str, Any]) -> int:
+    """The collective calls a step of ``row`` made that exchange data (no-comm's local ones do not)."""
+    return sum(v for k, v in row["calls_per_step"].items() if not k.startswith("local_"))
     if losses:
         report_losses(losses)
 

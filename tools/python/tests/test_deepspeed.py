@@ -960,6 +960,11 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     said = len(LOGGED)
     out["persistent"] = dict(run(hf_config("bf16", 2, stage3_param_persistence_threshold=1e6), True, steps=4),
                              said=LOGGED[said:])
+    # Nothing quantized and no hpZ: zpccl serves the persistent parameters' regather alone (the two biases, the
+    # LayerNorm's weight and bias and the scale: under 64 elements each), beside unpatched ZeRO-3.
+    exact = hf_config("bf16", quantized=False, stage3_param_persistence_threshold=64, stage3_prefetch_bucket_size=16)
+    out["persistent_exact_ref"] = run(exact, False)
+    out["persistent_exact"] = run(dict(exact, zpccl={"weight_bits": None, "grad_bits": None}), True)
 
     # disable(), two steps on DeepSpeed's own collectives, then enable() again on the same engine.
     engine = make_engine(torch, deepspeed, hf_config("bf16", 2), zp=True)
@@ -1228,6 +1233,9 @@ class ConfigOfDeepSpeed(unittest.TestCase):
         self.assertEqual(alone[0]["zero_optimization"]["zero_hpz_partition_size"], 4)
         section = split_config({"zero_optimization": {"stage": 3}, "zpccl": {"weight_bits": 4, "grad_bits": 8}})[1]
         self.assertEqual((section.weight_bits, section.grad_bits), (4, 8))
+        # Both off and no hpZ: the persistent parameters' gathers alone (enable refuses a model without any).
+        exact = split_config({"zero_optimization": {"stage": 3}, "zpccl": {"grad_bits": None}})[1]
+        self.assertEqual((exact.weight_bits, exact.grad_bits), (None, None))
         self.assertEqual(split_config({"zero_optimization": {"stage": 3}}), ({"zero_optimization": {"stage": 3}},
                                                                               None))
         self.assertEqual(split_config({"zero_optimization": {"stage": 2}})[1], None)
@@ -1255,13 +1263,24 @@ class ConfigOfDeepSpeed(unittest.TestCase):
                 {"zero_optimization": dict(zero, zero_quantized_nontrainable_weights=True)})
         refused("unknown argument(s) blocksize", {"zero_optimization": zero, "zpccl": {"blocksize": 64}})
         refused("block_size 100 must be a power of two", {"zero_optimization": zero, "zpccl": {"block_size": 100}})
-        refused("the config asks zpccl for nothing", {"zero_optimization": {"stage": 3}, "zpccl": {"grad_bits": None}})
         refused("\"zpccl\" section must be a dict", {"zero_optimization": zero, "zpccl": 8})
         refused("zero_optimization.zero_hpz_partition_size must be an int (the ranks of DeepSpeed's hpZ groups, 1 for "
                 "none), got 'auto'", {"zero_optimization": dict(zero, zero_hpz_partition_size="auto")})
         refused("zero_hpz_partition_size must be an int",
                 {"zero_optimization": dict(zero, zero_hpz_partition_size=1.5)})
         refused("config must be a DeepSpeed config dict or the path of its JSON file", "/no/such/file.json")
+
+    def test_persistent_gathers_in_buckets(self) -> None:
+        from zpccl.deepspeed._collectives import _buckets
+
+        def runs(sizes: list[int], most: int) -> list[list[int]]:
+            return list(_buckets(sizes, lambda x: x, most))
+
+        self.assertEqual(runs([40, 40, 40, 8, 4], 64), [[40], [40], [40, 8, 4]])
+        self.assertEqual(runs([40, 40, 40, 8, 4], 132), [[40, 40, 40, 8, 4]])
+        self.assertEqual(runs([100, 1, 1], 64), [[100], [1, 1]])  # one larger than a bucket goes alone
+        self.assertEqual(runs([1, 100, 1], 64), [[1], [100], [1]])
+        self.assertEqual(runs([], 64), [])
 
     def test_block_layout_fill_keeps_padding_out(self) -> None:
         torch = torch_for_procs()
@@ -1489,7 +1508,8 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertIn("runs ZeRO stage 2", said["stage2"])
             self.assertIn("hpz_size is DeepSpeed's zero_optimization.zero_hpz_partition_size", said["hpz_size"])
             self.assertIn("drop error_feedback", said["error_feedback"])
-            self.assertIn("the engine has no hpZ group", said["no_hpz"])
+            self.assertIn("the engine has neither an hpZ group", said["no_hpz"])
+            self.assertIn("nor persistent parameters (stage3_param_persistence_threshold)", said["no_hpz"])
             self.assertEqual(said["ranks_per_node"], "2 nodes")
             self.assertEqual(said["mpu_nodes"], "2 nodes")
             self.assertRegex(said["reducer"], r"optimizer lacks avg_scatter_grads, which runs its gradient "
@@ -1559,11 +1579,23 @@ class DeepSpeedUserConfigs(_OneSpawn):
         for o in self.out:
             run = o["persistent"]
             s = run["summary"]
-            # No quantized gather: each step's exact regather is counted, and said once at enable.
-            self.assertEqual(set(s), {"hpz", "qgz", "deepspeed_all_gather_persistent"}, s)
-            self.assertEqual(s["deepspeed_all_gather_persistent"]["calls"], run["global_steps"])
+            # No quantized gather: each step's exact regather is one call for every parameter, said once at enable.
+            self.assertEqual(set(s), {"hpz", "qgz", "persistent_gather"}, s)
+            self.assertEqual(s["persistent_gather"]["calls"], run["global_steps"])
             self.assertEqual(run["checked"], {"qwz": 0, "qgz": s["qgz"]["calls"]})
             self.assertEqual(len([m for m in run["said"] if "persistent parameters (746 elements" in m]), 1)
+
+    def test_persistent_gathers_alone_are_deepspeeds_bit_for_bit(self) -> None:
+        for o in self.out:
+            ref, run = o["persistent_exact_ref"], o["persistent_exact"]
+            self.assertEqual(run["losses"], ref["losses"])
+            # The gathers and reduce-scatters stay DeepSpeed's, counted as such.
+            self.assertEqual(set(run["summary"]), {"persistent_gather", "deepspeed_all_gather_off",
+                                                   "deepspeed_reduce_scatter_off"}, run["summary"])
+            # Five persistent parameters, gathered in one call a step, where DeepSpeed makes five.
+            calls = run["summary"]["persistent_gather"]["calls"]
+            self.assertEqual(calls, run["global_steps"], run["summary"])
+            self.assertEqual(run["checked"], {"qwz": 0, "qgz": 0})
 
     def test_disable_then_enable_again(self) -> None:
         for o in self.out:
@@ -1713,22 +1745,25 @@ class DeepSpeedThreeNodes(_OneSpawn):
                     self.assertEqual(z.get("qwz", 0), d.get("gather_dp", 0) + fetch_all_reduce, (d, z))
                     self.assertEqual(z.get("hpz", 0), d.get("gather_hpz", 0), (d, z))
                     self.assertEqual(z.get("qgz", 0), d.get("reduce", 0), (d, z))
-                    # What stays DeepSpeed's: its exact gathers outside the fetches, the same ones, each counted
-                    # (one parameter a gather); the gradient norm's all-reduce in the step.
+                    # DeepSpeed's exact gathers outside the fetches (one parameter a gather): after each step the
+                    # persistent parameters', which zpccl makes one call; the rest stay DeepSpeed's, the same
+                    # ones, each counted. The gradient norm's all-reduce in the step stays DeepSpeed's.
                     exact = ds_gathers - d.get("gather_dp", 0) - d.get("gather_hpz", 0)
+                    if phase.startswith("step"):
+                        self.assertEqual(exact, ds["persistent"], (d, z))
+                        self.assertEqual(z.get("persistent_gather"), 1, z)
+                        exact -= ds["persistent"]
                     self.assertEqual(zp_gathers, exact, (d, z))
                     self.assertEqual(z.get("ds.all_reduce", 0), d.get("ds.all_reduce", 0) - fetch_all_reduce)
                     self.assertFalse({k for k in z if k.startswith("ds.reduce") or k.startswith("ds.all_to_all")})
                     if phase in served:
                         self.assertGreater(z.get(served[phase], 0), 0, z)
                         self.assertNotIn({"hpz": "qwz", "qwz": "hpz"}[served[phase]], z)
-                    if phase.startswith("step"):
-                        self.assertEqual(z.get("deepspeed_all_gather_persistent"), 1, z)
-                        self.assertEqual(zp_gathers, zp["persistent"])
                     self.assertEqual(z.get("deepspeed_all_gather_external", 0), zp_gathers if phase == "forward0"
                                      else 0, z)
-                    self.assertFalse({k for k in z if k.startswith("deepspeed_")} - {
-                        "deepspeed_all_gather_external", "deepspeed_all_gather_persistent"}, z)
+                    self.assertFalse({k for k in z if k.startswith("deepspeed_")}
+                                     - {"deepspeed_all_gather_external"}, z)
+            self.assertEqual(ds["persistent"], 2)
             self.assertEqual(zp["persistent"], 2)
             self.assertEqual(ds["phases"]["forward0"].get("gather_dp", 0), 0)
             self.assertGreater(ds["phases"]["forward1"]["ds.all_reduce"], 0)  # the setting at work in DeepSpeed's

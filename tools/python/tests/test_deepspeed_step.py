@@ -5,6 +5,7 @@ runs and their gaps (its arguments: test_fsdp_step.StepProtocol); and no-comm's 
 from __future__ import annotations
 
 import contextlib
+import enum
 import io
 import math
 import statistics
@@ -26,20 +27,39 @@ class DeepSpeedStepScript(unittest.TestCase):
         # matrices are over DeepSpeed's persistence threshold, so they are gathered.
         doc, stdout = run_step_script(self, "perf/deepspeed_step.py", [
             "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1", "--d-model", "192", "--heads", "2",
-            "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl,no-comm", "--rounds", str(ROUNDS), "--steps",
-            str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs", "deepspeed,zpccl:8:4"])
+            "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl,zpccl-exact,no-comm", "--rounds", str(ROUNDS),
+            "--steps", str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs", "deepspeed,zpccl:8:4"])
         self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
         self.assertIn("deepspeed_step.py --cpu", doc["provenance"]["command"])
         self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["hpz"]), ("cpu", RANKS, NODES, 2))
         self.assertRegex(doc["deepspeed"], r"^\d+\.\d+")
         rows = {r["config"]: r for r in doc["rows"]}
-        self.assertEqual(list(rows), ["deepspeed", "zpccl", "no-comm"])
+        self.assertEqual(list(rows), ["deepspeed", "zpccl", "zpccl-exact", "no-comm"])
         for row in rows.values():
             check_timed_row(self, row, ROUNDS, RANKS, STEPS)
             check_phases(self, row)
             self.assertEqual((row["peak_mib"], row["enable_mib"]), (0, 0))  # no device memory on a CPU
-        ds, zp, local = rows["deepspeed"], rows["zpccl"], rows["no-comm"]
+        ds, zp, exact, local = rows["deepspeed"], rows["zpccl"], rows["zpccl-exact"], rows["no-comm"]
         self.assertIsNone(ds["calls"])
+        # DeepSpeed regathers each persistent parameter (those under stage3_param_persistence_threshold's 1e5
+        # elements) in a call of its own after each step, beside the gathers and reduce-scatters of its fetches and
+        # reduction and the gradient norm's all-reduce; zpccl gathers them in one.
+        import torch
+
+        model = load_script("perf/deepspeed_step.py").ex.build_gpt(torch, 1, 192, 2, 32)
+        persistent = sum(p.numel() < 1e5 for p in model.parameters())
+        self.assertGreater(persistent, 1)
+        self.assertEqual(ds["calls_per_step"]["deepspeed all_gather"] - persistent,
+                         exact["calls_per_step"]["deepspeed all_gather"])
+        self.assertEqual(exact["calls_per_step"]["persistent_gather"], 1)
+        self.assertEqual(zp["calls_per_step"]["persistent_gather"], 1)
+        for row in rows.values():
+            self.assertEqual(row["calls_per_step"].get("deepspeed all_reduce"), 1)  # the gradient norm's
+        # zpccl-exact: DeepSpeed's gathers and reduce-scatters, its bytes but the persistent parameters' calls.
+        self.assertEqual(exact["sent_mib"]["deepspeed reduce_scatter"], ds["sent_mib"]["deepspeed reduce_scatter"])
+        self.assertLess(exact["sent_mib"]["deepspeed all_gather"], ds["sent_mib"]["deepspeed all_gather"])
+        self.assertFalse({"qwz", "qgz", "hpz"} & set(exact["calls"]), exact["calls"])
+        self.assertIsNone(exact["hpz"])
         self.assertGreater(ds["sent_mib"]["deepspeed all_gather"], 0)
         self.assertGreater(ds["sent_mib"]["deepspeed reduce_scatter"], 0)
         # qwZ and two-hop qgZ in each timed step. No backward gather (so no hpZ call) under the benchmark's config:
@@ -51,15 +71,18 @@ class DeepSpeedStepScript(unittest.TestCase):
         # zpccl's gradients left DeepSpeed's reduce-scatter: what DeepSpeed still sends is less than ZeRO-3's.
         self.assertLess(zp["sent_mib"].get("deepspeed reduce_scatter", 0), ds["sent_mib"]["deepspeed reduce_scatter"])
         # no-comm makes locally, sending nothing, the very calls zpccl serves; what zpccl leaves DeepSpeed's (the
-        # persistent parameters' gathers, the gradient norm's all-reduce) it leaves too.
+        # gradient norm's all-reduce) it leaves too.
         self.assertEqual(local["calls"], {"local_all_gather": zp["calls"]["qwz"],
-                                          "local_reduce_scatter": zp["calls"]["qgz"]})
+                                          "local_reduce_scatter": zp["calls"]["qgz"],
+                                          "local_persistent_gather": zp["calls"]["persistent_gather"]})
         self.assertEqual({k: v for k, v in local["sent_mib"].items() if k.startswith("local")},
-                         {"local_all_gather": 0, "local_reduce_scatter": 0})
+                         {"local_all_gather": 0, "local_reduce_scatter": 0, "local_persistent_gather": 0})
         self.assertNotIn("deepspeed reduce_scatter", local["sent_mib"])
-        self.assertEqual(local["sent_mib"]["deepspeed all_gather"], zp["sent_mib"]["deepspeed all_gather"])
-        self.assertLess(local["sent_mib"]["deepspeed all_gather"], ds["sent_mib"]["deepspeed all_gather"])
-        self.assertEqual([r["exchanges_data"] for r in rows.values()], [True, True, False])
+        self.assertEqual(local["sent_mib"].get("deepspeed all_gather", 0),
+                         zp["sent_mib"].get("deepspeed all_gather", 0))
+        self.assertEqual(local["calls_per_step"].get("deepspeed all_gather", 0),
+                         zp["calls_per_step"].get("deepspeed all_gather", 0))
+        self.assertEqual([r["exchanges_data"] for r in rows.values()], [True, True, True, False])
         self.assertIsNone(local["hpz"])
         self.assertIn("no-comm: DeepSpeed's parameter gathers and gradient reduce-scatters made locally", stdout)
         self.assertIn("host: fwd", stdout)
@@ -96,6 +119,13 @@ def check_phases(test: unittest.TestCase, row: dict[str, Any]) -> None:
     test.assertEqual(row["phase_ms_per_rank"], row["host_phase_ms_per_rank"])
 
 
+class _Status(enum.Enum):
+    """ZeRO-3's parameter states, as far as no-comm reads them."""
+
+    NOT_AVAILABLE = 1
+    AVAILABLE = 2
+
+
 class NoCommCollectives(unittest.TestCase):
     def test_local_collectives_write_what_a_rank_has(self) -> None:
         deepspeed_or_skip()
@@ -104,7 +134,16 @@ class NoCommCollectives(unittest.TestCase):
 
         ds_step = load_script("perf/deepspeed_step.py")
         theirs = (partition_parameters._dist_allgather_fn, stage3.reduce_scatter_coalesced)
-        local = ds_step.LocalCollectives()
+        # Two parameters as ZeRO-3 leaves them after a step: a persistent one (its partition of 2 of 5 elements on
+        # each of 3 ranks) and another, each with its own all_gather (DeepSpeed's, standing in: it records calls).
+        status = _Status
+        deepspeeds: list[Any] = []
+        params = [SimpleNamespace(ds_id=i, ds_persist=i == 0, ds_status=status.NOT_AVAILABLE, ds_numel=5,
+                                  ds_shape=(5,), ds_tensor=torch.tensor([7.0, 8.0]), ds_process_group="dp",
+                                  data=None) for i in range(2)]
+        for p in params:
+            p.all_gather = lambda param_list=None, async_op=False, *a: deepspeeds.append((param_list, async_op))
+        local = ds_step.LocalCollectives(SimpleNamespace(module=SimpleNamespace(parameters=lambda: params)))
         try:
             # Through zpccl.deepspeed's seams: the functions ZeRO-3 looks up at call time are no-comm's.
             self.assertEqual((partition_parameters._dist_allgather_fn, stage3.reduce_scatter_coalesced),
@@ -126,14 +165,27 @@ class NoCommCollectives(unittest.TestCase):
             for g in grads:
                 g.fill_(float("nan"))
             self.assertEqual([g.tolist() for g in got], [[3.0, 4.0, 5.0], [12.0, 13.0], []])
+            # The persistent parameters' regather after a step: local, the rank's partition in every slot, cut to
+            # the parameter; any other gather (not all persistent, asynchronous, a parameter alone) DeepSpeed's.
+            self.assertIsNone(params[1].all_gather([params[0]]))
+            self.assertEqual((params[0].data.tolist(), params[0].ds_status),
+                             ([7.0, 8.0, 7.0, 8.0, 7.0], status.AVAILABLE))
+            params[0].ds_status = status.NOT_AVAILABLE
+            params[0].all_gather(params)
+            params[0].all_gather([params[0]], True)
+            params[0].all_gather()
+            self.assertEqual(deepspeeds, [(params, False), ([params[0]], True), (None, False)])
             self.assertEqual(local.summary(), {"local_all_gather": dict(calls=2, wire_bytes=0),
-                                               "local_reduce_scatter": dict(calls=1, wire_bytes=0)})
+                                               "local_reduce_scatter": dict(calls=1, wire_bytes=0),
+                                               "local_persistent_gather": dict(calls=1, wire_bytes=0)})
             local.reset_stats()
             self.assertEqual({k: v["calls"] for k, v in local.summary().items()},
-                             {"local_all_gather": 0, "local_reduce_scatter": 0})
+                             {"local_all_gather": 0, "local_reduce_scatter": 0, "local_persistent_gather": 0})
         finally:
             local.disable()
         self.assertEqual((partition_parameters._dist_allgather_fn, stage3.reduce_scatter_coalesced), theirs)
+        params[1].all_gather([params[0]])  # DeepSpeed's own again
+        self.assertEqual(deepspeeds[-1], ([params[0]], False))
 
     def test_no_comm_is_no_loss_run(self) -> None:
         ds_step = load_script("perf/deepspeed_step.py")

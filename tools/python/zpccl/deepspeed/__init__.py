@@ -38,13 +38,17 @@ What zpccl serves, through the module-level functions ZeRO-3 looks up at call ti
   ``zero_hpz_partition_size`` alone), hpZ alone;
 * gradient reduce-scatters (``reduce_scatter_coalesced``, and ``all_to_all_quant_reduce`` where the engine was
   built with DeepSpeed's own qgZ): qgZ (``grad_bits``), the average over the data-parallel group that DeepSpeed's
-  returns; its predivide and postscale settings act around the call as they do around DeepSpeed's.
+  returns; its predivide and postscale settings act around the call as they do around DeepSpeed's;
+* the persistent parameters' gather after each step and after a checkpoint load (those smaller than
+  ``stage3_param_persistence_threshold``, which ZeRO-3 keeps whole): exact, as DeepSpeed's and its ZeRO++'s, but
+  one all-gather on DeepSpeed's own data-parallel group for all of them where DeepSpeed makes one per parameter
+  (``persistent_gather`` in ``summary()``; the same bits, a network latency a parameter fewer). With
+  ``weight_bits=None, grad_bits=None`` and no hpZ, zpccl serves this alone.
 
-What stays DeepSpeed's, exact, as in DeepSpeed's own ZeRO++: ZeRO stages 1 and 2 (refused), the gathers of
+What stays DeepSpeed's, exact, as in DeepSpeed's own ZeRO++: ZeRO stages 1 and 2 (refused), the other gathers of
 ``param.all_gather``, which calls torch.distributed itself (``GatheredParameters`` and the 16-bit checkpoint
-gathers; the persistent parameters, gathered after each step; a parameter used outside its module's forward, the
-first time DeepSpeed meets it so: the last two said once in the ``zpccl.deepspeed`` log and counted in
-``summary()`` as ``deepspeed_all_gather_persistent`` and ``deepspeed_all_gather_external``), gathers and
+gathers; a parameter used outside its module's forward, the first time DeepSpeed meets it so: said once in the
+``zpccl.deepspeed`` log and counted in ``summary()`` as ``deepspeed_all_gather_external``), gathers and
 reductions over any other group (tensor, pipeline and expert parallel: said once), other element types, and the
 bucket all-reduce of ``reduce_scatter: false``, and every collective of another engine of the process (zpccl
 serves the one it was enabled on: its fetches and its optimizer's gradient reductions mark its calls; the others

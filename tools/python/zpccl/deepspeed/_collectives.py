@@ -60,9 +60,10 @@ class Collectives:
     ``all_gather_coalesced`` does around DeepSpeed's own."""
 
     def __init__(self, ds: DeepSpeed, policy: ZeroPlusPlusPolicy, device: Any, report: Report, dp_group: Any,
-                 hpz_group: Any) -> None:
+                 hpz_group: Any, bucket_numel: int) -> None:
         self.ds, self.policy, self.device, self.report = ds, policy, device, report
         self.dp_group, self.hpz_group = dp_group, hpz_group
+        self.bucket_numel = bucket_numel  # the most elements one persistent_gather call gathers
         self.dp_ranks = ds.group_ranks(dp_group)
         self.gather: Comm | None = None  # qwZ, and hpZ when it serves DeepSpeed's hpZ group
         self.reduce: Comm | None = None  # qgZ
@@ -129,21 +130,68 @@ class Collectives:
             return self._unserved_reduction(theirs)
         return self._reduce(tensors, theirs)
 
-    def exact_gather(self, params: list[Any], alone: bool, theirs: Callable[[], Any]) -> Any:
+    def exact_gather(self, params: list[Any], alone: bool, blocking: bool, theirs: Callable[[], Any]) -> Any:
         """DeepSpeed's own exact gather of parameters (``param.all_gather``, which calls torch.distributed itself, not
-        the function zpccl replaces), as DeepSpeed's own ZeRO++ leaves it exact too. Counted where ZeRO-3 runs it
-        by itself: a parameter gathered alone (``alone``: one used outside its module's forward, which DeepSpeed
-        gathers so the first time it meets it, then registers with the module that used it, whose fetches zpccl
-        serves) and the persistent parameters after each step (said at enable). A user's GatheredParameters and the
-        16-bit checkpoint gathers are exact by contract, and not counted."""
+        the function zpccl replaces), which DeepSpeed's own ZeRO++ leaves exact too. ZeRO-3 runs it by itself in two
+        places. After each step (and after a checkpoint load) it gathers the persistent parameters again, one
+        all-gather per parameter: :meth:`persistent_gather` makes that one call per bucket, exact. And it gathers a
+        parameter alone the first time it meets one used outside its module's forward, then registers it with the
+        module that used it, whose fetches zpccl serves: counted, with qwZ. A user's GatheredParameters and the
+        16-bit checkpoint gathers are exact by contract and stay DeepSpeed's, uncounted."""
         gathered = [p for p in params if getattr(p.ds_status, "name", None) == "NOT_AVAILABLE"]
         if gathered and alone:
+            if self.policy.weight_bits is None:
+                return theirs()
             return self._fallback("all_gather_external", "a parameter used outside its module's forward is gathered "
                                   "by DeepSpeed itself (param.all_gather) the first time DeepSpeed meets it so, "
                                   "exact, then fetched with the module that used it", theirs, logging.INFO)
         if gathered and all(getattr(p, "ds_persist", False) for p in gathered):
+            if blocking and self._coalescible(gathered):
+                self.persistent_gather(gathered)
+                return None  # what DeepSpeed's blocking gather returns
             self.report.count("deepspeed_all_gather_persistent", 0, 0)
         return theirs()
+
+    def persistent_gather(self, params: list[Any]) -> None:
+        """The persistent parameters' gather as DeepSpeed runs it, bit for bit, in one all-gather per bucket rather
+        than one per parameter: their partitions packed back to back, gathered over the data-parallel group on
+        DeepSpeed's own process group (so in DeepSpeed's precision and on its transport), and each parameter's
+        whole tensor copied out in DeepSpeed's layout (the ranks' partitions in rank order, then its padding) into
+        storage of its own, as DeepSpeed gives each. Persistent parameters are small by definition, so each of
+        DeepSpeed's calls costs a network latency and barely any bandwidth: the calls are the cost. A bucket holds
+        as many gathered elements as ZeRO-3 gathers in one fetch, or as one persistent parameter's gather may
+        have, whichever is more (:attr:`EngineFacts.gather_bucket`), so that the packed copy adds no more memory
+        while it runs than DeepSpeed's own gathers take."""
+        torch, n = self.ds.torch, len(self.dp_ranks)
+        by_dtype: dict[Any, list[Any]] = {}
+        for p in params:
+            by_dtype.setdefault(p.ds_tensor.dtype, []).append(p)
+        for dtype, same in by_dtype.items():
+            for bucket in _buckets(same, lambda p: n * p.ds_tensor.ds_numel, self.bucket_numel):
+                sizes = [p.ds_tensor.ds_numel for p in bucket]
+                total = sum(sizes)
+                mine = torch.cat([p.ds_tensor.reshape(-1).to(self.device) for p in bucket])
+                gathered = torch.empty(n * total, dtype=dtype, device=self.device)
+                self.ds.dist.all_gather_into_tensor(gathered, mine, group=self.dp_group)
+                for p, rows in zip(bucket, gathered.view(n, total).split(sizes, dim=1)):
+                    whole = rows.reshape(-1)  # a copy of its own, unless the bucket is this one parameter
+                    p.data = whole.narrow(0, 0, p.ds_numel).view(p.ds_shape)
+                    p.ds_status = type(p.ds_status).AVAILABLE
+                self.report.count("persistent_gather", gathered.numel() * gathered.element_size(),
+                                  (n - 1) * mine.numel() * mine.element_size())
+
+    def _coalescible(self, params: list[Any]) -> bool:
+        """Whether DeepSpeed's gather of these parameters is a plain exact all-gather of partitions in memory over
+        the data-parallel group (not NVMe-swapped, not DeepSpeed-quantized, over more than one rank), which
+        :meth:`persistent_gather` does in fewer calls."""
+        if len(self.dp_ranks) < 2:
+            return False
+        for p in params:
+            part = p.ds_tensor
+            if (self.ranks(p.ds_process_group) != self.dp_ranks or hasattr(part, "ds_quant_scale")
+                    or getattr(getattr(part, "status", None), "name", "AVAILABLE") != "AVAILABLE"):
+                return False
+        return True
 
     @contextmanager
     def fetching(self, params: list[Any]) -> Iterator[None]:
@@ -323,6 +371,20 @@ class Collectives:
     def release(self) -> None:
         self._zeros.clear()
         self._layouts.clear()
+
+
+def _buckets(items: list[Any], size: Callable[[Any], int], most: int) -> Iterator[list[Any]]:
+    """``items`` in order, in runs whose sizes add up to at most ``most`` (a larger item alone)."""
+    run: list[Any] = []
+    total = 0
+    for item in items:
+        if run and total + size(item) > most:
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += size(item)
+    if run:
+        yield run
 
 
 def _data(numel: int, chunk: int, rank: int) -> int:

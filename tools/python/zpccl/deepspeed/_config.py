@@ -11,7 +11,9 @@ config and returns the one DeepSpeed gets (without them) and the :class:`~zpccl.
   quantization) is hpZ alone;
 * a top-level ``"zpccl"`` section holds the policy's other fields (``block_size``, ``grad_block_size``,
   ``grad_rounding``, ``ranks_per_node``, ...), and may set ``weight_bits`` / ``grad_bits`` too: a width, or a
-  collective the switches leave off; None for one they turn on is refused as a contradiction.
+  collective the switches leave off; None for one they turn on is refused as a contradiction. A section that
+  leaves both None, with no hpZ, asks for the one thing zpccl does exactly besides hpZ: the persistent
+  parameters' gathers in one call (refused at enable when the model has none).
 
 ``zero_quantized_nontrainable_weights`` keeps DeepSpeed's own quantized copies of frozen weights, which need its
 kernels: refused.
@@ -86,9 +88,6 @@ def resolve(config: Any, policy: ZeroPlusPlusPolicy | None,
                                   "drop one of them", call)
     if policy is None:
         policy = resolve_policy(call, None, fields)
-    if policy.weight_bits is None and policy.grad_bits is None and hpz <= 1:
-        raise ZpcclValueError(f"{call}: the config asks zpccl for nothing: weight_bits and grad_bits are None "
-                              f"and zero_optimization.{HPZ_KEY} is {hpz} (hpZ needs at least 2)", call)
     return cfg, policy
 
 

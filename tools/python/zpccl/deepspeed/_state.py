@@ -36,7 +36,8 @@ class ZeroPlusPlus(Session):
         #: What serves the engine, as :func:`~zpccl.deepspeed.enable` was told.
         self.policy = policy
         self.report = Report(log)
-        self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group, facts.hpz_group)
+        self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group, facts.hpz_group,
+                                       facts.gather_bucket)
         self._originals: dict[int, Any] = {}  # REPLACED index -> DeepSpeed's function
         self._ours: dict[int, Any] = {}
         # (owner, attribute, the owner's own attribute before (None: its class's), ours): the wrapped fetches of the
@@ -66,9 +67,11 @@ class ZeroPlusPlus(Session):
         checks DeepSpeed's hpZ groups, then puts zpccl's functions in DeepSpeed's place."""
         policy, facts, calls, call = self.policy, self.facts, self.collectives, self._call
         serve_hpz = policy.hpz and facts.hpz_group is not None
-        if policy.weight_bits is None and policy.grad_bits is None and not serve_hpz:
-            raise ZpcclValueError(f"{call}: weight_bits=None and grad_bits=None leave zpccl hpZ alone, and the engine "
-                                  "has no hpZ group (zero_optimization.zero_hpz_partition_size of at least 2)", call)
+        if policy.weight_bits is None and policy.grad_bits is None and not serve_hpz and not facts.persistent:
+            raise ZpcclValueError(f"{call}: weight_bits=None and grad_bits=None leave zpccl hpZ and the persistent "
+                                  "parameters' gathers, and the engine has neither an hpZ group "
+                                  "(zero_optimization.zero_hpz_partition_size of at least 2) nor persistent "
+                                  "parameters (stage3_param_persistence_threshold)", call)
         if policy.weight_bits is not None and facts.all_reduce_fetch and None in facts.fetch_owners:
             raise ZpcclError(Result.INVALID_USAGE, f"{call}: stage3_use_all_reduce_for_fetch_params makes ZeRO-3 "
                              "fetch parameters with an exact all-reduce, which never reaches the gather zpccl "
@@ -161,17 +164,18 @@ class ZeroPlusPlus(Session):
         if facts.hpz_group is not None and not policy.hpz:
             self.report.say_once("hpz_off", "hpz=False: the gathers over DeepSpeed's hpZ groups (from the secondary "
                                  "partitions) stay DeepSpeed's", logging.INFO)
-        if facts.persistent and policy.weight_bits is not None:
+        if facts.persistent:
             numel = sum(p.ds_numel for p in facts.persistent)
             self.report.say_once("persistent", f"{len(facts.persistent)} persistent parameters ({numel} elements, "
-                                 "each smaller than stage3_param_persistence_threshold) stay gathered, DeepSpeed "
-                                 "gathering them again after each step with its own exact all-gather, as its ZeRO++ "
-                                 "does (summary()'s deepspeed_all_gather_persistent)", logging.INFO)
+                                 "each smaller than stage3_param_persistence_threshold) stay gathered; after each "
+                                 "step DeepSpeed gathers them again exactly, as its ZeRO++ does, and zpccl makes "
+                                 "that one exact all-gather on DeepSpeed's group where DeepSpeed makes one per "
+                                 "parameter (summary()'s persistent_gather)", logging.INFO)
 
     def _replace(self) -> None:
-        """DeepSpeed's three functions replaced by zpccl's; each parameter's all_gather_coalesced (where zpccl serves
-        gathers) and all_gather (with qwZ), and the optimizer's gradient reduction (with qgZ) wrapped; with qwZ, the
-        fetches' use_all_reduce_for_fetch_params off."""
+        """DeepSpeed's three functions replaced by zpccl's; each parameter's all_gather (its exact gathers) and
+        all_gather_coalesced (where zpccl serves gathers), and the optimizer's gradient reduction (with qgZ) wrapped;
+        with qwZ, the fetches' use_all_reduce_for_fetch_params off."""
         calls, ds = self.collectives, self._ds
         ours = {0: functools.partial(_all_gather, calls, ds.function(0)),
                 1: functools.partial(_reduce_scatter, calls, ds.function(1)),
@@ -192,8 +196,8 @@ class ZeroPlusPlus(Session):
                 self.report.say_once("all_reduce_fetch", "stage3_use_all_reduce_for_fetch_params: the parameter "
                                      "fetches it all-reduces are qwZ gathers instead, as DeepSpeed's own quantized "
                                      "gathers are (disable() gives the setting back)", logging.INFO)
-            for p in self.facts.params:
-                self._wrap(p, "all_gather", functools.partial(_exact, calls, p.all_gather, p))
+        for p in self.facts.params:
+            self._wrap(p, "all_gather", functools.partial(_exact, calls, p.all_gather, p))
         if calls.gather is not None:  # qwZ or hpZ: the gathers of the engine's own fetches
             for p in self.facts.params:
                 self._wrap(p, "all_gather_coalesced", functools.partial(_fetch, calls, p.all_gather_coalesced))
@@ -269,6 +273,8 @@ def _reduction(calls: Collectives, theirs: Any, *args: Any, **kwargs: Any) -> An
         return theirs(*args, **kwargs)
 
 
-def _exact(calls: Collectives, theirs: Any, param: Any, param_list: Any = None, *args: Any, **kwargs: Any) -> Any:
+def _exact(calls: Collectives, theirs: Any, param: Any, param_list: Any = None, async_op: bool = False,
+           *args: Any, **kwargs: Any) -> Any:
     params = [param] if param_list is None else list(param_list)
-    return calls.exact_gather(params, param_list is None, lambda: theirs(params, *args, **kwargs))
+    return calls.exact_gather(params, param_list is None, not async_op,
+                              lambda: theirs(params, async_op, *args, **kwargs))
