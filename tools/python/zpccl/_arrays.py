@@ -52,6 +52,18 @@ def type_name(code: DataType) -> str:
     return _NAME_OF_TYPE[DataType(code)]
 
 
+def dtype_name(dtype: Any) -> str:
+    """A torch or NumPy dtype's name as numpy and torch spell it (``torch.bfloat16`` -> ``bfloat16``), as
+    :data:`QUANT_TYPE_NAMES` and the messages name it."""
+    return str(dtype).replace("torch.", "")
+
+
+#: The names of the element types the quantized calls take (QUANT_TYPES), narrowest first, as messages list them.
+QUANT_TYPE_NAMES = tuple(type_name(t) for t in sorted(QUANT_TYPES, key=lambda t: (t.itemsize, t)))
+#: The same, in words: "float16, bfloat16 and float32".
+QUANT_TYPES_IN_WORDS = f"{', '.join(QUANT_TYPE_NAMES[:-1])} and {QUANT_TYPE_NAMES[-1]}"
+
+
 def resolve_dtype(spec: Any, call: str) -> DataType:
     """A :class:`DataType` from a DataType/int, a name (``"bfloat16"``, ``"bf16"``, ...), a NumPy dtype or a
     torch dtype."""
@@ -64,7 +76,7 @@ def resolve_dtype(spec: Any, call: str) -> DataType:
             raise ZpcclValueError(f"{call}: dtype {spec} is not a zpDataType_t", call) from None
     torch = torch_module()
     if torch is not None and isinstance(spec, torch.dtype):
-        name = str(spec).replace("torch.", "")
+        name = dtype_name(spec)
     elif isinstance(spec, str):
         name = _ALIASES.get(spec.lower(), spec.lower())
     else:
@@ -128,7 +140,7 @@ def as_buffer(obj: Any, call: str, name: str, *, dtype: Any = None, writable: bo
         if not obj.is_contiguous():
             raise ZpcclValueError(f"{call}: {name} is not contiguous (shape {tuple(obj.shape)}, strides "
                                   f"{tuple(obj.stride())}); pass {name}.contiguous()", call)
-        label, itemsize = str(obj.dtype).replace("torch.", ""), int(obj.element_size())
+        label, itemsize = dtype_name(obj.dtype), int(obj.element_size())
         ptr, count, kind = int(obj.data_ptr()), int(obj.numel()), "torch"
         device = int(obj.device.index if obj.device.index is not None else 0) if obj.device.type == "cuda" else -1
     else:
@@ -150,8 +162,8 @@ def require_quant_type(buf: Buffer, call: str, name: str) -> DataType:
     if buf.dtype not in QUANT_TYPES:
         hint = "; for bfloat16 bits held in uint16 pass dtype='bfloat16'" if buf.type_label in ("uint16",
                                                                                                "int16") else ""
-        raise ZpcclValueError(f"{call}: {name} dtype {buf.type_label} is not supported (float16, bfloat16 and "
-                              f"float32 are){hint}", call)
+        raise ZpcclValueError(f"{call}: {name} dtype {buf.type_label} is not supported ({QUANT_TYPES_IN_WORDS} "
+                              f"are){hint}", call)
     assert buf.dtype is not None
     return buf.dtype
 

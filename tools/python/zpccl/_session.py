@@ -1,6 +1,6 @@
 """What the framework integrations' sessions share (zpccl.fsdp's and zpccl.deepspeed's ``ZeroPlusPlus``): the
-policy's choices read as the session's own attributes, the counters, the context manager, and the rule that a
-framework's hpZ group must follow to be one of zpccl's.
+policy's choices read as the session's own attributes, the counters, the context manager, the backend a device
+takes, and the rule that a framework's hpZ group must follow to be one of zpccl's.
 
 It imports neither torch nor any integration: an integration imports it, never the reverse.
 """
@@ -11,9 +11,10 @@ from typing import Any
 
 from ._policy import ZeroPlusPlusPolicy
 from ._report import PathStats, Report
+from .enums import Backend
 from .errors import ZpcclValueError
 
-__all__ = ["Session", "hpz_group_problem", "refuse_hpz_group"]
+__all__ = ["Session", "backend_for", "hpz_group_problem", "refuse_hpz_group"]
 
 
 class Session:
@@ -80,3 +81,14 @@ def refuse_hpz_group(call: str, setting: str, k: int, gather: str, problem: str,
         f"{call}: {setting}={k} makes {gather}, which are {problem}: hpZ keeps that gather inside one node, over {k} "
         f"consecutive ranks of it{detail}. Use a {setting} that divides the ranks per node (with ranks numbered "
         f"node by node), or hpz=False to leave that gather on {left_on}", call)
+
+
+def backend_for(device: Any, call: str, where: str) -> Backend:
+    """The backend of zpccl's communicators for the framework's torch ``device``: cuda on a CUDA device, host on the
+    CPU; any other device refused, ``where`` (what runs there, ending "on") said before it."""
+    if device.type == "cuda":
+        return Backend.CUDA
+    if device.type == "cpu":
+        return Backend.HOST
+    raise ZpcclValueError(f"{call}: {where} {device}: zpccl serves CUDA devices and, on its host backend, the CPU",
+                          call)

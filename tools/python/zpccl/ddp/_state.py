@@ -5,17 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
+from .._arrays import QUANT_TYPE_NAMES, QUANT_TYPES_IN_WORDS, dtype_name
 from .._policy import ZeroPlusPlusPolicy
-from .._report import PathStats, Report
+from .._report import PathStats, Report, all_reduce_wire_bytes
 from .._staging import BlockLayout, Staging
-from ..comm import Comm, payload_size
+from ..comm import Comm
 from ..enums import Backend, Result
 from ..errors import ZpcclError, ZpcclTypeError, ZpcclValueError
 
 log = logging.getLogger("zpccl.ddp")
-
-#: The element types zpQuantAllReduce takes, as torch names them.
-QUANT_DTYPES = ("float16", "bfloat16", "float32")
 
 
 class QuantAllReduce:
@@ -39,10 +37,10 @@ class QuantAllReduce:
         self.report = Report(log)
         self.comm: Comm | None = None
         dtypes = tuple(dict.fromkeys(dtypes))
-        bad = [str(d).replace("torch.", "") for d in dtypes if str(d).replace("torch.", "") not in QUANT_DTYPES]
+        bad = [name for name in map(dtype_name, dtypes) if name not in QUANT_TYPE_NAMES]
         if bad:
-            raise ZpcclValueError(f"{call}: gradients of dtype {', '.join(bad)}: zpQuantAllReduce takes float16, "
-                                  "bfloat16 and float32 (keep torch's own all-reduce for the others)", call)
+            raise ZpcclValueError(f"{call}: gradients of dtype {', '.join(bad)}: zpQuantAllReduce takes "
+                                  f"{QUANT_TYPES_IN_WORDS} (keep torch's own all-reduce for the others)", call)
         # ranks_per_node numbers the world's ranks, whichever group this is (a DDP subgroup, HSDP's replicate one).
         config = policy.comm_config(reduce=True, world_rank=dist.get_rank())
         comm = Comm.from_torch_group(group, device=device, **config)
@@ -207,4 +205,4 @@ class QuantAllReduce:
         shard = self._shards.get(count)
         if shard is None:
             shard = self._shards[count] = self._live().all_reduce_shard_count(count)
-        return 2 * (self.nranks - 1) * payload_size(shard, self.policy.grad_bits, self.policy.grad_block)
+        return all_reduce_wire_bytes(self.nranks, shard, self.policy.grad_bits, self.policy.grad_block)

@@ -26,15 +26,12 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from .._arrays import QUANT_TYPE_NAMES, QUANT_TYPES_IN_WORDS, dtype_name
 from .._policy import ZeroPlusPlusPolicy
-from .._report import Report
+from .._report import Report, exact_wire_bytes, quantized_wire_bytes
 from .._staging import BlockLayout
-from ..comm import Comm, payload_size
-from ..enums import QUANT_TYPES
+from ..comm import Comm
 from ._deepspeed import DeepSpeed
-
-#: The element types zpccl quantizes, as torch names them.
-QUANT_DTYPES = tuple(t.name.lower() for t in QUANT_TYPES)
 
 
 class Done:
@@ -95,10 +92,10 @@ class Collectives:
         if self.policy.weight_bits is None:
             return self._fallback("all_gather_off", "the parameter gathers over the data-parallel group "
                                   "(weight_bits=None)", theirs, logging.INFO)
-        dtype = str(input.dtype).replace("torch.", "")
-        if dtype not in QUANT_DTYPES or output.dtype != input.dtype:
-            return self._fallback("all_gather_dtype", f"{dtype} parameters are not quantized (qwZ takes fp16, bf16, "
-                                  "fp32)", theirs)
+        dtype = dtype_name(input.dtype)
+        if dtype not in QUANT_TYPE_NAMES or output.dtype != input.dtype:
+            return self._fallback("all_gather_dtype", f"{dtype} parameters are not quantized (qwZ takes "
+                                  f"{QUANT_TYPES_IN_WORDS})", theirs)
         if not self._in_fetch():
             return self._unserved_gather(theirs)
         parts = self._gathered_parts(input)
@@ -177,8 +174,7 @@ class Collectives:
                     whole = rows.reshape(-1)  # a copy of its own, unless the bucket is this one parameter
                     p.data = whole.narrow(0, 0, p.ds_numel).view(p.ds_shape)
                     p.ds_status = type(p.ds_status).AVAILABLE
-                self.report.count("persistent_gather", gathered.numel() * gathered.element_size(),
-                                  (n - 1) * mine.numel() * mine.element_size())
+                self.report.count("persistent_gather", gathered.nbytes, exact_wire_bytes(n, mine.nbytes))
 
     def _coalescible(self, params: list[Any]) -> bool:
         """Whether DeepSpeed's gather of these parameters is a plain exact all-gather of partitions in memory over
@@ -237,7 +233,7 @@ class Collectives:
         """hpZ: the exact gather of the secondary partitions inside DeepSpeed's hpZ group (in place or not)."""
         self.hpz_comm.hier_all_gather(input, output)
         k = self.hpz_comm.hpz_size
-        self.report.count("hpz", output.numel() * output.element_size(), (k - 1) * input.numel() * input.element_size())
+        self.report.count("hpz", output.numel() * output.element_size(), exact_wire_bytes(k, input.nbytes))
 
     def qwz(self, input: Any, output: Any, parts: list[tuple[int, int]]) -> None:
         """qwZ: the data-parallel gather of block-quantized partitions, staged unless every part is whole data
@@ -259,15 +255,15 @@ class Collectives:
             layout.fill(torch, [row], own, self.zeros(input.dtype, gap))
             comm.quant_all_gather(own, staged)
             layout.unstage(torch, staged.view(n, sp), output.view(n, count))
-        wire = (n - 1) * payload_size(layout.staged_count, self.policy.weight_bits, self.policy.block_size)
+        wire = quantized_wire_bytes(n, layout.staged_count, self.policy.weight_bits, self.policy.block_size)
         self.report.count("qwz", output.numel() * output.element_size(), wire)
 
     def _reduce(self, tensors: list[Any], theirs: Callable[[], Any]) -> list[Any]:
         dtypes = {t.dtype for t in tensors}
-        name = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else "mixed"
-        if name not in QUANT_DTYPES:
-            return self._fallback("reduce_scatter_dtype", f"{name} gradients are not quantized (qgZ takes fp16, bf16, "
-                                  "fp32 of one type a call)", theirs)
+        name = dtype_name(next(iter(dtypes))) if len(dtypes) == 1 else "mixed"
+        if name not in QUANT_TYPE_NAMES:
+            return self._fallback("reduce_scatter_dtype", f"{name} gradients are not quantized (qgZ takes "
+                                  f"{QUANT_TYPES_IN_WORDS} of one type a call)", theirs)
         return self.qgz(tensors)
 
     def qgz(self, tensors: list[Any]) -> list[Any]:
@@ -288,14 +284,12 @@ class Collectives:
         own = staged.narrow(0, r * sp, sp)
         layout.fill(torch, rows, staged, self.zeros(dtype, gap))
         comm.quant_reduce_scatter(staged, own, op="avg")  # in place, over its own row (NCCL's rule)
-        wire = (n - 1) * payload_size(sp, self.policy.grad_bits, self.policy.grad_block)
+        wire = quantized_wire_bytes(n, sp, self.policy.grad_bits, self.policy.grad_block)
         self.report.count("qgz", sum(f.numel() for f in flats) * flats[0].element_size(), wire)
         return [own.narrow(0, o, m) for o, m in zip(layout.staged_offsets, mine)]
 
     def _fallback(self, kind: str, message: str, call: Callable[[], Any], level: int = logging.WARNING) -> Any:
-        self.report.say_once(kind, message + "; it stays on DeepSpeed's own collective", level)
-        self.report.count("deepspeed_" + kind, 0, 0)
-        return call()
+        return self.report.fallback(kind, message, call, level)
 
     def _done(self) -> Done:
         event = None

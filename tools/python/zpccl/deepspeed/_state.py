@@ -8,7 +8,7 @@ from typing import Any
 
 from .._policy import ZeroPlusPlusPolicy
 from .._report import Report
-from .._session import Session, hpz_group_problem, refuse_hpz_group
+from .._session import Session, backend_for, hpz_group_problem, refuse_hpz_group
 from ..comm import Comm
 from ..enums import Backend, Result
 from ..errors import ZpcclError, ZpcclValueError
@@ -35,7 +35,7 @@ class ZeroPlusPlus(Session):
         self._call = call  # what the user called (enable, or initialize), named by every refusal of the set-up
         #: What serves the engine, as :func:`~zpccl.deepspeed.enable` was told.
         self.policy = policy
-        self.report = Report(log)
+        self.report = Report(log, own="DeepSpeed's own collective", prefix="deepspeed_")
         self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group, facts.hpz_group,
                                        facts.gather_bucket)
         self._originals: dict[int, Any] = {}  # REPLACED index -> DeepSpeed's function
@@ -118,12 +118,9 @@ class ZeroPlusPlus(Session):
         streams really overlap), host-backend on a group of CPU tensors (gloo)."""
         # ranks_per_node numbers the world's ranks: the data-parallel group is a subgroup beside model parallelism.
         config = dict(self.policy.comm_config(reduce, self._ds.dist.get_rank()), hpz_size=hpz_size)
-        device, call = self.facts.device, self._call
-        if device.type == "cuda":
+        device = self.facts.device
+        if backend_for(device, self._call, "DeepSpeed's accelerator runs on") == Backend.CUDA:
             return Comm.from_torch_group(self.facts.dp_group, device=device, wrap=False if reduce else None, **config)
-        if device.type != "cpu":
-            raise ZpcclValueError(f"{call}: DeepSpeed's accelerator runs on {device}: zpccl serves CUDA devices "
-                                  "and, on its host backend, the CPU", call)
         return Comm.from_torch_group(self.facts.dp_group, device="cpu", **config)
 
     def _check_hpz_groups(self, comm: Comm) -> None:

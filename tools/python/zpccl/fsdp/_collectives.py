@@ -9,14 +9,12 @@ import logging
 from typing import Any, Callable
 
 from .._policy import ZeroPlusPlusPolicy
+from .._arrays import QUANT_TYPE_NAMES, QUANT_TYPES_IN_WORDS, dtype_name
+from .._report import exact_wire_bytes, quantized_wire_bytes
 from .._staging import BlockLayout, Staging
-from ..comm import Comm, payload_size
-from ..enums import QUANT_TYPES
+from ..comm import Comm
 from ._report import Report, log
 from ._torch_fsdp import TorchFsdp, post_forward_group
-
-#: The element types zpccl quantizes, as torch names them.
-QUANT_DTYPES = tuple(t.name.lower() for t in QUANT_TYPES)
 
 
 class Collectives:
@@ -51,11 +49,11 @@ class Collectives:
         self._first()
         ranks = self.ranks(group)
         if served.group is not None and ranks == served.group.ranks:
-            dtype = str(output.dtype).replace("torch.", "")
-            if dtype not in QUANT_DTYPES:
+            dtype = dtype_name(output.dtype)
+            if dtype not in QUANT_TYPE_NAMES:
                 kind = "uint8" if dtype == "uint8" else "dtype"
                 why = ("a module whose parameters mix dtypes is gathered as uint8 bytes" if kind == "uint8"
-                       else f"{dtype} parameters are not quantized (qwZ takes fp16, bf16, fp32)")
+                       else f"{dtype} parameters are not quantized (qwZ takes {QUANT_TYPES_IN_WORDS})")
                 return self._fallback("all_gather_" + kind, why, nccl)
             return self.qwz(served, served.group.gather, output, input)
         if served.hpz is not None and ranks == served.hpz.ranks:
@@ -84,10 +82,10 @@ class Collectives:
         if g is None or g.reduce is None or ranks != g.ranks:
             return self._fallback("reduce_scatter_group", f"a reduce-scatter over group {list(ranks)}, which zpccl "
                                   "has no communicator for", nccl)
-        dtype = str(output.dtype).replace("torch.", "")
-        if dtype not in QUANT_DTYPES:
-            return self._fallback("reduce_scatter_dtype", f"{dtype} gradients are not quantized (qgZ takes fp16, "
-                                  "bf16, fp32)", nccl)
+        dtype = dtype_name(output.dtype)
+        if dtype not in QUANT_TYPE_NAMES:
+            return self._fallback("reduce_scatter_dtype", f"{dtype} gradients are not quantized (qgZ takes "
+                                  f"{QUANT_TYPES_IN_WORDS})", nccl)
         name = op_name(self.fsdp.dist, op)
         if name is None:
             return self._fallback("reduce_scatter_op", f"a reduce-scatter with {op}, which qgZ does not do", nccl)
@@ -114,13 +112,13 @@ class Collectives:
                 layout.stage(torch, input, own, self.zeros(1, output.dtype, reduce=False)[0])
                 comm.quant_all_gather(own, staged)
                 layout.unstage(torch, staged.view(n, sp), output.view(n, count))
-        wire = (n - 1) * payload_size(layout.staged_count, self.policy.weight_bits, self.policy.block_size)
+        wire = quantized_wire_bytes(n, layout.staged_count, self.policy.weight_bits, self.policy.block_size)
         self.report.count("qwz", output.numel() * output.element_size(), wire)
 
     def hpz(self, hpz: Any, output: Any, input: Any) -> None:
         """hpZ: the exact backward all-gather inside one node's post-forward group."""
         hpz.comm.hier_all_gather(input, output)
-        wire = (hpz.k - 1) * input.numel() * input.element_size()
+        wire = exact_wire_bytes(hpz.k, input.numel() * input.element_size())
         self.report.count("hpz", output.numel() * output.element_size(), wire)
 
     def qgz(self, served: Any, comm: Comm, output: Any, input: Any, op: str, factor: float | None) -> None:
@@ -141,7 +139,7 @@ class Collectives:
                 comm.quant_reduce_scatter(staged, own, op=op, **grad)
                 layout.unstage(torch, own, output)
         divide(output, factor)
-        wire = (n - 1) * payload_size(layout.staged_count, self.policy.grad_bits, self.policy.grad_block)
+        wire = quantized_wire_bytes(n, layout.staged_count, self.policy.grad_bits, self.policy.grad_block)
         self.report.count("qgz", input.numel() * output.element_size(), wire)
         if grad:
             self.report.count("grad_residuals", 0, 0)
@@ -152,9 +150,7 @@ class Collectives:
             call()
 
     def _fallback(self, kind: str, message: str, call: Callable[[], Any]) -> Any:
-        self.report.say_once(kind, message + "; it stays on FSDP's own collective")
-        self.report.count("torch_" + kind, 0, 0)
-        return call()
+        return self.report.fallback(kind, message, call)
 
     def _grad_kwargs(self, served: Any, count: int, elements: int) -> dict[str, Any]:
         """The residuals of this parameter group's reduce-scatter of ``elements`` (staged) elements, ``count`` a

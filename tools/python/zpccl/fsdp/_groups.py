@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _torch as _ztorch
 from .._policy import ZeroPlusPlusPolicy
-from .._session import hpz_group_problem, refuse_hpz_group
+from .._session import backend_for, hpz_group_problem, refuse_hpz_group
 from ..comm import Comm, get_unique_id
 from ..enums import UNIQUE_ID_BYTES, Backend, Result
 from ..errors import ZpcclError, ZpcclValueError
@@ -80,7 +80,7 @@ class Communicators:
         post-forward groups."""
         policy = self.policy
         g = self.groups[self.ranks(shard)] = Group(self.ranks(shard))
-        self._choose_backend(shard)
+        self.backend = backend_for(self.device, CALL, "parameters on")
         hpz = policy.weight_bits is not None and policy.hpz and (policy.hpz_size is not None or any(
             post_forward_group(s.param_group) is not None for s in served
             if self.ranks(s.param_group.mesh_info.shard_process_group) == g.ranks))
@@ -93,15 +93,6 @@ class Communicators:
             self.fsdp.dist.all_gather_object(g.nodes, mine, group=shard)
         return g
 
-    def _choose_backend(self, shard: Any) -> None:
-        device = self.device
-        if device.type == "cuda":
-            self.backend = Backend.CUDA
-        elif device.type == "cpu":
-            self.backend = Backend.HOST
-        else:
-            raise ZpcclValueError(f"{CALL}: parameters on {device}: zpccl serves CUDA devices (and, on the host "
-                                  "backend, the CPU)", CALL)
 
     def _make(self, shard: Any, reduce: bool, hpz_size: int | None = None, wrap: bool | None = None) -> Comm:
         # Each communicator quantizes in its own collective's blocks (gradients' and weights' may differ).

@@ -14,4 +14,4 @@ class Report(_Report):
     """The counters of one zpccl.fsdp session, and the kinds of message it has said on ``zpccl.fsdp``."""
 
     def __init__(self) -> None:
-        super().__init__(log)
+        super().__init__(log, own="FSDP's own collective", prefix="torch_")
