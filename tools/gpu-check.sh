@@ -460,7 +460,7 @@ done
 summary=$results/summary.txt
 PYTHONPATH="$top/tools" python3 - "$manifest" "$SECONDS" >"$summary" <<'PY'
 import json, sys
-from perf_files import load as load_file
+from perf_files import is_step_file, load as load_file
 
 manifest, elapsed = sys.argv[1], sys.argv[2]
 # 64M: where the issues' slow-link targets begin.
@@ -506,10 +506,7 @@ def fsdp_rows(path):
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    rows = data.get("rows") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or any(not isinstance(r, dict) or "config" not in r for r in rows):
-        return None
-    return data
+    return data if is_step_file(data) else None
 
 def sanitizer_errors(log):
     """The errors of every 'ERROR SUMMARY: N errors' line summed (one per instrumented process), or None when

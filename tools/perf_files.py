@@ -3,8 +3,9 @@
 A file is ``{"provenance": {...}, "rows": [row, ...]}`` (perf/json_out.h; the provenance's keys are
 perf/provenance.py's), or, gathering several such files (tools/gpu-check.sh's results.json), ``{"provenance_by_file":
 {file: {...}}, "rows": [row, ...]}`` with each row naming its ``file``; files written before provenance was recorded are a bare array of rows, and stay readable.
-A row is a perf row when it names its ``op``; other files (perf/fsdp_step.py's, whose rows name a ``config``)
-give none.
+A row is a perf row when it names its ``op``; other files (the training steps', whose rows name a ``config``:
+:func:`is_step_file`) give none. Sizes are written as the perf flags spell them (:func:`size_text`,
+:func:`size_of`).
 
     from perf_files import load
     provenance, rows = load("perf/results/x.json")    # provenance is None for a bare array
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 from typing import Any
 
@@ -57,3 +59,39 @@ def load(path: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     return provenance_of(data), rows_of(data)
+
+
+def is_step_file(data: Any) -> bool:
+    """Whether a parsed file is a training step's (perf/step_protocol.py's scripts: perf/fsdp_step.py,
+    perf/ddp_step.py, perf/deepspeed_step.py): a dict whose rows each name a ``config``, with rows or loss runs (a
+    ``--loss-only`` run has no rows; a perf binary's file without rows has no ``losses``)."""
+    rows = data.get("rows") if isinstance(data, dict) else None
+    return (isinstance(rows, list) and all(isinstance(r, dict) and "config" in r for r in rows)
+            and (bool(rows) or isinstance(data.get("losses"), list)))
+
+
+UNITS = (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
+
+
+def size_text(nbytes: float, digits: int | None = None) -> str:
+    """Bytes with a binary suffix. ``digits`` None: a size's name, as the perf flags spell it (whole units of the
+    largest suffix whose remainder is at most a hundredth of it, so that a size rounded up to whole elements keeps
+    its flag's name: 64M, 15872K, 1536M, 1000); else rounded to that many significant digits, for reading (1.5G,
+    3.56K)."""
+    for suffix, scale in UNITS:
+        if digits is None and nbytes >= scale and nbytes % scale < scale // 100 + 1:
+            return f"{round(nbytes / scale)}{suffix}"
+        if digits is not None and nbytes >= scale:
+            return f"{nbytes / scale:.{digits}g}{suffix}"
+    return str(nbytes) if digits is None else f"{nbytes:.0f}"
+
+
+def size_of(text: str) -> int:
+    """Bytes from a size as the perf flags and size_text spell it: 4096, 64K, 16M, 1G (the suffix in either case;
+    a decimal before a suffix, 1.5G, is rounded down to whole bytes). ValueError names the text."""
+    m = re.fullmatch(r"(\d+)(\.\d+)?([KMG]?)", text.strip(), re.I)
+    if m is None or (m.group(2) and not m.group(3)):
+        raise ValueError(f"size_of: {text!r} is not a size (bytes, or a number and K, M or G: 64K, 16M, 1.5G)")
+    scale = dict(UNITS).get(m.group(3).upper(), 1)
+    whole = int(m.group(1)) * scale
+    return whole + int(float("0" + m.group(2)) * scale) if m.group(2) else whole

@@ -33,7 +33,7 @@ from typing import Any
 TOOLS = pathlib.Path(__file__).resolve().parent
 TOP = TOOLS.parent
 sys.path.insert(0, str(TOOLS))
-from perf_files import provenance_of, rows_of  # noqa: E402
+from perf_files import is_step_file, provenance_of, rows_of, size_text  # noqa: E402
 
 SCHEMA = "zpccl-perf-gate/1"
 
@@ -46,13 +46,6 @@ class Figure:
     higher_is_better: bool
     unit: str  # "x" or "ms"
     file: str = ""
-
-
-def size_text(nbytes: int) -> str:
-    for suffix, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale < scale // 100 + 1:
-            return f"{round(nbytes / scale)}{suffix}"
-    return str(nbytes)
 
 
 def perf_figures(rows: list[dict[str, Any]], file: str) -> dict[str, Figure]:
@@ -104,11 +97,11 @@ def collect(folder: pathlib.Path) -> tuple[dict[str, Figure], list[dict[str, Any
             data = json.loads(path.read_text())
         except ValueError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
-        fsdp = re.fullmatch(r"fsdp_(\w+)\.json", path.name)
-        if fsdp and isinstance(data, dict):
-            mine = fsdp_figures(data, fsdp.group(1), path.name)
-        else:
-            mine = perf_figures(rows_of(data), path.name)
+        fsdp = re.fullmatch(r"fsdp_(\w+)\.json", path.name)  # the shape names the step's figures
+        if is_step_file(data) != bool(fsdp):
+            raise ValueError(f"{path}: a training step's file must be named fsdp_<shape>.json, and only such a file"
+                             " may be")
+        mine = fsdp_figures(data, fsdp.group(1), path.name) if fsdp else perf_figures(rows_of(data), path.name)
         if not mine:
             continue
         clash = set(mine) & set(figures)

@@ -17,14 +17,9 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tools/: perf_files
 from perf_files import load as load_file  # noqa: E402
+from perf_files import size_text  # noqa: E402
 
-
-def size_text(nbytes: float) -> str:
-    """Bytes with a binary suffix, as the perf flags spell sizes: 64K, 1M, 1.5G."""
-    for suffix, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g}{suffix}"
-    return f"{nbytes:.0f}"
+DIGITS = 3  # the sizes' and byte counts' significant digits (64K, 1.5G, 3.56K)
 
 
 def load(paths: list[str]) -> list[dict[str, Any]]:
@@ -73,7 +68,7 @@ def speedup_table(rows: list[dict[str, Any]]) -> list[str]:
     fmt = "{:<24} {:<5} {:<14}" + f" {{:>{width}}}" * len(sizes)
     lines = ["speedup over NCCL (NCCL's median time / zpccl's, out of place, same run; the rounds' least and "
              "greatest ratios in brackets), by logical size:",
-             fmt.format("collective", "bits", "regime", *(size_text(s) for s in sizes))]
+             fmt.format("collective", "bits", "regime", *(size_text(s, DIGITS) for s in sizes))]
     for (op, bits, regime), cells in groups.items():
         lines.append(fmt.format(op, bits, regime, *(cells.get(s, "-") for s in sizes)))
     if copies:
@@ -91,8 +86,9 @@ def wire_table(rows: list[dict[str, Any]]) -> list[str]:
         zp_all, ring_all = zp["intra"] + zp["inter"], ring["intra"] + ring["inter"]
         saved = f"{100 * (1 - zp['inter'] / ring['inter']):.0f}%" if ring["inter"] else "-"
         op, bits, _ = group_key(r)
-        lines.append(fmt.format(op, bits, size_text(r["size"]), f"{size_text(zp_all)} / {size_text(ring_all)}",
-                                f"{size_text(zp['inter'])} / {size_text(ring['inter'])}", saved))
+        lines.append(fmt.format(op, bits, size_text(r["size"], DIGITS),
+                                f"{size_text(zp_all, DIGITS)} / {size_text(ring_all, DIGITS)}",
+                                f"{size_text(zp['inter'], DIGITS)} / {size_text(ring['inter'], DIGITS)}", saved))
     lines.append("saved: the share of NCCL's bytes across nodes that zpccl does not send (the slow link's load)")
     return lines
 

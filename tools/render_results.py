@@ -29,7 +29,7 @@ from typing import Any, Callable
 TOP = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tools"))
 import loss_stats as ls  # noqa: E402  (the loss runs' campaigns and their paired statistics)
-from perf_files import provenance_of  # noqa: E402
+from perf_files import provenance_of, size_of  # noqa: E402
 DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md", "perf/notebook/fsdp.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
@@ -37,11 +37,6 @@ MB = 1 << 20
 
 class RenderError(Exception):
     """A table that the files cannot give; the message names the table, the file and what is missing."""
-
-
-def size_of(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def wire_limit(bits: int, block: int = 256) -> float:

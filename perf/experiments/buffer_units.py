@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tools"))
-from perf_files import load  # noqa: E402
+from perf_files import load, size_of  # noqa: E402
 
 MIB = 1 << 20
 OPS = {"quant_all_reduce", "qwz_all_gather", "qgz_reduce_scatter"}
@@ -79,11 +79,6 @@ def fit(points: list[tuple[int, int, float]]) -> tuple[float, float]:
         a11, a12, a22, b1, b2 = a11 + x1 * x1, a12 + x1 * x2, a22 + x2 * x2, b1 + x1, b2 + x2
     det = a11 * a22 - a12 * a12
     return (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
-
-
-def size_of(text: str) -> int:
-    scale = {"K": 1 << 10, "M": MIB, "G": 1 << 30}.get(text[-1].upper(), 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
 def main() -> int:

@@ -168,6 +168,16 @@ class PerfGate(unittest.TestCase):
         status, text = self.main()
         self.assertEqual(status, 1, text)
         self.assertIn("several machines", text)
+        # The kind of a file is its content's (perf_files.is_step_file); its name must agree (the shape).
+        (self.run_dir / "fsdp_small.json").rename(self.run_dir / "step.json")
+        status, text = self.main()
+        self.assertEqual(status, 1, text)
+        self.assertIn("step.json: a training step's file must be named fsdp_<shape>.json", text)
+        (self.run_dir / "step.json").unlink()
+        (self.run_dir / "net_qwz_int8.json").rename(self.run_dir / "fsdp_small.json")
+        status, text = self.main()
+        self.assertEqual(status, 1, text)
+        self.assertIn("fsdp_small.json: a training step's file must be named", text)
         empty = self.root / "empty"
         empty.mkdir()
         out = io.StringIO()
