@@ -80,9 +80,9 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tools"))
-import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps' statistics)
 import step_protocol as sp  # noqa: E402
+
+ls = sp.ls  # tools/loss_stats.py: the paired gaps' statistics
 
 dt = sp.load_example("deepspeed_train")
 ex = dt.ex
@@ -559,13 +559,12 @@ def report_losses(losses: list[dict[str, Any]]) -> None:
     deepspeed one, sp.loss_summary's choice) of the same seed: mean, standard error, 95% interval, per seed."""
     summary = sp.loss_summary(losses)
     reference = summary[0]["reference"]
-    ref = {x["seed"]: x["valid"] for x in losses if x["spec"] == reference}
     print(f"\nvalidation loss after {losses[0]['steps']} steps; gap: vs {reference}'s of the same seed")
     print(f"{'run':>18} {'valid mean':>10} {'std':>7} {'seeds':>8} {'gap mean':>9} {'std err':>7} "
           f"{'95% interval':>18}  per seed, %")
     for row in summary:
-        gaps = ls.paired_gaps({x["seed"]: x["valid"] for x in losses if x["spec"] == row["spec"]}, ref)
-        seeds, mean, se, interval, per_seed = ls.gap_cells(ls.gap_stats(gaps)) if gaps else ("-",) * 5
+        gaps = row["gap_pct"]
+        seeds, mean, se, interval, per_seed = ls.gap_cells(ls.gap_stats(gaps["per_seed"])) if gaps else ("-",) * 5
         print(f"{row['label']:>18} {row['valid']['mean']:10.4f} {row['valid']['std']:7.4f} {seeds:>8} {mean:>9} "
               f"{se:>7} {interval:>18}  {per_seed}")
 

@@ -437,14 +437,18 @@ def report_losses(losses: list[dict[str, Any]]) -> None:
     """Each seed's line (vs that seed's reference), then, with several seeds, the summary over seeds."""
     summary = sp.loss_summary(losses)
     ref = summary[0]["reference"]
+    gaps = {r["spec"]: r["gap_pct"]["per_seed"] if r["gap_pct"] else {} for r in summary}
     seeds = list(dict.fromkeys(x.get("seed") for x in losses))
     for seed in seeds:
         mine = [x for x in losses if x.get("seed") == seed]
-        base = next((x["valid"] for x in mine if x.get("spec", x["comm"]) == ref), None)
-        vs = lambda v: "" if base is None else f" ({100 * (v - base) / base:+.2f}%)"  # noqa: E731
+
+        def vs(x: dict[str, Any]) -> str:
+            gap = gaps[x.get("spec", x["comm"])].get(seed)
+            return "" if gap is None else f" ({gap:+.2f}%)"
+
         where = "" if len(seeds) == 1 else f", seed {seed}"
         print(f"\nvalidation loss after {mine[0]['steps']} steps{where} (vs NCCL's): " + "; ".join(
-            f"{sp.run_label(x)} {x['valid']:.4f}{vs(x['valid'])}" for x in mine), end="")
+            f"{sp.run_label(x)} {x['valid']:.4f}{vs(x)}" for x in mine), end="")
     over = ("seeds " + ",".join(str(s) for s in seeds)) if None not in seeds else "the runs"
     print(f"\n\nover {over} (gap: validation loss vs {ref}'s of the same seed)")
     print(f"{'run':>18} {'seeds':>5} {'valid mean':>10} {'std':>7} {'min-max':>15} {'gap mean':>9} "

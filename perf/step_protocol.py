@@ -25,6 +25,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "tools" / "python" / "examples"
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+if str(HERE.parent / "tools") not in sys.path:
+    sys.path.append(str(HERE.parent / "tools"))
+import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps of loss runs)
 from provenance import provenance  # noqa: E402
 
 SHAPES = {  # name: (layers, d_model, heads, seq, batch)
@@ -380,22 +383,23 @@ def _spread(values: list[float]) -> dict[str, float]:
 def loss_summary(losses: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per loss run (in first-seen order): its seeds, the validation and last-steps training loss over them
     (mean, sample standard deviation, min, max), and the paired gap to the reference's validation loss in percent,
-    seed by seed (``gap_pct``: mean, min, max over the seeds both ran, and each seed's). The reference is the first
-    run whose ``comm`` is ``nccl`` or ``deepspeed`` (the exact collectives), else the first run."""
+    seed by seed (``gap_pct``: mean, min, max over the seeds both ran, and each seed's: tools/loss_stats.py's
+    gaps_by_config). The reference is the first run whose ``comm`` is ``nccl`` or ``deepspeed`` (the exact
+    collectives), else the first run."""
     if not losses:
         return []
-    specs = list(dict.fromkeys(x.get("spec", x["comm"]) for x in losses))
-    ref = next((x.get("spec", x["comm"]) for x in losses if x["comm"] in ("nccl", "deepspeed")), specs[0])
-    ref_valid = {x.get("seed"): x["valid"] for x in losses if x.get("spec", x["comm"]) == ref}
+    named = [dict(x, spec=x.get("spec", x["comm"]), seed=x.get("seed")) for x in losses]
+    specs = list(dict.fromkeys(x["spec"] for x in named))
+    ref = next((x["spec"] for x in named if x["comm"] in ("nccl", "deepspeed")), specs[0])
+    gaps = ls.gaps_by_config(named, ref, name="spec")
     out = []
     for spec in specs:
-        mine = [x for x in losses if x.get("spec", x["comm"]) == spec]
-        gaps = {x.get("seed"): 100 * (x["valid"] - ref_valid[x.get("seed")]) / ref_valid[x.get("seed")]
-                for x in mine if x.get("seed") in ref_valid}
-        row = dict(spec=spec, label=run_label(mine[0]), reference=ref, seeds=[x.get("seed") for x in mine],
+        mine = [x for x in named if x["spec"] == spec]
+        g = gaps.get(spec)
+        row = dict(spec=spec, label=run_label(mine[0]), reference=ref, seeds=[x["seed"] for x in mine],
                    valid=_spread([x["valid"] for x in mine]),
                    train_tail=_spread([x["train_tail"] for x in mine]) if all("train_tail" in x for x in mine)
                    else None,
-                   gap_pct=dict(_spread(list(gaps.values())), per_seed=gaps) if gaps else None)
+                   gap_pct=dict(_spread(list(g.values())), per_seed=g) if g else None)
         out.append(row)
     return out

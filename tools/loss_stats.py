@@ -32,7 +32,9 @@ sample. Per configuration:
 
 A mean inside the tolerance with an interval that straddles it is "cannot tell", never "met in the mean".
 tools/render_results.py renders perf/RESULTS.md's and README's loss tables from the campaigns through this module,
-and perf/deepspeed_step.py reports its loss runs with :func:`gap_cells`: one computation of every loss interval.
+and perf/deepspeed_step.py reports its loss runs with :func:`gap_cells`: one computation of every loss interval. The
+training scripts' own summaries of their runs (perf/step_protocol.py's, perf/experiments/grad_numerics.py's) take
+their gaps from :func:`gaps_by_config`: one computation of every paired gap.
 
 Campaigns (:data:`CAMPAIGNS`) say which result files belong together (one setup: model, steps, schedule, layout),
 which configuration is the exact baseline, and each configuration's tolerance. Runs are deterministic, so a
@@ -141,6 +143,18 @@ class GapStats:
 def paired_gaps(valid: dict[int, float], reference: dict[int, float]) -> dict[int, float]:
     """Per seed found in both, the relative gap of ``valid`` to ``reference`` in percent."""
     return {s: 100 * (v - reference[s]) / reference[s] for s, v in sorted(valid.items()) if s in reference}
+
+
+def gaps_by_config(runs: Iterable[dict[str, Any]], reference: str, name: str = "config") -> dict[str, dict[int, float]]:
+    """Per configuration of ``runs`` (rows naming it under ``name``, with ``seed`` and ``valid``; in first-seen
+    order, a seed's first run taken), its paired_gaps to the ``reference`` configuration's runs; a configuration
+    that shares no seed with the reference is left out. What the scripts' own summaries of their runs use
+    (perf/step_protocol.py's loss_summary, perf/experiments/grad_numerics.py, tools/plot_grad_numerics.py)."""
+    valid: dict[str, dict[int, float]] = {}
+    for r in runs:
+        valid.setdefault(r[name], {}).setdefault(r["seed"], r["valid"])
+    gaps = {config: paired_gaps(v, valid.get(reference, {})) for config, v in valid.items()}
+    return {config: g for config, g in gaps.items() if g}
 
 
 def gap_stats(gaps: dict[int, float], level: float = LEVEL) -> GapStats:

@@ -11,7 +11,11 @@ Needs matplotlib (pip install matplotlib).
 """
 import argparse
 import json
+import pathlib
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tools/: loss_stats
+import loss_stats  # noqa: E402  (the paired gaps)
 
 
 def smooth(values, window):
@@ -22,18 +26,6 @@ def smooth(values, window):
             acc -= values[i - window]
         out.append(acc / min(i + 1, window))
     return out
-
-
-def gaps_to_exact(runs, configs):
-    """Per configuration, the validation loss's gap to exact's of the same seed, relative: mean and per seed."""
-    exact = {r["seed"]: r["valid"] for r in runs if r["config"] == "exact"}
-    gaps = {}
-    for c in configs:
-        rel = [(r["valid"] - exact[r["seed"]]) / exact[r["seed"]] for r in runs
-               if r["config"] == c and r["seed"] in exact]
-        if rel:
-            gaps[c] = dict(mean=sum(rel) / len(rel), per_seed=rel)
-    return gaps
 
 
 def main():
@@ -75,12 +67,12 @@ def main():
     left.set_title(f"{a.get('nproc')} ranks as {a.get('nodes')} nodes ({where}), "
                    f"{a.get('layers')}x{a.get('d_model')} GPT, {a.get('steps')} steps\n"
                    f"(commit {', '.join(dict.fromkeys(str((d.get('provenance') or {}).get('commit') or d.get('commit', '?'))[:10] for d in files))})", fontsize=9)
-    gaps = gaps_to_exact(runs, configs)
+    gaps = loss_stats.gaps_by_config(runs, "exact")  # percent, per configuration and seed
     names = [c for c in configs if c in gaps and c != "exact"]
     for i, c in enumerate(names):
-        per_seed = [100 * g for g in gaps[c]["per_seed"]]
+        per_seed = list(gaps[c].values())
         right.scatter([i] * len(per_seed), per_seed, color="gray", s=14, zorder=3)
-        right.bar(i, 100 * gaps[c]["mean"], color="C%d" % (configs.index(c)), alpha=0.8)
+        right.bar(i, sum(per_seed) / len(per_seed), color="C%d" % (configs.index(c)), alpha=0.8)
     right.axhline(0.1, color="red", linestyle="--", linewidth=1, label="target +0.1%")
     right.axhline(0.0, color="black", linewidth=0.8)
     right.set_xticks(range(len(names)))

@@ -32,10 +32,11 @@ int4-b64        int4 gradients in blocks of 64 (``grad_block_size=64``): a scale
 The model, data and batches are ``tools/python/examples/fsdp2_train.py``'s (Python's standard library sources,
 95% train / 5% validation). Per run: the mean loss of every step (over ranks), the validation loss at the end,
 step times, and zpccl's summary (the residuals' memory). The JSON (``-J``, rewritten after every run) holds the
-provenance (perf/provenance.py), every run and, per configuration, the validation loss's gap to ``exact`` of the same seed, relative (the issue's target:
-within 0.1%). ``tools/plot_grad_numerics.py`` plots it. Four processes over sockets on one H200 took about two
-minutes a run of 600 steps with ``--per-block`` (~120 ms a step, mostly the latency of each unit's collectives over
-sockets); the root alone makes two collectives a step.
+provenance (perf/provenance.py), every run and, per configuration, the validation loss's gap to ``exact`` of the
+same seed in percent (``gap_pct``: the mean and each seed's; the issue's target: within 0.1%).
+``tools/plot_grad_numerics.py`` plots it. Four processes over sockets on one H200 took about two minutes a run of
+600 steps with ``--per-block`` (~120 ms a step, mostly the latency of each unit's collectives over sockets); the
+root alone makes two collectives a step.
 """
 from __future__ import annotations
 
@@ -52,8 +53,10 @@ TOP = PERF.parent
 sys.path.insert(0, str(PERF))
 sys.path.insert(0, str(TOP / "tools" / "python"))
 sys.path.insert(0, str(TOP / "tools" / "python" / "examples"))
+sys.path.append(str(TOP / "tools"))
 
 import fsdp2_train as ex  # noqa: E402  (the example's model, data and launch helpers)
+import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps)
 from provenance import provenance  # noqa: E402  (perf/provenance.py)
 
 CONFIGS = {
@@ -209,29 +212,24 @@ def main() -> None:
                   f"step {r['step_ms']:.1f} ms, {r['seconds']:.0f} s", flush=True)
             write_json(args, record, runs, gaps_to_exact(runs, configs))  # a run cut short keeps what it has
     for config, gap in gaps_to_exact(runs, configs).items():
-        print(f"{config:11s} validation loss vs exact: {100 * gap['mean']:+.3f}% "
-              f"({', '.join(f'{100 * g:+.3f}%' for g in gap['per_seed'])})")
+        print(f"{config:11s} validation loss vs exact: {gap['mean']:+.3f}% "
+              f"({', '.join(f'{g:+.3f}%' for g in gap['per_seed'].values())})")
     if args.json:
         print(f"wrote {args.json}")
 
 
 def gaps_to_exact(runs: list[dict[str, Any]], configs: list[str]) -> dict[str, Any]:
-    """Per configuration, the validation loss's gap to ``exact`` of the same seed, relative: mean and per seed."""
-    exact = {r["seed"]: r["valid"] for r in runs if r["config"] == "exact"}
-    gaps: dict[str, Any] = {}
-    for config in configs:
-        rel = [(r["valid"] - exact[r["seed"]]) / exact[r["seed"]] for r in runs
-               if r["config"] == config and r["seed"] in exact]
-        if rel:
-            gaps[config] = dict(mean=statistics.fmean(rel), per_seed=rel)
-    return gaps
+    """Per configuration (of ``configs``, in order), the validation loss's paired gap to ``exact`` of the same seed in
+    percent (loss_stats.gaps_by_config): the mean over seeds and each seed's."""
+    gaps = ls.gaps_by_config(runs, "exact")
+    return {c: dict(mean=statistics.fmean(gaps[c].values()), per_seed=gaps[c]) for c in configs if c in gaps}
 
 
 def write_json(args: argparse.Namespace, record: dict[str, Any], runs: list[dict[str, Any]],
                gaps: dict[str, Any]) -> None:
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k not in ("run_config", "run_seed")}
-        pathlib.Path(args.json).write_text(json.dumps(dict(provenance=record, args=meta, runs=runs, gaps=gaps),
+        pathlib.Path(args.json).write_text(json.dumps(dict(provenance=record, args=meta, runs=runs, gap_pct=gaps),
                                                       indent=1))
 
 

@@ -70,6 +70,20 @@ class Gaps(unittest.TestCase):
         self.assertAlmostEqual(gaps[0], 1.0)
         self.assertAlmostEqual(gaps[1], -1.0)
 
+    def test_gaps_by_config_pair_each_configuration_with_the_reference(self) -> None:
+        runs = [dict(config="exact", seed=1, valid=2.0), dict(config="int4", seed=1, valid=2.04),
+                dict(config="int4", seed=0, valid=1.98), dict(config="exact", seed=0, valid=2.2),
+                dict(config="int4", seed=1, valid=9.0),  # the seed's first run counts
+                dict(config="int8", seed=5, valid=2.0)]  # no seed in common with exact: left out
+        gaps = ls.gaps_by_config(runs, "exact")
+        self.assertEqual(list(gaps), ["exact", "int4"])
+        self.assertEqual(gaps["exact"], {0: 0.0, 1: 0.0})
+        self.assertEqual(list(gaps["int4"]), [0, 1])  # by seed
+        self.assertAlmostEqual(gaps["int4"][0], 100 * (1.98 - 2.2) / 2.2)
+        self.assertAlmostEqual(gaps["int4"][1], 2.0)
+        self.assertEqual(ls.gaps_by_config([dict(spec="a", seed=0, valid=1.0)], "b", name="spec"), {})
+        self.assertEqual(ls.gaps_by_config([dict(spec="a", seed=0, valid=1.0)], "a", name="spec"), {"a": {0: 0.0}})
+
     def test_interval_by_hand(self) -> None:
         # gaps 1, 2, 6: mean 3, squares of deviations 4 + 1 + 9 = 14, s^2 = 7, se = sqrt(7 / 3), t(2) = 4.3026527
         s = ls.gap_stats({0: 1.0, 1: 2.0, 2: 6.0})
