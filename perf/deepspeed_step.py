@@ -52,7 +52,8 @@ configurations. Over a slow network a small call costs a latency whatever its si
 reported beside the bytes.
 
 ``--loss-steps N`` trains each of ``--loss-runs`` (deepspeed, zeropp, zpccl, or zpccl:W:G with W-bit weights and
-G-bit gradients, 0 leaving that collective DeepSpeed's) for N steps on a fresh engine per seed of
+G-bit gradients, 0 leaving that collective DeepSpeed's; zpccl:0:0 is zpccl's exact hpZ gathers alone, with hpZ groups
+of at least 2) for N steps on a fresh engine per seed of
 ``--loss-seeds``, seed-major, and reports the validation loss, the training loss of the last steps, and the paired
 gap to the deepspeed run of the same seed with its standard error and 95% interval. ``-J`` is rewritten after
 every loss run.
@@ -107,23 +108,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def parse_loss_spec(text: str) -> dict[str, Any]:
-    """One ``--loss-runs`` entry: ``{"spec", "comm", "config", "weight_bits", "grad_bits"}`` in fsdp_step's shape
-    (bits None: the configuration's own; 0: that collective stays DeepSpeed's)."""
-    spec = text.strip()
-    if spec == "no-comm":
-        raise ValueError("loss run 'no-comm': its ranks exchange no data (timing only); its loss is no model's")
-    if spec in LOSS_CONFIGS:
-        return dict(spec=spec, comm=spec, config=spec, weight_bits=None, grad_bits=None)
-    comm, *bits = spec.split(":")
-    if comm != "zpccl" or len(bits) != 2:
-        raise ValueError(f"loss run {spec!r}: not deepspeed, zeropp, zpccl or zpccl:W:G")
-    try:
-        w, g = (int(b) for b in bits)
-    except ValueError:
-        raise ValueError(f"loss run {spec!r}: bits must be integers") from None
-    if w not in (0, 4, 8) or g not in (0, 4, 8):
-        raise ValueError(f"loss run {spec!r}: bits must be 0, 4 or 8")
-    return dict(spec=spec, comm="zpccl", config="zpccl", weight_bits=w, grad_bits=g)
+    """One ``--loss-runs`` entry (sp.parse_loss_run, in fsdp_step's shape; bits None: the configuration's own; 0:
+    that collective stays DeepSpeed's; ``zpccl:0:0``, zpccl's hpZ gathers alone, exact). no-comm is no loss run."""
+    return sp.parse_loss_run(text, {c: c for c in LOSS_CONFIGS}, zpccl="zpccl",
+                             refused={"no-comm": "its ranks exchange no data (timing only); its loss is no model's"})
 
 
 # ---- DeepSpeed's bytes -------------------------------------------------------------------------------------------

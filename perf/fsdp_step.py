@@ -78,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ex.add_model_args(p)
     ex.add_launch_args(p)
     sp.add_protocol_args(p, CONFIGS, "nccl,zpccl:8:4,zpccl:8:8",
-                         "the loss runs, in order: nccl, nccl-noreshard, or zpccl:WEIGHT_BITS:GRAD_BITS (bits 4 or 8; "
-                         "0: that collective stays on FSDP's own, exact)")
+                         "the loss runs, in order: nccl, nccl-noreshard, nccl-fp32, zpccl, or "
+                         "zpccl:WEIGHT_BITS:GRAD_BITS (bits 4 or 8; 0: that collective stays on FSDP's own, exact)")
     p.add_argument("--weight-bits", type=int, default=8)
     p.add_argument("--grad-bits", type=int, default=4)
     p.add_argument("--block-size", type=int, default=256)
@@ -101,24 +101,11 @@ LOSS_CONFIGS = ("nccl", "nccl-noreshard", "nccl-fp32")
 
 
 def parse_loss_spec(text: str) -> dict[str, Any]:
-    """One ``--loss-runs`` entry: ``{"spec", "comm", "config", "weight_bits", "grad_bits"}``. ``config`` is the
-    timed configuration whose sharding the run uses; bits are None for NCCL (and for a bare ``zpccl``: the
-    ``--weight-bits``/``--grad-bits`` defaults), 0 for a collective left on FSDP's own."""
-    spec = text.strip()
-    if spec in LOSS_CONFIGS:
-        return dict(spec=spec, comm="nccl", config=spec, weight_bits=None, grad_bits=None)
-    comm, *bits = spec.split(":")
-    if comm != "zpccl" or len(bits) not in (0, 2):
-        raise ValueError(f"loss run {spec!r}: not nccl, nccl-noreshard, nccl-fp32, zpccl or zpccl:W:G")
-    if not bits:
-        return dict(spec=spec, comm="zpccl", config="zpccl-hpz", weight_bits=None, grad_bits=None)
-    try:
-        w, g = (int(b) for b in bits)
-    except ValueError:
-        raise ValueError(f"loss run {spec!r}: bits must be integers") from None
-    if w not in (0, 4, 8) or g not in (0, 4, 8) or w == g == 0:
-        raise ValueError(f"loss run {spec!r}: bits must be 0, 4 or 8, not both 0 (that is nccl-noreshard)")
-    return dict(spec=spec, comm="zpccl", config="zpccl-hpz", weight_bits=w, grad_bits=g)
+    """One ``--loss-runs`` entry (sp.parse_loss_run): ``config`` is the timed configuration whose sharding the run
+    uses; bits are None for NCCL (and for a bare ``zpccl``: the ``--weight-bits``/``--grad-bits`` defaults), 0 for a
+    collective left on FSDP's own, never both (zpccl.fsdp would serve nothing)."""
+    return sp.parse_loss_run(text, dict.fromkeys(LOSS_CONFIGS, "nccl"), zpccl="zpccl-hpz",
+                             both_exact="zpccl.fsdp would serve nothing (that run is nccl-noreshard)")
 
 
 # ---- one configuration -------------------------------------------------------------------------------------------

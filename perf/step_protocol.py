@@ -102,6 +102,43 @@ def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, co
                 p.error(f"--cpu: {name} needs CUDA ({why}); leave it out of --configs and --loss-runs")
 
 
+BITS = (0, 4, 8)  # a zpccl loss run's bits of either side; 0: that collective stays the framework's own
+
+
+def parse_loss_run(text: str, runs: dict[str, str], zpccl: str | None = None, both_exact: str | None = None,
+                   refused: dict[str, str] | None = None) -> dict[str, Any]:
+    """One ``--loss-runs`` entry: ``{"spec", "comm", "config", "weight_bits", "grad_bits"}``. ``spec`` is the text;
+    ``config`` the timed configuration whose set-up the run takes; ``comm`` what loss_summary reads (its reference:
+    ``nccl`` or ``deepspeed``, the exact collectives).
+
+    ``runs``: the runs named by a configuration alone, each with its ``comm`` (bits None: the configuration's own).
+    ``zpccl``: the configuration that ``zpccl`` (bits None: the script's ``--weight-bits`` and ``--grad-bits``) and
+    ``zpccl:W:G`` run, W-bit weights and G-bit gradients, each of BITS (None: no such runs; a name in ``runs`` comes
+    first). ``both_exact``: why ``zpccl:0:0`` is refused (None: it is a run). ``refused``: names that are no loss
+    run, each with why. A bad entry raises ValueError naming it and what is accepted."""
+    spec = text.strip()
+    why = (refused or {}).get(spec)
+    if why is not None:
+        raise ValueError(f"loss run {spec!r}: {why}")
+    if spec in runs:
+        return dict(spec=spec, comm=runs[spec], config=spec, weight_bits=None, grad_bits=None)
+    comm, *bits = spec.split(":")
+    if zpccl is None or comm != "zpccl" or len(bits) not in (0, 2):
+        known = list(runs) + ([] if zpccl is None else [n for n in ("zpccl", "zpccl:W:G") if n not in runs])
+        raise ValueError(f"loss run {spec!r}: not {', '.join(known[:-1])} or {known[-1]}")
+    if not bits:
+        return dict(spec=spec, comm="zpccl", config=zpccl, weight_bits=None, grad_bits=None)
+    try:
+        w, g = (int(b) for b in bits)
+    except ValueError:
+        raise ValueError(f"loss run {spec!r}: bits must be integers") from None
+    if w not in BITS or g not in BITS:
+        raise ValueError(f"loss run {spec!r}: bits must be {', '.join(map(str, BITS[:-1]))} or {BITS[-1]}")
+    if w == g == 0 and both_exact is not None:
+        raise ValueError(f"loss run {spec!r}: both bits 0: {both_exact}")
+    return dict(spec=spec, comm="zpccl", config=zpccl, weight_bits=w, grad_bits=g)
+
+
 def parse_seeds(text: str | None, default: int) -> list[int]:
     if text is None:
         return [default]

@@ -71,6 +71,29 @@ class StepProtocol(unittest.TestCase):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
                 ds.parse_args(bad)
 
+    def test_one_grammar_of_loss_runs(self) -> None:
+        """step_protocol's parse_loss_run behind both scripts: a configuration by name, ``zpccl`` (bits None: the
+        script's defaults) or ``zpccl:W:G``; zpccl:0:0 refused where zpccl would serve nothing (FSDP2), a run where
+        it serves hpZ alone (DeepSpeed)."""
+        fs, ds = load_script("perf/fsdp_step.py"), load_script("perf/deepspeed_step.py")
+        run = lambda spec, comm, config, w=None, g=None: dict(  # noqa: E731
+            spec=spec, comm=comm, config=config, weight_bits=w, grad_bits=g)
+        self.assertEqual(fs.parse_loss_spec(" nccl-fp32 "), run("nccl-fp32", "nccl", "nccl-fp32"))
+        self.assertEqual(fs.parse_loss_spec("zpccl"), run("zpccl", "zpccl", "zpccl-hpz"))
+        self.assertEqual(fs.parse_loss_spec("zpccl:0:4"), run("zpccl:0:4", "zpccl", "zpccl-hpz", 0, 4))
+        self.assertEqual(ds.parse_loss_spec("zeropp"), run("zeropp", "zeropp", "zeropp"))
+        self.assertEqual(ds.parse_loss_spec("zpccl"), run("zpccl", "zpccl", "zpccl"))
+        self.assertEqual(ds.parse_loss_spec("zpccl:0:0"), run("zpccl:0:0", "zpccl", "zpccl", 0, 0))
+        for script, bad, why in (
+                (fs, "zpccl:0:0", "zpccl.fsdp would serve nothing"), (fs, "deepspeed", "not nccl, nccl-noreshard"),
+                (ds, "nccl", "not deepspeed, zeropp, zpccl or zpccl:W:G"), (ds, "no-comm", "exchange no data"),
+                (fs, "zpccl:8", "zpccl:W:G"), (fs, "zpccl:8:4:4", "zpccl:W:G"), (ds, "zpccl:8:x", "integers"),
+                (ds, "zpccl:8:2", "0, 4 or 8"), (fs, "zpccl:16:4", "0, 4 or 8")):
+            with self.subTest(bad=bad), self.assertRaises(ValueError) as caught:
+                script.parse_loss_spec(bad)
+            self.assertIn(why, str(caught.exception))
+            self.assertIn(repr(bad), str(caught.exception))
+
     def test_cpu_runs_refuse_what_needs_cuda(self) -> None:
         fs, ds = load_script("perf/fsdp_step.py"), load_script("perf/deepspeed_step.py")
         self.assertTrue(fs.parse_args(["--cpu", "--configs", "nccl,zpccl-hpz"]).cpu)
