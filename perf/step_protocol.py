@@ -1,6 +1,7 @@
-"""The training-step protocol that perf/fsdp_step.py and perf/deepspeed_step.py share: their common arguments, the
-alternating timed rounds (every rank timed, a step its slowest rank's, the rounds kept raw), the loss runs (seed by
-seed, the JSON rewritten after each), and the summaries of both (step_summary, ratio_of, loss_summary).
+"""The training-step protocol that perf/fsdp_step.py, perf/deepspeed_step.py and perf/ddp_step.py share: their common
+arguments and the grammar of their loss runs, the alternating timed rounds (every rank timed, a step its slowest
+rank's, the rounds kept raw), the loss runs (seed by seed, the JSON rewritten after each), and the summaries of both
+(step_summary, ratio_of, loss_summary: its paired gaps are tools/loss_stats.py's).
 
 A bench (each script's ``Bench``) gives ``torch``, ``dist`` (torch.distributed) and ``where`` (the example's
 ``Launch`` or ``CpuLaunch``: ``rank``, ``world``, ``device``); the scripts keep what differs: the configurations, how
@@ -48,11 +49,12 @@ def load_example(name: str) -> Any:
 # ---- arguments ---------------------------------------------------------------------------------------------------
 
 
-def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss_runs: str,
+def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss_runs: str | None,
                       loss_runs_help: str) -> None:
-    """The arguments of the protocol: shape, configurations, rounds, loss runs, JSON and label."""
+    """The arguments of the protocol: shape, configurations, rounds, loss runs (``loss_runs``: the default; None:
+    those of ``--configs``), JSON and label."""
     p.add_argument("--shape", choices=sorted(SHAPES), default=None, help="preset model and batch shape")
-    p.add_argument("--configs", default=",".join(configs))
+    p.add_argument("--configs", default=",".join(configs), help="the timed configurations, in round order")
     p.add_argument("--rounds", type=int, default=5,
                    help="alternating rounds of every configuration (at least 5 for a comparison: DESIGN.md)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and round")
@@ -74,29 +76,35 @@ def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss
 def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, configs: tuple[str, ...],
                         parse_loss_spec: Callable[[str], dict[str, Any]],
                         cuda_only: dict[str, str] | None = None) -> None:
-    """Applies ``--shape``, parses the loss runs (``args.loss_specs``) and seeds (``args.seeds``), and refuses
-    what the protocol cannot run through ``p.error``; with ``--cpu``, also the configurations of ``cuda_only``
-    (name: why), timed or trained."""
+    """Applies ``--shape``, parses the timed configurations (``args.config_list``), the loss runs
+    (``args.loss_specs``; without ``--loss-runs``, those of ``--configs``) and seeds (``args.seeds``), and refuses
+    what the protocol cannot run through ``p.error``: a configuration or loss run named twice among others; with
+    ``--cpu``, also the configurations of ``cuda_only`` (name: why), timed or trained."""
     if args.shape:
         args.layers, args.d_model, args.heads, args.seq, args.batch = SHAPES[args.shape]
+    args.config_list = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in args.config_list if n not in configs]
+    if unknown:
+        p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(configs)})")
+    loss_runs = args.configs if args.loss_runs is None else args.loss_runs
     try:
-        args.loss_specs = [parse_loss_spec(t) for t in args.loss_runs.split(",") if t.strip()]
+        args.loss_specs = [parse_loss_spec(t) for t in loss_runs.split(",") if t.strip()]
         args.seeds = parse_seeds(args.loss_seeds, args.seed)
     except ValueError as e:
         p.error(str(e))
+    for flag, names in (("--configs", args.config_list), ("--loss-runs", [r["spec"] for r in args.loss_specs])):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            p.error(f"{flag}: {', '.join(twice)} named twice (each configuration or loss run once)")
     if args.loss_only and not args.loss_steps:
         p.error("--loss-only needs --loss-steps")
-    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
-        p.error("--rounds and --steps must be at least 1, --warmup at least 0")
-    timed = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in timed if n not in configs]
-    if unknown:
-        p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(configs)})")
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.loss_steps < 0:
+        p.error("--rounds and --steps must be at least 1, --warmup and --loss-steps at least 0")
     if args.nodes and args.nproc % args.nodes:
         p.error(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
     if args.cpu:
         trained = [r["config"] for r in args.loss_specs] if args.loss_steps else []
-        wanted = ([] if args.loss_only else timed) + trained
+        wanted = ([] if args.loss_only else args.config_list) + trained
         for name, why in (cuda_only or {}).items():
             if name in wanted:
                 p.error(f"--cpu: {name} needs CUDA ({why}); leave it out of --configs and --loss-runs")
@@ -154,7 +162,7 @@ def parse_seeds(text: str | None, default: int) -> list[int]:
 def run_setup(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any]:
     """The configurations to time (none with ``--loss-only``), the regime label of the rows, and ``say``: print on
     rank 0, nothing elsewhere."""
-    names = [] if args.loss_only else [n.strip() for n in args.configs.split(",") if n.strip()]
+    names = [] if args.loss_only else args.config_list
     if not on_cuda(bench):
         label = args.label or "cpu"
     else:
@@ -163,9 +171,10 @@ def run_setup(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any
     return names, label, say
 
 
-def say_layout(say: Any, title: str, bench: Any, args: argparse.Namespace, n_params: int, groups: str = "") -> None:
+def say_layout(say: Any, title: str, bench: Any, args: argparse.Namespace, n_params: int, groups: str = "",
+               weights: bool = True) -> None:
     """The run's first line: the layout, the model, the timed rounds and zpccl's formats (``groups``: more about
-    the layout, after the ranks)."""
+    the layout, after the ranks; ``weights``: whether zpccl's formats include the weights', ``--weight-bits``)."""
     where = bench.where
     timed = "no timed rounds" if args.loss_only else f"{args.rounds} rounds of {args.warmup}+{args.steps} steps"
     cuda = on_cuda(bench)
@@ -174,7 +183,8 @@ def say_layout(say: Any, title: str, bench: Any, args: argparse.Namespace, n_par
     say(f"# {title}: {where.world} ranks ({nodes}"
         f"{bench.rpn} a node, {shared}){groups}, {n_params / 1e6:.1f}M parameters, "
         f"{args.layers} layers d {args.d_model}, {args.batch} x {args.seq} tokens per rank; {timed}; zpccl "
-        f"int{args.weight_bits} weights, int{args.grad_bits} gradients, blocks of {args.block_size}"
+        + (f"int{args.weight_bits} weights, " if weights else "")
+        + f"int{args.grad_bits} gradients, blocks of {args.block_size}"
         + (f" (gradients' {args.grad_block_size})" if args.grad_block_size else ""), flush=True)
 
 
@@ -270,33 +280,46 @@ def zpccl_per_step(zp: Any, steps: int) -> tuple[dict[str, int], dict[str, int]]
 
 
 def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable[[str, int], dict[str, Any]],
-                     say: Any) -> None:
+                     say: Any) -> list[list[Any]]:
     """``rounds`` rounds of every configuration of ``rows`` in turn: ``run(name, round)`` gives ``times`` (every
-    rank's) and ``peak``, collected into the row's ``per_rank`` and ``peak``; the rest updates the row."""
+    rank's) and ``peak``, collected into the row's ``per_rank`` and ``peak``; the rest updates the row. Gives the
+    order they ran in, ``[round, name]`` each."""
     for row in rows.values():
         row.setdefault("per_rank", [])
         row.setdefault("peak", 0)
+    order: list[list[Any]] = []
     t_start = time.perf_counter()
     for r in range(rounds):
         for name, row in rows.items():
             got = run(name, r)
+            order.append([r, name])
             row["per_rank"].append(got.pop("times"))
             row["peak"] = max(row["peak"], got.pop("peak"))
             row.update(got)
         say(f"#   round {r + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
+    return order
+
+
+def timed_fields(name: str, row: dict[str, Any], args: argparse.Namespace, where: Any, label: str,
+                 n_params: int) -> dict[str, Any]:
+    """The fields every timed row has, from one configuration's collected rounds (alternate_rounds): the layout,
+    the model, the step times (step_summary), tokens per second and the peak memory."""
+    steps = step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in row["per_rank"]])
+    tokens = where.world * args.batch * args.seq
+    return dict(config=name, regime=label, ranks=where.world, nodes=args.nodes or None, params=n_params,
+                layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch, rounds=args.rounds,
+                warmup=args.warmup, **steps, tokens_per_s=tokens / (steps["median_ms"] / 1e3),
+                peak_mib=row["peak"] / 2**20)
 
 
 def timed_row(name: str, row: dict[str, Any], args: argparse.Namespace, where: Any, label: str, ranks_per_node: int,
               n_params: int) -> dict[str, Any]:
-    """The fields every timed row has, from one configuration's collected rounds (alternate_rounds)."""
-    steps = step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in row["per_rank"]])
-    tokens = where.world * args.batch * args.seq
-    return dict(config=name, regime=label, ranks=where.world, nodes=args.nodes or None, ranks_per_node=ranks_per_node,
-                params=n_params, layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch,
+    """A timed row of the sharded steps (FSDP2's, DeepSpeed's): timed_fields, and zpccl's formats (the same in every
+    row), its calls per step and the device memory its enable took."""
+    return dict(timed_fields(name, row, args, where, label, n_params), ranks_per_node=ranks_per_node,
                 weight_bits=args.weight_bits, grad_bits=args.grad_bits, block_size=args.block_size,
-                grad_block_size=args.grad_block_size or args.block_size, rounds=args.rounds, warmup=args.warmup,
-                **steps, tokens_per_s=tokens / (steps["median_ms"] / 1e3), peak_mib=row["peak"] / 2**20,
-                calls=row.get("calls"), enable_mib=row.get("enable_bytes", 0) / 2**20)
+                grad_block_size=args.grad_block_size or args.block_size, calls=row.get("calls"),
+                enable_mib=row.get("enable_bytes", 0) / 2**20)
 
 
 def step_summary(per_rank_ms: list[list[list[float]]]) -> dict[str, Any]:
@@ -340,24 +363,30 @@ STEP_NOTE = "(a step's time is its slowest rank's; ratios: medians, in brackets 
 # ---- the loss runs -----------------------------------------------------------------------------------------------
 
 
+def mean_over_ranks(bench: Any, value: Any) -> float:
+    """A float tensor of this rank (one element), averaged over the ranks: ReduceOp.AVG, which NCCL and gloo both
+    reduce in every torch these scripts run on (2.9 or later; gloo reduces it since before 2.9), so that the GPU and
+    the ``--cpu`` runs average alike, in the tensor's float32."""
+    mean = value.detach().float().clone()
+    bench.dist.all_reduce(mean, op=bench.dist.ReduceOp.AVG)
+    return float(mean)
+
+
 def train_for_loss(bench: Any, steps: int, train_step: Callable[[int], Any]) -> dict[str, Any]:
     """Runs ``train_step(s)`` (one optimizer step on step ``s``'s batch, returning its loss) ``steps`` times; gives
     the training curve (every tenth step's loss, averaged over ranks) and the mean training loss over the last
     TRAIN_TAIL steps (``train_tail``, over ``train_tail_steps``)."""
-    torch, dist = bench.torch, bench.dist
     curve = []
     tail_from = max(0, steps - TRAIN_TAIL)
-    tail = torch.zeros((), device=bench.where.device)
+    tail = bench.torch.zeros((), device=bench.where.device)
     for s in range(steps):
         loss = train_step(s).detach().float()
         if s >= tail_from:
             tail += loss
         if s % 10 == 0 or s == steps - 1:
-            mean = loss.clone()
-            dist.all_reduce(mean, op=dist.ReduceOp.AVG)
-            curve.append((s, float(mean)))
-    dist.all_reduce(tail, op=dist.ReduceOp.AVG)
-    return dict(train_tail=float(tail) / max(1, steps - tail_from), train_tail_steps=steps - tail_from, curve=curve)
+            curve.append((s, mean_over_ranks(bench, loss)))
+    return dict(train_tail=mean_over_ranks(bench, tail) / max(1, steps - tail_from), train_tail_steps=steps - tail_from,
+                curve=curve)
 
 
 def finish(bench: Any, args: argparse.Namespace, label: str, say: Any, rows: list[dict[str, Any]],

@@ -21,13 +21,18 @@ class DdpStepScript(unittest.TestCase):
         args = ds.parse_args([])
         self.assertGreaterEqual(args.rounds, 5)
         self.assertEqual(args.config_list, list(ds.CONFIGS))
-        self.assertEqual(args.loss_list, args.config_list)
+        self.assertEqual([r["spec"] for r in args.loss_specs], args.config_list)  # the loss runs: --configs'
+        self.assertEqual([r["comm"] for r in args.loss_specs], ["nccl", "bf16-compress", "powersgd", "zpccl-ddp"])
         for bad in (["--configs", "nccl,bogus"], ["--configs", "nccl,nccl"], ["--rounds", "0"],
                     ["--warmup", "1"], ["--powersgd-start", "1"], ["--nproc", "3", "--nodes", "2"],
-                    ["--loss-only"], ["--loss-runs", "zpccl,fp8"]):
+                    ["--loss-only"], ["--loss-runs", "zpccl,fp8"], ["--loss-runs", "zpccl:8:4"],
+                    ["--loss-runs", "nccl,zpccl,nccl"], ["--loss-steps", "-1"]):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
                 ds.parse_args(bad)
-        self.assertEqual(ds.parse_args(["--configs", "zpccl", "--warmup", "0"]).config_list, ["zpccl"])
+        one = ds.parse_args(["--configs", "zpccl", "--warmup", "0"])
+        self.assertEqual((one.config_list, [r["spec"] for r in one.loss_specs]), (["zpccl"], ["zpccl"]))
+        self.assertEqual([r["spec"] for r in ds.parse_args(["--loss-runs", "zpccl,nccl"]).loss_specs],
+                         ["zpccl", "nccl"])
 
     def test_runs_on_the_cpu(self) -> None:
         torch_for_procs()
@@ -35,6 +40,20 @@ class DdpStepScript(unittest.TestCase):
             "--cpu", "--nproc", str(RANKS), "--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16",
             "--batch", "2", "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "2", "--loss-steps", "3",
             "--block-size", "32"])
+        # The keys of the files in perf/results/ that tools/render_results.py renders.
+        self.assertEqual(set(doc), {"provenance", "rows", "order", "losses", "loss_summary", "loss_seeds",
+                                    "loss_runs", "regime", "ranks", "nodes", "params", "grad_bits", "block_size",
+                                    "grad_block_size", "lr"})
+        for row in doc["rows"]:
+            self.assertEqual(set(row), {
+                "config", "regime", "ranks", "nodes", "params", "layers", "d_model", "seq", "batch", "grad_bits",
+                "rounds", "warmup", "steps", "median_ms", "min_ms", "max_ms", "round_median_ms", "step_ms",
+                "step_ms_per_rank", "tokens_per_s", "peak_mib", "zpccl_calls", "zpccl_sent_mib", "staging_mib",
+                "grad_mib"})
+        for x in doc["losses"]:
+            self.assertEqual(set(x), {"spec", "comm", "seed", "steps", "valid", "train_tail", "train_tail_steps",
+                                      "zpccl_calls", "curve"})
+        self.assertEqual(doc["loss_runs"], ["nccl", "bf16-compress", "powersgd", "zpccl"])
         self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
         self.assertIn("ddp_step.py --cpu", doc["provenance"]["command"])
         self.assertEqual(doc["regime"], "cpu")

@@ -53,9 +53,11 @@ class StepProtocol(unittest.TestCase):
         args = fs.parse_args([])
         self.assertGreaterEqual(args.rounds, 5)
         self.assertIn("nccl-2comm", args.configs.split(","))
-        for bad in (["--configs", "nccl,bogus"], ["--rounds", "0"]):
+        for bad in (["--configs", "nccl,bogus"], ["--rounds", "0"], ["--configs", "nccl,zpccl-hpz,nccl"],
+                    ["--loss-runs", "nccl,zpccl:8:4,nccl"], ["--loss-steps", "-1"]):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
                 fs.parse_args(bad)
+        self.assertEqual(fs.parse_args(["--configs", "zpccl-hpz, nccl"]).config_list, ["zpccl-hpz", "nccl"])
         self.assertEqual(fs.reshard_of("nccl-2comm", 2), fs.reshard_of("zpccl-hpz", 2))
         self.assertEqual(fs.reshard_of("nccl-2comm", 1), False)
 
@@ -93,6 +95,11 @@ class StepProtocol(unittest.TestCase):
                 script.parse_loss_spec(bad)
             self.assertIn(why, str(caught.exception))
             self.assertIn(repr(bad), str(caught.exception))
+        ddp = load_script("perf/ddp_step.py")  # names alone: no zpccl:W:G
+        self.assertEqual(ddp.parse_loss_spec("zpccl"), run("zpccl", "zpccl-ddp", "zpccl"))
+        with self.assertRaises(ValueError) as caught:
+            ddp.parse_loss_spec("zpccl:8:4")
+        self.assertIn("not nccl, bf16-compress, powersgd or zpccl", str(caught.exception))
 
     def test_cpu_runs_refuse_what_needs_cuda(self) -> None:
         fs, ds = load_script("perf/fsdp_step.py"), load_script("perf/deepspeed_step.py")
@@ -121,8 +128,9 @@ class StepProtocol(unittest.TestCase):
             return dict(times=[[t, t], [t, 2 * t]], peak=(r + 1) << 20, calls={"qwz": r})
 
         rows: dict[str, dict[str, Any]] = {"a": {}, "b": {"sent": 1}}
-        sp.alternate_rounds(rows, 2, run, lambda *a, **k: None)
+        ran = sp.alternate_rounds(rows, 2, run, lambda *a, **k: None)
         self.assertEqual(order, [("a", 0), ("b", 0), ("a", 1), ("b", 1)])
+        self.assertEqual(ran, [[r, n] for n, r in order])  # the order the JSON keeps
         args = SimpleNamespace(nodes=2, batch=4, seq=8, layers=1, d_model=8, weight_bits=8, grad_bits=4,
                                block_size=256, grad_block_size=None, rounds=2, warmup=1)
         a, b = (sp.timed_row(n, rows[n], args, SimpleNamespace(world=2), "net", 1, 100) for n in ("a", "b"))
@@ -130,6 +138,10 @@ class StepProtocol(unittest.TestCase):
         self.assertEqual(b["max_ms"], 80.0)  # the slower rank's step
         self.assertEqual((a["peak_mib"], a["calls"], a["grad_block_size"]), (2.0, {"qwz": 1}, 256))
         self.assertEqual(rows["b"]["sent"], 1)  # what the row held stays
+        common = sp.timed_fields("a", rows["a"], args, SimpleNamespace(world=2), "net", 100)
+        self.assertEqual({k: v for k, v in a.items() if k in common}, common)  # timed_row: these and zpccl's
+        self.assertEqual(set(a) - set(common), {"ranks_per_node", "weight_bits", "grad_bits", "block_size",
+                                                "grad_block_size", "calls", "enable_mib"})
         self.assertEqual(sp.vs_cell([a, b], "a", b), "0.50x (0.50-0.50)")
         self.assertEqual(sp.vs_cell([b], "a", b), "-")
 
