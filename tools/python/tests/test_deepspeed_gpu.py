@@ -3,8 +3,9 @@ over sockets (distinct NCCL_HOSTIDs, NCCL's P2P and shared memory off, as tools/
 emulates them): two nodes of one rank, and two nodes of two with DeepSpeed's hpZ groups of two (two-hop qgZ), in
 bf16 and in fp16 with DeepSpeed's loss scaler. Checks that every qwZ and qgZ call of the first step and the last
 five equals the NumPy model bit for bit, that hpZ equals NCCL's exact all-gather over DeepSpeed's hpZ group, that
-the gathered weights are bit-identical on every rank, that every path was taken, and that a short training run
-tracks DeepSpeed's own ZeRO-3. Skipped without a GPU or without DeepSpeed."""
+the gathered weights are bit-identical on every rank, that the persistent parameters' one-call regather equals
+torch's own gather of their partitions, that every path was taken, and that a short training run tracks DeepSpeed's
+own ZeRO-3. Skipped without a GPU or without DeepSpeed."""
 from __future__ import annotations
 
 import functools
@@ -58,8 +59,12 @@ def _worker(nodes: int, hpz: int, dtype: str) -> None:
         if zp is not None:
             summary = zp.summary()
             gathers.verify(world)
-            want = {"qwz", "qgz"} | ({"hpz"} if hpz > 1 else set())
+            want = {"qwz", "qgz", "persistent_gather"} | ({"hpz"} if hpz > 1 else set())
             assert want <= set(summary) and not [k for k in summary if k.startswith("deepspeed_")], summary
+            # One a step that the loss scaler applied (a skipped fp16 step regathers nothing), for all of them.
+            assert 1 <= summary["persistent_gather"]["calls"] <= STEPS, summary
+            if engine.was_step_applied():
+                persistent_exact(torch, engine)
             checked = checker.verify()
             assert min(checked.values()) >= 6, checked
             zp.disable()
@@ -74,6 +79,20 @@ def _worker(nodes: int, hpz: int, dtype: str) -> None:
     dist.destroy_process_group()
 
 
+def persistent_exact(torch: Any, engine: Any) -> None:
+    """Every persistent parameter, as zpccl's regather after the last step left it, equals its partitions gathered
+    by torch.distributed itself, bit for bit."""
+    dist = torch.distributed
+    persistent = [p for p in engine.module.parameters() if getattr(p, "ds_persist", False)]
+    assert persistent, "no persistent parameter: the check would pass on nothing"
+    for p in persistent:
+        parts = [torch.empty_like(p.ds_tensor) for _ in range(dist.get_world_size(p.ds_process_group))]
+        dist.all_gather(parts, p.ds_tensor, group=p.ds_process_group)
+        whole = torch.cat(parts)[:p.ds_numel].view(p.ds_shape)
+        assert torch.equal(p.data.view(torch.int16 if p.element_size() == 2 else torch.int32),
+                           whole.view(torch.int16 if whole.element_size() == 2 else torch.int32)), p.ds_id
+
+
 def _engine_step(dt: Any, torch: Any, engine: Any, ids: Any, targets: Any) -> Any:
     loss = dt.loss_of(torch, engine, ids, targets)
     engine.backward(loss)
@@ -82,15 +101,16 @@ def _engine_step(dt: Any, torch: Any, engine: Any, ids: Any, targets: Any) -> An
 
 
 def make_engine(dt: Any, torch: Any, args: Any, comm: str, where: Any, dtype: str) -> tuple[Any, Any]:
-    """The example's engine of ``comm``, in bf16 or in fp16 with DeepSpeed's dynamic loss scaler; every parameter
-    fetched per module, so that the backward gathers again (over the hpZ group)."""
+    """The example's engine of ``comm``, in bf16 or in fp16 with DeepSpeed's dynamic loss scaler; every matrix
+    fetched per module, so that the backward gathers again (over the hpZ group), and the LayerNorms and biases
+    persistent (kept whole, regathered after each step)."""
     import deepspeed
 
     zpccl = dt.ex.import_zpccl()
     import zpccl.deepspeed
 
     config = dt.zero_config(args, comm, where.ranks_per_node, args.hpz)
-    config["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0)
+    config["zero_optimization"].update(stage3_param_persistence_threshold=4096, stage3_max_reuse_distance=0)
     if dtype == "fp16":
         del config["bf16"]
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 12}
