@@ -57,9 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ex.add_model_args(p)
     ex.add_launch_args(p)
     sp.add_protocol_args(p, CONFIGS, None, "the loss runs, configurations by name (default: --configs)")
-    p.add_argument("--grad-bits", type=int, default=4)
-    p.add_argument("--block-size", type=int, default=256)
-    p.add_argument("--grad-block-size", type=int, default=None)
+    ex.add_quant_args(p, ("grad_bits", "block_size", "grad_block_size"),
+                      helps={"grad_bits": "zpccl: zpQuantAllReduce's code bits, 4 or 8"})
     p.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD's matrix approximation rank")
     p.add_argument("--powersgd-start", type=int, default=2,
                    help="PowerSGD's start_powerSGD_iter: vanilla all-reduce before it (at least 2: warm start)")

@@ -82,9 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="nccl and/or zpccl, in the order they run; a repeat runs again as NAME-2, NAME-3, ... (the "
                         "default's second zpccl: what a further enable/disable cycle keeps, which a leak would grow)")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--weight-bits", type=int, default=8)
-    p.add_argument("--grad-bits", type=int, default=4)
-    p.add_argument("--block-size", type=int, default=256)
+    ex.add_quant_args(p, ("weight_bits", "grad_bits", "block_size"))
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--no-warmup", action="store_true", help="no untimed NCCL configuration first")
     p.add_argument("--no-probe", action="store_true", help="no further zpccl communicator after the steps")

@@ -80,11 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sp.add_protocol_args(p, CONFIGS, "nccl,zpccl:8:4,zpccl:8:8",
                          "the loss runs, in order: nccl, nccl-noreshard, nccl-fp32, zpccl, or "
                          "zpccl:WEIGHT_BITS:GRAD_BITS (bits 4 or 8; 0: that collective stays on FSDP's own, exact)")
-    p.add_argument("--weight-bits", type=int, default=8)
-    p.add_argument("--grad-bits", type=int, default=4)
-    p.add_argument("--block-size", type=int, default=256)
-    p.add_argument("--grad-block-size", type=int, default=None,
-                   help="zpccl: the gradients' own quantization blocks (default: --block-size)")
+    ex.add_quant_args(p)
     p.add_argument("--lr-final", type=float, default=0.1,
                    help="loss runs: the learning rate at the last step, as a fraction of --lr (cosine decay after "
                         "the warmup; 1: constant)")

@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-block", action="store_true",
                    help="fully_shard each block too (default: the root only, one all-gather and one reduce-scatter "
                         "a step, whose latency over sockets is most of a step of a model this small)")
-    p.add_argument("--block-size", type=int, default=256)
+    ex.add_quant_args(p, ("block_size",))
     p.add_argument("--weight-bits", type=int, choices=(0, 4, 8), default=0,
                    help="zpccl's weight all-gathers (qwZ) in the zpccl runs; 0 (default): FSDP's own exact bf16 "
                         "ones, so that a run differs from exact only in its gradients")

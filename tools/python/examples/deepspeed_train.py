@@ -55,11 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def add_zero_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hpz", type=int, default=None,
                    help="zero_hpz_partition_size for zeropp and zpccl (default: the ranks per node; 1: no hpZ)")
-    p.add_argument("--weight-bits", type=int, default=8, help="zpccl: qwZ's bits (DeepSpeed's ZeRO++: 8)")
-    p.add_argument("--grad-bits", type=int, default=4, help="zpccl: qgZ's bits (DeepSpeed's ZeRO++: 4)")
-    p.add_argument("--block-size", type=int, default=256)
-    p.add_argument("--grad-block-size", type=int, default=None,
-                   help="zpccl: the gradients' own quantization blocks (default: --block-size)")
+    ex.add_quant_args(p, helps={"weight_bits": "zpccl: qwZ's bits (DeepSpeed's ZeRO++: 8)",
+                                "grad_bits": "zpccl: qgZ's bits (DeepSpeed's ZeRO++: 4)"})
 
 
 def zero_config(args: argparse.Namespace, comm: str, ranks_per_node: int | None, hpz: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ at the end. ``perf/fsdp_step.py`` times this model under both stacks in alternat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import pathlib
@@ -37,12 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--reshard", default="true",
                    help="reshard_after_forward: true, false, or k (keep a 1/k slice: hpZ groups of k with zpccl)")
-    p.add_argument("--weight-bits", type=int, default=8)
-    p.add_argument("--grad-bits", type=int, default=4)
-    p.add_argument("--block-size", type=int, default=256)
-    p.add_argument("--grad-block-size", type=int, default=None,
-                   help="the gradients' own quantization blocks (default: --block-size); smaller ones cost int4 "
-                        "gradients less loss for a few more bytes")
+    add_quant_args(p)
     p.add_argument("--log-every", type=int, default=20)
     add_launch_args(p)
     return p.parse_args(argv)
@@ -63,6 +59,31 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="emulate this many nodes over sockets (processes get distinct NCCL_HOSTIDs, NCCL's P2P "
                         "and shared memory off; zpccl is told the layout): the way one GPU can stand for a "
                         "cluster whose network is slow. 0: the real layout")
+
+
+#: zpccl's policy fields that the scripts take as options (``--weight-bits`` ...), in the order they list them.
+QUANT_FIELDS = ("weight_bits", "grad_bits", "block_size", "grad_block_size")
+_QUANT_HELP = {
+    "weight_bits": "zpccl: qwZ's code bits, 4 or 8 (the weights' all-gathers)",
+    "grad_bits": "zpccl: qgZ's code bits, 4 or 8 (the gradients' reduce-scatters)",
+    "block_size": "zpccl: elements per quantization block",
+    "grad_block_size": "zpccl: the gradients' own quantization blocks (default: --block-size); smaller ones cost "
+                       "int4 gradients less loss for a few more bytes",
+}
+
+
+def add_quant_args(p: argparse.ArgumentParser, fields: tuple[str, ...] = QUANT_FIELDS,
+                   helps: dict[str, str] | None = None) -> None:
+    """The options of ``fields`` (of QUANT_FIELDS), each defaulting to the default of zpccl.ZeroPlusPlusPolicy's field
+    of that name, so that a script without options runs what ``zpccl.fsdp.enable(model)`` would; ``helps`` gives a
+    field a script's own help text."""
+    defaults = {f.name: f.default for f in dataclasses.fields(import_zpccl().ZeroPlusPlusPolicy)}
+    unknown = sorted(set(fields) - set(QUANT_FIELDS)) + sorted(set(helps or ()) - set(fields))
+    if unknown:
+        raise ValueError(f"add_quant_args: {', '.join(unknown)} not among fields {fields}")
+    for name in fields:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=defaults[name],
+                       help=(helps or {}).get(name, _QUANT_HELP[name]))
 
 
 def parse_reshard(text: str) -> bool | int:

@@ -46,9 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=16, help="sequences per rank and step")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-bits", type=int, default=8, help="qwZ code bits (4 or 8)")
-    p.add_argument("--grad-bits", type=int, default=4, help="qgZ code bits (4 or 8)")
-    p.add_argument("--block-size", type=int, default=256)
+    _fsdp2_example().add_quant_args(p, ("weight_bits", "grad_bits", "block_size"))
     p.add_argument("--ranks-per-node", type=int, default=None,
                    help="emulate nodes of this many ranks (1: hpZ groups of one, qgZ over 'nodes')")
     p.add_argument("--log-every", type=int, default=5)

@@ -211,6 +211,33 @@ class Bounds(unittest.TestCase):
             self.assertEqual(zpccl.payload_size(count, enums.BITS_INT4, enums.MIN_BLOCK_SIZE) % enums.PAYLOAD_ALIGN, 0)
 
 
+
+class ConfigDefaults(unittest.TestCase):
+    """A config's code widths and block size left unset take the library's defaults (src/comm.h's Settings, as
+    include/zpccl.h documents them at zpConfig_t): ZeroPlusPlusPolicy's, so that a communicator made from a bare
+    config quantizes as a policy made without arguments says."""
+
+    FIELDS = {"weightBits": "weight_bits", "gradBits": "grad_bits", "blockSize": "block_size"}
+
+    def policys(self) -> dict[str, int]:
+        policy = zpccl.ZeroPlusPlusPolicy()
+        return {c: getattr(policy, py) for c, py in self.FIELDS.items()}
+
+    def test_the_header_documents_the_policys_defaults(self) -> None:
+        body = re.search(r"typedef\s+struct\s*\{(.*?)\}\s*zpConfig_t\s*;", header_text(), re.S).group(1)
+        # "int weightBits; /* ... Default 8 */": a field, then its comment (possibly over lines) up to "Default N".
+        doc = dict(re.findall(r"\bint\s+(\w+)\s*;\s*/\*(?:(?!\*/).)*?\bDefault\s+(-?\d+)\b", body, re.S))
+        self.assertEqual({c: int(doc[c]) for c in self.FIELDS if c in doc}, self.policys())
+
+    def test_the_librarys_settings_default_to_the_policys(self) -> None:
+        path = SOURCE_TREE / "src" / "comm.h"
+        if not path.exists():
+            raise unittest.SkipTest(f"{path} not found (package used outside its source tree)")
+        body = re.search(r"\bstruct\s+Settings\s*\{(.*?)\};", path.read_text(), re.S).group(1)
+        settings = dict(re.findall(r"\bint\s+(\w+)\s*=\s*(-?\d+)\s*;", body))
+        self.assertEqual({c: int(settings[c]) for c in self.FIELDS if c in settings}, self.policys())
+
+
 class Prototypes(unittest.TestCase):
     def test_every_header_function_is_declared(self) -> None:
         declared = set(re.findall(r"^(?:zpResult_t|const char\*)\s+(zp\w+)\(", header_text(), re.M))

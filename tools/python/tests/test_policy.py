@@ -1,10 +1,14 @@
 """zpccl.ZeroPlusPlusPolicy: checked once when made, at the library's bounds (zpccl.enums), each refusal naming the
 argument; frozen; resolve_policy, which integrations' entry points use to take a policy or its fields as keyword
 arguments; and what the integrations' sessions share (zpccl._session): the policy read through the session, the
-hpZ group rule. Needs neither torch nor the library."""
+hpZ group rule; the scripts' quantization options, which default to the policy's. Needs neither torch nor the
+library."""
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import io
 import logging
 import unittest
 
@@ -13,6 +17,8 @@ from zpccl import enums
 from zpccl._policy import resolve_policy
 from zpccl._report import Report
 from zpccl._session import Session, hpz_group_problem, refuse_hpz_group
+
+from . import load_script
 
 Policy = zpccl.ZeroPlusPlusPolicy
 
@@ -144,6 +150,47 @@ class SessionBase(unittest.TestCase):
         self.assertIsInstance(error, ValueError)
         self.assertRegex(error.message, r"^zpccl\.x\.enable: hpz_size=2 makes X gather over ranks \[1, 2\], which are "
                          r"on nodes \[0, 1\]: .* \(modules \['a'\]\)\. Use a hpz_size that divides .* on X's$")
+
+
+
+class ScriptOptions(unittest.TestCase):
+    """The examples' and perf scripts' --weight-bits, --grad-bits, --block-size and --grad-block-size come from
+    fsdp2_train.add_quant_args, whose defaults are the policy's fields': a script run without them quantizes as
+    zpccl.fsdp.enable(model) would."""
+
+    #: Each script, and the policy fields whose defaults it takes (grad_numerics' --weight-bits is its own: 0, FSDP's
+    #: exact gathers, so that its runs differ only in their gradients).
+    SCRIPTS = {
+        "tools/python/examples/fsdp2_train.py": ("weight_bits", "grad_bits", "block_size", "grad_block_size"),
+        "tools/python/examples/deepspeed_train.py": ("weight_bits", "grad_bits", "block_size", "grad_block_size"),
+        "tools/python/examples/zero3_train.py": ("weight_bits", "grad_bits", "block_size"),
+        "perf/fsdp_step.py": ("weight_bits", "grad_bits", "block_size", "grad_block_size"),
+        "perf/fsdp_memory.py": ("weight_bits", "grad_bits", "block_size"),
+        "perf/ddp_step.py": ("grad_bits", "block_size", "grad_block_size"),
+        "perf/experiments/grad_numerics.py": ("block_size",),
+    }
+
+    def test_scripts_default_to_the_policys_fields(self) -> None:
+        policy = {f.name: f.default for f in dataclasses.fields(Policy)}
+        for script, fields in self.SCRIPTS.items():
+            with self.subTest(script=script):
+                args = vars(load_script(script).parse_args([]))
+                self.assertEqual({name: args.get(name, "missing") for name in fields},
+                                 {name: policy[name] for name in fields})
+        self.assertEqual(vars(load_script("perf/experiments/grad_numerics.py").parse_args([]))["weight_bits"], 0)
+
+    def test_options_parse_and_unknown_fields_are_refused(self) -> None:
+        ex = load_script("tools/python/examples/fsdp2_train.py")
+        p = argparse.ArgumentParser()
+        ex.add_quant_args(p, ("grad_bits", "block_size"), helps={"grad_bits": "the script's own words"})
+        self.assertEqual(vars(p.parse_args(["--grad-bits", "8", "--block-size", "64"])),
+                         dict(grad_bits=8, block_size=64))
+        self.assertIn("the script's own words", p.format_help())
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            p.parse_args(["--weight-bits", "8"])  # not asked for
+        for fields, helps in ((("block_size", "seed"), None), (("block_size",), {"grad_bits": "x"})):
+            with self.subTest(fields=fields, helps=helps), self.assertRaisesRegex(ValueError, "add_quant_args: "):
+                ex.add_quant_args(argparse.ArgumentParser(), fields, helps)
 
 
 if __name__ == "__main__":
