@@ -117,8 +117,8 @@ step "wheel (pip wheel .)"
 wheel_dir=$build/wheel
 wheel_venv=$build/wheel-venv
 # The versions the framework tests (test_torchtitan, test_recipes, test_foreign_models, test_deepspeed) were written
-# against.
-test_frameworks=(torchtitan==0.3.0 transformers==5.25.0 accelerate==1.16.0 lightning==2.6.6 deepspeed==0.19.8)
+# against: pip requirement lines, which the tests read too (tests.pinned).
+test_frameworks=$top/tools/python/tests/frameworks.txt
 rm -rf "$wheel_dir"
 index_reachable() {
   local probe
@@ -179,10 +179,10 @@ if [ -n "$wheel" ]; then
     # accelerator, and zpccl replaces the collectives those ops would serve.
     if [ $installed = 1 ] && torch_version=$("$wheel_venv/bin/python" -c 'import torch; print(torch.__version__)' \
       2>/dev/null); then
-      DS_BUILD_OPS=0 "${vpip[@]}" -c <(echo "torch==$torch_version") "${test_frameworks[@]}" \
+      DS_BUILD_OPS=0 "${vpip[@]}" -c <(echo "torch==$torch_version") -r "$test_frameworks" \
         >"$results/frameworks.log" 2>&1 ||
-        echo "pip could not install ${test_frameworks[*]} (no network?; log $results/frameworks.log): their" \
-          "tests skip"
+        echo "pip could not install $(grep -Ev '^[[:space:]]*(#|$)' "$test_frameworks" | tr '\n' ' ')(no network?;" \
+          "log $results/frameworks.log): their tests skip"
     fi
   fi
   if [ $installed = 0 ] && ! index_reachable; then

@@ -29,3 +29,28 @@ def load_script(relative: str) -> types.ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+#: The frameworks' pins that tools/run-tests.sh installs (``pip install -r``): pip requirement lines, ``name==version``.
+FRAMEWORKS = pathlib.Path(__file__).resolve().parent / "frameworks.txt"
+
+
+def pinned(name: str) -> str:
+    """The version of framework ``name`` (e.g. ``"deepspeed"``) that FRAMEWORKS pins, the one CI installs."""
+    pins = {}
+    for number, line in enumerate(FRAMEWORKS.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        package, eq, version = (part.strip() for part in line.partition("=="))
+        if not eq or not package or not version or any(c in version for c in "=<>!~,; "):
+            raise ValueError(f"{FRAMEWORKS}:{number}: {line!r} must pin one exact version, as name==version")
+        pins[package.lower()] = version
+    if name.lower() not in pins:
+        raise KeyError(f"{FRAMEWORKS} pins no {name!r} (it pins {', '.join(sorted(pins))})")
+    return pins[name.lower()]
+
+
+def ci_installs(name: str) -> str:
+    """"CI installs NAME==VERSION": what a framework test's skip message says of a framework it lacks."""
+    return f"CI installs {name}=={pinned(name)}"

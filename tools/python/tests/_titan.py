@@ -25,6 +25,7 @@ import unittest
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from . import ci_installs
 from ._foreign import load, progressions, reference
 from ._threaded import run_threaded
 
@@ -43,7 +44,7 @@ def torchtitan_or_skip() -> Any:
         from torchtitan.config import ConfigManager  # noqa: F401
         from torchtitan.protocols.model_spec import ModelSpec
     except ImportError as e:
-        raise unittest.SkipTest(f"torchtitan is not installed ({e}); CI installs torchtitan==0.3.0") from None
+        raise unittest.SkipTest(f"torchtitan is not installed ({e}); {ci_installs('torchtitan')}") from None
     if "post_optimizer_build_fn" not in getattr(ModelSpec, "__dataclass_fields__", {}):
         raise unittest.SkipTest(f"torchtitan {torchtitan.__version__} has no ModelSpec.post_optimizer_build_fn "
                                 "(0.3 has)")

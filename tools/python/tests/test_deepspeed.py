@@ -44,6 +44,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ import numpy as np
 
 import zpccl
 
-from . import SOURCE_TREE
+from . import SOURCE_TREE, pinned
 from . import _reference as ref
 from ._procs import run_procs, torch_for_procs
 from .test_fsdp import bits_of, ref_dtype, staged
@@ -1213,6 +1214,13 @@ def _close(a: list[float], b: list[float], rel: float) -> bool:
 class ConfigOfDeepSpeed(unittest.TestCase):
     """split_config and the version checks: no DeepSpeed, no processes."""
 
+    def test_ci_installs_the_deepspeed_zpccl_was_read_in(self) -> None:
+        from zpccl.deepspeed import CHECKED_DEEPSPEED, MIN_DEEPSPEED
+        from zpccl.deepspeed._deepspeed import deepspeed_version
+
+        self.assertEqual(pinned("deepspeed"), CHECKED_DEEPSPEED)  # tests/frameworks.txt, which CI installs
+        self.assertGreaterEqual(deepspeed_version(CHECKED_DEEPSPEED), MIN_DEEPSPEED)
+
     def test_zero_plus_plus_keys_map_to_a_policy(self) -> None:
         from zpccl.deepspeed import split_config
 
@@ -1336,7 +1344,8 @@ class ConfigOfDeepSpeed(unittest.TestCase):
                                          s3: dict(reduce_scatter_coalesced=renamed, all_to_all_quant_reduce=renamed)})):
             with self.assertRaisesRegex(zpccl.ZpcclError, r"replaces deepspeed.runtime.zero.stage3."
                                                           r"reduce_scatter_coalesced\(tensors, group\), .*DeepSpeed "
-                                                          r"0.19.8 has and DeepSpeed 0.19.9 does not"):
+                                                          rf"{re.escape(pinned('deepspeed'))} has and DeepSpeed "
+                                                          r"0\.19\.9 does not"):
                 DeepSpeed.load()
         self.assertEqual(parameter_names(gather), ("input_tensor", "output_tensor", "group"))
 
@@ -1513,7 +1522,8 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertEqual(said["ranks_per_node"], "2 nodes")
             self.assertEqual(said["mpu_nodes"], "2 nodes")
             self.assertRegex(said["reducer"], r"optimizer lacks avg_scatter_grads, which runs its gradient "
-                                              r"reductions in DeepSpeed 0.19.8; this is DeepSpeed .*grad_bits=None")
+                                              rf"reductions in DeepSpeed {re.escape(pinned('deepspeed'))}; this is "
+                                              r"DeepSpeed .*grad_bits=None")
             self.assertEqual(said["reducer_weights_only"], "")
             self.assertIn("is not a DeepSpeed engine", said["not_engine"])
             self.assertIn("built with zero_quantized_weights", said["quantized_weights"])

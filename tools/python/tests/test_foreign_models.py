@@ -22,7 +22,7 @@ import unittest
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _foreign
+from . import _foreign, ci_installs
 from ._threaded import run_threaded
 from .test_fsdp import BLOCK, cpu_mesh, next_token_loss, torch_for_threads
 
@@ -237,7 +237,7 @@ class ForeignModels(unittest.TestCase):
         try:
             import transformers  # noqa: F401
         except ImportError:
-            self.skipTest("transformers is not installed (CI installs transformers==5.25.0)")
+            self.skipTest(f"transformers is not installed ({ci_installs('transformers')})")
 
     def test_hf_llama_untied_embeddings(self) -> None:
         self.transformers()

@@ -12,6 +12,7 @@ import unittest
 import warnings
 from typing import Any, Callable, Iterator
 
+from . import ci_installs
 from ._foreign import quiet_loggers
 from ._threaded import run_threaded
 from .test_fsdp import BLOCK, batches, build_model, next_token_loss, torch_for_threads
@@ -68,7 +69,7 @@ class AccelerateRecipe(Recipe):
         try:
             import accelerate  # noqa: F401
         except ImportError:
-            raise unittest.SkipTest("accelerate is not installed (CI installs accelerate==1.16.0)") from None
+            raise unittest.SkipTest(f"accelerate is not installed ({ci_installs('accelerate')})") from None
 
     @contextlib.contextmanager
     def thread_ranks(self) -> Iterator[None]:
@@ -211,7 +212,7 @@ class LightningRecipe(Recipe):
         try:
             import lightning  # noqa: F401
         except ImportError:
-            raise unittest.SkipTest("lightning is not installed (CI installs lightning==2.6.6)") from None
+            raise unittest.SkipTest(f"lightning is not installed ({ci_installs('lightning')})") from None
 
     def test_model_parallel_strategy_then_enable_on_fit_start(self) -> None:
         """README's recipe: ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1), fully_shard in

@@ -1,10 +1,17 @@
 """tests/run.py's result: each outcome counted once per test method, and a failure's traceback written when it
-happens, so that a suite cut by a time limit still says why its tests failed."""
+happens, so that a suite cut by a time limit still says why its tests failed; and tests/frameworks.txt, the
+frameworks' versions that CI installs and the framework tests name (tests.pinned)."""
 from __future__ import annotations
 
 import io
+import pathlib
+import re
+import tempfile
 import unittest
+from unittest import mock
 
+import tests
+from tests import SOURCE_TREE, pinned
 from tests.run import CountingResult, gpu_first
 
 
@@ -94,6 +101,41 @@ class SuiteRunner(unittest.TestCase):
         _, text = self.run_outcomes("fails", "passes")
         self.assertEqual(text.count(FAILED), 1, text)
         self.assertIn("FAIL: fails", text.split(FAILED, 1)[1])
+
+
+
+class FrameworkPins(unittest.TestCase):
+    FRAMEWORKS = ("torchtitan", "transformers", "accelerate", "lightning", "deepspeed")
+
+    def test_each_framework_has_one_exact_version(self) -> None:
+        for name in self.FRAMEWORKS:
+            self.assertRegex(pinned(name), r"^\d+(\.\d+)+$", name)
+        self.assertEqual(pinned("DeepSpeed"), pinned("deepspeed"))
+        with self.assertRaisesRegex(KeyError, "pins no 'megatron'"):
+            pinned("megatron")
+
+    def test_a_line_that_pins_no_exact_version_is_refused(self) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = pathlib.Path(folder) / "frameworks.txt"
+            path.write_text("# a comment\n\ntorch==2.15.0  # one pin\n")
+            with mock.patch.object(tests, "FRAMEWORKS", path):
+                self.assertEqual(pinned("torch"), "2.15.0")
+            for line in ("deepspeed>=0.19", "deepspeed==0.19.8,<1", "deepspeed", "==0.19.8", "deepspeed===0.19.8"):
+                path.write_text(f"# a comment\n\ntorch==2.15.0  # one pin\n{line}\n")
+                with self.subTest(line=line), mock.patch.object(tests, "FRAMEWORKS", path), \
+                        self.assertRaisesRegex(ValueError, r"frameworks\.txt:4: .* must pin one exact version"):
+                    pinned("torch")
+
+    def test_ci_installs_the_file(self) -> None:
+        script = SOURCE_TREE / "tools" / "run-tests.sh"
+        if not script.exists():
+            self.skipTest(f"{script} not found")
+        text = script.read_text()
+        for wanted in (r"(?m)^test_frameworks=\$top/tools/python/tests/frameworks\.txt$",
+                       r'(?m)^\s*DS_BUILD_OPS=0 "\$\{vpip\[@\]\}" .*-r "\$test_frameworks"'):
+            self.assertIsNotNone(re.search(wanted, text), f"{script} lacks {wanted!r}")
+        for name in self.FRAMEWORKS:  # no version of its own beside the file's
+            self.assertIsNone(re.search(rf"\b{name}\s*[=<>~]=", text), f"{script} pins {name} itself")
 
 
 if __name__ == "__main__":
