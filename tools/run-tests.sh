@@ -179,7 +179,9 @@ if [ -n "$wheel" ]; then
     # accelerator, and zpccl replaces the collectives those ops would serve.
     if [ $installed = 1 ] && torch_version=$("$wheel_venv/bin/python" -c 'import torch; print(torch.__version__)' \
       2>/dev/null); then
-      DS_BUILD_OPS=0 "${vpip[@]}" -c <(echo "torch==$torch_version") -r "$test_frameworks" \
+      # A file, not a pipe: vinstall's second try reads the constraint again.
+      echo "torch==$torch_version" >"$results/torch-constraint.txt"
+      DS_BUILD_OPS=0 "${vpip[@]}" -c "$results/torch-constraint.txt" -r "$test_frameworks" \
         >"$results/frameworks.log" 2>&1 ||
         echo "pip could not install $(grep -Ev '^[[:space:]]*(#|$)' "$test_frameworks" | tr '\n' ' ')(no network?;" \
           "log $results/frameworks.log): their tests skip"
