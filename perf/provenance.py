@@ -107,8 +107,9 @@ def _driver_release() -> str | None:
     return None
 
 
-def _torch_facts() -> tuple[dict[str, Any] | None, str | None, int | None]:
-    """({"version", "cuda"}, CUDA runtime, NCCL version code) of the torch this process imported, if any."""
+def _torch_facts() -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """({"version", "cuda"}, CUDA runtime, NCCL version "major.minor.patch") of the torch this process imported, if
+    any."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None, None, None
@@ -116,8 +117,8 @@ def _torch_facts() -> tuple[dict[str, Any] | None, str | None, int | None]:
     nccl = None
     try:
         if torch.cuda.is_available():
-            v = torch.cuda.nccl.version()
-            nccl = v[0] * 10000 + v[1] * 100 + v[2] if isinstance(v, tuple) else int(v)
+            # (major, minor, patch[, suffix]): the parts themselves, no version code to decode
+            nccl = ".".join(str(part) for part in torch.cuda.nccl.version()[:3])
     except Exception:  # noqa: BLE001 - a torch without NCCL answers nothing
         nccl = None
     return {"version": torch.__version__, "cuda": cuda}, cuda, nccl
@@ -155,7 +156,7 @@ def provenance(regime: str, argv: list[str] | None = None) -> dict[str, Any]:
         mod = sys.modules["torch"]
         if mod.cuda.is_available():
             gpus = [mod.cuda.get_device_name(i) for i in range(mod.cuda.device_count())]
-    nccl["torch"] = None if torch_nccl is None else f"{torch_nccl // 10000}.{torch_nccl // 100 % 100}.{torch_nccl % 100}"
+    nccl["torch"] = torch_nccl
     return {
         "schema": SCHEMA,
         "commit": commit,
