@@ -549,6 +549,11 @@ def secondary_sizes(engine: Any) -> list[int | None]:
             for p in engine.module.parameters()]
 
 
+def persistent_gathers(session: Any) -> int:
+    """The persistent parameters' regathers zpccl served so far."""
+    return session.summary().get("persistent_gather", {"calls": 0})["calls"]
+
+
 def refusal(call: Any) -> str:
     """The message of the exception ``call()`` raises ("" when it returns)."""
     try:
@@ -965,7 +970,27 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     # LayerNorm's weight and bias and the scale: under 64 elements each), beside unpatched ZeRO-3.
     exact = hf_config("bf16", quantized=False, stage3_param_persistence_threshold=64, stage3_prefetch_bucket_size=16)
     out["persistent_exact_ref"] = run(exact, False)
-    out["persistent_exact"] = run(dict(exact, zpccl={"weight_bits": None, "grad_bits": None}), True)
+    exact = dict(exact, zpccl={"weight_bits": None, "grad_bits": None})
+    out["persistent_exact"] = run(exact, True)
+    # Its checkpoint (DeepSpeed partitions the persistent parameters before saving and loading, and regathers them
+    # after): saved after two optimizer steps, then two more; a fresh engine of other weights loads it and goes the
+    # same two.
+    engine = make_engine(torch, deepspeed, exact, zp=True)
+    train(torch, engine, rank, 4)
+    session = zpccl.deepspeed.session_of(engine)
+    before = persistent_gathers(session)
+    engine.save_checkpoint(ckpt, tag="persistent")
+    saved = persistent_gathers(session) - before
+    went_on = train(torch, engine, rank, 4, first=4)
+    session.disable()
+    engine = make_engine(torch, deepspeed, exact, zp=True, seed=5)
+    session = zpccl.deepspeed.session_of(engine)
+    before = persistent_gathers(session)
+    engine.load_checkpoint(ckpt, tag="persistent")
+    loaded = persistent_gathers(session) - before
+    out["persistent_resume"] = dict(went_on=went_on, resumed=train(torch, engine, rank, 4, first=4), saved=saved,
+                                    loaded=loaded)
+    session.disable()
 
     # disable(), two steps on DeepSpeed's own collectives, then enable() again on the same engine.
     engine = make_engine(torch, deepspeed, hf_config("bf16", 2), zp=True)
@@ -1606,6 +1631,10 @@ class DeepSpeedUserConfigs(_OneSpawn):
             calls = run["summary"]["persistent_gather"]["calls"]
             self.assertEqual(calls, run["global_steps"], run["summary"])
             self.assertEqual(run["checked"], {"qwz": 0, "qgz": 0})
+            # A checkpoint's save and load regather them too, through zpccl; the resumed run is the same bits.
+            resume = o["persistent_resume"]
+            self.assertEqual(resume["resumed"], resume["went_on"])
+            self.assertEqual((resume["saved"], resume["loaded"]), (1, 1))
 
     def test_disable_then_enable_again(self) -> None:
         for o in self.out:
