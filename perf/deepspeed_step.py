@@ -27,23 +27,23 @@ round, rank, step) and their medians over rounds, ranks and steps, printed besid
 
 Configurations (``--configs``), the model, text and schedule of tools/python/examples/deepspeed_train.py:
 
-=========  ===============================================================================================
-deepspeed  ZeRO-3 on DeepSpeed's collectives (NCCL), overlap_comm and contiguous gradients
-zeropp     the same with DeepSpeed's ZeRO++: zero_quantized_weights, zero_quantized_gradients,
-           zero_hpz_partition_size ``--hpz`` (default: the ranks per node), its own CUDA quantizer (DeepSpeed
-           compiles it on first use: the machine needs nvcc and ninja)
-zpccl      the zeropp config through zpccl.deepspeed (qwZ ``--weight-bits``, qgZ ``--grad-bits`` in blocks of
-           ``--block-size`` / ``--grad-block-size``, hpZ over DeepSpeed's hpZ groups, and the persistent
-           parameters' gathers after each step in one exact call)
+===========  =============================================================================================
+deepspeed    ZeRO-3 on DeepSpeed's collectives (NCCL), overlap_comm and contiguous gradients
+zeropp       the same with DeepSpeed's ZeRO++: zero_quantized_weights, zero_quantized_gradients,
+             zero_hpz_partition_size ``--hpz`` (default: the ranks per node), its own CUDA quantizer (DeepSpeed
+             compiles it on first use: the machine needs nvcc and ninja)
+zpccl        the zeropp config through zpccl.deepspeed (qwZ ``--weight-bits``, qgZ ``--grad-bits`` in blocks of
+             ``--block-size`` / ``--grad-block-size``, hpZ over DeepSpeed's hpZ groups, and the persistent
+             parameters' gathers after each step in one exact call)
 zpccl-exact  the ablation: deepspeed's config with zpccl.deepspeed serving only what it serves exactly
-           without hpZ, the persistent parameters' gathers in one call (``weight_bits=None, grad_bits=None``):
-           DeepSpeed's bits, so the gap from deepspeed is the calls', and from here to zpccl quantization's
-no-comm    deepspeed's config with the collectives zpccl.deepspeed takes over (the parameter all-gathers, the
-           gradient reduce-scatters, the persistent parameters' gathers) made locally (:class:`LocalCollectives`):
-           the step a perfect network would give. Ranks exchange no data there, so their weights drift apart:
-           timing only, refused as a loss run. What zpccl leaves DeepSpeed's (the gradient norm's all-reduce)
-           still communicates, and is counted
-=========  ===============================================================================================
+             without hpZ, the persistent parameters' gathers in one call (``weight_bits=None, grad_bits=None``):
+             DeepSpeed's bits, so the gap from deepspeed is the calls', and from here to zpccl quantization's
+no-comm      deepspeed's config with the collectives zpccl.deepspeed takes over (the parameter all-gathers, the
+             gradient reduce-scatters, the persistent parameters' gathers) made locally (:class:`LocalCollectives`):
+             the step a perfect network would give. Ranks exchange no data there, so their weights drift apart:
+             timing only, refused as a loss run. What zpccl leaves DeepSpeed's (the gradient norm's all-reduce)
+             still communicates, and is counted
+===========  =============================================================================================
 
 Bytes and calls: DeepSpeed's collectives are counted in an untimed step by wrapping deepspeed.comm's functions
 (all-gathers, reduce-scatters, all-to-alls, all-reduces: each call, and (n - 1) / n of what it moves for a ring);
