@@ -577,21 +577,34 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
     return t
 
 
-def step_table(store: Store, name: str, file: str, configs: list[tuple[str, str]], against: list[str]) -> Table:
+def calls_cell(row: dict[str, Any]) -> str:
+    """The collective calls a step that exchange data (deepspeed_step's ``calls_per_step``, where no-comm's local
+    ones do not count)."""
+    calls = row.get("calls_per_step")
+    if calls is None:
+        raise RenderError(f"row {row.get('config')!r} has no calls_per_step")
+    return str(sum(v for k, v in calls.items() if not k.startswith("local_")))
+
+
+def step_table(store: Store, name: str, file: str, configs: list[tuple[str, str]], against: list[str],
+               calls: bool = False) -> Table:
     """One training-step file of perf/step_protocol.py's rows (fsdp_step, ddp_step, deepspeed_step): each
-    configuration's step time (median, range), tokens/s, peak memory, bytes a rank sent, and its ratio to each
-    configuration of ``against`` (medians; in brackets the least and greatest ratio of the rounds' medians)."""
+    configuration's step time (median, range), tokens/s, peak memory, bytes a rank sent (and with ``calls``, the
+    calls a step that exchange data), and its ratio to each configuration of ``against`` (medians; in brackets the
+    least and greatest ratio of the rounds' medians)."""
     rows = {r["config"]: r for r in store.data(file)["rows"]}
     for config in [c for c, _ in configs] + against:
         if config not in rows:
             raise RenderError(f"table {name}: {file} has no {config} row")
     t = Table(store, name, ["configuration", "step ms (median, range)", "tokens/s", "peak MiB / rank",
-                            "sent MiB / step / rank"] + [f"vs {rows[a]['config']}" for a in against])
+                            "sent MiB / step / rank"] + (["calls / step"] if calls else [])
+              + [f"vs {rows[a]['config']}" for a in against])
 
     for config, label in configs:
         r = rows[config]
         t.add([label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})", f"{r['tokens_per_s']:,.0f}",
-               f"{r['peak_mib']:,.0f}", sent_cell(r)] + [ratio_cell(rows[a], r) for a in against], [file])
+               f"{r['peak_mib']:,.0f}", sent_cell(r)] + ([calls_cell(r)] if calls else [])
+              + [ratio_cell(rows[a], r) for a in against], [file])
     return t
 
 

@@ -128,6 +128,33 @@ class RenderResults(unittest.TestCase):
             self.rr.render("<!-- table: loss -->\n<!-- end table -->\n", self.rr.Store(self.root / "results"),
                            self.tables)
 
+    def test_step_rows_with_their_calls(self) -> None:
+        def row(config: str, ms: float, calls: dict[str, int] | None) -> dict[str, Any]:
+            r = {"config": config, "median_ms": ms, "min_ms": ms - 1, "max_ms": ms + 1, "tokens_per_s": 1e6 / ms,
+                 "peak_mib": 100.0, "sent_mib": {"deepspeed all_gather": 54.6}}
+            if calls is not None:
+                r["calls_per_step"] = calls
+            return r
+
+        self.folder.write("step.json", {"provenance": {"schema": "zpccl-provenance/1", "commit": COMMIT,
+                                                       "dirty": False}, "rows": [
+            row("deepspeed", 300.0, {"deepspeed all_gather": 70, "deepspeed all_reduce": 1}),
+            row("no-comm", 100.0, {"deepspeed all_reduce": 1, "local_all_gather": 3, "local_persistent_gather": 1}),
+            row("bare", 200.0, None)]})
+        self.tables["step"] = lambda s: self.rr.step_table(s, "step", "step.json", [
+            ("deepspeed", "ZeRO-3"), ("no-comm", "floor")], ["deepspeed"], calls=True)
+        lines = self.render("<!-- table: step -->\n<!-- end table -->\n").splitlines()
+        self.assertIn("| configuration | step ms (median, range) | tokens/s | peak MiB / rank | sent MiB / step / rank "
+                      "| calls / step | vs deepspeed | src |", lines)
+        cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in lines
+                 if line.startswith("| ZeRO-3") or line.startswith("| floor")}
+        self.assertEqual(cells["ZeRO-3"][5], "71")
+        self.assertEqual(cells["floor"][5], "1")  # local calls exchange nothing
+        self.assertEqual(cells["floor"][6], "3.00x")
+        self.tables["bare"] = lambda s: self.rr.step_table(s, "bare", "step.json", [("bare", "bare")], [], calls=True)
+        with self.assertRaisesRegex(self.rr.RenderError, "'bare' has no calls_per_step"):
+            self.render("<!-- table: bare -->\n<!-- end table -->\n")
+
     def test_what_the_files_cannot_give_is_refused(self) -> None:
         with self.assertRaisesRegex(self.rr.RenderError, "unknown table 'nope'"):
             self.render("<!-- table: nope -->\n<!-- end table -->\n")
