@@ -83,6 +83,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 import step_protocol as sp  # noqa: E402
+from perf_files import exchanging_calls  # noqa: E402  (tools/, on the path step_protocol set)
 
 ls = sp.ls  # tools/loss_stats.py: the paired gaps' statistics
 
@@ -192,10 +193,11 @@ class LocalCollectives:
 
     def __init__(self, engine: Any = None) -> None:
         import torch
-        from zpccl.deepspeed._collectives import Done
+        from zpccl.deepspeed._collectives import Done, all_persistent, pending
         from zpccl.deepspeed._deepspeed import DeepSpeed
 
         self.torch, self.dist, self.done = torch, torch.distributed, Done
+        self.pending, self.all_persistent = pending, all_persistent  # zpccl.deepspeed's reading of a call
         self.ds = DeepSpeed.load("perf/deepspeed_step.py no-comm")
         self.calls = {"local_all_gather": 0, "local_reduce_scatter": 0, "local_persistent_gather": 0}
         self.saved = {i: self.ds.function(i) for i in (self.GATHER, self.REDUCE_SCATTER)}
@@ -209,11 +211,11 @@ class LocalCollectives:
     def exact_gather(self, theirs: Any, param_list: Any = None, async_op: bool = False, *args: Any) -> Any:
         """A parameter's ``all_gather``: the persistent parameters' regather after a step made locally, as
         zpccl.deepspeed serves it (a blocking gather of persistent parameters only); any other DeepSpeed's own."""
-        pending = [p for p in param_list or () if p.ds_status.name == "NOT_AVAILABLE"]
-        if param_list is None or async_op or not pending or not all(getattr(p, "ds_persist", False) for p in pending):
+        todo = self.pending(param_list or ())
+        if param_list is None or async_op or not self.all_persistent(todo):
             return theirs(param_list, async_op, *args)
         self.calls["local_persistent_gather"] += 1
-        for p in pending:
+        for p in todo:
             n = self.dist.get_world_size(p.ds_process_group)
             p.data = p.ds_tensor.reshape(-1).repeat(n).narrow(0, 0, p.ds_numel).view(p.ds_shape)
             p.ds_status = type(p.ds_status).AVAILABLE
@@ -520,7 +522,7 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
             sent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["sent_mib"].items()))
             print(f"{r['config']:>11} {r['median_ms']:10.1f} {r['min_ms']:7.1f}-{r['max_ms']:<7.1f} "
                   f"{r['tokens_per_s']:10.0f} {r['peak_mib']:9.0f} {r['enable_mib']:10.0f} "
-                  f"{vs('deepspeed', r):>18} {vs('zeropp', r):>18} {exchanges(r):>6}  {sent}")
+                  f"{vs('deepspeed', r):>18} {vs('zeropp', r):>18} {exchanging_calls(r['calls_per_step']):>6}  {sent}")
         print(sp.STEP_NOTE + "; calls: the collectives a step that exchange data, DeepSpeed's and zpccl's")
         print(f"\n{'config':>11} {'median ms':>10}  {'forward':>8} {'backward':>8} {'optimizer':>9}  "
               f"{'host: fwd':>9} {'bwd':>8} {'opt':>8}")
@@ -534,11 +536,6 @@ def report(rows: list[dict[str, Any]], losses: list[dict[str, Any]]) -> None:
         if any(not r["exchanges_data"] for r in rows):
             print("(no-comm: DeepSpeed's parameter gathers and gradient reduce-scatters made locally; its ranks "
                   "exchange no data, so its weights, and any loss, are no model's: timing only)")
-
-
-def exchanges(row: dict[str, Any]) -> int:
-    """The collective calls a step of ``row`` made that exchange data (no-comm's local ones do not)."""
-    return sum(v for k, v in row["calls_per_step"].items() if not k.startswith("local_"))
     if losses:
         report_losses(losses)
 

@@ -70,6 +70,12 @@ def is_step_file(data: Any) -> bool:
             and (bool(rows) or isinstance(data.get("losses"), list)))
 
 
+def exchanging_calls(calls: dict[str, int]) -> int:
+    """The collective calls of a step row's ``calls_per_step`` that exchange data: a no-comm configuration's
+    ``local_`` ones move nothing between ranks."""
+    return sum(v for k, v in calls.items() if not k.startswith("local_"))
+
+
 UNITS = (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable
 TOP = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tools"))
 import loss_stats as ls  # noqa: E402  (the loss runs' campaigns and their paired statistics)
-from perf_files import provenance_of, size_of  # noqa: E402
+from perf_files import exchanging_calls, provenance_of, size_of  # noqa: E402
 DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md", "perf/notebook/fsdp.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
@@ -578,12 +578,11 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
 
 
 def calls_cell(row: dict[str, Any]) -> str:
-    """The collective calls a step that exchange data (deepspeed_step's ``calls_per_step``, where no-comm's local
-    ones do not count)."""
+    """The collective calls a step that exchange data (deepspeed_step's ``calls_per_step``)."""
     calls = row.get("calls_per_step")
     if calls is None:
         raise RenderError(f"row {row.get('config')!r} has no calls_per_step")
-    return str(sum(v for k, v in calls.items() if not k.startswith("local_")))
+    return str(exchanging_calls(calls))
 
 
 def step_table(store: Store, name: str, file: str, configs: list[tuple[str, str]], against: list[str],

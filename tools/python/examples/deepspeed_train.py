@@ -104,7 +104,7 @@ def where_am_i(args: argparse.Namespace) -> Any:
 
 def make_engine(torch: Any, args: argparse.Namespace, comm: str, where: Any, seed: int,
                 steps: int) -> tuple[Any, Any]:
-    """(engine, the zpccl session or None) of a fresh model under ``comm``, with fsdp2_train's optimizer and
+    """(engine, zpccl.deepspeed's handle or None) of a fresh model under ``comm``, with fsdp2_train's optimizer and
     schedule (AdamW, warmup then cosine)."""
     import deepspeed
 

@@ -253,11 +253,11 @@ def train(config: Any, world: int, weights: dict[str, Any]) -> list[dict[str, An
         trainer.metrics_processor.log = record
         try:
             trainer.train()
-            sessions = [zpccl.fsdp.session_of(p) for p in trainer.model_parts]
-            out = dict(losses=losses, summaries=[s.summary() if s else None for s in sessions])
-            for s in sessions:
-                if s is not None:
-                    s.disable()
+            handles = [zpccl.fsdp.session_of(p) for p in trainer.model_parts]
+            out = dict(losses=losses, summaries=[h.summary() if h else None for h in handles])
+            for h in handles:
+                if h is not None:
+                    h.disable()
             return out
         finally:
             trainer.close()

@@ -549,9 +549,9 @@ def secondary_sizes(engine: Any) -> list[int | None]:
             for p in engine.module.parameters()]
 
 
-def persistent_gathers(session: Any) -> int:
-    """The persistent parameters' regathers zpccl served so far."""
-    return session.summary().get("persistent_gather", {"calls": 0})["calls"]
+def persistent_gathers(zp: Any) -> int:
+    """The persistent parameters' regathers zpccl.deepspeed's handle ``zp`` served so far."""
+    return zp.summary().get("persistent_gather", {"calls": 0})["calls"]
 
 
 def refusal(call: Any) -> str:
@@ -977,12 +977,12 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     # same two.
     engine = make_engine(torch, deepspeed, exact, zp=True)
     train(torch, engine, rank, 4)
-    session = zpccl.deepspeed.session_of(engine)
-    before = persistent_gathers(session)
+    handle = zpccl.deepspeed.session_of(engine)
+    before = persistent_gathers(handle)
     engine.save_checkpoint(ckpt, tag="persistent")
-    saved = persistent_gathers(session) - before
+    saved = persistent_gathers(handle) - before
     went_on = train(torch, engine, rank, 4, first=4)
-    session.disable()
+    handle.disable()
     engine = make_engine(torch, deepspeed, exact, zp=True, seed=5)
     session = zpccl.deepspeed.session_of(engine)
     before = persistent_gathers(session)

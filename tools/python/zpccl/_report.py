@@ -46,7 +46,7 @@ def all_reduce_wire_bytes(nranks: int, shard: int, bits: int, block_size: int) -
 
 
 class Report:
-    """The counters of one session, and the kinds of message it has said on ``log``. ``own`` names the
+    """The counters of one enable, and the kinds of message it has said on ``log``. ``own`` names the
     framework's own collectives and ``prefix`` starts the counters of the calls left on them (:meth:`fallback`)."""
 
     def __init__(self, log: logging.Logger, own: str = "the framework's own collective", prefix: str = "") -> None:

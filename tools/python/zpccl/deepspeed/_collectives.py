@@ -31,7 +31,7 @@ from .._policy import ZeroPlusPlusPolicy
 from .._report import Report, exact_wire_bytes, quantized_wire_bytes
 from .._staging import BlockLayout
 from ..comm import Comm
-from ._deepspeed import DeepSpeed
+from ._deepspeed import DeepSpeed, EngineFacts
 
 
 class Done:
@@ -56,16 +56,17 @@ class Collectives:
     :meth:`quant_reduce` are what the replaced functions call, :meth:`fetching` what the wrapped
     ``all_gather_coalesced`` does around DeepSpeed's own."""
 
-    def __init__(self, ds: DeepSpeed, policy: ZeroPlusPlusPolicy, device: Any, report: Report, dp_group: Any,
-                 hpz_group: Any, bucket_numel: int) -> None:
-        self.ds, self.policy, self.device, self.report = ds, policy, device, report
-        self.dp_group, self.hpz_group = dp_group, hpz_group
-        self.bucket_numel = bucket_numel  # the most elements one persistent_gather call gathers
-        self.dp_ranks = ds.group_ranks(dp_group)
+    def __init__(self, ds: DeepSpeed, policy: ZeroPlusPlusPolicy, facts: EngineFacts, report: Report) -> None:
+        self.ds, self.policy, self.device, self.report = ds, policy, facts.device, report
+        self.dp_group, self.hpz_group = facts.dp_group, facts.hpz_group
+        self.dp_ranks = ds.group_ranks(facts.dp_group)
+        # The most elements one persistent_gather call gathers: what ZeRO-3 gathers in one fetch, or one persistent
+        # parameter's gather at its largest (n partitions under the threshold), whichever is more.
+        self.bucket_numel = max(facts.prefetch_bucket, len(self.dp_ranks) * facts.persistence_threshold, 1)
         self.gather: Comm | None = None  # qwZ, and hpZ when it serves DeepSpeed's hpZ group
         self.reduce: Comm | None = None  # qgZ
         self.hpz_comm: Comm | None = None  # the communicator whose hpZ group is DeepSpeed's (the gathers' one)
-        self._cuda = device.type == "cuda"
+        self._cuda = self.device.type == "cuda"
         self._layouts: dict[tuple[Any, ...], BlockLayout] = {}
         self._zeros: dict[Any, Any] = {}
         self._ranks: dict[int, tuple[int, ...]] = {}
@@ -135,14 +136,14 @@ class Collectives:
         parameter alone the first time it meets one used outside its module's forward, then registers it with the
         module that used it, whose fetches zpccl serves: counted, with qwZ. A user's GatheredParameters and the
         16-bit checkpoint gathers are exact by contract and stay DeepSpeed's, uncounted."""
-        gathered = [p for p in params if getattr(p.ds_status, "name", None) == "NOT_AVAILABLE"]
+        gathered = pending(params)
         if gathered and alone:
             if self.policy.weight_bits is None:
                 return theirs()
             return self._fallback("all_gather_external", "a parameter used outside its module's forward is gathered "
                                   "by DeepSpeed itself (param.all_gather) the first time DeepSpeed meets it so, "
                                   "exact, then fetched with the module that used it", theirs, logging.INFO)
-        if gathered and all(getattr(p, "ds_persist", False) for p in gathered):
+        if all_persistent(gathered):
             if blocking and self._coalescible(gathered):
                 self.persistent_gather(gathered)
                 return None  # what DeepSpeed's blocking gather returns
@@ -157,8 +158,8 @@ class Collectives:
         storage of its own, as DeepSpeed gives each. Persistent parameters are small by definition, so each of
         DeepSpeed's calls costs a network latency and barely any bandwidth: the calls are the cost. A bucket holds
         as many gathered elements as ZeRO-3 gathers in one fetch, or as one persistent parameter's gather may
-        have, whichever is more (:attr:`EngineFacts.gather_bucket`), so that the packed copy adds no more memory
-        while it runs than DeepSpeed's own gathers take."""
+        have, whichever is more (``bucket_numel``), so that the packed copy adds no more memory while it runs than
+        DeepSpeed's own gathers take."""
         torch, n = self.ds.torch, len(self.dp_ranks)
         by_dtype: dict[Any, list[Any]] = {}
         for p in params:
@@ -365,6 +366,17 @@ class Collectives:
     def release(self) -> None:
         self._zeros.clear()
         self._layouts.clear()
+
+
+def pending(params: Any) -> list[Any]:
+    """The parameters of a ``param.all_gather`` call that are not gathered yet (the ones it gathers)."""
+    return [p for p in params if getattr(p.ds_status, "name", None) == "NOT_AVAILABLE"]
+
+
+def all_persistent(params: list[Any]) -> bool:
+    """Whether ``params`` (a call's :func:`pending` ones) are ZeRO-3's persistent parameters, all of them: its
+    regather after a step or a checkpoint."""
+    return bool(params) and all(getattr(p, "ds_persist", False) for p in params)
 
 
 def _buckets(items: list[Any], size: Callable[[Any], int], most: int) -> Iterator[list[Any]]:

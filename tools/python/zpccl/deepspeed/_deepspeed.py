@@ -203,9 +203,8 @@ class DeepSpeed:
                            all_reduce_fetch=bool(getattr(zero, "use_all_reduce_for_fetch_params", False)),
                            fetch_owners=list(owners.values()),
                            persistent=[p for p in params if getattr(p, "ds_persist", False)],
-                           gather_bucket=max(int(getattr(zero, "prefetch_bucket_size", 0)),
-                                             self.dist.get_world_size(params[0].ds_process_group)
-                                             * int(getattr(zero, "param_persistence_threshold", 0)), 1))
+                           prefetch_bucket=int(getattr(zero, "prefetch_bucket_size", 0)),
+                           persistence_threshold=int(getattr(zero, "param_persistence_threshold", 0)))
 
 
 @dataclass
@@ -223,7 +222,5 @@ class EngineFacts:
     all_reduce_fetch: bool  # stage3_use_all_reduce_for_fetch_params: fetches all-reduce rather than gather
     fetch_owners: list[Any]  # the ZeRO-3 Inits the parameters' fetches read their settings from (None: not found)
     persistent: list[Any]  # the parameters DeepSpeed keeps gathered (stage3_param_persistence_threshold)
-    # The most elements one gather of persistent parameters holds: what ZeRO-3 gathers in one fetch
-    # (stage3_prefetch_bucket_size), or one persistent parameter's gather at its largest (n partitions of
-    # stage3_param_persistence_threshold elements), whichever is more.
-    gather_bucket: int
+    prefetch_bucket: int  # stage3_prefetch_bucket_size: the most elements ZeRO-3 gathers in one fetch
+    persistence_threshold: int  # stage3_param_persistence_threshold: a persistent parameter has fewer elements

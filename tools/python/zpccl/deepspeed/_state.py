@@ -36,8 +36,7 @@ class ZeroPlusPlus(Session):
         #: What serves the engine, as :func:`~zpccl.deepspeed.enable` was told.
         self.policy = policy
         self.report = Report(log, own="DeepSpeed's own collective", prefix="deepspeed_")
-        self.collectives = Collectives(ds, policy, facts.device, self.report, facts.dp_group, facts.hpz_group,
-                                       facts.gather_bucket)
+        self.collectives = Collectives(ds, policy, facts, self.report)
         self._originals: dict[int, Any] = {}  # REPLACED index -> DeepSpeed's function
         self._ours: dict[int, Any] = {}
         # (owner, attribute, the owner's own attribute before (None: its class's), ours): the wrapped fetches of the
