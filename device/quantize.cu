@@ -189,7 +189,8 @@ __device__ __noinline__ uint2 quantizeVecExact(uint4 x, float scale) {
   const uint32_t v[4] = {x.x, x.y, x.z, x.w};
   uint32_t c[V];
 #pragma unroll
-  for (int i = 0; i < V; ++i) c[i] = quantizeCode(Type::toFloat(getElem<Type>(v, i)), scale, Bits == 8 ? 127.0f : 7.0f);
+  for (int i = 0; i < V; ++i)
+    c[i] = quantizeCode(Type::toFloat(getElem<Type>(v, i)), scale, static_cast<float>(quantMax(Bits)));
   return packCodes<Bits, V>(c);
 }
 

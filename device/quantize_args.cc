@@ -14,16 +14,17 @@ bool segmentsAligned(const void* base, size_t strideBytes, int batch) {
 zpResult_t checkCommon(const char* call, const void* elems, const void* payload, size_t payloadStride,
                        zpDataType_t type, int bits, int blockSize, int batch) {
   if (!isQuantType(type)) return ZP_ERR(zpInvalidArgument, "%s : invalid type %d", call, static_cast<int>(type));
-  if (!isValidBits(bits)) return ZP_ERR(zpInvalidArgument, "%s : invalid bits %d (4 or 8)", call, bits);
+  if (!isValidBits(bits)) return ZP_ERR(zpInvalidArgument, "%s : invalid bits %d (%s)", call, bits, kBitsRule);
   if (!isValidBlockSize(blockSize)) {
-    return ZP_ERR(zpInvalidArgument, "%s : invalid blockSize %d (a power of two in [32, 8192])", call, blockSize);
+    return ZP_ERR(zpInvalidArgument, "%s : invalid blockSize %d (%s)", call, blockSize, kBlockSizeRule);
   }
   if (batch < 0) return ZP_ERR(zpInvalidArgument, "%s : invalid batch %d", call, batch);
   if (reinterpret_cast<uintptr_t>(payload) % kPayloadAlign != 0) {
-    return ZP_ERR(zpInvalidArgument, "%s : payload %p is not 16-byte aligned", call, payload);
+    return ZP_ERR(zpInvalidArgument, "%s : payload %p is not %zu-byte aligned", call, payload, kPayloadAlign);
   }
   if (payloadStride % kPayloadAlign != 0) {
-    return ZP_ERR(zpInvalidArgument, "%s : payload stride %zu is not a multiple of 16", call, payloadStride);
+    return ZP_ERR(zpInvalidArgument, "%s : payload stride %zu is not a multiple of %zu", call, payloadStride,
+                  kPayloadAlign);
   }
   if (reinterpret_cast<uintptr_t>(elems) % typeSize(type) != 0) {
     return ZP_ERR(zpInvalidArgument, "%s : buffer %p is not aligned to its %s elements", call, elems, typeName(type));

@@ -934,8 +934,8 @@ zpResult_t launchReduceRequantize(const ReduceSources& src, size_t count, int bi
   if (count == 0 || src.batch == 0) return zpSuccess;
   ZPCHECK(checkSources(src, bits, blockSize, "launchReduceRequantize"));
   if (reinterpret_cast<uintptr_t>(payload) % kPayloadAlign != 0 || payloadStride % kPayloadAlign != 0) {
-    return ZP_ERR(zpInternalError, "launchReduceRequantize : payload %p or stride %zu not 16-byte aligned", payload,
-                  payloadStride);
+    return ZP_ERR(zpInternalError, "launchReduceRequantize : payload %p or stride %zu not %zu-byte aligned", payload,
+                  payloadStride, kPayloadAlign);
   }
   const ReduceArgs a = reduceArgs(src, count, blockSize, stream.sync);
   auto* out = static_cast<unsigned char*>(payload);

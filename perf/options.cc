@@ -109,14 +109,14 @@ const std::vector<Flag>& flags() {
       {'B', "bits",
        [](const char* v, Options* o) -> std::string {
          int b;
-         if (!parseInt(v, &b) || !isValidBits(b)) return "-B must be 4 or 8";
+         if (!parseInt(v, &b) || !isValidBits(b)) return std::string("-B must be ") + kBitsRule;
          o->bits = b;
          return "";
        }},
       {'G', "blocksize",
        [](const char* v, Options* o) -> std::string {
          int g;
-         if (!parseInt(v, &g) || !isValidBlockSize(g)) return "-G must be a power of two in [32, 8192]";
+         if (!parseInt(v, &g) || !isValidBlockSize(g)) return std::string("-G must be ") + kBlockSizeRule;
          o->blockSize = g;
          return "";
        }},

@@ -111,15 +111,14 @@ zpResult_t checkTransport(const zpTransport_t* t, const char* call) {
 
 zpResult_t checkBits(int bits, const char* call, const char* arg) {
   if (!isValidBits(bits)) {
-    return ZP_ERR(zpInvalidArgument, "%s : %s %d must be %d or %d", call, arg, bits, ZP_BITS_INT4, ZP_BITS_INT8);
+    return ZP_ERR(zpInvalidArgument, "%s : %s %d must be %s", call, arg, bits, kBitsRule);
   }
   return zpSuccess;
 }
 
 zpResult_t checkBlockSize(int blockSize, const char* call, const char* arg) {
   if (!isValidBlockSize(blockSize)) {
-    return ZP_ERR(zpInvalidArgument, "%s : %s %d must be a power of two in [%d, %d]", call, arg, blockSize,
-                  ZP_MIN_BLOCK_SIZE, ZP_MAX_BLOCK_SIZE);
+    return ZP_ERR(zpInvalidArgument, "%s : %s %d must be %s", call, arg, blockSize, kBlockSizeRule);
   }
   return zpSuccess;
 }

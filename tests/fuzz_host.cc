@@ -222,8 +222,10 @@ zpResult_t invoke(const BufferCall& c, zpComm_t comm) {
 #undef ZP_OP
 }
 
-bool validBits(int bits) { return bits == 4 || bits == 8; }
-bool validBlock(int block) { return block >= 32 && block <= 8192 && (block & (block - 1)) == 0; }
+bool validBits(int bits) { return bits == ZP_BITS_INT4 || bits == ZP_BITS_INT8; }
+bool validBlock(int block) {
+  return block >= ZP_MIN_BLOCK_SIZE && block <= ZP_MAX_BLOCK_SIZE && (block & (block - 1)) == 0;
+}
 
 // The documented rules, on a 1-rank communicator: NCCL's in-place layout is send == recv for the collectives.
 bool oracleValid(const BufferCall& c) {

@@ -149,7 +149,7 @@ TEST(QuantGpu, MatchesHostReferenceBitForBit) {
   uint32_t seed = 1;
   for (zpDataType_t type : zptest::kQuantTypes) {
     for (int bits : {4, 8}) {
-      for (int g : {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
+      for (int g = zp::kMinBlockSize; g <= zp::kMaxBlockSize; g *= 2) {
         for (size_t count : counts) {
           for (size_t offset : {0, 1, 3, 7}) {
             zptest::fillData(type, in.data(), count, g, bits, seed++, /*specials=*/true);
@@ -190,7 +190,7 @@ TEST(QuantGpu, GridStrideLoopsOnFewSmsMatchHostReference) {
       const size_t step = gridStepElems(sms, threadsPerSm, type);
       const size_t count = 2 * step + step / 2 + 4097;
       for (int bits : {4, 8}) {
-        for (int g : {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
+        for (int g = zp::kMinBlockSize; g <= zp::kMaxBlockSize; g *= 2) {
           checkRoundTrips(type, bits, g, count, in.data(), {0, 1, 2, 4, 6}, zp::KernelStream(nullptr, sms), d);
           if (HasFatalFailure()) return;
         }

@@ -249,6 +249,16 @@ TEST(QuantRef, PayloadSize) {
   }
 }
 
+// The bounds' words in every message that states a rule (argument checks, launchers, perf flags, the cost model)
+// are the header's values, whatever way the header spells them.
+TEST(QuantFormat, RulesWordTheHeadersBounds) {
+  EXPECT_EQ(std::string(zp::kBitsRule), std::to_string(ZP_BITS_INT4) + " or " + std::to_string(ZP_BITS_INT8));
+  EXPECT_EQ(std::string(zp::kBlockSizeRule),
+            "a power of two in [" + std::to_string(ZP_MIN_BLOCK_SIZE) + ", " + std::to_string(ZP_MAX_BLOCK_SIZE) + "]");
+  for (int bits = -1; bits <= 2 * ZP_BITS_INT8; ++bits)
+    EXPECT_EQ(zp::isValidBits(bits), bits == ZP_BITS_INT4 || bits == ZP_BITS_INT8) << bits;
+}
+
 TEST(QuantRef, Int4PacksLowNibbleFirst) {
   // Codes 1, -1, 7, -7, 3 (scale 1: absmax 7): bytes 0xf1, 0x97, 0x03 (odd count: last high nibble 0).
   const float in[] = {1.0f, -1.0f, 7.0f, -7.0f, 3.0f};

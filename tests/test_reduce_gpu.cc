@@ -134,7 +134,7 @@ TEST(GpuReduce, KernelsMatchHostReferenceBitForBit) {
   std::mt19937_64 rng(2024);
   const size_t counts[] = {1, 2, 7, 31, 32, 33, 255, 256, 257, 1023, 1025, 4097, 8191, 8193, 100003};
   const zpDataType_t types[] = {zpFloat16, zpBfloat16, zpFloat32};
-  for (int g : {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192})
+  for (int g = zp::kMinBlockSize; g <= zp::kMaxBlockSize; g *= 2)
     for (int bits : {4, 8})
       for (size_t count : counts)
         for (bool finish : {false, true}) {

@@ -60,9 +60,9 @@ namespace {
 using zpcheck::Buffer;
 using zpcheck::bytesOf;
 
-constexpr int kDefaultIters = 10000;  // per collective; see the header comment
-constexpr size_t kMaxCount = 8192;    // the largest count drawn (one block of the largest size)
-constexpr size_t kGuard = 64;         // poisoned bytes after every output
+constexpr int kDefaultIters = 10000;             // per collective; see the header comment
+constexpr size_t kMaxCount = ZP_MAX_BLOCK_SIZE;  // the largest count drawn (one block of the largest size)
+constexpr size_t kGuard = 64;                    // poisoned bytes after every output
 constexpr unsigned char kPoison = 0xa5;
 constexpr long kRssGrowthLimitKb = 16 * 1024;
 

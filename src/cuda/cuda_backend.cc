@@ -332,7 +332,7 @@ zpResult_t loadKernels(int device) {
   char* const at = reinterpret_cast<char*>(uintptr_t{1} << 20);
   for (zpDataType_t type : {zpFloat16, zpBfloat16, zpFloat32}) {
     const size_t esz = typeSize(type);
-    for (int bits : {4, 8}) {
+    for (int bits : {ZP_BITS_INT4, ZP_BITS_INT8}) {
       for (size_t offset : {size_t{0}, esz}) {
         for (int blockSize = kMinBlockSize; blockSize <= kMaxBlockSize; blockSize *= 2) {
           ZPCHECK(launchQuantize(at + offset, at, blockSize, type, bits, blockSize, load));
@@ -340,20 +340,23 @@ zpResult_t loadKernels(int device) {
         ZPCHECK(launchDequantize(at, at + offset, kMinBlockSize, type, bits, kMinBlockSize, load));
       }
       for (int sources : {1, 8}) {  // the few-sources finish and the general one
-        ZPCHECK(
-            launchReduceFinish({at, 16, 16, sources, 1}, kMinBlockSize, bits, kMinBlockSize, type, 1.0f, at, 0, load));
+        ZPCHECK(launchReduceFinish({at, kPayloadAlign, kPayloadAlign, sources, 1}, kMinBlockSize, bits, kMinBlockSize,
+                                   type, 1.0f, at, 0, load));
       }
     }
   }
-  for (int bits : {4, 8})
-    ZPCHECK(launchReduceRequantize({at, 16, 16, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at, 16, load));
+  for (int bits : {ZP_BITS_INT4, ZP_BITS_INT8}) {
+    ZPCHECK(launchReduceRequantize({at, kPayloadAlign, kPayloadAlign, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at,
+                                   kPayloadAlign, load));
+  }
   // qgZ's gradient rounding (its launchers load every variant of rounding and residual).
   const GradQuantLaunch grad;
-  for (int bits : {4, 8}) {
+  for (int bits : {ZP_BITS_INT4, ZP_BITS_INT8}) {
     for (zpDataType_t type : {zpFloat16, zpBfloat16, zpFloat32}) {
       ZPCHECK(launchQuantizeGrad(at, at, kMinBlockSize, type, bits, kMinBlockSize, grad, load));
     }
-    ZPCHECK(launchReduceRequantizeGrad({at, 16, 16, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at, 16, grad, load));
+    ZPCHECK(launchReduceRequantizeGrad({at, kPayloadAlign, kPayloadAlign, 2, 1}, kMinBlockSize, bits, kMinBlockSize, at,
+                                       kPayloadAlign, grad, load));
   }
   ZPCHECK(loadPeerKernels());
   if (device >= static_cast<int>(loaded.size())) loaded.resize(device + 1, false);

@@ -181,7 +181,7 @@ zpResult_t growPeerWindow(PeerWindow& w, ncclComm_t world, size_t bytes, cudaStr
   w.rank0 = at[0];
   w.rankStride = at[1] - at[0];
   for (int r = 0; r < w.nranks; ++r) {
-    if (at[r] != w.rank0 + r * w.rankStride || w.rankStride % 16 != 0) {
+    if (at[r] != w.rank0 + r * w.rankStride || w.rankStride % kPayloadAlign != 0) {
       return ZP_ERR(zpInternalError, "%s : NCCL mapped the ranks' windows at uneven strides (rank %d at %#zx)", call, r,
                     static_cast<size_t>(at[r]));
     }

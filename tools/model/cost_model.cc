@@ -448,8 +448,8 @@ std::string validate(const ClusterSpec& c, const StepConfig& s, const ZeroppOpti
   if (s.bucketParams < 0) return "bucket size must be >= 0";
   if (s.computeMs < 0) return "compute time must be >= 0";
   if (!(s.overlap >= 0 && s.overlap <= 1)) return "overlap must be in [0, 1]";
-  if (!isValidBits(z.weightBits) || !isValidBits(z.gradBits)) return "bits must be 4 or 8";
-  if (!isValidBlockSize(z.blockSize)) return "block size must be a power of two from 32 to 8192";
+  if (!isValidBits(z.weightBits) || !isValidBits(z.gradBits)) return std::string("bits must be ") + kBitsRule;
+  if (!isValidBlockSize(z.blockSize)) return std::string("block size must be ") + kBlockSizeRule;
   if (z.hpzSize < 0) return "hpZ size must be >= 0";
   for (int g : c.gpusPerNode)
     if (z.hpzSize > 0 && g % z.hpzSize != 0)
