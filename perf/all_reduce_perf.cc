@@ -2,8 +2,6 @@
 // tensor each rank holds, as nccl-tests' all_reduce_perf; busbw = algbw x 2(n-1)/n, its factor. -B gradient bits
 // (default 4), -G block size, -o sum|avg. Correctness: every rank's output must equal, bit for bit, the host
 // backend's over the same inputs.
-#include <algorithm>
-
 #include "host/all_reduce_shards.h"
 #include "host/dtype.h"
 #include "host/quant_format.h"
@@ -43,7 +41,7 @@ bool runNccl(const RunArgs& a) {
   return true;
 }
 
-// The plan of host/coll_plan.h over payloads of one shard. Two hops (several equal nodes of several ranks): qgZ's
+// The plan of host/coll_plan.h over payloads of one shard. Two hops (zpTwoHops: N equal nodes of L ranks): qgZ's
 // reduce-scatter (N slices to each of the L-1 local peers, then one partial to each of the N-1 peers of the same
 // local rank), then the gather in reverse (the reduced shard to the N-1 peers of the local rank, then the N payloads
 // held to the L-1 local peers): twice qgZ's bytes. One hop: one payload to each other rank, then a ring all-gather
@@ -51,8 +49,9 @@ bool runNccl(const RunArgs& a) {
 WireBytes wire(const SizeArgs& s, const OpCounts& c) {
   const size_t shard = allReduceShardCount(c.paramCount, s.nranks, s.blockSize);
   const double pb = static_cast<double>(quantPayloadBytes(shard, s.bits, s.blockSize));
-  const int n = s.nranks, N = s.nodes, L = n / std::max(1, N);
-  if (N > 1 && L > 1 && L * N == n) {
+  const int n = s.nranks, N = s.nodes;
+  if (zpTwoHops(s)) {
+    const int L = n / N;
     WireBytes w;
     w.intra = 2 * pb * N * (L - 1);
     w.inter = 2 * pb * (N - 1);

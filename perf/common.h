@@ -243,6 +243,10 @@ WireBytes ringWire(double bytes, int nranks, int nodes);
 // Every rank sends bytesPerPeer to each other rank directly: (L-1) peers inside its node, n-L outside
 // (L = nranks / nodes). NCCL's all-to-all, and zpccl's one-hop exchanges of payloads.
 WireBytes directWire(double bytesPerPeer, int nranks, int nodes);
+// Whether zpccl's qgZ and quantized all-reduce take two hops (inside the node, then across) on this point's node
+// layout (size.nodeOf, the measured communicator's): the library's own rule (host/topology.h, hierarchical()), so
+// that an op's wire bytes follow the path the library took.
+bool zpTwoHops(const SizeArgs& size);
 WireBytes ringWireCollective(const SizeArgs& size, const OpCounts& counts);  // ringWire(counts.bytes, ...)
 
 // The NCCL settings zpccl's own communicators get (src/cuda/cuda_backend.cc), from the facts that decide them:

@@ -12,6 +12,7 @@
 #include "host/dtype.h"
 #include "host/quant_format.h"
 #include "host/quant_ref.h"
+#include "host/topology.h"
 #include "perf/common.h"
 #include "src/cuda/cuda_backend.h"
 
@@ -474,6 +475,12 @@ WireBytes directWire(double bytesPerPeer, int nranks, int nodes) {
   w.intra = bytesPerPeer * double(local - 1);
   w.inter = bytesPerPeer * double(nranks - local);
   return w;
+}
+
+bool zpTwoHops(const SizeArgs& s) {
+  const std::vector<uint64_t> nodeKeys(s.nodeOf, s.nodeOf + s.nranks);
+  Topology t;
+  return buildTopology(nodeKeys, s.rank, 0, "zpTwoHops", &t) == zpSuccess && t.hierarchical();
 }
 
 WireBytes ringWireCollective(const SizeArgs& s, const OpCounts& c) {

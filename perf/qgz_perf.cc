@@ -60,14 +60,13 @@ bool reset(const RunArgs& a) {
   return true;
 }
 
-// The plan of host/qgz_plan.h. Two hops (several equal nodes of several ranks): N slices to each of the L-1
+// The plan of host/qgz_plan.h. Two hops (zpTwoHops: N equal nodes of L ranks each): N slices to each of the L-1
 // local peers, then one requantized partial to each of the N-1 peers of the same local rank. One hop: one
 // payload to each other rank.
 WireBytes wire(const SizeArgs& s, const OpCounts& c) {
   const double pb = static_cast<double>(quantPayloadBytes(c.paramCount, s.bits, s.blockSize));
-  const int n = s.nranks, N = s.nodes, L = n / std::max(1, N);
-  const bool twoHop = N > 1 && L > 1 && L * N == n;
-  if (!twoHop) return directWire(pb, n, N);
+  if (!zpTwoHops(s)) return directWire(pb, s.nranks, s.nodes);
+  const int N = s.nodes, L = s.nranks / N;
   WireBytes w;
   w.intra = pb * N * (L - 1);
   w.inter = pb * (N - 1);

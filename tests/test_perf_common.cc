@@ -328,6 +328,27 @@ TEST(PerfWire, RingAndDirect) {
   EXPECT_DOUBLE_EQ(w.intra + w.inter, 0.0);
 }
 
+// The perf binaries' wire bytes take qgZ's and the all-reduce's two-hop path where the library does: equal nodes
+// of several ranks, wherever the nodes' ranks sit; an uneven layout is one hop even when the node count divides
+// the rank count.
+TEST(PerfWire, TwoHopsWhereTheLibraryTakesThem) {
+  struct Layout {
+    std::vector<int> nodeOf;
+    bool twoHops;
+  };
+  const Layout layouts[] = {{{0, 0, 1, 1}, true},        {{0, 1, 0, 1}, true},  {{0, 0, 1, 1, 2, 2}, true},
+                            {{0, 0, 0, 0}, false},       {{0, 1, 2, 3}, false}, {{0, 0, 0, 1}, false},
+                            {{0, 0, 1, 1, 1, 1}, false}, {{0}, false}};
+  for (const Layout& l : layouts) {
+    SizeArgs s;
+    s.nranks = static_cast<int>(l.nodeOf.size());
+    s.nodes = *std::max_element(l.nodeOf.begin(), l.nodeOf.end()) + 1;
+    s.nodeOf = l.nodeOf.data();
+    for (s.rank = 0; s.rank < s.nranks; ++s.rank)
+      EXPECT_EQ(zpTwoHops(s), l.twoHops) << "rank " << s.rank << " of " << ::testing::PrintToString(l.nodeOf);
+  }
+}
+
 // ---- data and references -----------------------------------------------------------------------------------
 
 TEST(PerfData, SpreadValuesAreDeterministicVariedAndInRange) {
