@@ -23,14 +23,12 @@ uint64_t fnv1a(const char* text) {
 }
 }  // namespace
 
-std::string hostKey() {
-  if (const char* id = getenv("NCCL_HOSTID")) return id;
+uint64_t hostHash() {
+  if (const char* id = getenv("NCCL_HOSTID")) return fnv1a(id);
   char host[1024] = {0};
   gethostname(host, sizeof(host) - 1);
-  return host;
+  return fnv1a(host);
 }
-
-uint64_t hostHash() { return fnv1a(hostKey().c_str()); }
 
 zpResult_t buildTopology(const std::vector<uint64_t>& nodeKeys, int rank, int hpzRequest, const char* call,
                          Topology* topo) {

@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import pathlib
 import statistics
 import sys
@@ -556,4 +557,5 @@ def report_losses(losses: list[dict[str, Any]]) -> None:
 
 if __name__ == "__main__":
     arguments = parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     ex.launch(main, arguments)
