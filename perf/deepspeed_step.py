@@ -62,9 +62,9 @@ every loss run.
 processes; ``--nodes`` tells zpccl the layout; zeropp needs CUDA): a smoke test of the protocol and the JSON, whose
 times say nothing about a GPU's.
 
-DeepSpeed on a machine without network: here (the repository's root, the DeepSpeed the tests pin),
-``pip wheel --no-deps -w wheels $(grep ^deepspeed== tools/python/tests/frameworks.txt) hjson msgpack py-cpuinfo
-ninja``; there, ``DS_BUILD_OPS=0 pip install --no-index --find-links wheels deepspeed``.
+DeepSpeed on a machine without network: here, ``bash tools/gpu-python-deps.sh make`` puts the DeepSpeed the tests pin
+and its dependencies in .whl/; carry .whl there, where ``source tools/gpu-python-deps.sh; use_carried_wheels $PWD``
+installs them.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced on a GPU machine without network before Python runs that need packages the machine lacks (DeepSpeed and
-# its dependencies, carried as wheels in .whl/ at the top of the tree; perf/deepspeed_step.py says how to make them):
+# its dependencies, carried as wheels in .whl/ at the top of the tree):
 #   source tools/gpu-python-deps.sh; use_carried_wheels "$top"
 # installs the wheels once into build-pydeps/ (keyed by the wheels' names and sizes, so a changed set reinstalls),
 # puts that folder on PYTHONPATH, and prepares DeepSpeed's op builder (it compiles the ZeRO++ quantizer on first
@@ -27,3 +27,41 @@ use_carried_wheels() {
     export TORCH_CUDA_ARCH_LIST
   fi
 }
+
+# Here, on a machine with network, makes those wheels: `bash tools/gpu-python-deps.sh make [PYTHON_VERSION]` fills
+# .whl/ with the DeepSpeed that tools/python/tests/frameworks.txt pins (built from its source with DS_BUILD_OPS=0,
+# so no op is compiled here: the GPU machine compiles what it uses) and the dependencies the GPU machine lacks, as
+# binary wheels for its interpreter (PYTHON_VERSION, default 3.12) on x86-64 Linux. DeepSpeed's setup imports torch,
+# so the build runs under an interpreter that has it: $ZP_WHEEL_PYTHON, default the virtual environment that
+# tools/run-tests.sh makes (build/wheel-venv).
+CARRIED_DEPS=(hjson msgpack py-cpuinfo ninja einops)
+make_carried_wheels() {
+  local top=$1 pyver=${2:-3.12} py=${ZP_WHEEL_PYTHON:-$1/build/wheel-venv/bin/python} pin src
+  pin=$(grep '^deepspeed==' "$top/tools/python/tests/frameworks.txt") || {
+    echo "make_carried_wheels: no deepspeed pin in tools/python/tests/frameworks.txt" >&2
+    return 1
+  }
+  "$py" -c 'import torch, setuptools' 2>/dev/null || {
+    echo "make_carried_wheels: $py cannot import torch and setuptools: run tools/run-tests.sh once, or set" \
+      "ZP_WHEEL_PYTHON to an interpreter that can" >&2
+    return 1
+  }
+  src=$(mktemp -d) && mkdir -p "$top/.whl" || return 1
+  "$py" -m pip download --quiet --no-deps --no-binary :all: -d "$src" "$pin" &&
+    DS_BUILD_OPS=0 "$py" -m pip wheel --quiet --no-deps --no-build-isolation -w "$top/.whl" "$src"/deepspeed-* &&
+    "$py" -m pip download --quiet --no-deps --only-binary :all: --python-version "$pyver" \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+      -d "$top/.whl" "${CARRIED_DEPS[@]}"
+  local status=$?
+  rm -rf "$src"
+  [ $status = 0 ] && ls "$top/.whl"
+  return $status
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case ${1:-} in
+    make) make_carried_wheels "$(cd "$(dirname "$0")/.." && pwd)" "${2:-}" ;;
+    *) echo "usage: bash tools/gpu-python-deps.sh make [PYTHON_VERSION]  (or source it and call use_carried_wheels)" >&2
+       exit 2 ;;
+  esac
+fi
