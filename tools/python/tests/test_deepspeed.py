@@ -715,7 +715,7 @@ def _refusals(torch: Any, deepspeed: Any, zpccl: Any) -> dict[str, str]:
     # DeepSpeed's hpZ groups of 4 span two nodes of two.
     engine = make_engine(torch, deepspeed, ds_config(hpz=4), zp=False)
     said["hpz_nodes"] = refusal(lambda: zpccl.deepspeed.enable(engine, ranks_per_node=2))
-    said["session_after_refusal"] = "" if zpccl.deepspeed.session_of(engine) is None else "a session left behind"
+    said["handle_after_refusal"] = "" if zpccl.deepspeed.session_of(engine) is None else "a handle left behind"
     said["nothing"] = refusal(lambda: zpccl.deepspeed.initialize(model=build_model(torch), config=ds_config()))
     zp = zpccl.deepspeed.enable(engine, ranks_per_node=2, hpz=False)  # hpz=False: the same engine is served
     train(torch, engine, torch.distributed.get_rank(), 2)  # the first forward gathers the secondary partitions
@@ -801,7 +801,7 @@ def _three_nodes(rank: int) -> dict[str, Any]:
     from zpccl.deepspeed._state import LIVE
 
     out["hpz3"] = refusal(lambda: make_engine(torch, deepspeed, ds_config(3, quantized=True, bf16=False), zp=True))
-    out["hpz3_after"] = not LIVE  # no session left behind
+    out["hpz3_after"] = not LIVE  # no handle left behind
     return out
 
 
@@ -926,8 +926,8 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     def run(config: dict[str, Any], zp: bool, steps: int = 6, **kwargs: Any) -> dict[str, Any]:
         frozen = kwargs.pop("frozen", False)
         engine = make_engine(torch, deepspeed, config, zp=zp, frozen=frozen)
-        session = zpccl.deepspeed.session_of(engine)
-        exact = Exact(torch, session, nodes) if session is not None else None
+        handle = zpccl.deepspeed.session_of(engine)
+        exact = Exact(torch, handle, nodes) if handle is not None else None
         evals: list[float] = []
         every = kwargs.pop("eval_every", 0)
         losses = []
@@ -936,9 +936,9 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
             if every and step % every == every - 1:
                 evals.append(evaluate(torch, engine, rank))
         done = dict(losses=losses, evals=evals, skipped=engine.skipped_steps, global_steps=engine.global_steps)
-        if session is not None:
-            done.update(summary=session.summary(), checked=exact.verify())
-            session.disable()
+        if handle is not None:
+            done.update(summary=handle.summary(), checked=exact.verify())
+            handle.disable()
         return done
 
     # fp16 with dynamic loss scaling, gradient accumulation and clipping; rank 1's gradients overflow at micro-step
@@ -984,13 +984,13 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     went_on = train(torch, engine, rank, 4, first=4)
     handle.disable()
     engine = make_engine(torch, deepspeed, exact, zp=True, seed=5)
-    session = zpccl.deepspeed.session_of(engine)
-    before = persistent_gathers(session)
+    handle = zpccl.deepspeed.session_of(engine)
+    before = persistent_gathers(handle)
     engine.load_checkpoint(ckpt, tag="persistent")
-    loaded = persistent_gathers(session) - before
+    loaded = persistent_gathers(handle) - before
     out["persistent_resume"] = dict(went_on=went_on, resumed=train(torch, engine, rank, 4, first=4), saved=saved,
                                     loaded=loaded)
-    session.disable()
+    handle.disable()
 
     # disable(), two steps on DeepSpeed's own collectives, then enable() again on the same engine.
     engine = make_engine(torch, deepspeed, hf_config("bf16", 2), zp=True)
@@ -1046,10 +1046,10 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     for zp in (False, True):
         engine = make_engine(torch, deepspeed, hf_config("bf16", quantized=zp), zp=zp, mpu=mpu)
         losses[zp] = train(torch, engine, rank // 2, 6)
-    session = zpccl.deepspeed.session_of(engine)
-    out["mpu"] = dict(ref=losses[False], losses=losses[True], summary=session.summary(),
-                      ranks=list(session.collectives.dp_ranks), nranks=session.collectives.gather.nranks)
-    session.disable()
+    handle = zpccl.deepspeed.session_of(engine)
+    out["mpu"] = dict(ref=losses[False], losses=losses[True], summary=handle.summary(),
+                      ranks=list(handle.collectives.dp_ranks), nranks=handle.collectives.gather.nranks)
+    handle.disable()
     return out
 
 
@@ -1132,9 +1132,9 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
         engine.save_checkpoint(ckpt, tag=tag)
         if zp:
             engine.save_16bit_model(os.path.join(ckpt, tag), "model16.bin")
-            session = zpccl.deepspeed.session_of(engine)
-            out["checkpoint_summary"] = session.summary()
-            session.disable()
+            handle = zpccl.deepspeed.session_of(engine)
+            out["checkpoint_summary"] = handle.summary()
+            handle.disable()
     dist.barrier()
     if rank == 0:
         compare("16bit", torch.load(os.path.join(ckpt, "zpccl", "model16.bin")), saved["zpccl"])
@@ -1152,23 +1152,23 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
     new = torch.randn(37, 12, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     x = batch(torch, rank, 50, torch.bfloat16)[0]
     engine = make_engine(torch, deepspeed, ds_config(2, quantized=True), zp=True)
-    session = zpccl.deepspeed.session_of(engine)
+    handle = zpccl.deepspeed.session_of(engine)
     train(torch, engine, rank, 2)
     layer = engine.module.inp
     with deepspeed.zero.GatheredParameters(list(layer.parameters()), modifier_rank=0):
         if rank == 0:
             layer.weight.data.copy_(new)
-    before = session.summary()
+    before = handle.summary()
     with deepspeed.zero.GatheredParameters([layer.weight]):
         compare("modified", {"w": layer.weight.data.clone()}, {"w": new})
     weights = exact_weights(torch, engine)
     compare("modified", weights, {"inp.weight": new})
     with torch.no_grad():
         out["modified_forward"] = bool(torch.equal(layer(x), torch.nn.functional.linear(x, new, weights["inp.bias"])))
-    after = session.summary()
+    after = handle.summary()
     out["modified_calls"] = (after["hpz"]["calls"] - before["hpz"]["calls"],
                              after["qwz"]["calls"] - before["qwz"]["calls"])
-    session.disable()
+    handle.disable()
 
     # A model built under zero.Init (split_config's config, which zero.Init reads), its weights loaded module by
     # module with GatheredParameters(modifier_rank=0) as from_pretrained does: the engine holds them exact, and its
@@ -1202,8 +1202,8 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
                 groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
                 model = features_model(torch, reentrant)
                 engine = engine_of(torch, deepspeed, model, ds_config(hpz, quantized=zp), zp)
-                session = zpccl.deepspeed.session_of(engine)
-                exact = Exact(torch, session, [0] * dist.get_world_size()) if zp else None
+                handle = zpccl.deepspeed.session_of(engine)
+                exact = Exact(torch, handle, [0] * dist.get_world_size()) if zp else None
                 frozen = exact_weights(torch, engine)["adapted.base.weight"]
                 losses = []
                 for step in range(3):
@@ -1215,8 +1215,8 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
                 runs[zp] = dict(losses=losses, frozen=bool(torch.equal(
                     exact_weights(torch, engine)["adapted.base.weight"], frozen)))
                 if zp:
-                    runs[zp].update(summary=session.summary(), checked=exact.verify())
-                    session.disable()
+                    runs[zp].update(summary=handle.summary(), checked=exact.verify())
+                    handle.disable()
             out[f"features{hpz}{reentrant:d}"] = runs
     out["bits"] = bits
     return out
@@ -1554,7 +1554,7 @@ class DeepSpeedOneNode(_OneSpawn):
             self.assertIn("built with zero_quantized_weights", said["quantized_weights"])
             self.assertRegex(said["hpz_nodes"], r"zero_hpz_partition_size=4 .* ranks \[0, 1, 2, 3\], which are on "
                                                 r"nodes \[0, 1\]")
-            self.assertEqual(said["session_after_refusal"], "")
+            self.assertEqual(said["handle_after_refusal"], "")
             self.assertIn("the config asks for no ZeRO++ technique", said["nothing"])
             self.assertEqual(said["hpz_off"], "")
             self.assertRegex(said["hpz_mpu"], r"zero_hpz_partition_size=2 makes DeepSpeed gather .* over ranks "

@@ -17,7 +17,7 @@ from ._deepspeed import CALL, CHECKED_DEEPSPEED, REDUCER, REPLACED, DeepSpeed, E
 
 log = logging.getLogger("zpccl.deepspeed")
 
-#: The live session, if any: the functions it replaces are DeepSpeed's module-level ones, one set per process, so
+#: The live handle, if any: the functions it replaces are DeepSpeed's module-level ones, one set per process, so
 #: one engine at a time is served.
 LIVE: list["ZeroPlusPlus"] = []
 
@@ -242,7 +242,7 @@ class ZeroPlusPlus(Session):
             LIVE.remove(self)
 
 
-# What DeepSpeed calls in place of its own (bound to the session's Collectives and DeepSpeed's function).
+# What DeepSpeed calls in place of its own (bound to the handle's Collectives and DeepSpeed's function).
 
 def _all_gather(calls: Collectives, theirs: Any, input_tensor: Any, output_tensor: Any, group: Any = None) -> Any:
     return calls.all_gather(input_tensor, output_tensor, group, lambda: theirs(input_tensor, output_tensor, group))
