@@ -23,12 +23,14 @@ uint64_t fnv1a(const char* text) {
 }
 }  // namespace
 
-uint64_t hostHash() {
-  if (const char* id = getenv("NCCL_HOSTID")) return fnv1a(id);
+std::string hostKey() {
+  if (const char* id = getenv("NCCL_HOSTID")) return id;
   char host[1024] = {0};
   gethostname(host, sizeof(host) - 1);
-  return fnv1a(host);
+  return host;
 }
+
+uint64_t hostHash() { return fnv1a(hostKey().c_str()); }
 
 zpResult_t buildTopology(const std::vector<uint64_t>& nodeKeys, int rank, int hpzRequest, const char* call,
                          Topology* topo) {

@@ -34,7 +34,11 @@ struct Topology {
   std::string describe() const;  // one line, for logs and the main job
 };
 
-// Host hash of this process, computed as NCCL does: from the hostname, or from NCCL_HOSTID when set.
+// The name of this process's host: NCCL_HOSTID when set, as NCCL reads it (an empty value too, which names a host of
+// its own), else the hostname. Processes of one name are one node.
+std::string hostKey();
+
+// Host hash of this process: of hostKey().
 uint64_t hostHash();
 
 // Builds the topology seen by `rank` from every rank's node key. hpzRequest 0 means the whole node; otherwise

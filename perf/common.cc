@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "host/dtype.h"
+#include "host/topology.h"
 #include "perf/json_out.h"
 #include "perf/options.h"
 #include "perf/proc_group.h"
@@ -1052,8 +1053,7 @@ ProcInfo describeProcess(const Runtime& rt) {
   ProcInfo mine;
   std::memset(&mine, 0, sizeof(mine));
   gethostname(mine.hostname, sizeof(mine.hostname) - 1);
-  const char* hostId = std::getenv("NCCL_HOSTID");
-  std::snprintf(mine.nodeKey, sizeof(mine.nodeKey), "%s", hostId && *hostId ? hostId : mine.hostname);
+  std::snprintf(mine.nodeKey, sizeof(mine.nodeKey), "%s", hostKey().c_str());  // the library's node, NCCL's host
   mine.deviceCount = 0;
   if (!rt.host) {
     cudaError_t err = cudaGetDeviceCount(&mine.deviceCount);

@@ -71,7 +71,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import os
 import pathlib
 import statistics
 import sys
@@ -557,5 +556,4 @@ def report_losses(losses: list[dict[str, Any]]) -> None:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     ex.launch(main, arguments)

@@ -285,7 +285,7 @@ def main(args: argparse.Namespace) -> None:
         if args.json:
             path = pathlib.Path(args.json)
             path.parent.mkdir(parents=True, exist_ok=True)
-            label = f"net-on{torch.cuda.device_count()}gpu" if args.nodes else "local"
+            label = ex.import_zpccl().launch.net_label(torch.cuda.device_count()) if args.nodes else "local"
             path.write_text(json.dumps(dict(
                 provenance=provenance(label), args={k: v for k, v in vars(args).items()}, env=experiment_env(args),
                 zpccl_wraps_torch_nccl=_torch.same_nccl_as_torch(_lib.lib()),

@@ -11,7 +11,7 @@ namespace perf {
 // What one process tells the others before the ranks are laid out (exchanged as bytes between processes).
 struct ProcInfo {
   char hostname[128];
-  char nodeKey[128];  // NCCL_HOSTID when set, else the host name: what makes a node for NCCL and zpccl
+  char nodeKey[128];  // zp::hostKey(): NCCL_HOSTID when set, else the host name; what makes a node for NCCL and zpccl
   int deviceCount;    // -1: CUDA unusable in that process (everyone then stops)
   int threads;        // requested ranks; 0: derive from the devices of the host
 };

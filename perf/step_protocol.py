@@ -166,7 +166,8 @@ def run_setup(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any
     if not on_cuda(bench):
         label = args.label or "cpu"
     else:
-        label = args.label or (f"net-on{bench.torch.cuda.device_count()}gpu" if args.nodes else "local")
+        launch = load_example("fsdp2_train").import_zpccl().launch
+        label = args.label or (launch.net_label(bench.torch.cuda.device_count()) if args.nodes else "local")
     say = print if bench.where.rank == 0 else (lambda *a, **k: None)
     return names, label, say
 

@@ -54,23 +54,55 @@ inline void expectChildPassed(const std::string& name, const std::vector<std::st
   EXPECT_NE(run.output.find("[  PASSED  ] 1 test."), std::string::npos) << run.output;
 }
 
-// Starts `processes` copies of this binary at once, each running the tests of `filter`, child k with this process's
-// environment plus envOf(k) ("NAME=value"), and waits for all of them; each must exit 0. For tests whose children
-// meet each other (the ranks of one communicator in processes of their own).
+// The link regimes of child processes that are hosts of their own, as tools/regimes.sh (the scripts) and zpccl.launch
+// (Python) name them and set their variables:
+enum class Regime {
+  // "net": NCCL's peer-to-peer and shared-memory transports off, every transfer over sockets, as between nodes;
+  // processes of one rank each, which may share a GPU.
+  kNet,
+  // "2x2": a node of several GPUs whose ranks reach each other as NCCL finds them (NVLink inside the node), sockets
+  // between nodes.
+  kNodesOfSeveral
+};
+
+// The variables ("NAME=value") of `regime` for child process `process` (0, 1, ...): its own NCCL_HOSTID (NCCL refuses
+// two ranks of one host on one GPU, not two of different hosts), NVLink multicast off, and, over sockets, NCCL's
+// peer-to-peer and shared memory off.
+inline std::vector<std::string> regimeEnv(Regime regime, int process) {
+  std::vector<std::string> env = {"NCCL_NVLS_ENABLE=0", "NCCL_HOSTID=zp-node-" + std::to_string(process)};
+  if (regime == Regime::kNet) env.insert(env.end(), {"NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"});
+  return env;
+}
+
+// Starts this binary running the tests of `filter` with `env` ("NAME=value") and the rest of this process's
+// environment (`env` replaces a variable of the same name: getenv would find the first of two); the child's id.
+inline pid_t spawnSelf(const std::string& filter, const std::vector<std::string>& env) {
+  std::vector<std::string> entries = env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e, name = entry.substr(0, entry.find('=') + 1);
+    bool replaced = false;
+    for (const std::string& mine : env) replaced = replaced || mine.compare(0, name.size(), name) == 0;
+    if (!replaced) entries.push_back(entry);
+  }
+  std::vector<char*> envp;
+  for (auto& e : entries) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = "/proc/self/exe", filterFlag = "--gtest_filter=" + filter;
+  char* argv[] = {self.data(), filterFlag.data(), nullptr};
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  return pid;
+}
+
+// Starts `processes` copies of this binary at once, each running the tests of `filter`, child k with envOf(k)
+// ("NAME=value") and the rest of this process's environment (spawnSelf), and waits for all of them; each must exit
+// 0. For tests whose children meet each other (the ranks of one communicator in processes of their own).
 inline void runConcurrentChildren(const std::string& filter, int processes,
                                   const std::function<std::vector<std::string>(int)>& envOf) {
   std::vector<pid_t> children;
   for (int k = 0; k < processes; ++k) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.push_back(*e);
-    for (std::string& e : envOf(k)) env.push_back(std::move(e));
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string self = "/proc/self/exe", filterFlag = "--gtest_filter=" + filter;
-    char* argv[] = {self.data(), filterFlag.data(), nullptr};
-    pid_t pid;
-    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+    const pid_t pid = spawnSelf(filter, envOf(k));
+    ASSERT_GT(pid, 0);
     children.push_back(pid);
   }
   for (pid_t pid : children) {

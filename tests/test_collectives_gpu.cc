@@ -786,7 +786,7 @@ TEST(GpuFromNccl, WrapsTheCallersCommunicatorAndLeavesItAlive) {
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(zpcheck::sameBits(actual[r].data(), expected[r].data(), actual[r].size(), 1));
 }
 
-// ---- two processes with distinct NCCL_HOSTID: two nodes ------------------------------------------------------
+// ---- processes with distinct NCCL_HOSTIDs: several nodes -----------------------------------------------------
 
 const char* kChildEnv = "ZP_TEST_CHILD_RANK";
 const char* kIdFileEnv = "ZP_TEST_ID_FILE";
@@ -842,8 +842,10 @@ enum class Placement {
                // (over sockets, each GPU time-sliced among its processes), to test layouts with few GPUs.
 };
 
-// Spawns `processes` child processes running `filter`, placed as `placement` says; each reads the unique id from
-// a file. Waits for every child and expects each to exit 0.
+// Spawns `processes` child processes running `filter`, placed as `placement` says, a child that is a host of its own
+// in the link regime of its GPUs (zptest::regimeEnv): "net" with one, every transfer over sockets; "2x2" with
+// several, NVLink between them inside its node. Each reads the unique id from a file. Waits for every child and
+// expects each to exit 0.
 void runNodeProcesses(const char* filter, int processes, int gpus, Placement placement = Placement::kOwnHost) {
   zpUniqueId id;
   ASSERT_EQ(zpGetUniqueId(&id), zpSuccess);
@@ -855,7 +857,10 @@ void runNodeProcesses(const char* filter, int processes, int gpus, Placement pla
     for (int g = 0; g < gpus; ++g) visible += (g ? "," : "") + std::to_string(firstGpu + g);
     std::vector<std::string> env = {std::string(kChildEnv) + "=" + std::to_string(k),
                                     std::string(kIdFileEnv) + "=" + idFile, "CUDA_VISIBLE_DEVICES=" + visible};
-    if (placement != Placement::kOneHost) env.push_back("NCCL_HOSTID=zpccl-test-node-" + std::to_string(k));
+    if (placement != Placement::kOneHost) {
+      const auto regime = gpus == 1 ? zptest::Regime::kNet : zptest::Regime::kNodesOfSeveral;
+      for (std::string& e : zptest::regimeEnv(regime, k)) env.push_back(std::move(e));
+    }
     return env;
   });
   unlink(idFile.c_str());

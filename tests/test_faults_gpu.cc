@@ -2,7 +2,6 @@
 // thread while a collective is in flight. Either way the surviving rank's work must end (no hang) with an error
 // that zpCommGetAsyncError reports, and the GPU must stay usable. Skips without two GPUs.
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,9 +13,8 @@
 #include <vector>
 
 #include "include/zpccl.h"
+#include "tests/child_test.h"
 #include "tests/gpu_util.h"
-
-extern char** environ;
 
 namespace {
 
@@ -199,24 +197,10 @@ void killCase(int op, bool net, bool pending, bool ncclPipeline = false) {
     env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(rank % zptest::gpuCount()));
     if (ncclPipeline) env.push_back("ZP_DIRECT_MIN_BYTES=-1");
     if (net) {
-      env.push_back("NCCL_HOSTID=zpccl-fault-node-" + std::to_string(rank));
-      env.push_back("NCCL_P2P_DISABLE=1");
-      env.push_back("NCCL_SHM_DISABLE=1");
+      for (std::string& e : zptest::regimeEnv(zptest::Regime::kNet, rank)) env.push_back(std::move(e));
     }
-    // Then this process's environment, less what the case sets (getenv would find the first of two).
-    const size_t set = env.size();
-    for (char** e = environ; *e; ++e) {
-      const std::string entry = *e, name = entry.substr(0, entry.find('=') + 1);
-      bool ours = false;
-      for (size_t i = 0; i < set; ++i) ours = ours || env[i].compare(0, name.size(), name) == 0;
-      if (!ours) env.push_back(entry);
-    }
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string self = "/proc/self/exe", filter = "--gtest_filter=GpuFaults.Child";
-    char* argv[] = {self.data(), filter.data(), nullptr};
-    ASSERT_EQ(posix_spawn(&pids[rank], self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+    pids[rank] = zptest::spawnSelf("GpuFaults.Child", env);
+    ASSERT_GT(pids[rank], 0);
   }
   // No child may outlive a generous deadline: a hang is a failure, not a stuck suite.
   int status[2] = {0, 0};

@@ -461,7 +461,8 @@ TEST(GpuGradQgz, Child) {
   EXPECT_EQ(zpCommDestroy(comm), zpSuccess);
 }
 
-// Spawns one child per rank of `nodes`, all on GPU 0 with distinct NCCL_HOSTIDs (NCCL then talks over sockets).
+// Spawns one child per rank of `nodes`, all on GPU 0 with distinct NCCL_HOSTIDs (regime net: NCCL talks over
+// sockets).
 void runGradProcesses(const char* nodes) {
   ZP_REQUIRE_GPUS(1);
   if (getenv(kChildEnv)) GTEST_SKIP();
@@ -472,13 +473,11 @@ void runGradProcesses(const char* nodes) {
   const std::string idFile = "/tmp/zpccl-grad-test-id-" + std::to_string(getpid());
   std::ofstream(idFile, std::ios::binary).write(id.internal, sizeof(id.internal));
   zptest::runConcurrentChildren("GpuGradQgz.Child", nranks, [&](int k) {
-    return std::vector<std::string>{
-        std::string(kChildEnv) + "=" + std::to_string(k),
-        std::string(kIdFileEnv) + "=" + idFile,
-        std::string(kNodesEnv) + "=" + nodes,
-        "NCCL_HOSTID=zpccl-grad-test-node-" + std::to_string(k),
-        "CUDA_VISIBLE_DEVICES=0",
-        "ZP_CHUNK_BYTES=262144"};  // the first case's pipeline: several chunks, each starting inside a slice
+    std::vector<std::string> env = zptest::regimeEnv(zptest::Regime::kNet, k);
+    env.insert(env.end(), {std::string(kChildEnv) + "=" + std::to_string(k), std::string(kIdFileEnv) + "=" + idFile,
+                           std::string(kNodesEnv) + "=" + nodes, "CUDA_VISIBLE_DEVICES=0"});
+    env.push_back("ZP_CHUNK_BYTES=262144");  // the first case's pipeline: several chunks, each starting inside a slice
+    return env;
   });
   unlink(idFile.c_str());
 }

@@ -141,6 +141,14 @@ TEST(Topology, HostHashFollowsNcclHostId) {
   setenv("NCCL_HOSTID", "node-a", 1);
   EXPECT_EQ(hostHash(), a);
   EXPECT_NE(a, b);
+  EXPECT_EQ(hostKey(), "node-a");
+  // Set but empty, NCCL_HOSTID still names the host (NCCL hashes the empty name): not the hostname's.
+  setenv("NCCL_HOSTID", "", 1);
+  EXPECT_EQ(hostKey(), "");
+  const uint64_t empty = hostHash();
+  unsetenv("NCCL_HOSTID");
+  EXPECT_NE(hostKey(), "");
+  EXPECT_NE(hostHash(), empty);
   if (saved)
     setenv("NCCL_HOSTID", keep.c_str(), 1);
   else

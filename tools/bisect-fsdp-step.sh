@@ -175,11 +175,11 @@ run() {
       '!/^#/ { printf "%s ", $1 }' "$manifest"))"
     picked+=("$line")
   done
+  # shellcheck source=tools/regimes.sh
+  source "$top/tools/regimes.sh"
   if [ "$dry" = 0 ]; then
-    local gpus
-    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-    [ "${gpus:-0}" -ge 1 ] || die "no GPU visible (nvidia-smi -L): --run times the step on a GPU machine" \
-      "(--run $dir --dry-run shows what it would do; --summary reads results anywhere)"
+    [ "$(zp_visible_gpus)" -ge 1 ] || die "no GPU visible (nvidia-smi, CUDA_VISIBLE_DEVICES): --run times the" \
+      "step on a GPU machine (--run $dir --dry-run shows what it would do; --summary reads results anywhere)"
   fi
   local work=${ZP_BISECT_WORK:-$top/build-bisect}
   case $work in /*) ;; *) work=$top/$work ;; esac
@@ -192,7 +192,8 @@ run() {
   done
   SECONDS=0
   note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  zp_export_regime nvlink
+  export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   if [ "$dry" = 0 ]; then
     rm -rf "$results" && mkdir -p "$results" || die "cannot make $results"
     exec > >(tee "$results/bisect.log") 2>&1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (2x H200; meson, ninja, nvcc and NCCL installed, maybe Open MPI): build into build-gpu, run
-# the GPU and host test suites, then every perf binary in three link regimes:
+# the GPU and host test suites, then every perf binary in three link regimes (their variables: tools/regimes.sh):
 #   nvlink  default
 #   shm     NCCL_P2P_DISABLE=1
 #   net     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, as two processes with distinct NCCL_HOSTID (two "nodes"),
@@ -61,7 +61,10 @@ build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
 out_tag=${ZP_GPU_CHECK_TAG:-}  # (run_perf uses $tag)
 case $build in /*) results=$build/results$out_tag ;; *) results=$top/$build/results$out_tag ;; esac
 rm -rf "$results" && mkdir -p "$results"
-export NCCL_NVLS_ENABLE=0
+# shellcheck source=tools/regimes.sh
+source "$top/tools/regimes.sh"
+zp_export_regime nvlink  # every step starts from NCCL's own links; the perf steps then take their regime's
+gpu_count=$(zp_visible_gpus)
 
 quick=${ZP_GPU_CHECK_QUICK:-0}
 if [ "$quick" = 1 ]; then
@@ -235,6 +238,7 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   # limit of its own, GpuFromNccl there (a caller's communicator is not split with ZP_SHM_MIN_CTAS: splitting it
   # hung this test). The "other" step also works the own slot early: its two-node cases are slow-link ones.
   if [ -x "$build/tests/zpccl_gpu_tests" ] && [ -z "${ZP_GPU_CHECK_TEST_FILTER:-}" ]; then
+    mapfile -t shm_env < <(zp_regime_env shm)
     # ~30 s when it works: a short limit, so that a hang costs little device time (its backtraces are logged).
     collective_tests='GpuConcurrency.*:GpuPipeline.*:GpuGraphs.*:GpuQwz.*:GpuQgz.*:GpuHpz.*:GpuReliability.*'
     run_step "zpccl_gpu_tests other" - test "$results/zpccl_gpu_tests_other.log" "" 90 \
@@ -245,13 +249,13 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
       env ZP_DIRECT_MIN_BYTES=0 ZP_DIRECT_INLINE_WAIT_BYTES=0 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter="$collective_tests:GpuFromNccl.*:GpuLifecycle.*:GpuFaults.*:GpuSanitized.EachCollectiveInTwoProcesses-GpuFaults.PeerKilledMidNcclPipeline"
     run_step "zpccl_gpu_tests shm" - test "$results/zpccl_gpu_tests_shm.log" "" 90 \
-      env NCCL_P2P_DISABLE=1 ZP_OWN_SLOT_EARLY_BYTES=0 "$build/tests/zpccl_gpu_tests" \
+      env "${shm_env[@]}" ZP_OWN_SLOT_EARLY_BYTES=0 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter="$collective_tests:GpuLifecycle.*"
     run_step "zpccl_gpu_tests shm p2p" - test "$results/zpccl_gpu_tests_shm_p2p.log" "" 60 \
-      env NCCL_P2P_DISABLE=1 ZP_OWN_SLOT_EARLY_BYTES=0 ZP_PAIR_ALLGATHER=0 "$build/tests/zpccl_gpu_tests" \
+      env "${shm_env[@]}" ZP_OWN_SLOT_EARLY_BYTES=0 ZP_PAIR_ALLGATHER=0 "$build/tests/zpccl_gpu_tests" \
       --gtest_filter='GpuQgz.*:GpuPipeline.*'
     run_step "zpccl_gpu_tests shm caller" - test "$results/zpccl_gpu_tests_shm_caller.log" "" 30 \
-      env NCCL_P2P_DISABLE=1 "$build/tests/zpccl_gpu_tests" --gtest_filter="GpuFromNccl.*"
+      env "${shm_env[@]}" "$build/tests/zpccl_gpu_tests" --gtest_filter="GpuFromNccl.*"
   fi
 fi
 
@@ -267,7 +271,7 @@ if [ "${ZP_GPU_CHECK_SKIP_PYTHON:-0}" != 1 ]; then
     use_carried_wheels "$top" || note "python: the wheels of .whl/ did not install; DeepSpeed's tests will skip"
     run_step "python suite" - test "$results/python.log" "" 300 \
       env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --gpu-first --count "$results/python.count"
-    fsdp_regime=net-on$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')gpu
+    fsdp_regime=$(zp_net_label "$gpu_count")
     fsdp_runs=" ${ZP_GPU_CHECK_FSDP-step memory} "
     if [[ $fsdp_runs == *" step "* ]]; then
       # shellcheck disable=SC2086
@@ -340,10 +344,9 @@ elif [ -z "$bins" ]; then
   record perf - perf missing 0 -
 fi
 
-gpu_count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-# Several processes with distinct NCCL_HOSTID, so that NCCL and zpccl see several nodes: two of one GPU each
-# (regime net), or the 2x2 layout (see the top). Regime nvlink-procs gives both processes the same NCCL_HOSTID:
-# one node, a process per GPU.
+# Several processes, each with its regime's variables (tools/regimes.sh): hosts of their own, so that NCCL and zpccl
+# see several nodes: two of one GPU each (regime net), or the 2x2 layout (see the top); or, in regime nvlink-procs,
+# all naming one host: one node, a process per GPU.
 perf_procs() {  # NAME LOG JSON CMD...
   local name=$1 log=$2 json=$3
   shift 3
@@ -353,23 +356,22 @@ perf_procs() {  # NAME LOG JSON CMD...
     if [ "$gpu_count" -lt 4 ]; then label=2x2-on${gpu_count}gpus layout=(-S 1); fi
     if [ "$gpu_count" -lt 2 ]; then procs=4 threads=1 label=2x2-on1gpu layout=(-S 1 -N 2); fi
   elif [ "$regime" = net ] && [ "$gpu_count" -lt 2 ]; then
-    label=net-on1gpu layout=(-S 1)  # both "nodes" on the one GPU: outputs checked, times not the regime's
+    label=$(zp_net_label 1) layout=(-S 1)  # both "nodes" on the one GPU: outputs checked, times not the regime's
   fi
   if over_budget; then
     note "$label $name: skipped (out of time: budget ${budget}s, deadline ${deadline}s)"
     record "$name" "$label" perf skipped 0 "$log" "$json"
     return
   fi
-  local rdv start=$SECONDS limit i host pids=() rc=0 rcs=()
+  local rdv start=$SECONDS limit i pids=() rc=0 rcs=()
   limit=$(capped "$step_timeout")
   rdv=$(mktemp -d "${TMPDIR:-/tmp}/zp-rdv.XXXXXX")
-  local out json_flag
+  local out json_flag proc_env
   for ((i = 0; i < procs; i++)); do
-    host=zp-node-$i
-    [ "$regime" = nvlink-procs ] && host=zp-node-0
+    mapfile -t proc_env < <(zp_regime_env "$regime" "$i")
     out=$log.proc$i json_flag=()
     [ "$i" = 0 ] && out=$log json_flag=(-J "$json")  # process 0 writes the table and the JSON
-    ZP_PERF_RENDEZVOUS_TIMEOUT=60 NCCL_HOSTID=$host timeout -k 5 "$limit" env "${regime_env[@]}" \
+    ZP_PERF_RENDEZVOUS_TIMEOUT=60 timeout -k 5 "$limit" env "${proc_env[@]}" "${extra_env[@]}" \
       "$@" -P "$procs" -I "$i" -D "$rdv" -t "$threads" "${layout[@]}" -R "$label" "${json_flag[@]}" >"$out" 2>&1 &
     pids+=($!)
   done
@@ -442,17 +444,19 @@ run_perf() {  # REGIME BIN
   done
 }
 
-regime_env=(NCCL_NVLS_ENABLE=0)
+# regime_env: the variables of a step of one process (run_perf), those of the regime and ZP_GPU_CHECK_ENV's; a step
+# of several processes (perf_procs) takes each process's own and extra_env.
+mapfile -t regime_env < <(zp_regime_env nvlink)  # the local binaries': no link between GPUs
 for bin in $bins; do is_local "$bin" && run_perf local "$bin"; done
+# shellcheck disable=SC2206  # VAR=value words
+extra_env=(${ZP_GPU_CHECK_ENV:-})
 for regime in $regimes; do
-  case $regime in
-    nvlink | nvlink-procs) regime_env=(NCCL_NVLS_ENABLE=0) ;;
-    shm) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1) ;;
-    net) regime_env=(NCCL_NVLS_ENABLE=0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) ;;
-    2x2) regime_env=(NCCL_NVLS_ENABLE=0) ;;  # the two-hop qgZ and hpZ groups of two; GPUs shared below four
-    *) note "unknown regime $regime (nvlink, shm, net, 2x2)"; record "regime $regime" "$regime" perf unknown 0 -; continue ;;
-  esac
-  regime_env+=(${ZP_GPU_CHECK_ENV:-})
+  if ! zp_is_regime "$regime"; then
+    note "unknown regime $regime ($ZP_REGIMES)"; record "regime $regime" "$regime" perf unknown 0 -; continue
+  fi
+  regime_env=()
+  is_multi_procs "$regime" || mapfile -t regime_env < <(zp_regime_env "$regime")
+  regime_env+=("${extra_env[@]}")
   for bin in $bins; do is_local "$bin" || run_perf "$regime" "$bin"; done
 done
 

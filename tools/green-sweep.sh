@@ -7,7 +7,9 @@
 # TRACE=0 skips the traced calls. Other ZP_* variables (e.g. ZP_CHUNK_BYTES) pass through.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export NCCL_NVLS_ENABLE=0
+# shellcheck source=tools/regimes.sh
+source tools/regimes.sh
+zp_export_regime nvlink
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
 sizes=(${SIZES:-256M 1G})
 bins=""

@@ -56,13 +56,14 @@ if [ -n "$compare_only" ]; then
   exit $?
 fi
 
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-if [ "${gpus:-0}" -lt 1 ]; then
-  echo "perf-gate: no GPU visible (nvidia-smi -L): the gate measures on a GPU machine; --compare-only DIR compares" \
-    "an earlier run's files anywhere" >&2
+# shellcheck source=tools/regimes.sh
+source "$top/tools/regimes.sh"
+if [ "$(zp_visible_gpus)" -lt 1 ]; then
+  echo "perf-gate: no GPU visible (nvidia-smi, CUDA_VISIBLE_DEVICES): the gate measures on a GPU machine;" \
+    "--compare-only DIR compares an earlier run's files anywhere" >&2
   exit 2
 fi
-export NCCL_NVLS_ENABLE=0
+zp_export_regime nvlink
 build=${ZP_GATE_BUILD_DIR:-build-gpu}
 case $build in /*) ;; *) build=$top/$build ;; esac
 results=$build/perf-gate  # not results-gate: tools/gpu-check.sh empties that one as it starts

@@ -5,11 +5,13 @@
 #   no GPU        the host backend, 2 emulated nodes x 4 thread-ranks: outputs checked against the host
 #                 reference, and the bytes each rank would send (zpccl's plans against NCCL's ring); binaries that
 #                 run device kernels or NCCL only say so and are skipped
-#   one GPU       two processes sharing it as two nodes over sockets (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1,
-#                 distinct NCCL_HOSTID; rows labelled net-on1gpu: the GPU is time-shared, so ratios read lower
-#                 than on two GPUs), NCCL measured in the same run; the one-GPU kernels against memcpy (local)
-#   several GPUs  one process driving every visible GPU (rows labelled nvlink when nvidia-smi shows NVLink
-#                 between them, else pcie), NCCL side by side; the kernels (local) on GPU 0
+#   one GPU       two processes sharing it as two nodes over sockets (regime net of tools/regimes.sh:
+#                 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, distinct NCCL_HOSTID; rows labelled net-on1gpu: the GPU is
+#                 time-shared, so ratios read lower than on two GPUs), NCCL measured in the same run; the one-GPU
+#                 kernels against memcpy (local)
+#   several GPUs  one process driving every visible GPU (nvidia-smi's, narrowed by CUDA_VISIBLE_DEVICES; rows
+#                 labelled nvlink when nvidia-smi shows NVLink between them, else pcie), NCCL side by side; the
+#                 kernels (local) on GPU 0
 # Comparisons take the perf binaries' five alternating rounds, and every JSON file carries its provenance (commit,
 # command, environment, GPUs, NCCL loaded: perf/provenance.h) and each round's times; the summary gives ratios of
 # medians with the rounds' least and greatest. Prints a line per step with the time it took; JSON and logs go to
@@ -19,8 +21,10 @@ set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZP_BUILD_DIR:-$top/build}
 source "$top/tools/setup.sh"
+# shellcheck source=tools/regimes.sh
+source "$top/tools/regimes.sh"
 set +e
-export NCCL_NVLS_ENABLE=0
+zp_export_regime nvlink
 results=$build/main-results
 rm -rf "$results" && mkdir -p "$results"
 SECONDS=0
@@ -28,18 +32,8 @@ status=0
 
 note() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 
-# GPUs a CUDA process sees: nvidia-smi's list, narrowed by CUDA_VISIBLE_DEVICES when that is set.
-visible_gpus() {
-  local listed
-  listed=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-    local wanted
-    wanted=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c '[^[:space:]]' || true)
-    [ "$wanted" -lt "${listed:-0}" ] && listed=$wanted
-  fi
-  echo "${listed:-0}"
-}
-gpus=$(visible_gpus)
+gpus=$(zp_visible_gpus)
+net_label=$(zp_net_label 1)
 
 # run_step NAME LOG CMD...: runs CMD, its output to LOG, shown as it is (tables); notes exit status and time.
 run_step() {
@@ -76,15 +70,16 @@ run_on_host() {
 # run_two_nodes_on_one_gpu BIN TAG FLAGS...: two processes sharing the GPU as two nodes over sockets; process 0
 # prints the table and writes the JSON.
 run_two_nodes_on_one_gpu() {
-  local bin=$1 tag=$2 log=$results/net-on1gpu_$2.log json=$results/net-on1gpu_$2.json start=$SECONDS
+  local bin=$1 tag=$2 log=$results/${net_label}_$2.log json=$results/${net_label}_$2.json start=$SECONDS
   shift 2
-  local rdv pids=() rc=0 i
+  local rdv pids=() rc=0 i proc_env
   rdv=$(mktemp -d "${TMPDIR:-/tmp}/zp-rdv.XXXXXX")
   for i in 0 1; do
     local out=$log.proc$i json_flag=()
     [ "$i" = 0 ] && out=$log json_flag=(-J "$json")
-    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_HOSTID=zp-node-$i ZP_PERF_RENDEZVOUS_TIMEOUT=60 \
-      timeout -k 5 300 "$build/perf/$bin" "$@" -P 2 -I "$i" -D "$rdv" -t 1 -S 1 -R net-on1gpu "${json_flag[@]}" \
+    mapfile -t proc_env < <(zp_regime_env net "$i")
+    env "${proc_env[@]}" ZP_PERF_RENDEZVOUS_TIMEOUT=60 \
+      timeout -k 5 300 "$build/perf/$bin" "$@" -P 2 -I "$i" -D "$rdv" -t 1 -S 1 -R "$net_label" "${json_flag[@]}" \
       >"$out" 2>&1 &
     pids+=($!)
   done
@@ -92,7 +87,7 @@ run_two_nodes_on_one_gpu() {
   rm -rf "$rdv"
   grep -v '^#  rank ' "$log"
   [ "$rc" = 0 ] || tail -3 "$log.proc1"
-  note "$tag (net-on1gpu: 2 processes, 2 nodes, 1 GPU): exit $rc ($((SECONDS - start)) s)"
+  note "$tag ($net_label: 2 processes, 2 nodes, 1 GPU): exit $rc ($((SECONDS - start)) s)"
   [ "$rc" = 0 ] || status=1
 }
 

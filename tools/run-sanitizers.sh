@@ -87,7 +87,10 @@ passed=0 failed=0
 # Leaks are checked at exit; the shadow gap stays readable for a CUDA driver, should one be present.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:protect_shadow_gap=0:abort_on_error=0:halt_on_error=1}
 rm -f "$build"/ubsan.* "$build/host.json"
-export ZP_BACKEND=host ZP_SOAK_ITERS=$soak_iters NCCL_NVLS_ENABLE=0
+export ZP_BACKEND=host ZP_SOAK_ITERS=$soak_iters
+# shellcheck source=tools/regimes.sh
+source "$top/tools/regimes.sh"
+zp_export_regime nvlink
 total=$("$build/tests/zpccl_host_tests" --gtest_list_tests | grep '^  ' | grep -vc '^  DISABLED_')  # DISABLED_ ones run as children of others (tests/child_test.h)
 say "running zpccl_host_tests ($total tests, ZP_SOAK_ITERS=$soak_iters) and c_abi_test"
 # meson test: no timeout (the sanitizers slow the soak tests several times over), the suite's output in the log.

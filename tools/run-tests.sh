@@ -23,7 +23,9 @@ if ! command -v mpirun >/dev/null && command -v apt-get >/dev/null; then
 fi
 source "$top/tools/setup.sh" || { echo "0 passed, 1 failed"; exit 1; }
 set +e
-export NCCL_NVLS_ENABLE=0
+# shellcheck source=tools/regimes.sh
+source "$top/tools/regimes.sh"
+zp_export_regime nvlink
 results=$build/test-results
 rm -rf "$results" && mkdir -p "$results"
 

@@ -12,7 +12,9 @@
 # ITERS (200) calls per timing, so that launch jitter averages out.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export NCCL_NVLS_ENABLE=0
+# shellcheck source=tools/regimes.sh
+source tools/regimes.sh
+zp_export_regime nvlink
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
 configs=${CONFIGS:-default}
 # First the host's cost of each CUDA call a collective makes (tools/api_costs.cu).

@@ -14,7 +14,9 @@
 # No check of the outputs (-c 0): the tables of gpu-check.sh check them; this is for choosing a value.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export NCCL_NVLS_ENABLE=0
+# shellcheck source=tools/regimes.sh
+source tools/regimes.sh
+zp_export_regime nvlink
 : "${VAR:?set VAR to the tunable to sweep}" "${VALUES:?set VALUES}"
 build=${ZP_GPU_CHECK_BUILD_DIR:-build-gpu}
 tags=()

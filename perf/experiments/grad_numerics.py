@@ -6,8 +6,9 @@ configuration against exact bf16 gradients, through the library.
     python perf/experiments/grad_numerics.py --cpu --steps 3 -J /tmp/g.json              # the plumbing, on the CPU
 
 GPU: ``--nproc`` processes (default 4) share the GPU, each its own ``NCCL_HOSTID`` with NCCL's P2P and shared
-memory off (sockets between them), as ``--nodes`` emulated nodes (default 2: two nodes of two, so qgZ takes its
-two hops and the intermediate hop's residual is exercised). CPU (``--cpu``): the ranks are threads on torch's
+memory off (sockets between them: regime net, ``zpccl.launch.regime_env``), as ``--nodes`` emulated nodes (default
+2: two nodes of two, so qgZ takes its two hops and the intermediate hop's residual is exercised); ``--nodes 0``
+leaves NCCL its own links (a GPU each). CPU (``--cpu``): the ranks are threads on torch's
 threaded process group and zpccl's host backend serves them, to test this script without a GPU.
 
 Configurations (``--configs``), each run with every ``--seeds`` seed (model initialization and data order):
@@ -150,7 +151,7 @@ def gpu_rank(args: argparse.Namespace) -> dict[str, Any] | None:
     """One rank of a GPU run (zpccl.launch's rendezvous in the environment); rank 0 returns the run's result."""
     import torch
 
-    where = ex.Launch(args.nodes)  # distinct NCCL_HOSTID, NCCL P2P and shared memory off, one GPU shared
+    where = ex.Launch(args.nodes)  # with --nodes, regime net: a host each, over sockets, one GPU shared
     mesh = where.init()
     config = CONFIGS[args.run_config]
     result = train_rank(torch, args, config, where.rank, where.world, where.device, mesh, where.ranks_per_node)
@@ -162,8 +163,9 @@ def gpu_rank(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def run_gpu(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
     args.run_config, args.run_seed = config, seed
-    env = dict(NCCL_NVLS_ENABLE="0", NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
-    return ex.import_zpccl().launch.spawn(gpu_rank, args.nproc, args, env=env)[0]
+    launch = ex.import_zpccl().launch
+    launch.set_default_env()
+    return launch.spawn(gpu_rank, args.nproc, args)[0]
 
 
 # ---- CPU: ranks as threads ---------------------------------------------------------------------------------------
@@ -199,8 +201,9 @@ def main() -> None:
     # torch and zpccl imported here too, so that the record names the versions the runs' processes load.
     import torch
 
-    ex.import_zpccl()
-    record = provenance("cpu-threads" if args.cpu else f"net-on{torch.cuda.device_count()}gpu")
+    launch = ex.import_zpccl().launch
+    record = provenance("cpu-threads" if args.cpu else
+                        launch.net_label(torch.cuda.device_count()) if args.nodes else "local")
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         for config in configs:

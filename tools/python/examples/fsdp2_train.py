@@ -281,10 +281,9 @@ class Launch:
                 raise SystemExit(f"fsdp2_train: --nodes {nodes} does not divide {self.world} processes")
             self.ranks_per_node = self.world // nodes
             # Set before NCCL's first call: each process is a host of its own for NCCL (processes sharing a GPU
-            # must not look like one host to it), its traffic goes over sockets, and zpccl is told the layout.
-            os.environ["NCCL_HOSTID"] = f"zpccl-emulated-{self.rank}"
-            os.environ["NCCL_P2P_DISABLE"] = "1"
-            os.environ["NCCL_SHM_DISABLE"] = "1"
+            # must not look like one host to it), its traffic goes over sockets (regime net), and zpccl is told the
+            # layout.
+            os.environ.update(import_zpccl().launch.regime_env("net", self.rank))
         else:
             self.ranks_per_node = None
         torch.cuda.set_device(self.device)
@@ -336,8 +335,9 @@ def import_zpccl() -> Any:
 
 def launch(main: Any, args: argparse.Namespace) -> None:
     """Runs ``main(args)`` in this process when started by torchrun, else in ``args.nproc`` spawned ones."""
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared machines
-    import_zpccl().launch.run(main, args.nproc, args)
+    zpccl = import_zpccl()
+    zpccl.launch.set_default_env()  # NVLink multicast stays off on shared machines
+    zpccl.launch.run(main, args.nproc, args)
 
 
 # ---- training ---------------------------------------------------------------------------------------------------

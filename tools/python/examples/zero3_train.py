@@ -332,8 +332,9 @@ def report(args: argparse.Namespace, results: dict[str, tuple[list[float], list[
 
 def main() -> None:
     args = parse_args()
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # keep NVLink multicast off on shared machines
-    _fsdp2_example().import_zpccl().launch.run(run, args.nproc, args)  # here under torchrun, else spawned
+    zpccl = _fsdp2_example().import_zpccl()
+    zpccl.launch.set_default_env()  # NVLink multicast stays off on shared machines
+    zpccl.launch.run(run, args.nproc, args)  # here under torchrun, else spawned
 
 
 if __name__ == "__main__":

@@ -44,11 +44,10 @@ LR = 1e-2
 
 
 def _setup(gpu: bool = False) -> Any:
-    """torch.distributed on gloo (CPU), or on NCCL with every rank on GPU 0 as a node of its own (its NCCL_HOSTID,
-    over sockets) and deterministic kernels, so that a backward run twice gives the same gradients."""
+    """torch.distributed on gloo (CPU), or on NCCL with every rank on GPU 0 as a node of its own (regime net: its
+    NCCL_HOSTID, over sockets) and deterministic kernels, so that a backward run twice gives the same gradients."""
     if gpu:
-        os.environ.update(NCCL_HOSTID=f"zpccl-ddp-test-{os.environ['RANK']}", NCCL_P2P_DISABLE="1",
-                          NCCL_SHM_DISABLE="1", CUBLAS_WORKSPACE_CONFIG=":4096:8")
+        os.environ.update(zpccl.launch.regime_env("net", int(os.environ["RANK"])), CUBLAS_WORKSPACE_CONFIG=":4096:8")
     import torch
     import torch.distributed as dist
 

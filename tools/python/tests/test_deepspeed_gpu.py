@@ -134,7 +134,7 @@ class DeepSpeedOnGpus(unittest.TestCase):
         import zpccl
         import zpccl.launch
 
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        zpccl.launch.set_default_env()
         os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
         try:
             zpccl.launch.spawn(_worker, world, nodes, hpz, dtype)

@@ -189,7 +189,7 @@ class CudaTensorsOnTwoGpus(unittest.TestCase):
             self.skipTest("needs 2 CUDA GPUs")
         import zpccl.launch
 
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        zpccl.launch.set_default_env()
         os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
         zpccl.launch.spawn(_gpu_worker, 2, timeout=600)
 

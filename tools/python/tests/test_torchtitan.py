@@ -326,7 +326,7 @@ class TorchtitanOnGpus(unittest.TestCase):
         import zpccl
         import zpccl.launch
 
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        zpccl.launch.set_default_env()
         os.environ.setdefault("ZPCCL_LIBRARY", zpccl.library_path())
         small = _titan.SMALL + ["--training.seq_len", "256"]
         base = ["--module", "llama3", "--config", "llama3_debugmodel", *small]

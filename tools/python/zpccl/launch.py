@@ -13,6 +13,15 @@ needs) with torch.distributed's env:// rendezvous set as torchrun sets it (``RAN
 launchers. It returns each rank's return value in rank order; the first rank that raises or dies stops the others
 (which may be waiting for it in a collective) and :class:`RankFailed` names it, with its traceback. It imports
 neither torch nor the library.
+
+The link regimes of one host (DESIGN.md, "Speed"), for the ranks of the examples, the tests and the perf scripts:
+:func:`regime_env` gives the variables that make each (``net``: a host of its own for each process, NCCL's P2P and
+shared memory off, so that processes sharing GPUs meet over sockets as emulated nodes), :func:`set_default_env` what
+every regime shares (NVLink multicast off) unless the environment says otherwise, and :func:`net_label` the regime
+label of rows measured over ``net``. tools/regimes.sh decides the same for the shell scripts, and
+tests/test_regimes.py holds the two together.
+
+    os.environ.update(zpccl.launch.regime_env("net", rank))   # in each rank, before NCCL's first call
 """
 from __future__ import annotations
 
@@ -23,14 +32,60 @@ import socket
 import time
 import traceback
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable
+from typing import Any, Callable, MutableMapping
 
-__all__ = ["RankFailed", "free_port", "run", "spawn"]
+__all__ = ["REGIMES", "RankFailed", "free_port", "host_id", "net_label", "regime_env", "run", "set_default_env",
+           "spawn"]
 
 #: The variables of torch.distributed's env:// rendezvous that :func:`spawn` sets in each rank.
 RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _HOST = "127.0.0.1"
 _POLL_S = 0.05  # how often the parent looks for a rank that died without a word
+
+#: The link regimes, as tools/regimes.sh names them: ``nvlink`` (NCCL's own links), ``nvlink-procs`` (as nvlink, a
+#: process per GPU, every process naming the same host), ``shm`` (NCCL's P2P off: host shared memory), ``net`` (a host
+#: of its own for each process, P2P and shared memory off: every transfer over sockets, as between nodes; processes
+#: may then share a GPU) and ``2x2`` (a host of its own for each process, whose GPUs reach each other as NCCL finds
+#: them: nodes of several GPUs, sockets between nodes).
+REGIMES = ("nvlink", "nvlink-procs", "shm", "net", "2x2")
+_SHARED_ENV = {"NCCL_NVLS_ENABLE": "0"}  # every regime: NVLink multicast off, the machines being shared
+_REGIME_ENV = {"nvlink": {}, "nvlink-procs": {}, "shm": {"NCCL_P2P_DISABLE": "1"},
+               "net": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}, "2x2": {}}
+_OWN_HOSTS = ("net", "2x2")  # the regimes whose processes are hosts of their own
+
+
+def host_id(process: int) -> str:
+    """The ``NCCL_HOSTID`` of process ``process`` of a run whose processes are hosts of their own."""
+    return f"zp-node-{process}"
+
+
+def regime_env(regime: str, process: int | None = None) -> dict[str, str]:
+    """The variables of link regime ``regime`` (one of :data:`REGIMES`) for process ``process`` (0, 1, ...) of a run,
+    to set before NCCL's first call. ``net`` and ``2x2`` name each process's host, so they need ``process``; the
+    others give every process the same variables. ValueError for an unknown regime or a missing index."""
+    if regime not in _REGIME_ENV:
+        raise ValueError(f"zpccl.launch: unknown regime {regime!r} (known: {', '.join(REGIMES)})")
+    env = dict(_SHARED_ENV, **_REGIME_ENV[regime])
+    if regime in _OWN_HOSTS:
+        if isinstance(process, bool) or not isinstance(process, int) or process < 0:
+            raise ValueError(f"zpccl.launch: regime {regime} needs the index of the process, not {process!r}")
+        env["NCCL_HOSTID"] = host_id(process)
+    elif regime == "nvlink-procs":
+        env["NCCL_HOSTID"] = host_id(0)
+    return env
+
+
+def set_default_env(environ: MutableMapping[str, str] | None = None) -> None:
+    """Sets what every regime shares (NVLink multicast off) in ``environ`` (this process's by default, which the
+    ranks it spawns inherit) where it is not set already: a launch's default, which the user's own setting keeps."""
+    environ = os.environ if environ is None else environ
+    for name, value in _SHARED_ENV.items():
+        environ.setdefault(name, value)
+
+
+def net_label(gpus: int) -> str:
+    """The regime label of rows measured as emulated nodes over sockets (regime ``net``) on ``gpus`` GPUs."""
+    return f"net-on{gpus}gpu"
 
 
 class RankFailed(RuntimeError):

@@ -1,0 +1,155 @@
+"""The link regimes' two homes agree: tools/regimes.sh (the shell scripts') and zpccl.launch (Python's) give the same
+variables for every regime and process, refuse the same mistakes and spell the same labels; the shell's GPU count
+follows CUDA_VISIBLE_DEVICES as CUDA reads it (nvidia-smi stood in for); and no script, Python file or C++ GPU test
+sets a regime's variable, counts GPUs or spells the label itself. No GPU needed."""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import zpccl.launch as launch
+from tests import SOURCE_TREE
+
+REGIMES_SH = SOURCE_TREE / "tools" / "regimes.sh"
+
+
+def sourced(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``script`` run by bash after sourcing tools/regimes.sh, with ``args`` as $1, $2, ..."""
+    if not REGIMES_SH.exists():
+        raise unittest.SkipTest(f"{REGIMES_SH} not found")
+    if shutil.which("bash") is None:
+        raise unittest.SkipTest("no bash")
+    return subprocess.run(["bash", "-c", f'set -euo pipefail; source "$0"; {script}', str(REGIMES_SH), *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def shell_env(regime: str, *process: str) -> dict[str, str]:
+    run = sourced('zp_regime_env "$@"', regime, *process)
+    if run.returncode != 0:
+        raise AssertionError(f"zp_regime_env {regime} {' '.join(process)}: exit {run.returncode}: {run.stderr}")
+    return dict(line.split("=", 1) for line in run.stdout.splitlines())
+
+
+class TheTwoHomesAgree(unittest.TestCase):
+    def test_the_same_regimes(self) -> None:
+        self.assertEqual(sourced('echo "$ZP_REGIMES"').stdout.split(), list(launch.REGIMES))
+
+    def test_the_same_variables_for_every_regime_and_process(self) -> None:
+        for regime in launch.REGIMES:
+            for process in (0, 1, 3):
+                with self.subTest(regime=regime, process=process):
+                    self.assertEqual(shell_env(regime, str(process)), launch.regime_env(regime, process))
+
+    def test_what_each_regime_sets(self) -> None:
+        net = launch.regime_env("net", 1)
+        self.assertEqual(net, {"NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
+                               "NCCL_HOSTID": "zp-node-1"})
+        self.assertNotEqual(launch.regime_env("net", 0)["NCCL_HOSTID"], net["NCCL_HOSTID"])
+        self.assertEqual(launch.regime_env("2x2", 2), {"NCCL_NVLS_ENABLE": "0", "NCCL_HOSTID": "zp-node-2"})
+        self.assertEqual(launch.regime_env("shm"), {"NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"})
+        self.assertEqual(launch.regime_env("nvlink"), {"NCCL_NVLS_ENABLE": "0"})
+        # One host for every process: the same id whatever the index.
+        self.assertEqual(launch.regime_env("nvlink-procs", 0), launch.regime_env("nvlink-procs", 5))
+        self.assertEqual(shell_env("nvlink-procs"), launch.regime_env("nvlink-procs"))
+
+    def test_both_refuse_an_unknown_regime_and_a_missing_index(self) -> None:
+        for regime, process in (("nowhere", "0"), ("net", None), ("2x2", None), ("net", "x")):
+            with self.subTest(regime=regime, process=process):
+                run = sourced('zp_regime_env "$@"', regime, *([process] if process is not None else []))
+                self.assertEqual(run.returncode, 2, run.stdout)
+                self.assertRegex(run.stderr, "unknown regime|needs the index")
+                with self.assertRaisesRegex(ValueError, "unknown regime|needs the index"):
+                    launch.regime_env(regime, None if process is None or not process.isdigit() else int(process))
+
+    def test_the_same_label(self) -> None:
+        for gpus in range(1, 9):
+            self.assertEqual(sourced('zp_net_label "$1"', str(gpus)).stdout.strip(), launch.net_label(gpus))
+        self.assertEqual(launch.net_label(1), "net-on1gpu")
+
+    def test_exported_regime_and_default_env(self) -> None:
+        run = sourced('zp_export_regime net 2; env | grep "^NCCL_" | sort')
+        self.assertEqual(dict(line.split("=", 1) for line in run.stdout.splitlines()), launch.regime_env("net", 2))
+        env: dict[str, str] = {"NCCL_NVLS_ENABLE": "1"}
+        launch.set_default_env(env)
+        self.assertEqual(env, {"NCCL_NVLS_ENABLE": "1"})  # the user's own setting stays
+        env.clear()
+        launch.set_default_env(env)
+        self.assertEqual(env, launch.regime_env("nvlink"))
+
+
+class OneHomeALanguage(unittest.TestCase):
+    """No script, example, test or perf script sets a regime's variable or counts GPUs itself: each takes them from
+    its language's home (tools/regimes.sh, zpccl.launch; the C++ GPU tests from tests/child_test.h)."""
+
+    VARIABLE = r"NCCL_(?:HOSTID|P2P_DISABLE|SHM_DISABLE|NVLS_ENABLE)"
+    SHELL_SETS = re.compile(rf"\b{VARIABLE}=|nvidia-smi -L|net-on(?:\d|\$)")
+    PYTHON_SETS = re.compile(rf"\b{VARIABLE}=|environ(?:\.setdefault\(|\[)\s*[\"']{VARIABLE}|net-on\{{")
+    PYTHON_HOMES = ("tools/python/zpccl/launch.py", "tools/python/tests/test_regimes.py")
+
+    def offenders(self, paths: list[pathlib.Path], pattern: re.Pattern[str], comment: str | None) -> list[str]:
+        found = []
+        for path in paths:
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if comment is not None and line.lstrip().startswith(comment):
+                    continue
+                if pattern.search(line):
+                    found.append(f"{path.relative_to(SOURCE_TREE)}:{number}: {line.strip()}")
+        return found
+
+    def test_the_shell_scripts(self) -> None:
+        scripts = [p for p in sorted((SOURCE_TREE / "tools").glob("*.sh")) if p != REGIMES_SH]
+        if not scripts:
+            self.skipTest("no tools/*.sh in this tree")
+        self.assertEqual(self.offenders(scripts, self.SHELL_SETS, "#"), [])
+
+    def test_the_python_scripts(self) -> None:
+        paths = [p for folder in ("tools/python", "perf") for p in sorted((SOURCE_TREE / folder).rglob("*.py"))
+                 if str(p.relative_to(SOURCE_TREE)) not in self.PYTHON_HOMES]
+        if not paths:
+            self.skipTest("no Python scripts in this tree")
+        self.assertEqual(self.offenders(paths, self.PYTHON_SETS, None), [])
+
+    def test_the_cxx_gpu_tests(self) -> None:
+        paths = sorted((SOURCE_TREE / "tests").glob("test_*_gpu.cc"))
+        if not paths:
+            self.skipTest("no C++ GPU tests in this tree")
+        self.assertEqual(self.offenders(paths, re.compile(rf'"{self.VARIABLE}='), "//"), [])
+
+
+class VisibleGpus(unittest.TestCase):
+    """zp_visible_gpus with a stand-in nvidia-smi listing two GPUs (one of them split into MIG instances)."""
+
+    def count(self, visible: str | None, smi: bool = True) -> int:
+        with tempfile.TemporaryDirectory() as tmp:
+            bin_dir = pathlib.Path(tmp)
+            if smi:
+                fake = bin_dir / "nvidia-smi"
+                fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-a)'\necho '  MIG 1g.10gb Device 0: "
+                                "(UUID: MIG-b)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-c)'\n")
+                fake.chmod(0o755)
+            env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+            env["PATH"] = str(bin_dir) + os.pathsep + "/usr/bin:/bin"
+            if visible is not None:
+                env["CUDA_VISIBLE_DEVICES"] = visible
+            run = sourced("zp_visible_gpus", env=env)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            return int(run.stdout)
+
+    def test_cuda_visible_devices_narrows_the_list(self) -> None:
+        for visible, gpus in ((None, 2), ("0", 1), ("1,0", 2), ("", 0), (" 1 ", 1), ("0,1,2,3", 2), ("2", 0),
+                              ("-1", 0), ("0,-1,1", 1), ("GPU-c", 1), ("MIG-b,1", 2), ("01", 1)):
+            with self.subTest(CUDA_VISIBLE_DEVICES=visible):
+                self.assertEqual(self.count(visible), gpus)
+
+    def test_no_nvidia_smi_no_gpu(self) -> None:
+        self.assertEqual(self.count(None, smi=False), 0)
+        self.assertEqual(self.count("0", smi=False), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
