@@ -2,13 +2,18 @@
 another's zpccl), from the manifest its --prepare wrote and the JSON files its --run left.
 
     python3 tools/bisect_fsdp_step.py MANIFEST RESULTS [--json OUT]
+        [--results-file FILE --commit HASH --command TEXT]
 
 Every run file is one perf/fsdp_step.py call of that entry (``<label>.r<k>.json``). A run's figure is the
 median its script reports: over rank 0's steps for fsdp_step.py before provenance (those rows carry no per-rank
 times), over each step's slowest rank after; where the per-rank times are there, rank 0's median is given too, so
 that old and new scripts compare. An entry's figure is the median of its runs' figures, and its ratio NCCL's over
 zpccl's. The table says which timing each entry's script used and, where the files have rounds, zpccl's median
-round by round (a step that slows as a process goes through its rounds shows there)."""
+round by round (a step that slows as a process goes through its rounds shows there).
+
+--results-file writes what perf/results keeps of a bisect: the summary, every run's file as it came back, and the
+provenance of the call (the tool's tree, ``--commit``, and its command line, ``--command``, over the machine facts
+of the newest run that recorded provenance)."""
 from __future__ import annotations
 
 import argparse
@@ -157,12 +162,40 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+WHAT = ("tools/bisect-fsdp-step.sh over the FSDP2 small step (perf/fsdp_step.py --shape small, nccl-noreshard "
+        "against zpccl-hpz), each entry with its own library, package and script; runs alternate the entries, "
+        "{rounds} rounds of {steps} timed steps a run. Runs whose script records provenance keep it (the entry they "
+        "stand for); the others stand for the entry the summary names.")
+
+
+def results_document(rows: list[dict[str, Any]], results: pathlib.Path, commit: str, command: str) -> dict[str, Any]:
+    """The perf/results file of a bisect: provenance, what was run, the summary rows and every run's file."""
+    runs = {f[: -len(".json")]: json.loads((results / f).read_text()) for r in rows for f in r["files"]}
+    timed = [d for d in runs.values() if d.get("provenance")]
+    if not timed:
+        raise ValueError(f"no run file in {results} records provenance: the call's machine is unknown")
+    newest = max(timed, key=lambda d: d["provenance"].get("time_utc", ""))
+    provenance = dict(newest["provenance"], commit=commit, dirty=False, command=command)
+    shape = next((row for d in timed for row in d.get("rows", []) if row.get("config") == ZPCCL), {})
+    rounds = len(shape.get("round_median_ms") or []) or "?"
+    steps = shape.get("steps", "?")
+    if isinstance(steps, int) and isinstance(rounds, int):
+        steps //= rounds
+    return {"provenance": provenance, "what": WHAT.format(rounds=rounds, steps=steps),
+            "regime": provenance.get("regime"), "summary": rows, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("manifest", type=pathlib.Path)
     p.add_argument("results", type=pathlib.Path)
     p.add_argument("--json", type=pathlib.Path, help="also write the rows here")
+    p.add_argument("--results-file", type=pathlib.Path, help="write the perf/results file of this bisect here")
+    p.add_argument("--commit", help="with --results-file: the full hash of the tree the bisect tool ran from")
+    p.add_argument("--command", help="with --results-file: the bisect's command line as it was run")
     args = p.parse_args(argv)
+    if args.results_file and not (args.commit and args.command):
+        p.error("--results-file needs --commit (the tool's tree) and --command (the call as it was run)")
     if not args.manifest.is_file():
         p.error(f"no manifest at {args.manifest} (tools/bisect-fsdp-step.sh --prepare writes it)")
     if not args.results.is_dir():
@@ -172,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     print(render(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    if args.results_file:
+        doc = results_document(rows, args.results, args.commit, args.command)
+        args.results_file.write_text(json.dumps(doc, indent=1) + "\n")
     return 0 if any(r["runs"] for r in rows) else 1
 
 

@@ -481,6 +481,7 @@ R2 = "2026-12-02-h200x1-"
 R3 = "2026-12-03-h200x1-"
 R5 = "2026-12-05-h200x1-"
 H100 = "2026-12-05-h100x1-"
+H100_6 = "2026-12-06-h100x1-"
 SIZES = ["1M", "4M", "16M", "64M", "256M", "1G"]
 UPPER = ("64M", "256M", "1G")
 LOWER = ("1M", "4M", "16M")
@@ -607,11 +608,13 @@ def step_table(store: Store, name: str, file: str, configs: list[tuple[str, str]
     return t
 
 
-def bisect_table(store: Store, name: str, file: str) -> Table:
+def bisect_table(store: Store, name: str, file: str, each_run: bool = False) -> Table:
     """tools/bisect-fsdp-step.sh's entries that ran, in the manifest's order: zpccl's step (the median of the runs'
-    medians, the runs' range, and the fastest and slowest step of all its runs), FSDP2 + NCCL's, and their ratio."""
+    medians, the runs' range, and the fastest and slowest step of all its runs), FSDP2 + NCCL's, and their ratio;
+    with each_run, every run's pair in the order the runs were made (whether the slow runs are NCCL's slow runs
+    too)."""
     t = Table(store, name, ["entry", "zpccl at", "runs", "zpccl ms (runs' range)", "steps' range", "NCCL ms",
-                            "vs NCCL"])
+                            "vs NCCL"] + (["each run: zpccl / NCCL ms"] if each_run else []))
     doc = store.data(file)
     for entry in doc["summary"]:
         if not entry["runs"]:
@@ -619,10 +622,11 @@ def bisect_table(store: Store, name: str, file: str) -> Table:
         steps = [row for f in entry["files"] for row in doc["runs"][f.removesuffix(".json")]["rows"]
                  if row["config"] == "zpccl-hpz"]
         runs = entry["zpccl_runs_ms"]
+        pairs = ["; ".join(f"{z:.1f} / {n:.1f}" for z, n in zip(runs, entry["nccl_runs_ms"]))] if each_run else []
         t.add([", ".join(entry["names"]), entry["zpccl"][:7], str(entry["runs"]),
                f"{entry['zpccl_ms']:.1f} ({min(runs):.1f}-{max(runs):.1f})",
                f"{min(r['min_ms'] for r in steps):.1f}-{max(r['max_ms'] for r in steps):.1f}",
-               f"{entry['nccl_ms']:.1f}", f"{entry['ratio']:.2f}x"], [file])
+               f"{entry['nccl_ms']:.1f}", f"{entry['ratio']:.2f}x", *pairs], [file])
     return t
 
 
@@ -642,6 +646,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
     "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100", H100 + "fsdp-bisect-0731899-562bc89.json"),
     "fsdp-bisect-h100-run2": lambda s: bisect_table(s, "fsdp-bisect-h100-run2",
                                                     H100 + "fsdp-bisect-run2-0731899-562bc89.json"),
+    "fsdp-bisect-h100-run3": lambda s: bisect_table(s, "fsdp-bisect-h100-run3",
+                                                    H100_6 + "fsdp-bisect-run3-bdc370e-562bc89.json", each_run=True),
     "fsdp-floor": lambda s: step_table(s, "fsdp-floor", H100 + "fsdp-step-small-floor-2edefb7.json", [
         ("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
         ("no-comm", "FSDP2, collectives as local copies (no network)"),

@@ -123,6 +123,47 @@ class Summary(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "bad.tsv:1: 2 tab-separated fields, not 6"):
             self.mod.read_manifest(bad)
 
+    def test_results_file_keeps_every_run_and_the_calls_provenance(self) -> None:
+        def provenance(commit: str, when: str) -> dict[str, Any]:
+            return {"commit": commit, "dirty": False, "command": "python3 perf/fsdp_step.py", "time_utc": when,
+                    "regime": "net-on1gpu", "gpu": {"count": 1, "models": ["GPU " + when]}}
+
+        rows = [new_row("nccl-noreshard", [80, 81, 82], [81, 80, 83]), new_row("zpccl-hpz", [55, 57, 60], [58, 59, 61])]
+        for row in rows:
+            row["steps"] = 6
+            row["round_median_ms"] = [59.0, 58.0]  # two rounds of three timed steps
+        self.write("aaaaaaaaa.r1", [old_row("nccl-noreshard", 80.0), old_row("zpccl-hpz", 46.0)])
+        for name, when in (("bbbbbbbbb.r1", "2026-01-02T00:00:00"), ("bbbbbbbbb.r2", "2026-01-01T00:00:00")):
+            (self.results / f"{name}.log").write_text("log\n")
+            (self.results / f"{name}.json").write_text(json.dumps({"provenance": provenance("b" * 40, when),
+                                                                   "rows": rows}))
+        target = self.tmp / "bisect.json"
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), self.assertRaises(SystemExit):
+            self.mod.main([str(self.manifest), str(self.results), "--results-file", str(target)])
+        self.assertIn("--results-file needs --commit", out.getvalue())
+        self.assertFalse(target.exists())
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(self.mod.main([str(self.manifest), str(self.results), "--results-file", str(target),
+                                            "--commit", "f" * 40, "--command", "bash tools/bisect-fsdp-step.sh"]), 0)
+        doc = json.loads(target.read_text())
+        # The call's provenance: the tool's tree and command over the newest run's machine facts.
+        call = doc["provenance"]
+        self.assertEqual((call["commit"], call["command"], call["gpu"]["models"]),
+                         ("f" * 40, "bash tools/bisect-fsdp-step.sh", ["GPU 2026-01-02T00:00:00"]))
+        self.assertEqual(doc["regime"], "net-on1gpu")
+        self.assertEqual(sorted(doc["runs"]), ["aaaaaaaaa.r1", "bbbbbbbbb.r1", "bbbbbbbbb.r2"])
+        self.assertEqual(doc["runs"]["bbbbbbbbb.r2"]["provenance"]["time_utc"], "2026-01-01T00:00:00")
+        self.assertIn("2 rounds of 3 timed steps", doc["what"])
+        self.assertEqual([r["label"] for r in doc["summary"]][:2], ["aaaaaaaaa", "bbbbbbbbb"])
+        self.assertEqual(doc["summary"][1]["runs"], 2)
+        # Runs that recorded no provenance leave the call's machine unknown: refused, not guessed.
+        for name in ("bbbbbbbbb.r1", "bbbbbbbbb.r2"):
+            (self.results / f"{name}.json").write_text(json.dumps({"rows": rows}))
+        with self.assertRaisesRegex(ValueError, "records provenance"):
+            self.mod.main([str(self.manifest), str(self.results), "--results-file", str(target),
+                           "--commit", "f" * 40, "--command", "x"])
+
 
 class Shell(unittest.TestCase):
     def setUp(self) -> None:
