@@ -34,7 +34,11 @@ use_carried_wheels() {
 # binary wheels for its interpreter (PYTHON_VERSION, default 3.12) on x86-64 Linux. DeepSpeed's setup imports torch,
 # so the build runs under an interpreter that has it: $ZP_WHEEL_PYTHON, default the virtual environment that
 # tools/run-tests.sh makes (build/wheel-venv).
+# DeepSpeed's requirements that the GPU machines' image lacks (KINDS.md lists what it has): those without
+# requirements of their own, then pydantic with its own (pydantic-core is pinned exactly by the pydantic chosen, so
+# pip resolves the pair).
 CARRIED_DEPS=(hjson msgpack py-cpuinfo ninja einops)
+CARRIED_WITH_DEPS=(pydantic)
 make_carried_wheels() {
   local top=$1 pyver=${2:-3.12} py=${ZP_WHEEL_PYTHON:-$1/build/wheel-venv/bin/python} pin src
   pin=$(grep '^deepspeed==' "$top/tools/python/tests/frameworks.txt") || {
@@ -51,7 +55,10 @@ make_carried_wheels() {
     DS_BUILD_OPS=0 "$py" -m pip wheel --quiet --no-deps --no-build-isolation -w "$top/.whl" "$src"/deepspeed-* &&
     "$py" -m pip download --quiet --no-deps --only-binary :all: --python-version "$pyver" \
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-      -d "$top/.whl" "${CARRIED_DEPS[@]}"
+      -d "$top/.whl" "${CARRIED_DEPS[@]}" &&
+    "$py" -m pip download --quiet --only-binary :all: --python-version "$pyver" \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+      -d "$top/.whl" "${CARRIED_WITH_DEPS[@]}"
   local status=$?
   rm -rf "$src"
   [ $status = 0 ] && ls "$top/.whl"
