@@ -29,6 +29,7 @@ if str(HERE) not in sys.path:
 if str(HERE.parent / "tools") not in sys.path:
     sys.path.append(str(HERE.parent / "tools"))
 import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps of loss runs)
+from machine_state import MachineState  # noqa: E402
 from provenance import provenance  # noqa: E402
 
 SHAPES = {  # name: (layers, d_model, heads, seq, batch)
@@ -224,11 +225,16 @@ def ranks_on_device(bench: Any) -> int:
     return sum(1 for d in devs if d[1] == bench.where.device.index)
 
 
-def every_rank(bench: Any, times: list[float]) -> list[list[float]]:
-    """Every rank's step times (seconds), in rank order: gathered after the timed steps, outside them."""
+def every_rank_object(bench: Any, value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order: gathered after the timed steps, outside them."""
     everyone: list[Any] = [None] * bench.where.world
-    bench.dist.all_gather_object(everyone, [float(t) for t in times])
+    bench.dist.all_gather_object(everyone, value)
     return everyone
+
+
+def every_rank(bench: Any, times: list[float]) -> list[list[float]]:
+    """Every rank's step times (seconds), in rank order."""
+    return every_rank_object(bench, [float(t) for t in times])
 
 
 def memory_taken(bench: Any, on_device: int, make: Callable[[], Any]) -> tuple[Any, int]:
@@ -259,18 +265,37 @@ def fresh_peak(bench: Any) -> None:
         bench.torch.cuda.reset_peak_memory_stats(bench.where.device)
 
 
+def machine_state(bench: Any) -> MachineState:
+    """The rank's :class:`MachineState`, made on first use (its GPU found in NVML by PCI bus id)."""
+    state = getattr(bench, "_machine_state", None)
+    if state is None:
+        index, bus = None, None
+        if on_cuda(bench):
+            index = bench.where.device.index or 0
+            p = bench.torch.cuda.get_device_properties(index)
+            if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+                bus = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        state = bench._machine_state = MachineState(index, bus)
+    return state
+
+
 def timed_steps(bench: Any, args: argparse.Namespace, round_index: int, step: Callable[[int], float],
                 warmed: Callable[[], None]) -> dict[str, Any]:
     """``--warmup`` steps, ``warmed()``, then ``--steps`` timed ones (``step(s)`` gives its seconds; ``s`` picks the
-    batch, distinct per round): every rank's times of the timed steps (``times``) and the peak memory (``peak``)."""
+    batch, distinct per round): every rank's times of the timed steps (``times``), what every rank's machine did
+    meanwhile (``machine``: machine_state.py) and the peak memory (``peak``)."""
     times = []
+    state, mark = machine_state(bench), None
     for s in range(args.warmup + args.steps):
         if s == args.warmup:
             warmed()
+            mark = state.mark()
         t = step(round_index * 1000 + s)
         if s >= args.warmup:
             times.append(t)
-    return dict(times=every_rank(bench, times), peak=peak_memory(bench))
+    machine = state.since(mark) if mark is not None else None
+    gathered = every_rank_object(bench, ([float(t) for t in times], machine))
+    return dict(times=[t for t, _ in gathered], machine=[m for _, m in gathered], peak=peak_memory(bench))
 
 
 def zpccl_per_step(zp: Any, steps: int) -> tuple[dict[str, int], dict[str, int]]:
@@ -283,10 +308,12 @@ def zpccl_per_step(zp: Any, steps: int) -> tuple[dict[str, int], dict[str, int]]
 def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable[[str, int], dict[str, Any]],
                      say: Any) -> list[list[Any]]:
     """``rounds`` rounds of every configuration of ``rows`` in turn: ``run(name, round)`` gives ``times`` (every
-    rank's) and ``peak``, collected into the row's ``per_rank`` and ``peak``; the rest updates the row. Gives the
-    order they ran in, ``[round, name]`` each."""
+    rank's), ``peak`` and maybe ``machine`` (every rank's), collected into the row's ``per_rank``, ``peak`` and
+    ``machine`` (a round without it: None); the rest updates the row. Gives the order they ran in, ``[round, name]``
+    each."""
     for row in rows.values():
         row.setdefault("per_rank", [])
+        row.setdefault("machine", [])
         row.setdefault("peak", 0)
     order: list[list[Any]] = []
     t_start = time.perf_counter()
@@ -295,6 +322,7 @@ def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable
             got = run(name, r)
             order.append([r, name])
             row["per_rank"].append(got.pop("times"))
+            row["machine"].append(got.pop("machine", None))
             row["peak"] = max(row["peak"], got.pop("peak"))
             row.update(got)
         say(f"#   round {r + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
@@ -304,13 +332,14 @@ def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable
 def timed_fields(name: str, row: dict[str, Any], args: argparse.Namespace, where: Any, label: str,
                  n_params: int) -> dict[str, Any]:
     """The fields every timed row has, from one configuration's collected rounds (alternate_rounds): the layout,
-    the model, the step times (step_summary), tokens per second and the peak memory."""
+    the model, the step times (step_summary), tokens per second, the peak memory and what the machine did in each
+    round (``machine[round][rank]``: machine_state.py; None where a round did not say)."""
     steps = step_summary([[[1e3 * t for t in rank] for rank in rnd] for rnd in row["per_rank"]])
     tokens = where.world * args.batch * args.seq
     return dict(config=name, regime=label, ranks=where.world, nodes=args.nodes or None, params=n_params,
                 layers=args.layers, d_model=args.d_model, seq=args.seq, batch=args.batch, rounds=args.rounds,
                 warmup=args.warmup, **steps, tokens_per_s=tokens / (steps["median_ms"] / 1e3),
-                peak_mib=row["peak"] / 2**20)
+                peak_mib=row["peak"] / 2**20, machine=row.get("machine"))
 
 
 def timed_row(name: str, row: dict[str, Any], args: argparse.Namespace, where: Any, label: str, ranks_per_node: int,

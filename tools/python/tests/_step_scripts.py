@@ -34,7 +34,7 @@ def run_step_script(test: unittest.TestCase, relative: str, args: list[str],
 
 def check_timed_row(test: unittest.TestCase, row: dict[str, Any], rounds: int, ranks: int, steps: int) -> None:
     """A timed row keeps every rank's raw times (round, rank, step), all positive; a step takes its slowest rank's
-    time, and the median is over every step of every round."""
+    time, and the median is over every step of every round; each round says what every rank's machine did."""
     raw = row["step_ms_per_rank"]
     test.assertEqual([len(raw)] + sorted({len(rnd) for rnd in raw}) + sorted({len(s) for rnd in raw for s in rnd}),
                      [rounds, ranks, steps], row["config"])
@@ -42,3 +42,13 @@ def check_timed_row(test: unittest.TestCase, row: dict[str, Any], rounds: int, r
     slowest = [[max(s[i] for s in rnd) for i in range(steps)] for rnd in raw]
     test.assertEqual(row["step_ms"], slowest)
     test.assertEqual(row["median_ms"], statistics.median(t for rnd in slowest for t in rnd))
+    # What the machine did in each round, every rank's: on a CPU run the host's shares and the rank's own CPU time,
+    # and no GPU figure.
+    machine = row["machine"]
+    test.assertEqual([len(machine)] + sorted({len(rnd) for rnd in machine}), [rounds, ranks], row["config"])
+    for m in (m for rnd in machine for m in rnd):
+        test.assertGreater(m["wall_s"], 0)
+        test.assertGreater(m["rank_cpu_s"], 0)
+        test.assertGreaterEqual(m["rank_preempted"], 0)
+        test.assertTrue(0 <= m["host_busy"] <= 1 and 0 <= m["host_steal"] <= m["host_busy"], m)
+        test.assertEqual((m["gpu_sm_mhz"], m["gpu_power_w"], m["gpu_held_back_ms"]), (None, None, None))

@@ -48,8 +48,8 @@ class DdpStepScript(unittest.TestCase):
             self.assertEqual(set(row), {
                 "config", "regime", "ranks", "nodes", "params", "layers", "d_model", "seq", "batch", "grad_bits",
                 "rounds", "warmup", "steps", "median_ms", "min_ms", "max_ms", "round_median_ms", "step_ms",
-                "step_ms_per_rank", "tokens_per_s", "peak_mib", "zpccl_calls", "zpccl_sent_mib", "staging_mib",
-                "grad_mib"})
+                "step_ms_per_rank", "tokens_per_s", "peak_mib", "machine", "zpccl_calls", "zpccl_sent_mib",
+                "staging_mib", "grad_mib"})
         for x in doc["losses"]:
             self.assertEqual(set(x), {"spec", "comm", "seed", "steps", "valid", "train_tail", "train_tail_steps",
                                       "zpccl_calls", "curve"})

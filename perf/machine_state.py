@@ -1,0 +1,115 @@
+"""What the machine did while a round of training steps was timed, so that a round slowed by the machine can be told
+from one slowed by the code: the host's CPUs (busy, and stolen by a hypervisor), the rank's own CPU time and the
+times the kernel took its threads off a CPU against their will, and its GPU's SM clock, power and the time NVML
+counts the GPU was held back (power, thermal, ...). One commit's FSDP2 step has taken 43.7 ms in one run and 67.0 ms
+in another, NCCL's step slowing with it (perf/notebook/fsdp.md, "The bisect's third run"): these fields say what
+such a run's machine was doing.
+
+    state = MachineState(cuda_index)    # once a process (None on a CPU)
+    mark = state.mark()                 # as the timed steps begin
+    ...
+    row = state.since(mark)             # as they end: plain numbers, None where the machine does not tell
+
+The GPU's figures come from NVML (the ``pynvml`` module of nvidia-ml-py, which the GPU machines have); without it,
+or without a GPU, they are None and nothing else changes.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import Any
+
+#: NVML's "performance policies" whose violation time (how long the GPU ran below the clocks it asked for, and why)
+#: a round reports, by the name the row uses.
+HELD_BACK_POLICIES = {"power": "NVML_PERF_POLICY_POWER", "thermal": "NVML_PERF_POLICY_THERMAL",
+                      "board_limit": "NVML_PERF_POLICY_BOARD_LIMIT", "reliability": "NVML_PERF_POLICY_RELIABILITY",
+                      "sync_boost": "NVML_PERF_POLICY_SYNC_BOOST"}
+
+
+def host_cpu_times(stat_text: str | None = None) -> dict[str, int] | None:
+    """The host's CPU time so far, summed over its CPUs, in clock ticks: ``total``, ``idle`` (idle and waiting for
+    I/O) and ``steal`` (taken by the hypervisor for other guests), from /proc/stat's first line; None where there is
+    no /proc/stat."""
+    if stat_text is None:
+        try:
+            with open("/proc/stat") as f:
+                stat_text = f.readline()
+        except OSError:
+            return None
+    words = stat_text.split()
+    if not words or words[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already counted in user and nice]
+    ticks = [int(w) for w in words[1:9]] + [0] * max(0, 9 - len(words))
+    return {"total": sum(ticks), "idle": ticks[3] + ticks[4], "steal": ticks[7]}
+
+
+class MachineState:
+    """Samples the machine as a round's timed steps begin (:meth:`mark`) and end (:meth:`since`)."""
+
+    def __init__(self, cuda_index: int | None, pci_bus_id: str | None = None, nvml: Any = None) -> None:
+        """``cuda_index``: the rank's GPU (None on a CPU); ``pci_bus_id`` finds it in NVML, whose numbering may differ
+        from CUDA's (else the index is used); ``nvml``: the pynvml module, imported here when not given."""
+        self.nvml, self.gpu = None, None
+        if cuda_index is None:
+            return
+        try:
+            if nvml is None:
+                import pynvml as nvml  # noqa: PLC0415 - optional: only GPU machines have it
+            nvml.nvmlInit()
+            self.gpu = (nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id.encode()) if pci_bus_id
+                        else nvml.nvmlDeviceGetHandleByIndex(cuda_index))
+            self.nvml = nvml
+        except Exception:  # noqa: BLE001 - no NVML, no driver, or no such device: the GPU's fields stay None
+            self.nvml, self.gpu = None, None
+
+    def _gpu_call(self, name: str, *args: Any) -> Any:
+        try:
+            return getattr(self.nvml, name)(self.gpu, *args)
+        except Exception:  # noqa: BLE001 - a query this GPU or driver does not support
+            return None
+
+    def _held_back_ns(self) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for name, policy in HELD_BACK_POLICIES.items():
+            got = self._gpu_call("nvmlDeviceGetViolationStatus", getattr(self.nvml, policy, -1))
+            out[name] = None if got is None else int(got.violationTime)
+        return out
+
+    def mark(self) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        mark: dict[str, Any] = {"wall": time.perf_counter(), "host": host_cpu_times(),
+                                "cpu_s": usage.ru_utime + usage.ru_stime, "nivcsw": usage.ru_nivcsw}
+        if self.nvml is not None:
+            mark["energy_mj"] = self._gpu_call("nvmlDeviceGetTotalEnergyConsumption")
+            mark["held_back_ns"] = self._held_back_ns()
+        return mark
+
+    def since(self, mark: dict[str, Any]) -> dict[str, Any]:
+        """The machine between ``mark`` and now: ``wall_s``; ``host_busy`` and ``host_steal``, shares of every CPU's
+        time (0 to 1); ``rank_cpu_s``, this process's CPU seconds (all its threads); ``rank_preempted``, how often
+        the kernel took one of its threads off a CPU that it still wanted; ``gpu_sm_mhz`` (now), ``gpu_power_w``
+        (the mean) and ``gpu_held_back_ms`` (per NVML policy)."""
+        now = self.mark()
+        wall = now["wall"] - mark["wall"]
+        before, after = mark["host"], now["host"]
+        busy = steal = None
+        if before and after and after["total"] > before["total"]:
+            total = after["total"] - before["total"]
+            busy = 1 - (after["idle"] - before["idle"]) / total
+            steal = (after["steal"] - before["steal"]) / total
+        out: dict[str, Any] = {"wall_s": wall, "host_cpus": os.cpu_count(), "host_busy": busy, "host_steal": steal,
+                               "rank_cpu_s": now["cpu_s"] - mark["cpu_s"],
+                               "rank_preempted": now["nivcsw"] - mark["nivcsw"],
+                               "gpu_sm_mhz": None, "gpu_power_w": None, "gpu_held_back_ms": None}
+        if self.nvml is not None:
+            clock = self._gpu_call("nvmlDeviceGetClockInfo", getattr(self.nvml, "NVML_CLOCK_SM", 1))
+            out["gpu_sm_mhz"] = None if clock is None else int(clock)
+            if mark.get("energy_mj") is not None and now.get("energy_mj") is not None and wall > 0:
+                out["gpu_power_w"] = (now["energy_mj"] - mark["energy_mj"]) / 1e3 / wall
+            held = {name: (after_ns - mark["held_back_ns"][name]) / 1e6
+                    for name, after_ns in now["held_back_ns"].items()
+                    if after_ns is not None and mark["held_back_ns"].get(name) is not None}
+            out["gpu_held_back_ms"] = held or None
+        return out

@@ -1,0 +1,119 @@
+"""perf/machine_state.py: what the machine did while a round was timed. /proc/stat's CPU line read into busy and
+stolen shares, the rank's own CPU time, and the GPU's figures from NVML, here through a stand-in for pynvml whose
+counters the test moves (so that each figure is a difference over the round, not a reading), queries a GPU does not
+support left out, and no NVML at all leaving every GPU figure None."""
+from __future__ import annotations
+
+import types
+import unittest
+from typing import Any
+
+from . import load_script
+
+
+class FakeNvml:
+    """pynvml's calls that machine_state makes, over counters the test sets; ``unsupported`` names calls that raise
+    as NVML does for a query the GPU lacks."""
+
+    NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL, NVML_PERF_POLICY_SYNC_BOOST = 0, 1, 2
+    NVML_PERF_POLICY_BOARD_LIMIT, NVML_PERF_POLICY_RELIABILITY = 3, 5
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, unsupported: tuple[str, ...] = ()) -> None:
+        self.energy_mj, self.clock_mhz = 1000, 1980
+        self.violation_ns = {0: 0, 1: 0, 2: 0, 3: 0, 5: 0}
+        self.unsupported, self.handles = unsupported, []
+
+    def _check(self, name: str) -> None:
+        if name in self.unsupported:
+            raise RuntimeError(f"NVML: {name} not supported")
+
+    def nvmlInit(self) -> None:
+        self._check("nvmlInit")
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus: bytes) -> Any:
+        self.handles.append(bus)
+        return "gpu"
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        self.handles.append(index)
+        return "gpu"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        self._check("energy")
+        return self.energy_mj
+
+    def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:
+        self._check(f"violation{policy}")
+        return types.SimpleNamespace(referenceTime=0, violationTime=self.violation_ns[policy])
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int:
+        return self.clock_mhz
+
+
+class HostCpu(unittest.TestCase):
+    def test_proc_stat_line(self) -> None:
+        ms = load_script("perf/machine_state.py")
+        # user nice system idle iowait irq softirq steal guest guest_nice
+        got = ms.host_cpu_times("cpu  100 5 20 800 30 1 2 42 7 0\n")
+        self.assertEqual(got, {"total": 1000, "idle": 830, "steal": 42})  # guest time is inside user's already
+        self.assertEqual(ms.host_cpu_times("cpu  10 0 5 85\n"), {"total": 100, "idle": 85, "steal": 0})
+        self.assertIsNone(ms.host_cpu_times("intr 1 2 3\n"))
+        self.assertIsNone(ms.host_cpu_times(""))
+
+    def test_a_round_on_a_cpu(self) -> None:
+        ms = load_script("perf/machine_state.py")
+        state = ms.MachineState(None)
+        mark = state.mark()
+        sum(i * i for i in range(300_000))  # some CPU time of this process
+        got = state.since(mark)
+        self.assertGreater(got["wall_s"], 0)
+        self.assertGreater(got["rank_cpu_s"], 0)
+        self.assertGreaterEqual(got["rank_preempted"], 0)
+        if got["host_busy"] is not None:  # Linux: /proc/stat
+            self.assertTrue(0 <= got["host_steal"] <= got["host_busy"] <= 1, got)
+        self.assertEqual((got["gpu_sm_mhz"], got["gpu_power_w"], got["gpu_held_back_ms"]), (None, None, None))
+
+
+class GpuFromNvml(unittest.TestCase):
+    def test_figures_are_differences_over_the_round(self) -> None:
+        ms = load_script("perf/machine_state.py")
+        nvml = FakeNvml()
+        nvml.violation_ns[0] = 5_000_000  # held back before the round: not the round's
+        state = ms.MachineState(0, "0000:19:00.0", nvml=nvml)
+        self.assertEqual(nvml.handles, [b"0000:19:00.0"])  # by PCI bus id, not by CUDA's index
+        mark = state.mark()
+        nvml.energy_mj += 7_000  # 7 J
+        nvml.violation_ns[0] += 2_500_000  # 2.5 ms for power
+        nvml.violation_ns[1] += 1_000_000  # 1 ms thermal
+        nvml.clock_mhz = 1410
+        got = state.since(mark)
+        self.assertEqual(got["gpu_sm_mhz"], 1410)
+        self.assertAlmostEqual(got["gpu_power_w"], 7.0 / got["wall_s"])
+        self.assertEqual(got["gpu_held_back_ms"], {"power": 2.5, "thermal": 1.0, "board_limit": 0.0,
+                                                   "reliability": 0.0, "sync_boost": 0.0})
+
+    def test_what_the_gpu_does_not_support_is_left_out(self) -> None:
+        ms = load_script("perf/machine_state.py")
+        nvml = FakeNvml(unsupported=("energy", "violation1", "violation2", "violation3", "violation5"))
+        state = ms.MachineState(3, None, nvml=nvml)
+        self.assertEqual(nvml.handles, [3])  # no PCI bus id: CUDA's index
+        got = state.since(state.mark())
+        self.assertIsNone(got["gpu_power_w"])
+        self.assertEqual(got["gpu_held_back_ms"], {"power": 0.0})
+        nvml = FakeNvml(unsupported=("energy",) + tuple(f"violation{p}" for p in (0, 1, 2, 3, 5)))
+        state = ms.MachineState(0, None, nvml=nvml)
+        got = state.since(state.mark())
+        self.assertIsNone(got["gpu_held_back_ms"])
+        self.assertEqual(got["gpu_sm_mhz"], 1980)
+
+    def test_no_nvml_leaves_every_gpu_figure_none(self) -> None:
+        ms = load_script("perf/machine_state.py")
+        state = ms.MachineState(0, None, nvml=FakeNvml(unsupported=("nvmlInit",)))
+        got = state.since(state.mark())
+        self.assertEqual((got["gpu_sm_mhz"], got["gpu_power_w"], got["gpu_held_back_ms"]), (None, None, None))
+        self.assertGreaterEqual(got["rank_cpu_s"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
