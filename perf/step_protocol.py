@@ -318,15 +318,47 @@ def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable
     order: list[list[Any]] = []
     t_start = time.perf_counter()
     for r in range(rounds):
+        briefs = []
         for name, row in rows.items():
             got = run(name, r)
             order.append([r, name])
-            row["per_rank"].append(got.pop("times"))
-            row["machine"].append(got.pop("machine", None))
+            times = got.pop("times")
+            row["per_rank"].append(times)
+            machine = got.pop("machine", None)
+            row["machine"].append(machine)
             row["peak"] = max(row["peak"], got.pop("peak"))
             row.update(got)
-        say(f"#   round {r + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
+            steps = [max(t) for t in zip(*times)] if times and times[0] else []
+            if steps and machine:
+                briefs.append(f"{name} {1e3 * statistics.median(steps):.1f} ms ({machine_brief(machine)})")
+        say(f"#   round {r + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)"
+            + "".join(f"\n#     {b}" for b in briefs), flush=True)
     return order
+
+
+def machine_brief(machine: list[dict[str, Any] | None]) -> str:
+    """One round's machine_state figures, every rank's, in a few words: the host's busiest and most stolen share,
+    the most preemptions of a rank, the GPU's lowest SM clock and its longest time held back (what a call's
+    printed output shows; the JSON keeps them all)."""
+    ranks = [m for m in machine if m]
+
+    def most(key: str) -> Any:
+        values = [m[key] for m in ranks if m.get(key) is not None]
+        return max(values) if values else None
+
+    words = []
+    busy, steal, preempted = most("host_busy"), most("host_steal"), most("rank_preempted")
+    if busy is not None:
+        words.append(f"host busy {100 * busy:.0f}%, steal {100 * steal:.1f}%")
+    if preempted is not None:
+        words.append(f"preempted {preempted}")
+    clocks = [m["gpu_sm_mhz"] for m in ranks if m.get("gpu_sm_mhz") is not None]
+    if clocks:
+        words.append(f"SM {min(clocks)} MHz")
+    held = [sum(m["gpu_held_back_ms"].values()) for m in ranks if m.get("gpu_held_back_ms")]
+    if held:
+        words.append(f"held back {max(held):.0f} ms")
+    return ", ".join(words) or "no machine figures"
 
 
 def timed_fields(name: str, row: dict[str, Any], args: argparse.Namespace, where: Any, label: str,

@@ -145,6 +145,27 @@ class StepProtocol(unittest.TestCase):
         self.assertEqual(sp.vs_cell([a, b], "a", b), "0.50x (0.50-0.50)")
         self.assertEqual(sp.vs_cell([b], "a", b), "-")
 
+    def test_each_round_prints_its_steps_and_machine(self) -> None:
+        sp = load_script("perf/step_protocol.py")
+        said: list[str] = []
+        cpu = dict(host_busy=0.5, host_steal=0.0, rank_preempted=2, gpu_sm_mhz=None, gpu_held_back_ms=None)
+        gpu = [dict(cpu, host_busy=0.25, host_steal=0.015, rank_preempted=9, gpu_sm_mhz=1410,
+                    gpu_held_back_ms={"power": 3.0, "thermal": 1.0}),
+               dict(cpu, gpu_sm_mhz=1980, gpu_held_back_ms={"power": 0.0})]
+
+        def run(name: str, r: int) -> dict[str, Any]:  # two ranks, three steps; rank 1 slower in step 0
+            machine = [cpu, cpu] if name == "a" else gpu if name == "b" else None
+            return dict(times=[[0.010, 0.020, 0.030], [0.040, 0.020, 0.030]], peak=0, machine=machine)
+
+        rows: dict[str, dict[str, Any]] = {"a": {}, "b": {}, "c": {}}
+        sp.alternate_rounds(rows, 1, run, lambda text, **k: said.append(text))
+        lines = said[0].splitlines()
+        self.assertEqual(lines[1:], [
+            "#     a 30.0 ms (host busy 50%, steal 0.0%, preempted 2)",  # steps 40, 20, 30: their median
+            "#     b 30.0 ms (host busy 50%, steal 1.5%, preempted 9, SM 1410 MHz, held back 4 ms)"])
+        self.assertEqual(rows["c"]["machine"], [None])  # a configuration that records no machine
+        self.assertEqual(sp.machine_brief([None]), "no machine figures")
+
     def test_training_tail_and_curve(self) -> None:
         import torch
 
