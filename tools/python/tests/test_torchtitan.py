@@ -123,11 +123,11 @@ class TorchtitanConfigs(unittest.TestCase):
             parts = [torch.nn.Linear(64, 64), fully_shard(torch.nn.Linear(64, 64), mesh=mesh["one"]),
                      fully_shard(torch.nn.Linear(64, 64), mesh=mesh["two"])]
             hook("optimizers", parts, "dims")
-            sessions = [zpccl.fsdp.session_of(p) for p in parts]
-            for s in sessions:
-                if s is not None:
-                    s.disable()
-            return [s is not None for s in sessions]
+            handles = [zpccl.fsdp.session_of(p) for p in parts]
+            for h in handles:
+                if h is not None:
+                    h.disable()
+            return [h is not None for h in handles]
 
         with self.assertLogs("zpccl.torchtitan", logging.INFO) as logs:
             served = run_threaded(2, body)
