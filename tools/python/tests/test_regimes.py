@@ -22,9 +22,10 @@ def sourced(script: str, *args: str, env: dict[str, str] | None = None) -> subpr
     """``script`` run by bash after sourcing tools/regimes.sh, with ``args`` as $1, $2, ..."""
     if not REGIMES_SH.exists():
         raise unittest.SkipTest(f"{REGIMES_SH} not found")
-    if shutil.which("bash") is None:
+    bash = shutil.which("bash")
+    if bash is None:
         raise unittest.SkipTest("no bash")
-    return subprocess.run(["bash", "-c", f'set -euo pipefail; source "$0"; {script}', str(REGIMES_SH), *args],
+    return subprocess.run([bash, "-c", f'set -euo pipefail; source "$0"; {script}', str(REGIMES_SH), *args],
                           capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -124,16 +125,26 @@ class OneHomeALanguage(unittest.TestCase):
 class VisibleGpus(unittest.TestCase):
     """zp_visible_gpus with a stand-in nvidia-smi listing two GPUs (one of them split into MIG instances)."""
 
-    def count(self, visible: str | None, smi: bool = True) -> int:
+    def count(self, visible: str | None, smi: str = "two") -> int:
+        """What zp_visible_gpus prints with the stand-in nvidia-smi ``smi``: "two" lists the GPUs above, "failing"
+        exits 9 as nvidia-smi does without a driver, "none" is no nvidia-smi at all. PATH holds only the stand-in
+        and grep, so that a machine's own nvidia-smi cannot answer instead."""
         with tempfile.TemporaryDirectory() as tmp:
             bin_dir = pathlib.Path(tmp)
-            if smi:
-                fake = bin_dir / "nvidia-smi"
+            grep = shutil.which("grep")
+            if grep is None:
+                self.skipTest("no grep")
+            (bin_dir / "grep").symlink_to(grep)
+            fake = bin_dir / "nvidia-smi"
+            if smi == "two":
                 fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-a)'\necho '  MIG 1g.10gb Device 0: "
                                 "(UUID: MIG-b)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-c)'\n")
+            elif smi == "failing":
+                fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed: no driver' >&2\nexit 9\n")
+            if fake.exists():
                 fake.chmod(0o755)
             env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-            env["PATH"] = str(bin_dir) + os.pathsep + "/usr/bin:/bin"
+            env["PATH"] = str(bin_dir)
             if visible is not None:
                 env["CUDA_VISIBLE_DEVICES"] = visible
             run = sourced("zp_visible_gpus", env=env)
@@ -147,8 +158,10 @@ class VisibleGpus(unittest.TestCase):
                 self.assertEqual(self.count(visible), gpus)
 
     def test_no_nvidia_smi_no_gpu(self) -> None:
-        self.assertEqual(self.count(None, smi=False), 0)
-        self.assertEqual(self.count("0", smi=False), 0)
+        for smi in ("none", "failing"):
+            with self.subTest(nvidia_smi=smi):
+                self.assertEqual(self.count(None, smi=smi), 0)
+                self.assertEqual(self.count("0", smi=smi), 0)
 
 
 if __name__ == "__main__":
