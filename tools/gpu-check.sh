@@ -259,9 +259,10 @@ if [ "${ZP_GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   fi
 fi
 
-# ---- Python: the package's suite (its GPU tests: FSDP2 in spawned processes sharing the GPUs as emulated
-# nodes over sockets) and the FSDP2 training step (perf/fsdp_step.py: FSDP2 with NCCL against FSDP2 with zpccl
-# and the hand-rolled ZeRO-3 loop, alternating rounds). torch is the machine's.
+# ---- Python: the package's GPU test classes (run.py --gpu-only: FSDP2, DDP and DeepSpeed in spawned processes
+# sharing the GPUs as emulated nodes over sockets; CI runs the rest of the suite, which takes longer than this
+# step's limit) and the FSDP2 training step (perf/fsdp_step.py: FSDP2 with NCCL against FSDP2 with zpccl and the
+# hand-rolled ZeRO-3 loop, alternating rounds). torch is the machine's.
 # Then the device memory of FSDP2 with zpccl against FSDP2 with NCCL (perf/fsdp_memory.py), once plain and once
 # per experiment of ZP_GPU_CHECK_FSDP_MEMORY_ENV ("|"-separated, each a list of VAR=value words; default none).
 # ZP_GPU_CHECK_FSDP_ARGS replaces the step's arguments; ZP_GPU_CHECK_FSDP names the FSDP runs (default
@@ -270,7 +271,7 @@ if [ "${ZP_GPU_CHECK_SKIP_PYTHON:-0}" != 1 ]; then
   if [ -f "$build/libzpccl.so" ] && python3 -c "import torch" 2>/dev/null; then
     use_carried_wheels "$top" || note "python: the wheels of .whl/ did not install; DeepSpeed's tests will skip"
     run_step "python suite" - test "$results/python.log" "" 300 \
-      env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --gpu-first --count "$results/python.count"
+      env ZPCCL_LIBRARY="$build/libzpccl.so" python3 tools/python/tests/run.py -v --gpu-only --count "$results/python.count"
     fsdp_regime=$(zp_net_label "$gpu_count")
     fsdp_runs=" ${ZP_GPU_CHECK_FSDP-step memory} "
     if [[ $fsdp_runs == *" step "* ]]; then

@@ -99,7 +99,8 @@ class CountingResult(unittest.TextTestResult):
                 "skipped": len(self.skipped_ids - failed)}
 
 
-#: The classes of GPU tests (FsdpOnGpus, DdpOnGpu, CudaTensorsOnTwoGpus, ...): what ``--gpu-first`` runs first.
+#: The classes of GPU tests (FsdpOnGpus, DdpOnGpu, CudaTensorsOnTwoGpus, ...): what ``--gpu-first`` runs first and
+#: ``--gpu-only`` runs alone. A class that needs a GPU is named so; one that does not must not end in Gpu or Gpus.
 GPU_CLASS = re.compile(r"Gpus?$")
 
 
@@ -115,6 +116,12 @@ def gpu_first(suite: unittest.TestSuite) -> unittest.TestSuite:
     machine the suite runs under a time limit, and the tests CI cannot run come before those it runs anyway."""
     tests = flat(suite)
     return unittest.TestSuite(sorted(tests, key=lambda t: not GPU_CLASS.search(type(t).__name__)))
+
+
+def gpu_only(suite: unittest.TestSuite) -> unittest.TestSuite:
+    """The GPU classes' tests alone, in order: what a GPU machine adds to CI, which runs every other test on a CPU;
+    the whole suite takes longer than a GPU machine's call gives it."""
+    return unittest.TestSuite([t for t in flat(suite) if GPU_CLASS.search(type(t).__name__)])
 
 
 def installed_package_problem(source_tree: pathlib.Path) -> str:
@@ -144,6 +151,8 @@ def main() -> int:
     parser.add_argument("-k", dest="patterns", action="append", help="only tests whose name contains this")
     parser.add_argument("--gpu-first", action="store_true",
                         help="run the GPU test classes (names ending in Gpu or Gpus) before the others")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="run the GPU test classes alone (CI runs the others on a CPU)")
     parser.add_argument("--installed", metavar="SOURCE_TREE",
                         help="test the installed package (built from SOURCE_TREE), not a source tree's")
     args = parser.parse_args()
@@ -174,7 +183,9 @@ def main() -> int:
     if args.patterns:
         loader.testNamePatterns = [f"*{p}*" for p in args.patterns]
     suite = loader.discover(start_dir=str(HERE), pattern="test_*.py", top_level_dir=top)
-    if args.gpu_first:
+    if args.gpu_only:
+        suite = gpu_only(suite)
+    elif args.gpu_first:
         suite = gpu_first(suite)
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2 if args.verbose else 1,
                                      resultclass=CountingResult)

@@ -122,7 +122,7 @@ class OneHomeALanguage(unittest.TestCase):
         self.assertEqual(self.offenders(paths, re.compile(rf'"{self.VARIABLE}='), "//"), [])
 
 
-class VisibleGpus(unittest.TestCase):
+class VisibleGpuCount(unittest.TestCase):
     """zp_visible_gpus with a stand-in nvidia-smi listing two GPUs (one of them split into MIG instances)."""
 
     def count(self, visible: str | None, smi: str = "two") -> int:

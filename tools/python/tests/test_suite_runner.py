@@ -12,7 +12,7 @@ from unittest import mock
 
 import tests
 from tests import SOURCE_TREE, pinned
-from tests.run import CountingResult, gpu_first
+from tests.run import CountingResult, gpu_first, gpu_only
 
 
 # Named, not written in the calls: a traceback quotes the failing line of source.
@@ -76,7 +76,8 @@ class SuiteRunner(unittest.TestCase):
         _, fast = self.run_outcomes("passes")
         self.assertNotIn("slow:", fast)
 
-    def test_gpu_first_moves_the_gpu_classes_ahead_keeping_each_class_together(self) -> None:
+    @staticmethod
+    def mixed_suite() -> unittest.TestSuite:
         class AOnCpu(unittest.TestCase):
             def test_1(self) -> None: ...
             def test_2(self) -> None: ...
@@ -92,10 +93,21 @@ class SuiteRunner(unittest.TestCase):
             def test_1(self) -> None: ...
 
         load = unittest.TestLoader().loadTestsFromTestCase
-        suite = unittest.TestSuite([unittest.TestSuite([load(AOnCpu), load(BOnGpus)]), load(CTwoGpu), load(DGpuless)])
-        order = [f"{type(t).__name__}.{t._testMethodName}" for t in gpu_first(suite)]
-        self.assertEqual(order, ["BOnGpus.test_1", "BOnGpus.test_2", "CTwoGpu.test_1", "AOnCpu.test_1",
-                                 "AOnCpu.test_2", "DGpuless.test_1"])
+        return unittest.TestSuite([unittest.TestSuite([load(AOnCpu), load(BOnGpus)]), load(CTwoGpu),
+                                   load(DGpuless)])
+
+    @staticmethod
+    def order(suite: unittest.TestSuite) -> list[str]:
+        return [f"{type(t).__name__}.{t._testMethodName}" for t in suite]
+
+    def test_gpu_first_moves_the_gpu_classes_ahead_keeping_each_class_together(self) -> None:
+        self.assertEqual(self.order(gpu_first(self.mixed_suite())),
+                         ["BOnGpus.test_1", "BOnGpus.test_2", "CTwoGpu.test_1", "AOnCpu.test_1", "AOnCpu.test_2",
+                          "DGpuless.test_1"])
+
+    def test_gpu_only_keeps_the_gpu_classes_alone_in_order(self) -> None:
+        self.assertEqual(self.order(gpu_only(self.mixed_suite())),
+                         ["BOnGpus.test_1", "BOnGpus.test_2", "CTwoGpu.test_1"])
 
     def test_the_summary_names_each_failure_once_without_repeating_its_traceback(self) -> None:
         _, text = self.run_outcomes("fails", "passes")
