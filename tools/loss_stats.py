@@ -299,6 +299,12 @@ CAMPAIGNS = (
         "nccl",
         {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5)}),
     Campaign(
+        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu), 400 steps, cosine "
+        "decay (ddp_step.py); zpccl: int8 gradients in blocks of 256",
+        ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json",),
+        "nccl",
+        {"zpccl": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1)}),
+    Campaign(
         "grad-cpu", "2-layer d 128 GPT, 4 thread-ranks as 2 nodes of 2 (host backend), 600 steps (grad_numerics.py "
         "--cpu); weights exact",
         ("2026-12-03-cpu-threads-grad-numerics-6e43048.json",

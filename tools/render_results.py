@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Renders the tables of perf/RESULTS.md, the figures README.md quotes and the tables of perf/notebook/accuracy.md and
-perf/notebook/fsdp.md from perf/results/*.json.
+"""Renders the tables of perf/RESULTS.md, the figures README.md quotes and the tables of perf/notebook/accuracy.md,
+fsdp.md and gradient_rounding.md from perf/results/*.json.
 
     python3 tools/render_results.py            # rewrite the tables in place
     python3 tools/render_results.py --check    # exit 1, with a diff, when a document differs from the files
@@ -30,7 +30,8 @@ TOP = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(TOP / "tools"))
 import loss_stats as ls  # noqa: E402  (the loss runs' campaigns and their paired statistics)
 from perf_files import exchanging_calls, provenance_of, size_of  # noqa: E402
-DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md", "perf/notebook/fsdp.md")
+DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md", "perf/notebook/fsdp.md",
+             "perf/notebook/gradient_rounding.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
 
@@ -240,10 +241,12 @@ def sent_cell(row: dict[str, Any]) -> str:
     return " + ".join(f"{v:.0f} {k.replace('_', '-')}" for k, v in sorted(sent.items()) if v >= 0.5) or "-"
 
 
-def fsdp_step_table(store: Store, name: str, files: list[tuple[str, str]], configs: list[tuple[str, str]]) -> Table:
-    """FSDP2 step files (each a shape): each configuration's step time (median, range), tokens/s, peak memory, bytes
-    sent, and its ratio to FSDP2 + NCCL at either resharding (medians; with rounds, their least and greatest)."""
-    t = Table(store, name, ["shape", "configuration", "reshard_after_forward", "step ms (median, range)", "tokens/s",
+def fsdp_step_table(store: Store, name: str, files: list[tuple[str, str]], configs: list[tuple[str, str]],
+                    first: str = "shape") -> Table:
+    """FSDP2 step files (each a shape, or what else ``first`` names): each configuration's step time (median,
+    range), tokens/s, peak memory, bytes sent, and its ratio to FSDP2 + NCCL at either resharding (medians; with
+    rounds, their least and greatest)."""
+    t = Table(store, name, [first, "configuration", "reshard_after_forward", "step ms (median, range)", "tokens/s",
                             "peak MiB / rank", "sent MiB / step / rank", "vs NCCL True", "vs NCCL False"])
     for file, shape in files:
         rows = {r["config"]: r for r in store.data(file)["rows"]}
@@ -661,9 +664,44 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         ["nccl", "bf16-compress"]),
     "ddp-loss": lambda s: loss_table(s, "ddp-loss", ls.campaign("ddp-57m-int4"), [
         LossLine("zpccl", "zpccl.ddp, int4 gradients (blocks of 256)")]),
-    "deepspeed-step": lambda s: step_table(s, "deepspeed-step", H100 + "deepspeed-step-2edefb7.json", [
+    "ddp-loss-int8": lambda s: loss_table(s, "ddp-loss-int8", ls.campaign("ddp-57m-int8"), [
+        LossLine("zpccl", "zpccl.ddp, int8 gradients (blocks of 256)")]),
+    "deepspeed-step": lambda s: step_table(s, "deepspeed-step", H100_6 + "deepspeed-step-511ec81.json", [
         ("deepspeed", "DeepSpeed ZeRO-3"), ("zeropp", "DeepSpeed ZeRO++ (its own qwZ, qgZ)"),
-        ("zpccl", "DeepSpeed ZeRO-3 + zpccl.deepspeed (int8 weights, int4 gradients)")], ["deepspeed", "zeropp"]),
+        ("zpccl", "DeepSpeed ZeRO-3 + zpccl.deepspeed (int8 weights, int4 gradients)"),
+        ("zpccl-exact", "DeepSpeed ZeRO-3 + zpccl.deepspeed, exact collectives (persistent parameters in one call)"),
+        ("no-comm", "DeepSpeed ZeRO-3, collectives as local copies (no network)")], ["deepspeed", "zeropp"],
+        calls=True),
+    "deepspeed-step-mps": lambda s: step_table(s, "deepspeed-step-mps", H100_6 + "deepspeed-step-mps-511ec81.json", [
+        ("deepspeed", "DeepSpeed ZeRO-3"),
+        ("zpccl", "DeepSpeed ZeRO-3 + zpccl.deepspeed (int8 weights, int4 gradients)"),
+        ("zpccl-exact", "DeepSpeed ZeRO-3 + zpccl.deepspeed, exact collectives (persistent parameters in one call)"),
+        ("no-comm", "DeepSpeed ZeRO-3, collectives as local copies (no network)")], ["deepspeed", "no-comm"],
+        calls=True),
+    "fsdp-step-mps": lambda s: fsdp_step_table(s, "fsdp-step-mps", [
+        (H100_6 + "fsdp-step-small-511ec81.json", "time slices"), (H100_6 + "fsdp-step-small-mps-511ec81.json", "MPS")], [
+        ("nccl", "FSDP2 + NCCL"), ("nccl-noreshard", "FSDP2 + NCCL"),
+        ("no-comm", "FSDP2, collectives as local copies (no network)"), ("zpccl-reshard", "FSDP2 + zpccl"),
+        ("zpccl-hpz", "FSDP2 + zpccl")], first="GPU shared by"),
+    "fsdp-step-mps-runs": lambda s: fsdp_runs_table(s, "fsdp-step-mps-runs", [
+        (H100_6 + "fsdp-step-small-pair-run1-511ec81.json", "time slices, run 1 (8 rounds)"),
+        (H100_6 + "fsdp-step-small-pair-mps-511ec81.json", "MPS (8 rounds)"),
+        (H100_6 + "fsdp-step-small-pair-run2-511ec81.json", "time slices, run 2 (8 rounds)"),
+        (H100_6 + "fsdp-step-small-mps-511ec81.json", "MPS, five configurations"),
+        (H100_6 + "fsdp-step-small-511ec81.json", "time slices, five configurations")]),
+    "collectives-mps": lambda s: size_table(s, "collectives-mps", "", ["16M", "64M"], [
+        Line(f"{name} int{b}, {how}", [Pick(H100_6 + f"collectives-net{tag}-511ec81.json", op, None,
+                                            dict(bits=b, regime="net-on1gpu"))], limit=True)
+        for op, name in (("qwz_all_gather", "qwZ"), ("qgz_reduce_scatter", "qgZ")) for b in (8, 4)
+        for tag, how in (("", "time slices"), ("-mps", "MPS"))] + [
+        Line(f"NCCL all-gather bf16 ms, {how}", [Pick(H100_6 + f"collectives-net{tag}-511ec81.json",
+                                                      "qwz_all_gather", None, dict(bits=8, regime="net-on1gpu"))],
+             value="nccl-ms") for tag, how in (("", "time slices"), ("-mps", "MPS"))]),
+    "small-calls-mps": lambda s: size_table(s, "small-calls-mps", "", ["1K", "4K", "16K", "64K"], [
+        Line(f"NCCL all-gather bf16 us, {how}", [Pick(f, "qwz_all_gather", None, dict(bits=8, regime="net-on1gpu"))],
+             value="nccl-us")
+        for f, how in ((H100_6 + "qwz-small-calls-0277107.json", "time slices (0277107)"),
+                       (H100_6 + "qwz-small-calls-mps-511ec81.json", "MPS"))]),
     "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", R3 + "fsdp-memory-1bf77a3.json"),
     "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", ls.campaign("fsdp2-57m"), [
         LossLine("nccl-fp32", "NCCL, fp32 reduction (noise floor)"),
