@@ -354,8 +354,8 @@ perf_procs() {  # NAME LOG JSON CMD...
   local procs=2 threads=1 label=$regime layout=()
   if [ "$regime" = 2x2 ]; then
     threads=2
-    if [ "$gpu_count" -lt 4 ]; then label=2x2-on${gpu_count}gpus layout=(-S 1); fi
-    if [ "$gpu_count" -lt 2 ]; then procs=4 threads=1 label=2x2-on1gpu layout=(-S 1 -N 2); fi
+    if [ "$gpu_count" -lt 4 ]; then label=2x2-on${gpu_count}gpus$(zp_sharing_suffix) layout=(-S 1); fi
+    if [ "$gpu_count" -lt 2 ]; then procs=4 threads=1 label=2x2-on1gpu$(zp_sharing_suffix) layout=(-S 1 -N 2); fi
   elif [ "$regime" = net ] && [ "$gpu_count" -lt 2 ]; then
     label=$(zp_net_label 1) layout=(-S 1)  # both "nodes" on the one GPU: outputs checked, times not the regime's
   fi

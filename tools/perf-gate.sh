@@ -63,6 +63,11 @@ if [ "$(zp_visible_gpus)" -lt 1 ]; then
     "--compare-only DIR compares an earlier run's files anywhere" >&2
   exit 2
 fi
+if [ -n "$(zp_sharing_suffix)" ]; then
+  echo "perf-gate: CUDA MPS serves this machine's processes, and the references were measured in time slices (their" \
+    "labels carry no -mps suffix): stop MPS first (echo quit | nvidia-cuda-mps-control)" >&2
+  exit 2
+fi
 zp_export_regime nvlink
 build=${ZP_GATE_BUILD_DIR:-build-gpu}
 case $build in /*) ;; *) build=$top/$build ;; esac

@@ -15,7 +15,7 @@
 #   source tools/regimes.sh
 #   mapfile -t env_words < <(zp_regime_env net "$i")   # VAR=value words, e.g. for env(1)
 #   zp_export_regime nvlink                            # or exported into this shell
-#   gpus=$(zp_visible_gpus); label=$(zp_net_label "$gpus")
+#   gpus=$(zp_visible_gpus); label=$(zp_net_label "$gpus")     # net-on1gpu, or net-on1gpu-mps under CUDA MPS
 
 ZP_REGIMES="nvlink nvlink-procs shm net 2x2"
 
@@ -73,6 +73,12 @@ zp_visible_gpus() {
   echo "$listed"
 }
 
+# "-mps" when CUDA MPS serves the CUDA processes started here, else nothing: the suffix of the labels of rows whose
+# processes share GPUs. A client uses the MPS daemon whose pipe folder (CUDA_MPS_PIPE_DIRECTORY, else
+# /tmp/nvidia-mps) holds its control pipe; under MPS the processes' kernels run together instead of taking turns in
+# time slices, which changes what a call costs (perf/RESULTS.md, "What the one-GPU stand-in charges").
+zp_sharing_suffix() { [ -p "${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control" ] && echo -mps; return 0; }
+
 # The regime label of rows measured as emulated nodes over sockets (regime net) on GPUS GPUs, which the processes
 # may share.
-zp_net_label() { echo "net-on${1}gpu"; }
+zp_net_label() { echo "net-on${1}gpu$(zp_sharing_suffix)"; }

@@ -198,6 +198,27 @@ class PerfGate(unittest.TestCase):
         self.assertEqual(bad.returncode, 2, bad.stdout + bad.stderr)
         self.assertIn("unknown argument", bad.stderr)
 
+    def test_the_shell_script_refuses_to_measure_under_mps(self) -> None:
+        """With a GPU listed and MPS's control pipe in its pipe folder, the gate stops before building: its
+        references were measured in time slices, and under MPS a call costs another time."""
+        if not SHELL.exists():
+            raise unittest.SkipTest(f"{SHELL} not found")
+        with tempfile.TemporaryDirectory() as tmp:
+            bin_dir, pipes = pathlib.Path(tmp, "bin"), pathlib.Path(tmp, "mps")
+            bin_dir.mkdir()
+            pipes.mkdir()
+            os.mkfifo(pipes / "control")
+            smi = bin_dir / "nvidia-smi"
+            smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-a)'\n")
+            smi.chmod(0o755)
+            env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+            env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", CUDA_MPS_PIPE_DIRECTORY=str(pipes),
+                       ZP_GATE_BUILD_DIR=str(pathlib.Path(tmp, "build")))
+            run = subprocess.run(["bash", str(SHELL)], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
+        self.assertIn("CUDA MPS serves", run.stderr)
+        self.assertNotIn("build", run.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

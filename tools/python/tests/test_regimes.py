@@ -68,9 +68,30 @@ class TheTwoHomesAgree(unittest.TestCase):
                     launch.regime_env(regime, None if process is None or not process.isdigit() else int(process))
 
     def test_the_same_label(self) -> None:
-        for gpus in range(1, 9):
-            self.assertEqual(sourced('zp_net_label "$1"', str(gpus)).stdout.strip(), launch.net_label(gpus))
-        self.assertEqual(launch.net_label(1), "net-on1gpu")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=tmp)  # no control pipe there: time slices
+            for gpus in range(1, 9):
+                self.assertEqual(sourced('zp_net_label "$1"', str(gpus), env=env).stdout.strip(),
+                                 launch.net_label(gpus, env))
+            self.assertEqual(launch.net_label(1, env), "net-on1gpu")
+
+    def test_under_mps_the_label_says_so(self) -> None:
+        """A pipe folder holding MPS's control pipe makes the label net-on1gpu-mps, in both; a plain file of that
+        name, or a folder without it, does not."""
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=tmp)
+            control = pathlib.Path(tmp, "control")
+            for kind, label in (("none", "net-on1gpu"), ("file", "net-on1gpu"), ("pipe", "net-on1gpu-mps")):
+                with self.subTest(control=kind):
+                    if kind == "file":
+                        control.write_text("")
+                    elif kind == "pipe":
+                        control.unlink()
+                        os.mkfifo(control)
+                    self.assertEqual(launch.net_label(1, env), label)
+                    self.assertEqual(sourced('zp_net_label 1', env=env).stdout.strip(), label)
+                    self.assertEqual(sourced('echo "2x2-on1gpu$(zp_sharing_suffix)"', env=env).stdout.strip(),
+                                     label.replace("net", "2x2"))
 
     def test_exported_regime_and_default_env(self) -> None:
         run = sourced('zp_export_regime net 2; env | grep "^NCCL_" | sort')

@@ -29,13 +29,14 @@ import multiprocessing
 import os
 import queue
 import socket
+import stat
 import time
 import traceback
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, MutableMapping
 
 __all__ = ["REGIMES", "RankFailed", "free_port", "host_id", "net_label", "regime_env", "run", "set_default_env",
-           "spawn"]
+           "sharing_suffix", "spawn"]
 
 #: The variables of torch.distributed's env:// rendezvous that :func:`spawn` sets in each rank.
 RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -83,9 +84,23 @@ def set_default_env(environ: MutableMapping[str, str] | None = None) -> None:
         environ.setdefault(name, value)
 
 
-def net_label(gpus: int) -> str:
-    """The regime label of rows measured as emulated nodes over sockets (regime ``net``) on ``gpus`` GPUs."""
-    return f"net-on{gpus}gpu"
+def sharing_suffix(environ: MutableMapping[str, str] | None = None) -> str:
+    """``"-mps"`` when CUDA MPS serves the CUDA processes started with ``environ`` (default ``os.environ``), else
+    ``""``: the suffix of the labels of rows whose processes share GPUs. A client uses the MPS daemon whose pipe
+    folder (``CUDA_MPS_PIPE_DIRECTORY``, else ``/tmp/nvidia-mps``) holds its control pipe; under MPS the processes'
+    kernels run together instead of taking turns in time slices, which changes what a call costs."""
+    environ = os.environ if environ is None else environ
+    control = os.path.join(environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")
+    try:
+        return "-mps" if stat.S_ISFIFO(os.stat(control).st_mode) else ""
+    except OSError:
+        return ""
+
+
+def net_label(gpus: int, environ: MutableMapping[str, str] | None = None) -> str:
+    """The regime label of rows measured as emulated nodes over sockets (regime ``net``) on ``gpus`` GPUs:
+    ``net-on1gpu``, or ``net-on1gpu-mps`` under CUDA MPS (:func:`sharing_suffix`)."""
+    return f"net-on{gpus}gpu{sharing_suffix(environ)}"
 
 
 class RankFailed(RuntimeError):
