@@ -74,10 +74,14 @@ zp_visible_gpus() {
 }
 
 # "-mps" when CUDA MPS serves the CUDA processes started here, else nothing: the suffix of the labels of rows whose
-# processes share GPUs. A client uses the MPS daemon whose pipe folder (CUDA_MPS_PIPE_DIRECTORY, else
-# /tmp/nvidia-mps) holds its control pipe; under MPS the processes' kernels run together instead of taking turns in
-# time slices, which changes what a call costs (perf/RESULTS.md, "What the one-GPU stand-in charges").
-zp_sharing_suffix() { [ -p "${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control" ] && echo -mps; return 0; }
+# processes share GPUs. A client connects to the MPS daemon whose pipe folder (CUDA_MPS_PIPE_DIRECTORY, else
+# /tmp/nvidia-mps) holds its "control" endpoint (a UNIX socket; a named pipe in older drivers). Under MPS the
+# processes' kernels run together instead of taking turns in time slices, which changes what a call costs
+# (perf/RESULTS.md, "What the one-GPU stand-in charges").
+zp_sharing_suffix() {
+  local control=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control
+  if [ -S "$control" ] || [ -p "$control" ]; then echo -mps; fi
+}
 
 # The regime label of rows measured as emulated nodes over sockets (regime net) on GPUS GPUs, which the processes
 # may share.

@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import unittest
@@ -76,17 +77,23 @@ class TheTwoHomesAgree(unittest.TestCase):
             self.assertEqual(launch.net_label(1, env), "net-on1gpu")
 
     def test_under_mps_the_label_says_so(self) -> None:
-        """A pipe folder holding MPS's control pipe makes the label net-on1gpu-mps, in both; a plain file of that
-        name, or a folder without it, does not."""
+        """A pipe folder holding MPS's control endpoint (a UNIX socket, or a named pipe as older drivers make it)
+        makes the label net-on1gpu-mps, in both; a plain file of that name, or a folder without it, does not."""
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=tmp)
             control = pathlib.Path(tmp, "control")
-            for kind, label in (("none", "net-on1gpu"), ("file", "net-on1gpu"), ("pipe", "net-on1gpu-mps")):
+            listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.addCleanup(listening.close)
+            for kind, label in (("none", "net-on1gpu"), ("file", "net-on1gpu"), ("socket", "net-on1gpu-mps"),
+                                ("pipe", "net-on1gpu-mps")):
                 with self.subTest(control=kind):
+                    if control.exists():
+                        control.unlink()
                     if kind == "file":
                         control.write_text("")
+                    elif kind == "socket":
+                        listening.bind(str(control))
                     elif kind == "pipe":
-                        control.unlink()
                         os.mkfifo(control)
                     self.assertEqual(launch.net_label(1, env), label)
                     self.assertEqual(sourced('zp_net_label 1', env=env).stdout.strip(), label)

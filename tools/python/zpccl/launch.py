@@ -86,15 +86,17 @@ def set_default_env(environ: MutableMapping[str, str] | None = None) -> None:
 
 def sharing_suffix(environ: MutableMapping[str, str] | None = None) -> str:
     """``"-mps"`` when CUDA MPS serves the CUDA processes started with ``environ`` (default ``os.environ``), else
-    ``""``: the suffix of the labels of rows whose processes share GPUs. A client uses the MPS daemon whose pipe
-    folder (``CUDA_MPS_PIPE_DIRECTORY``, else ``/tmp/nvidia-mps``) holds its control pipe; under MPS the processes'
-    kernels run together instead of taking turns in time slices, which changes what a call costs."""
+    ``""``: the suffix of the labels of rows whose processes share GPUs. A client connects to the MPS daemon whose
+    pipe folder (``CUDA_MPS_PIPE_DIRECTORY``, else ``/tmp/nvidia-mps``) holds its ``control`` endpoint (a UNIX
+    socket; a named pipe in older drivers). Under MPS the processes' kernels run together instead of taking turns
+    in time slices, which changes what a call costs."""
     environ = os.environ if environ is None else environ
     control = os.path.join(environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")
     try:
-        return "-mps" if stat.S_ISFIFO(os.stat(control).st_mode) else ""
+        mode = os.stat(control).st_mode
     except OSError:
         return ""
+    return "-mps" if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode) else ""
 
 
 def net_label(gpus: int, environ: MutableMapping[str, str] | None = None) -> str:
