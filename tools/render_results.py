@@ -595,19 +595,31 @@ def step_table(store: Store, name: str, file: str, configs: list[tuple[str, str]
     configuration's step time (median, range), tokens/s, peak memory, bytes a rank sent (and with ``calls``, the
     calls a step that exchange data), and its ratio to each configuration of ``against`` (medians; in brackets the
     least and greatest ratio of the rounds' medians)."""
-    rows = {r["config"]: r for r in store.data(file)["rows"]}
-    for config in [c for c, _ in configs] + against:
-        if config not in rows:
-            raise RenderError(f"table {name}: {file} has no {config} row")
-    t = Table(store, name, ["configuration", "step ms (median, range)", "tokens/s", "peak MiB / rank",
-                            "sent MiB / step / rank"] + (["calls / step"] if calls else [])
-              + [f"vs {rows[a]['config']}" for a in against])
+    return step_runs_table(store, name, [(file, "")], "", configs, against, calls)
 
-    for config, label in configs:
-        r = rows[config]
-        t.add([label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})", f"{r['tokens_per_s']:,.0f}",
-               f"{r['peak_mib']:,.0f}", sent_cell(r)] + ([calls_cell(r)] if calls else [])
-              + [ratio_cell(rows[a], r) for a in against], [file])
+
+def step_runs_table(store: Store, name: str, files: list[tuple[str, str]], first: str, configs: list[tuple[str, str]],
+                    against: list[str], calls: bool = False) -> Table:
+    """step_table over several runs of the same configurations, one after the other, each row led by its run's
+    label under the column ``first`` (none when ``first`` is empty); ratios are within a run."""
+    runs = []
+    for file, label in files:
+        rows = {r["config"]: r for r in store.data(file)["rows"]}
+        for config in [c for c, _ in configs] + against:
+            if config not in rows:
+                raise RenderError(f"table {name}: {file} has no {config} row")
+        runs.append((file, label, rows))
+    names = {a: runs[0][2][a]["config"] for a in against}
+    t = Table(store, name, ([first] if first else []) + [
+        "configuration", "step ms (median, range)", "tokens/s", "peak MiB / rank", "sent MiB / step / rank"]
+        + (["calls / step"] if calls else []) + [f"vs {names[a]}" for a in against])
+    for file, label, rows in runs:
+        for config, config_label in configs:
+            r = rows[config]
+            t.add(([label] if first else []) + [
+                config_label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})",
+                f"{r['tokens_per_s']:,.0f}", f"{r['peak_mib']:,.0f}", sent_cell(r)]
+                + ([calls_cell(r)] if calls else []) + [ratio_cell(rows[a], r) for a in against], [file])
     return t
 
 
@@ -662,6 +674,11 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         ("nccl", "DDP, NCCL all-reduce (fp32 buckets)"), ("bf16-compress", "DDP, torch's bf16_compress_hook"),
         ("powersgd", "DDP, torch's PowerSGD hook (rank 1)"), ("zpccl", "DDP, zpccl.ddp (int4, blocks of 256)")],
         ["nccl", "bf16-compress"]),
+    "ddp-step-mps": lambda s: step_runs_table(s, "ddp-step-mps", [
+        (H100_6 + "ddp-step-f6ead09.json", "time slices"), (H100_6 + "ddp-step-mps-f6ead09.json", "MPS")],
+        "GPU shared by", [("nccl", "DDP, NCCL all-reduce (fp32 buckets)"),
+                          ("bf16-compress", "DDP, torch's bf16_compress_hook"),
+                          ("zpccl", "DDP, zpccl.ddp (int4, blocks of 256)")], ["nccl", "bf16-compress"]),
     "ddp-loss": lambda s: loss_table(s, "ddp-loss", ls.campaign("ddp-57m-int4"), [
         LossLine("zpccl", "zpccl.ddp, int4 gradients (blocks of 256)")]),
     "ddp-loss-int8": lambda s: loss_table(s, "ddp-loss-int8", ls.campaign("ddp-57m-int8"), [
