@@ -3,6 +3,7 @@
 a deterministic measure of what loss runs over a few seeds cannot resolve.
 
     python3 perf/experiments/format_error.py -J perf/results/format-error.json   # about 80 minutes on one core
+    python3 perf/experiments/format_error.py --tensors allreduce -J ...        # DDP's gradient all-reduce only
 
 tools/render_results.py renders its tables (perf/RESULTS.md, perf/notebook/accuracy.md) from the JSON.
 
@@ -24,24 +25,37 @@ tools/render_results.py renders its tables (perf/RESULTS.md, perf/notebook/accur
      gathered tensor compared with the bf16 weights (what FSDP's exact all-gather returns);
    * gradients, qgZ (``quant_reduce_scatter``, ``avg``): every rank's gradients reduce-scattered, the output
      compared with the float64 mean of the ranks' bf16 gradients, over the window's calls in order (a residual
-     or a stochastic draw carries from one call to the next, as in training; residuals start at zero).
+     or a stochastic draw carries from one call to the next, as in training; residuals start at zero);
+   * allreduce, DDP's gradient all-reduce (``quant_all_reduce``, ``avg``: zpQuantAllReduce, what the
+     ``zpccl.ddp`` comm hook calls): every rank's whole gradient, not a shard, reduced to the same output on every
+     rank (checked bit for bit), compared with the same float64 mean, the window's calls in order as for qgZ. Its
+     reduce-scatter takes qgZ's hops on the layout (two on ``2x2``) and its gather the same hops back. ``-sr`` is
+     the hook's ``grad_rounding="stochastic"``; ``-ef`` is the collective's residual, which ``zpccl.ddp`` does not
+     serve (DDP rebuilds its buckets), measured as what it would give.
 
    Blocks restart at parameter boundaries as ``zpccl.fsdp`` makes them (``param_blocks``, its ``BlockLayout``):
    one collective a call over the whole model, staged so that each parameter's part of each rank's shard starts
    on a block boundary (FSDP2's padded dim-0 chunks, zeros between parts). Grouping parameters into FSDP's units
-   changes no block, so the whole model is one unit here.
+   changes no block, so the whole model is one unit here. The all-reduce's input is one bucket of every
+   parameter's gradient in parameter order, each part starting on a block boundary as ``zpccl.ddp`` stages a
+   bucket (``param_blocks``, its default: the same ``BlockLayout`` over the parameters' sizes), one call over the
+   whole bucket. Each output element depends only on its block's values on every rank, so DDP's cut of the
+   gradients into buckets of its own order changes no bit of rounding to nearest; stochastic draws follow the
+   shards, so they differ, with the same statistics.
 
-Figures per (format, layout, capture step, tensor class): per call, the relative error ``||q - x|| / ||x||``, the
+Figures per (format, layout, capture step, tensor class; the rows' ``tensor`` says weights, gradients or
+allreduce): per call, the relative error ``||q - x|| / ||x||``, the
 cosine similarity ``<q, x> / (||q|| ||x||)`` and, per quantization block, the largest error over the block's
 largest exact value (max and mean over blocks); over the window, the same two for the sum of the window's outputs
 against the sum of the exact means (what a residual or an unbiased rounding is meant to improve). Classes:
 attention and MLP weights, embedding (token and position), head, LayerNorm (weights and biases), Linear biases,
-and all of them. Two rows are no format but the floor: gradients' exact mean rounded once to bf16 (the best a
-bf16 collective returns), and the bf16 weights against their fp32 masters.
+and all of them. Rows of format ``bf16`` are no format but the floor: gradients' (and the all-reduce's) exact
+mean rounded once to bf16 (the best a bf16 collective returns), and the bf16 weights against their fp32 masters.
 
 JSON (``-J``, rewritten after each capture): provenance (``provenance("cpu-threads")``), the setup, the training
-loss of every step, and one row per figure set. ``--measure-layers`` restricts the measure to some blocks (and the
-root's parameters) when the whole model is too slow; the JSON says which.
+loss of every step, and one row per figure set. ``--tensors`` picks the kinds measured (all three by default);
+``--measure-layers`` restricts the measure to some blocks (and the root's parameters) when the whole model is too
+slow; the JSON says which.
 """
 from __future__ import annotations
 
@@ -53,7 +67,7 @@ import pathlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 PERF = pathlib.Path(__file__).resolve().parents[1]
 TOP = PERF.parent
@@ -66,6 +80,7 @@ from step_protocol import SHAPES  # noqa: E402  (the step benchmarks' model shap
 
 CLASSES = ("attention", "mlp", "embedding", "head", "norm", "bias")
 ALL = "all"
+TENSORS = ("weights", "gradients", "allreduce")
 DEFAULT_GRAD_FORMATS = {
     "2x2": "int8-b256,int8-b64,int8-b32,int4-b256,int4-b64,int4-b32,int4-b256-sr,int4-b256-ef,int4-b256-sr-ef,"
            "int4-b64-sr,int4-b64-ef,int4-b32-sr,int4-b32-ef,int8-b256-sr,int8-b256-ef",
@@ -73,6 +88,9 @@ DEFAULT_GRAD_FORMATS = {
     "2x1": "int8-b256,int8-b64,int8-b32,int4-b256,int4-b64,int4-b32",
 }
 DEFAULT_WEIGHT_FORMATS = "int8-b256,int4-b256,int8-b64,int4-b64"
+#: On every layout: zpccl.ddp's widths in its default blocks, to nearest, with its stochastic rounding and with
+#: the collective's error feedback.
+DEFAULT_ALLREDUCE_FORMATS = "int8-b256,int4-b256,int8-b256-sr,int4-b256-sr,int8-b256-ef,int4-b256-ef"
 
 
 def _say(text: str) -> None:
@@ -157,7 +175,8 @@ class Layout:
 
     @property
     def hops(self) -> int:
-        """qgZ's hops (DESIGN.md): two with several nodes of several ranks each."""
+        """qgZ's hops (DESIGN.md), the all-reduce's too (include/zpccl.h): two with several nodes of several
+        ranks each."""
         return 2 if self.nodes > 1 and self.per_node > 1 else 1
 
 
@@ -357,20 +376,38 @@ def rows_of(sums_per_call: list[dict[str, Sums]], window: dict[str, Sums] | None
     return rows
 
 
-def measure_capture(torch: Any, cap: Capture, layouts: list[Layout], grad_formats: dict[str, list[Format]],
-                    weight_formats: list[Format], measured: list[bool], seed: int,
+def measure_capture(torch: Any, cap: Capture, a: argparse.Namespace, measured: list[bool],
                     say: Any = _say) -> list[dict[str, Any]]:
-    """Every format's figures on one capture (the module's docstring)."""
+    """Every format's figures on one capture, for each tensor kind of ``a`` (the module's docstring)."""
+    formats = {"gradients": a.grad_map, "allreduce": a.allreduce_map}
+    rows: list[dict[str, Any]] = []
+    for tensor in a.tensor_list:
+        if tensor == "weights":
+            rows += measure_weights(torch, cap, a.layout_list, a.weight_list, measured, say)
+        else:
+            rows += measure_reduction(torch, cap, REDUCTIONS[tensor], a.layout_list, formats[tensor], measured,
+                                      a.seed, say)
+    return rows
+
+
+def one_output(torch: Any, outs: list[Any], what: str) -> Any:
+    """The output every rank returned; refused where two ranks' bits differ (the collectives promise the same)."""
+    for o in outs[1:]:
+        if not torch.equal(o.view(torch.int16), outs[0].view(torch.int16)):
+            raise RuntimeError(f"format_error: {what} gave ranks different outputs")
+    return outs[0]
+
+
+def measure_weights(torch: Any, cap: Capture, layouts: list[Layout], formats: list[Format], measured: list[bool],
+                    say: Any) -> list[dict[str, Any]]:
+    """qwZ over each distinct rank count, against the bf16 weights; the floor is bf16 against fp32."""
     import zpccl
 
     shapes = [tuple(w.shape) for w in cap.weights_bf16]
     rows: list[dict[str, Any]] = []
-    calls = len(cap.grads)
-
-    # Weights: qwZ over each distinct rank count, against the bf16 weights; the floor is bf16 against fp32.
     counts = sorted({lay.ranks for lay in layouts})
     for n in counts:
-        for fmt in ([None] if n == counts[0] else []) + weight_formats:  # the floor does not depend on n
+        for fmt in ([None] if n == counts[0] else []) + formats:  # the floor does not depend on n
             g = fmt.block if fmt else 256
             st = Staging(shapes, n, g)
             cl = Classes(cap.names, st, measured)
@@ -385,52 +422,76 @@ def measure_capture(torch: Any, cap: Capture, layouts: list[Layout], grad_format
                 def gather(rank: int, comm: Any) -> Any:
                     return comm.quant_all_gather(sends[rank], bits=fmt.bits, block_size=fmt.block)
 
-                outs = zpccl.run_host_ranks(n, gather)
-                for o in outs[1:]:
-                    if not torch.equal(o, outs[0]):
-                        raise RuntimeError(f"format_error: qwZ {fmt.name} gave ranks different outputs")
-                sums = cl.sums(torch, outs[0].view(n, st.count), x)
+                out = one_output(torch, zpccl.run_host_ranks(n, gather), f"qwZ {fmt.name}")
+                sums = cl.sums(torch, out.view(n, st.count), x)
                 base = dict(tensor="weights", format=fmt.name, bits=fmt.bits, block=fmt.block,
                             reference="bf16 weights", collective="quant_all_gather")
             rows += rows_of([sums], None, dict(base, step=cap.step, ranks=n))
             say(f"  weights {base['format']:10s} {n} ranks: rel {sums[ALL].figures()['rel_err']:.3e} "
                 f"({time.time() - t0:.0f} s)")
+    return rows
 
-    # Gradients: qgZ on each layout, the window's calls in order, against the float64 mean of the ranks' inputs.
+
+def exact_mean(torch: Any, per_rank: list[list[Any]], st: Staging, n: int) -> Any:
+    """The float64 mean of ranks 0..n-1's gradients of one call, staged as ``st`` stages them."""
+    mean = st.stage(torch, per_rank[0], torch.float64)
+    for r in range(1, n):
+        mean += st.stage(torch, per_rank[r], torch.float64)
+    return mean / n
+
+
+def measure_reduction(torch: Any, cap: Capture, red: "Reduction", layouts: list[Layout],
+                      formats: dict[str, list[Format]], measured: list[bool], seed: int,
+                      say: Any) -> list[dict[str, Any]]:
+    """A gradient collective on each layout, the window's calls in order, against the float64 mean of the ranks'
+    inputs; the floor (that mean rounded once to bf16) once per layout."""
+    import zpccl
+
+    shapes = [tuple(w.shape) for w in cap.weights_bf16]
+    rows: list[dict[str, Any]] = []
     for lay in layouts:
         n = lay.ranks
-        formats = grad_formats[lay.name]
-        for g in sorted({f.block for f in formats}, reverse=True):
-            st = Staging(shapes, n, g)
+        on_layout = formats[lay.name]
+        for g in sorted({f.block for f in on_layout}, reverse=True):
+            st = Staging(shapes, n if red.sharded else 1, g)
             cl = Classes(cap.names, st, measured)
-            exact = []
-            for k in range(calls):
-                mean = st.stage(torch, cap.grads[k][0], torch.float64)
-                for r in range(1, n):
-                    mean += st.stage(torch, cap.grads[k][r], torch.float64)
-                exact.append(mean / n)
+            exact = [exact_mean(torch, per_rank, st, n) for per_rank in cap.grads]
             exact_sum = sum(exact)
-            todo: list[Format | None] = [f for f in formats if f.block == g]
-            if g == max(f.block for f in formats):
+            todo: list[Format | None] = [f for f in on_layout if f.block == g]
+            if g == max(f.block for f in on_layout):
                 todo = [None] + todo  # the floor once per layout
             for fmt in todo:
                 t0 = time.time()
                 if fmt is None:
                     outs = [x.to(torch.bfloat16) for x in exact]
-                    base = dict(tensor="gradients", format="bf16", reference="float64 mean", collective=None)
+                    base = dict(tensor=red.tensor, format="bf16", reference="float64 mean", collective=None)
                 else:
-                    outs = run_qgz(torch, zpccl, cap, st, lay, fmt, seed)
-                    base = dict(tensor="gradients", format=fmt.name, bits=fmt.bits, block=fmt.block,
+                    outs = red.run(torch, zpccl, cap, st, lay, fmt, seed)
+                    base = dict(tensor=red.tensor, format=fmt.name, bits=fmt.bits, block=fmt.block,
                                 stochastic=fmt.stochastic, error_feedback=fmt.feedback, reference="float64 mean",
-                                collective="quant_reduce_scatter avg")
+                                collective=red.collective)
                 per_call = [cl.sums(torch, o, x) for o, x in zip(outs, exact)]
                 window = cl.sums(torch, sum(o.double() for o in outs), exact_sum)
                 rows += rows_of(per_call, window, dict(base, step=cap.step, layout=lay.name, ranks=n,
                                                        hops=lay.hops))
                 f = rows[-1]  # the class "all" comes last
-                say(f"  gradients {base['format']:16s} {lay.name}: rel {f['rel_err']:.3e} window "
+                say(f"  {red.tensor} {base['format']:16s} {lay.name}: rel {f['rel_err']:.3e} window "
                     f"{f['window_rel_err']:.3e} cos {f['cosine']:.6f} ({time.time() - t0:.0f} s)")
     return rows
+
+
+def grad_residuals(torch: Any, comm: Any, fmt: Format, count: int, shard: int) -> tuple[Any, Any]:
+    """Error feedback's residuals of a rank, zero (None, None without ``-ef``): ``count`` elements of the send and
+    the intermediate hop's of a ``shard``-element output shard (None on one hop)."""
+    if not fmt.feedback:
+        return None, None
+    hop_count = comm.grad_hop_residual_count(shard)
+    return (torch.zeros(count, dtype=torch.bfloat16),
+            torch.zeros(hop_count, dtype=torch.bfloat16) if hop_count else None)
+
+
+def grad_options(fmt: Format) -> dict[str, Any]:
+    return dict(bits=fmt.bits, block_size=fmt.block, rounding="stochastic" if fmt.stochastic else "nearest")
 
 
 def run_qgz(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt: Format, seed: int) -> list[Any]:
@@ -438,21 +499,52 @@ def run_qgz(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt:
     n = lay.ranks
 
     def body(rank: int, comm: Any) -> list[Any]:
-        res = hop = None
-        if fmt.feedback:
-            res = torch.zeros(n * st.count, dtype=torch.bfloat16)
-            hop_count = comm.grad_hop_residual_count(st.count)
-            hop = torch.zeros(hop_count, dtype=torch.bfloat16) if hop_count else None
+        res, hop = grad_residuals(torch, comm, fmt, n * st.count, st.count)
         outs = []
         for k in range(len(cap.grads)):
             send = st.stage(torch, cap.grads[k][rank], torch.bfloat16).view(-1)
-            outs.append(comm.quant_reduce_scatter(send, None, "avg", bits=fmt.bits, block_size=fmt.block,
-                                                  rounding="stochastic" if fmt.stochastic else "nearest",
-                                                  residual=res, hop_residual=hop))
+            outs.append(comm.quant_reduce_scatter(send, None, "avg", **grad_options(fmt), residual=res,
+                                                  hop_residual=hop))
         return outs
 
     per_rank = zpccl.run_host_ranks(n, body, ranks_per_node=lay.per_node, grad_seed=seed)
     return [torch.stack([per_rank[r][k] for r in range(n)]) for k in range(len(cap.grads))]
+
+
+def run_all_reduce(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt: Format,
+                   seed: int) -> list[Any]:
+    """The window's all-reduce calls on every rank, each over the rank's whole gradient staged by ``st`` (one
+    row); per call, the output every rank returned (checked bit for bit), (1, count) in bf16."""
+    n = lay.ranks
+
+    def body(rank: int, comm: Any) -> list[Any]:
+        res, hop = grad_residuals(torch, comm, fmt, st.count, comm.all_reduce_shard_count(st.count, fmt.block))
+        outs = []
+        for k in range(len(cap.grads)):
+            send = st.stage(torch, cap.grads[k][rank], torch.bfloat16).view(-1)
+            outs.append(comm.quant_all_reduce(send, None, "avg", **grad_options(fmt), residual=res,
+                                              hop_residual=hop))
+        return outs
+
+    per_rank = zpccl.run_host_ranks(n, body, ranks_per_node=lay.per_node, grad_seed=seed)
+    return [one_output(torch, [per_rank[r][k] for r in range(n)], f"the all-reduce {fmt.name}").view(1, st.count)
+            for k in range(len(cap.grads))]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A gradient collective measured against the float64 mean of the ranks' gradients: the rows' ``tensor`` and
+    ``collective``, whether each rank's output is its shard (FSDP2's qgZ: inputs staged in FSDP2's chunks) or the
+    whole (DDP's all-reduce: every rank's whole gradient, one row), and the function running the window's calls."""
+
+    tensor: str
+    collective: str
+    sharded: bool
+    run: Callable[[Any, Any, Capture, Staging, Layout, Format, int], list[Any]]
+
+
+REDUCTIONS = {"gradients": Reduction("gradients", "quant_reduce_scatter avg", True, run_qgz),
+              "allreduce": Reduction("allreduce", "quant_all_reduce avg", False, run_all_reduce)}
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
@@ -474,10 +566,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capture", default="0,50,200", help="steps whose window is captured")
     p.add_argument("--window", type=int, default=4, help="consecutive steps per capture")
     p.add_argument("--layouts", default="2x2,4x1,2x1", help="NODESxRANKS_PER_NODE, comma-separated")
+    p.add_argument("--tensors", default=",".join(TENSORS),
+                   help=f"the kinds measured, comma-separated, of {', '.join(TENSORS)}")
     p.add_argument("--grad-formats", default="",
                    help="int<bits>-b<block>[-sr][-ef], comma-separated, for every layout (default: per layout, "
                         "DEFAULT_GRAD_FORMATS)")
     p.add_argument("--weight-formats", default=DEFAULT_WEIGHT_FORMATS)
+    p.add_argument("--allreduce-formats", default=DEFAULT_ALLREDUCE_FORMATS, help="for every layout")
     p.add_argument("--measure-layers", default="", help="blocks whose parameters are measured (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch's threads")
     p.add_argument("--log-every", type=int, default=10)
@@ -493,9 +588,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.weight_list = [Format.parse(t) for t in a.weight_formats.split(",") if t.strip()]
         a.grad_map = {lay.name: [Format.parse(t) for t in (a.grad_formats or DEFAULT_GRAD_FORMATS.get(
             lay.name, DEFAULT_GRAD_FORMATS["2x2"])).split(",") if t.strip()] for lay in a.layout_list}
+        a.allreduce_map = {lay.name: [Format.parse(t) for t in a.allreduce_formats.split(",") if t.strip()]
+                           for lay in a.layout_list}
         a.layer_list = [int(s) for s in a.measure_layers.split(",") if s.strip()] or None
     except ValueError as e:
         p.error(str(e))
+    kinds = {t.strip() for t in a.tensors.split(",") if t.strip()}
+    if not kinds or not kinds <= set(TENSORS):
+        p.error(f"--tensors {a.tensors!r}: some of {', '.join(TENSORS)}")
+    a.tensor_list = [t for t in TENSORS if t in kinds]
     if not a.captures or min(a.captures) < 0 or a.window < 1 or not a.layout_list:
         p.error("--capture needs steps >= 0, --window >= 1, --layouts at least one")
     if a.layer_list and not all(0 <= i < a.layers for i in a.layer_list):
@@ -509,9 +610,10 @@ def setup_of(a: argparse.Namespace, parameters: int) -> dict[str, Any]:
         model=dict(shape=a.shape, layers=a.layers, d_model=a.d_model, heads=a.heads, seq=a.seq, batch=a.batch,
                    parameters=parameters),
         seed=a.seed, lr=a.lr, schedule_steps=a.schedule_steps, captures=a.captures, window=a.window,
-        layouts=[lay.name for lay in a.layout_list],
+        layouts=[lay.name for lay in a.layout_list], tensors=a.tensor_list,
         grad_formats={k: [f.name for f in v] for k, v in a.grad_map.items()},
         weight_formats=[f.name for f in a.weight_list],
+        allreduce_formats={k: [f.name for f in v] for k, v in a.allreduce_map.items()},
         measured_layers="all" if a.layer_list is None else a.layer_list,
         data="fsdp2_train.corpus (Python's standard library sources), fsdp2_train.Batches per rank",
         training="one process, bf16 compute on fp32 masters, rank 0's batch per update, make_optimizer "
@@ -519,8 +621,11 @@ def setup_of(a: argparse.Namespace, parameters: int) -> dict[str, Any]:
         gradients="real per-rank gradients: rank r's batch of the step, at the step's weights",
         blocks="restart at parameter boundaries and at each rank's shard (zpccl.fsdp's BlockLayout over FSDP2's "
                "padded dim-0 chunks); one collective per call over the whole model",
-        references="weights: the bf16 weights (bf16 row: against the fp32 masters); gradients: the float64 mean "
-                   "of the ranks' bf16 gradients",
+        allreduce_bucket="every rank's whole gradient, one bucket of every parameter in parameter order, each "
+                         "starting on a block boundary (zpccl.ddp's param_blocks staging: BlockLayout over the "
+                         "parameters' sizes); one all-reduce per call over the whole bucket",
+        references="weights: the bf16 weights (bf16 row: against the fp32 masters); gradients and allreduce: the "
+                   "float64 mean of the ranks' bf16 gradients",
         op="avg")
 
 
@@ -542,7 +647,7 @@ def run(a: argparse.Namespace, say: Any = _say) -> dict[str, Any]:
 
     def on_capture(cap: Capture) -> None:
         say(f"capture at step {cap.step}: measuring")
-        doc["rows"] += measure_capture(torch, cap, a.layout_list, a.grad_map, a.weight_list, measured, a.seed, say)
+        doc["rows"] += measure_capture(torch, cap, a, measured, say)
         doc["seconds"] = time.time() - t0
         write(a, doc)
 

@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -190,6 +191,86 @@ class VisibleGpuCount(unittest.TestCase):
             with self.subTest(nvidia_smi=smi):
                 self.assertEqual(self.count(None, smi=smi), 0)
                 self.assertEqual(self.count("0", smi=smi), 0)
+
+
+class WithMps(unittest.TestCase):
+    """tools/with-mps.sh with a stand-in nvidia-cuda-mps-control: ``-d`` binds the control socket in the pipe folder
+    (unless told not to) and logs "started"; a command on its standard input is logged and removes the socket."""
+
+    SCRIPT = SOURCE_TREE / "tools" / "with-mps.sh"
+
+    def setUp(self) -> None:
+        if not self.SCRIPT.exists():
+            self.skipTest(f"{self.SCRIPT} not found")
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.tmp = pathlib.Path(tmp.name)
+        self.bin_dir = self.tmp / "bin"
+        self.bin_dir.mkdir()
+        self.calls = self.tmp / "calls.log"
+        daemon = self.bin_dir / "nvidia-cuda-mps-control"
+        daemon.write_text(f"""#!/bin/sh
+if [ "$1" = -d ]; then
+  [ -n "${{NO_ENDPOINT:-}}" ] || "{sys.executable}" -c 'import os, socket
+socket.socket(socket.AF_UNIX).bind(os.path.join(os.environ["CUDA_MPS_PIPE_DIRECTORY"], "control"))'
+  echo "started $CUDA_MPS_PIPE_DIRECTORY" >>"{self.calls}"
+  exit 0
+fi
+read -r command
+echo "$command" >>"{self.calls}"
+rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+""")
+        daemon.chmod(0o755)
+
+    def run_script(self, *command: str, **extra: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+        env.update(PATH=f"{self.bin_dir}{os.pathsep}{os.environ['PATH']}", ZP_MPS_DIR=str(self.tmp / "mps"))
+        env.update(extra)
+        return subprocess.run([shutil.which("bash") or "/bin/bash", str(self.SCRIPT), *command], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    def calls_made(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+    def test_the_command_runs_under_mps_and_mps_stops_after_it_whatever_its_status(self) -> None:
+        label = f'source "{SOURCE_TREE / "tools" / "regimes.sh"}"; zp_net_label 1; echo "$CUDA_MPS_PIPE_DIRECTORY"'
+        for status in (0, 7):
+            with self.subTest(status=status):
+                self.calls.unlink(missing_ok=True)
+                run = self.run_script("bash", "-c", f"{label}; exit {status}")
+                self.assertEqual(run.returncode, status, run.stderr)
+                lines = run.stdout.splitlines()
+                self.assertEqual(lines[0], "net-on1gpu-mps")
+                self.assertEqual(lines[1], str(self.tmp / "mps" / "pipe"))
+                self.assertEqual(self.calls_made(), [f"started {self.tmp / 'mps' / 'pipe'}", "quit"])
+                self.assertFalse((self.tmp / "mps" / "pipe" / "control").exists())
+
+    def test_refusals(self) -> None:
+        # PATH without the stand-in, and without a machine's own nvidia-cuda-mps-control: only what the script runs
+        bare = self.tmp / "bare"
+        bare.mkdir()
+        for tool in ("dirname", "true"):
+            (bare / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+        no_daemon = self.run_script("true", PATH=str(bare))
+        self.assertEqual(no_daemon.returncode, 2)
+        self.assertIn("no nvidia-cuda-mps-control on PATH", no_daemon.stderr)
+        serving = self.tmp / "serving"
+        serving.mkdir()
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(listening.close)
+        listening.bind(str(serving / "control"))
+        busy = self.run_script("true", CUDA_MPS_PIPE_DIRECTORY=str(serving))
+        self.assertEqual(busy.returncode, 2)
+        self.assertIn("already serves", busy.stderr)
+        self.assertEqual(self.calls_made(), [])
+        silent = self.run_script("touch", str(self.tmp / "ran"), NO_ENDPOINT="1", ZP_MPS_WAIT_S="1")
+        self.assertEqual(silent.returncode, 2)
+        self.assertIn("no control endpoint", silent.stderr)
+        self.assertFalse((self.tmp / "ran").exists())
+        self.assertEqual(self.calls_made(), [f"started {self.tmp / 'mps' / 'pipe'}", "quit"])
+        usage = self.run_script()
+        self.assertEqual(usage.returncode, 2)
+        self.assertIn("with-mps.sh COMMAND", usage.stdout)
 
 
 if __name__ == "__main__":
