@@ -354,28 +354,29 @@ class FormatErrors:
         return "-" if r is None or r.get(key) is None else format(r[key], spec)
 
 
-def format_error_gradients(store: Store, name: str, file: str) -> Table:
-    """Each gradient format's error (qgZ avg against the float64 mean): per call on the first layout at every
-    capture step, the window sum's, per call on the other layouts, cosine and worst block at the last step."""
+def format_error_gradients(store: Store, name: str, file: str, tensor: str = "gradients") -> Table:
+    """Each gradient format's error against the float64 mean, of qgZ avg (``tensor`` "gradients") or of DDP's
+    all-reduce ("allreduce"): per call on the first layout at every capture step, the window sum's, per call on the
+    other layouts, cosine and worst block at the last step."""
     fe = FormatErrors(store, name, file)
     last, first = fe.last, fe.first
 
     def hops(lay: str) -> str:
-        r = next((v for k, v in fe.index.items() if k[0] == "gradients" and k[2] == lay), None)
+        r = next((v for k, v in fe.index.items() if k[0] == tensor and k[2] == lay), None)
         if r is None:
-            raise RenderError(f"table {name}: {file} has no gradient rows on layout {lay}")
+            raise RenderError(f"table {name}: {file} has no {tensor} rows on layout {lay}")
         return f"{lay}, {r['hops']} hop{'s' if r['hops'] > 1 else ''}"
 
     others = fe.layouts[1:]
-    t = Table(store, name, ["gradients", f"{hops(first)}: step {' / '.join(map(str, fe.steps))}",
+    t = Table(store, name, [tensor, f"{hops(first)}: step {' / '.join(map(str, fe.steps))}",
                             f"window sum, step {last}", *[f"{hops(lay)}, step {last}" for lay in others],
                             f"cosine, {first}, step {last}", f"worst block, {first}, step {last}"])
-    for fmt in fe.formats("gradients"):
-        t.add([fmt, " / ".join(fe.cell("gradients", fmt, first, s, "rel_err", ".2e") for s in fe.steps),
-               fe.cell("gradients", fmt, first, last, "window_rel_err", ".2e"),
-               *[fe.cell("gradients", fmt, lay, last, "rel_err", ".2e") for lay in others],
-               fe.cell("gradients", fmt, first, last, "cosine", ".6f"),
-               fe.cell("gradients", fmt, first, last, "block_err_max", ".3f")], [file])
+    for fmt in fe.formats(tensor):
+        t.add([fmt, " / ".join(fe.cell(tensor, fmt, first, s, "rel_err", ".2e") for s in fe.steps),
+               fe.cell(tensor, fmt, first, last, "window_rel_err", ".2e"),
+               *[fe.cell(tensor, fmt, lay, last, "rel_err", ".2e") for lay in others],
+               fe.cell(tensor, fmt, first, last, "cosine", ".6f"),
+               fe.cell(tensor, fmt, first, last, "block_err_max", ".3f")], [file])
     return t
 
 
@@ -494,6 +495,7 @@ SLOW_OLD = R + "check-af5e648-shm-net.json"
 EVERY_OP = R + "nvlink-shm-every-op.json"
 H200X2 = "2026-11-30-h200x2.json"
 FORMAT_ERROR = "2026-12-05-cpu-threads-format-error-6508252.json"
+FORMAT_ERROR_ALLREDUCE = "2026-12-06-cpu-threads-format-error-allreduce-a223ca0.json"
 QWZ_TARGET = {8: (1.9, "64M"), 4: (3.5, "64M")}  # over shm and net
 HOST_WIRE = "2026-12-05-cpu-host-wire-bytes-"
 GRAD_COLUMNS = ("blocks", "bytes vs bf16")
@@ -782,6 +784,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         "int4", [("int4", 256), ("int4-b64", 64), ("int4-b32", 32)])),
     "format-error-gradients": lambda s: format_error_gradients(s, "format-error-gradients", FORMAT_ERROR),
     "format-error-weights": lambda s: format_error_weights(s, "format-error-weights", FORMAT_ERROR),
+    "format-error-allreduce": lambda s: format_error_gradients(s, "format-error-allreduce", FORMAT_ERROR_ALLREDUCE,
+                                                               "allreduce"),
     "format-error-classes": lambda s: format_error_classes(s, "format-error-classes", FORMAT_ERROR, (
         "attention", "mlp", "embedding", "head", "norm", "bias", "all")),
 }

@@ -19,7 +19,7 @@ tools/render_results.py renders its tables (perf/RESULTS.md, perf/notebook/accur
    one of ``fsdp2_train.Batches(rank=r)``'s batch of that step at those weights (ranks differ in data only).
 3. Each format through zpccl's host backend, ranks as threads (``zpccl.run_host_ranks``; the host backend is
    bit-equal to the CUDA kernels), on every ``--layouts`` layout (``NxR``: N nodes of R ranks; ``2x2`` takes qgZ's
-   two hops, ``4x1`` and ``2x1`` one):
+   two hops, ``4x1`` and ``2x1`` one), for each kind of ``--tensors``:
 
    * weights, qwZ (``quant_all_gather``): each rank's shard (FSDP2's dim-0 chunk of every parameter) gathered, the
      gathered tensor compared with the bf16 weights (what FSDP's exact all-gather returns);
@@ -40,17 +40,17 @@ tools/render_results.py renders its tables (perf/RESULTS.md, perf/notebook/accur
    parameter's gradient in parameter order, each part starting on a block boundary as ``zpccl.ddp`` stages a
    bucket (``param_blocks``, its default: the same ``BlockLayout`` over the parameters' sizes), one call over the
    whole bucket. Each output element depends only on its block's values on every rank, so DDP's cut of the
-   gradients into buckets of its own order changes no bit of rounding to nearest; stochastic draws follow the
-   shards, so they differ, with the same statistics.
+   gradients into buckets of its own order changes no bit of rounding to nearest (stochastic draws follow the
+   shards, so theirs would differ).
 
-Figures per (format, layout, capture step, tensor class; the rows' ``tensor`` says weights, gradients or
-allreduce): per call, the relative error ``||q - x|| / ||x||``, the
-cosine similarity ``<q, x> / (||q|| ||x||)`` and, per quantization block, the largest error over the block's
-largest exact value (max and mean over blocks); over the window, the same two for the sum of the window's outputs
-against the sum of the exact means (what a residual or an unbiased rounding is meant to improve). Classes:
-attention and MLP weights, embedding (token and position), head, LayerNorm (weights and biases), Linear biases,
-and all of them. Rows of format ``bf16`` are no format but the floor: gradients' (and the all-reduce's) exact
-mean rounded once to bf16 (the best a bf16 collective returns), and the bf16 weights against their fp32 masters.
+Figures per (kind, the rows' ``tensor``; format; layout; capture step; tensor class): per call, the relative
+error ``||q - x|| / ||x||``, the cosine similarity ``<q, x> / (||q|| ||x||)`` and, per quantization block, the
+largest error over the block's largest exact value (max and mean over blocks); over the window, the same two for
+the sum of the window's outputs against the sum of the exact means (what a residual or an unbiased rounding is
+meant to improve). Classes: attention and MLP weights, embedding (token and position), head, LayerNorm (weights
+and biases), Linear biases, and all of them. Rows of format ``bf16`` are no format but the floor: gradients' (and
+the all-reduce's) exact mean rounded once to bf16 (the best a bf16 collective returns), and the bf16 weights
+against their fp32 masters.
 
 JSON (``-J``, rewritten after each capture): provenance (``provenance("cpu-threads")``), the setup, the training
 loss of every step, and one row per figure set. ``--tensors`` picks the kinds measured (all three by default);
