@@ -494,20 +494,28 @@ def grad_options(fmt: Format) -> dict[str, Any]:
     return dict(bits=fmt.bits, block_size=fmt.block, rounding="stochastic" if fmt.stochastic else "nearest")
 
 
-def run_qgz(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt: Format, seed: int) -> list[Any]:
-    """The window's qgZ calls on every rank; per call, the ranks' outputs stacked (n, count) in bf16."""
+def window_calls(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt: Format, seed: int,
+                 collective: str, send_count: int, shard_count: Callable[[Any], int]) -> list[list[Any]]:
+    """The window's calls of ``collective`` (a communicator method: quant_reduce_scatter, quant_all_reduce) on
+    every rank, in order, each rank sending its gradients staged by ``st``, with error feedback's residuals (zero
+    at the start) carried from call to call; every rank's outputs, by rank then call. ``send_count`` is a send's
+    elements, ``shard_count(comm)`` the output shard the intermediate hop's residual serves."""
     n = lay.ranks
 
     def body(rank: int, comm: Any) -> list[Any]:
-        res, hop = grad_residuals(torch, comm, fmt, n * st.count, st.count)
-        outs = []
-        for k in range(len(cap.grads)):
-            send = st.stage(torch, cap.grads[k][rank], torch.bfloat16).view(-1)
-            outs.append(comm.quant_reduce_scatter(send, None, "avg", **grad_options(fmt), residual=res,
-                                                  hop_residual=hop))
-        return outs
+        res, hop = grad_residuals(torch, comm, fmt, send_count, shard_count(comm))
+        call = getattr(comm, collective)
+        return [call(st.stage(torch, grads[rank], torch.bfloat16).view(-1), None, "avg", **grad_options(fmt),
+                     residual=res, hop_residual=hop) for grads in cap.grads]
 
-    per_rank = zpccl.run_host_ranks(n, body, ranks_per_node=lay.per_node, grad_seed=seed)
+    return zpccl.run_host_ranks(n, body, ranks_per_node=lay.per_node, grad_seed=seed)
+
+
+def run_qgz(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layout, fmt: Format, seed: int) -> list[Any]:
+    """The window's qgZ calls on every rank; per call, the ranks' outputs stacked (n, count) in bf16."""
+    n = lay.ranks
+    per_rank = window_calls(torch, zpccl, cap, st, lay, fmt, seed, "quant_reduce_scatter", n * st.count,
+                            lambda comm: st.count)
     return [torch.stack([per_rank[r][k] for r in range(n)]) for k in range(len(cap.grads))]
 
 
@@ -515,20 +523,10 @@ def run_all_reduce(torch: Any, zpccl: Any, cap: Capture, st: Staging, lay: Layou
                    seed: int) -> list[Any]:
     """The window's all-reduce calls on every rank, each over the rank's whole gradient staged by ``st`` (one
     row); per call, the output every rank returned (checked bit for bit), (1, count) in bf16."""
-    n = lay.ranks
-
-    def body(rank: int, comm: Any) -> list[Any]:
-        res, hop = grad_residuals(torch, comm, fmt, st.count, comm.all_reduce_shard_count(st.count, fmt.block))
-        outs = []
-        for k in range(len(cap.grads)):
-            send = st.stage(torch, cap.grads[k][rank], torch.bfloat16).view(-1)
-            outs.append(comm.quant_all_reduce(send, None, "avg", **grad_options(fmt), residual=res,
-                                              hop_residual=hop))
-        return outs
-
-    per_rank = zpccl.run_host_ranks(n, body, ranks_per_node=lay.per_node, grad_seed=seed)
-    return [one_output(torch, [per_rank[r][k] for r in range(n)], f"the all-reduce {fmt.name}").view(1, st.count)
-            for k in range(len(cap.grads))]
+    per_rank = window_calls(torch, zpccl, cap, st, lay, fmt, seed, "quant_all_reduce", st.count,
+                            lambda comm: comm.all_reduce_shard_count(st.count, fmt.block))
+    return [one_output(torch, [per_rank[r][k] for r in range(lay.ranks)], f"the all-reduce {fmt.name}")
+            .view(1, st.count) for k in range(len(cap.grads))]
 
 
 @dataclass(frozen=True)
