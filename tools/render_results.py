@@ -611,10 +611,9 @@ def step_runs_table(store: Store, name: str, files: list[tuple[str, str]], first
             if config not in rows:
                 raise RenderError(f"table {name}: {file} has no {config} row")
         runs.append((file, label, rows))
-    names = {a: runs[0][2][a]["config"] for a in against}
     t = Table(store, name, ([first] if first else []) + [
         "configuration", "step ms (median, range)", "tokens/s", "peak MiB / rank", "sent MiB / step / rank"]
-        + (["calls / step"] if calls else []) + [f"vs {names[a]}" for a in against])
+        + (["calls / step"] if calls else []) + [f"vs {a}" for a in against])
     for file, label, rows in runs:
         for config, config_label in configs:
             r = rows[config]
@@ -657,9 +656,9 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (R5 + "fsdp-step-small-gate-1c1aab7.json", "1c1aab7, the gate's run"),
         *((R5 + f"fsdp-step-small-run{i}-1c1aab7.json", f"1c1aab7, run {i}") for i in range(2, 7)),
         (R5 + "fsdp-step-small-0731899-rerun.json", "0731899, same machine, after run 6"),
-        (R2 + "fsdp-step-small-0731899.json", "0731899, its own session"),
+        (R2 + "fsdp-step-small-0731899.json", "0731899, a lease of its own"),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
-        (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, its own session")]),
+        (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, a lease of its own")]),
     "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100", H100 + "fsdp-bisect-0731899-562bc89.json"),
     "fsdp-bisect-h100-run2": lambda s: bisect_table(s, "fsdp-bisect-h100-run2",
                                                     H100 + "fsdp-bisect-run2-0731899-562bc89.json"),

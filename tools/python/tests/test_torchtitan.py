@@ -163,9 +163,9 @@ class TorchtitanConfigs(unittest.TestCase):
         def body(rank: int) -> list[Any]:
             part = fully_shard(torch.nn.Linear(64, 64))
             built.model_spec.post_optimizer_build_fn(None, [part], None)
-            session = zpccl.fsdp.session_of(part)
-            served = (session.policy.block_size, len(session._served))
-            session.disable()
+            handle = zpccl.fsdp.session_of(part)
+            served = (handle.policy.block_size, len(handle._served))
+            handle.disable()
             try:
                 other.model_spec.post_optimizer_build_fn(None, [part], None)
                 refused = ""
