@@ -94,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.shape:
         args.layers, args.d_model, args.heads, args.seq, args.batch = sp.SHAPES[args.shape]
     args.reshard = ex.parse_reshard(args.reshard)
+    args.cpu = False  # fsdp_step's Bench launches on CPUs under --cpu; what this script measures is CUDA's memory
     return args
 
 

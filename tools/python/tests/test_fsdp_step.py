@@ -299,3 +299,37 @@ class FsdpStepOnCpu(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FsdpMemoryArguments(unittest.TestCase):
+    """perf/fsdp_memory.py runs on a GPU alone, through fsdp_step's Bench: its arguments must carry every field of
+    ``args`` that the Bench methods it calls read, or it fails on the GPU machine at its first line of work."""
+
+    @staticmethod
+    def _fields_read(function: Any) -> set[str]:
+        """The names read as ``args.X`` or ``self.args.X`` in ``function``'s body."""
+        import ast
+
+        return {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)
+                and ((isinstance(node.value, ast.Name) and node.value.id == "args")
+                     or (isinstance(node.value, ast.Attribute) and node.value.attr == "args"))}
+
+    def test_every_field_the_bench_reads_is_parsed(self) -> None:
+        import ast
+        import pathlib
+
+        top = pathlib.Path(__file__).resolve().parents[3]
+        bench = next(node for node in ast.parse((top / "perf/fsdp_step.py").read_text()).body
+                     if isinstance(node, ast.ClassDef) and node.name == "Bench")
+        methods = {f.name: f for f in bench.body if isinstance(f, ast.FunctionDef)}
+        memory = ast.parse((top / "perf/fsdp_memory.py").read_text())
+        called = {node.func.attr for node in ast.walk(memory) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id == "bench"}
+        self.assertTrue(called, "fsdp_memory.py calls no Bench method by the name `bench`: update this test")
+        used = {"__init__", *(called & methods.keys())}
+        needed = set().union(*(self._fields_read(methods[m]) for m in used))
+        self.assertIn("cpu", needed)
+        args = vars(load_script("perf/fsdp_memory.py").parse_args([]))
+        self.assertEqual(sorted(needed - args.keys()), [], f"Bench methods {sorted(used)}")
+        self.assertIs(args["cpu"], False)

@@ -107,6 +107,40 @@ class Spawn(unittest.TestCase):
             self.skipTest("this torch has no gloo backend")
         self.assertEqual(launch.spawn(_gloo_sum, 2, timeout=120), [3.0, 3.0])
 
+    def test_a_port_taken_before_rank_0_listens_is_replaced(self) -> None:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            self.skipTest("torch is not installed")
+        if not dist.is_available() or not dist.is_gloo_available():
+            self.skipTest("this torch has no gloo backend")
+        import contextlib
+        import io
+        import socket
+
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", 0))
+            squatter.listen()
+            taken = squatter.getsockname()[1]
+            ports = [taken, taken, launch.free_port()]
+            err = io.StringIO()
+            with mock.patch.object(launch, "free_port", side_effect=ports), contextlib.redirect_stderr(err):
+                self.assertEqual(launch.spawn(_gloo_sum, 2, timeout=120), [3.0, 3.0])
+            self.assertEqual(err.getvalue().count(f"rendezvous port {taken} was taken"), 2)
+            self.assertIn(f"try 3 of {launch.RENDEZVOUS_TRIES}", err.getvalue())
+            # Every try on the taken port: the last failure is the caller's, named.
+            with mock.patch.object(launch, "free_port", return_value=taken), contextlib.redirect_stderr(io.StringIO()):
+                with self.assertRaises(launch.RankFailed) as failed:
+                    launch.spawn(_gloo_sum, 2, timeout=120)
+            self.assertEqual(failed.exception.rank, 0)
+            self.assertIn("EADDRINUSE", failed.exception.details)
+
+    def test_other_failures_are_not_tried_again(self) -> None:
+        with mock.patch.object(launch, "free_port", wraps=launch.free_port) as chosen:
+            with self.assertRaises(launch.RankFailed):
+                launch.spawn(_fails_on, 2, 0, "raise", timeout=60)
+        self.assertEqual(chosen.call_count, 1)
+
 
 if __name__ == "__main__":
     unittest.main()

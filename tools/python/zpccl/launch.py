@@ -30,6 +30,7 @@ import os
 import queue
 import socket
 import stat
+import sys
 import time
 import traceback
 from multiprocessing.reduction import ForkingPickler
@@ -120,19 +121,48 @@ def free_port(host: str = _HOST) -> int:
         return s.getsockname()[1]
 
 
+#: How many times :func:`spawn` starts its ranks when the rendezvous port is taken under it.
+RENDEZVOUS_TRIES = 3
+
+
 def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, env: dict[str, str] | None = None,
           timeout: float | None = None) -> list[Any]:
     """Runs ``fn(*args)`` in ``nprocs`` spawned processes, rank r with ``RANK=LOCAL_RANK=r``,
     ``WORLD_SIZE=nprocs`` and one ``MASTER_ADDR``/``MASTER_PORT``, after ``env``'s variables; returns the ranks'
     return values in rank order. ``fn``, ``args`` and the results must pickle (``fn`` a module-level function).
 
+    The port is free when chosen, but another process may take it before rank 0's store binds it (seconds later,
+    once the ranks have imported their modules); when rank 0 fails for that alone, the ranks start again on another
+    port, up to :data:`RENDEZVOUS_TRIES` times in all, and stderr says so.
+
     Raises :class:`RankFailed` for the first rank that raises or dies, having stopped the others;
-    :class:`TimeoutError` when ranks are still running after ``timeout`` seconds (None: no limit)."""
+    :class:`TimeoutError` when ranks are still running after ``timeout`` seconds (None: no limit, each try)."""
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"zpccl.launch.spawn: nprocs {nprocs!r} must be an int of at least 1")
+    for attempt in range(1, RENDEZVOUS_TRIES):
+        port = free_port()
+        try:
+            return _spawn_on(port, fn, nprocs, args, env, timeout)
+        except RankFailed as e:
+            if not _port_was_taken(e, port):
+                raise
+            print(f"zpccl.launch.spawn: rendezvous port {port} was taken before rank 0 could listen on it; starting "
+                  f"the {nprocs} ranks again on another port (try {attempt + 1} of {RENDEZVOUS_TRIES})",
+                  file=sys.stderr, flush=True)
+    return _spawn_on(free_port(), fn, nprocs, args, env, timeout)
+
+
+def _port_was_taken(failure: RankFailed, port: int) -> bool:
+    """Whether rank 0 failed because its store could not listen on ``port`` (torch's TCPStore names the port and
+    the errno)."""
+    return failure.rank == 0 and "EADDRINUSE" in failure.details and f"port: {port}" in failure.details
+
+
+def _spawn_on(port: int, fn: Callable[..., Any], nprocs: int, args: tuple, env: dict[str, str] | None,
+              timeout: float | None) -> list[Any]:
     ctx = multiprocessing.get_context("spawn")
     results: Any = ctx.Queue()
-    rendezvous = dict(MASTER_ADDR=_HOST, MASTER_PORT=str(free_port()), WORLD_SIZE=str(nprocs))
+    rendezvous = dict(MASTER_ADDR=_HOST, MASTER_PORT=str(port), WORLD_SIZE=str(nprocs))
     procs = [ctx.Process(target=_rank_main, args=(fn, args, dict(env or {}, **rendezvous, RANK=str(r),
                                                                      LOCAL_RANK=str(r)), r, results))
              for r in range(nprocs)]
