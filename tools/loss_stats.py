@@ -299,11 +299,21 @@ CAMPAIGNS = (
         "nccl",
         {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5)}),
     Campaign(
-        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu), 400 steps, cosine "
-        "decay (ddp_step.py); zpccl: int8 gradients in blocks of 256",
-        ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json",),
+        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-12 under "
+        "MPS, which moves no result: NCCL's seed 5 is the same in two runs), 400 steps, cosine decay (ddp_step.py); "
+        "zpccl: int8 gradients in blocks of 256",
+        ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json", "2026-12-06-h100x1-ddp-loss-int8-mps-seeds34-185ef4b.json",
+         "2026-12-06-h100x1-ddp-loss-int8-mps-seeds567-0c6a455.json",
+         "2026-12-06-h100x1-ddp-loss-int8-mps-seeds8910-0c6a455.json",
+         "2026-12-06-h100x1-ddp-loss-int8-mps-seeds1112-0c6a455.json"),
         "nccl",
         {"zpccl": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1)}),
+    Campaign(
+        "deepspeed-57m-b64", "57M model under DeepSpeed ZeRO-3, 2 ranks as 2 nodes (net-on1gpu-mps), 400 steps, "
+        "cosine decay (deepspeed_step.py); zpccl.deepspeed: int8 weights, int4 gradients in blocks of 64",
+        ("2026-12-06-h100x1-deepspeed-loss-b64-mps-185ef4b.json",),
+        "deepspeed",
+        {"zpccl:8:4": ("DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64", 0.5)}),
     Campaign(
         "grad-cpu", "2-layer d 128 GPT, 4 thread-ranks as 2 nodes of 2 (host backend), 600 steps (grad_numerics.py "
         "--cpu); weights exact",

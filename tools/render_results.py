@@ -706,7 +706,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (H100_6 + "fsdp-step-small-pair-mps-511ec81.json", "MPS (8 rounds)"),
         (H100_6 + "fsdp-step-small-pair-run2-511ec81.json", "time slices, run 2 (8 rounds)"),
         (H100_6 + "fsdp-step-small-mps-511ec81.json", "MPS, five configurations"),
-        (H100_6 + "fsdp-step-small-511ec81.json", "time slices, five configurations")]),
+        (H100_6 + "fsdp-step-small-511ec81.json", "time slices, five configurations"),
+        *((H100_6 + f"fsdp-step-small-mps-run{i}-0c6a455.json", f"MPS, 0c6a455, run {i}") for i in (1, 2, 3))]),
     "collectives-mps": lambda s: size_table(s, "collectives-mps", "", ["16M", "64M"], [
         Line(f"{name} int{b}, {how}", [Pick(H100_6 + f"collectives-net{tag}-511ec81.json", op, None,
                                             dict(bits=b, regime="net-on1gpu"))], limit=True)
@@ -720,11 +721,13 @@ TABLES: dict[str, Callable[[Store], Table]] = {
              value="nccl-us")
         for f, how in ((H100_6 + "qwz-small-calls-0277107.json", "time slices (0277107)"),
                        (H100_6 + "qwz-small-calls-mps-511ec81.json", "MPS"))]),
-    "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", R3 + "fsdp-memory-1bf77a3.json"),
+    "fsdp-memory": lambda s: fsdp_memory_table(s, "fsdp-memory", H100_6 + "fsdp-memory-0c6a455.json"),
     "fsdp-loss": lambda s: loss_table(s, "fsdp-loss", ls.campaign("fsdp2-57m"), [
         LossLine("nccl-fp32", "NCCL, fp32 reduction (noise floor)"),
         LossLine("zpccl:8:4", "zpccl int8 weights, int4 gradients"),
         LossLine("zpccl:8:8", "zpccl int8 weights, int8 gradients")]),
+    "deepspeed-loss-b64": lambda s: loss_table(s, "deepspeed-loss-b64", ls.campaign("deepspeed-57m-b64"), [
+        LossLine("zpccl:8:4", "DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64")]),
     "fsdp-loss-b64": lambda s: loss_table(s, "fsdp-loss-b64", ls.campaign("fsdp2-57m-b64"), [
         LossLine("zpccl:8:4", "zpccl int8 weights, int4 gradients in blocks of 64")]),
     "qwz-nvlink": lambda s: collective_table(s, "qwz-nvlink", "qwz_all_gather", SIZES, [(NVLINK, None)], ["nvlink"],
