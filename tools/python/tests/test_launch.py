@@ -98,22 +98,20 @@ class Spawn(unittest.TestCase):
         with mock.patch.dict(os.environ, {"RANK": "5"}):
             self.assertEqual(launch.run(lambda x: (x, os.getpid()), 4, "here"), [("here", os.getpid())])
 
-    def test_the_rendezvous_serves_torch_distributed(self) -> None:
+    def need_gloo(self) -> None:
         try:
             import torch.distributed as dist
         except ImportError:
             self.skipTest("torch is not installed")
         if not dist.is_available() or not dist.is_gloo_available():
             self.skipTest("this torch has no gloo backend")
+
+    def test_the_rendezvous_serves_torch_distributed(self) -> None:
+        self.need_gloo()
         self.assertEqual(launch.spawn(_gloo_sum, 2, timeout=120), [3.0, 3.0])
 
     def test_a_port_taken_before_rank_0_listens_is_replaced(self) -> None:
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            self.skipTest("torch is not installed")
-        if not dist.is_available() or not dist.is_gloo_available():
-            self.skipTest("this torch has no gloo backend")
+        self.need_gloo()
         import contextlib
         import io
         import socket
