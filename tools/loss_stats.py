@@ -315,6 +315,20 @@ CAMPAIGNS = (
         "deepspeed",
         {"zpccl:8:4": ("DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64", 0.5)}),
     Campaign(
+        "deepspeed-small-cpu-b64", "2-layer d 128 GPT under DeepSpeed ZeRO-3 (its CPU accelerator, gloo), 2 ranks as 2 "
+        "nodes (host backend), 300 steps, cosine decay (deepspeed_step.py --cpu); int8 weights, int4 gradients in "
+        "blocks of 64",
+        ("2026-12-06-cpu-deepspeed-loss-b64-small-7ffd34d.json",
+         "2026-12-06-cpu-deepspeed-loss-b64-small-seeds345-7ffd34d.json"),
+        "deepspeed",
+        {"zpccl:8:4": ("DeepSpeed ZeRO-3 + zpccl.deepspeed", 0.5)}),
+    Campaign(
+        "fsdp2-small-cpu-b64", "the same GPT, data and schedule under FSDP2 (gloo), the same formats "
+        "(fsdp_step.py --cpu)",
+        ("2026-12-06-cpu-fsdp-loss-b64-small-7ffd34d.json", "2026-12-06-cpu-fsdp-loss-b64-small-seeds345-7ffd34d.json"),
+        "nccl",
+        {"zpccl:8:4": ("FSDP2 + zpccl.fsdp", 0.5)}),
+    Campaign(
         "grad-cpu", "2-layer d 128 GPT, 4 thread-ranks as 2 nodes of 2 (host backend), 600 steps (grad_numerics.py "
         "--cpu); weights exact",
         ("2026-12-03-cpu-threads-grad-numerics-6e43048.json",

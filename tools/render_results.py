@@ -728,6 +728,10 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         LossLine("zpccl:8:8", "zpccl int8 weights, int8 gradients")]),
     "deepspeed-loss-b64": lambda s: loss_table(s, "deepspeed-loss-b64", ls.campaign("deepspeed-57m-b64"), [
         LossLine("zpccl:8:4", "DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64")]),
+    "deepspeed-loss-b64-cpu": lambda s: loss_table(s, "deepspeed-loss-b64-cpu", ls.campaign("deepspeed-small-cpu-b64"),
+                                                   [LossLine("zpccl:8:4", "DeepSpeed ZeRO-3 + zpccl.deepspeed")]),
+    "fsdp-loss-b64-cpu": lambda s: loss_table(s, "fsdp-loss-b64-cpu", ls.campaign("fsdp2-small-cpu-b64"),
+                                              [LossLine("zpccl:8:4", "FSDP2 + zpccl.fsdp")]),
     "fsdp-loss-b64": lambda s: loss_table(s, "fsdp-loss-b64", ls.campaign("fsdp2-57m-b64"), [
         LossLine("zpccl:8:4", "zpccl int8 weights, int4 gradients in blocks of 64")]),
     "qwz-nvlink": lambda s: collective_table(s, "qwz-nvlink", "qwz_all_gather", SIZES, [(NVLINK, None)], ["nvlink"],
