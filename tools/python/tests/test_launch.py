@@ -133,6 +133,17 @@ class Spawn(unittest.TestCase):
             self.assertEqual(failed.exception.rank, 0)
             self.assertIn("EADDRINUSE", failed.exception.details)
 
+    def test_a_taken_port_is_read_in_either_wording(self) -> None:
+        newer = ("DistNetworkError: The server socket has failed to listen on any local network address. port: 29500, "
+                 "useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+        older = ("RuntimeError: The server socket has failed to listen on any local network address. The server "
+                 "socket has failed to bind to [::]:29500 (errno: 98 - Address already in use).")
+        for details in (newer, older):
+            self.assertTrue(launch._port_was_taken(launch.RankFailed(0, 2, details), 29500))
+            self.assertFalse(launch._port_was_taken(launch.RankFailed(0, 2, details), 29501))  # another port
+            self.assertFalse(launch._port_was_taken(launch.RankFailed(1, 2, details), 29500))  # not the store's rank
+        self.assertFalse(launch._port_was_taken(launch.RankFailed(0, 2, "ValueError: port 29500 refused"), 29500))
+
     def test_other_failures_are_not_tried_again(self) -> None:
         with mock.patch.object(launch, "free_port", wraps=launch.free_port) as chosen:
             with self.assertRaises(launch.RankFailed):

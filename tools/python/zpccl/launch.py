@@ -153,9 +153,10 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any, env: dict[str, str] |
 
 
 def _port_was_taken(failure: RankFailed, port: int) -> bool:
-    """Whether rank 0 failed because its store could not listen on ``port`` (torch's TCPStore names the port and
-    the errno)."""
-    return failure.rank == 0 and "EADDRINUSE" in failure.details and f"port: {port}" in failure.details
+    """Whether rank 0 failed because its store could not listen on ``port``: torch's TCPStore names the port and the
+    errno, by name (``EADDRINUSE``) or by its message, as torch's versions word it."""
+    taken = "EADDRINUSE" in failure.details or "Address already in use" in failure.details
+    return failure.rank == 0 and taken and str(port) in failure.details
 
 
 def _spawn_on(port: int, fn: Callable[..., Any], nprocs: int, args: tuple, env: dict[str, str] | None,
