@@ -53,7 +53,9 @@ reported beside the bytes.
 
 ``--loss-steps N`` trains each of ``--loss-runs`` (deepspeed, zeropp, zpccl, or zpccl:W:G with W-bit weights and
 G-bit gradients, 0 leaving that collective DeepSpeed's; zpccl:0:0 is zpccl's exact hpZ gathers alone, with hpZ groups
-of at least 2) for N steps on a fresh engine per seed of
+of at least 2; deepspeed-fp32 is deepspeed with its gradients reduced in fp32, not bf16 (``communication_data_type``):
+exact collectives that round otherwise, so its gap to deepspeed is the noise floor the other gaps stand on; list it
+after deepspeed, the reference) for N steps on a fresh engine per seed of
 ``--loss-seeds``, seed-major, and reports the validation loss, the training loss of the last steps, and the paired
 gap to the deepspeed run of the same seed with its standard error and 95% interval. ``-J`` is rewritten after
 every loss run.
@@ -90,7 +92,8 @@ dt = sp.load_example("deepspeed_train")
 ex = dt.ex
 
 CONFIGS = ("deepspeed", "zeropp", "zpccl", "zpccl-exact", "no-comm")
-LOSS_CONFIGS = ("deepspeed", "zeropp", "zpccl")  # no-comm's ranks exchange nothing: its loss is no model's
+LOSS_CONFIGS = ("deepspeed", "deepspeed-fp32", "zeropp", "zpccl")  # no-comm's ranks exchange nothing: no model's
+FP32 = "deepspeed-fp32"  # deepspeed with its gradients reduced in fp32: a loss run alone, the noise floor
 EXACT = "zpccl-exact"  # DeepSpeed's bits by construction: timed, not a loss run of its own
 PHASES = ("forward", "backward", "optimizer")
 
@@ -101,8 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ex.add_launch_args(p)
     dt.add_zero_args(p)
     sp.add_protocol_args(p, CONFIGS, "deepspeed,zeropp,zpccl",
-                         "the loss runs, in order: deepspeed, zeropp, zpccl, or zpccl:WEIGHT_BITS:GRAD_BITS (4 or 8; "
-                         "0: that collective stays DeepSpeed's)")
+                         "the loss runs, in order: deepspeed, deepspeed-fp32, zeropp, zpccl, or "
+                         "zpccl:WEIGHT_BITS:GRAD_BITS (4 or 8; 0: that collective stays DeepSpeed's)")
     args = p.parse_args(argv)
     sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec, cuda_only={"zeropp": "DeepSpeed's ZeRO++ quantizer"})
     return args
@@ -111,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def parse_loss_spec(text: str) -> dict[str, Any]:
     """One ``--loss-runs`` entry (sp.parse_loss_run, in fsdp_step's shape; bits None: the configuration's own; 0:
     that collective stays DeepSpeed's; ``zpccl:0:0``, zpccl's hpZ gathers alone, exact). no-comm is no loss run."""
-    return sp.parse_loss_run(text, {c: c for c in LOSS_CONFIGS}, zpccl="zpccl",
+    return sp.parse_loss_run(text, {c: "deepspeed" if c == FP32 else c for c in LOSS_CONFIGS}, zpccl="zpccl",
                              refused={"no-comm": "its ranks exchange no data (timing only); its loss is no model's"})
 
 
@@ -321,8 +324,10 @@ class Bench:
             wargs.grad_bits = grad_bits or None
         if comm == EXACT:
             wargs.weight_bits = wargs.grad_bits = None
-        config = dt.zero_config(wargs, {"no-comm": "deepspeed", EXACT: "zpccl"}.get(comm, comm),
+        config = dt.zero_config(wargs, {"no-comm": "deepspeed", FP32: "deepspeed", EXACT: "zpccl"}.get(comm, comm),
                                 self.where.ranks_per_node, 1 if comm == EXACT else self.hpz)
+        if comm == FP32:
+            config["communication_data_type"] = "fp32"
         if comm in ("zpccl", EXACT):
             section = config["zpccl"]
             if section["grad_bits"] is None:

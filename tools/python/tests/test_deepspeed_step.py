@@ -28,7 +28,8 @@ class DeepSpeedStepScript(unittest.TestCase):
         doc, stdout = run_step_script(self, "perf/deepspeed_step.py", [
             "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1", "--d-model", "192", "--heads", "2",
             "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl,zpccl-exact,no-comm", "--rounds", str(ROUNDS),
-            "--steps", str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs", "deepspeed,zpccl:8:4"])
+            "--steps", str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs",
+            "deepspeed,deepspeed-fp32,zpccl:8:4"])
         self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
         self.assertIn("deepspeed_step.py --cpu", doc["provenance"]["command"])
         self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["hpz"]), ("cpu", RANKS, NODES, 2))
@@ -86,14 +87,20 @@ class DeepSpeedStepScript(unittest.TestCase):
         self.assertIsNone(local["hpz"])
         self.assertIn("no-comm: DeepSpeed's parameter gathers and gradient reduce-scatters made locally", stdout)
         self.assertIn("host: fwd", stdout)
-        self.assertEqual([x["spec"] for x in doc["losses"]], ["deepspeed", "zpccl:8:4"])
+        self.assertEqual([x["spec"] for x in doc["losses"]], ["deepspeed", "deepspeed-fp32", "zpccl:8:4"])
         for x in doc["losses"]:
             self.assertTrue(math.isfinite(x["valid"]) and x["valid"] > 0, x)
         self.assertIsNone(doc["losses"][0]["zpccl_calls"])
-        self.assertGreater(doc["losses"][1]["zpccl_calls"]["qgz"], 0)
+        self.assertIsNone(doc["losses"][1]["zpccl_calls"])
+        self.assertGreater(doc["losses"][2]["zpccl_calls"]["qgz"], 0)
         gaps = {s["spec"]: s["gap_pct"] for s in doc["loss_summary"]}
+        self.assertEqual({s["spec"]: s["reference"] for s in doc["loss_summary"]},
+                         dict.fromkeys(gaps, "deepspeed"))
         self.assertEqual(gaps["deepspeed"]["mean"], 0.0)
         self.assertNotEqual(gaps["zpccl:8:4"]["mean"], 0.0)  # quantized: not DeepSpeed's bits
+        # Gradients reduced in fp32 round otherwise than in bf16: not DeepSpeed's default bits, but close to them.
+        self.assertNotEqual(gaps["deepspeed-fp32"]["mean"], 0.0)
+        self.assertLess(abs(gaps["deepspeed-fp32"]["mean"]), 1.0)
         self.assertIn("vs deepspeed", stdout)
         self.assertIn("(4 ranks (2 nodes, 2 a node, CPU, gloo)", stdout.replace("# DeepSpeed ZeRO-3 step: ", "("))
 
@@ -186,6 +193,15 @@ class NoCommCollectives(unittest.TestCase):
         self.assertEqual((partition_parameters._dist_allgather_fn, stage3.reduce_scatter_coalesced), theirs)
         params[1].all_gather([params[0]])  # DeepSpeed's own again
         self.assertEqual(deepspeeds[-1], ([params[0]], False))
+
+    def test_the_noise_floor_is_a_loss_run_of_deepspeeds_collectives(self) -> None:
+        ds_step = load_script("perf/deepspeed_step.py")
+        self.assertEqual(ds_step.parse_loss_spec("deepspeed-fp32"),
+                         dict(spec="deepspeed-fp32", comm="deepspeed", config="deepspeed-fp32", weight_bits=None,
+                              grad_bits=None))
+        with contextlib.redirect_stderr(io.StringIO()) as err, self.assertRaises(SystemExit):
+            ds_step.parse_args(["--configs", "deepspeed,deepspeed-fp32"])  # not timed: a loss run alone
+        self.assertIn("unknown deepspeed-fp32", err.getvalue())
 
     def test_no_comm_is_no_loss_run(self) -> None:
         ds_step = load_script("perf/deepspeed_step.py")
