@@ -368,9 +368,9 @@ CAMPAIGNS = (
 
 #: Loss files no campaign takes, and why (``--check`` fails on any other file that is left out).
 NOT_PAIRED = {
-    "2026-12-06-cpu-deepspeed-curve-57m-9ec8a6d.json": "DeepSpeed's exact curve, read beside FSDP2's "
+    "2026-12-06-cpu-deepspeed-loss-curve-57m-9ec8a6d.json": "DeepSpeed's exact curve, read beside FSDP2's "
     "(perf/notebook/accuracy.md): no zpccl run",
-    "2026-12-06-cpu-fsdp-curve-57m-9ec8a6d.json": "FSDP2's exact curve, read beside DeepSpeed's: no zpccl run",
+    "2026-12-06-cpu-fsdp-loss-curve-57m-9ec8a6d.json": "FSDP2's exact curve, read beside DeepSpeed's: no zpccl run",
     "2026-12-02-h200x1-fsdp-loss-runs-net-on1gpu.json": "its rows name no seed",
     "2026-12-03-h200x1-grad-numerics-seed0-35f8470.json": "stochastic rounding's numerics changed after 35f8470 "
     "(its int4-sr seed 0 differs from 1bf77a3's); its other rows are in grad-gpu-w8",

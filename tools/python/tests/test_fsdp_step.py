@@ -88,7 +88,8 @@ class StepProtocol(unittest.TestCase):
         self.assertEqual(ds.parse_loss_spec("zpccl:0:0"), run("zpccl:0:0", "zpccl", "zpccl", 0, 0))
         for script, bad, why in (
                 (fs, "zpccl:0:0", "zpccl.fsdp would serve nothing"), (fs, "deepspeed", "not nccl, nccl-noreshard"),
-                (ds, "nccl", "not deepspeed, zeropp, zpccl or zpccl:W:G"), (ds, "no-comm", "exchange no data"),
+                (ds, "nccl", "not deepspeed, deepspeed-fp32, zeropp, zpccl or zpccl:W:G"),
+                (ds, "no-comm", "exchange no data"),
                 (fs, "zpccl:8", "zpccl:W:G"), (fs, "zpccl:8:4:4", "zpccl:W:G"), (ds, "zpccl:8:x", "integers"),
                 (ds, "zpccl:8:2", "0, 4 or 8"), (fs, "zpccl:16:4", "0, 4 or 8")):
             with self.subTest(bad=bad), self.assertRaises(ValueError) as caught:
