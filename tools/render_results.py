@@ -561,9 +561,11 @@ def one_gpu(store: Store) -> Table:
 def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Table:
     """Separate runs of one FSDP2 step shape: FSDP2 + zpccl's step time and its ratio to FSDP2 + NCCL at either
     resharding and to the ablation (NCCL with the reduce-scatters on a second communicator), each ratio of medians
-    with the least and greatest ratio of the rounds' medians; a run that lacks a configuration shows "-"."""
+    with the least and greatest ratio of the rounds' medians; and the step with no network (``no-comm``) with
+    NCCL's over it, the most any collective could gain in that run. A run that lacks a configuration shows "-"."""
     t = Table(store, name, ["run", "rounds", "zpccl ms (median, range)", "NCCL True ms", "NCCL False ms",
-                            "NCCL 2 comms ms", "vs NCCL True", "vs NCCL False", "vs NCCL 2 comms"])
+                            "NCCL 2 comms ms", "vs NCCL True", "vs NCCL False", "vs NCCL 2 comms",
+                            "no network ms (NCCL True / False over it)"])
     for file, label in files:
         rows = {r["config"]: r for r in store.data(file)["rows"]}
         if "zpccl-hpz" not in rows:
@@ -577,9 +579,14 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
         def vs(config: str) -> str:
             return ratio_cell(rows[config], z) if config in rows else "-"
 
+        floor = "-"
+        if "no-comm" in rows:
+            over = [f"{rows[c]['median_ms'] / rows['no-comm']['median_ms']:.2f}x" if c in rows else "-"
+                    for c in ("nccl", "nccl-noreshard")]
+            floor = f"{ms('no-comm')} ({' / '.join(over)})"
         t.add([label, str(len(rounds)) if rounds else "-",
                f"{z['median_ms']:.1f} ({z['min_ms']:.1f}-{z['max_ms']:.1f})", ms("nccl"), ms("nccl-noreshard"),
-               ms("nccl-2comm"), vs("nccl"), vs("nccl-noreshard"), vs("nccl-2comm")], [file])
+               ms("nccl-2comm"), vs("nccl"), vs("nccl-noreshard"), vs("nccl-2comm"), floor], [file])
     return t
 
 
