@@ -92,8 +92,8 @@ dt = sp.load_example("deepspeed_train")
 ex = dt.ex
 
 CONFIGS = ("deepspeed", "zeropp", "zpccl", "zpccl-exact", "no-comm")
-LOSS_CONFIGS = ("deepspeed", "deepspeed-fp32", "zeropp", "zpccl")  # no-comm's ranks exchange nothing: no model's
 FP32 = "deepspeed-fp32"  # deepspeed with its gradients reduced in fp32: a loss run alone, the noise floor
+LOSS_CONFIGS = ("deepspeed", FP32, "zeropp", "zpccl")  # no-comm's ranks exchange nothing: its loss is no model's
 EXACT = "zpccl-exact"  # DeepSpeed's bits by construction: timed, not a loss run of its own
 PHASES = ("forward", "backward", "optimizer")
 

@@ -13,7 +13,7 @@ import unittest
 from types import SimpleNamespace
 from typing import Any
 
-from . import load_script
+from . import SOURCE_TREE, load_script
 from ._procs import torch_for_procs
 from ._step_scripts import check_timed_row, run_step_script
 from ._threaded import run_threaded, torch_with_fsdp2
@@ -298,10 +298,6 @@ class FsdpStepOnCpu(unittest.TestCase):
         self.assertIn("vs 2comm", stdout)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class FsdpMemoryArguments(unittest.TestCase):
     """perf/fsdp_memory.py runs on a GPU alone, through fsdp_step's Bench: its arguments must carry every field of
     ``args`` that the Bench methods it calls read, or it fails on the GPU machine at its first line of work."""
@@ -317,13 +313,11 @@ class FsdpMemoryArguments(unittest.TestCase):
 
     def test_every_field_the_bench_reads_is_parsed(self) -> None:
         import ast
-        import pathlib
 
-        top = pathlib.Path(__file__).resolve().parents[3]
-        bench = next(node for node in ast.parse((top / "perf/fsdp_step.py").read_text()).body
+        bench = next(node for node in ast.parse((SOURCE_TREE / "perf/fsdp_step.py").read_text()).body
                      if isinstance(node, ast.ClassDef) and node.name == "Bench")
         methods = {f.name: f for f in bench.body if isinstance(f, ast.FunctionDef)}
-        memory = ast.parse((top / "perf/fsdp_memory.py").read_text())
+        memory = ast.parse((SOURCE_TREE / "perf/fsdp_memory.py").read_text())
         called = {node.func.attr for node in ast.walk(memory) if isinstance(node, ast.Call)
                   and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
                   and node.func.value.id == "bench"}
@@ -334,3 +328,7 @@ class FsdpMemoryArguments(unittest.TestCase):
         args = vars(load_script("perf/fsdp_memory.py").parse_args([]))
         self.assertEqual(sorted(needed - args.keys()), [], f"Bench methods {sorted(used)}")
         self.assertIs(args["cpu"], False)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -269,9 +269,9 @@ class TorchtitanTraining(unittest.TestCase):
 
         disable, reshard = ZeroPlusPlus.disable, FSDPParamGroup.reshard
 
-        def count_then_disable(session: Any) -> None:  # _titan.train disables zpccl, which puts FSDP's meshes back
-            given[self.torch.distributed.get_rank()] = sum(s.post_forward is not None for s in session._served)
-            disable(session)
+        def count_then_disable(handle: Any) -> None:  # _titan.train disables zpccl, which puts FSDP's meshes back
+            given[self.torch.distributed.get_rank()] = sum(s.post_forward is not None for s in handle._served)
+            disable(handle)
 
         def counted_reshard(pg: Any) -> None:
             info = pg.post_forward_mesh_info
