@@ -172,7 +172,7 @@ class Bench:
             ex.optimizer_step(torch, model, opt, schedule)
             return loss
 
-        trained = sp.train_for_loss(self, args.loss_steps, train_step)
+        trained = sp.train_for_loss(self, args.loss_steps, train_step, args.loss_stop)
         with torch.no_grad():
             batches = data.validation()
             valid = sum(self.forward_loss(model, i, t).detach().float() for i, t in batches) / len(batches)

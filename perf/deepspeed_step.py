@@ -416,7 +416,7 @@ class Bench:
             engine.step()
             return loss
 
-        trained = sp.train_for_loss(self, args.loss_steps, train_step)
+        trained = sp.train_for_loss(self, args.loss_steps, train_step, args.loss_stop)
         valid = dt.validation_loss(torch, engine, data.validation())
         calls = {k: v["calls"] for k, v in zp.summary().items()} if zp is not None else None
         self.release(engine, zp)

@@ -27,7 +27,10 @@ gradient reduce-scatters.
 runs cut short leave whole seeds; a seed sets the model's initialization and the training batches' order, the
 same for every run of that seed, so that runs are compared seed by seed against the NCCL run of the same seed
 (the validation batches are the same for every seed). The report gives each run's mean and spread over seeds
-and its paired gap to NCCL's validation loss. ``-J`` is rewritten after every loss run.
+and its paired gap to NCCL's validation loss. ``-J`` is rewritten after every loss run. ``--loss-stop K`` trains only
+the first K steps of the N-step schedule and records every step's loss; ``--start-from-bf16`` starts every run from
+the weights rounded to bf16, as DeepSpeed's bf16 mode starts its master copy (together: how FSDP2's curve and
+DeepSpeed's part, perf/notebook/accuracy.md).
 
     python perf/fsdp_step.py --nproc 2 --nodes 2 --loss-only --loss-steps 400 --loss-seeds 0,1,2 \
         --loss-runs nccl-noreshard,zpccl:8:4,zpccl:0:4 -J perf/results/fsdp-loss.json
@@ -84,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr-final", type=float, default=0.1,
                    help="loss runs: the learning rate at the last step, as a fraction of --lr (cosine decay after "
                         "the warmup; 1: constant)")
+    p.add_argument("--start-from-bf16", action="store_true",
+                   help="loss runs: start from the model's weights rounded to bf16, the weights DeepSpeed's bf16 "
+                        "mode starts its fp32 master copy from (FSDP2 keeps the fp32 initialization)")
     args = p.parse_args(argv)
     sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec,
                            cuda_only={"zero3": "tools/python/examples/zero3_train.py runs on GPUs"})
@@ -335,6 +341,10 @@ class Bench:
         torch, args = self.torch, self.args
         weight_bits, grad_bits = run["weight_bits"], run["grad_bits"]
         base = ex.build_gpt(torch, args.layers, args.d_model, args.heads, args.seq, seed)
+        if args.start_from_bf16:
+            with torch.no_grad():
+                for p in base.parameters():
+                    p.copy_(p.to(torch.bfloat16))
         data = ex.Batches(torch, self.text, args.seq, args.batch, self.where.rank, self.where.device, seed)
         reshard = reshard_of(run["config"], self.rpn)
         model = self.build(reshard, base, torch.float32 if run["config"] == "nccl-fp32" else None)
@@ -351,7 +361,7 @@ class Bench:
             ex.optimizer_step(torch, model, opt, schedule)
             return loss
 
-        trained = sp.train_for_loss(self, args.loss_steps, train_step)
+        trained = sp.train_for_loss(self, args.loss_steps, train_step, args.loss_stop)
         valid = ex.validation_loss(torch, model, data.validation())
         calls = None
         if zp is not None:
@@ -370,7 +380,8 @@ def main(args: argparse.Namespace) -> None:
     n_params = sum(p.numel() for p in bench.base.parameters())
     sp.say_layout(say, "FSDP2 step", bench, args, n_params)
     out = timed_rows(bench, args, names, label, n_params, say) if names else []
-    sp.finish(bench, args, label, say, out, bench.loss_run, report, ranks_per_node=bench.rpn, params=n_params)
+    sp.finish(bench, args, label, say, out, bench.loss_run, report, ranks_per_node=bench.rpn, params=n_params,
+              start_from_bf16=args.start_from_bf16)
 
 
 def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: str, n_params: int,

@@ -61,6 +61,9 @@ def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and round")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--loss-steps", type=int, default=0, help="also train this many steps per loss run")
+    p.add_argument("--loss-stop", type=int, default=0,
+                   help="loss runs: stop after this many steps of --loss-steps' schedule and record every step's "
+                        "loss (how the curves start; the validation loss is then the stopped model's)")
     p.add_argument("--loss-runs", default=loss_runs, help=loss_runs_help)
     p.add_argument("--loss-seeds", default=None,
                    help="comma-separated seeds (model initialization and data order), each loss run once per "
@@ -101,6 +104,9 @@ def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, co
         p.error("--loss-only needs --loss-steps")
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.loss_steps < 0:
         p.error("--rounds and --steps must be at least 1, --warmup and --loss-steps at least 0")
+    if not 0 <= args.loss_stop <= args.loss_steps:
+        p.error(f"--loss-stop {args.loss_stop}: from 0 (train every step of --loss-steps) to --loss-steps "
+                f"({args.loss_steps})")
     if args.nodes and args.nproc % args.nodes:
         p.error(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
     if args.cpu:
@@ -434,10 +440,13 @@ def mean_over_ranks(bench: Any, value: Any) -> float:
     return float(mean)
 
 
-def train_for_loss(bench: Any, steps: int, train_step: Callable[[int], Any]) -> dict[str, Any]:
-    """Runs ``train_step(s)`` (one optimizer step on step ``s``'s batch, returning its loss) ``steps`` times; gives
-    the training curve (every tenth step's loss, averaged over ranks) and the mean training loss over the last
-    TRAIN_TAIL steps (``train_tail``, over ``train_tail_steps``)."""
+def train_for_loss(bench: Any, steps: int, train_step: Callable[[int], Any], stop: int = 0) -> dict[str, Any]:
+    """Runs ``train_step(s)`` (one optimizer step on step ``s``'s batch, returning its loss) ``steps`` times, or
+    ``stop`` times where that is set (``--loss-stop``: the schedule stays that of ``steps``); gives the training
+    curve (every tenth step's loss, averaged over ranks; with ``stop``, every step's) and the mean training loss
+    over the last TRAIN_TAIL steps (``train_tail``, over ``train_tail_steps``)."""
+    every = 1 if stop else 10
+    steps = stop or steps
     curve = []
     tail_from = max(0, steps - TRAIN_TAIL)
     tail = bench.torch.zeros((), device=bench.where.device)
@@ -445,7 +454,7 @@ def train_for_loss(bench: Any, steps: int, train_step: Callable[[int], Any]) -> 
         loss = train_step(s).detach().float()
         if s >= tail_from:
             tail += loss
-        if s % 10 == 0 or s == steps - 1:
+        if s % every == 0 or s == steps - 1:
             curve.append((s, mean_over_ranks(bench, loss)))
     return dict(train_tail=mean_over_ranks(bench, tail) / max(1, steps - tail_from), train_tail_steps=steps - tail_from,
                 curve=curve)
@@ -467,7 +476,7 @@ def finish(bench: Any, args: argparse.Namespace, label: str, say: Any, rows: lis
                 provenance=record, rows=rows, losses=losses, loss_summary=loss_summary(losses), loss_seeds=args.seeds,
                 loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
                 nodes=args.nodes or None, **doc, block_size=args.block_size,
-                grad_block_size=args.grad_block_size or args.block_size, lr=args.lr))
+                grad_block_size=args.grad_block_size or args.block_size, lr=args.lr, loss_stop=args.loss_stop or None))
 
     save()
     if args.loss_steps:

@@ -126,6 +126,33 @@ def check_phases(test: unittest.TestCase, row: dict[str, Any]) -> None:
     test.assertEqual(row["phase_ms_per_rank"], row["host_phase_ms_per_rank"])
 
 
+class DeepSpeedsCurveAgainstFsdp2s(unittest.TestCase):
+    def test_deepspeed_starts_from_the_weights_rounded_to_bf16(self) -> None:
+        # DeepSpeed's bf16 mode casts the module to bf16 before its optimizer copies the weights, so its fp32 master
+        # copy starts on bf16's grid; FSDP2 keeps the fp32 initialization and casts it at each forward. In the
+        # warmup's first steps an update is smaller than half of bf16's spacing at the weights' scale, so which
+        # weights move differs, and the two curves part from the first update: FSDP2 started from the rounded
+        # weights (--start-from-bf16) follows DeepSpeed's.
+        deepspeed_or_skip()
+        shape = ["--cpu", "--nproc", "2", "--nodes", "2", "--layers", "1", "--d-model", "384", "--heads", "6",
+                 "--seq", "64", "--batch", "4", "--loss-only", "--loss-steps", "40", "--loss-stop", "4",
+                 "--loss-seeds", "0"]
+        curves = {}
+        for name, script, extra in (("deepspeed", "perf/deepspeed_step.py", ["--loss-runs", "deepspeed"]),
+                                    ("fsdp2", "perf/fsdp_step.py", ["--loss-runs", "nccl"]),
+                                    ("fsdp2-bf16", "perf/fsdp_step.py", ["--loss-runs", "nccl", "--start-from-bf16"])):
+            doc, _ = run_step_script(self, script, shape + extra)
+            self.assertEqual(doc["loss_stop"], 4)
+            (run,) = doc["losses"]
+            self.assertEqual([s for s, _ in run["curve"]], [0, 1, 2, 3])  # every step's loss
+            curves[name] = [loss for _, loss in run["curve"]]
+        ds, fp32, bf16 = curves["deepspeed"], curves["fsdp2"], curves["fsdp2-bf16"]
+        self.assertEqual(ds[0], fp32[0])  # the same weights and batch before any update
+        self.assertGreater(abs(ds[1] - fp32[1]), 4 * abs(ds[1] - bf16[1]))
+        for step, (a, b) in enumerate(zip(ds, bf16)):
+            self.assertLess(abs(a - b), 5e-3, f"step {step}")
+
+
 class _Status(enum.Enum):
     """ZeRO-3's parameter states, as far as no-comm reads them."""
 

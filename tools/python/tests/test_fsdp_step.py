@@ -54,7 +54,8 @@ class StepProtocol(unittest.TestCase):
         self.assertGreaterEqual(args.rounds, 5)
         self.assertIn("nccl-2comm", args.configs.split(","))
         for bad in (["--configs", "nccl,bogus"], ["--rounds", "0"], ["--configs", "nccl,zpccl-hpz,nccl"],
-                    ["--loss-runs", "nccl,zpccl:8:4,nccl"], ["--loss-steps", "-1"]):
+                    ["--loss-runs", "nccl,zpccl:8:4,nccl"], ["--loss-steps", "-1"],
+                    ["--loss-steps", "4", "--loss-stop", "5"], ["--loss-steps", "4", "--loss-stop", "-1"]):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
                 fs.parse_args(bad)
         self.assertEqual(fs.parse_args(["--configs", "zpccl-hpz, nccl"]).config_list, ["zpccl-hpz", "nccl"])
