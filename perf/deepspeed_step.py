@@ -53,12 +53,13 @@ reported beside the bytes.
 
 ``--loss-steps N`` trains each of ``--loss-runs`` (deepspeed, zeropp, zpccl, or zpccl:W:G with W-bit weights and
 G-bit gradients, 0 leaving that collective DeepSpeed's; zpccl:0:0 is zpccl's exact hpZ gathers alone, with hpZ groups
-of at least 2; deepspeed-fp32 is deepspeed with its gradients reduced in fp32, not bf16 (``communication_data_type``):
-exact collectives that round otherwise, so its gap to deepspeed is the noise floor the other gaps stand on; list it
-after deepspeed, the reference) for N steps on a fresh engine per seed of
-``--loss-seeds``, seed-major, and reports the validation loss, the training loss of the last steps, and the paired
-gap to the deepspeed run of the same seed with its standard error and 95% interval. ``-J`` is rewritten after
-every loss run.
+of at least 2; deepspeed-fp32 is deepspeed with its gradients reduced and accumulated in fp32, not bf16
+(``communication_data_type`` and ``data_types.grad_accum_dtype``; the first alone changes nothing on two ranks, where
+the reduced sum is rounded back to bf16 as NCCL's bf16 sum rounds it): exact collectives that round otherwise, so its
+gap to deepspeed is the noise floor the other gaps stand on; list it after deepspeed, the reference) for N steps on a
+fresh engine per seed of ``--loss-seeds``, seed-major, and reports the validation loss, the training loss of the last
+steps, and the paired gap to the deepspeed run of the same seed with its standard error and 95% interval. ``-J`` is
+rewritten after every loss run.
 
 ``--cpu`` runs deepspeed and zpccl on DeepSpeed's CPU accelerator over gloo (zpccl's host backend, ranks as
 processes; ``--nodes`` tells zpccl the layout; zeropp needs CUDA): a smoke test of the protocol and the JSON, whose
@@ -92,7 +93,7 @@ dt = sp.load_example("deepspeed_train")
 ex = dt.ex
 
 CONFIGS = ("deepspeed", "zeropp", "zpccl", "zpccl-exact", "no-comm")
-FP32 = "deepspeed-fp32"  # deepspeed with its gradients reduced in fp32: a loss run alone, the noise floor
+FP32 = "deepspeed-fp32"  # deepspeed with its gradients reduced and kept in fp32: a loss run alone, the noise floor
 LOSS_CONFIGS = ("deepspeed", FP32, "zeropp", "zpccl")  # no-comm's ranks exchange nothing: its loss is no model's
 EXACT = "zpccl-exact"  # DeepSpeed's bits by construction: timed, not a loss run of its own
 PHASES = ("forward", "backward", "optimizer")
@@ -326,8 +327,9 @@ class Bench:
             wargs.weight_bits = wargs.grad_bits = None
         config = dt.zero_config(wargs, {"no-comm": "deepspeed", FP32: "deepspeed", EXACT: "zpccl"}.get(comm, comm),
                                 self.where.ranks_per_node, 1 if comm == EXACT else self.hpz)
-        if comm == FP32:
+        if comm == FP32:  # both settings: see deepspeed-fp32 in the module's docstring
             config["communication_data_type"] = "fp32"
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
         if comm in ("zpccl", EXACT):
             section = config["zpccl"]
             if section["grad_bits"] is None:

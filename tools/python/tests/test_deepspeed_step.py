@@ -153,6 +153,23 @@ class DeepSpeedsCurveAgainstFsdp2s(unittest.TestCase):
             self.assertLess(abs(a - b), 5e-3, f"step {step}")
 
 
+class DeepSpeedNoiseFloor(unittest.TestCase):
+    def test_the_fp32_run_rounds_otherwise_on_two_ranks(self) -> None:
+        # On two ranks the sum of two bf16 gradients, computed wider and rounded once, is the same whether the
+        # collective runs in bf16 or in fp32 and is cast back to bf16: the noise floor keeps the sum in fp32 too,
+        # or it repeats the reference run to the last bit.
+        deepspeed_or_skip()
+        doc, _ = run_step_script(self, "perf/deepspeed_step.py", [
+            "--cpu", "--nproc", "2", "--nodes", "2", "--layers", "1", "--d-model", "128", "--heads", "4", "--seq",
+            "64", "--batch", "4", "--loss-only", "--loss-steps", "20", "--loss-seeds", "0", "--loss-runs",
+            "deepspeed,deepspeed-fp32"])
+        ds, fp32 = doc["losses"]
+        self.assertEqual((ds["spec"], fp32["spec"]), ("deepspeed", "deepspeed-fp32"))
+        self.assertEqual(ds["curve"][0], fp32["curve"][0])  # the same weights and batch before any update
+        self.assertNotEqual(ds["valid"], fp32["valid"])
+        self.assertLess(abs(ds["valid"] - fp32["valid"]), 0.01 * ds["valid"])  # both exact
+
+
 class _Status(enum.Enum):
     """ZeRO-3's parameter states, as far as no-comm reads them."""
 
