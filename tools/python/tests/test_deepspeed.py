@@ -954,6 +954,12 @@ def _user_configs(rank: int, ckpt: str) -> dict[str, Any]:
     out["small_ref"] = run(hf_config("bf16", 2, quantized=False, **small), False, frozen=True, eval_every=2)
     out["small"] = run(hf_config("bf16", 2, **small), True, frozen=True)
     out["small_eval"] = run(hf_config("bf16", 2, **small), True, frozen=True, eval_every=2)
+    # bf16 with its gradients reduced and accumulated in fp32 (communication_data_type, data_types.grad_accum_dtype),
+    # as configs write them that keep bf16's rounding out of the sums: qgZ takes the fp32 gradients DeepSpeed hands it.
+    # Four steps, as flags211 below (the same config in bf16) runs.
+    wide = dict(communication_data_type="fp32", data_types={"grad_accum_dtype": "fp32"})
+    out["wide_ref"] = run(dict(hf_config("bf16", 2, quantized=False), **wide), False, steps=4)
+    out["wide"] = run(dict(hf_config("bf16", 2), **wide), True, steps=4)
     # hpZ 1, 2 and 4 with overlap_comm and contiguous gradients each on and off: DeepSpeed's buffers and streams,
     # not the numbers, so each hpZ size's four runs agree bit for bit.
     for hpz in (1, 2, 4):
@@ -1601,6 +1607,16 @@ class DeepSpeedUserConfigs(_OneSpawn):
             self.assertEqual(len(run["evals"]), 3)
             self.assertTrue(_close(run["evals"], ref["evals"], GAP_INT4), (run["evals"], ref["evals"]))
             self.assertServed(run, {"qwz", "hpz", "qgz"})
+
+    def test_gradients_reduced_and_accumulated_in_fp32(self) -> None:
+        for o in self.out:
+            ref, run, narrow = o["wide_ref"], o["wide"], o["flags211"]  # flags211: the same config in bf16
+            self.assertTrue(_close(run["losses"], ref["losses"], GAP_INT4), (run["losses"], ref["losses"]))
+            self.assertServed(run, {"qwz", "hpz", "qgz"})
+            # The same calls as bf16's, each on gradients of twice the bytes.
+            wide, bf16 = run["summary"]["qgz"], narrow["summary"]["qgz"]
+            self.assertEqual(wide["calls"], bf16["calls"])
+            self.assertEqual(wide["logical_bytes"], 2 * bf16["logical_bytes"])
 
     def test_hpz_sizes_with_overlap_comm_and_contiguous_gradients_on_and_off(self) -> None:
         for o in self.out:
