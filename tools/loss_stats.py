@@ -305,15 +305,30 @@ CAMPAIGNS = (
         ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json", "2026-12-06-h100x1-ddp-loss-int8-mps-seeds34-185ef4b.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds567-0c6a455.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds8910-0c6a455.json",
-         "2026-12-06-h100x1-ddp-loss-int8-mps-seeds1112-0c6a455.json"),
+         "2026-12-06-h100x1-ddp-loss-int8-mps-seeds1112-0c6a455.json",
+         *(f"2026-12-06-h100x1-ddp-loss-int8-mps-seeds{s}-960e181.json"
+           for s in ("131415", "161718", "192021", "222324", "252627", "282930", "313233", "343536"))),
         "nccl",
         {"zpccl": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1)}),
+    *(Campaign(
+        f"ddp-small-cpu-int{bits}", f"2-layer d 128 GPT as one DDP replica per rank (gloo), 2 ranks as 2 nodes (host "
+        f"backend), 300 steps, cosine decay (ddp_step.py --cpu); zpccl: int{bits} gradients in blocks of 256",
+        (f"2026-12-06-cpu-ddp-loss-int{bits}-small-1109e71.json",),
+        "nccl",
+        {"zpccl": (f"zpccl.ddp, int{bits} gradients (blocks of 256)", tolerance)})
+      for bits, tolerance in ((8, 0.1), (4, 0.5))),
     Campaign(
         "deepspeed-57m-b64", "57M model under DeepSpeed ZeRO-3, 2 ranks as 2 nodes (net-on1gpu-mps), 400 steps, "
         "cosine decay (deepspeed_step.py); zpccl.deepspeed: int8 weights, int4 gradients in blocks of 64",
         ("2026-12-06-h100x1-deepspeed-loss-b64-mps-185ef4b.json",),
         "deepspeed",
         {"zpccl:8:4": ("DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64", 0.5)}),
+    Campaign(
+        "fsdp2-57m-b64-bf16start", "57M FSDP2 model as fsdp2-57m-b64, every run started from the weights rounded to "
+        "bf16 as DeepSpeed's bf16 mode starts its master copy (fsdp_step.py --start-from-bf16; net-on1gpu-mps)",
+        tuple(f"2026-12-06-h100x1-fsdp-loss-b64-bf16start-mps-seed{s}-960e181.json" for s in (0, 1, 2)),
+        "nccl",
+        {"zpccl:8:4": ("zpccl int8 weights, int4 gradients in blocks of 64, from bf16 weights", 0.5)}),
     Campaign(
         "deepspeed-small-cpu-b64", "2-layer d 128 GPT under DeepSpeed ZeRO-3 (its CPU accelerator, gloo), 2 ranks as 2 "
         "nodes (host backend), 300 steps, cosine decay (deepspeed_step.py --cpu); int8 weights, int4 gradients in "
@@ -372,6 +387,15 @@ NOT_PAIRED = {
     "(perf/notebook/accuracy.md): no zpccl run",
     "2026-12-06-cpu-fsdp-loss-curve-57m-9ec8a6d.json": "FSDP2's exact curve, read beside DeepSpeed's: no zpccl run",
     "2026-12-02-h200x1-fsdp-loss-runs-net-on1gpu.json": "its rows name no seed",
+    **{f"2026-12-06-h100x1-{name}-960e181.json": f"{what}: the first 12 steps of the 400-step schedule, every "
+       "step's loss (--loss-stop 12), read beside each other (perf/notebook/accuracy.md): no zpccl run"
+       for name, what in (("deepspeed-loss-curve-57m-mps", "DeepSpeed's exact curve"),
+                          ("fsdp-loss-curve-57m-mps", "FSDP2's exact curve"),
+                          ("fsdp-loss-curve-57m-bf16start-mps", "FSDP2's exact curve from the weights rounded to "
+                                                                "bf16"))},
+    **{f"2026-12-06-h100x1-deepspeed-loss-repeat-mps-seed{s}-960e181.json": "deepspeed repeating 185ef4b's runs "
+       "to the last bit (DeepSpeed's runs are deterministic); its deepspeed-fp32, from before 9f121d9, rounded as "
+       "deepspeed does and repeats it too, so it is no noise floor" for s in (0, 1, 2)},
     "2026-12-03-h200x1-grad-numerics-seed0-35f8470.json": "stochastic rounding's numerics changed after 35f8470 "
     "(its int4-sr seed 0 differs from 1bf77a3's); its other rows are in grad-gpu-w8",
     "2026-12-03-h200x1-grad-numerics-seed0-ef-35f8470.json": "numerics of 35f8470's error feedback, one seed, "

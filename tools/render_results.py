@@ -11,7 +11,8 @@ the table shows. Every row names its sources by letter, and the lines under the 
 commit it was measured at: from the file's provenance (perf/provenance.py, perf/provenance.h), else from a
 "commit" the file records itself, else from perf/results/legacy.json, the hand-kept manifest of the files written
 before provenance was recorded (their commit and command as RESULTS.md's prose gave them, recorded after the
-fact). A file none of these dates is an error, as are a missing file, a row that is not there and a row that is
+fact). A commit main does not hold, listed in perf/results/unlanded.json, is shown with the commit on main that
+holds its code. A file none of these dates is an error, as are a missing file, a row that is not there and a row that is
 there twice: a table shows only what a file holds. Loss tables take their files, baselines, targets and statistics
 from tools/loss_stats.py's campaigns. tools/run-tests.sh runs ``--check``.
 """
@@ -56,7 +57,7 @@ def num(v: float) -> str:
 class Source:
     name: str
     commit: str  # short
-    how: str  # "" (its provenance), "recorded in the file", "legacy manifest"
+    how: str  # "" (its provenance), "recorded in the file", "legacy manifest", or where an unlanded commit's code is
 
 
 class Store:
@@ -67,6 +68,8 @@ class Store:
         self._files: dict[str, Any] = {}
         legacy = folder / "legacy.json"
         self.legacy = json.loads(legacy.read_text())["files"] if legacy.exists() else {}
+        unlanded = folder / "unlanded.json"
+        self.unlanded = json.loads(unlanded.read_text())["commits"] if unlanded.exists() else {}
 
     def data(self, name: str) -> Any:
         if name not in self._files:
@@ -81,7 +84,10 @@ class Store:
         data = self.data(name)
         record = provenance_of(data)
         if record and record.get("commit"):
-            return Source(name, record["commit"][:7] + ("+dirty" if record.get("dirty") else ""), "")
+            commit = record["commit"]
+            landed = self.unlanded.get(commit)
+            how = f"not on main; its code is {landed['code_of']}'s" if landed else ""
+            return Source(name, commit[:7] + ("+dirty" if record.get("dirty") else ""), how)
         if isinstance(data, dict) and isinstance(data.get("commit"), str) and data["commit"]:
             return Source(name, data["commit"][:7], "recorded in the file")
         if name in self.legacy:
@@ -733,6 +739,10 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         LossLine("nccl-fp32", "NCCL, fp32 reduction (noise floor)"),
         LossLine("zpccl:8:4", "zpccl int8 weights, int4 gradients"),
         LossLine("zpccl:8:8", "zpccl int8 weights, int8 gradients")]),
+    **{f"ddp-loss-cpu-int{bits}": (lambda s, bits=bits: loss_table(
+        s, f"ddp-loss-cpu-int{bits}", ls.campaign(f"ddp-small-cpu-int{bits}"),
+        [LossLine("zpccl", f"zpccl.ddp, int{bits} gradients (blocks of 256), small GPT on the CPU")]))
+       for bits in (8, 4)},
     "deepspeed-loss-b64": lambda s: loss_table(s, "deepspeed-loss-b64", ls.campaign("deepspeed-57m-b64"), [
         LossLine("zpccl:8:4", "DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64")]),
     "deepspeed-loss-b64-cpu": lambda s: loss_table(s, "deepspeed-loss-b64-cpu", ls.campaign("deepspeed-small-cpu-b64"),
@@ -741,6 +751,9 @@ TABLES: dict[str, Callable[[Store], Table]] = {
                                               [LossLine("zpccl:8:4", "FSDP2 + zpccl.fsdp")]),
     "fsdp-loss-b64": lambda s: loss_table(s, "fsdp-loss-b64", ls.campaign("fsdp2-57m-b64"), [
         LossLine("zpccl:8:4", "zpccl int8 weights, int4 gradients in blocks of 64")]),
+    "fsdp-loss-b64-bf16start": lambda s: loss_table(s, "fsdp-loss-b64-bf16start",
+                                                    ls.campaign("fsdp2-57m-b64-bf16start"), [
+        LossLine("zpccl:8:4", "FSDP2 + zpccl.fsdp from bf16 weights, int8 weights, int4 gradients in blocks of 64")]),
     "qwz-nvlink": lambda s: collective_table(s, "qwz-nvlink", "qwz_all_gather", SIZES, [(NVLINK, None)], ["nvlink"],
                                              (8, 4), {8: (1.3, "256M")}),
     "qwz-shm-net": lambda s: collective_table(s, "qwz-shm-net", "qwz_all_gather", SIZES,

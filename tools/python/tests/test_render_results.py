@@ -95,6 +95,14 @@ class RenderResults(unittest.TestCase):
                                   f"{COMMIT[:7]}.")
         self.assertEqual(self.render(out), out)  # rendering is idempotent
 
+    def test_a_commit_main_does_not_hold_names_the_commit_that_holds_its_code(self) -> None:
+        self.folder.write("unlanded.json", {"note": "n", "commits": {COMMIT: {"code_of": "abcdef1", "what": "w"}}})
+        out = self.rr.render("<!-- table: shm -->\n<!-- end table -->\n", self.rr.Store(self.root / "results"),
+                             self.tables)
+        sources = next(line for line in out.splitlines() if line.startswith("Sources: "))
+        self.assertEqual(sources, f"Sources: a: `old.json`, {LEGACY[:7]} (legacy manifest); b: `new.json`, "
+                                  f"{COMMIT[:7]} (not on main; its code is abcdef1's).")
+
     def test_loss_gaps_paired_by_seed_across_files(self) -> None:
         out = self.render("<!-- table: loss -->\n<!-- end table -->\n")
         lines = out.splitlines()
