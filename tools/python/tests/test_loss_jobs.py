@@ -1,0 +1,157 @@
+"""tools/loss_jobs.py: a step script's loss runs, one job a seed, side by side, with timeouts and a deadline."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import tarfile
+import tempfile
+import textwrap
+import time
+import unittest
+
+from . import SOURCE_TREE, load_script
+from ._procs import torch_for_procs
+
+# A stand-in for a step script: for its seed it writes one loss run to -J, then, as asked, starts a child (a rank)
+# that records its pid, writes a second run, sleeps, or fails.
+FAKE = textwrap.dedent("""
+    import argparse, json, os, subprocess, sys, time
+    p = argparse.ArgumentParser()
+    p.add_argument("--loss-seeds", type=int, required=True)
+    p.add_argument("-J", required=True)
+    p.add_argument("--sleep", type=float, default=0)
+    p.add_argument("--fail-seed", type=int, default=-1)
+    p.add_argument("--child-pids", default="")
+    a = p.parse_args()
+    def write(specs):
+        with open(a.J, "w") as f:
+            json.dump({"losses": [{"spec": s, "seed": a.loss_seeds} for s in specs]}, f)
+    write(["exact"])
+    if a.child_pids:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        with open(f"{a.child_pids}.{a.loss_seeds}", "w") as f:
+            f.write(str(child.pid))
+    time.sleep(a.sleep)
+    if a.loss_seeds == a.fail_seed:
+        sys.exit(3)
+    write(["exact", "zpccl"])
+""")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A child killed but not yet reaped by its (killed) parent's reaper is a zombie: gone for our purpose.
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+class LossJobs(unittest.TestCase):
+    def setUp(self) -> None:
+        self.lj = load_script("tools/loss_jobs.py")
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = pathlib.Path(self.tmp.name)
+        self.fake = self.root / "fake_step.py"
+        self.fake.write_text(FAKE)
+        self.out = self.root / "out"
+
+    def tearDown(self) -> None:
+        self.tmp.cleanup()
+
+    def main(self, *argv: str) -> tuple[int, list[str]]:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            rc = self.lj.main(["--out", str(self.out), "--name", "t", "--stagger", "0", *argv])
+        return rc, text.getvalue().splitlines()
+
+    def test_seeds_and_arguments(self) -> None:
+        self.assertEqual(self.lj.parse_seeds("0,2,5-7"), [0, 2, 5, 6, 7])
+        self.assertEqual(self.lj.parse_seeds("3-3"), [3])
+        for bad in ("1,1", "2-1", "a", "1-", "", "0,3-5,4"):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                self.lj.parse_seeds(bad)
+        base = ["--seeds", "0", "--out", "o", "--name", "n"]
+        for bad in ([], ["--", "s.py", "--loss-seeds", "1"], ["--", "s.py", "-J", "x.json"], ["--jobs", "0", "--", "s"],
+                    ["--timeout", "-1", "--", "s"]):
+            with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+                self.lj.parse_args(base + bad)
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            self.lj.parse_args(["--seeds", "0", "--out", "o", "--name", "a/b", "--", "s"])
+        args = self.lj.parse_args(base + ["--", "s.py", "--nproc", "2"])
+        self.assertEqual((args.command, args.seed_list), (["s.py", "--nproc", "2"], [0]))
+
+    def test_every_seed_a_job_of_its_own(self) -> None:
+        rc, lines = self.main("--seeds", "0-2", "--jobs", "2", "--pack", str(self.root / "r.tgz"), "--",
+                              str(self.fake), "--fail-seed", "1")
+        self.assertEqual(rc, 1)  # one seed failed
+        tail = lines[-5:-1]
+        self.assertEqual(tail, [
+            f"seed 0: done, {tail[0].split(', ')[1]}, exact@0, zpccl@0",
+            f"seed 1: failed (exit status 3), {tail[1].split(', ')[1]}, exact@1",  # the runs it finished stay
+            f"seed 2: done, {tail[2].split(', ')[1]}, exact@2, zpccl@2",
+            "2 of 3 seeds done"])
+        for s in range(3):
+            doc = json.loads((self.out / f"t-seed{s}.json").read_text())
+            self.assertEqual({r["seed"] for r in doc["losses"]}, {s})
+            self.assertTrue((self.out / f"t-seed{s}.log").exists())
+        with tarfile.open(self.root / "r.tgz") as tar:
+            names = sorted(f"t-seed{s}.{e}" for s in range(3) for e in ("json", "log"))
+            self.assertEqual(sorted(tar.getnames()), names)
+
+    def test_timeout_stops_the_job_and_its_ranks(self) -> None:
+        pids = self.root / "pids"
+        t0 = time.monotonic()
+        rc, lines = self.main("--seeds", "4", "--timeout", "2", "--", str(self.fake), "--sleep", "60",
+                              "--child-pids", str(pids))
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertEqual(rc, 1)
+        self.assertTrue(lines[-2].startswith("seed 4: timed out after 2 s, "), lines)
+        self.assertTrue(lines[-2].endswith(", exact@4"), lines)
+        child = int((self.root / "pids.4").read_text())
+        for _ in range(50):  # the group was killed; its reaping may lag a moment
+            if not alive(child):
+                break
+            time.sleep(0.1)
+        self.assertFalse(alive(child), "the job's child process outlived it")
+
+    def test_deadline_stops_what_runs_and_starts_nothing_more(self) -> None:
+        rc, lines = self.main("--seeds", "0-2", "--jobs", "1", "--deadline", "2", "--", str(self.fake), "--sleep",
+                              "60")
+        self.assertEqual(rc, 1)
+        self.assertTrue(lines[-4].startswith("seed 0: stopped at the deadline, "), lines)
+        self.assertEqual(lines[-3:], ["seed 1: not started, -, no loss run in t-seed1.json",
+                                      "seed 2: not started, -, no loss run in t-seed2.json", "0 of 3 seeds done"])
+
+    def test_a_job_starts_only_where_its_timeout_ends_before_the_deadline(self) -> None:
+        rc, lines = self.main("--seeds", "0-1", "--jobs", "1", "--timeout", "3", "--deadline", "5", "--",
+                              str(self.fake), "--sleep", "60")
+        self.assertEqual(rc, 1)
+        self.assertTrue(lines[-3].startswith("seed 0: timed out after 3 s, "), lines)
+        self.assertEqual(lines[-2:], ["seed 1: not started, -, no loss run in t-seed1.json", "0 of 2 seeds done"])
+
+    def test_a_real_step_script(self) -> None:
+        # What the tool appends (--loss-seeds S -J FILE) is what the step scripts take: two seeds of DDP's step on
+        # the CPU, side by side, each file holding its own seed's runs.
+        torch_for_procs()
+        rc, lines = self.main("--seeds", "5,6", "--jobs", "2", "--timeout", "300", "--",
+                              str(SOURCE_TREE / "perf/ddp_step.py"), "--cpu", "--nproc", "2", "--layers", "1",
+                              "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "2", "--loss-only",
+                              "--loss-steps", "3", "--loss-runs", "nccl,zpccl", "--block-size", "32")
+        self.assertEqual(rc, 0, (lines, [(self.out / f"t-seed{s}.log").read_text()[-2000:] for s in (5, 6)]))
+        for s in (5, 6):
+            doc = json.loads((self.out / f"t-seed{s}.json").read_text())
+            self.assertEqual(doc["loss_seeds"], [s])
+            self.assertEqual([(r["spec"], r["seed"]) for r in doc["losses"]], [("nccl", s), ("zpccl", s)])
+            self.assertTrue(all(r["valid"] > 0 for r in doc["losses"]))
+        self.assertEqual(lines[-1], "2 of 2 seeds done")
+
+
+if __name__ == "__main__":
+    unittest.main()
