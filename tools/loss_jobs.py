@@ -17,7 +17,11 @@ start); at the deadline the jobs still running are stopped (a GPU call has a tim
 group (the script's ranks with it).
 
 The report ends with one line a seed: done, failed (exit status), timed out, stopped at the deadline or not started;
-its wall seconds; and the loss runs its file holds. Exit status 0 when every seed is done, 1 otherwise.
+its wall seconds; and the loss runs its file holds. Then the paired gaps of every run to the reference run of the
+same seed, with their interval (tools/loss_stats.py; the reference is the first run the script lists, as the step
+scripts' own summaries take it), over the jobs' files and, with ``--campaign NAME``, that campaign's files in
+perf/results/ too, its reference and tolerances: what the seeds so far support, read where they were trained.
+Exit status 0 when every seed is done, 1 otherwise.
 ``--pack FILE.tgz`` then packs OUT into one archive (a GPU call brings back at most eight files; CONTRIBUTING.md).
 """
 from __future__ import annotations
@@ -33,6 +37,9 @@ import sys
 import tarfile
 import time
 from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tools/: loss_stats
+import loss_stats as ls  # noqa: E402
 
 GRACE_S = 10  # after SIGTERM, how long a stopped job's processes get before SIGKILL
 
@@ -67,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--timeout fits before it (0: no deadline)")
     p.add_argument("--stagger", type=float, default=2, help="seconds between two jobs' starts")
     p.add_argument("--pack", default="", help="then pack --out into this .tgz")
+    p.add_argument("--campaign", default="",
+                   help="pool the gaps with this loss campaign's files (tools/loss_stats.py) and take its reference "
+                        "and tolerances")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARG ...]: the step script and its arguments")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -83,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--jobs must be at least 1, --timeout, --deadline and --stagger at least 0")
     if "/" in args.name or not args.name:
         p.error(f"--name {args.name!r}: a file stem, without a folder")
+    if args.campaign:
+        try:
+            ls.campaign(args.campaign)
+        except ValueError as e:
+            p.error(f"--campaign: {e}")
     args.command = command
     return args
 
@@ -197,6 +212,30 @@ def report(jobs: list[Job]) -> list[str]:
     return lines
 
 
+def gap_table(jobs: list[Job], campaign: str = "") -> str:
+    """The paired gaps over the jobs' files (and ``campaign``'s), as tools/loss_stats.py's Markdown table; a line
+    saying why where there are none."""
+    mine = {j.json.name: j.json for j in jobs if j.runs()}
+    if not mine:
+        return "no loss run finished: no gaps"
+    pooled = ls.campaign(campaign) if campaign else None
+    files = (pooled.files if pooled else ()) + tuple(mine)
+    docs = {name: json.loads(path.read_text()) for name, path in mine.items()}
+    if pooled:
+        reference, configs = pooled.reference, pooled.configs
+    else:
+        first = docs[next(iter(docs))]["losses"][0]
+        reference, configs = first["spec"], {}
+    c = ls.Campaign("loss_jobs", f"{len(mine)} job files" + (f" and campaign {campaign}" if pooled else ""), files,
+                    reference, configs)
+    try:
+        rows = ls.campaign_rows(c, load=lambda name: docs[name] if name in docs else
+                                json.loads((ls.RESULTS / name).read_text()))
+    except ValueError as e:
+        return f"no gaps: {e}"
+    return ls.markdown(rows, c.title) if rows else f"no run shares a seed with {reference!r}: no gaps"
+
+
 def pack(folder: pathlib.Path, archive: pathlib.Path) -> None:
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
@@ -210,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = run(args)
     for line in report(jobs):
         print(line)
+    print(gap_table(jobs, args.campaign))
     if args.pack:
         pack(pathlib.Path(args.out), pathlib.Path(args.pack))
         print(f"loss_jobs: packed {args.out} into {args.pack}")

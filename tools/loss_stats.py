@@ -299,7 +299,7 @@ CAMPAIGNS = (
         "nccl",
         {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5)}),
     Campaign(
-        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-12 under "
+        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-36 under "
         "MPS, which moves no result: NCCL's seed 5 is the same in two runs), 400 steps, cosine decay (ddp_step.py); "
         "zpccl: int8 gradients in blocks of 256",
         ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json", "2026-12-06-h100x1-ddp-loss-int8-mps-seeds34-185ef4b.json",

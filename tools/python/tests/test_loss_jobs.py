@@ -25,11 +25,15 @@ FAKE = textwrap.dedent("""
     p.add_argument("--sleep", type=float, default=0)
     p.add_argument("--fail-seed", type=int, default=-1)
     p.add_argument("--child-pids", default="")
+    p.add_argument("--specs", default="exact,zpccl")
     a = p.parse_args()
+    ref, run = a.specs.split(",")
+    exact = 2.0 + a.loss_seeds / 100
+    valid = {ref: exact, run: exact * (1 + (a.loss_seeds + 1) / 1000)}  # a gap of 0.1 * (seed + 1) percent
     def write(specs):
         with open(a.J, "w") as f:
-            json.dump({"losses": [{"spec": s, "seed": a.loss_seeds} for s in specs]}, f)
-    write(["exact"])
+            json.dump({"losses": [{"spec": s, "seed": a.loss_seeds, "valid": valid[s]} for s in specs]}, f)
+    write([ref])
     if a.child_pids:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         with open(f"{a.child_pids}.{a.loss_seeds}", "w") as f:
@@ -37,7 +41,7 @@ FAKE = textwrap.dedent("""
     time.sleep(a.sleep)
     if a.loss_seeds == a.fail_seed:
         sys.exit(3)
-    write(["exact", "zpccl"])
+    write([ref, run])
 """)
 
 
@@ -66,10 +70,20 @@ class LossJobs(unittest.TestCase):
         self.tmp.cleanup()
 
     def main(self, *argv: str) -> tuple[int, list[str]]:
+        """The exit status, and the report's lines: one a seed and the count of seeds done (the gap table's lines
+        are in self.table)."""
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
             rc = self.lj.main(["--out", str(self.out), "--name", "t", "--stagger", "0", *argv])
-        return rc, text.getvalue().splitlines()
+        lines = text.getvalue().splitlines()
+        self.table = [line for line in lines if line.startswith("|")]
+        self.gaps_said = next((line for line in lines if line.startswith("no ")), "")
+        return rc, [line for line in lines if line.startswith("seed ") or line.endswith(" seeds done")]
+
+    def row(self, config: str) -> list[str]:
+        """The gap table's cells of the row labelled ``config``."""
+        line = next(line for line in self.table if line.startswith(f"| {config} "))
+        return [c.strip() for c in line.split("|")[1:-1]]
 
     def test_seeds_and_arguments(self) -> None:
         self.assertEqual(self.lj.parse_seeds("0,2,5-7"), [0, 2, 5, 6, 7])
@@ -91,12 +105,14 @@ class LossJobs(unittest.TestCase):
         rc, lines = self.main("--seeds", "0-2", "--jobs", "2", "--pack", str(self.root / "r.tgz"), "--",
                               str(self.fake), "--fail-seed", "1")
         self.assertEqual(rc, 1)  # one seed failed
-        tail = lines[-5:-1]
-        self.assertEqual(tail, [
-            f"seed 0: done, {tail[0].split(', ')[1]}, exact@0, zpccl@0",
-            f"seed 1: failed (exit status 3), {tail[1].split(', ')[1]}, exact@1",  # the runs it finished stay
-            f"seed 2: done, {tail[2].split(', ')[1]}, exact@2, zpccl@2",
+        self.assertEqual(lines, [
+            f"seed 0: done, {lines[0].split(', ')[1]}, exact@0, zpccl@0",
+            f"seed 1: failed (exit status 3), {lines[1].split(', ')[1]}, exact@1",  # the runs it finished stay
+            f"seed 2: done, {lines[2].split(', ')[1]}, exact@2, zpccl@2",
             "2 of 3 seeds done"])
+        # Paired to the first run of each file, over the seeds that have both: 0.1% and 0.3%.
+        seeds, mean, _, _, per_seed, _ = self.row("zpccl")[1:]
+        self.assertEqual((seeds, mean, per_seed), ("0,2", "+0.20%", "+0.10 / +0.30"))
         for s in range(3):
             doc = json.loads((self.out / f"t-seed{s}.json").read_text())
             self.assertEqual({r["seed"] for r in doc["losses"]}, {s})
@@ -112,8 +128,10 @@ class LossJobs(unittest.TestCase):
                               "--child-pids", str(pids))
         self.assertLess(time.monotonic() - t0, 30)
         self.assertEqual(rc, 1)
-        self.assertTrue(lines[-2].startswith("seed 4: timed out after 2 s, "), lines)
-        self.assertTrue(lines[-2].endswith(", exact@4"), lines)
+        self.assertTrue(lines[0].startswith("seed 4: timed out after 2 s, "), lines)
+        self.assertTrue(lines[0].endswith(", exact@4"), lines)
+        self.assertEqual(self.table, [])
+        self.assertEqual(self.gaps_said, "no run shares a seed with 'exact': no gaps")
         child = int((self.root / "pids.4").read_text())
         for _ in range(50):  # the group was killed; its reaping may lag a moment
             if not alive(child):
@@ -125,16 +143,34 @@ class LossJobs(unittest.TestCase):
         rc, lines = self.main("--seeds", "0-2", "--jobs", "1", "--deadline", "2", "--", str(self.fake), "--sleep",
                               "60")
         self.assertEqual(rc, 1)
-        self.assertTrue(lines[-4].startswith("seed 0: stopped at the deadline, "), lines)
-        self.assertEqual(lines[-3:], ["seed 1: not started, -, no loss run in t-seed1.json",
-                                      "seed 2: not started, -, no loss run in t-seed2.json", "0 of 3 seeds done"])
+        self.assertTrue(lines[0].startswith("seed 0: stopped at the deadline, "), lines)
+        self.assertEqual(lines[1:], ["seed 1: not started, -, no loss run in t-seed1.json",
+                                     "seed 2: not started, -, no loss run in t-seed2.json", "0 of 3 seeds done"])
 
     def test_a_job_starts_only_where_its_timeout_ends_before_the_deadline(self) -> None:
         rc, lines = self.main("--seeds", "0-1", "--jobs", "1", "--timeout", "3", "--deadline", "5", "--",
                               str(self.fake), "--sleep", "60")
         self.assertEqual(rc, 1)
-        self.assertTrue(lines[-3].startswith("seed 0: timed out after 3 s, "), lines)
-        self.assertEqual(lines[-2:], ["seed 1: not started, -, no loss run in t-seed1.json", "0 of 2 seeds done"])
+        self.assertTrue(lines[0].startswith("seed 0: timed out after 3 s, "), lines)
+        self.assertEqual(lines[1:], ["seed 1: not started, -, no loss run in t-seed1.json", "0 of 2 seeds done"])
+
+    def test_gaps_pooled_with_a_campaigns_files(self) -> None:
+        # The campaign's six seeds from perf/results and two new ones, against its reference (nccl), with its label
+        # and tolerance.
+        ls = self.lj.ls
+        campaign = ls.campaign("ddp-small-cpu-int8")
+        (before,) = ls.campaign_rows(campaign)
+        rc, lines = self.main("--seeds", "100-101", "--jobs", "2", "--campaign", campaign.name, "--",
+                              str(self.fake), "--specs", "nccl,zpccl")
+        self.assertEqual((rc, lines[-1]), (0, "2 of 2 seeds done"))
+        label, tolerance = campaign.configs["zpccl"]
+        cells = self.row(label)
+        self.assertEqual(cells[1], ",".join(str(s) for s in before.stats.seeds + [100, 101]))
+        gaps = {**before.stats.gaps, 100: 10.1, 101: 10.2}
+        self.assertEqual(cells[2], f"{ls.gap_stats(gaps).mean:+.2f}%")
+        self.assertEqual(cells[-1], ls.verdict(ls.gap_stats(gaps), tolerance))
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            self.lj.parse_args(["--seeds", "0", "--out", "o", "--name", "n", "--campaign", "nope", "--", "s"])
 
     def test_a_real_step_script(self) -> None:
         # What the tool appends (--loss-seeds S -J FILE) is what the step scripts take: two seeds of DDP's step on
@@ -151,6 +187,7 @@ class LossJobs(unittest.TestCase):
             self.assertEqual([(r["spec"], r["seed"]) for r in doc["losses"]], [("nccl", s), ("zpccl", s)])
             self.assertTrue(all(r["valid"] > 0 for r in doc["losses"]))
         self.assertEqual(lines[-1], "2 of 2 seeds done")
+        self.assertEqual(self.row("zpccl")[1], "5,6")  # paired to nccl, the first run
 
 
 if __name__ == "__main__":
