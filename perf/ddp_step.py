@@ -194,6 +194,7 @@ def main(args: argparse.Namespace) -> None:
     if names:
         raw: dict[str, dict[str, Any]] = {n: {} for n in names}
         order = sp.alternate_rounds(raw, args.rounds, bench.run, say)
+        sp.trace_round(bench, args, names, bench.run, label, say)
         rows = [dict(sp.timed_fields(n, raw[n], args, bench.where, label, n_params),
                      grad_bits=args.grad_bits if n == "zpccl" else None, zpccl_calls=raw[n].get("calls"),
                      zpccl_sent_mib=raw[n]["sent"] / 2**20 if "sent" in raw[n] else None,

@@ -500,6 +500,7 @@ def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: 
                         hpz=bench.hpz if n in ("zeropp", "zpccl") else None, calls_per_step=calls,
                         sent_mib={k: v / 2**20 for k, v in sent.items()}, **phase_fields(bench.phase_rounds[n]),
                         exchanges_data=n != "no-comm"))
+    sp.trace_round(bench, args, names, bench.run, label, say)  # after the rows: its round appends phases too
     return out
 
 

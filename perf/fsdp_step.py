@@ -391,8 +391,11 @@ def timed_rows(bench: Bench, args: argparse.Namespace, names: list[str], label: 
     for n in names:
         if n.startswith("nccl"):
             rows[n]["sent"] = bench.nccl_bytes(n)
-    sp.alternate_rounds(rows, args.rounds,
-                        lambda n, r: bench.run_zero3(r) if n == "zero3" else bench.run_fsdp(n, r), say)
+    def run(n: str, r: int) -> dict[str, Any]:
+        return bench.run_zero3(r) if n == "zero3" else bench.run_fsdp(n, r)
+
+    sp.alternate_rounds(rows, args.rounds, run, say)
+    sp.trace_round(bench, args, names, run, label, say)
     return [dict(sp.timed_row(n, rows[n], args, bench.where, label, bench.rpn, n_params),
                  reshard=str(reshard_of(n, bench.rpn)) if n != "zero3" else None,
                  sent_mib={k: v / 2**20 for k, v in rows[n].get("sent", {}).items()},

@@ -12,6 +12,7 @@ what an enable takes read 0): a smoke test of a script, whose times say nothing 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import json
@@ -29,6 +30,7 @@ if str(HERE) not in sys.path:
 if str(HERE.parent / "tools") not in sys.path:
     sys.path.append(str(HERE.parent / "tools"))
 import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps of loss runs)
+import step_trace  # noqa: E402  (--trace: torch's profiler around a round of steps, and its summary)
 from machine_state import MachineState  # noqa: E402
 from provenance import provenance  # noqa: E402
 
@@ -69,6 +71,12 @@ def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss
                    help="comma-separated seeds (model initialization and data order), each loss run once per "
                         "seed, seed-major (default: --seed)")
     p.add_argument("--loss-only", action="store_true", help="skip the timed rounds: only the loss runs")
+    p.add_argument("--trace", default="",
+                   help="after the timed rounds, one more of every configuration under torch's profiler: each "
+                        "rank's Chrome trace and a summary of where the steps' time went in this folder "
+                        "(perf/step_trace.py)")
+    p.add_argument("--trace-steps", type=int, default=3,
+                   help="--trace: the steps traced after the warmup (a trace of the 57M step is about a MB a step)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("-J", "--json", help="write the rows here")
     p.add_argument("--label", default="", help="regime label for the rows (default: from the layout)")
@@ -102,6 +110,10 @@ def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, co
             p.error(f"{flag}: {', '.join(twice)} named twice (each configuration or loss run once)")
     if args.loss_only and not args.loss_steps:
         p.error("--loss-only needs --loss-steps")
+    if args.loss_only and args.trace:
+        p.error("--trace traces the timed configurations: leave out --loss-only")
+    if args.trace_steps < 1:
+        p.error("--trace-steps must be at least 1")
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.loss_steps < 0:
         p.error("--rounds and --steps must be at least 1, --warmup and --loss-steps at least 0")
     if not 0 <= args.loss_stop <= args.loss_steps:
@@ -289,19 +301,60 @@ def timed_steps(bench: Any, args: argparse.Namespace, round_index: int, step: Ca
                 warmed: Callable[[], None]) -> dict[str, Any]:
     """``--warmup`` steps, ``warmed()``, then ``--steps`` timed ones (``step(s)`` gives its seconds; ``s`` picks the
     batch, distinct per round): every rank's times of the timed steps (``times``), what every rank's machine did
-    meanwhile (``machine``: machine_state.py) and the peak memory (``peak``)."""
+    meanwhile (``machine``: machine_state.py) and the peak memory (``peak``). In trace_round's round the timed steps
+    run under torch's profiler, and ``trace`` holds every rank's summary."""
     times = []
     state, mark = machine_state(bench), None
-    for s in range(args.warmup + args.steps):
-        if s == args.warmup:
-            warmed()
-            mark = state.mark()
-        t = step(round_index * 1000 + s)
-        if s >= args.warmup:
-            times.append(t)
+    tracing: pathlib.Path | None = getattr(bench, "tracing", None)
+    tracer = step_trace.Tracer(bench.torch, on_cuda(bench), tracing, args.steps) if tracing else None
+    with contextlib.ExitStack() as traced:
+        for s in range(args.warmup + args.steps):
+            if s == args.warmup:
+                warmed()
+                mark = state.mark()
+                if tracer is not None:
+                    traced.enter_context(tracer)
+            t = step(round_index * 1000 + s)
+            if s >= args.warmup:
+                times.append(t)
     machine = state.since(mark) if mark is not None else None
-    gathered = every_rank_object(bench, ([float(t) for t in times], machine))
-    return dict(times=[t for t, _ in gathered], machine=[m for _, m in gathered], peak=peak_memory(bench))
+    summary = tracer.summary if tracer is not None else None
+    gathered = every_rank_object(bench, ([float(t) for t in times], machine, summary))
+    out = dict(times=[t for t, _, _ in gathered], machine=[m for _, m, _ in gathered], peak=peak_memory(bench))
+    if tracer is not None:
+        out["trace"] = [x for _, _, x in gathered]
+    return out
+
+
+def trace_round(bench: Any, args: argparse.Namespace, names: list[str], run: Callable[[str, int], dict[str, Any]],
+                label: str, say: Any) -> None:
+    """``--trace DIR``: one more round of every configuration of ``names`` (``run(name, round)``, as
+    alternate_rounds calls it), ``--trace-steps`` steps after the warmup under torch's profiler; its times go in no
+    row. Each rank writes its Chrome trace, rank 0 ``DIR/trace-summary.json`` and a table (perf/step_trace.py)."""
+    if not args.trace:
+        return
+    folder = pathlib.Path(args.trace)
+    summaries: dict[str, list[dict[str, Any]]] = {}
+    timed_steps_per_round = args.steps
+    for name in names:
+        bench.tracing = folder / f"{name}-rank{bench.where.rank}.json.gz"
+        args.steps = args.trace_steps  # what timed_steps and the scripts' per-step counters read, for this round
+        try:
+            got = run(name, args.rounds)
+        finally:
+            bench.tracing, args.steps = None, timed_steps_per_round
+        if "trace" not in got:  # fsdp_step's zero3 times its own loop
+            say(f"# --trace: {name} runs its own loop, not the protocol's timed steps: not traced", flush=True)
+            continue
+        summaries[name] = got["trace"]
+        times = [max(t) for t in zip(*got["times"])]
+        for rank_summary in summaries[name]:
+            rank_summary["traced_step_ms"] = 1e3 * statistics.median(times)
+    if bench.where.rank == 0:
+        write_json(folder / "trace-summary.json", dict(
+            provenance=provenance(label), regime=label, ranks=bench.where.world, nodes=args.nodes or None,
+            steps=args.trace_steps, warmup=args.warmup, configs=summaries))
+        say("\n".join(step_trace.table(summaries)), flush=True)
 
 
 def zpccl_per_step(zp: Any, steps: int) -> tuple[dict[str, int], dict[str, int]]:

@@ -2,8 +2,10 @@
 script on the CPU as a newcomer would, and the checks every timed row of the step protocol must pass."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -57,3 +59,25 @@ def check_timed_row(test: unittest.TestCase, row: dict[str, Any], rounds: int, r
         else:
             test.assertTrue(0 <= m["host_busy"] <= 1 and 0 <= m["host_steal"] <= m["host_busy"], m)
         test.assertEqual((m["gpu_sm_mhz"], m["gpu_power_w"], m["gpu_held_back_ms"]), (None, None, None))
+
+
+def check_trace(test: unittest.TestCase, folder: pathlib.Path, configs: list[str], ranks: int, steps: int,
+                annotation: str) -> dict[str, Any]:
+    """What ``--trace folder`` leaves (perf/step_trace.py): each rank's Chrome trace of each configuration, and rank
+    0's summary of every rank's steps; on the CPU no device events, and the host's annotations hold one starting
+    with ``annotation`` (the framework's own ranges). Gives the summary."""
+    for config in configs:
+        for rank in range(ranks):
+            with gzip.open(folder / f"{config}-rank{rank}.json.gz") as f:
+                test.assertTrue(json.load(f)["traceEvents"], (config, rank))
+    summary = json.loads((folder / "trace-summary.json").read_text())
+    test.assertIn("--trace", summary["provenance"]["command"])
+    test.assertEqual((summary["regime"], summary["ranks"], summary["steps"]), ("cpu", ranks, steps))
+    test.assertEqual(list(summary["configs"]), configs)
+    for config, per_rank in summary["configs"].items():
+        test.assertEqual(len(per_rank), ranks)
+        for s in per_rank:
+            test.assertEqual((s["steps"], s["device_events"], s["busy_ms"]), (steps, 0, 0.0))
+            test.assertGreater(s["traced_step_ms"], 0)
+            test.assertTrue(any(a.startswith(annotation) for a in s["annotations_ms"]), (config, s["annotations_ms"]))
+    return summary

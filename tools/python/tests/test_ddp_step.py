@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import pathlib
+import tempfile
 import unittest
 
 from . import load_script
 from ._procs import torch_for_procs
-from ._step_scripts import check_timed_row, run_step_script
+from ._step_scripts import check_timed_row, check_trace, run_step_script
 
 RANKS, ROUNDS, STEPS = 2, 2, 2
 
@@ -36,10 +38,14 @@ class DdpStepScript(unittest.TestCase):
 
     def test_runs_on_the_cpu(self) -> None:
         torch_for_procs()
-        doc, stdout = run_step_script(self, "perf/ddp_step.py", [
-            "--cpu", "--nproc", str(RANKS), "--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16",
-            "--batch", "2", "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "2", "--loss-steps", "3",
-            "--block-size", "32"])
+        with tempfile.TemporaryDirectory() as trace:
+            doc, stdout = run_step_script(self, "perf/ddp_step.py", [
+                "--cpu", "--nproc", str(RANKS), "--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "16",
+                "--batch", "2", "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "2", "--loss-steps", "3",
+                "--block-size", "32", "--trace", trace, "--trace-steps", "1"])
+            # The traced round is in no row and not in "order" below; DDP annotates its forward.
+            check_trace(self, pathlib.Path(trace), ["nccl", "bf16-compress", "powersgd", "zpccl"], RANKS, 1,
+                        "DistributedDataParallel.forward")
         # The keys of the files in perf/results/ that tools/render_results.py renders.
         self.assertEqual(set(doc), {"provenance", "rows", "order", "losses", "loss_summary", "loss_seeds",
                                     "loss_runs", "regime", "ranks", "nodes", "params", "grad_bits", "block_size",

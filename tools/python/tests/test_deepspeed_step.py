@@ -8,13 +8,15 @@ import contextlib
 import enum
 import io
 import math
+import pathlib
 import statistics
+import tempfile
 import unittest
 from types import SimpleNamespace
 from typing import Any
 
 from . import load_script
-from ._step_scripts import check_timed_row, run_step_script
+from ._step_scripts import check_timed_row, check_trace, run_step_script
 from .test_deepspeed import deepspeed_or_skip
 
 RANKS, NODES, ROUNDS, STEPS = 4, 2, 2, 2
@@ -25,11 +27,14 @@ class DeepSpeedStepScript(unittest.TestCase):
         deepspeed_or_skip()
         # Four ranks as two nodes of two (DeepSpeed's hpZ groups of two are zpccl's; qgZ takes two hops). d 192: the
         # matrices are over DeepSpeed's persistence threshold, so they are gathered.
-        doc, stdout = run_step_script(self, "perf/deepspeed_step.py", [
-            "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1", "--d-model", "192", "--heads", "2",
-            "--seq", "32", "--batch", "2", "--configs", "deepspeed,zpccl,zpccl-exact,no-comm", "--rounds", str(ROUNDS),
-            "--steps", str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs",
-            "deepspeed,deepspeed-fp32,zpccl:8:4"])
+        configs = ["deepspeed", "zpccl", "zpccl-exact", "no-comm"]
+        with tempfile.TemporaryDirectory() as trace:
+            doc, stdout = run_step_script(self, "perf/deepspeed_step.py", [
+                "--cpu", "--nproc", str(RANKS), "--nodes", str(NODES), "--layers", "1", "--d-model", "192", "--heads",
+                "2", "--seq", "32", "--batch", "2", "--configs", ",".join(configs), "--rounds", str(ROUNDS),
+                "--steps", str(STEPS), "--warmup", "1", "--loss-steps", "3", "--loss-runs",
+                "deepspeed,deepspeed-fp32,zpccl:8:4", "--trace", trace, "--trace-steps", "1"])
+            check_trace(self, pathlib.Path(trace), configs, RANKS, 1, "Optimizer.step")  # in no row below
         self.assertEqual(doc["provenance"]["schema"], "zpccl-provenance/1")
         self.assertIn("deepspeed_step.py --cpu", doc["provenance"]["command"])
         self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["hpz"]), ("cpu", RANKS, NODES, 2))

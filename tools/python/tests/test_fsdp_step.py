@@ -9,13 +9,15 @@ import contextlib
 import copy
 import io
 import math
+import pathlib
+import tempfile
 import unittest
 from types import SimpleNamespace
 from typing import Any
 
 from . import SOURCE_TREE, load_script
 from ._procs import torch_for_procs
-from ._step_scripts import check_timed_row, run_step_script
+from ._step_scripts import check_timed_row, check_trace, run_step_script
 from ._threaded import run_threaded, torch_with_fsdp2
 
 WORLD = 4
@@ -55,7 +57,8 @@ class StepProtocol(unittest.TestCase):
         self.assertIn("nccl-2comm", args.configs.split(","))
         for bad in (["--configs", "nccl,bogus"], ["--rounds", "0"], ["--configs", "nccl,zpccl-hpz,nccl"],
                     ["--loss-runs", "nccl,zpccl:8:4,nccl"], ["--loss-steps", "-1"],
-                    ["--loss-steps", "4", "--loss-stop", "5"], ["--loss-steps", "4", "--loss-stop", "-1"]):
+                    ["--loss-steps", "4", "--loss-stop", "5"], ["--loss-steps", "4", "--loss-stop", "-1"],
+                    ["--trace", "t", "--trace-steps", "0"], ["--trace", "t", "--loss-only", "--loss-steps", "4"]):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
                 fs.parse_args(bad)
         self.assertEqual(fs.parse_args(["--configs", "zpccl-hpz, nccl"]).config_list, ["zpccl-hpz", "nccl"])
@@ -297,6 +300,20 @@ class FsdpStepOnCpu(unittest.TestCase):
         self.assertEqual(gaps["nccl"], 0.0)
         self.assertNotEqual(gaps["zpccl:8:4"], 0.0)
         self.assertIn("vs 2comm", stdout)
+
+    def test_trace_round(self) -> None:
+        # --trace: after the timed rounds, one more of each configuration under torch's profiler, in no row.
+        torch_for_procs()
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = pathlib.Path(tmp)
+            doc, stdout = run_step_script(self, "perf/fsdp_step.py", [
+                "--cpu", "--nproc", "2", "--nodes", "2", "--configs", "nccl,zpccl-hpz", "--rounds", "1", "--steps",
+                "2", "--warmup", "1", "--layers", "1", "--d-model", "64", "--heads", "2", "--seq", "32", "--batch",
+                "2", "--block-size", "32", "--trace", str(folder), "--trace-steps", "1"])
+            for row in doc["rows"]:
+                check_timed_row(self, row, 1, 2, 2)  # the traced round is in no row
+            check_trace(self, folder, ["nccl", "zpccl-hpz"], 2, 1, "FSDP::")
+        self.assertIn("comm exposed", stdout)
 
 
 class FsdpMemoryArguments(unittest.TestCase):
