@@ -98,6 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ls.campaign(args.campaign)
         except ValueError as e:
             p.error(f"--campaign: {e}")
+    taken = [f"{args.name}-seed{seed}.{ext}" for seed in args.seed_list for ext in ("json", "log")
+             if (pathlib.Path(args.out) / f"{args.name}-seed{seed}.{ext}").exists()]
+    if taken:
+        p.error(f"{args.out} already holds {', '.join(taken[:4])}{' ...' if len(taken) > 4 else ''}: a job's files "
+                "are its own; choose another --name or --out")
     args.command = command
     return args
 
@@ -162,7 +167,11 @@ class Job:
         return [f"{r.get('spec')}@{r.get('seed')}" for r in doc.get("losses") or [] if isinstance(r, dict)]
 
 
-def run(args: argparse.Namespace, say: Any = print) -> list[Job]:
+def say_now(text: str) -> None:
+    print(text, flush=True)  # a GPU call's output is a pipe: progress shows as it happens
+
+
+def run(args: argparse.Namespace, say: Any = say_now) -> list[Job]:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [Job(s, out / f"{args.name}-seed{s}.json", out / f"{args.name}-seed{s}.log") for s in args.seed_list]

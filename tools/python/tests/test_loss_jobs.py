@@ -100,6 +100,15 @@ class LossJobs(unittest.TestCase):
             self.lj.parse_args(["--seeds", "0", "--out", "o", "--name", "a/b", "--", "s"])
         args = self.lj.parse_args(base + ["--", "s.py", "--nproc", "2"])
         self.assertEqual((args.command, args.seed_list), (["s.py", "--nproc", "2"], [0]))
+        # A folder holding a file of one of these jobs (an earlier call's) is refused: its runs would be counted.
+        self.out.mkdir()
+        (self.out / "t-seed3.json").write_text("{}")
+        args = ["--seeds", "2-4", "--out", str(self.out), "--name", "t", "--", "s"]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+            self.lj.parse_args(args)
+        self.assertIn("already holds t-seed3.json", err.getvalue())
+        self.lj.parse_args(args[:-3] + ["u", "--", "s"])  # another name
 
     def test_every_seed_a_job_of_its_own(self) -> None:
         rc, lines = self.main("--seeds", "0-2", "--jobs", "2", "--pack", str(self.root / "r.tgz"), "--",
