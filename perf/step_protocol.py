@@ -68,8 +68,8 @@ def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss
                         "loss (how the curves start; the validation loss is then the stopped model's)")
     p.add_argument("--loss-runs", default=loss_runs, help=loss_runs_help)
     p.add_argument("--loss-seeds", default=None,
-                   help="comma-separated seeds (model initialization and data order), each loss run once per "
-                        "seed, seed-major (default: --seed)")
+                   help="comma-separated seeds or ranges FIRST-LAST (model initialization and data order), each "
+                        "loss run once per seed, seed-major (default: --seed)")
     p.add_argument("--loss-only", action="store_true", help="skip the timed rounds: only the loss runs")
     p.add_argument("--trace", default="",
                    help="after the timed rounds, one more of every configuration under torch's profiler: each "
@@ -170,12 +170,9 @@ def parse_seeds(text: str | None, default: int) -> list[int]:
     if text is None:
         return [default]
     try:
-        seeds = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--loss-seeds {text!r}: comma-separated integers") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ValueError(f"--loss-seeds {text!r}: distinct integers >= 0, at least one")
-    return seeds
+        return ls.parse_seeds(text)
+    except ValueError as e:
+        raise ValueError(f"--loss-seeds {text!r}: {e}") from None
 
 
 def run_setup(bench: Any, args: argparse.Namespace) -> tuple[list[str], str, Any]:

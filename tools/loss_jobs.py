@@ -40,25 +40,9 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # tools/: loss_stats
 import loss_stats as ls  # noqa: E402
+from loss_stats import parse_seeds  # noqa: E402
 
 GRACE_S = 10  # after SIGTERM, how long a stopped job's processes get before SIGKILL
-
-
-def parse_seeds(text: str) -> list[int]:
-    """"0,2,5-7" -> [0, 2, 5, 6, 7]: each seed once, in the order given."""
-    seeds: list[int] = []
-    for part in (p.strip() for p in text.split(",")):
-        lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise ValueError(f"{part!r} is neither a seed nor a range FIRST-LAST of seeds")
-        first, last = int(lo), int(hi) if dash else int(lo)
-        if last < first:
-            raise ValueError(f"{part!r}: the range ends before it starts")
-        seeds.extend(range(first, last + 1))
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        raise ValueError(f"seed {repeated[0]} is given twice")
-    return seeds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,12 +142,16 @@ class Job:
             pass
         return True
 
+    def doc(self) -> Any:
+        """The job's result file, parsed; None while it has none (or a partial write)."""
+        try:
+            return json.loads(self.json.read_text())
+        except (OSError, ValueError):
+            return None
+
     def runs(self) -> list[str]:
         """The loss runs the job's file holds, "spec@seed" each."""
-        try:
-            doc: Any = json.loads(self.json.read_text())
-        except (OSError, ValueError):
-            return []
+        doc = self.doc() or {}
         return [f"{r.get('spec')}@{r.get('seed')}" for r in doc.get("losses") or [] if isinstance(r, dict)]
 
 
@@ -224,18 +212,17 @@ def report(jobs: list[Job]) -> list[str]:
 def gap_table(jobs: list[Job], campaign: str = "") -> str:
     """The paired gaps over the jobs' files (and ``campaign``'s), as tools/loss_stats.py's Markdown table; a line
     saying why where there are none."""
-    mine = {j.json.name: j.json for j in jobs if j.runs()}
-    if not mine:
+    docs = {j.json.name: doc for j in jobs if (doc := j.doc()) and doc.get("losses")}
+    if not docs:
         return "no loss run finished: no gaps"
     pooled = ls.campaign(campaign) if campaign else None
-    files = (pooled.files if pooled else ()) + tuple(mine)
-    docs = {name: json.loads(path.read_text()) for name, path in mine.items()}
+    files = (pooled.files if pooled else ()) + tuple(docs)
     if pooled:
         reference, configs = pooled.reference, pooled.configs
     else:
         first = docs[next(iter(docs))]["losses"][0]
         reference, configs = first["spec"], {}
-    c = ls.Campaign("loss_jobs", f"{len(mine)} job files" + (f" and campaign {campaign}" if pooled else ""), files,
+    c = ls.Campaign("loss_jobs", f"{len(docs)} job files" + (f" and campaign {campaign}" if pooled else ""), files,
                     reference, configs)
     try:
         rows = ls.campaign_rows(c, load=lambda name: docs[name] if name in docs else

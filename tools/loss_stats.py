@@ -140,6 +140,28 @@ class GapStats:
         return "above" if self.lo > 0 else "below" if self.hi < 0 else "none"
 
 
+def parse_seeds(text: str) -> list[int]:
+    """"0,2,5-7" -> [0, 2, 5, 6, 7]: seeds and ranges FIRST-LAST of seeds, each seed once, in the order given (the
+    step scripts' ``--loss-seeds``, tools/loss_jobs.py's ``--seeds``)."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:  # "0,1,": an empty part names nothing
+            continue
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"{part!r} is neither a seed nor a range FIRST-LAST of seeds")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise ValueError(f"{part!r}: the range ends before it starts")
+        seeds.extend(range(first, last + 1))
+    if not seeds:
+        raise ValueError("no seed")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"seed {repeated[0]} is given twice")
+    return seeds
+
+
 def paired_gaps(valid: dict[int, float], reference: dict[int, float]) -> dict[int, float]:
     """Per seed found in both, the relative gap of ``valid`` to ``reference`` in percent."""
     return {s: 100 * (v - reference[s]) / reference[s] for s, v in sorted(valid.items()) if s in reference}

@@ -11,8 +11,8 @@ the table shows. Every row names its sources by letter, and the lines under the 
 commit it was measured at: from the file's provenance (perf/provenance.py, perf/provenance.h), else from a
 "commit" the file records itself, else from perf/results/legacy.json, the hand-kept manifest of the files written
 before provenance was recorded (their commit and command as RESULTS.md's prose gave them, recorded after the
-fact). A commit main does not hold, listed in perf/results/unlanded.json, is shown with the commit on main that
-holds its code. A file none of these dates is an error, as are a missing file, a row that is not there and a row that is
+fact). A file measured on a tree that did not land names, in its provenance, the commit on main that holds its
+code (``code_commit``), shown beside its own. A file none of these dates is an error, as are a missing file, a row that is not there and a row that is
 there twice: a table shows only what a file holds. Loss tables take their files, baselines, targets and statistics
 from tools/loss_stats.py's campaigns. tools/run-tests.sh runs ``--check``.
 """
@@ -57,7 +57,7 @@ def num(v: float) -> str:
 class Source:
     name: str
     commit: str  # short
-    how: str  # "" (its provenance), "recorded in the file", "legacy manifest", or where an unlanded commit's code is
+    how: str  # "" (its provenance), "recorded in the file", "legacy manifest", or where an unlanded tree's code is
 
 
 class Store:
@@ -68,8 +68,6 @@ class Store:
         self._files: dict[str, Any] = {}
         legacy = folder / "legacy.json"
         self.legacy = json.loads(legacy.read_text())["files"] if legacy.exists() else {}
-        unlanded = folder / "unlanded.json"
-        self.unlanded = json.loads(unlanded.read_text())["commits"] if unlanded.exists() else {}
 
     def data(self, name: str) -> Any:
         if name not in self._files:
@@ -84,10 +82,9 @@ class Store:
         data = self.data(name)
         record = provenance_of(data)
         if record and record.get("commit"):
-            commit = record["commit"]
-            landed = self.unlanded.get(commit)
-            how = f"not on main; its code is {landed['code_of']}'s" if landed else ""
-            return Source(name, commit[:7] + ("+dirty" if record.get("dirty") else ""), how)
+            code = record.get("code_commit")
+            how = f"not on main; its code is {code[:7]}'s" if code else ""
+            return Source(name, record["commit"][:7] + ("+dirty" if record.get("dirty") else ""), how)
         if isinstance(data, dict) and isinstance(data.get("commit"), str) and data["commit"]:
             return Source(name, data["commit"][:7], "recorded in the file")
         if name in self.legacy:

@@ -96,7 +96,9 @@ class RenderResults(unittest.TestCase):
         self.assertEqual(self.render(out), out)  # rendering is idempotent
 
     def test_a_commit_main_does_not_hold_names_the_commit_that_holds_its_code(self) -> None:
-        self.folder.write("unlanded.json", {"note": "n", "commits": {COMMIT: {"code_of": "abcdef1", "what": "w"}}})
+        new = json.loads((self.root / "results" / "new.json").read_text())
+        new["provenance"]["code_commit"] = "abcdef1" + "0" * 33
+        self.folder.write("new.json", new)
         out = self.rr.render("<!-- table: shm -->\n<!-- end table -->\n", self.rr.Store(self.root / "results"),
                              self.tables)
         sources = next(line for line in out.splitlines() if line.startswith("Sources: "))
