@@ -11,10 +11,13 @@ MPS daemon they train many seeds in the time of a few, and the losses do not dep
 ``--seeds`` is a job: the step script after ``--`` (perf/fsdp_step.py, ddp_step.py or deepspeed_step.py, run with
 this Python) with ``--loss-seeds S -J OUT/NAME-seedS.json``, its output in ``OUT/NAME-seedS.log``. At most
 ``--jobs`` run at once, seeds starting in order as others end, ``--stagger`` seconds apart. A job runs at most
-``--timeout`` seconds, and starts only while that much time is left before ``--deadline`` (seconds from the
-start); at the deadline the jobs still running are stopped (a GPU call has a time limit; the step scripts rewrite
-``-J`` after every loss run, so a job cut short keeps the runs it finished). A job is stopped with its whole process
-group (the script's ranks with it).
+``--timeout`` seconds. The first ``--jobs`` jobs start whatever their stagger (their timeout counted from the run's
+start must fit before ``--deadline``, seconds from the start); a later job starts only while its whole timeout is left
+before the deadline, and the seeds left out are said when they are. At the deadline the jobs still running are
+stopped (a GPU call has a time limit; the step scripts rewrite ``-J`` after every loss run, so a job cut short keeps
+the runs it finished). A job is stopped with its whole process group (the script's ranks with it). Under MPS a job
+stopped inside a kernel can take the jobs beside it down with it (an illegal-address error in their ranks): give
+``--timeout`` room enough for the jobs to end on their own.
 
 The report ends with one line a seed: done, failed (exit status), timed out, stopped at the deadline or not started;
 its wall seconds; and the loss runs its file holds. Then the paired gaps of every run to the reference run of the
@@ -75,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seeds {args.seeds}: {e}")
     if args.jobs < 1 or args.timeout < 0 or args.deadline < 0 or args.stagger < 0:
         p.error("--jobs must be at least 1, --timeout, --deadline and --stagger at least 0")
+    if args.deadline and args.timeout > args.deadline:
+        p.error(f"--timeout {args.timeout:g} must not exceed --deadline {args.deadline:g}: no job would fit")
     if "/" in args.name or not args.name:
         p.error(f"--name {args.name!r}: a file stem, without a folder")
     if args.campaign:
@@ -166,10 +171,13 @@ def run(args: argparse.Namespace, say: Any = say_now) -> list[Job]:
     waiting, running = list(jobs), []
     t0 = time.monotonic()
     last_start = -args.stagger
+    started = 0
     try:
         while waiting or running:
             now = time.monotonic()
             past_deadline = bool(args.deadline) and now - t0 >= args.deadline
+            # The first wave's timeouts count from the start: its stagger only keeps the ranks' starts apart.
+            begun = t0 if started < args.jobs else now
             for job in list(running):
                 if job.poll():
                     pass
@@ -181,13 +189,18 @@ def run(args: argparse.Namespace, say: Any = say_now) -> list[Job]:
                     continue
                 running.remove(job)
                 say(f"loss_jobs: seed {job.seed}: {job.status} ({job.ended - job.started:.0f} s)")
-            if past_deadline or (args.deadline and now - t0 + args.timeout > args.deadline):
-                waiting.clear()  # a job started now could not end before the deadline
+            if waiting and (past_deadline or (args.deadline and begun - t0 + args.timeout > args.deadline)):
+                left = max(0.0, args.deadline - (now - t0))
+                seeds = ", ".join(str(j.seed) for j in waiting)
+                say(f"loss_jobs: seed{'s' if len(waiting) > 1 else ''} {seeds} not started: a job's --timeout "
+                    f"({args.timeout:g} s) no longer fits in the {left:.0f} s left before --deadline")
+                waiting.clear()
             elif waiting and len(running) < args.jobs and now - last_start >= args.stagger:
                 job = waiting.pop(0)
                 job.start(args.command)
                 running.append(job)
                 last_start = now
+                started += 1
                 say(f"loss_jobs: seed {job.seed}: started ({job.log})")
                 continue
             time.sleep(0.2)

@@ -78,6 +78,7 @@ class LossJobs(unittest.TestCase):
         lines = text.getvalue().splitlines()
         self.table = [line for line in lines if line.startswith("|")]
         self.gaps_said = next((line for line in lines if line.startswith("no ")), "")
+        self.said = [line for line in lines if line.startswith("loss_jobs: seed") and " not started: " in line]
         return rc, [line for line in lines if line.startswith("seed ") or line.endswith(" seeds done")]
 
     def row(self, config: str) -> list[str]:
@@ -93,7 +94,7 @@ class LossJobs(unittest.TestCase):
                 self.lj.parse_seeds(bad)
         base = ["--seeds", "0", "--out", "o", "--name", "n"]
         for bad in ([], ["--", "s.py", "--loss-seeds", "1"], ["--", "s.py", "-J", "x.json"], ["--jobs", "0", "--", "s"],
-                    ["--timeout", "-1", "--", "s"]):
+                    ["--timeout", "-1", "--", "s"], ["--timeout", "9", "--deadline", "8", "--", "s"]):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
                 self.lj.parse_args(base + bad)
         with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
@@ -162,6 +163,18 @@ class LossJobs(unittest.TestCase):
         self.assertEqual(rc, 1)
         self.assertTrue(lines[0].startswith("seed 0: timed out after 3 s, "), lines)
         self.assertEqual(lines[1:], ["seed 1: not started, -, no loss run in t-seed1.json", "0 of 2 seeds done"])
+
+    def test_the_first_wave_starts_whatever_its_stagger(self) -> None:
+        """A timeout as long as the deadline allows still starts every job of the first wave: its stagger keeps the
+        ranks' starts apart, it does not cost a seed (the third job's 2 s + 4 s ends past the 5 s deadline)."""
+        rc, lines = self.main("--seeds", "0-3", "--jobs", "3", "--stagger", "1", "--timeout", "4", "--deadline", "5",
+                              "--", str(self.fake), "--sleep", "2.5")
+        self.assertEqual([line.split(",")[0] for line in lines[:3]], [f"seed {s}: done" for s in range(3)], lines)
+        self.assertEqual(lines[3:], ["seed 3: not started, -, no loss run in t-seed3.json", "3 of 4 seeds done"])
+        self.assertEqual(rc, 1)
+        self.assertEqual(len(self.said), 1, lines)
+        self.assertRegex(self.said[0], r"^loss_jobs: seed 3 not started: a job's --timeout \(4 s\) no longer fits in "
+                                       r"the [23] s left before --deadline$")
 
     def test_gaps_pooled_with_a_campaigns_files(self) -> None:
         # The campaign's six seeds from perf/results and two new ones, against its reference (nccl), with its label
