@@ -315,11 +315,13 @@ CAMPAIGNS = (
          "zpccl:0:4": ("zpccl bf16 weights, int4 gradients", 0.5),
          "zpccl:0:8": ("zpccl bf16 weights, int8 gradients", 0.1)}),
     Campaign(
-        "ddp-57m-int4", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu), 400 steps, cosine "
-        "decay (ddp_step.py); zpccl: int4 gradients in blocks of 256",
-        ("2026-12-05-h100x1-ddp-loss-int4-2edefb7.json",),
+        "ddp-57m-int4", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-5 and 9-11 "
+        "under MPS), 400 steps, cosine decay (ddp_step.py); zpccl: int4 gradients in blocks of 256",
+        ("2026-12-05-h100x1-ddp-loss-int4-2edefb7.json",
+         *(f"2026-12-06-h100x1-ddp-loss-int4-mps-seed{s}-94f9fee.json" for s in (3, 4, 5, 9, 10, 11))),
         "nccl",
-        {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5)}),
+        {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5),
+         "bf16-compress": ("torch's bf16_compress_hook (a perturbation of the exact run)", None)}),
     Campaign(
         "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-36 under "
         "MPS, which moves no result: NCCL's seed 5 is the same in two runs), 400 steps, cosine decay (ddp_step.py); "
@@ -342,9 +344,14 @@ CAMPAIGNS = (
     Campaign(
         "deepspeed-57m-b64", "57M model under DeepSpeed ZeRO-3, 2 ranks as 2 nodes (net-on1gpu-mps), 400 steps, "
         "cosine decay (deepspeed_step.py); zpccl.deepspeed: int8 weights, int4 gradients in blocks of 64",
-        ("2026-12-06-h100x1-deepspeed-loss-b64-mps-185ef4b.json",),
+        ("2026-12-06-h100x1-deepspeed-loss-b64-mps-185ef4b.json",
+         *(f"2026-12-06-h100x1-deepspeed-loss-b64-mps-seed{s}-94f9fee.json" for s in (3, 4, 5)),
+         *(f"2026-12-06-h100x1-deepspeed-loss-floor-mps-seed{s}-94f9fee.json" for s in (0, 1, 2)),
+         # Cut short at the lease's deadline after their DeepSpeed runs, which repeat the b64 files' to the last bit.
+         *(f"2026-12-06-h100x1-deepspeed-loss-floor-mps-seed{s}-cut-94f9fee.json" for s in (3, 4, 5))),
         "deepspeed",
-        {"zpccl:8:4": ("DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64", 0.5)}),
+        {"zpccl:8:4": ("DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64", 0.5),
+         "deepspeed-fp32": ("DeepSpeed ZeRO-3, gradients reduced and accumulated in fp32 (noise floor)", None)}),
     Campaign(
         "fsdp2-57m-b64-bf16start", "57M FSDP2 model as fsdp2-57m-b64, every run started from the weights rounded to "
         "bf16 as DeepSpeed's bf16 mode starts its master copy (fsdp_step.py --start-from-bf16; net-on1gpu-mps)",

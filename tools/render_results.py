@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Renders the tables of perf/RESULTS.md, the figures README.md quotes and the tables of perf/notebook/accuracy.md,
-fsdp.md and gradient_rounding.md from perf/results/*.json.
+fsdp.md, gradient_rounding.md and kernels.md from perf/results/*.json.
 
     python3 tools/render_results.py            # rewrite the tables in place
     python3 tools/render_results.py --check    # exit 1, with a diff, when a document differs from the files
@@ -32,7 +32,7 @@ sys.path.insert(0, str(TOP / "tools"))
 import loss_stats as ls  # noqa: E402  (the loss runs' campaigns and their paired statistics)
 from perf_files import exchanging_calls, provenance_of, size_of  # noqa: E402
 DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md", "perf/notebook/fsdp.md",
-             "perf/notebook/gradient_rounding.md")
+             "perf/notebook/gradient_rounding.md", "perf/notebook/kernels.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
 
@@ -634,6 +634,25 @@ def step_runs_table(store: Store, name: str, files: list[tuple[str, str]], first
     return t
 
 
+def trace_table(store: Store, name: str, file: str, configs: list[tuple[str, str]]) -> Table:
+    """perf/step_trace.py's summary of a traced round (``--trace``): per configuration and rank, a step's device time
+    by kernel class, the union of all of it, the communication no compute kernel of the rank covers, the kernels
+    a step, and the step's host time under the profiler."""
+    t = Table(store, name, ["configuration", "rank", "compute ms", "NCCL kernels ms", "zpccl kernels ms",
+                            "copies ms", "device busy ms", "communication not hidden ms", "kernels: compute / NCCL / "
+                            "zpccl", "step ms under the profiler"])
+    summary = store.data(file)["configs"]
+    for config, label in configs:
+        if config not in summary:
+            raise RenderError(f"table {name}: {file} has no trace of {config}")
+        for rank, r in enumerate(summary[config]):
+            ms, n = r["kernel_ms"], r["kernels"]
+            t.add([label, str(rank), f"{ms['compute']:.1f}", f"{ms['nccl']:.1f}", f"{ms['zpccl']:.1f}",
+                   f"{ms['memory']:.1f}", f"{r['busy_ms']:.1f}", f"{r['comm_exposed_ms']:.1f}",
+                   f"{n['compute']:.0f} / {n['nccl']:.0f} / {n['zpccl']:.0f}", f"{r['traced_step_ms']:.1f}"], [file])
+    return t
+
+
 def bisect_table(store: Store, name: str, file: str, each_run: bool = False) -> Table:
     """tools/bisect-fsdp-step.sh's entries that ran, in the manifest's order: zpccl's step (the median of the runs'
     medians, the runs' range, and the fastest and slowest step of all its runs), FSDP2 + NCCL's, and their ratio;
@@ -678,6 +697,12 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         ("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
         ("no-comm", "FSDP2, collectives as local copies (no network)"),
         ("zpccl-hpz", "FSDP2 + zpccl")], ["nccl-noreshard", "no-comm"]),
+    "fsdp-step-trace": lambda s: step_table(s, "fsdp-step-trace", H100_6 + "fsdp-step-small-trace-94f9fee.json", [
+        ("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
+        ("no-comm", "FSDP2, collectives as local copies (no network)"),
+        ("zpccl-hpz", "FSDP2 + zpccl")], ["nccl-noreshard", "no-comm"]),
+    "fsdp-trace": lambda s: trace_table(s, "fsdp-trace", H100_6 + "fsdp-step-small-trace-summary-94f9fee.json", [
+        ("nccl-noreshard", "FSDP2 + NCCL, False"), ("no-comm", "no network"), ("zpccl-hpz", "FSDP2 + zpccl")]),
     "all-reduce-net": lambda s: collective_table(s, "all-reduce-net", "quant_all_reduce", ["16M", "64M", "256M"],
                                                  [(H100 + "all-reduce-net-2edefb7.json", None)], ["net-on1gpu"],
                                                  (8, 4), {8: (1.6, "64M"), 4: (2.5, "64M")}),
@@ -691,7 +716,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
                           ("bf16-compress", "DDP, torch's bf16_compress_hook"),
                           ("zpccl", "DDP, zpccl.ddp (int4, blocks of 256)")], ["nccl", "bf16-compress"]),
     "ddp-loss": lambda s: loss_table(s, "ddp-loss", ls.campaign("ddp-57m-int4"), [
-        LossLine("zpccl", "zpccl.ddp, int4 gradients (blocks of 256)")]),
+        LossLine("zpccl", "zpccl.ddp, int4 gradients (blocks of 256)"),
+        LossLine("bf16-compress", "torch's bf16_compress_hook (gradients rounded to bf16: a perturbation)")]),
     "ddp-loss-int8": lambda s: loss_table(s, "ddp-loss-int8", ls.campaign("ddp-57m-int8"), [
         LossLine("zpccl", "zpccl.ddp, int8 gradients (blocks of 256)")]),
     "deepspeed-step": lambda s: step_table(s, "deepspeed-step", H100_6 + "deepspeed-step-511ec81.json", [
@@ -741,7 +767,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         [LossLine("zpccl", f"zpccl.ddp, int{bits} gradients (blocks of 256), small GPT on the CPU")]))
        for bits in (8, 4)},
     "deepspeed-loss-b64": lambda s: loss_table(s, "deepspeed-loss-b64", ls.campaign("deepspeed-57m-b64"), [
-        LossLine("zpccl:8:4", "DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64")]),
+        LossLine("zpccl:8:4", "DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64"),
+        LossLine("deepspeed-fp32", "DeepSpeed ZeRO-3, gradients reduced and accumulated in fp32 (noise floor)")]),
     "deepspeed-loss-b64-cpu": lambda s: loss_table(s, "deepspeed-loss-b64-cpu", ls.campaign("deepspeed-small-cpu-b64"),
                                                    [LossLine("zpccl:8:4", "DeepSpeed ZeRO-3 + zpccl.deepspeed")]),
     "fsdp-loss-b64-cpu": lambda s: loss_table(s, "fsdp-loss-b64-cpu", ls.campaign("fsdp2-small-cpu-b64"),

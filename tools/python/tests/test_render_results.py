@@ -165,6 +165,25 @@ class RenderResults(unittest.TestCase):
         with self.assertRaisesRegex(self.rr.RenderError, "'bare' has no calls_per_step"):
             self.render("<!-- table: bare -->\n<!-- end table -->\n")
 
+    def test_a_traces_summary_per_configuration_and_rank(self) -> None:
+        def rank(compute: float, nccl: float, exposed: float) -> dict[str, Any]:
+            return {"kernel_ms": {"compute": compute, "nccl": nccl, "zpccl": 0.25, "memory": 0.04},
+                    "kernels": {"compute": 120.0, "nccl": 6.0, "zpccl": 12.0, "memory": 3.0},
+                    "busy_ms": compute + nccl, "comm_exposed_ms": exposed, "traced_step_ms": 61.26}
+
+        self.folder.write("trace.json", {"provenance": {"schema": "zpccl-provenance/1", "commit": COMMIT,
+                                                        "dirty": False},
+                                         "configs": {"zpccl": [rank(5.04, 40.0, 38.16), rank(5.5, 35.1, 33.0)]}})
+        self.tables["trace"] = lambda s: self.rr.trace_table(s, "trace", "trace.json", [("zpccl", "FSDP2 + zpccl")])
+        lines = [line for line in self.render("<!-- table: trace -->\n<!-- end table -->\n").splitlines()
+                 if line.startswith("| FSDP2 + zpccl")]
+        cells = " | 120 / 6 / 12 | 61.3 | a |"
+        self.assertEqual(lines, ["| FSDP2 + zpccl | 0 | 5.0 | 40.0 | 0.2 | 0.0 | 45.0 | 38.2" + cells,
+                                 "| FSDP2 + zpccl | 1 | 5.5 | 35.1 | 0.2 | 0.0 | 40.6 | 33.0" + cells])
+        self.tables["none"] = lambda s: self.rr.trace_table(s, "none", "trace.json", [("nccl", "FSDP2 + NCCL")])
+        with self.assertRaisesRegex(self.rr.RenderError, "trace.json has no trace of nccl"):
+            self.render("<!-- table: none -->\n<!-- end table -->\n")
+
     def test_what_the_files_cannot_give_is_refused(self) -> None:
         with self.assertRaisesRegex(self.rr.RenderError, "unknown table 'nope'"):
             self.render("<!-- table: nope -->\n<!-- end table -->\n")
