@@ -192,8 +192,10 @@ def run(args: argparse.Namespace, say: Any = say_now) -> list[Job]:
             if waiting and (past_deadline or (args.deadline and begun - t0 + args.timeout > args.deadline)):
                 left = max(0.0, args.deadline - (now - t0))
                 seeds = ", ".join(str(j.seed) for j in waiting)
-                say(f"loss_jobs: seed{'s' if len(waiting) > 1 else ''} {seeds} not started: a job's --timeout "
-                    f"({args.timeout:g} s) no longer fits in the {left:.0f} s left before --deadline")
+                why = (f"the --deadline ({args.deadline:g} s) came first" if past_deadline else
+                       f"a job's --timeout ({args.timeout:g} s) no longer fits in the {left:.0f} s left before "
+                       "--deadline")
+                say(f"loss_jobs: seed{'s' if len(waiting) > 1 else ''} {seeds} not started: {why}")
                 waiting.clear()
             elif waiting and len(running) < args.jobs and now - last_start >= args.stagger:
                 job = waiting.pop(0)

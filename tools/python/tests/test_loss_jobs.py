@@ -156,6 +156,7 @@ class LossJobs(unittest.TestCase):
         self.assertTrue(lines[0].startswith("seed 0: stopped at the deadline, "), lines)
         self.assertEqual(lines[1:], ["seed 1: not started, -, no loss run in t-seed1.json",
                                      "seed 2: not started, -, no loss run in t-seed2.json", "0 of 3 seeds done"])
+        self.assertEqual(self.said, ["loss_jobs: seeds 1, 2 not started: the --deadline (2 s) came first"])
 
     def test_a_job_starts_only_where_its_timeout_ends_before_the_deadline(self) -> None:
         rc, lines = self.main("--seeds", "0-1", "--jobs", "1", "--timeout", "3", "--deadline", "5", "--",
