@@ -62,8 +62,9 @@ def merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]
     return out
 
 
-def length(merged: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in merged)
+def length(intervals: list[tuple[float, float]]) -> float:
+    """The summed lengths of ``intervals`` (of a union from :func:`merge`: its length)."""
+    return sum(end - start for start, end in intervals)
 
 
 def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
@@ -100,7 +101,7 @@ def summarize(trace: dict[str, Any], steps: int) -> dict[str, Any]:
     return dict(
         steps=steps,
         device_events=sum(len(v) for v in per_class.values()),
-        kernel_ms={c: sum(end - start for start, end in per_class[c]) * ms for c in CLASSES},
+        kernel_ms={c: length(per_class[c]) * ms for c in CLASSES},
         kernels={c: len(per_class[c]) / steps for c in CLASSES},
         busy_ms=length(merge(i for v in merged.values() for i in v)) * ms,
         compute_busy_ms=length(merged["compute"]) * ms,

@@ -171,13 +171,13 @@ def run(args: argparse.Namespace, say: Any = say_now) -> list[Job]:
     waiting, running = list(jobs), []
     t0 = time.monotonic()
     last_start = -args.stagger
-    started = 0
     try:
         while waiting or running:
             now = time.monotonic()
             past_deadline = bool(args.deadline) and now - t0 >= args.deadline
-            # The first wave's timeouts count from the start: its stagger only keeps the ranks' starts apart.
-            begun = t0 if started < args.jobs else now
+            # The first wave starts whatever its stagger (parse_args keeps its timeout within the deadline): the
+            # stagger only keeps the ranks' starts apart.
+            first_wave = len(jobs) - len(waiting) < args.jobs
             for job in list(running):
                 if job.poll():
                     pass
@@ -189,7 +189,8 @@ def run(args: argparse.Namespace, say: Any = say_now) -> list[Job]:
                     continue
                 running.remove(job)
                 say(f"loss_jobs: seed {job.seed}: {job.status} ({job.ended - job.started:.0f} s)")
-            if waiting and (past_deadline or (args.deadline and begun - t0 + args.timeout > args.deadline)):
+            late = not first_wave and args.deadline and now - t0 + args.timeout > args.deadline
+            if waiting and (past_deadline or late):
                 left = max(0.0, args.deadline - (now - t0))
                 seeds = ", ".join(str(j.seed) for j in waiting)
                 why = (f"the --deadline ({args.deadline:g} s) came first" if past_deadline else
@@ -202,7 +203,6 @@ def run(args: argparse.Namespace, say: Any = say_now) -> list[Job]:
                 job.start(args.command)
                 running.append(job)
                 last_start = now
-                started += 1
                 say(f"loss_jobs: seed {job.seed}: started ({job.log})")
                 continue
             time.sleep(0.2)

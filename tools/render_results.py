@@ -12,8 +12,8 @@ commit it was measured at: from the file's provenance (perf/provenance.py, perf/
 "commit" the file records itself, else from perf/results/legacy.json, the hand-kept manifest of the files written
 before provenance was recorded (their commit and command as RESULTS.md's prose gave them, recorded after the
 fact). A file measured on a tree that did not land names, in its provenance, the commit on main that holds its
-code (``code_commit``), shown beside its own. A file none of these dates is an error, as are a missing file, a row that is not there and a row that is
-there twice: a table shows only what a file holds. Loss tables take their files, baselines, targets and statistics
+code (``code_commit``), shown beside its own. A file none of these dates is an error, as are a missing file, a row
+that is not there and a row that is there twice: a table shows only what a file holds. Loss tables take their files, baselines, targets and statistics
 from tools/loss_stats.py's campaigns. tools/run-tests.sh runs ``--check``.
 """
 from __future__ import annotations
@@ -675,6 +675,11 @@ def bisect_table(store: Store, name: str, file: str, each_run: bool = False) -> 
     return t
 
 
+#: The configurations of the FSDP2 step's runs against its no-network floor, and what their ratios are taken to.
+FLOOR_RUN = ([("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
+              ("no-comm", "FSDP2, collectives as local copies (no network)"), ("zpccl-hpz", "FSDP2 + zpccl")],
+             ["nccl-noreshard", "no-comm"])
+
 TABLES: dict[str, Callable[[Store], Table]] = {
     "headline": headline,
     "fsdp-step": lambda s: fsdp_step_table(s, "fsdp-step", [(R5 + "fsdp-step-small-gate-1c1aab7.json", "small"),
@@ -693,14 +698,9 @@ TABLES: dict[str, Callable[[Store], Table]] = {
                                                     H100 + "fsdp-bisect-run2-0731899-562bc89.json"),
     "fsdp-bisect-h100-run3": lambda s: bisect_table(s, "fsdp-bisect-h100-run3",
                                                     H100_6 + "fsdp-bisect-run3-bdc370e-562bc89.json", each_run=True),
-    "fsdp-floor": lambda s: step_table(s, "fsdp-floor", H100 + "fsdp-step-small-floor-2edefb7.json", [
-        ("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
-        ("no-comm", "FSDP2, collectives as local copies (no network)"),
-        ("zpccl-hpz", "FSDP2 + zpccl")], ["nccl-noreshard", "no-comm"]),
-    "fsdp-step-trace": lambda s: step_table(s, "fsdp-step-trace", H100_6 + "fsdp-step-small-trace-94f9fee.json", [
-        ("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
-        ("no-comm", "FSDP2, collectives as local copies (no network)"),
-        ("zpccl-hpz", "FSDP2 + zpccl")], ["nccl-noreshard", "no-comm"]),
+    "fsdp-floor": lambda s: step_table(s, "fsdp-floor", H100 + "fsdp-step-small-floor-2edefb7.json", *FLOOR_RUN),
+    "fsdp-step-trace": lambda s: step_table(s, "fsdp-step-trace", H100_6 + "fsdp-step-small-trace-94f9fee.json",
+                                            *FLOOR_RUN),
     "fsdp-trace": lambda s: trace_table(s, "fsdp-trace", H100_6 + "fsdp-step-small-trace-summary-94f9fee.json", [
         ("nccl-noreshard", "FSDP2 + NCCL, False"), ("no-comm", "no network"), ("zpccl-hpz", "FSDP2 + zpccl")]),
     "all-reduce-net": lambda s: collective_table(s, "all-reduce-net", "quant_all_reduce", ["16M", "64M", "256M"],
