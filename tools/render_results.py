@@ -691,6 +691,7 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         *((R5 + f"fsdp-step-small-run{i}-1c1aab7.json", f"1c1aab7, run {i}") for i in range(2, 7)),
         (R5 + "fsdp-step-small-0731899-rerun.json", "0731899, same machine, after run 6"),
         (R2 + "fsdp-step-small-0731899.json", "0731899, a lease of its own"),
+        *((H100_6 + f"fsdp-step-small-run{i}-02aeef1.json", f"02aeef1, one H100, run {i}") for i in (1, 2, 3)),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
         (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, a lease of its own")]),
     "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100", H100 + "fsdp-bisect-0731899-562bc89.json"),
@@ -743,7 +744,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (H100_6 + "fsdp-step-small-pair-run2-511ec81.json", "time slices, run 2 (8 rounds)"),
         (H100_6 + "fsdp-step-small-mps-511ec81.json", "MPS, five configurations"),
         (H100_6 + "fsdp-step-small-511ec81.json", "time slices, five configurations"),
-        *((H100_6 + f"fsdp-step-small-mps-run{i}-0c6a455.json", f"MPS, 0c6a455, run {i}") for i in (1, 2, 3))]),
+        *((H100_6 + f"fsdp-step-small-mps-run{i}-0c6a455.json", f"MPS, 0c6a455, run {i}") for i in (1, 2, 3)),
+        (H100_6 + "fsdp-step-small-mps-trace-02aeef1.json", "MPS, 02aeef1, 3 rounds, traced")]),
     "collectives-mps": lambda s: size_table(s, "collectives-mps", "", ["16M", "64M"], [
         Line(f"{name} int{b}, {how}", [Pick(H100_6 + f"collectives-net{tag}-511ec81.json", op, None,
                                             dict(bits=b, regime="net-on1gpu"))], limit=True)
