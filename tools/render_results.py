@@ -680,6 +680,9 @@ FLOOR_RUN = ([("nccl-noreshard", "FSDP2 + NCCL, reshard_after_forward=False"),
               ("no-comm", "FSDP2, collectives as local copies (no network)"), ("zpccl-hpz", "FSDP2 + zpccl")],
              ["nccl-noreshard", "no-comm"])
 
+#: The traced small step's configurations (perf/step_trace.py's summaries), time-sliced and under MPS alike.
+TRACED_RUN = [("nccl-noreshard", "FSDP2 + NCCL, False"), ("no-comm", "no network"), ("zpccl-hpz", "FSDP2 + zpccl")]
+
 TABLES: dict[str, Callable[[Store], Table]] = {
     "headline": headline,
     "fsdp-step": lambda s: fsdp_step_table(s, "fsdp-step", [(R5 + "fsdp-step-small-gate-1c1aab7.json", "small"),
@@ -702,8 +705,10 @@ TABLES: dict[str, Callable[[Store], Table]] = {
     "fsdp-floor": lambda s: step_table(s, "fsdp-floor", H100 + "fsdp-step-small-floor-2edefb7.json", *FLOOR_RUN),
     "fsdp-step-trace": lambda s: step_table(s, "fsdp-step-trace", H100_6 + "fsdp-step-small-trace-94f9fee.json",
                                             *FLOOR_RUN),
-    "fsdp-trace": lambda s: trace_table(s, "fsdp-trace", H100_6 + "fsdp-step-small-trace-summary-94f9fee.json", [
-        ("nccl-noreshard", "FSDP2 + NCCL, False"), ("no-comm", "no network"), ("zpccl-hpz", "FSDP2 + zpccl")]),
+    "fsdp-trace": lambda s: trace_table(s, "fsdp-trace", H100_6 + "fsdp-step-small-trace-summary-94f9fee.json",
+                                        TRACED_RUN),
+    "fsdp-trace-mps": lambda s: trace_table(s, "fsdp-trace-mps",
+                                            H100_6 + "fsdp-step-small-mps-trace-summary-02aeef1.json", TRACED_RUN),
     "all-reduce-net": lambda s: collective_table(s, "all-reduce-net", "quant_all_reduce", ["16M", "64M", "256M"],
                                                  [(H100 + "all-reduce-net-2edefb7.json", None)], ["net-on1gpu"],
                                                  (8, 4), {8: (1.6, "64M"), 4: (2.5, "64M")}),
