@@ -230,10 +230,8 @@ run() {
       [ -f "$t/build-bisect/build.ninja" ] ||
         timeout "$build_limit" "${meson_cmd[@]}" setup "$t/build-bisect" "$t" -D$arch=90 --buildtype=release \
           -Dtests=false -Dperf=false ${ZP_BISECT_MESON_ARGS:-} || exit 1
-      # The library's own target (libzpccl.so.X.Y.Z: the unversioned name is a link meson makes, no target).
       local target
-      target=$(ninja -C "$t/build-bisect" -t targets all | awk -F: '$1 ~ /^libzpccl\.so[.0-9]*$/ { print $1 }' |
-        sort | tail -1)
+      target=$(ninja_targets "$t/build-bisect" libzpccl.so)
       timeout "$build_limit" ninja -C "$t/build-bisect" -j "$per_build" "${target:-all}"
     } >"$log" 2>&1
   }

@@ -49,7 +49,8 @@
 #                             shm caller)
 #   ZP_GPU_CHECK_SANITIZERS   compute-sanitizer tools to run over the GPU suites, e.g. "memcheck racecheck
 #                             initcheck synccheck" (default none); ZP_GPU_CHECK_SANITIZER_FILTER/_TIMEOUT
-#   ZP_GPU_CHECK_TARGETS      ninja targets of the build (default all), e.g. "perf/qwz_perf libzpccl.so"
+#   ZP_GPU_CHECK_TARGETS      targets of the build (default all), e.g. "perf/qwz_perf libzpccl.so" (a library's
+#                             unversioned name builds its versioned file: ninja_targets, tools/gpu-build-tools.sh)
 #   ZP_GPU_CHECK_SKIP_BUILD=1 / ZP_GPU_CHECK_SKIP_TESTS=1 (the GoogleTest suites) / ZP_GPU_CHECK_SKIP_PYTHON=1
 #                             (the Python suite and steps) / ZP_GPU_CHECK_SKIP_PERF=1;
 #   ZP_GPU_CHECK_BUILD_DIR (default build-gpu); ZP_GPU_CHECK_MESON_ARGS extra `meson setup` options (e.g.
@@ -201,7 +202,8 @@ if [ "${ZP_GPU_CHECK_SKIP_BUILD:-0}" != 1 ]; then
         ${ZP_GPU_CHECK_MESON_ARGS:-} || exit 1
     fi
     # shellcheck disable=SC2086  # the targets are words
-    ninja -C "$build" -k 0 ${ZP_GPU_CHECK_TARGETS:-}  # keep going: one broken target must not hide the others
+    mapfile -t targets < <(ninja_targets "$build" ${ZP_GPU_CHECK_TARGETS:-})
+    ninja -C "$build" -k 0 "${targets[@]}"  # keep going: one broken target must not hide the others
   ) >"$build_log" 2>&1
   rc=$?
   note "build: exit $rc ($((SECONDS - start))s) -> $build_log"
