@@ -37,7 +37,7 @@ def fsdp_row(config: str, rounds: list[float]) -> dict[str, Any]:
 
 
 def write_run(folder: pathlib.Path, zpccl_rounds: list[float], dirty: bool = False, extra_row: bool = False,
-              named: str | None = None) -> None:
+              named: str | None = None, floor_rounds: list[float] | None = None) -> None:
     rows = [perf_row("qwz_all_gather", 8, 16 << 20, 1.20, 1.15, 1.25),
             perf_row("qwz_all_gather", 8, 64 << 20, 1.64, 1.60, 1.70)]
     if extra_row:
@@ -47,7 +47,7 @@ def write_run(folder: pathlib.Path, zpccl_rounds: list[float], dirty: bool = Fal
         fsdp_row("nccl", [120.0, 118.0, 124.0, 121.0, 119.0]),
         fsdp_row("nccl-noreshard", [80.0, 79.0, 82.0, 81.0, 80.0]),
         fsdp_row("nccl-2comm", [70.0, 69.0, 72.0, 71.0, 70.0]),
-        fsdp_row("no-comm", [40.0, 39.0, 42.0, 41.0, 40.0]),
+        fsdp_row("no-comm", floor_rounds or [40.0, 39.0, 42.0, 41.0, 40.0]),
         fsdp_row("zpccl-hpz", zpccl_rounds)], "losses": []}
     (folder / "fsdp_small.json").write_text(json.dumps(fsdp))
 
@@ -126,6 +126,20 @@ class PerfGate(unittest.TestCase):
         status, text = self.main()
         self.assertEqual(status, 0, text)
         self.assertIn("improved", text)
+
+    def test_a_slower_floor_fails_the_gate_and_names_the_machine(self) -> None:
+        self.assertEqual(self.main("--record")[0], 0)
+        write_run(self.run_dir, [48.0, 47.0, 50.0, 46.0, 49.0], floor_rounds=[45.0, 44.0, 47.0, 46.0, 45.5])
+        status, text = self.main()
+        self.assertEqual(status, 1, text)
+        self.assertIn("GATE: FAILED: fsdp small no-comm step", text)
+        self.assertIn("fsdp small no-comm step: the no-network floor ran slower than its reference", text)
+        self.assertIn("run the gate again", text)
+        # A slower zpccl step with the floor where it was names no machine.
+        write_run(self.run_dir, [56.0, 55.0, 58.0, 54.0, 57.0])
+        status, text = self.main()
+        self.assertEqual(status, 1, text)
+        self.assertNotIn("no-network floor", text)
 
     def test_missing_and_new_figures(self) -> None:
         self.assertEqual(self.main("--record")[0], 0)
