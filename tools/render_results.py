@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Renders the tables of perf/RESULTS.md, the figures README.md quotes and the tables of perf/notebook/accuracy.md,
-fsdp.md, gradient_rounding.md and kernels.md from perf/results/*.json.
+fsdp.md, gradient_rounding.md, kernels.md and slow_links.md from perf/results/*.json.
 
     python3 tools/render_results.py            # rewrite the tables in place
     python3 tools/render_results.py --check    # exit 1, with a diff, when a document differs from the files
@@ -32,7 +32,7 @@ sys.path.insert(0, str(TOP / "tools"))
 import loss_stats as ls  # noqa: E402  (the loss runs' campaigns and their paired statistics)
 from perf_files import exchanging_calls, provenance_of, size_of  # noqa: E402
 DOCUMENTS = ("perf/RESULTS.md", "README.md", "perf/notebook/accuracy.md", "perf/notebook/fsdp.md",
-             "perf/notebook/gradient_rounding.md", "perf/notebook/kernels.md")
+             "perf/notebook/gradient_rounding.md", "perf/notebook/kernels.md", "perf/notebook/slow_links.md")
 MARKER = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- end table -->)", re.S)
 MB = 1 << 20
 
@@ -225,6 +225,23 @@ def collective_table(store: Store, name: str, op: str, sizes: list[str], parts: 
                           [Pick(f, op, s, dict(where, bits=order[0])) for f, s in parts],
                           value="nccl-ms" if ms else "nccl-us"))
     return size_table(store, name, "", sizes, lines)
+
+
+def in_place_table(store: Store, name: str, op: str, size: str, files: list[tuple[str, str]],
+                   order: tuple[int, ...]) -> Table:
+    """A collective's in-place call beside its out-of-place calls and NCCL's bf16 baseline of the same run, one row
+    a run and bit width: milliseconds (median and range of the rounds; the perf binaries time the in-place variant in
+    the first round only) and NCCL's median over each."""
+    t = Table(store, name, ["run", "bits", "out of place ms (median, range)", "in place ms", "NCCL bf16 ms",
+                            "vs NCCL: out of place", "vs NCCL: in place"])
+    for file, label in files:
+        for bits in order:
+            row = Pick(file, op, where=dict(bits=bits)).one(store, size_of(size), name)
+            oop, ip, nccl = row["oop"], row["ip"], row["nccl"]
+            t.add([label, f"int{bits}", f"{oop['time_us'] / 1e3:.1f} ({oop['min_us'] / 1e3:.1f}-"
+                   f"{oop['max_us'] / 1e3:.1f})", f"{ip['time_us'] / 1e3:.1f}", f"{nccl['time_us'] / 1e3:.1f}",
+                   f"{nccl['time_us'] / oop['time_us']:.2f}x", f"{nccl['time_us'] / ip['time_us']:.2f}x"], [file])
+    return t
 
 
 def ratio_cell(base: dict[str, Any], row: dict[str, Any]) -> str:
@@ -489,6 +506,7 @@ R3 = "2026-12-03-h200x1-"
 R5 = "2026-12-05-h200x1-"
 H100 = "2026-12-05-h100x1-"
 H100_6 = "2026-12-06-h100x1-"
+H100_7 = "2026-12-07-h100x1-"
 SIZES = ["1M", "4M", "16M", "64M", "256M", "1G"]
 UPPER = ("64M", "256M", "1G")
 LOWER = ("1M", "4M", "16M")
@@ -695,8 +713,11 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (R5 + "fsdp-step-small-0731899-rerun.json", "0731899, same machine, after run 6"),
         (R2 + "fsdp-step-small-0731899.json", "0731899, a lease of its own"),
         *((H100_6 + f"fsdp-step-small-run{i}-02aeef1.json", f"02aeef1, one H100, run {i}") for i in (1, 2, 3)),
+        (H100_7 + "fsdp-step-small-gate-d3af8f8.json", "d3af8f8, one H100, the gate's run"),
+        *((H100_7 + f"fsdp-step-small-run{i}-d3af8f8.json", f"d3af8f8, one H100, run {i}") for i in (2, 3, 4)),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
-        (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, a lease of its own")]),
+        (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, a lease of its own"),
+        (H100_7 + "fsdp-step-large-gate-d3af8f8.json", "large shape: d3af8f8, one H100, the gate's run")]),
     "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100", H100 + "fsdp-bisect-0731899-562bc89.json"),
     "fsdp-bisect-h100-run2": lambda s: bisect_table(s, "fsdp-bisect-h100-run2",
                                                     H100 + "fsdp-bisect-run2-0731899-562bc89.json"),
@@ -712,6 +733,9 @@ TABLES: dict[str, Callable[[Store], Table]] = {
     "all-reduce-net": lambda s: collective_table(s, "all-reduce-net", "quant_all_reduce", ["16M", "64M", "256M"],
                                                  [(H100 + "all-reduce-net-2edefb7.json", None)], ["net-on1gpu"],
                                                  (8, 4), {8: (1.6, "64M"), 4: (2.5, "64M")}),
+    "all-reduce-in-place": lambda s: in_place_table(s, "all-reduce-in-place", "quant_all_reduce", "64M", [
+        (H100 + "all-reduce-net-2edefb7.json", "2edefb7, 16M - 256M"),
+        *((H100_7 + f"all-reduce-64m-run{i}-d3af8f8.json", f"d3af8f8, run {i}") for i in (1, 2, 3))], (8, 4)),
     "ddp-step": lambda s: step_table(s, "ddp-step", H100 + "ddp-step-2edefb7.json", [
         ("nccl", "DDP, NCCL all-reduce (fp32 buckets)"), ("bf16-compress", "DDP, torch's bf16_compress_hook"),
         ("powersgd", "DDP, torch's PowerSGD hook (rank 1)"), ("zpccl", "DDP, zpccl.ddp (int4, blocks of 256)")],
