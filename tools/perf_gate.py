@@ -36,6 +36,7 @@ sys.path.insert(0, str(TOOLS))
 from perf_files import is_step_file, provenance_of, rows_of, size_text  # noqa: E402
 
 SCHEMA = "zpccl-perf-gate/1"
+FLOOR = "no-comm"  # fsdp_step.py's configuration with no collective: the machine's floor, gated by its step time
 
 
 @dataclass
@@ -77,9 +78,9 @@ def fsdp_figures(data: dict[str, Any], shape: str, file: str) -> dict[str, Figur
             continue
         for name, r in rows.items():
             # zpccl's ratios to each NCCL step, and the ablation's to the step it changes: what the targets name.
-            # The floor (no-comm) is gated by its step time alone.
+            # The floor is gated by its step time alone.
             ablation = name == "nccl-2comm" and base == "nccl-noreshard"
-            if name == "no-comm" or (name.startswith("nccl") and not ablation):
+            if name == FLOOR or (name.startswith("nccl") and not ablation):
                 continue
             a, b = rows[base].get("round_median_ms") or [], r.get("round_median_ms") or []
             ratio = rows[base]["median_ms"] / r["median_ms"]
@@ -161,7 +162,7 @@ def report(reference: dict[str, Figure], figures: dict[str, Figure], verdicts: l
     lines.append(f"{len(verdicts)} figures: " + ", ".join(f"{n} {k.lower()}" for k, n in counts.items() if n) +
                  f" (margin {100 * margin:.0f}% beyond the reference's range)")
     bad = [n for n, v in verdicts if v in ("REGRESSED", "MISSING")]
-    floors = [n for n in bad if re.fullmatch(r"fsdp \w+ no-comm step", n)]
+    floors = [n for n in bad if re.fullmatch(rf"fsdp \w+ {FLOOR} step", n)]
     if floors:
         # No zpccl or NCCL code runs in the floor: when it slows, the machine did (fsdp.md: the step's two modes).
         lines.append(f"{', '.join(floors)}: the no-network floor ran slower than its reference, and no collective "

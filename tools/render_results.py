@@ -238,9 +238,13 @@ def in_place_table(store: Store, name: str, op: str, size: str, files: list[tupl
         for bits in order:
             row = Pick(file, op, where=dict(bits=bits)).one(store, size_of(size), name)
             oop, ip, nccl = row["oop"], row["ip"], row["nccl"]
-            t.add([label, f"int{bits}", f"{oop['time_us'] / 1e3:.1f} ({oop['min_us'] / 1e3:.1f}-"
-                   f"{oop['max_us'] / 1e3:.1f})", f"{ip['time_us'] / 1e3:.1f}", f"{nccl['time_us'] / 1e3:.1f}",
-                   f"{nccl['time_us'] / oop['time_us']:.2f}x", f"{nccl['time_us'] / ip['time_us']:.2f}x"], [file])
+
+            def ms(us: float) -> str:
+                return f"{us / 1e3:.1f}"
+
+            t.add([label, f"int{bits}", f"{ms(oop['time_us'])} ({ms(oop['min_us'])}-{ms(oop['max_us'])})",
+                   ms(ip["time_us"]), ms(nccl["time_us"]), f"{row['speedup']:.2f}x",
+                   f"{nccl['time_us'] / ip['time_us']:.2f}x"], [file])
     return t
 
 
