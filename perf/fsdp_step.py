@@ -71,6 +71,7 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+import machine_state  # noqa: E402  (--cuda-waits block)
 import step_protocol as sp  # noqa: E402
 
 ex = sp.load_example("fsdp2_train")
@@ -87,12 +88,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr-final", type=float, default=0.1,
                    help="loss runs: the learning rate at the last step, as a fraction of --lr (cosine decay after "
                         "the warmup; 1: constant)")
+    p.add_argument("--cuda-waits", choices=("spin", "block"), default="spin",
+                   help="how a rank waits for its GPU: CUDA's default (it spins while the process has fewer "
+                        "contexts than CPUs), or asleep (machine_state.block_in_cuda_waits), so that the rows' "
+                        "rank_cpu_s counts the rank's own work only")
     p.add_argument("--start-from-bf16", action="store_true",
                    help="loss runs: start from the model's weights rounded to bf16, the weights DeepSpeed's bf16 "
                         "mode starts its fp32 master copy from (FSDP2 keeps the fp32 initialization)")
     args = p.parse_args(argv)
     sp.check_protocol_args(p, args, CONFIGS, parse_loss_spec,
                            cuda_only={"zero3": "tools/python/examples/zero3_train.py runs on GPUs"})
+    if args.cpu and args.cuda_waits != "spin":
+        p.error("--cuda-waits block: --cpu waits for no GPU; leave one of them out")
     return args
 
 
@@ -225,6 +232,8 @@ class Bench:
         import torch
 
         self.args, self.torch = args, torch
+        if args.cuda_waits == "block":
+            machine_state.block_in_cuda_waits()  # before the rank's first CUDA call
         self.where = ex.CpuLaunch(args.nodes) if args.cpu else ex.Launch(args.nodes)
         self.mesh = self.where.init()
         self.dist = torch.distributed

@@ -113,3 +113,37 @@ class MachineState:
                     if after_ns is not None and mark["held_back_ns"].get(name) is not None}
             out["gpu_held_back_ms"] = held or None
         return out
+
+
+#: The CUDA driver's CU_CTX_SCHED_BLOCKING_SYNC: a context whose host threads sleep in CUDA waits.
+_SCHED_BLOCKING_SYNC = 0x04
+
+
+def block_in_cuda_waits(driver: Any = None) -> None:
+    """Makes this process's CUDA waits sleep instead of spinning, on every GPU it sees, so that ``rank_cpu_s``
+    counts the rank's own work and not its waits for the GPU (CUDA spins by default while a process has fewer
+    contexts than CPUs, and a process sharing a GPU in time slices waits for the other's slice). It sets the
+    primary contexts' flags through the driver (``driver``: a loaded libcuda; default ``libcuda.so.1``), so it must
+    run before this process's first CUDA call; it checks that the flags took, and raises RuntimeError naming the
+    driver call that failed."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1") if driver is None else driver
+
+    def check(call: str, rc: int) -> None:
+        if rc != 0:
+            raise RuntimeError(f"block_in_cuda_waits: {call} returned CUDA driver error {rc}")
+
+    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    check("cuInit", cuda.cuInit(0))
+    count = ctypes.c_int()
+    check("cuDeviceGetCount", cuda.cuDeviceGetCount(ctypes.byref(count)))
+    for ordinal in range(count.value):
+        device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        check("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(device), ordinal))
+        check("cuDevicePrimaryCtxSetFlags", set_flags(device, ctypes.c_uint(_SCHED_BLOCKING_SYNC)))
+        check("cuDevicePrimaryCtxGetState",
+              cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active)))
+        if flags.value & 0x07 != _SCHED_BLOCKING_SYNC:
+            raise RuntimeError(f"block_in_cuda_waits: GPU {ordinal}'s primary context kept scheduling flags "
+                               f"{flags.value & 0x07:#x} (its context was active: {bool(active.value)})")

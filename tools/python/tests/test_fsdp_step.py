@@ -112,12 +112,14 @@ class StepProtocol(unittest.TestCase):
         self.assertTrue(ds.parse_args(["--cpu", "--configs", "deepspeed,zpccl", "--loss-runs", "zeropp"]).cpu)
         # Without timed rounds the configurations are not run: only the loss runs count.
         self.assertTrue(fs.parse_args(["--cpu", "--loss-only", "--loss-steps", "2", "--loss-runs", "nccl"]).cpu)
+        self.assertEqual(fs.parse_args(["--configs", "no-comm", "--cuda-waits", "block"]).cuda_waits, "block")
         for script, bad, why in (
                 (fs, ["--cpu"], "zero3 needs CUDA"),  # the default configurations include it
                 (ds, ["--cpu", "--configs", "deepspeed,zeropp"], "zeropp needs CUDA"),
                 (ds, ["--cpu", "--configs", "zpccl", "--loss-steps", "2", "--loss-runs", "deepspeed,zeropp"],
                  "zeropp needs CUDA"),
-                (fs, ["--nproc", "3", "--nodes", "2"], "does not divide")):
+                (fs, ["--nproc", "3", "--nodes", "2"], "does not divide"),
+                (fs, ["--cpu", "--configs", "nccl", "--cuda-waits", "block"], "--cpu waits for no GPU")):
             with self.subTest(bad=bad), contextlib.redirect_stderr(io.StringIO()) as err, \
                     self.assertRaises(SystemExit):
                 script.parse_args(bad)

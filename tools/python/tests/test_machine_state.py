@@ -1,9 +1,11 @@
 """perf/machine_state.py: what the machine did while a round was timed. /proc/stat's CPU line read into busy and
 stolen shares, the rank's own CPU time, and the GPU's figures from NVML, here through a stand-in for pynvml whose
 counters the test moves (so that each figure is a difference over the round, not a reading), queries a GPU does not
-support left out, and no NVML at all leaving every GPU figure None."""
+support left out, and no NVML at all leaving every GPU figure None; CUDA waits made to sleep, through a stand-in
+for the driver."""
 from __future__ import annotations
 
+import ctypes
 import types
 import unittest
 from typing import Any
@@ -117,3 +119,58 @@ class GpuFromNvml(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FakeDriver:
+    """libcuda's calls that block_in_cuda_waits makes, over two GPUs; ``keeps`` makes the flags not take (as on a
+    context already active), ``fails`` names a call that returns an error."""
+
+    def __init__(self, keeps: bool = False, fails: str = "") -> None:
+        self.flags = {0: 0, 1: 0}
+        self.keeps, self.fails, self.calls = keeps, fails, []
+
+    def _rc(self, name: str) -> int:
+        self.calls.append(name)
+        return 999 if name == self.fails else 0
+
+    def cuInit(self, flags: int) -> int:
+        return self._rc("cuInit")
+
+    def cuDeviceGetCount(self, count: Any) -> int:
+        ctypes.cast(count, ctypes.POINTER(ctypes.c_int))[0] = 2
+        return self._rc("cuDeviceGetCount")
+
+    def cuDeviceGet(self, device: Any, ordinal: int) -> int:
+        ctypes.cast(device, ctypes.POINTER(ctypes.c_int))[0] = ordinal
+        return self._rc("cuDeviceGet")
+
+    def cuDevicePrimaryCtxSetFlags_v2(self, device: Any, flags: Any) -> int:
+        if not self.keeps:
+            self.flags[device.value] = flags.value
+        return self._rc("cuDevicePrimaryCtxSetFlags")
+
+    def cuDevicePrimaryCtxGetState(self, device: Any, flags: Any, active: Any) -> int:
+        ctypes.cast(flags, ctypes.POINTER(ctypes.c_uint))[0] = self.flags[device.value] | 0x08
+        ctypes.cast(active, ctypes.POINTER(ctypes.c_int))[0] = int(self.keeps)
+        return self._rc("cuDevicePrimaryCtxGetState")
+
+
+class CudaWaits(unittest.TestCase):
+    def setUp(self) -> None:
+        self.ms = load_script("perf/machine_state.py")
+
+    def test_every_gpu_blocks_in_its_waits(self) -> None:
+        driver = FakeDriver()
+        self.ms.block_in_cuda_waits(driver)
+        self.assertEqual(driver.flags, {0: 0x04, 1: 0x04})  # CU_CTX_SCHED_BLOCKING_SYNC, on both GPUs
+        self.assertEqual(driver.calls[0], "cuInit")
+
+    def test_flags_that_do_not_take_and_failing_calls_raise(self) -> None:
+        with self.assertRaises(RuntimeError) as caught:
+            self.ms.block_in_cuda_waits(FakeDriver(keeps=True))
+        self.assertIn("GPU 0's primary context kept scheduling flags 0x0 (its context was active: True)",
+                      str(caught.exception))
+        for call in ("cuInit", "cuDeviceGet", "cuDevicePrimaryCtxSetFlags"):
+            with self.subTest(call=call), self.assertRaises(RuntimeError) as caught:
+                self.ms.block_in_cuda_waits(FakeDriver(fails=call))
+            self.assertIn(f"{call} returned CUDA driver error 999", str(caught.exception))
