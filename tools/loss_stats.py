@@ -349,9 +349,11 @@ CAMPAIGNS = (
          *(f"2026-12-06-h100x1-deepspeed-loss-b64-mps-seed{s}-02aeef1.json" for s in range(6, 12)),
          *(f"2026-12-07-h100x1-deepspeed-loss-b64-mps-seed{s}-dd2f334.json" for s in (12, 13, 14)),
          *(f"2026-12-07-h100x1-deepspeed-loss-b64-mps-seed{s}-d3af8f8.json" for s in (15, 24, 25, 26, 27, 28)),
+         *(f"2026-12-07-h100x1-deepspeed-loss-b64-mps-seed{s}-1de25a2.json" for s in (*range(16, 24), *range(29, 46))),
          *(f"2026-12-06-h100x1-deepspeed-loss-floor-mps-seed{s}-94f9fee.json" for s in (0, 1, 2)),
          # Cut short at the lease's deadline after their DeepSpeed runs, which repeat the b64 files' to the last bit.
-         *(f"2026-12-06-h100x1-deepspeed-loss-floor-mps-seed{s}-cut-94f9fee.json" for s in (3, 4, 5))),
+         *(f"2026-12-06-h100x1-deepspeed-loss-floor-mps-seed{s}-cut-94f9fee.json" for s in (3, 4, 5)),
+         *(f"2026-12-07-h100x1-deepspeed-loss-floor-mps-seed{s}-1de25a2.json" for s in range(3, 8))),
         "deepspeed",
         {"zpccl:8:4": ("DeepSpeed ZeRO-3 + zpccl.deepspeed, int8 weights, int4 gradients in blocks of 64", 0.5),
          "deepspeed-fp32": ("DeepSpeed ZeRO-3, gradients reduced and accumulated in fp32 (noise floor)", None)}),

@@ -129,6 +129,12 @@ class Pick:
 # ---- a table being built -----------------------------------------------------------------------------------
 
 
+def source_letter(index: int) -> str:
+    """A source's letter by its place: a .. z, then aa, ab .. as a spreadsheet names its columns."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return source_letter(index // 26 - 1) + letters[index % 26] if index >= 26 else letters[index]
+
+
 class Table:
     """Markdown rows, each with the letters of its sources, and the source lines under them."""
 
@@ -142,17 +148,17 @@ class Table:
         if file not in names:
             self.sources.append(self.store.source(file))
             names.append(file)
-        return "abcdefghijklmnopqrstuvwxyz"[names.index(file)]
+        return source_letter(names.index(file))
 
     def add(self, cells: list[str], files: list[str]) -> None:
-        letters = sorted(set(self.letter(f) for f in files))
+        letters = sorted(set(self.letter(f) for f in files), key=lambda x: (len(x), x))
         self.rows.append(cells + [", ".join(letters)])
 
     def lines(self) -> list[str]:
         header = self.header + ["src"]
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(r) + " |" for r in self.rows]
-        keys = [f"{'abcdefghijklmnopqrstuvwxyz'[i]}: `{s.name}`, {s.commit}" + (f" ({s.how})" if s.how else "")
+        keys = [f"{source_letter(i)}: `{s.name}`, {s.commit}" + (f" ({s.how})" if s.how else "")
                 for i, s in enumerate(self.sources)]
         return out + ["", "Sources: " + "; ".join(keys) + "."]
 
@@ -615,6 +621,25 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
     return t
 
 
+def cpu_share_table(store: Store, name: str, files: list[tuple[str, str]], configs: list[tuple[str, str]]) -> Table:
+    """Step runs with the rounds' machine records (perf/machine_state.py): each configuration's step time (median,
+    range) and the CPU time each rank's process spent over the round's wall time, least and greatest over the
+    rounds and ranks (100%: one CPU busy the whole round; the process's threads add up)."""
+    t = Table(store, name, ["run", "configuration", "step ms (median, range)", "a rank's CPU time / wall"])
+    for file, label in files:
+        rows = {r["config"]: r for r in store.data(file)["rows"]}
+        for config, config_label in configs:
+            if config not in rows:
+                continue
+            r = rows[config]
+            shares = [rank["rank_cpu_s"] / rank["wall_s"] * 100 for rnd in r.get("machine") or [] for rank in rnd]
+            if not shares:
+                raise RenderError(f"table {name}: {file}'s {config} row has no machine records")
+            t.add([label, config_label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})",
+                   f"{min(shares):.0f} - {max(shares):.0f}%"], [file])
+    return t
+
+
 def calls_cell(row: dict[str, Any]) -> str:
     """The collective calls a step that exchange data (deepspeed_step's ``calls_per_step``)."""
     calls = row.get("calls_per_step")
@@ -719,9 +744,18 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         *((H100_6 + f"fsdp-step-small-run{i}-02aeef1.json", f"02aeef1, one H100, run {i}") for i in (1, 2, 3)),
         (H100_7 + "fsdp-step-small-gate-d3af8f8.json", "d3af8f8, one H100, the gate's run"),
         *((H100_7 + f"fsdp-step-small-run{i}-d3af8f8.json", f"d3af8f8, one H100, run {i}") for i in (2, 3, 4)),
+        (H100_7 + "fsdp-step-small-gpu-check-1de25a2.json", "1de25a2, one H100, gpu-check's run"),
+        (H100_7 + "fsdp-step-small-block-1de25a2.json", "1de25a2, one H100, CUDA waits asleep"),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
         (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, a lease of its own"),
         (H100_7 + "fsdp-step-large-gate-d3af8f8.json", "large shape: d3af8f8, one H100, the gate's run")]),
+    "fsdp-cuda-waits": lambda s: cpu_share_table(s, "fsdp-cuda-waits", [
+        *((H100_7 + f"fsdp-step-small-waits-{w}-{i}-1de25a2.json", f"{i}, CUDA waits {how}")
+          for i in (1, 2) for w, how in (("spin", "spin"), ("block", "asleep"))),
+        (H100_7 + "fsdp-step-small-gpu-check-1de25a2.json", "gpu-check's, CUDA waits spin"),
+        (H100_7 + "fsdp-step-small-block-1de25a2.json", "all five, CUDA waits asleep")], [
+        ("nccl", "FSDP2 + NCCL, True"), ("nccl-noreshard", "FSDP2 + NCCL, False"), ("no-comm", "no network"),
+        ("zpccl-hpz", "FSDP2 + zpccl")]),
     "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100", H100 + "fsdp-bisect-0731899-562bc89.json"),
     "fsdp-bisect-h100-run2": lambda s: bisect_table(s, "fsdp-bisect-h100-run2",
                                                     H100 + "fsdp-bisect-run2-0731899-562bc89.json"),

@@ -184,6 +184,41 @@ class RenderResults(unittest.TestCase):
         with self.assertRaisesRegex(self.rr.RenderError, "trace.json has no trace of nccl"):
             self.render("<!-- table: none -->\n<!-- end table -->\n")
 
+    def test_cpu_share_per_rank_and_round_from_the_machine_records(self) -> None:
+        def rank(cpu_s: float, wall_s: float) -> dict[str, Any]:
+            return {"wall_s": wall_s, "rank_cpu_s": cpu_s, "host_busy": 0.2, "gpu_sm_mhz": 1980}
+
+        def row(config: str, machine: list | None) -> dict[str, Any]:
+            return {"config": config, "median_ms": 40.0, "min_ms": 30.25, "max_ms": 50.0, "machine": machine}
+
+        self.folder.write("waits.json", {"provenance": {"schema": "zpccl-provenance/1", "commit": COMMIT,
+                                                        "dirty": False}, "rows": [
+            row("no-comm", [[rank(0.5, 0.5), rank(0.45, 0.5)], [rank(0.4, 0.5), rank(0.5, 0.5)]]),
+            row("zpccl-hpz", [[rank(1.9, 1.0), rank(2.15, 1.0)]]),
+            row("bare", None)]})
+        self.tables["waits"] = lambda s: self.rr.cpu_share_table(s, "waits", [("waits.json", "asleep")], [
+            ("nccl", "NCCL"), ("no-comm", "floor"), ("zpccl-hpz", "zpccl")])
+        lines = self.render("<!-- table: waits -->\n<!-- end table -->\n").splitlines()
+        # A configuration the run lacks is left out; the share is over every round and rank.
+        self.assertEqual([line for line in lines if line.startswith("| asleep")],
+                         ["| asleep | floor | 40.0 (30.2-50.0) | 80 - 100% | a |",
+                          "| asleep | zpccl | 40.0 (30.2-50.0) | 190 - 215% | a |"])
+        self.tables["bare"] = lambda s: self.rr.cpu_share_table(s, "bare", [("waits.json", "x")], [("bare", "b")])
+        with self.assertRaisesRegex(self.rr.RenderError, "waits.json's bare row has no machine records"):
+            self.render("<!-- table: bare -->\n<!-- end table -->\n")
+
+    def test_sources_past_z_take_two_letters(self) -> None:
+        self.assertEqual([self.rr.source_letter(i) for i in (0, 25, 26, 27, 51, 52)],
+                         ["a", "z", "aa", "ab", "az", "ba"])
+        files = [f"s{i}.json" for i in range(28)]
+        for f in files:
+            self.folder.write(f, {"provenance": {"schema": "zpccl-provenance/1", "commit": COMMIT, "dirty": False}})
+        table = self.rr.Table(self.rr.Store(self.root / "results"), "many", ["x"])
+        table.add(["all"], list(reversed(files)))
+        self.assertTrue(table.lines()[2].endswith("| a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u, "
+                                                  "v, w, x, y, z, aa, ab |"), table.lines()[2])
+
+
     def test_what_the_files_cannot_give_is_refused(self) -> None:
         with self.assertRaisesRegex(self.rr.RenderError, "unknown table 'nope'"):
             self.render("<!-- table: nope -->\n<!-- end table -->\n")
