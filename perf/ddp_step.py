@@ -85,6 +85,7 @@ class Bench:
         import torch
 
         self.args, self.torch = args, torch
+        sp.pin_rank(args.rank_cpu_lists)
         if args.cpu:
             self.where: Any = ex.CpuLaunch(args.nodes)
         else:

@@ -291,6 +291,7 @@ class Bench:
         import torch
 
         self.args, self.torch = args, torch
+        sp.pin_rank(args.rank_cpu_lists)
         self.where = dt.where_am_i(args)
         self.dist = torch.distributed
         ex.import_zpccl()  # zpccl on sys.path, installed or from this tree

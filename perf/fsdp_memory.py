@@ -96,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.reshard = ex.parse_reshard(args.reshard)
     args.cpu = False  # fsdp_step's Bench launches on CPUs under --cpu; what this script measures is CUDA's memory
     args.cuda_waits = "spin"  # fsdp_step's Bench can make CUDA waits sleep; memory does not depend on it
+    args.rank_cpu_lists = None  # fsdp_step's Bench can pin ranks to CPUs; memory does not depend on it
     return args
 
 

@@ -232,6 +232,7 @@ class Bench:
         import torch
 
         self.args, self.torch = args, torch
+        sp.pin_rank(args.rank_cpu_lists)
         if args.cuda_waits == "block":
             machine_state.block_in_cuda_waits()  # before the rank's first CUDA call
         self.where = ex.CpuLaunch(args.nodes) if args.cpu else ex.Launch(args.nodes)

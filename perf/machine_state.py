@@ -16,6 +16,7 @@ or without a GPU, they are None and nothing else changes.
 from __future__ import annotations
 
 import os
+import pathlib
 import resource
 import time
 from typing import Any
@@ -43,6 +44,79 @@ def host_cpu_times(stat_text: str | None = None) -> dict[str, int] | None:
     # user nice system idle iowait irq softirq steal [guest guest_nice: already counted in user and nice]
     ticks = [int(w) for w in words[1:9]] + [0] * max(0, 9 - len(words))
     return {"total": sum(ticks), "idle": ticks[3] + ticks[4], "steal": ticks[7]}
+
+
+def thread_sched(sched_text: str | None = None, stat_text: str | None = None) -> dict[str, int | None]:
+    """The calling thread's ``migrations`` (how often the kernel has moved it to another CPU, /proc/thread-self/sched's
+    ``se.nr_migrations``) and the ``cpu`` it last ran on (/proc/thread-self/stat's 39th field); None for what the
+    kernel does not tell. A rank whose host work runs slower in some rounds than in others may be moved between
+    CPUs that share a core, or a cache, with other busy threads: these say where it ran."""
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    sched_text = read("/proc/thread-self/sched") if sched_text is None else sched_text
+    stat_text = read("/proc/thread-self/stat") if stat_text is None else stat_text
+    migrations = cpu = None
+    for line in (sched_text or "").splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "se.nr_migrations" and value.strip().isdigit():
+            migrations = int(value)
+    # The command name, in parentheses, may hold spaces: the fields after it are counted from its closing one.
+    fields = (stat_text or "").rpartition(")")[2].split()
+    if len(fields) > 36 and fields[36].lstrip("-").isdigit():  # field 39 is the 37th after the name (field 2)
+        cpu = int(fields[36])
+    return {"migrations": migrations, "cpu": cpu}
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """CPUs in taskset's list syntax (``0-3,8,10-11``), sorted, each once; ValueError naming what is wrong."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"CPU list {text!r}: {part.strip()!r} is not a CPU number or a range FIRST-LAST")
+        lo, hi = int(first), int(last) if dash else int(first)
+        if hi < lo:
+            raise ValueError(f"CPU list {text!r}: range {part.strip()!r} runs backwards")
+        cpus.update(range(lo, hi + 1))
+    return sorted(cpus)
+
+
+def pin_to_cpus(cpus: list[int]) -> None:
+    """Runs this process, and the threads it starts from now on, on ``cpus`` only (os.sched_setaffinity); raises
+    RuntimeError naming the CPUs this process may not use."""
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - allowed)
+    if missing:
+        raise RuntimeError(f"pin_to_cpus: CPUs {missing} are not among this process's ({sorted(allowed)})")
+    os.sched_setaffinity(0, cpus)
+    if os.sched_getaffinity(0) != set(cpus):
+        raise RuntimeError(f"pin_to_cpus: asked for CPUs {sorted(cpus)}, got {sorted(os.sched_getaffinity(0))}")
+
+
+def host_cpus(cpu_root: str = "/sys/devices/system/cpu", cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """The host's CPUs as a result file records them: ``model`` (/proc/cpuinfo's first model name), ``count``, and
+    ``shared_cores``, the groups of CPUs that the kernel says are threads of one core (``[]``: every CPU a core of
+    its own, as a virtual machine may show CPUs that share cores on its host; None where the kernel does not say)."""
+    model = None
+    try:
+        with open(cpuinfo) as f:
+            model = next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    groups: set[tuple[int, ...]] | None = set()
+    for cpu in sorted(pathlib.Path(cpu_root).glob("cpu[0-9]*")):
+        try:
+            groups.add(tuple(parse_cpu_list((cpu / "topology" / "thread_siblings_list").read_text().strip())))
+        except (OSError, ValueError):
+            groups = None
+            break
+    shared = None if not groups else sorted(list(g) for g in groups if len(g) > 1)
+    return {"model": model, "count": os.cpu_count(), "shared_cores": shared}
 
 
 class MachineState:
@@ -80,7 +154,8 @@ class MachineState:
     def mark(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         mark: dict[str, Any] = {"wall": time.perf_counter(), "host": host_cpu_times(),
-                                "cpu_s": usage.ru_utime + usage.ru_stime, "nivcsw": usage.ru_nivcsw}
+                                "cpu_s": usage.ru_utime + usage.ru_stime, "nivcsw": usage.ru_nivcsw,
+                                "thread": thread_sched()}
         if self.nvml is not None:
             mark["energy_mj"] = self._gpu_call("nvmlDeviceGetTotalEnergyConsumption")
             mark["held_back_ns"] = self._held_back_ns()
@@ -89,8 +164,9 @@ class MachineState:
     def since(self, mark: dict[str, Any]) -> dict[str, Any]:
         """The machine between ``mark`` and now: ``wall_s``; ``host_busy`` and ``host_steal``, shares of every CPU's
         time (0 to 1); ``rank_cpu_s``, this process's CPU seconds (all its threads); ``rank_preempted``, how often
-        the kernel took one of its threads off a CPU that it still wanted; ``gpu_sm_mhz`` (now), ``gpu_power_w``
-        (the mean) and ``gpu_held_back_ms`` (per NVML policy)."""
+        the kernel took one of its threads off a CPU that it still wanted; ``rank_migrations``, how often the
+        calling (main) thread moved to another CPU, and ``rank_cpu``, the CPU it ran on last; ``gpu_sm_mhz`` (now),
+        ``gpu_power_w`` (the mean) and ``gpu_held_back_ms`` (per NVML policy)."""
         now = self.mark()
         wall = now["wall"] - mark["wall"]
         before, after = mark["host"], now["host"]
@@ -102,7 +178,11 @@ class MachineState:
         out: dict[str, Any] = {"wall_s": wall, "host_cpus": os.cpu_count(), "host_busy": busy, "host_steal": steal,
                                "rank_cpu_s": now["cpu_s"] - mark["cpu_s"],
                                "rank_preempted": now["nivcsw"] - mark["nivcsw"],
+                               "rank_migrations": None, "rank_cpu": now["thread"]["cpu"],
                                "gpu_sm_mhz": None, "gpu_power_w": None, "gpu_held_back_ms": None}
+        moved = [m["thread"]["migrations"] for m in (mark, now)]
+        if None not in moved:
+            out["rank_migrations"] = moved[1] - moved[0]
         if self.nvml is not None:
             clock = self._gpu_call("nvmlDeviceGetClockInfo", getattr(self.nvml, "NVML_CLOCK_SM", 1))
             out["gpu_sm_mhz"] = None if clock is None else int(clock)

@@ -31,6 +31,7 @@ if str(HERE.parent / "tools") not in sys.path:
     sys.path.append(str(HERE.parent / "tools"))
 import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps of loss runs)
 import step_trace  # noqa: E402  (--trace: torch's profiler around a round of steps, and its summary)
+import machine_state as ms  # noqa: E402  (the rounds' machine records; --rank-cpus)
 from machine_state import MachineState  # noqa: E402
 from provenance import provenance  # noqa: E402
 
@@ -83,6 +84,11 @@ def add_protocol_args(p: argparse.ArgumentParser, configs: tuple[str, ...], loss
     p.add_argument("--cpu", action="store_true",
                    help="gloo process groups on CPUs, zpccl's host backend (--nodes tells zpccl the layout): a smoke "
                         "test of the protocol and the JSON, whose times say nothing about a GPU's")
+    p.add_argument("--rank-cpus", default="",
+                   help="each rank's CPUs, ranks separated by '/', each in taskset's list syntax (0-3/8-11: rank 0 on "
+                        "CPUs 0 - 3, rank 1 on 8 - 11): a rank process, and the threads it starts (NCCL's proxy, "
+                        "torch's), runs there from before its first CUDA or NCCL call; default: where the kernel "
+                        "puts them. The rounds' machine records say where each rank's main thread ran")
 
 
 def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, configs: tuple[str, ...],
@@ -121,6 +127,10 @@ def check_protocol_args(p: argparse.ArgumentParser, args: argparse.Namespace, co
                 f"({args.loss_steps})")
     if args.nodes and args.nproc % args.nodes:
         p.error(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
+    try:
+        args.rank_cpu_lists = [ms.parse_cpu_list(t) for t in args.rank_cpus.split("/")] if args.rank_cpus else None
+    except ValueError as e:
+        p.error(f"--rank-cpus: {e}")
     if args.cpu:
         trained = [r["config"] for r in args.loss_specs] if args.loss_steps else []
         wanted = ([] if args.loss_only else args.config_list) + trained
@@ -271,6 +281,23 @@ def memory_taken(bench: Any, on_device: int, make: Callable[[], Any]) -> tuple[A
 # ---- the timed rounds --------------------------------------------------------------------------------------------
 
 
+def pin_rank(cpu_lists: list[list[int]] | None) -> None:
+    """``--rank-cpus`` (``args.rank_cpu_lists``): this rank process (RANK in the environment, as the launchers set
+    it) onto its CPUs, before its first CUDA or NCCL call so that the threads those start run there too; nothing
+    without the option."""
+    if not cpu_lists:
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if len(cpu_lists) != world:
+        raise SystemExit(f"--rank-cpus gives {len(cpu_lists)} CPU lists for {world} ranks: give one list per rank, "
+                         "separated by '/'")
+    try:
+        ms.pin_to_cpus(cpu_lists[rank])
+    except RuntimeError as e:
+        raise SystemExit(f"--rank-cpus, rank {rank}: {e}") from None
+
+
+
 def fresh_peak(bench: Any) -> None:
     """Frees what the configuration before left and restarts torch's peak count, so that each one's peak memory is
     its own (a dropped FSDP2 model is cyclic: without the collection its memory counts in the next one's peak)."""
@@ -394,7 +421,7 @@ def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable
 
 def machine_brief(machine: list[dict[str, Any] | None]) -> str:
     """One round's machine_state figures, every rank's, in a few words: the host's busiest and most stolen share,
-    the most preemptions of a rank, the GPU's lowest SM clock and its longest time held back (what a call's
+    the most preemptions and CPU migrations of a rank, the GPU's lowest SM clock and its longest time held back (what a call's
     printed output shows; the JSON keeps them all)."""
     ranks = [m for m in machine if m]
 
@@ -408,6 +435,9 @@ def machine_brief(machine: list[dict[str, Any] | None]) -> str:
         words.append(f"host busy {100 * busy:.0f}%, steal {100 * steal:.1f}%")
     if preempted is not None:
         words.append(f"preempted {preempted}")
+    migrations = most("rank_migrations")
+    if migrations is not None:
+        words.append(f"migrated {migrations}")
     clocks = [m["gpu_sm_mhz"] for m in ranks if m.get("gpu_sm_mhz") is not None]
     if clocks:
         words.append(f"SM {min(clocks)} MHz")
@@ -519,13 +549,15 @@ def finish(bench: Any, args: argparse.Namespace, label: str, say: Any, rows: lis
     where = bench.where
     losses: list[dict[str, Any]] = []
     record = provenance(label) if where.rank == 0 else None
+    host = ms.host_cpus()
 
     def save() -> None:
         if where.rank == 0 and args.json:
             write_json(pathlib.Path(args.json), dict(
                 provenance=record, rows=rows, losses=losses, loss_summary=loss_summary(losses), loss_seeds=args.seeds,
                 loss_runs=[r["spec"] for r in args.loss_specs], regime=label, ranks=where.world,
-                nodes=args.nodes or None, **doc, block_size=args.block_size,
+                nodes=args.nodes or None, host_cpus=host, rank_cpus=args.rank_cpu_lists, **doc,
+                block_size=args.block_size,
                 grad_block_size=args.grad_block_size or args.block_size, lr=args.lr, loss_stop=args.loss_stop or None))
 
     save()

@@ -52,6 +52,9 @@ def check_timed_row(test: unittest.TestCase, row: dict[str, Any], rounds: int, r
         test.assertGreater(m["wall_s"], 0)
         test.assertGreater(m["rank_cpu_s"], 0)
         test.assertGreaterEqual(m["rank_preempted"], 0)
+        if m["rank_cpu"] is not None:  # Linux: /proc/thread-self; the rank's CPUs are this test's too
+            test.assertIn(m["rank_cpu"], os.sched_getaffinity(0), m)
+            test.assertGreaterEqual(m["rank_migrations"], 0, m)
         if m["host_busy"] is None:
             # /proc/stat counts in clock ticks (10 ms): a round shorter than a tick may see none pass.
             test.assertLess(m["wall_s"], 0.05, m)

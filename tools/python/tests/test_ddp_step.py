@@ -49,8 +49,9 @@ class DdpStepScript(unittest.TestCase):
         # The keys of the files in perf/results/ that tools/render_results.py renders.
         self.assertEqual(set(doc), {"provenance", "rows", "order", "losses", "loss_summary", "loss_seeds",
                                     "loss_runs", "regime", "ranks", "nodes", "params", "grad_bits", "block_size",
-                                    "grad_block_size", "lr", "loss_stop"})
+                                    "grad_block_size", "lr", "loss_stop", "host_cpus", "rank_cpus"})
         self.assertIsNone(doc["loss_stop"])  # every step of --loss-steps trained
+        self.assertIsNone(doc["rank_cpus"])  # no --rank-cpus: where the kernel put them
         for row in doc["rows"]:
             self.assertEqual(set(row), {
                 "config", "regime", "ranks", "nodes", "params", "layers", "d_model", "seq", "batch", "grad_bits",

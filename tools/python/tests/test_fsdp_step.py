@@ -10,8 +10,10 @@ import copy
 import io
 import math
 import pathlib
+import os
 import tempfile
 import unittest
+import unittest.mock
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,6 +66,21 @@ class StepProtocol(unittest.TestCase):
         self.assertEqual(fs.parse_args(["--configs", "zpccl-hpz, nccl"]).config_list, ["zpccl-hpz", "nccl"])
         self.assertEqual(fs.reshard_of("nccl-2comm", 2), fs.reshard_of("zpccl-hpz", 2))
         self.assertEqual(fs.reshard_of("nccl-2comm", 1), False)
+
+    def test_rank_cpus(self) -> None:
+        # One CPU list per rank in taskset's syntax, ranks separated by '/'; the scripts share the option.
+        fs, ds = load_script("perf/fsdp_step.py"), load_script("perf/deepspeed_step.py")
+        self.assertEqual(fs.parse_args(["--rank-cpus", "0-1/8,10"]).rank_cpu_lists, [[0, 1], [8, 10]])
+        self.assertEqual(ds.parse_args(["--rank-cpus", "3/3"]).rank_cpu_lists, [[3], [3]])
+        self.assertIsNone(fs.parse_args([]).rank_cpu_lists)
+        with contextlib.redirect_stderr(io.StringIO()) as err, self.assertRaises(SystemExit):
+            fs.parse_args(["--rank-cpus", "0-1/2-"])
+        self.assertIn("--rank-cpus: CPU list '2-'", err.getvalue())
+        sp = load_script("perf/step_protocol.py")
+        with unittest.mock.patch.dict("os.environ", {"RANK": "1", "WORLD_SIZE": "4"}):
+            with self.assertRaisesRegex(SystemExit, "gives 2 CPU lists for 4 ranks"):
+                sp.pin_rank([[0], [1]])
+            sp.pin_rank(None)  # without the option, nothing
 
     def test_deepspeed_step_arguments(self) -> None:
         ds = load_script("perf/deepspeed_step.py")
@@ -156,9 +173,9 @@ class StepProtocol(unittest.TestCase):
         sp = load_script("perf/step_protocol.py")
         said: list[str] = []
         cpu = dict(host_busy=0.5, host_steal=0.0, rank_preempted=2, gpu_sm_mhz=None, gpu_held_back_ms=None)
-        gpu = [dict(cpu, host_busy=0.25, host_steal=0.015, rank_preempted=9, gpu_sm_mhz=1410,
+        gpu = [dict(cpu, host_busy=0.25, host_steal=0.015, rank_preempted=9, rank_migrations=3, gpu_sm_mhz=1410,
                     gpu_held_back_ms={"power": 3.0, "thermal": 1.0}),
-               dict(cpu, gpu_sm_mhz=1980, gpu_held_back_ms={"power": 0.0})]
+               dict(cpu, rank_migrations=5, gpu_sm_mhz=1980, gpu_held_back_ms={"power": 0.0})]
 
         def run(name: str, r: int) -> dict[str, Any]:  # two ranks, three steps; rank 1 slower in step 0
             machine = [cpu, cpu] if name == "a" else gpu if name == "b" else None
@@ -169,7 +186,7 @@ class StepProtocol(unittest.TestCase):
         lines = said[0].splitlines()
         self.assertEqual(lines[1:], [
             "#     a 30.0 ms (host busy 50%, steal 0.0%, preempted 2)",  # steps 40, 20, 30: their median
-            "#     b 30.0 ms (host busy 50%, steal 1.5%, preempted 9, SM 1410 MHz, held back 4 ms)"])
+            "#     b 30.0 ms (host busy 50%, steal 1.5%, preempted 9, migrated 5, SM 1410 MHz, held back 4 ms)"])
         self.assertEqual(rows["c"]["machine"], [None])  # a configuration that records no machine
         self.assertEqual(sp.machine_brief([None]), "no machine figures")
 
@@ -259,14 +276,26 @@ class FsdpStepOnCpu(unittest.TestCase):
     RANKS, ROUNDS, STEPS = 4, 2, 2
     CONFIGS = ["nccl", "nccl-noreshard", "nccl-2comm", "no-comm", "zpccl-hpz", "zpccl-reshard"]
 
+    def rank_cpus(self) -> list[int]:
+        """A CPU for each rank, round robin over the first two this process may use."""
+        allowed = sorted(os.sched_getaffinity(0))[:2]
+        return [allowed[r % len(allowed)] for r in range(self.RANKS)]
+
     def test_runs_on_the_cpu(self) -> None:
         torch_for_procs()
         doc, stdout = run_step_script(self, "perf/fsdp_step.py", [
             "--cpu", "--nproc", str(self.RANKS), "--nodes", "2", "--configs", ",".join(self.CONFIGS), "--rounds",
             str(self.ROUNDS), "--steps", str(self.STEPS), "--warmup", "1", "--layers", "1", "--d-model", "64",
             "--heads", "2", "--seq", "32", "--batch", "2", "--block-size", "32", "--loss-steps", "3", "--loss-runs",
-            "nccl,zpccl:8:4"])
+            "nccl,zpccl:8:4", "--rank-cpus", "/".join(str(c) for c in self.rank_cpus())])
         self.assertIn("fsdp_step.py --cpu", doc["provenance"]["command"])
+        # Each rank ran on its CPU, and the file says so, with the host's CPUs.
+        self.assertEqual(doc["rank_cpus"], [[c] for c in self.rank_cpus()])
+        self.assertEqual(doc["host_cpus"]["count"], os.cpu_count())
+        for row in doc["rows"]:
+            for rnd in row["machine"]:
+                self.assertEqual([m["rank_cpu"] for m in rnd], self.rank_cpus(), row["config"])
+                self.assertEqual([m["rank_migrations"] for m in rnd], [0] * self.RANKS, row["config"])
         self.assertEqual((doc["regime"], doc["ranks"], doc["nodes"], doc["ranks_per_node"]), ("cpu", 4, 2, 2))
         rows = {r["config"]: r for r in doc["rows"]}
         self.assertEqual(list(rows), self.CONFIGS)

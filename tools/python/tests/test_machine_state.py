@@ -6,6 +6,9 @@ for the driver."""
 from __future__ import annotations
 
 import ctypes
+import os
+import pathlib
+import tempfile
 import types
 import unittest
 from typing import Any
@@ -75,6 +78,61 @@ class HostCpu(unittest.TestCase):
         if got["host_busy"] is not None:  # Linux: /proc/stat
             self.assertTrue(0 <= got["host_steal"] <= got["host_busy"] <= 1, got)
         self.assertEqual((got["gpu_sm_mhz"], got["gpu_power_w"], got["gpu_held_back_ms"]), (None, None, None))
+        if got["rank_cpu"] is not None:  # Linux: /proc/thread-self
+            self.assertIn(got["rank_cpu"], os.sched_getaffinity(0))
+            self.assertGreaterEqual(got["rank_migrations"], 0)
+
+
+class WhereARankRuns(unittest.TestCase):
+    """The main thread's migrations and CPU from /proc, CPU lists in taskset's syntax, pinning, and the CPUs the
+    kernel says share a core, from a stand-in sysfs tree."""
+
+    def setUp(self) -> None:
+        self.ms = load_script("perf/machine_state.py")
+
+    def test_the_threads_migrations_and_cpu(self) -> None:
+        sched = "python3 (4242, #threads: 3)\n----\nse.exec_start : 1.5\nse.nr_migrations    :   17\nnr_switches : 40\n"
+        # The command name may hold spaces and parentheses; the CPU is the 39th field, counted after its end.
+        fields = " ".join(str(i) for i in range(3, 53))
+        stat = f"4242 (a (b) c) {fields}"
+        self.assertEqual(self.ms.thread_sched(sched, stat), {"migrations": 17, "cpu": 39})
+        self.assertEqual(self.ms.thread_sched("nr_switches : 4\n", "1 (x) S 2"), {"migrations": None, "cpu": None})
+
+    def test_cpu_lists(self) -> None:
+        self.assertEqual(self.ms.parse_cpu_list("8,0-3, 10-11,2"), [0, 1, 2, 3, 8, 10, 11])
+        for bad, why in (("", "is not a CPU number"), ("0-", "is not a CPU number"), ("a", "is not a CPU number"),
+                         ("3-1", "runs backwards"), ("-1", "is not a CPU number")):
+            with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, why):
+                self.ms.parse_cpu_list(bad)
+
+    def test_pinning_takes_and_refuses_cpus_the_process_may_not_use(self) -> None:
+        allowed = sorted(os.sched_getaffinity(0))
+        try:
+            self.ms.pin_to_cpus(allowed[:1])
+            self.assertEqual(os.sched_getaffinity(0), {allowed[0]})
+            with self.assertRaisesRegex(RuntimeError, rf"CPUs \[{allowed[-1] + 1000}\] are not among"):
+                self.ms.pin_to_cpus([allowed[0], allowed[-1] + 1000])
+            self.assertEqual(os.sched_getaffinity(0), {allowed[0]})  # a refusal leaves the process where it was
+        finally:
+            os.sched_setaffinity(0, allowed)
+
+    def test_cores_shared_by_threads(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = pathlib.Path(tmp)
+            info = root / "cpuinfo"
+            info.write_text("processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\nprocessor\t: 1\n")
+            for cpu, siblings in ((0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3"), (4, "4")):
+                (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+                (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings + "\n")
+            (root / "cpufreq").mkdir()  # not a CPU
+            got = self.ms.host_cpus(str(root), str(info))
+            self.assertEqual((got["model"], got["shared_cores"]), ("Some CPU @ 2.0GHz", [[0, 2], [1, 3]]))
+            for cpu in range(4):
+                (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(f"{cpu}\n")
+            self.assertEqual(self.ms.host_cpus(str(root), str(info))["shared_cores"], [])  # every CPU a core
+            (root / "cpu4" / "topology" / "thread_siblings_list").unlink()
+            self.assertIsNone(self.ms.host_cpus(str(root), str(info))["shared_cores"])  # the kernel does not say
+            self.assertIsNone(self.ms.host_cpus(str(root / "none"), str(root / "none"))["model"])
 
 
 class GpuFromNvml(unittest.TestCase):
