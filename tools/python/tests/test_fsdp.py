@@ -185,6 +185,31 @@ def cpu_mesh(shape: tuple = (WORLD,), names: Any = None) -> Any:
     return init_device_mesh("cpu", shape, mesh_dim_names=names)
 
 
+class StagingLayouts(unittest.TestCase):
+    """BlockLayout's stage and unstage against ``staged`` above, on poisoned buffers: parts of every kind (empty,
+    smaller than a block, whole blocks, the last one partial), one row and several."""
+
+    def test_stage_and_unstage_move_every_part_and_zero_every_gap(self) -> None:
+        torch = torch_with_fsdp2()
+        from zpccl._staging import BlockLayout
+
+        rng = np.random.default_rng(7)
+        for sizes, block in (((5, 3, 4), 4), ((8, 4), 4), ((0, 7, 0, 9), 4), ((300, 1, 513, 256, 77), 256),
+                             ((11,), 8)):
+            layout = BlockLayout(sizes, block)
+            for rows in (1, 3):
+                with self.subTest(sizes=sizes, rows=rows):
+                    src = rng.standard_normal((rows, layout.count)).astype(np.float32)
+                    want = np.stack([staged(split(r, list(sizes)), block) for r in src])
+                    self.assertEqual(want.shape[1], layout.staged_count)
+                    dst = torch.full((rows, layout.staged_count), float("nan"))
+                    layout.stage(torch, torch.from_numpy(src), dst, torch.zeros(rows, block))
+                    np.testing.assert_array_equal(dst.numpy(), want)
+                    back = torch.full((rows, layout.count), float("nan"))
+                    layout.unstage(torch, dst, back)
+                    np.testing.assert_array_equal(back.numpy(), src)
+
+
 class FsdpOnThreads(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
