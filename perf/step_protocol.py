@@ -32,7 +32,6 @@ if str(HERE.parent / "tools") not in sys.path:
 import loss_stats as ls  # noqa: E402  (tools/loss_stats.py: the paired gaps of loss runs)
 import step_trace  # noqa: E402  (--trace: torch's profiler around a round of steps, and its summary)
 import machine_state as ms  # noqa: E402  (the rounds' machine records; --rank-cpus)
-from machine_state import MachineState  # noqa: E402
 from provenance import provenance  # noqa: E402
 
 SHAPES = {  # name: (layers, d_model, heads, seq, batch)
@@ -297,7 +296,6 @@ def pin_rank(cpu_lists: list[list[int]] | None) -> None:
         raise SystemExit(f"--rank-cpus, rank {rank}: {e}") from None
 
 
-
 def fresh_peak(bench: Any) -> None:
     """Frees what the configuration before left and restarts torch's peak count, so that each one's peak memory is
     its own (a dropped FSDP2 model is cyclic: without the collection its memory counts in the next one's peak)."""
@@ -307,8 +305,8 @@ def fresh_peak(bench: Any) -> None:
         bench.torch.cuda.reset_peak_memory_stats(bench.where.device)
 
 
-def machine_state(bench: Any) -> MachineState:
-    """The rank's :class:`MachineState`, made on first use (its GPU found in NVML by PCI bus id)."""
+def machine_state(bench: Any) -> ms.MachineState:
+    """The rank's :class:`machine_state.MachineState`, made on first use (its GPU found in NVML by PCI bus id)."""
     state = getattr(bench, "_machine_state", None)
     if state is None:
         index, bus = None, None
@@ -317,7 +315,7 @@ def machine_state(bench: Any) -> MachineState:
             p = bench.torch.cuda.get_device_properties(index)
             if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
                 bus = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-        state = bench._machine_state = MachineState(index, bus)
+        state = bench._machine_state = ms.MachineState(index, bus)
     return state
 
 
@@ -421,8 +419,8 @@ def alternate_rounds(rows: dict[str, dict[str, Any]], rounds: int, run: Callable
 
 def machine_brief(machine: list[dict[str, Any] | None]) -> str:
     """One round's machine_state figures, every rank's, in a few words: the host's busiest and most stolen share,
-    the most preemptions and CPU migrations of a rank, the GPU's lowest SM clock and its longest time held back (what a call's
-    printed output shows; the JSON keeps them all)."""
+    the most preemptions and CPU migrations of a rank, the GPU's lowest SM clock and its longest time held back
+    (what a call's printed output shows; the JSON keeps them all)."""
     ranks = [m for m in machine if m]
 
     def most(key: str) -> Any:
