@@ -621,22 +621,34 @@ def fsdp_runs_table(store: Store, name: str, files: list[tuple[str, str]]) -> Ta
     return t
 
 
-def cpu_share_table(store: Store, name: str, files: list[tuple[str, str]], configs: list[tuple[str, str]]) -> Table:
+def cpu_share_table(store: Store, name: str, files: list[tuple[str, str]], configs: list[tuple[str, str]],
+                    where: bool = False) -> Table:
     """Step runs with the rounds' machine records (perf/machine_state.py): each configuration's step time (median,
     range) and the CPU time each rank's process spent over the round's wall time, least and greatest over the
-    rounds and ranks (100%: one CPU busy the whole round; the process's threads add up)."""
-    t = Table(store, name, ["run", "configuration", "step ms (median, range)", "a rank's CPU time / wall"])
+    rounds and ranks (100%: one CPU busy the whole round; the process's threads add up). With ``where``, also the
+    CPUs each rank's main thread was on at the rounds' ends (ranks separated by '/') and its migrations a round,
+    least and greatest over the rounds and ranks."""
+    t = Table(store, name, ["run", "configuration", "step ms (median, range)", "a rank's CPU time / wall"]
+              + (["CPUs at rounds' ends, per rank", "migrations a round"] if where else []))
     for file, label in files:
         rows = {r["config"]: r for r in store.data(file)["rows"]}
         for config, config_label in configs:
             if config not in rows:
                 continue
             r = rows[config]
-            shares = [rank["rank_cpu_s"] / rank["wall_s"] * 100 for rnd in r.get("machine") or [] for rank in rnd]
+            rounds = [rnd for rnd in r.get("machine") or [] if rnd]
+            shares = [rank["rank_cpu_s"] / rank["wall_s"] * 100 for rnd in rounds for rank in rnd]
             if not shares:
                 raise RenderError(f"table {name}: {file}'s {config} row has no machine records")
-            t.add([label, config_label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})",
-                   f"{min(shares):.0f} - {max(shares):.0f}%"], [file])
+            cells = [label, config_label, f"{r['median_ms']:.1f} ({r['min_ms']:.1f}-{r['max_ms']:.1f})",
+                     f"{min(shares):.0f} - {max(shares):.0f}%"]
+            if where:
+                if any(rank.get("rank_cpu") is None for rnd in rounds for rank in rnd):
+                    raise RenderError(f"table {name}: {file}'s {config} row does not say where its ranks ran")
+                cpus = [sorted({rnd[i]["rank_cpu"] for rnd in rounds}) for i in range(len(rounds[0]))]
+                moved = [rank["rank_migrations"] for rnd in rounds for rank in rnd]
+                cells += [" / ".join(",".join(map(str, c)) for c in cpus), f"{min(moved)} - {max(moved)}"]
+            t.add(cells, [file])
     return t
 
 

@@ -206,6 +206,24 @@ class RenderResults(unittest.TestCase):
         self.tables["bare"] = lambda s: self.rr.cpu_share_table(s, "bare", [("waits.json", "x")], [("bare", "b")])
         with self.assertRaisesRegex(self.rr.RenderError, "waits.json's bare row has no machine records"):
             self.render("<!-- table: bare -->\n<!-- end table -->\n")
+        # Where the ranks ran: the CPUs each rank's main thread ended its rounds on, and its migrations a round.
+        def placed(cpu: int, moved: int) -> dict[str, Any]:
+            return dict(rank(0.5, 0.5), rank_cpu=cpu, rank_migrations=moved)
+
+        self.folder.write("placed.json", {"provenance": {"schema": "zpccl-provenance/1", "commit": COMMIT,
+                                                         "dirty": False}, "rows": [
+            row("no-comm", [[placed(3, 0), placed(9, 2)], [placed(1, 5), placed(9, 0)]]),
+            row("zpccl-hpz", [[rank(1.0, 1.0), rank(1.0, 1.0)]])]})
+        self.tables["placed"] = lambda s: self.rr.cpu_share_table(s, "placed", [("placed.json", "pinned")], [
+            ("no-comm", "floor")], where=True)
+        lines = self.render("<!-- table: placed -->\n<!-- end table -->\n").splitlines()
+        self.assertIn("| run | configuration | step ms (median, range) | a rank's CPU time / wall | CPUs at rounds' "
+                      "ends, per rank | migrations a round | src |", lines)
+        self.assertIn("| pinned | floor | 40.0 (30.2-50.0) | 100 - 100% | 1,3 / 9 | 0 - 5 | a |", lines)
+        self.tables["unplaced"] = lambda s: self.rr.cpu_share_table(s, "unplaced", [("placed.json", "x")], [
+            ("zpccl-hpz", "z")], where=True)
+        with self.assertRaisesRegex(self.rr.RenderError, "zpccl-hpz row does not say where its ranks ran"):
+            self.render("<!-- table: unplaced -->\n<!-- end table -->\n")
 
     def test_sources_past_z_take_two_letters(self) -> None:
         self.assertEqual([self.rr.source_letter(i) for i in (0, 25, 26, 27, 51, 52)],
