@@ -546,8 +546,7 @@ def finish(bench: Any, args: argparse.Namespace, label: str, say: Any, rows: lis
     after every loss run, and the report on rank 0; then the process group goes."""
     where = bench.where
     losses: list[dict[str, Any]] = []
-    record = provenance(label) if where.rank == 0 else None
-    host = ms.host_cpus()
+    record, host = (provenance(label), ms.host_cpus()) if where.rank == 0 else (None, None)
 
     def save() -> None:
         if where.rank == 0 and args.json:

@@ -143,15 +143,16 @@ class Table:
         self.rows: list[list[str]] = []
         self.sources: list[Source] = []
 
-    def letter(self, file: str) -> str:
+    def index(self, file: str) -> int:
+        """The file's place among the table's sources, added at its first use."""
         names = [s.name for s in self.sources]
         if file not in names:
             self.sources.append(self.store.source(file))
             names.append(file)
-        return source_letter(names.index(file))
+        return names.index(file)
 
     def add(self, cells: list[str], files: list[str]) -> None:
-        letters = sorted(set(self.letter(f) for f in files), key=lambda x: (len(x), x))
+        letters = [source_letter(i) for i in sorted({self.index(f) for f in files})]
         self.rows.append(cells + [", ".join(letters)])
 
     def lines(self) -> list[str]:
@@ -240,14 +241,13 @@ def in_place_table(store: Store, name: str, op: str, size: str, files: list[tupl
     the first round only) and NCCL's median over each."""
     t = Table(store, name, ["run", "bits", "out of place ms (median, range)", "in place ms", "NCCL bf16 ms",
                             "vs NCCL: out of place", "vs NCCL: in place"])
+    def ms(us: float) -> str:
+        return f"{us / 1e3:.1f}"
+
     for file, label in files:
         for bits in order:
             row = Pick(file, op, where=dict(bits=bits)).one(store, size_of(size), name)
             oop, ip, nccl = row["oop"], row["ip"], row["nccl"]
-
-            def ms(us: float) -> str:
-                return f"{us / 1e3:.1f}"
-
             t.add([label, f"int{bits}", f"{ms(oop['time_us'])} ({ms(oop['min_us'])}-{ms(oop['max_us'])})",
                    ms(ip["time_us"]), ms(nccl["time_us"]), f"{row['speedup']:.2f}x",
                    f"{nccl['time_us'] / ip['time_us']:.2f}x"], [file])
