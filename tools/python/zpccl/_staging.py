@@ -27,14 +27,26 @@ class BlockLayout:
     block_size: int
     staged_offsets: tuple[int, ...] = field(init=False)
     staged_count: int = field(init=False)
+    #: Each part's zeros up to its slot's end (the last part's: 0).
+    pads: tuple[int, ...] = field(init=False)
+    #: The staged layout as runs, a part then its zeros where it has any, and which runs hold the parts: one
+    #: ``split`` of a staged row gives every part's view (the calls run per collective: one split, not a view
+    #: per part, keeps their host time low).
+    staged_runs: tuple[int, ...] = field(init=False)
+    part_runs: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        offsets, at = [], 0
+        offsets, pads, runs, part_runs, at = [], [], [], [], 0
         for i, n in enumerate(self.sizes):
+            pad = 0 if i == len(self.sizes) - 1 else -(-n // self.block_size) * self.block_size - n
             offsets.append(at)
-            at += n if i == len(self.sizes) - 1 else -(-n // self.block_size) * self.block_size
-        object.__setattr__(self, "staged_offsets", tuple(offsets))
-        object.__setattr__(self, "staged_count", at)
+            pads.append(pad)
+            part_runs.append(len(runs))
+            runs += [n, pad] if pad else [n]
+            at += n + pad
+        for name, value in (("staged_offsets", tuple(offsets)), ("staged_count", at), ("pads", tuple(pads)),
+                            ("staged_runs", tuple(runs)), ("part_runs", tuple(part_runs))):
+            object.__setattr__(self, name, value)
 
     @property
     def count(self) -> int:
@@ -45,22 +57,18 @@ class BlockLayout:
         """Every part already starts on a block boundary: no staging needed."""
         return self.staged_count == self.count
 
-    def pad(self, i: int) -> int:
-        return 0 if i == len(self.sizes) - 1 else self.staged_offsets[i + 1] - self.staged_offsets[i] - self.sizes[i]
-
     def stage(self, torch: Any, src: Any, dst: Any, zeros: Any) -> None:
         """``dst`` (rows x staged_count) <- ``src`` (rows x count), each part on a block boundary, zeros between."""
-        pieces, at = [], 0
-        for i, n in enumerate(self.sizes):
-            pieces.append(src.narrow(-1, at, n))
-            if self.pad(i):
-                pieces.append(zeros.narrow(-1, 0, self.pad(i)))
-            at += n
+        pieces = []
+        for part, pad in zip(src.split(self.sizes, dim=-1), self.pads):
+            pieces.append(part)
+            if pad:
+                pieces.append(zeros.narrow(-1, 0, pad))
         torch.cat(pieces, dim=-1, out=dst)
 
     def slot(self, i: int) -> int:
         """Elements part ``i`` occupies in the staged layout: its size and the zeros up to the next block."""
-        return self.sizes[i] + self.pad(i)
+        return self.sizes[i] + self.pads[i]
 
     def fill(self, torch: Any, rows: list[list[Any]], dst: Any, zeros: Any) -> None:
         """``dst`` (len(rows) x staged_count, contiguous) <- ``rows[r][i]``, 1-D tensors of at most ``sizes[i]``
@@ -81,7 +89,8 @@ class BlockLayout:
 
     def unstage(self, torch: Any, src: Any, dst: Any) -> None:
         """``dst`` (rows x count) <- the parts of ``src`` (rows x staged_count)."""
-        torch.cat([src.narrow(-1, o, n) for o, n in zip(self.staged_offsets, self.sizes)], dim=-1, out=dst)
+        runs = src.split(self.staged_runs, dim=-1)
+        torch.cat([runs[i] for i in self.part_runs], dim=-1, out=dst)
 
 
 class Staging:
