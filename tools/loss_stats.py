@@ -323,7 +323,7 @@ CAMPAIGNS = (
         {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5),
          "bf16-compress": ("torch's bf16_compress_hook (a perturbation of the exact run)", None)}),
     Campaign(
-        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-36 under "
+        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-42 under "
         "MPS, which moves no result: NCCL's seed 5 is the same in two runs), 400 steps, cosine decay (ddp_step.py); "
         "zpccl: int8 gradients in blocks of 256",
         ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json", "2026-12-06-h100x1-ddp-loss-int8-mps-seeds34-185ef4b.json",
@@ -331,7 +331,8 @@ CAMPAIGNS = (
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds8910-0c6a455.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds1112-0c6a455.json",
          *(f"2026-12-06-h100x1-ddp-loss-int8-mps-seeds{s}-960e181.json"
-           for s in ("131415", "161718", "192021", "222324", "252627", "282930", "313233", "343536"))),
+           for s in ("131415", "161718", "192021", "222324", "252627", "282930", "313233", "343536")),
+         *(f"2026-12-07-h100x1-ddp-loss-int8-mps-seed{s}-128839a.json" for s in range(37, 43))),
         "nccl",
         {"zpccl": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1)}),
     *(Campaign(
@@ -350,6 +351,7 @@ CAMPAIGNS = (
          *(f"2026-12-07-h100x1-deepspeed-loss-b64-mps-seed{s}-dd2f334.json" for s in (12, 13, 14)),
          *(f"2026-12-07-h100x1-deepspeed-loss-b64-mps-seed{s}-d3af8f8.json" for s in (15, 24, 25, 26, 27, 28)),
          *(f"2026-12-07-h100x1-deepspeed-loss-b64-mps-seed{s}-1de25a2.json" for s in (*range(16, 24), *range(29, 46))),
+         *(f"2026-12-07-h100x1-deepspeed-loss-b64-mps-seed{s}-128839a.json" for s in range(46, 56)),
          *(f"2026-12-06-h100x1-deepspeed-loss-floor-mps-seed{s}-94f9fee.json" for s in (0, 1, 2)),
          # Cut short at the lease's deadline after their DeepSpeed runs, which repeat the b64 files' to the last bit.
          *(f"2026-12-06-h100x1-deepspeed-loss-floor-mps-seed{s}-cut-94f9fee.json" for s in (3, 4, 5)),

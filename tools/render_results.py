@@ -758,6 +758,7 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         *((H100_7 + f"fsdp-step-small-run{i}-d3af8f8.json", f"d3af8f8, one H100, run {i}") for i in (2, 3, 4)),
         (H100_7 + "fsdp-step-small-gpu-check-1de25a2.json", "1de25a2, one H100, gpu-check's run"),
         (H100_7 + "fsdp-step-small-block-1de25a2.json", "1de25a2, one H100, CUDA waits asleep"),
+        *((H100_7 + f"fsdp-step-small-run{i}-128839a.json", f"128839a, one H100, run {i}") for i in (1, 2)),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
         (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, a lease of its own"),
         (H100_7 + "fsdp-step-large-gate-d3af8f8.json", "large shape: d3af8f8, one H100, the gate's run")]),
@@ -768,6 +769,15 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (H100_7 + "fsdp-step-small-block-1de25a2.json", "all five, CUDA waits asleep")], [
         ("nccl", "FSDP2 + NCCL, True"), ("nccl-noreshard", "FSDP2 + NCCL, False"), ("no-comm", "no network"),
         ("zpccl-hpz", "FSDP2 + zpccl")]),
+    "fsdp-rank-cpus": lambda s: cpu_share_table(s, "fsdp-rank-cpus", [
+        (H100_7 + f"fsdp-step-small-cpus-{where}-{i}-57a46d5.json", f"{i}, {how}")
+        for i in (1, 2, 3) for where, how in (("free", "where the kernel puts them"), ("far", "0-3 / 8-11"),
+                                              ("near", "0-1 / 2-3"))], [
+        ("no-comm", "no network"), ("zpccl-hpz", "FSDP2 + zpccl")], where=True),
+    "fsdp-staging-split": lambda s: step_runs_table(s, "fsdp-staging-split", [
+        (H100_7 + f"fsdp-step-small-staging-{how}-{i}-128839a.json", f"{i}, {label}")
+        for i in (1, 2, 3) for how, label in (("split", "one split"), ("views", "a view per part"))], "run", [
+        ("zpccl-hpz", "FSDP2 + zpccl, False"), ("zpccl-reshard", "FSDP2 + zpccl, True")], ["nccl-noreshard"]),
     "fsdp-bisect-h100": lambda s: bisect_table(s, "fsdp-bisect-h100", H100 + "fsdp-bisect-0731899-562bc89.json"),
     "fsdp-bisect-h100-run2": lambda s: bisect_table(s, "fsdp-bisect-h100-run2",
                                                     H100 + "fsdp-bisect-run2-0731899-562bc89.json"),
