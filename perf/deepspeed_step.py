@@ -565,4 +565,5 @@ def report_losses(losses: list[dict[str, Any]]) -> None:
 
 if __name__ == "__main__":
     arguments = parse_args()
+    dt.require_deepspeed()
     ex.launch(main, arguments)

@@ -28,6 +28,7 @@ under alternating rounds.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import sys
@@ -50,6 +51,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ex.add_launch_args(p)
     p.add_argument("--cpu", action="store_true", help="DeepSpeed's CPU accelerator over gloo (no GPU needed)")
     return p.parse_args(argv)
+
+
+def require_deepspeed() -> None:
+    """Stops this script, saying what to install, where DeepSpeed is not importable: before any rank starts, since
+    each rank would fail on its own import, and a launcher of many runs would start every one only to see it fail."""
+    if importlib.util.find_spec("deepspeed") is None:
+        ex.import_zpccl()  # the installed package, or the source tree's
+        need = ".".join(map(str, importlib.import_module("zpccl.deepspeed").MIN_DEEPSPEED))
+        sys.exit(f"{pathlib.Path(sys.argv[0]).name}: DeepSpeed is not importable: pip install 'deepspeed>={need}' (on "
+                 "a GPU machine without network: carry the wheels of `bash tools/gpu-python-deps.sh make` in .whl/, "
+                 "then `source tools/gpu-python-deps.sh; use_carried_wheels $PWD`)")
 
 
 def add_zero_args(p: argparse.ArgumentParser) -> None:
@@ -163,6 +175,7 @@ def train(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     arguments = parse_args()
+    require_deepspeed()
     if arguments.cpu:
         os.environ["DS_ACCELERATOR"] = "cpu"  # before any rank imports DeepSpeed
     ex.launch(train, arguments)

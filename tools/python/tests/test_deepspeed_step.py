@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib.util
 import io
 import math
 import pathlib
 import statistics
+import subprocess
+import sys
 import tempfile
 import unittest
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
-from . import load_script
+from . import SOURCE_TREE, load_script
 from ._step_scripts import check_timed_row, check_trace, run_step_script
 from .test_deepspeed import deepspeed_or_skip
 
@@ -260,6 +264,32 @@ class NoCommCollectives(unittest.TestCase):
         with contextlib.redirect_stderr(io.StringIO()) as err, self.assertRaises(SystemExit):
             ds_step.parse_args(["--loss-steps", "2", "--loss-runs", "deepspeed,no-comm"])
         self.assertIn("loss run 'no-comm'", err.getvalue())
+
+
+class WithoutDeepSpeed(unittest.TestCase):
+    def test_the_scripts_stop_before_any_rank_saying_what_to_install(self) -> None:
+        ds_step = load_script("perf/deepspeed_step.py")
+        real = importlib.util.find_spec
+        if real("deepspeed") is not None:
+            self.assertIsNone(ds_step.dt.require_deepspeed())  # importable: nothing to say
+        hidden = mock.patch("importlib.util.find_spec",
+                            lambda name, *a: None if name == "deepspeed" else real(name, *a))
+        with hidden, self.assertRaises(SystemExit) as stop:
+            ds_step.dt.require_deepspeed()
+        message = str(stop.exception.code)
+        self.assertIn("DeepSpeed is not importable: pip install 'deepspeed>=0.19'", message)
+        self.assertIn("tools/gpu-python-deps.sh", message)  # the way on a machine without network
+        # Each script, run as a program without DeepSpeed, says so before it starts a rank (a rank's failure would
+        # name zpccl.launch.RankFailed).
+        for script in ("perf/deepspeed_step.py", "tools/python/examples/deepspeed_train.py"):
+            code = ("import importlib.util, runpy, sys; real = importlib.util.find_spec; importlib.util.find_spec = "
+                    "lambda name, *a: None if name == 'deepspeed' else real(name, *a); sys.argv = [sys.argv[1], "
+                    "'--nproc', '2']; runpy.run_path(sys.argv[0], run_name='__main__')")
+            run = subprocess.run([sys.executable, "-c", code, str(SOURCE_TREE / script)], capture_output=True,
+                                 text=True, timeout=120)
+            self.assertEqual(run.returncode, 1, run.stderr)
+            self.assertIn(f"{pathlib.Path(script).name}: DeepSpeed is not importable", run.stderr)
+            self.assertNotIn("RankFailed", run.stderr)
 
 
 if __name__ == "__main__":
