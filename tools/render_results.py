@@ -241,6 +241,7 @@ def in_place_table(store: Store, name: str, op: str, size: str, files: list[tupl
     the first round only) and NCCL's median over each."""
     t = Table(store, name, ["run", "bits", "out of place ms (median, range)", "in place ms", "NCCL bf16 ms",
                             "vs NCCL: out of place", "vs NCCL: in place"])
+
     def ms(us: float) -> str:
         return f"{us / 1e3:.1f}"
 
