@@ -230,15 +230,13 @@ def gap_table(jobs: list[Job], campaign: str = "") -> str:
     docs = {j.json.name: doc for j in jobs if (doc := j.doc()) and doc.get("losses")}
     if not docs:
         return "no loss run finished: no gaps"
-    pooled = ls.campaign(campaign) if campaign else None
-    files = (pooled.files if pooled else ()) + tuple(docs)
-    if pooled:
-        reference, configs = pooled.reference, pooled.configs
+    title = f"{len(docs)} job files" + (f" and campaign {campaign}" if campaign else "")
+    if campaign:
+        pooled = ls.campaign(campaign)
+        c = dataclasses.replace(pooled, name="loss_jobs", title=title, files=pooled.files + tuple(docs))
     else:
-        first = docs[next(iter(docs))]["losses"][0]
-        reference, configs = first["spec"], {}
-    c = ls.Campaign("loss_jobs", f"{len(docs)} job files" + (f" and campaign {campaign}" if pooled else ""), files,
-                    reference, configs)
+        c = ls.Campaign("loss_jobs", title, tuple(docs), docs[next(iter(docs))]["losses"][0]["spec"])
+    reference = c.reference
     try:
         rows = ls.campaign_rows(c, load=lambda name: docs[name] if name in docs else
                                 json.loads((ls.RESULTS / name).read_text()))

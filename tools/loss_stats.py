@@ -49,7 +49,7 @@ import math
 import pathlib
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 TOP = pathlib.Path(__file__).resolve().parent.parent
@@ -288,6 +288,16 @@ class Campaign:
     configs: dict[str, tuple[str, float | None]] = field(default_factory=dict)  #: config -> (label, tolerance)
     #: (config, against): paired gaps between two configurations of the campaign, seed by seed
     contrasts: tuple[tuple[str, str], ...] = ()
+    #: a top-level field of the files that sets a format ``--loss-runs`` does not name (``grad_block_size``): where
+    #: given, every run but the reference's is named ``"<spec> <field>=<value>"``, so that one campaign holds the
+    #: runs of several values against the same exact runs
+    split_by: str = ""
+
+    def config_of(self, doc: Any, spec: str) -> str:
+        """The name in this campaign of the runs of ``spec`` in the file ``doc``."""
+        if not self.split_by or spec == self.reference:
+            return spec
+        return f"{spec} {self.split_by}={doc.get(self.split_by) if isinstance(doc, dict) else None}"
 
 
 #: The loss campaigns in perf/results/. Tolerances are the targets DESIGN.md and the issues set: int8 gradients
@@ -323,18 +333,22 @@ CAMPAIGNS = (
         {"zpccl": ("zpccl.ddp, int4 gradients (blocks of 256)", 0.5),
          "bf16-compress": ("torch's bf16_compress_hook (a perturbation of the exact run)", None)}),
     Campaign(
-        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-42 under "
-        "MPS, which moves no result: NCCL's seed 5 is the same in two runs), 400 steps, cosine decay (ddp_step.py); "
-        "zpccl: int8 gradients in blocks of 256",
+        "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-42 of blocks "
+        "of 256 and every seed of blocks of 64 under MPS, which moves no result: NCCL's runs are the same to the last "
+        "bit in every file that holds their seed), 400 steps, cosine decay (ddp_step.py); zpccl: int8 gradients",
         ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json", "2026-12-06-h100x1-ddp-loss-int8-mps-seeds34-185ef4b.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds567-0c6a455.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds8910-0c6a455.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds1112-0c6a455.json",
          *(f"2026-12-06-h100x1-ddp-loss-int8-mps-seeds{s}-960e181.json"
            for s in ("131415", "161718", "192021", "222324", "252627", "282930", "313233", "343536")),
-         *(f"2026-12-07-h100x1-ddp-loss-int8-mps-seed{s}-128839a.json" for s in range(37, 43))),
+         *(f"2026-12-07-h100x1-ddp-loss-int8-mps-seed{s}-128839a.json" for s in range(37, 43)),
+         *(f"2026-12-07-h100x1-ddp-loss-int8-b64-mps-seed{s}-ff14e0a.json" for s in range(40))),
         "nccl",
-        {"zpccl": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1)}),
+        {"zpccl grad_block_size=256": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1),
+         "zpccl grad_block_size=64": ("zpccl.ddp, int8 gradients in blocks of 64", 0.1)},
+        (("zpccl grad_block_size=64", "zpccl grad_block_size=256"),),
+        split_by="grad_block_size"),
     *(Campaign(
         f"ddp-small-cpu-int{bits}", f"2-layer d 128 GPT as one DDP replica per rank (gloo), 2 ranks as 2 nodes (host "
         f"backend), 300 steps, cosine decay (ddp_step.py --cpu); zpccl: int{bits} gradients in blocks of 256",
@@ -466,7 +480,8 @@ def campaign_rows(c: Campaign, results: pathlib.Path = RESULTS, load: Callable[[
     (then any other configuration found, in file order), then the campaign's contrasts. ``load`` reads a file by
     name (default: JSON from ``results``)."""
     read = load or (lambda name: json.loads((results / name).read_text()))
-    table = merge_runs(r for f in c.files for r in runs_of_doc(read(f), f))
+    table = merge_runs(replace(r, config=c.config_of(doc, r.config))
+                       for f in c.files for doc in (read(f),) for r in runs_of_doc(doc, f))
     if c.reference not in table:
         raise ValueError(f"campaign {c.name}: no {c.reference!r} run in {', '.join(c.files)}")
 

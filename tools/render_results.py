@@ -761,6 +761,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         (H100_7 + "fsdp-step-small-gpu-check-1de25a2.json", "1de25a2, one H100, gpu-check's run"),
         (H100_7 + "fsdp-step-small-block-1de25a2.json", "1de25a2, one H100, CUDA waits asleep"),
         *((H100_7 + f"fsdp-step-small-run{i}-128839a.json", f"128839a, one H100, run {i}") for i in (1, 2)),
+        *((H100_7 + f"fsdp-step-small-run{i}-ff14e0a.json", f"ff14e0a, one H100, run {i}") for i in (1, 2, 3)),
+        (H100_7 + "fsdp-step-small-gpu-check-ff14e0a.json", "ff14e0a, one H100, gpu-check's run"),
         (R5 + "fsdp-step-large-gate-1c1aab7.json", "large shape: 1c1aab7, the gate's run"),
         (R2 + "fsdp-step-large-0731899.json", "large shape: 0731899, a lease of its own"),
         (H100_7 + "fsdp-step-large-gate-d3af8f8.json", "large shape: d3af8f8, one H100, the gate's run")]),
@@ -811,7 +813,10 @@ TABLES: dict[str, Callable[[Store], Table]] = {
         LossLine("zpccl", "zpccl.ddp, int4 gradients (blocks of 256)"),
         LossLine("bf16-compress", "torch's bf16_compress_hook (gradients rounded to bf16: a perturbation)")]),
     "ddp-loss-int8": lambda s: loss_table(s, "ddp-loss-int8", ls.campaign("ddp-57m-int8"), [
-        LossLine("zpccl", "zpccl.ddp, int8 gradients (blocks of 256)")]),
+        LossLine("zpccl grad_block_size=256", "zpccl.ddp, int8 gradients (blocks of 256)"),
+        LossLine("zpccl grad_block_size=64", "zpccl.ddp, int8 gradients in blocks of 64"),
+        LossLine("zpccl grad_block_size=64", "blocks of 64 against blocks of 256, seed by seed",
+                 against="zpccl grad_block_size=256")]),
     "deepspeed-step": lambda s: step_table(s, "deepspeed-step", H100_6 + "deepspeed-step-511ec81.json", [
         ("deepspeed", "DeepSpeed ZeRO-3"), ("zeropp", "DeepSpeed ZeRO++ (its own qwZ, qgZ)"),
         ("zpccl", "DeepSpeed ZeRO-3 + zpccl.deepspeed (int8 weights, int4 gradients)"),
