@@ -47,7 +47,13 @@ Figures per (kind, the rows' ``tensor``; format; layout; capture step; tensor cl
 error ``||q - x|| / ||x||``, the cosine similarity ``<q, x> / (||q|| ||x||)`` and, per quantization block, the
 largest error over the block's largest exact value (max and mean over blocks); over the window, the same two for
 the sum of the window's outputs against the sum of the exact means (what a residual or an unbiased rounding is
-meant to improve). Classes: attention and MLP weights, embedding (token and position), head, LayerNorm (weights
+meant to improve). For the gradient kinds two more: ``adam_rel_err``, the relative error with every element of
+error and exact multiplied by what AdamW multiplies it by in its update at the window's first step (1 / (sqrt of
+the exact run's bias-corrected second moment + eps); ``window_adam_rel_err`` for the window sum): Adam divides each
+element by its own scale, so an error small against the tensor's norm can be large against a small element's;
+and ``zeroed``, the share of the exact's non-zero elements that the output holds as zero (rounded away in a block
+whose largest value sets a step above them). Both per call, from the second capture on (no moments before the
+first step). Classes: attention and MLP weights, embedding (token and position), head, LayerNorm (weights
 and biases), Linear biases, and all of them. Rows of format ``bf16`` are no format but the floor: gradients' (and
 the all-reduce's) exact mean rounded once to bf16 (the best a bf16 collective returns), and the bf16 weights
 against their fp32 masters.
@@ -233,16 +239,25 @@ class Sums:
     block_max: float = 0.0
     block_sum: float = 0.0
     blocks: int = 0
+    err2_adam: float = 0.0  #: squares of error and exact, each element scaled as Adam scales its update
+    x2_adam: float = 0.0
+    nonzero: float = 0.0  #: exact elements that are not zero, and those of them the output holds as zero
+    zeroed: float = 0.0
 
     def add(self, other: "Sums") -> None:
-        for k in ("err2", "x2", "q2", "qx", "elements", "block_sum", "blocks"):
+        for k in ("err2", "x2", "q2", "qx", "elements", "block_sum", "blocks", "err2_adam", "x2_adam", "nonzero",
+                  "zeroed"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.block_max = max(self.block_max, other.block_max)
 
     def figures(self) -> dict[str, float]:
-        return dict(rel_err=math.sqrt(self.err2 / self.x2) if self.x2 else float("nan"),
-                    cosine=self.qx / math.sqrt(self.x2 * self.q2) if self.x2 and self.q2 else float("nan"),
-                    block_err_max=self.block_max, block_err_mean=self.block_sum / self.blocks if self.blocks else 0.0)
+        out = dict(rel_err=math.sqrt(self.err2 / self.x2) if self.x2 else float("nan"),
+                   cosine=self.qx / math.sqrt(self.x2 * self.q2) if self.x2 and self.q2 else float("nan"),
+                   block_err_max=self.block_max, block_err_mean=self.block_sum / self.blocks if self.blocks else 0.0,
+                   zeroed=self.zeroed / self.nonzero if self.nonzero else 0.0)
+        if self.x2_adam:
+            out["adam_rel_err"] = math.sqrt(self.err2_adam / self.x2_adam)
+        return out
 
 
 class Classes:
@@ -252,8 +267,10 @@ class Classes:
         self.staging = staging
         self.of_part = [tensor_class(n) if m else None for n, m in zip(names, measured)]
 
-    def sums(self, torch: Any, q: Any, x: Any) -> dict[str, Sums]:
-        """Per class (and ``all``): sums of q (output) against x (exact), both (n, count) staged."""
+    def sums(self, torch: Any, q: Any, x: Any, adam: Any = None) -> dict[str, Sums]:
+        """Per class (and ``all``): sums of q (output) against x (exact), both (n, count) staged; with ``adam``
+        (the same shape: each element's factor in Adam's update, Capture.adam_scale staged), the error and the
+        exact scaled by it."""
         st = self.staging
         q = q.double()
         err = q - x
@@ -261,7 +278,11 @@ class Classes:
         def running(v: Any) -> Any:  # per staged column, summed over ranks, then running sums (with a leading 0)
             return torch.cat([torch.zeros(1, dtype=torch.float64), v.sum(0).cumsum(0)])
 
-        cols = {"err2": running(err * err), "x2": running(x * x), "q2": running(q * q), "qx": running(q * x)}
+        live = x != 0
+        cols = {"err2": running(err * err), "x2": running(x * x), "q2": running(q * q), "qx": running(q * x),
+                "nonzero": running(live.double()), "zeroed": running((live & (q == 0)).double())}
+        if adam is not None:
+            cols.update(err2_adam=running((err * adam) ** 2), x2_adam=running((x * adam) ** 2))
         # Blocks: staged parts start on block boundaries, so block j of a row belongs to the part holding j*block.
         g = st.block
         nb = -(-st.count // g)
@@ -299,6 +320,25 @@ class Capture:
     weights_bf16: list[Any]
     weights_fp32: list[Any]
     grads: list[list[list[Any]]] = field(default_factory=list)  #: [call][rank][parameter]
+    #: per parameter, what AdamW multiplies a gradient element by in its update at the window's first step,
+    #: 1 / (sqrt(v / (1 - beta2^t)) + eps) from the exact run's second moments before that step (None before any
+    #: step: no moments yet)
+    adam_scale: list[Any] | None = None
+
+
+def adam_scale(torch: Any, opt: Any, params: list[Any]) -> list[Any] | None:
+    """Capture.adam_scale of the parameters ``params`` of the AdamW ``opt`` (None where it has not stepped)."""
+    group = opt.param_groups[0]
+    beta2, eps = group["betas"][1], group["eps"]
+    out = []
+    for p in params:
+        state = opt.state.get(p)
+        if not state:
+            return None
+        t = float(state["step"])
+        v_hat = state["exp_avg_sq"].double() / (1 - beta2 ** t)
+        out.append(1.0 / (v_hat.sqrt() + eps))
+    return out
 
 
 def bf16_gradients(torch: Any, model: Any, names: list[str], batch: tuple[Any, Any]) -> tuple[float, list[Any]]:
@@ -327,7 +367,8 @@ def train_and_capture(torch: Any, a: argparse.Namespace, on_capture: Any, say: A
         if step in a.captures:
             params = dict(model.named_parameters())
             open_ = Capture(step, names, [params[n].detach().to(torch.bfloat16) for n in names],
-                            [params[n].detach().clone() for n in names])
+                            [params[n].detach().clone() for n in names],
+                            adam_scale=adam_scale(torch, opt, [params[n] for n in names]))
         ranks = range(a.ranks) if open_ is not None else range(1)
         per_rank = []
         for r in ranks:
@@ -368,10 +409,15 @@ def rows_of(sums_per_call: list[dict[str, Sums]], window: dict[str, Sums] | None
                             "cosine": sum(f["cosine"] for f in per) / len(per),
                             "rel_err_calls": [f["rel_err"] for f in per], "cosine_calls": [f["cosine"] for f in per],
                             "block_err_max": max(f["block_err_max"] for f in per),
-                            "block_err_mean": sum(f["block_err_mean"] for f in per) / len(per)})
+                            "block_err_mean": sum(f["block_err_mean"] for f in per) / len(per),
+                            "zeroed": sum(f["zeroed"] for f in per) / len(per)})
+        if "adam_rel_err" in per[0]:
+            row["adam_rel_err"] = sum(f["adam_rel_err"] for f in per) / len(per)
         if window is not None:
             w = window[cls].figures()
             row.update(window_rel_err=w["rel_err"], window_cosine=w["cosine"])
+            if "adam_rel_err" in w:
+                row["window_adam_rel_err"] = w["adam_rel_err"]
         rows.append(row)
     return rows
 
@@ -455,6 +501,7 @@ def measure_reduction(torch: Any, cap: Capture, red: "Reduction", layouts: list[
         for g in sorted({f.block for f in on_layout}, reverse=True):
             st = Staging(shapes, n if red.sharded else 1, g)
             cl = Classes(cap.names, st, measured)
+            adam = None if cap.adam_scale is None else st.stage(torch, cap.adam_scale, torch.float64)
             exact = [exact_mean(torch, per_rank, st, n) for per_rank in cap.grads]
             exact_sum = sum(exact)
             todo: list[Format | None] = [f for f in on_layout if f.block == g]
@@ -470,13 +517,15 @@ def measure_reduction(torch: Any, cap: Capture, red: "Reduction", layouts: list[
                     base = dict(tensor=red.tensor, format=fmt.name, bits=fmt.bits, block=fmt.block,
                                 stochastic=fmt.stochastic, error_feedback=fmt.feedback, reference="float64 mean",
                                 collective=red.collective)
-                per_call = [cl.sums(torch, o, x) for o, x in zip(outs, exact)]
-                window = cl.sums(torch, sum(o.double() for o in outs), exact_sum)
+                per_call = [cl.sums(torch, o, x, adam) for o, x in zip(outs, exact)]
+                window = cl.sums(torch, sum(o.double() for o in outs), exact_sum, adam)
                 rows += rows_of(per_call, window, dict(base, step=cap.step, layout=lay.name, ranks=n,
                                                        hops=lay.hops))
                 f = rows[-1]  # the class "all" comes last
+                adam_err = f" adam {f['adam_rel_err']:.3e}" if "adam_rel_err" in f else ""
                 say(f"  {red.tensor} {base['format']:16s} {lay.name}: rel {f['rel_err']:.3e} window "
-                    f"{f['window_rel_err']:.3e} cos {f['cosine']:.6f} ({time.time() - t0:.0f} s)")
+                    f"{f['window_rel_err']:.3e}{adam_err} zeroed {f['zeroed']:.2e} cos {f['cosine']:.6f} "
+                    f"({time.time() - t0:.0f} s)")
     return rows
 
 

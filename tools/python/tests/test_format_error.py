@@ -165,6 +165,54 @@ class FormatError(unittest.TestCase):
                     for got, want in zip(r["rel_err_calls"], rel):
                         self.assertAlmostEqual(got, want, delta=1e-12)
 
+    def test_adam_scaled_error_and_zeroed_share_equal_their_definitions(self) -> None:
+        # The all-reduce int8-b64 on 2x1 recomputed parameter by parameter from the reference model: the error and
+        # the exact each multiplied element by element by the capture's Adam scale; and the share of the exact's
+        # non-zero elements that come out as zero. None of it at step 0 (no moments yet).
+        torch = self.torch
+        first, cap = self.captures
+        self.assertIsNone(first.adam_scale)
+        self.assertNotIn("adam_rel_err", self.row(tensor="allreduce", layout="2x1", format="int8-b64", step=0,
+                                                  **{"class": "all"}))
+        self.assertEqual(len(cap.adam_scale), len(cap.weights_bf16))
+        adam, share = [], []
+        for call in cap.grads:
+            e2 = x2 = live = zeroed = 0.0
+            for p, scale in enumerate(cap.adam_scale):
+                per_rank = [bits_of(torch, call[r][p]) for r in range(2)]
+                q = ref.to_f32(ref.quant_all_reduce(per_rank, ref.BF16, "avg", 8, 64, [0, 1]),
+                               ref.BF16).astype(np.float64)
+                x = sum(ref.to_f32(g, ref.BF16).astype(np.float64) for g in per_rank) / 2
+                w = scale.reshape(-1).numpy()
+                e2 += float((((q - x) * w) ** 2).sum())
+                x2 += float(((x * w) ** 2).sum())
+                live += float((x != 0).sum())
+                zeroed += float(((x != 0) & (q == 0)).sum())
+            adam.append(math.sqrt(e2 / x2))
+            share.append(zeroed / live)
+        r = self.row(tensor="allreduce", layout="2x1", format="int8-b64", step=cap.step, **{"class": "all"})
+        self.assertAlmostEqual(r["adam_rel_err"], sum(adam) / len(adam), delta=1e-12)
+        self.assertAlmostEqual(r["zeroed"], sum(share) / len(share), delta=1e-12)
+        self.assertTrue(0 < r["adam_rel_err"] < 1 and 0 <= r["zeroed"] < 1, r)
+        floor = self.row(tensor="allreduce", layout="2x1", format="bf16", step=cap.step, **{"class": "all"})
+        self.assertLess(floor["adam_rel_err"], r["adam_rel_err"])
+        self.assertIn("window_adam_rel_err", r)
+
+    def test_adam_scale_is_one_over_the_gradient_for_a_constant_gradient(self) -> None:
+        # With the same gradient c at every step, AdamW's bias-corrected second moment is c * c exactly, so what it
+        # multiplies an element by is 1 / (|c| + eps): the scale read from the optimizer's state, not assumed.
+        torch = self.torch
+        w = torch.nn.Parameter(torch.zeros(4))
+        opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.0)
+        self.assertIsNone(self.fe.adam_scale(torch, opt, [w]))
+        c = torch.tensor([0.5, -2.0, 1e-3, 3.0])
+        for _ in range(5):
+            w.grad = c.clone()
+            opt.step()
+        (scale,) = self.fe.adam_scale(torch, opt, [w])
+        for got, want in zip(scale.tolist(), (1 / (abs(v) + 1e-8) for v in c.tolist())):
+            self.assertAlmostEqual(got / want, 1.0, delta=1e-5)
+
     def test_the_allreduce_is_the_host_backends_on_every_rank(self) -> None:
         # The script's outputs against the library called directly on each rank's bucket staged here (each
         # gradient flattened, zeros to its next block boundary but the last's), the options in the communicator's
