@@ -411,6 +411,31 @@ def format_error_gradients(store: Store, name: str, file: str, tensor: str = "gr
     return t
 
 
+def format_error_adam(store: Store, name: str, file: str, tensor: str = "allreduce") -> Table:
+    """Each gradient format on the first layout, per call at every capture step: its relative error, the same with
+    every element scaled as AdamW scales its update (and the window sum's so scaled at the last step), and the
+    share of non-zero elements it rounds to zero. Steps before the optimizer's first (no moments) are left out."""
+    fe = FormatErrors(store, name, file)
+    last, first = fe.last, fe.first
+    scaled = [s for s in fe.steps if any(k[0] == tensor and k[3] == s and "adam_rel_err" in r
+                                         for k, r in fe.index.items())]
+    if not scaled:
+        raise RenderError(f"table {name}: {file} has no Adam-scaled figure of {tensor}")
+    steps = " / ".join(map(str, scaled))
+    t = Table(store, name, [f"{tensor}, {first}", f"error: step {steps}", f"as Adam scales it: step {steps}",
+                            f"window sum as Adam scales it, step {last}", f"rounded to zero: step {steps}"])
+    for fmt in fe.formats(tensor):
+        def cells(key: str, spec: str) -> str:
+            return " / ".join(fe.cell(tensor, fmt, first, s, key, spec) for s in scaled)
+
+        row = [fmt, cells("rel_err", ".2e"), cells("adam_rel_err", ".2e"),
+               fe.cell(tensor, fmt, first, last, "window_adam_rel_err", ".2e"), cells("zeroed", ".2%")]
+        if any("-" in c.split(" / ") for c in row[1:]):
+            raise RenderError(f"table {name}: {file} lacks an Adam-scaled figure of {tensor} {fmt} on {first}")
+        t.add(row, [file])
+    return t
+
+
 def format_error_weights(store: Store, name: str, file: str) -> Table:
     """Each weight format's error (qwZ against the bf16 weights): on the fewest ranks at every capture step, on
     the other rank counts, cosine and worst block at the last step."""

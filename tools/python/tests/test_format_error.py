@@ -298,6 +298,7 @@ class FormatError(unittest.TestCase):
             grads = rr.format_error_gradients(store, "g", "fe.json").lines()
             allreduce = rr.format_error_gradients(store, "a", "fe.json", "allreduce").lines()
             weights = rr.format_error_weights(store, "w", "fe.json").lines()
+            adam = rr.format_error_adam(store, "d", "fe.json").lines()
             classes = rr.format_error_classes(store, "c", "fe.json", self.fe.CLASSES + ("all",)).lines()
         self.assertEqual(grads[0], "| gradients | 2x2, 2 hops: step 0 / 2 | window sum, step 2 | 2x1, 1 hop, step 2 | "
                                    "cosine, 2x2, step 2 | worst block, 2x2, step 2 | src |")
@@ -328,6 +329,14 @@ class FormatError(unittest.TestCase):
         self.assertFalse(any(x.startswith("| gradients int4-b32-sr-ef") for x in classes))
         self.assertTrue(any(x.startswith("| weights int8-b64 (2 ranks) | ") for x in classes))
         self.assertEqual(classes[-1], "Sources: a: `fe.json`, 0123456.")
+        # as Adam scales it: step 0 has no moments, so only step 2; every format of the first layout
+        self.assertEqual(adam[0], "| allreduce, 2x2 | error: step 2 | as Adam scales it: step 2 | window sum as Adam "
+                                  "scales it, step 2 | rounded to zero: step 2 | src |")
+        for name in ("bf16", "int8-b64", "int4-b32", "int4-b32-sr-ef"):
+            r = self.row(tensor="allreduce", layout="2x2", format=name, step=2, **{"class": "all"})
+            line = next(x for x in adam if x.startswith(f"| {name} | "))
+            self.assertEqual(line.split(" | ")[1:5], [f"{r['rel_err']:.2e}", f"{r['adam_rel_err']:.2e}",
+                                                      f"{r['window_adam_rel_err']:.2e}", f"{r['zeroed']:.2%}"])
 
     def test_the_measured_library_and_mains_give_the_same_figures(self) -> None:
         # perf/RESULTS.md's claim for the format-error file: the same run (57M, capture 0, figures over block 0)
