@@ -554,6 +554,7 @@ H200X2 = "2026-11-30-h200x2.json"
 FORMAT_ERROR = "2026-12-05-cpu-threads-format-error-6508252.json"
 FORMAT_ERROR_ALLREDUCE = "2026-12-06-cpu-threads-format-error-allreduce-a223ca0.json"
 FORMAT_ERROR_ALLREDUCE_INT8_BLOCKS = "2026-12-07-cpu-threads-format-error-allreduce-int8-blocks-59feb63.json"
+FORMAT_ERROR_ALLREDUCE_ADAM = "2026-12-07-cpu-threads-format-error-allreduce-adam-598d311.json"
 QWZ_TARGET = {8: (1.9, "64M"), 4: (3.5, "64M")}  # over shm and net
 HOST_WIRE = "2026-12-05-cpu-host-wire-bytes-"
 GRAD_COLUMNS = ("blocks", "bytes vs bf16")
@@ -961,6 +962,8 @@ TABLES: dict[str, Callable[[Store], Table]] = {
                                                                "allreduce"),
     "format-error-allreduce-int8-blocks": lambda s: format_error_gradients(
         s, "format-error-allreduce-int8-blocks", FORMAT_ERROR_ALLREDUCE_INT8_BLOCKS, "allreduce"),
+    "format-error-allreduce-adam": lambda s: format_error_adam(s, "format-error-allreduce-adam",
+                                                               FORMAT_ERROR_ALLREDUCE_ADAM),
     "format-error-classes": lambda s: format_error_classes(s, "format-error-classes", FORMAT_ERROR, (
         "attention", "mlp", "embedding", "head", "norm", "bias", "all")),
 }
