@@ -288,16 +288,17 @@ class Campaign:
     configs: dict[str, tuple[str, float | None]] = field(default_factory=dict)  #: config -> (label, tolerance)
     #: (config, against): paired gaps between two configurations of the campaign, seed by seed
     contrasts: tuple[tuple[str, str], ...] = ()
-    #: a top-level field of the files that sets a format ``--loss-runs`` does not name (``grad_block_size``): where
-    #: given, every run but the reference's is named ``"<spec> <field>=<value>"``, so that one campaign holds the
-    #: runs of several values against the same exact runs
-    split_by: str = ""
+    #: (field, specs): the runs of these specs are named ``"<spec> <field>=<value>"`` by a top-level field of their
+    #: file that sets a format ``--loss-runs`` does not name (``grad_block_size``), so that one campaign holds the
+    #: runs of several values against the same exact runs; other specs' runs keep their names
+    split_by: tuple[str, tuple[str, ...]] | None = None
 
     def config_of(self, doc: Any, spec: str) -> str:
         """The name in this campaign of the runs of ``spec`` in the file ``doc``."""
-        if not self.split_by or spec == self.reference:
+        if self.split_by is None or spec not in self.split_by[1]:
             return spec
-        return f"{spec} {self.split_by}={doc.get(self.split_by) if isinstance(doc, dict) else None}"
+        key = self.split_by[0]
+        return f"{spec} {key}={doc.get(key) if isinstance(doc, dict) else None}"
 
 
 #: The loss campaigns in perf/results/. Tolerances are the targets DESIGN.md and the issues set: int8 gradients
@@ -348,7 +349,7 @@ CAMPAIGNS = (
         {"zpccl grad_block_size=256": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1),
          "zpccl grad_block_size=64": ("zpccl.ddp, int8 gradients in blocks of 64", 0.1)},
         (("zpccl grad_block_size=64", "zpccl grad_block_size=256"),),
-        split_by="grad_block_size"),
+        split_by=("grad_block_size", ("zpccl",))),
     *(Campaign(
         f"ddp-small-cpu-int{bits}", f"2-layer d 128 GPT as one DDP replica per rank (gloo), 2 ranks as 2 nodes (host "
         f"backend), 300 steps, cosine decay (ddp_step.py --cpu); zpccl: int{bits} gradients in blocks of 256",

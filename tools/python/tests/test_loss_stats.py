@@ -192,21 +192,26 @@ class Files(unittest.TestCase):
     def test_split_by_names_runs_by_a_field_of_their_file(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             d = pathlib.Path(tmp)
-            # Two settings of one configuration against the same exact runs (the reference is never split).
+            # Two settings of one configuration against the same exact runs; y, which the field does not set, keeps
+            # its name and pairs across the files.
             self.write(d, "b256.json", {"grad_block_size": 256, "losses": [
                 {"spec": "ref", "seed": 0, "valid": 2.0}, {"spec": "x", "seed": 0, "valid": 2.04},
-                {"spec": "ref", "seed": 1, "valid": 3.0}, {"spec": "x", "seed": 1, "valid": 3.03}]})
+                {"spec": "ref", "seed": 1, "valid": 3.0}, {"spec": "x", "seed": 1, "valid": 3.03},
+                {"spec": "y", "seed": 0, "valid": 2.2}]})
             self.write(d, "b64.json", {"grad_block_size": 64, "losses": [
                 {"spec": "ref", "seed": 0, "valid": 2.0}, {"spec": "x", "seed": 0, "valid": 2.02},
-                {"spec": "ref", "seed": 1, "valid": 3.0}, {"spec": "x", "seed": 1, "valid": 2.97}]})
+                {"spec": "ref", "seed": 1, "valid": 3.0}, {"spec": "x", "seed": 1, "valid": 2.97},
+                {"spec": "y", "seed": 1, "valid": 3.3}]})
             a, b = "x grad_block_size=256", "x grad_block_size=64"
             c = ls.Campaign("t", "t", ("b256.json", "b64.json"), "ref", {a: ("A", 0.5), b: ("B", 0.5)}, ((b, a),),
-                            split_by="grad_block_size")
+                            split_by=("grad_block_size", ("x",)))
             rows = ls.campaign_rows(c, d)
-            self.assertEqual([(r.config, r.reference) for r in rows], [(a, "ref"), (b, "ref"), (b, a)])
+            self.assertEqual([(r.config, r.reference) for r in rows],
+                             [(a, "ref"), (b, "ref"), ("y", "ref"), (b, a)])
+            self.assertEqual(rows[2].stats.seeds, [0, 1])
             self.assertAlmostEqual(rows[0].stats.gaps[0], 2.0)
             self.assertAlmostEqual(rows[1].stats.gaps[1], -1.0)
-            self.assertAlmostEqual(rows[2].stats.gaps[0], 100 * (2.02 - 2.04) / 2.04)
+            self.assertAlmostEqual(rows[3].stats.gaps[0], 100 * (2.02 - 2.04) / 2.04)
             self.assertEqual(rows[0].files, ("b256.json",))
             # Unsplit, the two files' x runs of one seed disagree: they cannot be one configuration.
             with self.assertRaisesRegex(ValueError, "x seed 0.*b256.json.*b64.json"):
