@@ -298,7 +298,7 @@ class Campaign:
         if self.split_by is None or spec not in self.split_by[1]:
             return spec
         key = self.split_by[0]
-        return f"{spec} {key}={doc.get(key) if isinstance(doc, dict) else None}"
+        return f"{spec} {key}={doc.get(key)}"
 
 
 #: The loss campaigns in perf/results/. Tolerances are the targets DESIGN.md and the issues set: int8 gradients
@@ -481,8 +481,11 @@ def campaign_rows(c: Campaign, results: pathlib.Path = RESULTS, load: Callable[[
     (then any other configuration found, in file order), then the campaign's contrasts. ``load`` reads a file by
     name (default: JSON from ``results``)."""
     read = load or (lambda name: json.loads((results / name).read_text()))
-    table = merge_runs(replace(r, config=c.config_of(doc, r.config))
-                       for f in c.files for doc in (read(f),) for r in runs_of_doc(doc, f))
+    def named_runs(name: str) -> list[Run]:  # a file's runs under their names in this campaign
+        doc = read(name)
+        return [replace(r, config=c.config_of(doc, r.config)) for r in runs_of_doc(doc, name)]
+
+    table = merge_runs(r for f in c.files for r in named_runs(f))
     if c.reference not in table:
         raise ValueError(f"campaign {c.name}: no {c.reference!r} run in {', '.join(c.files)}")
 

@@ -47,16 +47,15 @@ Figures per (kind, the rows' ``tensor``; format; layout; capture step; tensor cl
 error ``||q - x|| / ||x||``, the cosine similarity ``<q, x> / (||q|| ||x||)`` and, per quantization block, the
 largest error over the block's largest exact value (max and mean over blocks); over the window, the same two for
 the sum of the window's outputs against the sum of the exact means (what a residual or an unbiased rounding is
-meant to improve). For the gradient kinds two more: ``adam_rel_err``, the relative error with every element of
-error and exact multiplied by what AdamW multiplies it by in its update at the window's first step (1 / (sqrt of
-the exact run's bias-corrected second moment + eps); ``window_adam_rel_err`` for the window sum): Adam divides each
-element by its own scale, so an error small against the tensor's norm can be large against a small element's;
-and ``zeroed``, the share of the exact's non-zero elements that the output holds as zero (rounded away in a block
-whose largest value sets a step above them). Both per call, from the second capture on (no moments before the
-first step). Classes: attention and MLP weights, embedding (token and position), head, LayerNorm (weights
-and biases), Linear biases, and all of them. Rows of format ``bf16`` are no format but the floor: gradients' (and
-the all-reduce's) exact mean rounded once to bf16 (the best a bf16 collective returns), and the bf16 weights
-against their fp32 masters.
+meant to improve). ``zeroed``, per call: the share of the exact's non-zero elements that the output holds as zero
+(rounded away in a block whose largest value sets a step above them). For the gradient kinds, from the second
+capture on (no moments before the first step), ``adam_rel_err``: the relative error with every element of error and
+exact multiplied by what AdamW multiplies it by in its update at the window's first step (1 / (sqrt of the exact
+run's bias-corrected second moment + eps); ``window_adam_rel_err`` for the window sum): Adam divides each element by
+its own scale, so an error small against the tensor's norm can be large against a small element's. Classes:
+attention and MLP weights, embedding (token and position), head, LayerNorm (weights and biases), Linear biases, and
+all of them. Rows of format ``bf16`` are no format but the floor: gradients' (and the all-reduce's) exact mean
+rounded once to bf16 (the best a bf16 collective returns), and the bf16 weights against their fp32 masters.
 
 JSON (``-J``, rewritten after each capture): provenance (``provenance("cpu-threads")``), the setup, the training
 loss of every step, and one row per figure set. ``--tensors`` picks the kinds measured (all three by default);
@@ -278,9 +277,9 @@ class Classes:
         def running(v: Any) -> Any:  # per staged column, summed over ranks, then running sums (with a leading 0)
             return torch.cat([torch.zeros(1, dtype=torch.float64), v.sum(0).cumsum(0)])
 
-        live = x != 0
+        nonzero = x != 0
         cols = {"err2": running(err * err), "x2": running(x * x), "q2": running(q * q), "qx": running(q * x),
-                "nonzero": running(live.double()), "zeroed": running((live & (q == 0)).double())}
+                "nonzero": running(nonzero.double()), "zeroed": running((nonzero & (q == 0)).double())}
         if adam is not None:
             cols.update(err2_adam=running((err * adam) ** 2), x2_adam=running((x * adam) ** 2))
         # Blocks: staged parts start on block boundaries, so block j of a row belongs to the part holding j*block.
