@@ -10,6 +10,7 @@
 #      ZP_SOAK_ITERS=${ZP_SOAK_ITERS:-1000}); every UBSan report counts as a failure;
 #   3. runs the fuzzer for ${ZP_FUZZ_SECONDS:-60} s (meson test fuzz), its corpus kept in the build folder (later
 #      runs start from what earlier ones found), a failing input saved in fuzz-artifacts/.
+# With --build-only it stops after step 1 (tools/run-tests.sh builds while pip downloads, then runs the rest).
 # Prints "N passed, N failed" last (every test of the suite, the C ABI test, the UBSan check, the fuzzer) and exits
 # non-zero on any failure. Installs clang, its sanitizer/fuzzer runtimes, GoogleTest and ninja with apt-get when
 # missing.
@@ -18,6 +19,8 @@ top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${ZP_SAN_BUILD_DIR:-$top/build-sanitizers}
 soak_iters=${ZP_SOAK_ITERS:-1000}
 fuzz_seconds=${ZP_FUZZ_SECONDS:-60}
+build_only=0
+[ "${1:-}" = --build-only ] && build_only=1
 start=$(date +%s)
 say() { echo "## run-sanitizers: $*"; }
 fail_setup() { echo "run-sanitizers: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
@@ -81,6 +84,7 @@ fi
 grep -E "warning:" "$build/build.log" | sort -u | head -20
 built=$(date +%s)
 say "built in $((built - start)) s"
+[ $build_only = 1 ] && exit 0
 
 # ---- the host-only suites and the C ABI test ---------------------------------------------------------------
 passed=0 failed=0
