@@ -34,16 +34,26 @@ inline ChildRun runCommand(const std::string& command) {
   return run;
 }
 
-// Runs test `name` ("Suite.DISABLED_Test") of this binary with `env` ("NAME=value") added; stdout and stderr.
-inline ChildRun runTestInChild(const std::string& name, const std::vector<std::string>& env) {
+// Runs this binary with `args` (gtest flags, quoted for the shell) and `env` ("NAME=value") added; stdout and stderr.
+inline ChildRun runSelf(const std::string& args, const std::vector<std::string>& env) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return ChildRun();
   self[n] = '\0';
   std::string command = "env";
   for (const std::string& e : env) command += " '" + e + "'";
-  command += std::string(" '") + self + "' --gtest_also_run_disabled_tests --gtest_filter='" + name + "' 2>&1";
+  command += std::string(" '") + self + "' " + args + " 2>&1";
   return runCommand(command);
+}
+
+// Runs test `name` ("Suite.DISABLED_Test") of this binary with `env` ("NAME=value") added; stdout and stderr.
+inline ChildRun runTestInChild(const std::string& name, const std::vector<std::string>& env) {
+  return runSelf("--gtest_also_run_disabled_tests --gtest_filter='" + name + "'", env);
+}
+
+// The end of a child's output, which says why it failed, without the megabytes of log before it.
+inline std::string outputTail(const ChildRun& run, size_t bytes = 20000) {
+  return run.output.substr(run.output.size() > bytes ? run.output.size() - bytes : 0);
 }
 
 // The child ran that one test, and it passed.

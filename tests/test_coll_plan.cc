@@ -515,7 +515,7 @@ TEST(CollPlanHost, ChunkedPlansAndEarlyOwnSlotsGiveTheSameBits) {
       zptest::runTestInChild("Qgz*:Qwz*:Hpz*:GradQgzHost.*:AllReduce*",
                              {"ZP_CHUNK_BYTES=4096", "ZP_MAX_CHUNKS=16", "ZP_CHUNK_RAMP=1", "ZP_OWN_SLOT_EARLY_BYTES=0",
                               "ZP_DEBUG=INFO", "ZP_DEBUG_SUBSYS=COLL"});
-  EXPECT_EQ(run.exitCode, 0) << run.output.substr(run.output.size() > 20000 ? run.output.size() - 20000 : 0);
+  EXPECT_EQ(run.exitCode, 0) << zptest::outputTail(run);
   EXPECT_NE(run.output.find("[  PASSED  ]"), std::string::npos);
   EXPECT_EQ(run.output.find("[  FAILED  ]"), std::string::npos);
   // The plans it walked (the log's lines, INFO COLL).

@@ -35,16 +35,8 @@ bool mentions(const std::string& message, const char* what) { return message.fin
 // The tests of this binary matching `filter`, run in a child with `env` added: all of them pass, and at least
 // `atLeast` ran (so that a filter that matches nothing fails). Returns the child's output.
 std::string expectChildSuitesPass(const std::string& filter, const std::vector<std::string>& env, int atLeast) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  EXPECT_GT(n, 0);
-  if (n <= 0) return "";
-  self[n] = '\0';
-  std::string command = "env";
-  for (const std::string& e : env) command += " '" + e + "'";
-  command += std::string(" '") + self + "' --gtest_brief=1 --gtest_filter='" + filter + "' 2>&1";
-  const zptest::ChildRun run = zptest::runCommand(command);
-  EXPECT_EQ(run.exitCode, 0) << run.output.substr(run.output.size() > 20000 ? run.output.size() - 20000 : 0);
+  const zptest::ChildRun run = zptest::runSelf("--gtest_brief=1 --gtest_filter='" + filter + "'", env);
+  EXPECT_EQ(run.exitCode, 0) << zptest::outputTail(run);
   std::smatch m;
   EXPECT_TRUE(std::regex_search(run.output, m, std::regex(R"(\[  PASSED  \] (\d+) tests?)")));
   if (!m.empty()) EXPECT_GE(std::stoi(m[1]), atLeast);
@@ -56,11 +48,12 @@ const char* kSuites = "Qwz*:Hpz*:Qgz*:Shapes/*:MismatchHost*:GradRounding*:GradQ
 
 // Whether a line of the plans' log (INFO COLL) that contains `kind` plans one chunk (`several` false) or several.
 bool loggedPlan(const std::string& log, const std::string& kind, bool several) {
+  const std::regex chunks(R"(, (\d+) chunks?\b)");
   std::istringstream lines(log);
   std::smatch m;
   for (std::string line; std::getline(lines, line);) {
     if (line.find(kind) == std::string::npos) continue;
-    if (std::regex_search(line, m, std::regex(R"(, (\d+) chunks?\b)")) && (std::stoi(m[1]) > 1) == several) return true;
+    if (std::regex_search(line, m, chunks) && (std::stoi(m[1]) > 1) == several) return true;
   }
   return false;
 }

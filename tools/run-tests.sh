@@ -156,9 +156,6 @@ if [ -z "$wheel_skip" ]; then
   fi
 fi
 python_under_test=$ZP_PYTHON
-# A pip install, once more without pip's cache when it fails: a download cut short in an earlier run can leave a
-# cached file that fails its hash check on every later one.
-vinstall() { "$@" || { echo "retrying without pip's cache: ${*: -1}"; "$@" --no-cache-dir; }; }
 # The sanitizers' build (clang, its own folder) runs while pip installs, which mostly waits on downloads and leaves
 # a core idle; it ends before the Python suite, whose multi-process tests keep to their time limits on two cores.
 sanitizer_build=""
@@ -166,6 +163,9 @@ if [ "${ZP_SKIP_SANITIZERS:-0}" != 1 ]; then
   bash "$top/tools/run-sanitizers.sh" --build-only >"$results/sanitizers-build.log" 2>&1 &
   sanitizer_build=$!
 fi
+# A pip install, once more without pip's cache when it fails: a download cut short in an earlier run can leave a
+# cached file that fails its hash check on every later one.
+vinstall() { "$@" || { echo "retrying without pip's cache: ${*: -1}"; "$@" --no-cache-dir; }; }
 if [ -n "$wheel" ]; then
   step "virtual environment with the wheel and torch ($wheel_venv)"
   rm -rf "$wheel_venv"
