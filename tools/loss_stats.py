@@ -335,8 +335,8 @@ CAMPAIGNS = (
          "bf16-compress": ("torch's bf16_compress_hook (a perturbation of the exact run)", None)}),
     Campaign(
         "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-42 of blocks "
-        "of 256 and every seed of blocks of 64 under MPS, which moves no result: NCCL's runs are the same to the last "
-        "bit in every file that holds their seed), 400 steps, cosine decay (ddp_step.py); zpccl: int8 gradients",
+        "of 256, every seed of blocks of 64 and of torch's bf16_compress_hook under MPS, which moves no result: NCCL's "
+        "and the hook's runs are the same to the last bit in every file that holds their seed), 400 steps, cosine decay (ddp_step.py); zpccl: int8 gradients",
         ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json", "2026-12-06-h100x1-ddp-loss-int8-mps-seeds34-185ef4b.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds567-0c6a455.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds8910-0c6a455.json",
@@ -344,11 +344,14 @@ CAMPAIGNS = (
          *(f"2026-12-06-h100x1-ddp-loss-int8-mps-seeds{s}-960e181.json"
            for s in ("131415", "161718", "192021", "222324", "252627", "282930", "313233", "343536")),
          *(f"2026-12-07-h100x1-ddp-loss-int8-mps-seed{s}-128839a.json" for s in range(37, 43)),
-         *(f"2026-12-07-h100x1-ddp-loss-int8-b64-mps-seed{s}-ff14e0a.json" for s in range(40))),
+         *(f"2026-12-07-h100x1-ddp-loss-int8-b64-mps-seed{s}-ff14e0a.json" for s in range(40)),
+         *(f"2026-12-07-h100x1-ddp-loss-bf16c-mps-seed{s}-1ac985b.json" for s in range(40))),
         "nccl",
         {"zpccl grad_block_size=256": ("zpccl.ddp, int8 gradients (blocks of 256)", 0.1),
-         "zpccl grad_block_size=64": ("zpccl.ddp, int8 gradients in blocks of 64", 0.1)},
-        (("zpccl grad_block_size=64", "zpccl grad_block_size=256"),),
+         "zpccl grad_block_size=64": ("zpccl.ddp, int8 gradients in blocks of 64", 0.1),
+         "bf16-compress": ("torch's bf16_compress_hook (a perturbation of the exact run)", None)},
+        (("zpccl grad_block_size=64", "zpccl grad_block_size=256"),
+         ("zpccl grad_block_size=64", "bf16-compress"), ("zpccl grad_block_size=256", "bf16-compress")),
         split_by=("grad_block_size", ("zpccl",))),
     *(Campaign(
         f"ddp-small-cpu-int{bits}", f"2-layer d 128 GPT as one DDP replica per rank (gloo), 2 ranks as 2 nodes (host "
