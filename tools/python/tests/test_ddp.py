@@ -531,6 +531,60 @@ def _replicate_refusals(_: int) -> list[tuple[str, str]]:
     return seen
 
 
+def _hsdp_unused_rank(_: int) -> dict[str, Any]:
+    """One rank of a 2x2 mesh (replicate, shard) training, under zpccl.ddp.enable_replicate alone ("replicate") and
+    with zpccl.fsdp as well ("replicate+fsdp"), one FSDP module whose middle layer the forward skips on step 1: for
+    each step, the replicate hook's input and output and the padded shard sizes of the parameters that got a
+    gradient, in order; whether FSDP's own parameter group is back once both are closed."""
+    torch = _setup()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import zpccl.ddp
+    import zpccl.fsdp
+
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.side, self.b = nn.Linear(37, 53), nn.Linear(53, 53), nn.Linear(53, 11)
+
+        def forward(self, x: Any, use_side: bool) -> Any:
+            h = torch.tanh(self.a(x))
+            return self.b(h + self.side(h) if use_side else h)
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    out: dict[str, Any] = {}
+    for mode in ("replicate", "replicate+fsdp"):
+        torch.manual_seed(0)
+        model = Net()
+        fully_shard(model, mesh=mesh["shard"])
+        state = zpccl.ddp.enable_replicate(model, mesh["replicate"], grad_bits=8, block_size=BLOCK)
+        fsdp = zpccl.fsdp.enable(model, block_size=BLOCK, grad_bits=8) if mode == "replicate+fsdp" else None
+        pg = model._get_fsdp_state()._fsdp_param_groups[0]
+        hook, seen = pg._all_reduce_hook, []
+
+        def recording(output: Any, hook: Any = hook, seen: list[Any] = seen) -> None:
+            before = output.clone()
+            hook(output)
+            seen.append((before.numpy().copy(), output.numpy().copy()))
+
+        pg._all_reduce_hook = recording
+        g = torch.Generator().manual_seed(40 + torch.distributed.get_rank())
+        sizes = []
+        for step in range(3):
+            model(torch.randn(6, 37, generator=g), step != 1).pow(2).mean().backward()
+            sizes.append([p.padded_sharded_param_size.numel() for p in pg.fsdp_params
+                          if p.sharded_param.grad is not None])
+            model.zero_grad(set_to_none=True)
+        if fsdp is not None:
+            fsdp.disable()
+        state.close()
+        out[mode] = dict(seen=seen, sizes=sizes, restored="_take_unsharded_grads_to_reduce" not in vars(pg))
+    return out
+
+
 def header_bound(parts: list[np.ndarray], bits: int, two_hops: bool) -> np.ndarray:
     """include/zpccl.h's bound of |out - exact average| for one parameter, with the parameter's maxima in place of
     each block's (every block of it lies inside it, blocks restarting at parameters): no smaller than the bound."""
@@ -821,6 +875,38 @@ class HsdpReplicateHook(unittest.TestCase):
                 self.assertIn(want, text, f"rank {rank}")
 
 
+    def test_blocks_restart_at_parameters_when_a_branch_is_unused(self) -> None:
+        """A step whose forward skips a layer in the middle of an FSDP module: FSDP reduces the other parameters'
+        shards, and the replicate all-reduce restarts blocks at each of them, bit for bit the NumPy model of their
+        staged shards over the replicate group; alone and with zpccl.fsdp serving the shard group as well."""
+        torch_for_procs()
+        got = zpccl.launch.spawn(_hsdp_unused_rank, 4, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        for mode in ("replicate", "replicate+fsdp"):
+            for r in range(2):
+                peers = [got[r][mode], got[r + 2][mode]]  # the replicate group {r, r + 2}
+                self.assertTrue(all(p["restored"] for p in peers), f"{mode}: FSDP's group still wrapped after close")
+                for step in range(3):
+                    with self.subTest(mode=mode, replicate_group=(r, r + 2), step=step):
+                        sizes = peers[0]["sizes"][step]
+                        self.assertEqual(peers[1]["sizes"][step], sizes)
+                        if step == 1:
+                            self.assertLess(len(sizes), 6, "the test means a parameter without a gradient")
+                        inputs = [p["seen"][step][0] for p in peers]
+                        staged = []
+                        for x in inputs:
+                            bounds = np.cumsum([0] + sizes)
+                            staged.append(np.concatenate([_staged_part(x[lo:hi], BLOCK, last=(j == len(sizes) - 1))
+                                                          for j, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]))
+                        reduced = ref.quant_all_reduce(staged, ref.F32, "avg", 8, BLOCK, [0, 0])
+                        at, expected = 0, []
+                        for j, n in enumerate(sizes):
+                            expected.append(reduced[at:at + n])
+                            at += n if j == len(sizes) - 1 else -(-n // BLOCK) * BLOCK
+                        for p in peers:
+                            self.assertTrue(np.array_equal(p["seen"][step][1], np.concatenate(expected)),
+                                            "differs from the model with blocks restarting at each parameter")
+
+
 class ShardHookHeldOutputs(unittest.TestCase):
     """The HSDP hook's accumulation in one process, on a parameter group and a state that record what they get:
     outputs of micro-batches with all_reduce_grads False are zeroed and summed, the next all-reducing micro-batch
@@ -833,7 +919,7 @@ class ShardHookHeldOutputs(unittest.TestCase):
         from zpccl.ddp._api import _ShardHook
 
         reduced: list[Any] = []
-        state = SimpleNamespace(call="zpccl.ddp.enable_replicate", _live=lambda: None,
+        state = SimpleNamespace(call="zpccl.ddp.enable_replicate", _live=lambda: None, on_close=lambda undo: None,
                                 all_reduce=lambda t, sizes: reduced.append((t.clone(), sizes)))
         param = SimpleNamespace(padded_sharded_param_size=torch.Size([4]),
                                 sharded_param=SimpleNamespace(requires_grad=True))

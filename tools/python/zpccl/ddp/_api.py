@@ -237,7 +237,9 @@ def _replicate_group(group: Any, shard_groups: dict[Any, str], call: str) -> Any
 
 class _ShardHook:
     """The all-reduce hook of one FSDP parameter group: its reduce-scatter output (each parameter's padded shard,
-    for the parameters that got a gradient) averaged over the replicate group, blocks restarting at each.
+    for the parameters that got a gradient) averaged over the replicate group, blocks restarting at each. FSDP tells
+    which parameters those are where this torch lets it (``watch_reduced_params``): a parameter without a gradient
+    (a branch the step skipped) may sit anywhere in the group, where sizes alone cannot place the boundaries.
 
     Gradient accumulation as HSDP makes it, ``set_requires_all_reduce(False)`` on all but the last micro-batch, is
     honoured: on the 1-D shard mesh FSDP calls the hook whatever that flag says and adds its output to the sharded
@@ -246,12 +248,17 @@ class _ShardHook:
     native HSDP reduces its partial sum."""
 
     def __init__(self, state: QuantAllReduce, pg: Any) -> None:
+        from ..fsdp._torch_fsdp import unwatch_reduced_params, watch_reduced_params
+
         params = list(pg.fsdp_params)
         self.state, self.pg = state, pg
         self.candidates = [[p.padded_sharded_param_size.numel() for p in subset]
                            for subset in ([p for p in params if p.sharded_param.requires_grad], params)]
         self.held: Any = None  # the sum of the outputs held back, valid while self.holding
         self.holding = False
+        self.reduced: list[Any] | None = None  # the parameters of the next output, as FSDP tells them
+        watch_reduced_params(pg, self)
+        state.on_close(lambda: unwatch_reduced_params(pg, self))
 
     def __call__(self, output: Any) -> None:
         if not getattr(self.pg, "all_reduce_grads", True):
@@ -261,13 +268,21 @@ class _ShardHook:
             self._check_held(output)
             output += self.held
             self.holding = False
-        count = output.numel()
-        # Parameters that do not add up to the output (an extension of FSDP's): all_reduce says so once.
-        sizes = next((s for s in self.candidates if sum(s) == count), self.candidates[-1])
-        self.state.all_reduce(output, sizes)
+        self.state.all_reduce(output, self._sizes(output.numel()))
+
+    def _sizes(self, count: int) -> list[int]:
+        """The parts of an output of ``count`` elements: the parameters FSDP told (each told once), else the group's
+        trainable ones or all of them; parameters that do not add up to the output (an extension of FSDP's):
+        all_reduce says so once."""
+        told, self.reduced = self.reduced, None
+        sizes = [p.padded_sharded_param_size.numel() for p in told or ()]
+        if sizes and sum(sizes) == count:
+            return sizes
+        return next((s for s in self.candidates if sum(s) == count), self.candidates[-1])
 
     def _hold(self, output: Any) -> None:
         self.state._live()
+        self.reduced = None
         if self.holding:
             self._check_held(output)
             self.held += output

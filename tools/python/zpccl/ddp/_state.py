@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .._arrays import QUANT_TYPE_NAMES, QUANT_TYPES_IN_WORDS, dtype_name
 from .._policy import ZeroPlusPlusPolicy
@@ -64,6 +64,7 @@ class QuantAllReduce:
         self._zeros = {d: torch.zeros(block, dtype=d, device=device) for d in dtypes} if policy.param_blocks else {}
         self._plans: dict[tuple[tuple[int, ...], Any], list[tuple[int, int, BlockLayout | None]]] = {}
         self._shards: dict[int, int] = {}
+        self._at_close: list[Callable[[], None]] = []
         log.info("zpccl.ddp: %s over %d ranks (%s, %d node(s)), int%d in blocks of %d%s, staging %d bytes", call,
                  self.nranks, comm.backend.name.lower(), comm.node_count, policy.grad_bits, block,
                  ", blocks restart at parameters" if policy.param_blocks else "", self.staging_bytes)
@@ -143,8 +144,15 @@ class QuantAllReduce:
         """Destroys the communicator and drops the buffers. Idempotent; a later call raises."""
         comm, self.comm = self.comm, None
         self.stage, self._zeros = None, {}
+        at_close, self._at_close = self._at_close, []
+        for undo in at_close:
+            undo()
         if comm is not None:
             comm.close()
+
+    def on_close(self, undo: Callable[[], None]) -> None:
+        """Runs ``undo`` at :meth:`close` (what a hook of this state set up on the framework's objects)."""
+        self._at_close.append(undo)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         """Refused: the communicator, its buffers and its peers live in this process. ``torch.save`` or

@@ -148,7 +148,7 @@ class ZeroPlusPlus(Session):
             if served.hooked:
                 served.param_group._all_gather_comm = served.all_gather
                 served.param_group._reduce_scatter_comm = served.reduce_scatter
-                unwatch_reduced_params(served.param_group)
+                unwatch_reduced_params(served.param_group, served)
             off_wrapped(served.param_group)  # hpz_size's check may be there before the hooks (a failed enable)
             if served.post_forward is not None:
                 served.post_forward.restore(served.param_group)

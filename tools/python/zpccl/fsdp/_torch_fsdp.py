@@ -113,25 +113,40 @@ def fsdp_modules(model: Any) -> list[tuple[str, Any]]:
     return [(name, m) for name, m in model.named_modules() if callable(getattr(m, "_get_fsdp_state", None))]
 
 
+_WATCHERS = "_zpccl_reduced_watchers"
+
+
 def watch_reduced_params(pg: Any, served: Any) -> None:
     """Has FSDP's parameter group tell ``served.reduced`` the parameters whose gradients its next reduce-scatter
     holds, where this torch's FSDPParamGroup takes them through ``_take_unsharded_grads_to_reduce``: a parameter
     without a gradient (an unused branch) may sit anywhere in the group, and sizes alone cannot always tell which.
-    Elsewhere ``served.reduced`` stays None (the parameters are then told by their sizes)."""
+    Elsewhere ``served.reduced`` stays None (the parameters are then told by their sizes). Several may watch one
+    group (zpccl.fsdp's reduce-scatter and zpccl.ddp's replicate hook): each is told."""
     take = getattr(type(pg), "_take_unsharded_grads_to_reduce", None)
     if take is None:
         return
+    watchers = pg.__dict__.get(_WATCHERS)
+    if watchers is None:
+        watchers = pg.__dict__[_WATCHERS] = []
 
-    def take_and_tell() -> Any:
-        params, grads = take(pg)
-        served.reduced = list(params)
-        return params, grads
+        def take_and_tell() -> Any:
+            params, grads = take(pg)
+            for watcher in watchers:
+                watcher.reduced = list(params)
+            return params, grads
 
-    pg._take_unsharded_grads_to_reduce = take_and_tell
+        pg._take_unsharded_grads_to_reduce = take_and_tell
+    if not any(w is served for w in watchers):
+        watchers.append(served)
 
 
-def unwatch_reduced_params(pg: Any) -> None:
-    pg.__dict__.pop("_take_unsharded_grads_to_reduce", None)
+def unwatch_reduced_params(pg: Any, served: Any) -> None:
+    """Stops telling ``served``; FSDP's own method is back once nobody watches."""
+    watchers = pg.__dict__.get(_WATCHERS, [])
+    watchers[:] = [w for w in watchers if w is not served]
+    if not watchers:
+        pg.__dict__.pop(_WATCHERS, None)
+        pg.__dict__.pop("_take_unsharded_grads_to_reduce", None)
 
 
 def fsdp_modules_anywhere() -> list[Any] | None:
