@@ -375,6 +375,45 @@ def _join_rank(_: int) -> dict[str, Any]:
     return out
 
 
+def _ignored_params_rank(_: int) -> dict[str, Any]:
+    """A model whose sparse embedding table and float64 parameter DDP ignores
+    (``_set_params_and_buffers_to_ignore_for_model``, as models that reduce such tables themselves do), the rest
+    served by zpccl: whether enable refused it, its staging bytes, the dense layer's gradients after a backward, the
+    hook's calls."""
+    torch = _setup()
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import zpccl.ddp
+
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = nn.EmbeddingBag(5000, 64, sparse=True)
+            self.fc, self.gate = nn.Linear(64, 9), nn.Module()
+            self.gate.temperature = nn.Parameter(torch.ones((), dtype=torch.float64))
+
+        def forward(self, ids: Any) -> Any:
+            return self.fc(self.table(ids)) * self.gate.temperature.float()
+
+    torch.manual_seed(0)
+    net = Net()
+    DDP._set_params_and_buffers_to_ignore_for_model(net, ["table.weight", "gate.temperature"])
+    model = DDP(net, bucket_cap_mb=VARIANT_BUCKET_MB)
+    try:
+        state = zpccl.ddp.enable(model, grad_bits=8, block_size=BLOCK)
+    except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
+        return dict(refused=f"{type(exc).__name__}: {exc}")
+    g = torch.Generator().manual_seed(60 + torch.distributed.get_rank())
+    model(torch.randint(0, 5000, (4, 3), generator=g)).pow(2).mean().backward()
+    out = dict(refused=None, staging=state.staging_bytes, fc=[p.grad.numpy().copy() for p in net.fc.parameters()],
+               fc_bytes=sum(p.numel() * p.element_size() for p in net.fc.parameters()),
+               calls=state.summary()["quant_all_reduce"]["calls"])
+    state.close()
+    return out
+
+
 def _copy_refusals(_: int) -> list[tuple[str, str]]:
     """Pickling (torch.save) and copying a zpccl.ddp state, and the DDP model it hooks: each refusal's exception
     type and message."""
@@ -757,6 +796,17 @@ class DdpCommHook(DdpChecks):
                 self.assertEqual(kind, "ZpcclTypeError", text)
                 self.assertIn(what, text, f"rank {rank}")
             self.assertEqual(seen[3], ("calls", "1"), f"rank {rank}: the state stopped serving after the refusals")
+
+    def test_parameters_ddp_ignores_are_left_alone(self) -> None:
+        """Parameters DDP ignores never reach the hook: a sparse embedding table and a float64 parameter among them
+        are not refused, and the staging buffer is sized for the parameters DDP reduces, not for the table."""
+        got = zpccl.launch.spawn(_ignored_params_rank, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        for rank, out in enumerate(got):
+            self.assertIsNone(out["refused"], f"rank {rank}")
+            self.assertGreater(out["calls"], 0, f"rank {rank}")
+            self.assertLessEqual(out["staging"], out["fc_bytes"] + 2 * BLOCK * 4, f"rank {rank}: staging")
+            for a, b in zip(out["fc"], got[0]["fc"]):
+                self.assertTrue(np.array_equal(a, b), f"rank {rank}: differs from rank 0")
 
     def test_direct_calls_take_any_shape_and_refuse_strides(self) -> None:
         """QuantAllReduce.all_reduce on a tensor of any shape reduces its elements in order (a 2-D tensor gives the

@@ -56,10 +56,12 @@ def make_state(model: Any, policy: ZeroPlusPlusPolicy | None = None, **options: 
 def _state_for(model: Any, policy: ZeroPlusPlusPolicy | None, options: dict[str, Any], call: str) -> QuantAllReduce:
     ddp = _ddp(model, call)
     policy = resolve(call, policy, options)
-    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    # The parameters DDP reduces: those it ignores (parameters_to_ignore, by name) never reach the hook.
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()))
+    params = [p for name, p in ddp.module.named_parameters() if p.requires_grad and name not in ignored]
     if not params:
         raise ZpcclValueError(f"{call}: the model has no parameter that requires a gradient", call)
-    _refuse_sparse(ddp.module, call)
+    _refuse_sparse(ddp.module, ignored, call)
     return QuantAllReduce(ddp.process_group, policy, device=params[0].device, dtypes=[p.dtype for p in params],
                           staging_bytes=_largest_bucket_bytes(ddp, params, policy.grad_block), call=call)
 
@@ -135,15 +137,16 @@ def _ddp(model: Any, call: str) -> Any:
     return model
 
 
-def _refuse_sparse(module: Any, call: str) -> None:
+def _refuse_sparse(module: Any, ignored: set[str], call: str) -> None:
     """Refuses a model with an embedding that makes sparse gradients: DDP hands each such gradient to the hook as a
     bucket of its own, a sparse tensor, which the all-reduce cannot take (the hook would fail at the first
-    backward)."""
+    backward). An embedding whose parameters DDP ignores (``ignored``, their names) never reaches the hook."""
     import torch
 
     for name, m in module.named_modules():
         sparse = isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
-        if sparse and any(p.requires_grad for p in m.parameters(recurse=False)):
+        served = [p for n, p in m.named_parameters(prefix=name, recurse=False) if n not in ignored]
+        if sparse and any(p.requires_grad for p in served):
             raise ZpcclValueError(f"{call}: module {name!r} ({type(m).__name__}) makes sparse gradients, which "
                                   "zpQuantAllReduce does not reduce: construct it with sparse=False, or keep DDP's own "
                                   "all-reduce for this model", call)
