@@ -624,6 +624,58 @@ def _hsdp_unused_rank(_: int) -> dict[str, Any]:
     return out
 
 
+def _hsdp_experts_rank(unused_reduced: bool) -> dict[str, Any]:
+    """One rank of a (2, 1) mesh (replicate, shard) accumulating two micro-batches a step as HSDP does
+    (set_requires_all_reduce(False) on the first) through a module of two experts of one size, the first
+    micro-batch routed to expert 0, the second to expert 1; with FSDP's set_reduce_scatter_unused_params as given.
+    Each expert's gradient after the step and the exact average over the replicas of the local ones, or the step's
+    refusal."""
+    torch = _setup()
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import zpccl.ddp
+
+    nn = torch.nn
+
+    class Experts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.experts = nn.Linear(8, 40), nn.ModuleList([nn.Linear(40, 40), nn.Linear(40, 40)])
+
+        def forward(self, x: Any, expert: int) -> Any:
+            return self.experts[expert](torch.tanh(self.inp(x)))
+
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    model = Experts()
+    twin = copy.deepcopy(model)
+    fully_shard(model, mesh=mesh["shard"])
+    model.set_reduce_scatter_unused_params(unused_reduced)
+    state = zpccl.ddp.enable_replicate(model, mesh["replicate"], grad_bits=8, block_size=BLOCK)
+    g = torch.Generator().manual_seed(70 + dist.get_rank())
+    xs = [torch.randn(4, 8, generator=g) for _ in range(2)]
+    out: dict[str, Any] = {}
+    try:
+        for expert, x in enumerate(xs):
+            model.set_requires_all_reduce(expert == 1)
+            model(x, expert).pow(2).mean().backward()
+            twin(x, expert).pow(2).mean().backward()
+    except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
+        out["refused"] = f"{type(exc).__name__}: {exc}"
+    else:
+        out["got"] = [e.weight.grad.to_local().numpy().copy() for e in model.experts]
+        exact = [e.weight.grad.clone() for e in twin.experts]
+        for t in exact:
+            dist.all_reduce(t)
+        out["exact"] = [(t / 2).numpy() for t in exact]
+    state.close()
+    return out
+
+
 def header_bound(parts: list[np.ndarray], bits: int, two_hops: bool) -> np.ndarray:
     """include/zpccl.h's bound of |out - exact average| for one parameter, with the parameter's maxima in place of
     each block's (every block of it lies inside it, blocks restarting at parameters): no smaller than the bound."""
@@ -957,6 +1009,28 @@ class HsdpReplicateHook(unittest.TestCase):
                                             "differs from the model with blocks restarting at each parameter")
 
 
+    def test_accumulating_micro_batches_that_use_different_experts(self) -> None:
+        """Micro-batches accumulated with set_requires_all_reduce(False) whose gradients are for different
+        parameters of one size (two experts, each micro-batch routed to one): the held sum is never added to another
+        parameter's gradient. Refused by name, saying what serves it; with set_reduce_scatter_unused_params(True)
+        every expert's gradient is within int8's error of the exact average."""
+        torch_for_procs()
+        env = {"OMP_NUM_THREADS": "1"}
+        refused = zpccl.launch.spawn(_hsdp_experts_rank, 2, False, env=env, timeout=300)
+        for rank, out in enumerate(refused):
+            self.assertIn("refused", out, f"rank {rank}: accumulated across different parameters")
+            self.assertIn("zpccl.ddp.enable_replicate: micro-batches accumulated with set_requires_all_reduce(False) "
+                          "gave gradients for different parameters", out["refused"])
+            self.assertIn("set_reduce_scatter_unused_params(True)", out["refused"])
+        served = zpccl.launch.spawn(_hsdp_experts_rank, 2, True, env=env, timeout=300)
+        for rank, out in enumerate(served):
+            self.assertNotIn("refused", out, out.get("refused"))
+            for e, (got, exact) in enumerate(zip(out["got"], out["exact"])):
+                err = float(np.abs(got - exact).max())
+                self.assertLess(err, 0.02 * float(np.abs(exact).max()), f"rank {rank} expert {e}")
+                self.assertTrue(np.array_equal(got, served[0]["got"][e]), f"rank {rank} expert {e}: replicas differ")
+
+
 class ShardHookHeldOutputs(unittest.TestCase):
     """The HSDP hook's accumulation in one process, on a parameter group and a state that record what they get:
     outputs of micro-batches with all_reduce_grads False are zeroed and summed, the next all-reducing micro-batch
@@ -994,7 +1068,9 @@ class ShardHookHeldOutputs(unittest.TestCase):
         with self.assertRaises(zpccl.ZpcclError) as caught:
             hook(torch.ones(4))
         self.assertIn("zpccl.ddp.enable_replicate: micro-batches accumulated with set_requires_all_reduce(False) "
-                      "gave reduce-scatter outputs of (8,) torch.float32 and (4,) torch.float32", str(caught.exception))
+                      "gave gradients for different parameters (reduce-scatter outputs of (8,) torch.float32 and "
+                      "(4,) torch.float32), which the replicate all-reduce cannot add up: call "
+                      "set_reduce_scatter_unused_params(True)", str(caught.exception))
 
 
 class DdpOnGpu(DdpChecks):

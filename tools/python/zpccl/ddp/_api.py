@@ -248,7 +248,9 @@ class _ShardHook:
     honoured: on the 1-D shard mesh FSDP calls the hook whatever that flag says and adds its output to the sharded
     gradient, so the hook holds such outputs back (their sum, in a buffer of one reduced shard made at the first
     one) and hands FSDP zeros; the next micro-batch that all-reduces reduces its output plus that sum, once, as
-    native HSDP reduces its partial sum."""
+    native HSDP reduces its partial sum. Outputs for different parameters (a branch or an expert a micro-batch
+    skipped) are refused, where FSDP tells them or their shapes differ: their sum would add one parameter's
+    gradient to another's."""
 
     def __init__(self, state: QuantAllReduce, pg: Any) -> None:
         from ..fsdp._torch_fsdp import unwatch_reduced_params, watch_reduced_params
@@ -258,6 +260,7 @@ class _ShardHook:
         self.candidates = [[p.padded_sharded_param_size.numel() for p in subset]
                            for subset in ([p for p in params if p.sharded_param.requires_grad], params)]
         self.held: Any = None  # the sum of the outputs held back, valid while self.holding
+        self.held_params: list[Any] | None = None  # their parameters, where FSDP told them
         self.holding = False
         self.reduced: list[Any] | None = None  # the parameters of the next output, as FSDP tells them
         watch_reduced_params(pg, self)
@@ -268,7 +271,7 @@ class _ShardHook:
             self._hold(output)
             return
         if self.holding:
-            self._check_held(output)
+            self._check_held(output, self.reduced)
             output += self.held
             self.holding = False
         self.state.all_reduce(output, self._sizes(output.numel()))
@@ -285,25 +288,37 @@ class _ShardHook:
 
     def _hold(self, output: Any) -> None:
         self.state._live()
-        self.reduced = None
+        told, self.reduced = self.reduced, None
         if self.holding:
-            self._check_held(output)
+            self._check_held(output, told)
             self.held += output
-        elif self.held is not None and self.held.shape == output.shape and self.held.dtype == output.dtype:
-            self.held.copy_(output)
         else:
-            self.held = output.clone()
+            if self.held is not None and self.held.shape == output.shape and self.held.dtype == output.dtype:
+                self.held.copy_(output)
+            else:
+                self.held = output.clone()
+            self.held_params = told
         self.holding = True
         output.zero_()
 
-    def _check_held(self, output: Any) -> None:
-        if self.held.shape != output.shape or self.held.dtype != output.dtype:
+    def _check_held(self, output: Any, told: list[Any] | None) -> None:
+        """Refuses an output that is not for the held sum's parameters (``told``: its parameters, where known)."""
+        same_params = told is None or self.held_params is None or (
+            len(told) == len(self.held_params) and all(a is b for a, b in zip(told, self.held_params)))
+        if self.held.shape != output.shape or self.held.dtype != output.dtype or not same_params:
             call = self.state.call
+            names = ""
+            if not same_params:
+                def fqns(params: list[Any]) -> str:
+                    return ", ".join(str(getattr(p, "_param_fqn", None) or "?") for p in params)
+
+                names = f", of parameters [{fqns(self.held_params or [])}] and [{fqns(told or [])}]"
             raise ZpcclError(Result.INVALID_USAGE, f"{call}: micro-batches accumulated with set_requires_all_reduce("
-                             f"False) gave reduce-scatter outputs of {tuple(self.held.shape)} {self.held.dtype} and "
-                             f"{tuple(output.shape)} {output.dtype} (gradients for different parameters), which the "
-                             "replicate all-reduce cannot add up: give every micro-batch gradients for the same "
-                             "parameters", call)
+                             "False) gave gradients for different parameters (reduce-scatter outputs of "
+                             f"{tuple(self.held.shape)} {self.held.dtype} and {tuple(output.shape)} {output.dtype}"
+                             f"{names}), which the replicate all-reduce cannot add up: call "
+                             "set_reduce_scatter_unused_params(True) on the FSDP modules, so that every micro-batch "
+                             "reduces every parameter (zeros for those it skipped)", call)
 
 
 def _staged_bytes(pg: Any, block: int, dtype: Any) -> int:
