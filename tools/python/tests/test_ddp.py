@@ -473,6 +473,34 @@ def _direct_calls(_: int) -> list[Any]:
     return out
 
 
+def _unstaged_pieces(_: int) -> dict[str, Any]:
+    """QuantAllReduce with blocks from the tensor's start (param_blocks=False) over 2 ranks: a tensor of 1000
+    elements reduced with calls of at most 4 blocks of fp32 (staging_bytes 512), and with one call; the counts of
+    the calls each made, and both results."""
+    torch = _setup()
+    import zpccl.ddp
+
+    rank = torch.distributed.get_rank()
+    policy = zpccl.ZeroPlusPlusPolicy(weight_bits=None, grad_bits=8, hpz=False, block_size=BLOCK, param_blocks=False)
+    values = (torch.arange(1000, dtype=torch.float32) * 0.37 + rank).sin() * (rank + 1)
+    out: dict[str, Any] = {}
+    for name, staging in (("pieces", 4 * BLOCK * 4), ("whole", 1024 * 4)):
+        with zpccl.ddp.QuantAllReduce(None, policy, device=torch.device("cpu"), dtypes=[torch.float32],
+                                      staging_bytes=staging, call="test") as state:
+            calls: list[int] = []
+            reduce = state.comm.quant_all_reduce
+
+            def counted(send: Any, *args: Any, reduce: Any = reduce, calls: list[int] = calls, **kwargs: Any) -> Any:
+                calls.append(send.numel())
+                return reduce(send, *args, **kwargs)
+
+            state.comm.quant_all_reduce = counted
+            got = values.clone()  # each rank's own: a part no call reduced would differ between the ranks
+            state.all_reduce(got, [600, 400])
+            out[name] = (calls, got.numpy())
+    return out
+
+
 class _SparseBucket:
     """A DDP bucket as DDP hands one of a parameter with sparse gradients: its buffer is the sparse gradient."""
 
@@ -872,6 +900,18 @@ class DdpCommHook(DdpChecks):
             self.assertEqual(scalar, 1.5, f"rank {rank}")
             self.assertEqual(refused[0], "ZpcclValueError", refused[1])
             self.assertIn("test: tensor of shape (15, 5) and strides (1, 15) is not contiguous", refused[1])
+
+    def test_unstaged_calls_stay_within_the_reserved_bytes(self) -> None:
+        """With blocks from the tensor's start (param_blocks=False), a tensor larger than the bytes the scratch is
+        reserved for (DDP's first bucket, every parameter) goes in calls of whole blocks within them, with the bits
+        of one call."""
+        got = zpccl.launch.spawn(_unstaged_pieces, 2, 0, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+        for rank, out in enumerate(got):
+            pieces, whole = out["pieces"], out["whole"]
+            self.assertEqual(whole[0], [1000], f"rank {rank}")
+            self.assertEqual(pieces[0], [128] * 7 + [104], f"rank {rank}")
+            self.assertTrue(np.array_equal(pieces[1], whole[1]), f"rank {rank}: pieces differ from one call")
+            self.assertTrue(np.array_equal(pieces[1], got[0]["pieces"][1]), f"rank {rank} differs from rank 0")
 
     def test_ranks_per_node_numbers_the_worlds_ranks(self) -> None:
         """ranks_per_node lays out the world, not each group in its own numbering: the replicate groups of two

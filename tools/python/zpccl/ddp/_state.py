@@ -22,9 +22,9 @@ class QuantAllReduce:
 
     Made once (by :func:`~zpccl.ddp.enable`, :func:`~zpccl.ddp.make_state` or :func:`~zpccl.ddp.enable_replicate`):
     the communicator over the group (``Comm.from_torch_group``: the host backend on a gloo group of CPU tensors),
-    its scratch reserved on CUDA, and, where blocks restart at parameter boundaries, a staging buffer of
-    ``staging_bytes`` and a zero block per element type. A call then allocates nothing: a tensor larger than the
-    staging buffer is reduced in pieces (:meth:`all_reduce`). ``summary()`` counts the calls and bytes; :meth:`close` destroys the
+    its scratch reserved on CUDA for collectives of ``staging_bytes``, and, where blocks restart at parameter
+    boundaries, a staging buffer of that size and a zero block per element type. A call then allocates nothing: a
+    tensor larger than ``staging_bytes`` is reduced in pieces (:meth:`all_reduce`). ``summary()`` counts the calls and bytes; :meth:`close` destroys the
     communicator, after which a call raises.
     """
 
@@ -58,6 +58,8 @@ class QuantAllReduce:
                              call) from exc
         self.comm = comm
         self.nranks = comm.nranks
+        #: The most bytes one zpQuantAllReduce call takes: what the communicator's scratch is reserved for.
+        self.call_bytes = max(staging_bytes, 1)
         self.stage = Staging(torch, device, staging_bytes) if policy.param_blocks else None
         self.staging_bytes = staging_bytes if policy.param_blocks else 0
         block = policy.grad_block
@@ -79,6 +81,8 @@ class QuantAllReduce:
 
         Parts are staged together as far as the staging buffer holds them; a tensor larger than it (DDP's first
         iteration puts every parameter in one bucket) is reduced in pieces of whole parts, a part alone in place.
+        Unstaged (blocks from the tensor's start), a tensor larger than ``call_bytes`` is reduced in pieces of whole
+        blocks, so that no call outgrows the scratch reserved for it.
         Every output element depends only on its block's values on every rank (the shards and the gather cut at
         block boundaries), so the pieces give the bits one call would, except for stochastic rounding, whose draws
         follow the shards: deterministic and equal on every rank all the same."""
@@ -179,11 +183,11 @@ class QuantAllReduce:
         """(offset, count, staged layout or None: in place) of each call that reduces a tensor of parts of these
         sizes; made once per shape."""
         if self.stage is None or not sizes or len(sizes) == 1:
-            return [(0, count, None)]
+            return self._block_pieces(count, dtype)
         if sum(sizes) != count:
             self.report.say_once("sizes", f"a tensor of {count} elements whose parameters hold {sum(sizes)}: its "
                                  "blocks run across parameters", logging.INFO)
-            return [(0, count, None)]
+            return self._block_pieces(count, dtype)
         key = (tuple(sizes), dtype)
         pieces = self._plans.get(key)
         if pieces is not None:
@@ -202,6 +206,14 @@ class QuantAllReduce:
             i = j
         self._plans[key] = pieces
         return pieces
+
+    def _block_pieces(self, count: int, dtype: Any) -> list[tuple[int, int, BlockLayout | None]]:
+        """In-place calls over a tensor of ``count`` elements whose blocks run from its start: one, or pieces of
+        whole blocks of at most ``call_bytes`` (a block's outputs depend on that block alone, so the pieces give one
+        call's bits)."""
+        block = self.policy.grad_block
+        piece = max(self.call_bytes // dtype.itemsize // block, 1) * block
+        return [(offset, min(piece, count - offset), None) for offset in range(0, count, piece)] or [(0, 0, None)]
 
     def _zero_block(self, dtype: Any) -> Any:
         zeros = self._zeros.get(dtype)
