@@ -24,6 +24,8 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   and zpccl; GatheredParameters with a modifier rank (read back exact, the next fetch hpZ from the rebuilt secondary
   partitions); a model built under zero.Init with its weights loaded as from_pretrained does; tied weights, a block
   used twice, activation checkpointing (reentrant or not) and a frozen layer with an adapter, every call checked.
+* One node of two ranks, engines beside a training engine: one made without an optimizer (inference) from the
+  training config, its forward's qwZ gathers checked bit for bit and no reduction communicator made.
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
   and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
@@ -1228,6 +1230,33 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
     return out
 
 
+def _engines(rank: int) -> dict[str, Any]:
+    """World E: one node of two ranks, engines as users make them beside a training engine: one without an optimizer
+    (inference, a reference model) built from the training config, its forward's gathers checked bit for bit."""
+    torch, deepspeed, dist = _setup()
+    from deepspeed.utils import groups
+
+    import zpccl.deepspeed
+
+    out: dict[str, Any] = {}
+
+    # No optimizer: DeepSpeed holds ZeRO-3's parameter offload in the optimizer's place, which reduces nothing. The
+    # training config's ZeRO++ switches still ask for qwZ, which serves the forward's gathers.
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+    made: list[Any] = []
+    out["inference_refused"] = refusal(lambda: made.append(zpccl.deepspeed.initialize(
+        model=build_model(torch), config=ds_config(quantized=True))[0]))
+    if made:
+        engine = made[0]
+        zp = zpccl.deepspeed.session_of(engine)
+        exact = Exact(torch, zp, [0] * dist.get_world_size())
+        losses = [evaluate(torch, engine, rank) for _ in range(2)]
+        out["inference"] = dict(losses=losses, summary=zp.summary(), checked=exact.verify(),
+                                reduce=zp.collectives.reduce is not None)
+        zp.disable()
+    return out
+
+
 # ---- the tests ----------------------------------------------------------------------------------------------------
 
 
@@ -1737,6 +1766,22 @@ class DeepSpeedUserFeatures(_OneSpawn):
                         # The recomputation gathers what the forward gathered: either way, the same steps.
                         other = o[f"features{hpz}{not reentrant:d}"][True]
                         self.assertEqual(zp["losses"], other["losses"])
+
+
+class DeepSpeedEngines(_OneSpawn):
+    """Two ranks on one node: an engine without an optimizer (one spawn)."""
+
+    ranks, local, target, scratch, timeout = 2, 2, staticmethod(_engines), False, 200
+
+    def test_engine_without_an_optimizer_serves_its_gathers(self) -> None:
+        for o in self.out:
+            self.assertEqual(o["inference_refused"], "")
+            run = o["inference"]
+            self.assertEqual(set(run["summary"]), {"qwz"}, run["summary"])
+            self.assertEqual(run["checked"], {"qwz": run["summary"]["qwz"]["calls"], "qgz": 0})
+            self.assertFalse(run["reduce"])  # no communicator for reductions that never come
+            self.assertEqual(run["losses"][0], run["losses"][1])
+            self.assertTrue(all(np.isfinite(run["losses"])))
 
 
 class DeepSpeedExample(unittest.TestCase):

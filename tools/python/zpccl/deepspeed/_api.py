@@ -71,6 +71,9 @@ def enable(engine: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any
     DeepSpeed's ``zero_hpz_partition_size`` here, and ``error_feedback`` is refused (DeepSpeed's gradient buckets
     have no fixed shape to keep a residual for).
 
+    An engine made without an optimizer (inference, a reference model) reduces no gradients: its gathers are
+    served, and ``grad_bits`` has nothing to serve there.
+
     An engine built with ``zero_quantized_weights`` is refused (DeepSpeed quantizes before it hands the gathers
     over): build it with :func:`initialize`. One engine at a time: the functions zpccl replaces are DeepSpeed's,
     one set per process; another engine of the process keeps DeepSpeed's own collectives.

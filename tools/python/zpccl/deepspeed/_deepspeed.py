@@ -194,6 +194,10 @@ class DeepSpeed:
 
         hpz = params[0].ds_zero_param_process_group
         optimizer = getattr(engine, "optimizer", None)
+        if _is_offload_only(optimizer):
+            # An engine made without an optimizer (inference, a frozen reference model) holds ZeRO-3's parameter
+            # offload in the optimizer's place: it gathers parameters and reduces no gradient.
+            optimizer = None
         owners = {id(o): o for o in (fetch_owner(p.all_gather_coalesced) for p in params)}
         return EngineFacts(params=params, optimizer=optimizer, dp_group=params[0].ds_process_group, hpz_group=hpz,
                            hpz_size=self.dist.get_world_size(hpz) if hpz is not None else 1,
@@ -207,12 +211,22 @@ class DeepSpeed:
                            persistence_threshold=int(getattr(zero, "param_persistence_threshold", 0)))
 
 
+def _is_offload_only(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is ZeRO-3's parameter offload alone, which DeepSpeed puts in an engine made without an
+    optimizer (DeepSpeedZeRoOffload: fetches and releases parameters, reduces no gradient)."""
+    try:
+        from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    except ImportError:
+        return False
+    return isinstance(optimizer, DeepSpeedZeRoOffload)
+
+
 @dataclass
 class EngineFacts:
     """What zpccl.deepspeed reads from a ZeRO-3 engine once, at enable."""
 
     params: list[Any]  # the module's ZeRO-3 parameters, in module order
-    optimizer: Any  # the engine's ZeRO-3 optimizer (its REDUCER runs the gradient reductions)
+    optimizer: Any  # the engine's ZeRO-3 optimizer (its REDUCER runs the gradient reductions); None: it has none
     dp_group: Any  # the group ZeRO-3 partitions them over (None: the world)
     hpz_group: Any  # its hpZ group of this rank (zero_hpz_partition_size > 1), else None
     hpz_size: int

@@ -84,7 +84,8 @@ class ZeroPlusPlus(Session):
                              f"{CHECKED_DEEPSPEED}; this is DeepSpeed {self._ds.version}: install DeepSpeed "
                              f"{CHECKED_DEEPSPEED}, or grad_bits=None", call)
         if policy.grad_bits is not None or serve_hpz:
-            # With grad_bits=None it is made for the node layout only, and closed once the gathers' is made.
+            # With grad_bits=None, or no optimizer to reduce with, it is made for the node layout only, and closed
+            # once the gathers' is made.
             calls.reduce = self._make(reduce=True)
         if serve_hpz:
             self._check_hpz_groups(calls.reduce)
@@ -96,7 +97,7 @@ class ZeroPlusPlus(Session):
             if ours != theirs:
                 raise ZpcclError(Result.INTERNAL_ERROR, f"{call}: zpccl's hpZ rank {ours} is not this rank's place "
                                  f"{theirs} in DeepSpeed's hpZ group", call)
-        if policy.grad_bits is None and calls.reduce is not None:
+        if (policy.grad_bits is None or not reduces) and calls.reduce is not None:
             calls.reduce.close()
             calls.reduce = None
         calls.prepare({self._ds.gather_dtype(p) for p in facts.params}, len(calls.dp_ranks))
@@ -106,6 +107,7 @@ class ZeroPlusPlus(Session):
                  self.backend.name.lower() if self.backend is not None else "?",
                  "all-gathers on DeepSpeed's" if policy.weight_bits is None else "qwZ int%d" % policy.weight_bits,
                  "hpZ groups of %d" % facts.hpz_size if serve_hpz else "no hpZ",
+                 "no optimizer, no gradient reductions" if not reduces else
                  "reduce-scatters on DeepSpeed's" if policy.grad_bits is None else "qgZ int%d" % policy.grad_bits,
                  policy.block_size,
                  " (gradients' of %d)" % policy.grad_block if policy.grad_block != policy.block_size else "",
