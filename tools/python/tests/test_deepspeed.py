@@ -25,7 +25,8 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   partitions); a model built under zero.Init with its weights loaded as from_pretrained does; tied weights, a block
   used twice, activation checkpointing (reentrant or not) and a frozen layer with an adapter, every call checked.
 * One node of two ranks, engines beside a training engine: one made without an optimizer (inference) from the
-  training config, its forward's qwZ gathers checked bit for bit and no reduction communicator made.
+  training config, its forward's qwZ gathers checked bit for bit and no reduction communicator made; a served
+  engine destroyed (DeepSpeed's functions back, no live session), then two more served in turn, bit for bit alike.
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
   and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
@@ -1232,7 +1233,8 @@ def _user_features(rank: int, ckpt: str) -> dict[str, Any]:
 
 def _engines(rank: int) -> dict[str, Any]:
     """World E: one node of two ranks, engines as users make them beside a training engine: one without an optimizer
-    (inference, a reference model) built from the training config, its forward's gathers checked bit for bit."""
+    (inference, a reference model) built from the training config, its forward's gathers checked bit for bit; an
+    engine destroyed, then others made in the same process."""
     torch, deepspeed, dist = _setup()
     from deepspeed.utils import groups
 
@@ -1254,6 +1256,37 @@ def _engines(rank: int) -> dict[str, Any]:
         out["inference"] = dict(losses=losses, summary=zp.summary(), checked=exact.verify(),
                                 reduce=zp.collectives.reduce is not None)
         zp.disable()
+
+    # engine.destroy() ends zpccl's service as disable() does: DeepSpeed's functions back, no live session, and the
+    # next engine of the process (a sweep, a restart after a failure) served as if it were the first.
+    import deepspeed.runtime.zero.partition_parameters as pp
+    import deepspeed.runtime.zero.stage3 as stage3
+
+    def functions() -> tuple[Any, ...]:
+        return pp._dist_allgather_fn, stage3.reduce_scatter_coalesced, stage3.all_to_all_quant_reduce
+
+    originals = functions()
+    config = ds_config(2, quantized=True)
+    first = make_engine(torch, deepspeed, config, zp=True)
+    train(torch, first, rank, 2)
+    first.destroy()
+    out["destroyed"] = dict(restored=[a is b for a, b in zip(functions(), originals)],
+                            unserved=zpccl.deepspeed.session_of(first) is None,
+                            fetches=not any(isinstance(getattr(p, name), functools.partial)
+                                            for p in first.module.parameters()
+                                            for name in ("all_gather", "all_gather_coalesced")))
+    runs = []
+    for _ in range(2):
+        made = []
+        said = refusal(lambda: made.append(make_engine(torch, deepspeed, config, zp=True)))
+        if not made:
+            runs.append(dict(refused=said))
+            break
+        losses = train(torch, made[0], rank, STEPS)
+        zp = zpccl.deepspeed.session_of(made[0])
+        runs.append(dict(refused=said, losses=losses, summary=zp.summary()))
+        made[0].destroy()
+    out["after_destroy"] = runs
     return out
 
 
@@ -1769,7 +1802,7 @@ class DeepSpeedUserFeatures(_OneSpawn):
 
 
 class DeepSpeedEngines(_OneSpawn):
-    """Two ranks on one node: an engine without an optimizer (one spawn)."""
+    """Two ranks on one node: an engine without an optimizer, engines destroyed and made again (one spawn)."""
 
     ranks, local, target, scratch, timeout = 2, 2, staticmethod(_engines), False, 200
 
@@ -1782,6 +1815,18 @@ class DeepSpeedEngines(_OneSpawn):
             self.assertFalse(run["reduce"])  # no communicator for reductions that never come
             self.assertEqual(run["losses"][0], run["losses"][1])
             self.assertTrue(all(np.isfinite(run["losses"])))
+
+    def test_destroy_gives_deepspeed_its_functions_back(self) -> None:
+        for o in self.out:
+            d = o["destroyed"]
+            self.assertEqual(d["restored"], [True, True, True])
+            self.assertTrue(d["unserved"] and d["fetches"], d)
+            runs = o["after_destroy"]
+            self.assertEqual([r["refused"] for r in runs], ["", ""])
+            # The engine made after a destroyed one and the one made after it: the same calls, the same bits.
+            self.assertEqual(set(runs[0]["summary"]), {"qwz", "hpz", "qgz"}, runs[0]["summary"])
+            self.assertEqual(runs[0]["summary"], runs[1]["summary"])
+            self.assertEqual(runs[0]["losses"], runs[1]["losses"])
 
 
 class DeepSpeedExample(unittest.TestCase):

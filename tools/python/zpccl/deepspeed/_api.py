@@ -76,7 +76,8 @@ def enable(engine: Any, policy: ZeroPlusPlusPolicy | None = None, **options: Any
 
     An engine built with ``zero_quantized_weights`` is refused (DeepSpeed quantizes before it hands the gathers
     over): build it with :func:`initialize`. One engine at a time: the functions zpccl replaces are DeepSpeed's,
-    one set per process; another engine of the process keeps DeepSpeed's own collectives.
+    one set per process; another engine of the process keeps DeepSpeed's own collectives. ``engine.destroy()``
+    disables first, so that the next engine of the process can be served.
 
     Returns the :class:`ZeroPlusPlus` that serves the engine (``.summary()``, ``.disable()``).
     """

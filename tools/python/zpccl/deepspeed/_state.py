@@ -172,8 +172,9 @@ class ZeroPlusPlus(Session):
 
     def _replace(self) -> None:
         """DeepSpeed's three functions replaced by zpccl's; each parameter's all_gather (its exact gathers) and
-        all_gather_coalesced (where zpccl serves gathers), and the optimizer's gradient reduction (with qgZ) wrapped;
-        with qwZ, the fetches' use_all_reduce_for_fetch_params off."""
+        all_gather_coalesced (where zpccl serves gathers), the optimizer's gradient reduction (with qgZ) and the
+        engine's destroy (which disables first) wrapped; with qwZ, the fetches' use_all_reduce_for_fetch_params
+        off."""
         calls, ds = self.collectives, self._ds
         ours = {0: functools.partial(_all_gather, calls, ds.function(0)),
                 1: functools.partial(_reduce_scatter, calls, ds.function(1)),
@@ -202,6 +203,10 @@ class ZeroPlusPlus(Session):
         optimizer = self.facts.optimizer
         if calls.reduce is not None and optimizer is not None:
             self._wrap(optimizer, REDUCER, functools.partial(_reduction, calls, getattr(optimizer, REDUCER)))
+        if callable(getattr(self.engine, "destroy", None)):
+            # A destroyed engine is never served again, and the next engine of the process (a sweep, a restart)
+            # must find DeepSpeed's functions and no live session.
+            self._wrap(self.engine, "destroy", functools.partial(_destroy, self, self.engine.destroy))
 
     def _wrap(self, owner: Any, name: str, ours: Any) -> None:
         self._wrapped.append((owner, name, vars(owner).get(name), ours))
@@ -269,6 +274,11 @@ def _fetch(calls: Collectives, theirs: Any, params: Any, *args: Any, **kwargs: A
 def _reduction(calls: Collectives, theirs: Any, *args: Any, **kwargs: Any) -> Any:
     with calls.reducing():
         return theirs(*args, **kwargs)
+
+
+def _destroy(session: ZeroPlusPlus, theirs: Any, *args: Any, **kwargs: Any) -> Any:
+    session.disable()
+    return theirs(*args, **kwargs)
 
 
 def _exact(calls: Collectives, theirs: Any, param: Any, param_list: Any = None, async_op: bool = False,
