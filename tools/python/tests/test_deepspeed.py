@@ -1371,6 +1371,39 @@ class ConfigOfDeepSpeed(unittest.TestCase):
                 {"zero_optimization": dict(zero, zero_hpz_partition_size=1.5)})
         refused("config must be a DeepSpeed config dict or the path of its JSON file", "/no/such/file.json")
 
+    def test_switches_and_stage_read_as_deepspeed_reads_them(self) -> None:
+        from zpccl.deepspeed import split_config
+
+        # DeepSpeed's ZeRO config (pydantic) reads "false", "off" or 0 as off and "3" or 3.0 as stage 3 (JSON made
+        # by templates and command lines holds such strings): zpccl turns on what DeepSpeed would, and no more.
+        values = [True, False, "true", "false", "False", "off", "on", "yes", "no", "0", "1", 0, 1, 1.0]
+        try:
+            from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+        except ImportError:
+            DeepSpeedZeroConfig = None
+        for value in values:
+            with self.subTest(value=value):
+                ds, policy = split_config({"zero_optimization": {"stage": "3", "zero_quantized_weights": value,
+                                                                 "zero_quantized_gradients": True,
+                                                                 "zero_quantized_nontrainable_weights": "false"}})
+                on = DeepSpeedZeroConfig(stage=3, zero_quantized_weights=value).zero_quantized_weights \
+                    if DeepSpeedZeroConfig is not None else str(value).lower() in ("true", "on", "yes", "1", "1.0")
+                self.assertEqual(policy.weight_bits, 8 if on else None)
+                self.assertEqual(policy.grad_bits, 4)
+                self.assertNotIn("zero_quantized_weights", ds["zero_optimization"])
+        self.assertEqual(split_config({"zero_optimization": {"stage": 3.0, "zero_hpz_partition_size": 2}})[1].hpz,
+                         True)
+        for zero, words in (({"stage": 3, "zero_quantized_weights": "maybe"},
+                             "zero_optimization.zero_quantized_weights must be a boolean"),
+                            ({"stage": 3, "zero_quantized_gradients": 2},
+                             "zero_optimization.zero_quantized_gradients must be a boolean"),
+                            ({"stage": "three", "zero_quantized_weights": True},
+                             "zero_optimization.stage is 'three'")):
+            with self.subTest(zero=zero):
+                with self.assertRaises(zpccl.ZpcclError) as e:
+                    split_config({"zero_optimization": zero})
+                self.assertIn(words, str(e.exception))
+
     def test_persistent_gathers_in_buckets(self) -> None:
         from zpccl.deepspeed._collectives import _buckets
 

@@ -58,17 +58,19 @@ def resolve(config: Any, policy: ZeroPlusPlusPolicy | None,
         raise ZpcclTypeError(f"{call}: zero_optimization must be a dict, got {type(zero).__name__}", call)
     zero = dict(zero or {})
     for key, why in REFUSED.items():
-        if zero.get(key):
+        if _switch(zero, key, call):
             raise ZpcclValueError(f"{call}: zero_optimization.{key}: zpccl does not serve it: {why}", call)
-    on = {field: bool(zero.pop(key, False)) for key, field, _ in TAKEN}
+    on = {field: _switch(zero, key, call) for key, field, _ in TAKEN}
+    for key, _, _ in TAKEN:
+        zero.pop(key, None)
     if "zero_optimization" in cfg:
         cfg["zero_optimization"] = zero
     hpz = _hpz_size(zero.get(HPZ_KEY, 1), call)
     if not (any(on.values()) or hpz > 1 or section is not None or policy is not None):
         return cfg, None
     stage = zero.get("stage", 0)
-    if stage != 3:
-        raise ZpcclValueError(f"{call}: zpccl serves ZeRO stage 3, and zero_optimization.stage is {stage}: set it "
+    if _stage(stage) != 3:
+        raise ZpcclValueError(f"{call}: zpccl serves ZeRO stage 3, and zero_optimization.stage is {stage!r}: set it "
                               "to 3, or leave zpccl (and DeepSpeed's ZeRO++ keys) out", call)
     if policy is not None and section is not None:
         raise ZpcclValueError(f"{call}: give the policy as policy= or as the config's \"{SECTION}\" section, not "
@@ -89,6 +91,35 @@ def resolve(config: Any, policy: ZeroPlusPlusPolicy | None,
     if policy is None:
         policy = resolve_policy(call, None, fields)
     return cfg, policy
+
+
+#: The strings DeepSpeed's config (pydantic, lax) reads as a boolean, lower-cased.
+_TRUE = frozenset(("1", "on", "t", "true", "y", "yes"))
+_FALSE = frozenset(("0", "off", "f", "false", "n", "no"))
+
+
+def _switch(zero: dict[str, Any], key: str, call: str) -> bool:
+    """A boolean key of zero_optimization (absent: off) as DeepSpeed reads it: "false", "off" or 0 are off, so that
+    zpccl never turns on a collective DeepSpeed would leave off; a value DeepSpeed refuses is refused, naming it."""
+    value = zero.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ZpcclValueError(f"{call}: zero_optimization.{key} must be a boolean (true or false), got {value!r}", call)
+
+
+def _stage(value: Any) -> int | None:
+    """zero_optimization.stage as DeepSpeed reads it (3, 3.0 and "3" are stage 3), None where it is no stage."""
+    if isinstance(value, bool):
+        return int(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() else None
 
 
 def _hpz_size(value: Any, call: str) -> int:
