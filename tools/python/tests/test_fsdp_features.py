@@ -3,7 +3,9 @@ forward and backward prefetch with asynchronous unshards, gradient accumulation 
 the caller (``finalize_backward``), recovery with ``reset_iter_state`` after a failed forward or backward,
 ``CPUOffloadPolicy`` and ``set_unshard_in_backward(False)``. Each changes when FSDP calls its collectives, not what
 they hold: the runs equal their plain counterparts bit for bit, hpZ keeps serving the backward gathers, and every
-call equals the NumPy model (hpZ: FSDP's exact gather). Skipped without torch 2.12 or later (see test_fsdp)."""
+call equals the NumPy model (hpZ: FSDP's exact gather). Parameters of odd sizes, tied weights and ``ignored_params``
+change which parameters a call holds: every call still equals the model. Skipped without torch 2.12 or later (see
+test_fsdp)."""
 from __future__ import annotations
 
 import copy
@@ -196,6 +198,45 @@ class FsdpFeatures(unittest.TestCase):
         with self.subTest("set_unshard_in_backward(False)"):
             runs = run_threaded(WORLD, lambda r: self.train(r, sharded(False, True), None))
             self.assertEqual(self.check_calls(runs), {"qwz": 4 * STEPS, "hpz": 3 * STEPS, "qgz": 4 * STEPS})
+
+    def test_odd_sizes_tied_weights_and_ignored_params(self) -> None:
+        """Parameters whose shards are one element or a prime count (most ranks' shards of a one-element parameter
+        are padding only), an embedding tied to the head (one parameter of the root's group), and ignored_params
+        (parameters FSDP leaves out of a group): every call's blocks restart at the parameters FSDP really
+        gathers and reduces, bit-exact to the NumPy model, and none falls back to FSDP's collectives."""
+        torch, nn = self.torch, self.torch.nn
+        from torch.distributed.fsdp import fully_shard
+
+        from .test_fsdp import cpu_mesh
+
+        class Odd(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.one = nn.Parameter(torch.tensor([1.5]))
+                self.p7, self.p13 = nn.Parameter(0.02 * torch.randn(7)), nn.Parameter(3 * torch.randn(13, 3))
+                self.emb = nn.Embedding(64, 37)
+
+            def forward(self, ids: Any) -> Any:
+                x = self.emb(ids) * self.one + self.p7.sum() + self.p13.sum()
+                return x @ self.emb.weight.t()  # the head tied to the embedding
+
+        def odd(model: Any) -> Any:
+            torch.manual_seed(0)
+            return fully_shard(Odd(), mesh=cpu_mesh(), reshard_after_forward=2)
+
+        def ignored(model: Any) -> Any:
+            mesh = cpu_mesh()
+            for b in model.blocks:
+                fully_shard(b, mesh=mesh, reshard_after_forward=2, ignored_params={b.ln.weight})
+            return fully_shard(model, mesh=mesh, reshard_after_forward=2, ignored_params={model.ln.bias})
+
+        for shard_model, calls in ((odd, {"qwz": STEPS, "hpz": STEPS, "qgz": STEPS}),
+                                   (ignored, {"qwz": 3 * STEPS, "hpz": 3 * STEPS, "qgz": 3 * STEPS})):
+            with self.subTest(shard_model.__name__):
+                runs = run_threaded(WORLD, lambda r: self.train(r, shard_model, None))
+                self.assertEqual(self.check_calls(runs), calls)
+                for rank, run in enumerate(runs):
+                    self.assertEqual({k: v["calls"] for k, v in run[2].items()}, calls, f"rank {rank}: counters")
 
 
 if __name__ == "__main__":
