@@ -63,9 +63,10 @@ class Collectives:
             return self._fallback("all_gather_group", f"an all-gather over group {list(ranks)}, which zpccl has no "
                                   "communicator for", nccl)
         if not self.policy.hpz:
-            return self._fallback("all_gather_hpz_off", f"the backward all-gather over FSDP's post-forward group "
-                                  f"{list(ranks)} (hpz=False)", nccl)
-        return self._fallback("all_gather_post_forward", f"the backward all-gather over FSDP's post-forward group "
+            return self._fallback("all_gather_hpz_off", f"an all-gather over FSDP's post-forward group "
+                                  f"{list(ranks)} (the backward's, or a forward's after one without backward; "
+                                  "hpz=False)", nccl)
+        return self._fallback("all_gather_post_forward", f"an all-gather over FSDP's post-forward group "
                               f"{list(ranks)}, which {served.module_label} did not have when enable ran (call enable "
                               "after setting reshard_after_forward)", nccl)
 
