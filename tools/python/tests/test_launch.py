@@ -28,6 +28,20 @@ def _fails_on(bad: int, how: str) -> int:
     return rank
 
 
+def _keeps_running_on_sigterm(bad: int) -> int:
+    """A rank that, as trainers that checkpoint on SIGTERM do, handles SIGTERM and goes on (or is inside a C call,
+    where Python's handler waits for the call to return); rank `bad` (if any) raises."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    rank = int(os.environ["RANK"])
+    if rank == bad:
+        time.sleep(2)  # the other rank's handler is in place
+        raise ValueError(f"rank {rank} refuses")
+    time.sleep(60)
+    return rank
+
+
 def _returns_a_lock() -> Any:
     import threading
 
@@ -93,6 +107,17 @@ class Spawn(unittest.TestCase):
         for bad in (0, -1, True, 2.0):
             with self.assertRaisesRegex(ValueError, "nprocs .* must be an int of at least 1"):
                 launch.spawn(_rendezvous, bad, "t")
+
+    def test_ranks_that_outlive_sigterm_are_killed(self) -> None:
+        """The timeout and a failed rank stop the others even when they handle SIGTERM and go on: spawn returns
+        within its grace period instead of waiting for them to finish on their own."""
+        for bad, error in ((-1, TimeoutError), (1, launch.RankFailed)):
+            with self.subTest(bad=bad):
+                start = time.monotonic()
+                with self.assertRaises(error):
+                    launch.spawn(_keeps_running_on_sigterm, 2, bad, timeout=5)
+                self.assertLess(time.monotonic() - start, 5 + launch.STOP_GRACE_S + 20,
+                                "spawn waited for ranks that ignored SIGTERM")
 
     def test_run_stays_here_under_torchrun(self) -> None:
         with mock.patch.dict(os.environ, {"RANK": "5"}):

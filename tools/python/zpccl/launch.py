@@ -36,7 +36,7 @@ import traceback
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, MutableMapping
 
-__all__ = ["REGIMES", "RankFailed", "free_port", "host_id", "net_label", "regime_env", "run", "set_default_env",
+__all__ = ["REGIMES", "RankFailed", "STOP_GRACE_S", "free_port", "host_id", "net_label", "regime_env", "run", "set_default_env",
            "sharing_suffix", "spawn"]
 
 #: The variables of torch.distributed's env:// rendezvous that :func:`spawn` sets in each rank.
@@ -121,6 +121,11 @@ def free_port(host: str = _HOST) -> int:
         return s.getsockname()[1]
 
 
+#: Seconds that :func:`spawn` gives the ranks it stops to exit on SIGTERM before it kills them: a rank may handle
+#: SIGTERM and go on (trainers that checkpoint on it), or be inside a C call (a collective waiting for the rank that
+#: failed), where Python runs its handler only once the call returns.
+STOP_GRACE_S = 5.0
+
 #: How many times :func:`spawn` starts its ranks when the rendezvous port is taken under it.
 RENDEZVOUS_TRIES = 3
 
@@ -172,12 +177,22 @@ def _spawn_on(port: int, fn: Callable[..., Any], nprocs: int, args: tuple, env: 
     try:
         return _collect(procs, results, timeout)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join()
+        _stop(procs)
         results.close()
+
+
+def _stop(procs: list[Any]) -> None:
+    """Stops the ranks still running: SIGTERM, then SIGKILL for those still there after :data:`STOP_GRACE_S`."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
 
 
 def run(fn: Callable[..., Any], nprocs: int, *args: Any, env: dict[str, str] | None = None) -> list[Any]:
