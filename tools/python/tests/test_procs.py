@@ -163,6 +163,23 @@ def _bad_input(rank: int) -> dict[str, Any]:
     return seen
 
 
+def _outside_a_subgroup(rank: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    group = dist.new_group([1, 2])  # collective over the world: rank 0 gets a placeholder
+    seen: dict[str, Any] = {}
+    if rank == 0:
+        try:
+            zpccl.Comm.from_torch_group(group)
+        except zpccl.ZpcclError as exc:
+            seen["outside"] = (type(exc).__name__, str(exc))
+    else:
+        with zpccl.Comm.from_torch_group(group) as comm:
+            seen["inside"] = (comm.nranks, comm.rank, comm.quant_all_gather(torch.ones(4) * rank)[::4].tolist())
+    return seen
+
+
 class BadInputOverGloo(unittest.TestCase):
     def test_clear_errors_on_every_rank(self) -> None:
         torch_for_procs()
@@ -194,6 +211,19 @@ class BadInputOverGloo(unittest.TestCase):
             self.assertIn("zpCommInitFromTransport : rank ", text)
             self.assertIn("every rank of the group must call it, with the same group", text)
         self.assertEqual(seen[0]["raises"], seen[2]["raises"])  # one message, on every rank
+
+    def test_a_rank_outside_the_subgroup(self) -> None:
+        """A rank that passes the placeholder new_group gave it (it is not a member) gets an error naming the call and
+        the rank; the members' communicator is the subgroup's."""
+        torch_for_procs()
+        procs = run_procs(3, _outside_a_subgroup, timeout=120)
+        for p in procs:
+            self.assertFalse(p.raised, p.error)
+        self.assertEqual(procs[0].value.get("outside"), ("ZpcclValueError", "from_torch_group: rank 0 is not a member "
+                         "of the group (torch.distributed.new_group returns a placeholder to the ranks outside it): "
+                         "only its members call this [zpInvalidArgument]"))
+        for rank in (1, 2):
+            self.assertEqual(procs[rank].value["inside"], (2, rank - 1, [1.0, 2.0]))
 
 
 def _tunables_differ(rank: int, name: str, value: str) -> tuple[int, str]:
