@@ -40,6 +40,27 @@ class CpuTensorsOnTheHostBackend(unittest.TestCase):
     def setUp(self) -> None:
         self.torch = import_torch()
 
+    def test_launcher_node_id_reads_the_launchers_variables(self) -> None:
+        """The node of a process from its launcher's variables: GROUP_RANK, else RANK // LOCAL_WORLD_SIZE, else
+        None (no launcher said, or no rank to divide); a value that is not a count is refused by name."""
+        from unittest import mock
+
+        from zpccl import _torch as ztorch
+
+        cases = [({}, None), ({"LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "3", "RANK": "1"}, 3),
+                 ({"LOCAL_WORLD_SIZE": "4", "RANK": "9"}, 2), ({"LOCAL_WORLD_SIZE": "4"}, None),
+                 ({"LOCAL_WORLD_SIZE": "", "RANK": "9"}, None)]
+        for env, node in cases:
+            with self.subTest(env=env), mock.patch.dict(os.environ, env, clear=True):
+                self.assertEqual(ztorch.launcher_node_id(), node)
+        for env, name in (({"LOCAL_WORLD_SIZE": "two", "RANK": "1"}, "LOCAL_WORLD_SIZE='two'"),
+                          ({"LOCAL_WORLD_SIZE": "0", "RANK": "1"}, "LOCAL_WORLD_SIZE='0'"),
+                          ({"LOCAL_WORLD_SIZE": "2", "RANK": "-1"}, "RANK='-1'")):
+            with self.subTest(env=env), mock.patch.dict(os.environ, env, clear=True):
+                with self.assertRaises(zpccl.ZpcclValueError) as caught:
+                    ztorch.launcher_node_id()
+                self.assertIn(f"from_torch_group: the environment's {name} is not an integer", str(caught.exception))
+
     def test_collectives_and_format(self) -> None:
         torch = self.torch
         shards = [torch.randn(300, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(r)) for r in range(4)]

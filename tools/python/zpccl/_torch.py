@@ -24,6 +24,8 @@ import ctypes
 import os
 from typing import Any
 
+from .errors import ZpcclValueError
+
 
 def loaded_nccl_libraries() -> list[str]:
     """The distinct NCCL library files mapped into this process (from ``/proc/self/maps``; [] elsewhere)."""
@@ -134,14 +136,38 @@ def nccl_comm_pointer(group: Any, device: Any) -> int | None:
 
 def launcher_node_id() -> int | None:
     """This process's node as its launcher numbers it, or None when no launcher said: torchrun's ``GROUP_RANK``, else
-    ``RANK // LOCAL_WORLD_SIZE`` (launchers number ranks node by node), once ``LOCAL_WORLD_SIZE`` is set."""
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if not local:
+    ``RANK // LOCAL_WORLD_SIZE`` (launchers number ranks node by node), once ``LOCAL_WORLD_SIZE`` is set; the world
+    rank comes from torch.distributed where ``RANK`` is not set (a group made with an explicit rank)."""
+    local = _env_int("LOCAL_WORLD_SIZE", 1)
+    if local is None:
         return None
-    group_rank = os.environ.get("GROUP_RANK")
+    group_rank = _env_int("GROUP_RANK", 0)
     if group_rank is not None:
-        return int(group_rank)
-    return int(os.environ["RANK"]) // int(local)
+        return group_rank
+    rank = _env_int("RANK", 0)
+    if rank is None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        rank = dist.get_rank()
+    return rank // local
+
+
+def _env_int(name: str, least: int) -> int | None:
+    """The launcher's variable ``name`` as an integer of at least ``least``, None where it is unset or empty; a
+    value that is not one is refused, naming it (the node layout must not rest on a guess)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ZpcclValueError(f"from_torch_group: the environment's {name}={text!r} is not an integer of at least "
+                              f"{least}: fix it, or pass ranks_per_node or node_id", "from_torch_group")
+    return value
 
 
 class TorchTransport:

@@ -36,8 +36,8 @@ import traceback
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, MutableMapping
 
-__all__ = ["REGIMES", "RankFailed", "STOP_GRACE_S", "free_port", "host_id", "net_label", "regime_env", "run", "set_default_env",
-           "sharing_suffix", "spawn"]
+__all__ = ["REGIMES", "RankFailed", "STOP_GRACE_S", "free_port", "host_id", "net_label", "regime_env", "run",
+           "set_default_env", "sharing_suffix", "spawn"]
 
 #: The variables of torch.distributed's env:// rendezvous that :func:`spawn` sets in each rank.
 RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

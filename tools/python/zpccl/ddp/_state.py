@@ -24,8 +24,8 @@ class QuantAllReduce:
     the communicator over the group (``Comm.from_torch_group``: the host backend on a gloo group of CPU tensors),
     its scratch reserved on CUDA for collectives of ``staging_bytes``, and, where blocks restart at parameter
     boundaries, a staging buffer of that size and a zero block per element type. A call then allocates nothing: a
-    tensor larger than ``staging_bytes`` is reduced in pieces (:meth:`all_reduce`). ``summary()`` counts the calls and bytes; :meth:`close` destroys the
-    communicator, after which a call raises.
+    tensor larger than ``staging_bytes`` is reduced in pieces (:meth:`all_reduce`). ``summary()`` counts the calls
+    and bytes; :meth:`close` destroys the communicator, after which a call raises.
     """
 
     def __init__(self, group: Any, policy: ZeroPlusPlusPolicy, *, device: Any, dtypes: Iterable[Any],
