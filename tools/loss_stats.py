@@ -336,7 +336,8 @@ CAMPAIGNS = (
     Campaign(
         "ddp-57m-int8", "57M model as one DDP replica per rank, 2 ranks as 2 nodes (net-on1gpu; seeds 3-42 of blocks "
         "of 256, every seed of blocks of 64 and of torch's bf16_compress_hook under MPS, which moves no result: NCCL's "
-        "and the hook's runs are the same to the last bit in every file that holds their seed), 400 steps, cosine decay (ddp_step.py); zpccl: int8 gradients",
+        "and the hook's runs are the same to the last bit in every file that holds their seed), 400 steps, cosine "
+        "decay (ddp_step.py); zpccl: int8 gradients",
         ("2026-12-06-h100x1-ddp-loss-int8-511ec81.json", "2026-12-06-h100x1-ddp-loss-int8-mps-seeds34-185ef4b.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds567-0c6a455.json",
          "2026-12-06-h100x1-ddp-loss-int8-mps-seeds8910-0c6a455.json",

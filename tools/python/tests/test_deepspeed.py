@@ -26,7 +26,7 @@ covering the ground DeepSpeed's own ZeRO++ tests cover, in tests of our own.
   used twice, activation checkpointing (reentrant or not) and a frozen layer with an adapter, every call checked.
 * One node of two ranks, engines beside a training engine: one made without an optimizer (inference) from the
   training config, its forward's qwZ gathers checked bit for bit and no reduction communicator made; a served
-  engine destroyed (DeepSpeed's functions back, no live session), then two more served in turn, bit for bit alike.
+  engine destroyed (DeepSpeed's own functions in place, no live session), then two more served in turn, bit for bit alike.
 * Three nodes of two ranks (LOCAL_WORLD_SIZE=2): fp32 training with two-hop qgZ checked bit for bit, deterministic;
   the replaced functions called as DeepSpeed calls them, in bf16, fp16 and fp32, on tiny, 1-D and odd parameters
   and gradients (smaller than the world included), bit for bit, with DeepSpeed's output shapes; every parameter
@@ -1257,8 +1257,8 @@ def _engines(rank: int) -> dict[str, Any]:
                                 reduce=zp.collectives.reduce is not None)
         zp.disable()
 
-    # engine.destroy() ends zpccl's service as disable() does: DeepSpeed's functions back, no live session, and the
-    # next engine of the process (a sweep, a restart after a failure) served as if it were the first.
+    # engine.destroy() ends zpccl's service as disable() does: DeepSpeed's own functions in place, no live session,
+    # and a later engine of the process (a sweep, a restart) served as a first one is.
     import deepspeed.runtime.zero.partition_parameters as pp
     import deepspeed.runtime.zero.stage3 as stage3
 

@@ -177,6 +177,8 @@ def _outside_a_subgroup(rank: int) -> dict[str, Any]:
     else:
         with zpccl.Comm.from_torch_group(group) as comm:
             seen["inside"] = (comm.nranks, comm.rank, comm.quant_all_gather(torch.ones(4) * rank)[::4].tolist())
+    # Rank 0 holds the rendezvous store: it stays until the members are done with it.
+    dist.barrier()
     return seen
 
 

@@ -161,10 +161,10 @@ def _env_int(name: str, least: int) -> int | None:
     if not text:
         return None
     try:
-        value = int(text)
+        value: int | None = int(text)
     except ValueError:
-        value = least - 1
-    if value < least:
+        value = None
+    if value is None or value < least:
         raise ZpcclValueError(f"from_torch_group: the environment's {name}={text!r} is not an integer of at least "
                               f"{least}: fix it, or pass ranks_per_node or node_id", "from_torch_group")
     return value

@@ -219,7 +219,7 @@ class Comm:
         import torch.distributed as dist
 
         call = "from_torch_group"
-        if group is dist.GroupMember.NON_GROUP_MEMBER or (dist.is_initialized() and dist.get_rank(group) < 0):
+        if dist.is_initialized() and dist.get_rank(group) < 0:
             # torch's own refusal ("Invalid process group specified") names neither the call nor the rank.
             raise ZpcclValueError(f"{call}: rank {dist.get_rank()} is not a member of the group (torch.distributed."
                                   "new_group returns a placeholder to the ranks outside it): only its members call "

@@ -210,10 +210,15 @@ class QuantAllReduce:
     def _block_pieces(self, count: int, dtype: Any) -> list[tuple[int, int, BlockLayout | None]]:
         """In-place calls over a tensor of ``count`` elements whose blocks run from its start: one, or pieces of
         whole blocks of at most ``call_bytes`` (a block's outputs depend on that block alone, so the pieces give one
-        call's bits)."""
-        block = self.policy.grad_block
-        piece = max(self.call_bytes // dtype.itemsize // block, 1) * block
-        return [(offset, min(piece, count - offset), None) for offset in range(0, count, piece)] or [(0, 0, None)]
+        call's bits); made once per shape."""
+        key = ((count,), dtype)
+        pieces = self._plans.get(key)
+        if pieces is None:
+            block = self.policy.grad_block
+            piece = max(self.call_bytes // dtype.itemsize // block, 1) * block
+            pieces = [(offset, min(piece, count - offset), None) for offset in range(0, count, piece)] or [(0, 0, None)]
+            self._plans[key] = pieces
+        return pieces
 
     def _zero_block(self, dtype: Any) -> Any:
         zeros = self._zeros.get(dtype)

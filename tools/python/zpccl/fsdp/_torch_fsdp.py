@@ -131,8 +131,9 @@ def watch_reduced_params(pg: Any, served: Any) -> None:
 
         def take_and_tell() -> Any:
             params, grads = take(pg)
+            reduced = list(params)
             for watcher in watchers:
-                watcher.reduced = list(params)
+                watcher.reduced = reduced
             return params, grads
 
         pg._take_unsharded_grads_to_reduce = take_and_tell
